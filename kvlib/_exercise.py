@@ -1,0 +1,182 @@
+"""The exercise mechanism: one table of exercises, stubs that fail loudly, and reference mode.
+
+Learners fill in functions in kvlib/<module>.py; the complete reference of each such file sits
+at solutions/kvlib/<module>.py. Every exercise function carries @exercise("X.Y"), which
+  - in reference mode (KVLIB_SOLUTIONS=1, or use_solutions()) calls the reference instead,
+  - turns a stub's NotImplementedError into ExerciseNotDone, which names the exercise, and
+    names the earlier exercise to do first when a later one calls an unfinished one.
+Not here: the checks themselves (kvlib.checks) and the command line (kvlib.cli).
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+# ---------------------------------------------------------------------------------------------
+# The table: one row per exercise, in course order. Notebook, module and checks hang off the id.
+
+
+@dataclass(frozen=True)
+class Exercise:
+    id: str  # "1.2": notebook 1, second exercise; used in headings, errors, checks and grades
+    title: str
+    notebook: str  # folder under notebooks/, e.g. "01-attention"
+    module: str  # kvlib module the learner edits, e.g. "attention"
+    name: str  # function (or Class.method) in that module
+
+    @property
+    def file(self) -> str:
+        return f"kvlib/{self.module}.py"
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}, notebooks/{self.notebook}"
+
+
+EXERCISES: tuple[Exercise, ...] = (
+    Exercise("1.1", "Stable softmax", "01-attention", "attention", "softmax"),
+    Exercise("1.2", "Attention for one query", "01-attention", "attention", "attend"),
+    Exercise("1.3", "Causal mask", "01-attention", "attention", "causal_mask"),
+    Exercise("1.4", "Causal self-attention", "01-attention", "attention", "causal_self_attention"),
+)
+BY_ID = {ex.id: ex for ex in EXERCISES}
+NOTEBOOKS = tuple(dict.fromkeys(ex.notebook for ex in EXERCISES))
+
+
+def select(selector: str | None = None) -> list[Exercise]:
+    """Exercises matching an id ("1.2"), a notebook number ("1", "01") or folder ("01-attention")."""
+    if not selector:
+        return list(EXERCISES)
+    if selector in BY_ID:
+        return [BY_ID[selector]]
+    number = selector.split("-")[0]
+    if number.isdigit():
+        picked = [ex for ex in EXERCISES if int(ex.notebook.split("-")[0]) == int(number)]
+        if picked:
+            return picked
+    known = ", ".join(ex.id for ex in EXERCISES)
+    raise ValueError(f"no exercise or notebook {selector!r}; exercises are {known}, notebooks {', '.join(NOTEBOOKS)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference mode
+
+_SOLUTIONS_PACKAGE = "kvlib._solutions"  # name the reference modules are loaded under
+_forced: bool | None = None  # set by use_solutions(); None defers to the environment
+
+
+def use_solutions(enabled: bool = True) -> None:
+    """Switch every exercise to the reference solution (True) or back to your own code (False).
+
+    The same switch as the environment variable KVLIB_SOLUTIONS=1, for presenters and graders.
+    """
+    global _forced
+    _forced = bool(enabled)
+
+
+def solutions_enabled() -> bool:
+    if _forced is not None:
+        return _forced
+    return os.environ.get("KVLIB_SOLUTIONS", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def solutions_dir() -> Path:
+    """Folder holding the reference modules: $KVLIB_SOLUTIONS_DIR, else the repo's solutions/kvlib."""
+    env = os.environ.get("KVLIB_SOLUTIONS_DIR")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / "solutions" / "kvlib"
+
+
+def reference_module(module: str):
+    """Import solutions/kvlib/<module>.py once, as kvlib._solutions.<module>."""
+    name = f"{_SOLUTIONS_PACKAGE}.{module}"
+    if name in sys.modules:
+        return sys.modules[name]
+    path = solutions_dir() / f"{module}.py"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"reference mode needs {path}, which is not there: run from a clone of the course "
+            "repository, or point KVLIB_SOLUTIONS_DIR at its solutions/kvlib folder"
+        )
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return mod
+
+
+def reference(ex: Exercise):
+    """The reference implementation of one exercise (a function, or an unbound method)."""
+    obj = reference_module(ex.module)
+    for part in ex.name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+# ---------------------------------------------------------------------------------------------
+# Stubs and the decorator
+
+
+class ExerciseNotDone(NotImplementedError):
+    """An exercise's stub ran. `exercise` is the unfinished one; `needed_by` the one that called it."""
+
+    def __init__(self, exercise: Exercise, needed_by: Exercise | None = None):
+        self.exercise, self.needed_by = exercise, needed_by
+        if needed_by is None:
+            msg = f"Exercise {exercise.id} ({exercise.title}) is not done yet: fill in {exercise.name} in {exercise.where}"
+        else:
+            msg = (
+                f"Exercise {needed_by.id} ({needed_by.title}) uses Exercise {exercise.id} ({exercise.title}), "
+                f"which is not done yet: do Exercise {exercise.id} first ({exercise.where})"
+            )
+        super().__init__(msg)
+
+
+_STUB_MESSAGE = re.compile(r"^Exercise (\d+\.\d+)\b")
+
+
+def exercise(exercise_id: str, validate=None):
+    """Mark a function as exercise `exercise_id` (a row of EXERCISES).
+
+    validate: optional callable taking the same arguments; it raises ValueError on bad input
+    (a wrong shape or dtype) before your code or the reference runs.
+    """
+    ex = BY_ID[exercise_id]
+
+    def decorate(fn):
+        if fn.__name__ != ex.name.split(".")[-1]:
+            raise TypeError(f"Exercise {ex.id} is {ex.name}, not {fn.__name__}")
+        if fn.__module__.startswith(_SOLUTIONS_PACKAGE + "."):
+            fn.__exercise__ = ex  # the reference itself: no dispatch, no wrapping
+            return fn
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            if validate is not None:
+                validate(*args, **kwargs)
+            impl = reference(ex) if solutions_enabled() else fn
+            try:
+                return impl(*args, **kwargs)
+            except ExerciseNotDone as err:
+                if err.exercise is ex or err.needed_by is not None:
+                    raise
+                raise ExerciseNotDone(err.exercise, needed_by=ex) from None
+            except NotImplementedError as err:
+                match = _STUB_MESSAGE.match(str(err))
+                if match and match.group(1) in BY_ID:
+                    done = BY_ID[match.group(1)]
+                    raise ExerciseNotDone(done, None if done is ex else ex) from None
+                raise
+
+        wrapper.__exercise__ = ex
+        return wrapper
+
+    return decorate

@@ -1,0 +1,129 @@
+"""Attention by hand (notebook 01-attention): softmax, one query, a causal mask, all queries at once.
+
+numpy, one head, no batch: q (T, D), k and v (S, D). Every reduction uses a negative axis, so
+the same code runs unchanged on (B, H, T, D) arrays.
+Left out: learned projections, several heads and rotary positions (the model of notebook 02).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kvlib._exercise import exercise
+from kvlib._inputs import float_array, positive_int
+
+# ---------------------------------------------------------------------------------------------
+# Input checks (they run before your code and before the reference)
+
+
+def _check_scores(scores):
+    float_array("scores", scores, min_ndim=1)
+
+
+def _check_attend(q, k, v, scale=None):
+    float_array("q", q, ndim=1)
+    float_array("k", k, ndim=2)
+    float_array("v", v, ndim=2)
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"k must be (kv_len, {q.shape[-1]}) to match q of shape {q.shape}, got {k.shape}")
+    if v.shape[0] != k.shape[0]:
+        raise ValueError(f"v must have one row per key ({k.shape[0]}), got shape {v.shape}")
+
+
+def _check_causal_mask(seq_len, kv_len):
+    positive_int("seq_len", seq_len)
+    positive_int("kv_len", kv_len)
+    if seq_len > kv_len:
+        raise ValueError(f"seq_len ({seq_len}) new queries cannot outnumber kv_len ({kv_len}) keys")
+
+
+def _check_self_attention(q, k, v):
+    float_array("q", q, min_ndim=2)
+    float_array("k", k, ndim=q.ndim)
+    float_array("v", v, ndim=q.ndim)
+    T, D = q.shape[-2:]
+    S = k.shape[-2]
+    if k.shape[:-2] != q.shape[:-2] or k.shape[-1] != D:
+        raise ValueError(f"k must be (..., kv_len, {D}) with q's leading axes {q.shape[:-2]}, got {k.shape}")
+    if v.shape[:-1] != k.shape[:-1]:
+        raise ValueError(f"v must be {k.shape[:-1]} + (d_v,) to match k, got {v.shape}")
+    if T > S:
+        raise ValueError(f"q has {T} queries but only {S} keys: queries are the last seq_len of kv_len positions")
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 1.1
+
+
+@exercise("1.1", validate=_check_scores)
+def softmax(scores: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis, safe for large scores.
+
+    Args:    scores: (..., kv_len), any real numbers
+    Returns: probs: same shape; along the last axis each row is >= 0 and sums to 1
+    Example: softmax(np.array([1.0, 1.0, 2.0])) -> [0.212, 0.212, 0.576]
+
+    Hints (reference solution: 2 lines):
+      1. softmax(x) == softmax(x - c) for any constant c; take c = the row's max (keepdims=True).
+      2. np.exp, then divide by the sum over axis=-1.
+    """
+    raise NotImplementedError("Exercise 1.1 (notebooks/01-attention): softmax")
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 1.2
+
+
+@exercise("1.2", validate=_check_attend)
+def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float | None = None):
+    """Attention of one query over all keys: score, softmax, weighted sum of values.
+
+    Args:    q: (head_dim,)   k: (kv_len, head_dim)   v: (kv_len, d_v)
+             scale: multiplies the scores; None means 1 / sqrt(head_dim)
+    Returns: out: (d_v,), probs: (kv_len,)
+    Example: attend([1, 1], [[1,0],[0,1],[1,1]], [[1,0],[0,2],[3,1]], scale=1.0)
+             -> out [1.940, 1.000], probs [0.212, 0.212, 0.576]
+
+    Hints (reference solution: 4 lines):
+      1. One dot product per key: k @ q has shape (kv_len,).
+      2. softmax (Exercise 1.1) turns scores into probs; probs @ v mixes the values.
+    """
+    raise NotImplementedError("Exercise 1.2 (notebooks/01-attention): attend")
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 1.3
+
+
+@exercise("1.3", validate=_check_causal_mask)
+def causal_mask(seq_len: int, kv_len: int) -> np.ndarray:
+    """Boolean (seq_len, kv_len) mask; True where query i may attend to key j.
+
+    The queries are the last seq_len of kv_len positions, so query i sits at position
+    kv_len - seq_len + i and may attend to keys j <= kv_len - seq_len + i.
+    Example: causal_mask(2, 3) -> [[True, True, False], [True, True, True]]
+
+    Hints (reference solution: 1 line):
+      1. np.tril takes an offset k: which diagonal is the last allowed one?
+    """
+    raise NotImplementedError("Exercise 1.3 (notebooks/01-attention): causal_mask")
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 1.4
+
+
+@exercise("1.4", validate=_check_self_attention)
+def causal_self_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray):
+    """All queries at once: scaled dot-product attention under the causal mask.
+
+    Args:    q: (..., seq_len, head_dim)   k: (..., kv_len, head_dim)   v: (..., kv_len, d_v)
+             the queries are the last seq_len of the kv_len positions
+    Returns: out: (..., seq_len, d_v), probs: (..., seq_len, kv_len), zero above the mask
+    Example: row i of out equals attend(q[i], k[:p+1], v[:p+1]) with p = kv_len - seq_len + i
+
+    Hints (reference solution: 4 lines):
+      1. Scores for every pair at once: q @ k.swapaxes(-1, -2) / sqrt(head_dim).
+      2. np.where(causal_mask(...), scores, -np.inf) hides the future; exp(-inf) is 0.
+      3. Reuse softmax (Exercise 1.1) and causal_mask (Exercise 1.3).
+    """
+    raise NotImplementedError("Exercise 1.4 (notebooks/01-attention): causal_self_attention")

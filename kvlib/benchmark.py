@@ -1,0 +1,122 @@
+"""Measuring honestly: warm up, repeat, report the median and spread, and record what produced
+the number (device, threads, torch version, shapes) beside it.
+
+Used by the notebooks' measurements and by `kvlib bench`. Threads default to one: on a shared
+CPU, multithreaded timings are bimodal. Not here: anything that asserts on time.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+
+def device_name(device: str | torch.device = "cpu") -> str:
+    """A human name for the device: the GPU's model, or the CPU's."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return name
+
+
+def environment(device: str | torch.device = "cpu", **extra) -> dict:
+    """What produced a number: device, thread count, library versions, plus `extra` (dtype, shapes)."""
+    return {
+        "device": device_name(device),
+        "device_type": torch.device(device).type,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        **extra,
+    }
+
+
+@contextmanager
+def num_threads(n: int | None):
+    """Run a block with torch using n threads (None leaves the setting alone)."""
+    if n is None:
+        yield
+        return
+    if n < 1:
+        raise ValueError(f"threads must be at least 1, got {n}")
+    if n > 1:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning threads starve a busy neighbour
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def synchronize(device: str | torch.device = "cpu") -> None:
+    """Wait for queued GPU work, so that a clock read after it measures the work itself."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+@dataclass
+class Timing:
+    """Seconds of repeated runs of one thing, with what produced them."""
+
+    name: str
+    samples: list[float]
+    record: dict = field(default_factory=dict)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def spread(self) -> tuple[float, float]:
+        """The lowest and highest sample: how far a single run can land from the median."""
+        return min(self.samples), max(self.samples)
+
+    def __str__(self) -> str:
+        lo, hi = self.spread
+        return f"{self.name}: median {_fmt(self.median)} (min {_fmt(lo)}, max {_fmt(hi)}, {len(self.samples)} runs)"
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "median": self.median}
+
+
+def _fmt(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def measure(fn: Callable[[], object], *, name: str = "", warmup: int = 2, repeats: int = 7,
+            device: str | torch.device = "cpu", threads: int | None = 1, **record) -> Timing:
+    """Time fn() `repeats` times after `warmup` untimed calls; returns a Timing with the record.
+
+    Example: measure(lambda: model(ids), name="prefill", dtype="float32", seq_len=64)
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    with num_threads(threads), torch.inference_mode():
+        for _ in range(warmup):
+            fn()
+        synchronize(device)
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            synchronize(device)
+            samples.append(time.perf_counter() - start)
+        env = environment(device, **record)
+    return Timing(name or getattr(fn, "__name__", "run"), samples, env)

@@ -1,0 +1,226 @@
+"""Checks for notebook 01 (kvlib/attention.py): exercises 1.1-1.4.
+
+References are torch ops (torch.softmax, scaled_dot_product_attention) in float64 and the seed
+example worked by hand; near-misses (wrong axis, no max subtraction, no 1/sqrt(d), mask on the
+wrong side or aligned top-left) are recognised and named.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from kvlib.checks import check
+
+# The seed example: the query of "AI" against the keys and values of 我, 爱, AI.
+SEED_Q = np.array([1.0, 1.0])
+SEED_K = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+SEED_V = np.array([[1.0, 0.0], [0.0, 2.0], [3.0, 1.0]])
+SEED_PROBS = np.exp([1.0, 1.0, 2.0]) / np.exp([1.0, 1.0, 2.0]).sum()  # 0.212, 0.212, 0.576
+SEED_PROBS_SCALED = np.exp(np.array([1.0, 1.0, 2.0]) / np.sqrt(2)) / np.exp(np.array([1.0, 1.0, 2.0]) / np.sqrt(2)).sum()
+
+
+def _t(x):
+    return torch.from_numpy(np.asarray(x, dtype=np.float64))
+
+
+def _close(a, b, tol=1e-6) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and bool(np.allclose(a, b, rtol=tol, atol=tol))
+
+
+def _array(name, x, shape):
+    assert isinstance(x, np.ndarray), f"{name} should be a numpy array, got {type(x).__name__}"
+    assert x.shape == tuple(shape), f"{name} should have shape {tuple(shape)}, got {x.shape}"
+    return x
+
+
+def _pair(result, what):
+    assert isinstance(result, tuple) and len(result) == 2, f"{what} should return a pair (out, probs), got {type(result).__name__}"
+    return result
+
+
+def _attention(q, k, v, mask=None, scale=None):
+    """Reference (out, probs) in float64 via torch; mask is boolean, True = may attend."""
+    one_query = np.ndim(q) == 1
+    q, k, v = _t(np.atleast_2d(q)), _t(k), _t(v)
+    scale = 1 / np.sqrt(q.shape[-1]) if scale is None else scale
+    scores = q @ k.transpose(-1, -2) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~torch.as_tensor(mask), float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else torch.as_tensor(mask), scale=scale)
+    if one_query:
+        return out[0].numpy(), probs[0].numpy()
+    return out.numpy(), probs.numpy()
+
+
+# ---------------------------------------------------------------------------------------------
+# 1.1 softmax
+
+
+@check("1.1")
+def softmax_reproduces_seed(kv, rng):
+    """Check that softmax of the seed scores [1, 1, 2] is [0.212, 0.212, 0.576]."""
+    probs = _array("softmax([1, 1, 2])", kv.softmax(np.array([1.0, 1.0, 2.0])), (3,))
+    assert _close(probs, SEED_PROBS, 1e-4), f"softmax([1, 1, 2]) should be [0.212, 0.212, 0.576], got {np.round(probs, 3)}"
+
+
+@check("1.1")
+def softmax_matches_torch(kv, rng):
+    """Check that softmax runs over the last axis of a (batch, n_heads, seq_len, kv_len) array."""
+    scores = rng.normal(size=(2, 4, 3, 5)) * 3
+    before = scores.copy()
+    probs = _array("softmax(scores) for scores of shape (2, 4, 3, 5)", kv.softmax(scores), scores.shape)
+    assert np.array_equal(scores, before), "softmax changed its input in place: compute into a new array"
+    expected = torch.softmax(_t(scores), dim=-1).numpy()
+    if _close(probs, expected):
+        return
+    if _close(probs, torch.softmax(_t(scores), dim=-2).numpy()):
+        raise AssertionError("softmax normalised over axis -2: it must run over the last axis (axis=-1)")
+    if not _close(probs.sum(axis=-1), np.ones(scores.shape[:-1])):
+        raise AssertionError("the rows of softmax (along axis=-1) should each sum to 1; did you forget keepdims=True?")
+    raise AssertionError(f"softmax differs from torch.softmax(x, dim=-1) by up to {np.abs(probs - expected).max():.2g}")
+
+
+@check("1.1")
+def softmax_is_stable(kv, rng):
+    """Check that softmax survives large scores ([1000, 1000, 1001])."""
+    scores = np.array([[1000.0, 1000.0, 1001.0], [-1000.0, -1000.0, -999.0]])
+    with np.errstate(all="ignore"):
+        probs = _array("softmax of large scores", kv.softmax(scores), (2, 3))
+    assert np.all(np.isfinite(probs)), (
+        "softmax of [1000, 1000, 1001] gave nan or inf: np.exp overflows. Subtract each row's max "
+        "before np.exp (softmax(x) == softmax(x - max(x)))"
+    )
+    assert _close(probs, np.stack([SEED_PROBS, SEED_PROBS]), 1e-4), (
+        f"softmax([1000, 1000, 1001]) should equal softmax([0, 0, 1]) = [0.212, 0.212, 0.576], got {np.round(probs, 3)}"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# 1.2 attend
+
+
+@check("1.2")
+def attend_reproduces_seed(kv, rng):
+    """Check that the seed example gives weights [0.212, 0.212, 0.576] and output [1.940, 1.000]."""
+    out, probs = _pair(kv.attend(SEED_Q, SEED_K, SEED_V, scale=1.0), "attend")
+    _array("probs", probs, (3,))
+    _array("out", out, (2,))
+    assert _close(probs, SEED_PROBS, 1e-4), f"with scale=1.0 the weights should be [0.212, 0.212, 0.576], got {np.round(probs, 3)}"
+    assert _close(out, SEED_PROBS @ SEED_V, 1e-4), f"the output should be probs @ v = [1.940, 1.000], got {np.round(out, 3)}"
+
+
+@check("1.2")
+def attend_scales_by_sqrt_head_dim(kv, rng):
+    """Check that scale=None divides the scores by sqrt(head_dim)."""
+    q, k, v = rng.normal(size=8), rng.normal(size=(5, 8)), rng.normal(size=(5, 6))
+    out, probs = _pair(kv.attend(q, k, v), "attend")
+    _array("probs", probs, (5,))
+    _array("out", out, (6,))
+    ref_out, ref_probs = _attention(q, k, v)
+    if _close(probs, ref_probs) and _close(out, ref_out):
+        return
+    if _close(probs, _attention(q, k, v, scale=1.0)[1]):
+        raise AssertionError("the scores are not scaled: with scale=None, multiply them by 1 / sqrt(head_dim)")
+    if _close(probs, _attention(q, k, v, scale=1 / 8)[1]):
+        raise AssertionError("the scores are divided by head_dim: divide by sqrt(head_dim) instead")
+    raise AssertionError(f"attend differs from scaled dot-product attention: weights off by up to {np.abs(probs - ref_probs).max():.2g}")
+
+
+@check("1.2")
+def attend_matches_sdpa(kv, rng):
+    """Check that attend equals torch's scaled_dot_product_attention for a given scale."""
+    q, k, v = rng.normal(size=4), rng.normal(size=(7, 4)), rng.normal(size=(7, 3))
+    out, probs = _pair(kv.attend(q, k, v, scale=0.3), "attend")
+    _array("probs", probs, (7,))
+    _array("out", out, (3,))
+    ref_out, ref_probs = _attention(q, k, v, scale=0.3)
+    assert _close(probs, ref_probs), "with scale=0.3 the weights should be softmax(0.3 * (k @ q))"
+    assert _close(out, ref_out), "the output should be the weighted sum of the values, probs @ v"
+
+
+# ---------------------------------------------------------------------------------------------
+# 1.3 causal_mask
+
+
+@check("1.3")
+def causal_mask_hides_future(kv, rng):
+    """Check that in a square mask, token i sees itself and the tokens before it, never after."""
+    mask = _array("causal_mask(4, 4)", kv.causal_mask(4, 4), (4, 4))
+    assert mask.dtype == bool, f"the mask should be boolean (True = may attend), got dtype {mask.dtype}"
+    expected = np.tril(np.ones((4, 4), dtype=bool))
+    if np.array_equal(mask, expected):
+        return
+    if np.array_equal(mask, ~expected) or np.array_equal(mask, expected.T):
+        raise AssertionError("the mask hides the wrong side: True means 'may attend', and query i may see keys j <= i")
+    if np.array_equal(mask, np.tril(expected, -1)):
+        raise AssertionError("each token must be allowed to attend to itself (the diagonal is True)")
+    raise AssertionError(f"causal_mask(4, 4) should be lower-triangular including the diagonal, got\n{mask.astype(int)}")
+
+
+@check("1.3")
+def causal_mask_aligns_bottom_right(kv, rng):
+    """Check that seq_len new queries are the last of kv_len positions (causal_mask(3, 5))."""
+    mask = _array("causal_mask(3, 5)", kv.causal_mask(3, 5), (3, 5))
+    expected = np.tril(np.ones((3, 5), dtype=bool), k=2)
+    if np.array_equal(mask, np.tril(np.ones((3, 5), dtype=bool))):
+        raise AssertionError(
+            "the mask is aligned top-left: with 3 new queries and 5 keys, the queries are positions 2, 3, 4, "
+            "so query 0 sees keys 0..2 (this is what is_causal=True gets wrong when seq_len != kv_len)"
+        )
+    assert np.array_equal(mask, expected), f"causal_mask(3, 5) should be\n{expected.astype(int)}\ngot\n{mask.astype(int)}"
+    one = _array("causal_mask(1, 5)", kv.causal_mask(1, 5), (1, 5))
+    assert one.all(), "one new query (a decode step) must see every key: causal_mask(1, 5) is all True"
+
+
+# ---------------------------------------------------------------------------------------------
+# 1.4 causal_self_attention
+
+
+@check("1.4")
+def causal_self_attention_matches_sdpa(kv, rng):
+    """Check that causal self-attention equals torch SDPA on (batch, n_heads, seq_len, head_dim) inputs."""
+    q, k, v = rng.normal(size=(2, 4, 5, 8)), rng.normal(size=(2, 4, 5, 8)), rng.normal(size=(2, 4, 5, 6))
+    out, probs = _pair(kv.causal_self_attention(q, k, v), "causal_self_attention")
+    _array("out", out, (2, 4, 5, 6))
+    _array("probs", probs, (2, 4, 5, 5))
+    mask = np.tril(np.ones((5, 5), dtype=bool))
+    ref_out, ref_probs = _attention(q, k, v, mask)
+    if _close(out, ref_out) and _close(probs, ref_probs):
+        return
+    if _close(probs, _attention(q, k, v)[1]):
+        raise AssertionError("no mask: every query sees the future. Set the scores where causal_mask is False to -inf")
+    if _close(probs, _attention(q, k, v, ~mask | np.eye(5, dtype=bool))[1]):
+        raise AssertionError("the mask hides the wrong side: keep scores where causal_mask is True, set the others to -inf")
+    if _close(probs, _attention(q, k, v, mask, scale=1.0)[1]):
+        raise AssertionError("the scores are not scaled: divide q @ k^T by sqrt(head_dim)")
+    raise AssertionError(f"causal_self_attention differs from torch SDPA with a causal mask by up to {np.abs(out - ref_out).max():.2g}")
+
+
+@check("1.4")
+def causal_self_attention_with_past_keys(kv, rng):
+    """Check that 3 new queries against 5 keys sit at positions 2, 3, 4."""
+    q, k, v = rng.normal(size=(3, 8)), rng.normal(size=(5, 8)), rng.normal(size=(5, 6))
+    out, probs = _pair(kv.causal_self_attention(q, k, v), "causal_self_attention")
+    _array("out", out, (3, 6))
+    _array("probs", probs, (3, 5))
+    ref_out, ref_probs = _attention(q, k, v, np.tril(np.ones((3, 5), dtype=bool), k=2))
+    if _close(probs, _attention(q, k, v, np.tril(np.ones((3, 5), dtype=bool)))[1]):
+        raise AssertionError("the mask is aligned top-left: the 3 queries are the last 3 of 5 positions, so query 0 sees keys 0..2")
+    assert _close(probs, ref_probs), "with 3 queries and 5 keys, query i may attend to keys 0..2+i, with softmax weights"
+    assert _close(out, ref_out), "the output should be probs @ v"
+
+
+@check("1.4")
+def causal_self_attention_equals_one_query_at_a_time(kv, rng):
+    """Check that row i of the matrix form equals attention of query i over keys 0..i alone."""
+    q, k, v = rng.normal(size=(4, 8)), rng.normal(size=(4, 8)), rng.normal(size=(4, 3))
+    out, probs = _pair(kv.causal_self_attention(q, k, v), "causal_self_attention")
+    _array("out", out, (4, 3))
+    _array("probs", probs, (4, 4))
+    for i in range(4):
+        ref_out, _ = _attention(q[i], k[: i + 1], v[: i + 1])
+        assert _close(out[i], ref_out), f"row {i} should equal attention of query {i} over keys 0..{i} alone"
+    assert np.all(probs[np.triu_indices(4, 1)] == 0), "weights above the diagonal (the future) must be exactly 0"

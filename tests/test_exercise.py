@@ -1,0 +1,166 @@
+"""The exercise mechanism: stubs, reference mode, the exercise table and `kvlib check`."""
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import kvlib
+from kvlib import _exercise, course
+from kvlib._exercise import EXERCISES, ExerciseNotDone
+from kvlib.checks import checks_for
+
+from conftest import ROOT, run_kvlib
+
+
+def _bodyless(source: str) -> str:
+    """The module's AST with every @exercise function body reduced to its docstring."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and any(
+            isinstance(d, ast.Call) and getattr(d.func, "id", "") == "exercise" for d in node.decorator_list
+        ):
+            node.body = node.body[:1]
+    return ast.dump(tree, include_attributes=False)
+
+
+@pytest.mark.parametrize("solution", course.solution_modules(), ids=lambda p: p.name)
+def test_stub_differs_from_solution_only_in_exercise_bodies(solution):
+    """Check that kvlib/<module>.py equals its solution but for the bodies of exercise functions."""
+    stub = ROOT / "kvlib" / solution.name
+    assert _bodyless(stub.read_text()) == _bodyless(solution.read_text())
+
+
+@pytest.mark.parametrize("solution", course.solution_modules(), ids=lambda p: p.name)
+def test_stub_bodies_only_raise(solution):
+    """Check that every exercise stub is a docstring and one raise naming its exercise: no reference code leaks."""
+    tree = ast.parse((ROOT / "kvlib" / solution.name).read_text())
+    found = 0
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and any(getattr(getattr(d, "func", None), "id", "") == "exercise" for d in node.decorator_list):
+            found += 1
+            ex_id = node.decorator_list[0].args[0].value
+            doc, body = node.body[0], node.body[1:]
+            assert isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant), f"{node.name} has no docstring"
+            assert len(body) == 1 and isinstance(body[0], ast.Raise), f"{node.name}: a stub must only raise"
+            message = body[0].exc.args[0].value
+            assert message.startswith(f"Exercise {ex_id} (notebooks/"), message
+    assert found == sum(ex.file == f"kvlib/{solution.name}" for ex in EXERCISES)
+
+
+def test_exercise_table_matches_the_code():
+    """Check that every row of the exercise table names a decorated function with checks."""
+    for ex in EXERCISES:
+        obj = getattr(__import__(f"kvlib.{ex.module}", fromlist=["_"]), ex.name.split(".")[0])
+        for part in ex.name.split(".")[1:]:
+            obj = getattr(obj, part)
+        assert obj.__exercise__ is ex
+        assert len(checks_for(ex)) >= 2, f"Exercise {ex.id} needs at least two checks"
+        assert obj.__doc__ and "Hints (reference solution:" in obj.__doc__, f"{ex.name} docstring lacks hints"
+
+
+def test_every_stub_raises_in_learner_mode(learner_mode):
+    """Check that each exercise, called on valid input in learner mode, raises ExerciseNotDone naming itself."""
+    results = kvlib.checks.run()
+    assert [r.status for r in results] == ["todo"] * len(EXERCISES)
+
+
+def test_use_solutions_switches_to_the_reference(learner_mode):
+    """Check that use_solutions() turns a learner stub into the reference and back."""
+    import numpy as np
+
+    from kvlib.attention import softmax
+
+    with pytest.raises(ExerciseNotDone, match=r"Exercise 1\.1"):
+        softmax(np.zeros(3))
+    kvlib.use_solutions()
+    np.testing.assert_allclose(softmax(np.zeros(3)), np.full(3, 1 / 3))
+    kvlib.use_solutions(False)
+    with pytest.raises(NotImplementedError):
+        softmax(np.zeros(3))
+
+
+def test_unfinished_dependency_names_the_exercise_to_do_first(learner_mode):
+    """Check that a finished exercise calling an unfinished one says which to do first."""
+    import numpy as np
+
+    from kvlib import attention
+
+    def causal_self_attention(q, k, v):  # a learner's 1.4 that calls their unfinished 1.1
+        return attention.softmax(q @ k.T), None
+
+    learner_1_4 = _exercise.exercise("1.4")(causal_self_attention)
+    with pytest.raises(ExerciseNotDone, match=r"do Exercise 1\.1 first") as info:
+        learner_1_4(np.ones((2, 3)), np.ones((2, 3)), np.ones((2, 3)))
+    assert info.value.exercise.id == "1.1" and info.value.needed_by.id == "1.4"
+
+
+def test_kvlib_check_json_in_both_modes():
+    """Check `kvlib check --json`: every exercise passes in reference mode and is todo in learner mode."""
+    ref = run_kvlib("check", "--json", env={"KVLIB_SOLUTIONS": "1"})
+    assert ref.returncode == 0, ref.stderr
+    rows = json.loads(ref.stdout)
+    assert [r["id"] for r in rows] == [ex.id for ex in EXERCISES]
+    assert all(set(r) == {"id", "title", "notebook", "status", "message"} for r in rows)
+    assert {r["status"] for r in rows} == {"pass"}
+    learner = run_kvlib("check", "--json", env={"KVLIB_SOLUTIONS": "0"})
+    assert learner.returncode == 1
+    assert {r["status"] for r in json.loads(learner.stdout)} == {"todo"}
+
+
+def test_kvlib_check_selects_by_id_or_notebook():
+    """Check that `kvlib check 1.2` and `kvlib check 01` select the right exercises."""
+    one = json.loads(run_kvlib("check", "1.2", "--json").stdout)
+    assert [r["id"] for r in one] == ["1.2"]
+    nb = json.loads(run_kvlib("check", "01", "--json").stdout)
+    assert [r["id"] for r in nb] == [ex.id for ex in EXERCISES if ex.notebook.startswith("01")]
+    bad = run_kvlib("check", "9.9")
+    assert bad.returncode == 2 and "no exercise or notebook '9.9'" in bad.stderr
+
+
+def _learner_copy(tmp_path, attention_source):
+    """A copy of the kvlib package with attention.py replaced, importable from tmp_path."""
+    shutil.copytree(ROOT / "kvlib", tmp_path / "kvlib", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "kvlib" / "attention.py").write_text(attention_source)
+    return {"PYTHONPATH": str(tmp_path), "KVLIB_SOLUTIONS": "0", "KVLIB_SOLUTIONS_DIR": str(ROOT / "solutions" / "kvlib")}
+
+
+def test_kvlib_check_reports_a_broken_file_and_goes_on(tmp_path):
+    """Check that a syntax error in the learner's file fails its exercises with the error, not a crash."""
+    env = _learner_copy(tmp_path, "def softmax(:\n")
+    proc = run_kvlib("check", "--json", env=env, cwd=tmp_path)
+    rows = json.loads(proc.stdout)
+    assert proc.returncode == 1 and len(rows) == len(EXERCISES)
+    assert all(r["status"] == "fail" and "does not import: SyntaxError" in r["message"] for r in rows if r["notebook"] == "01-attention")
+
+
+def test_kvlib_check_reports_partial_progress(tmp_path):
+    """Check that a learner who solved 1.1 and 1.3 sees pass, todo, pass, todo, and the CLI table."""
+    source = (ROOT / "kvlib" / "attention.py").read_text()
+    solution = (ROOT / "solutions" / "kvlib" / "attention.py").read_text()
+    for name in ("softmax", "causal_mask"):  # paste the reference body of two exercises
+        stub_raise = f'raise NotImplementedError("Exercise {_exercise.BY_ID["1.1" if name == "softmax" else "1.3"].id} (notebooks/01-attention): {name}")'
+        body = solution.split(f"def {name}(")[1].split("### BEGIN SOLUTION\n")[1].split("    ### END SOLUTION")[0]
+        source = source.replace("    " + stub_raise + "\n", body)
+    env = _learner_copy(tmp_path, source)
+    rows = json.loads(run_kvlib("check", "01", "--json", env=env, cwd=tmp_path).stdout)
+    assert [r["status"] for r in rows] == ["pass", "todo", "pass", "todo"]
+    table = run_kvlib("check", env=env, cwd=tmp_path).stdout
+    assert "2 of 4 exercises pass" in table
+
+
+def test_kvlib_check_stops_an_endless_loop(tmp_path):
+    """Check that an endless loop in one exercise fails it with a timeout and the others still run."""
+    source = (ROOT / "kvlib" / "attention.py").read_text().replace(
+        '    raise NotImplementedError("Exercise 1.1 (notebooks/01-attention): softmax")', "    while True:\n        pass"
+    )
+    env = _learner_copy(tmp_path, source)
+    code = ("import json; from kvlib.checks import run_exercise; from kvlib._exercise import BY_ID;"
+            "print(json.dumps([run_exercise(BY_ID[i], timeout=1).as_dict() for i in ('1.1', '1.3')]))")
+    proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    first, second = json.loads(proc.stdout)
+    assert first["status"] == "fail" and "endless loop" in first["message"]
+    assert second["status"] == "todo"

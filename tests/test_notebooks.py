@@ -1,0 +1,59 @@
+"""Every solution notebook runs top to bottom in reference mode (nbclient), as a presenter runs it."""
+import os
+import time
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from kvlib import course
+
+from conftest import ROOT
+
+NOTEBOOKS = [p for name in course.assignments() for p in sorted((ROOT / "solutions" / name).glob("*.ipynb"))]
+_executed = {}
+
+
+def execute(path):
+    """Run a notebook once per session in reference mode; returns (notebook, seconds)."""
+    if path not in _executed:
+        nb = nbformat.read(path, as_version=4)
+        env_before = os.environ.get("KVLIB_SOLUTIONS")
+        os.environ["KVLIB_SOLUTIONS"] = "1"
+        start = time.perf_counter()
+        try:
+            NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+        finally:
+            os.environ["KVLIB_SOLUTIONS"] = env_before or ""
+        _executed[path] = (nb, time.perf_counter() - start)
+    return _executed[path]
+
+
+def text_output(nb) -> str:
+    parts = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            parts.append(out.get("text", "") or out.get("data", {}).get("text/plain", ""))
+    return "\n".join(parts)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.parent.name)
+def test_solution_notebook_runs_top_to_bottom(path):
+    """Check that the solution notebook executes without an error in reference mode."""
+    nb, seconds = execute(path)
+    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors, errors[0]
+    print(f"{path.parent.name}: {seconds:.1f} s")
+
+
+def test_notebook_01_shows_the_seed_numbers():
+    """Check that notebook 01 prints the seed's weights and outputs, unscaled then scaled."""
+    nb, _ = execute(ROOT / "solutions" / "01-attention" / "attention.ipynb")
+    text = text_output(nb)
+    for expected in ("0.212 0.212 0.576", "1.94", "0.248 0.248 0.503", "1.759"):
+        assert expected in text, f"{expected!r} not in the executed notebook's output"
+    assert text.index("0.212 0.212 0.576") < text.index("0.248 0.248 0.503")
+    images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    assert images, "notebook 01 shows no figure (the causal heatmap)"
+    widgets = [o for c in nb.cells for o in c.get("outputs", []) if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    assert widgets, "notebook 01 shows no widget"
