@@ -16,7 +16,7 @@ from kvlib._exercise import EXERCISES, ExerciseNotDone, solutions_enabled, use_s
 
 __all__ = ["EXERCISES", "ExerciseNotDone", "solutions_enabled", "use_solutions"]
 
-_SUBMODULES = {"attention", "checks", "plotting", "cli"}
+_SUBMODULES = {"attention", "generation", "recompute", "kv_cache", "model", "tokenizer", "benchmark", "checks", "plotting", "cli"}
 
 
 def __getattr__(name: str):

@@ -43,6 +43,17 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("1.2", "Attention for one query", "01-attention", "attention", "attend"),
     Exercise("1.3", "Causal mask", "01-attention", "attention", "causal_mask"),
     Exercise("1.4", "Causal self-attention", "01-attention", "attention", "causal_self_attention"),
+    Exercise("2.1", "Greedy or sampled token", "02-generation", "generation", "next_token"),
+    Exercise("2.2", "The naive generation loop", "02-generation", "generation", "generate"),
+    Exercise("2.3", "Measuring TTFT and TPOT", "02-generation", "generation", "measure_ttft_tpot"),
+    Exercise("3.1", "FLOPs of one forward pass", "03-recompute", "recompute", "forward_flops"),
+    Exercise("3.2", "FLOPs one new token needs", "03-recompute", "recompute", "new_token_flops"),
+    Exercise("3.3", "The wasted fraction", "03-recompute", "recompute", "wasted_fraction"),
+    Exercise("4.1", "Write into the cache", "04-kv-cache", "kv_cache", "KVCache.update"),
+    Exercise("4.2", "Attention with a cache", "04-kv-cache", "kv_cache", "cached_attention"),
+    Exercise("4.3", "Prefill", "04-kv-cache", "kv_cache", "prefill"),
+    Exercise("4.4", "One decode step", "04-kv-cache", "kv_cache", "decode_step"),
+    Exercise("4.5", "Generation with the cache", "04-kv-cache", "kv_cache", "generate_cached"),
 )
 BY_ID = {ex.id: ex for ex in EXERCISES}
 NOTEBOOKS = tuple(dict.fromkeys(ex.notebook for ex in EXERCISES))

@@ -1,7 +1,10 @@
 """The `kvlib` command: check your progress, and (for maintainers) rebuild the learner release.
 
   kvlib check [ID|NN] [--json]   one row per exercise: id, title, notebook, status, message
+  kvlib generate PROMPT          stream the tiny model's answer, then its TTFT and TPOT
+  kvlib bench cache [--json]     tokens/s without and with a KV cache, and with transformers
   kvlib course release [--check] regenerate kvlib/ stubs and notebooks/ from solutions/
+  kvlib course init DIR          an nbgrader course folder for instructors (README.md, For instructors)
 """
 from __future__ import annotations
 
@@ -14,12 +17,12 @@ import textwrap
 
 def _table(results) -> str:
     width = shutil.get_terminal_size((100, 20)).columns
-    head = f"{'id':<5} {'status':<6} {'notebook':<14} {'title':<26} message"
-    lines = [head, "-" * min(width, 100)]
-    indent = " " * 53
+    head = f"{'id':<5} {'status':<6} {'notebook':<14} {'title':<27} message"
+    lines = [head, "-" * min(width, 110)]
+    indent = " " * 56
     for r in results:
         msg = textwrap.wrap(r.message, max(30, width - len(indent))) or [""]
-        lines.append(f"{r.id:<5} {r.status:<6} {r.notebook:<14} {r.title[:26]:<26} {msg[0]}")
+        lines.append(f"{r.id:<5} {r.status:<6} {r.notebook:<14} {r.title[:27]:<27} {msg[0]}")
         lines += [indent + m for m in msg[1:]]
     done = sum(r.status == "pass" for r in results)
     lines.append(f"\n{done} of {len(results)} exercises pass" + (" (reference mode: KVLIB_SOLUTIONS is on)" if _reference_mode() else ""))
@@ -47,6 +50,81 @@ def cmd_check(args) -> int:
     return 0 if all(r.status == "pass" for r in results) else 1
 
 
+class _Stop(Exception):
+    """Raised from the streaming callback to end generation at the stop text."""
+
+
+def cmd_generate(args) -> int:
+    import statistics
+    import time
+
+    import torch
+
+    from kvlib._exercise import ExerciseNotDone
+    from kvlib.benchmark import environment, num_threads
+    from kvlib.generation import generate
+    from kvlib.model import load_tiny
+
+    args.prompt = args.prompt.replace("\\n", "\n")  # a typed \n is a newline, as in the course's prompts
+    try:
+        model, tokenizer = load_tiny()
+        if not args.prompt:
+            raise ValueError("the prompt is empty: give the model something to continue, e.g. kvlib generate '法国的首都是'")
+        ids = torch.tensor([tokenizer.encode(args.prompt)])
+    except (ValueError, FileNotFoundError) as err:
+        print(f"kvlib generate: {err}", file=sys.stderr)
+        return 2
+    times, text = [], []
+
+    def on_token(token):
+        times.append(time.perf_counter())
+        piece = tokenizer.decode(token.tolist())
+        text.append(piece)
+        if args.stop and args.stop in "".join(text):
+            raise _Stop
+        print(piece, end="", flush=True)
+
+    print(args.prompt, end="", flush=True)
+    generator = torch.Generator().manual_seed(args.seed)
+    with num_threads(args.threads):
+        env = environment("cpu")  # the setting the tokens are generated under
+        start = time.perf_counter()
+        try:
+            generate(model, ids, args.max_new_tokens, temperature=args.temperature, generator=generator, on_token=on_token)
+        except _Stop:
+            pass
+        except ExerciseNotDone as err:
+            print(f"\nkvlib generate runs your generation loop: {err}", file=sys.stderr)
+            return 1
+        except ValueError as err:
+            print(f"\nkvlib generate: {err}", file=sys.stderr)
+            return 2
+    print()
+    if times:
+        gaps = [b - a for a, b in zip(times, times[1:])]
+        tpot = f"{statistics.median(gaps) * 1e3:.2f} ms median over {len(gaps)} steps" if gaps else "n/a (one token)"
+        print(f"TTFT {(times[0] - start) * 1e3:.2f} ms (prompt of {ids.shape[1]} tokens) | TPOT {tpot} | "
+              f"naive decoding, {env['threads']} thread(s), {env['device']}", file=sys.stderr)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    import json
+
+    from kvlib import bench
+
+    if args.threads < 1:
+        print("kvlib bench: --threads must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        report = bench.bench_cache(threads=args.threads, quick=args.quick)
+    except FileNotFoundError as err:
+        print(f"kvlib bench: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=1) if args.json else bench.format_cache(report))
+    return 0
+
+
 def cmd_course_release(args) -> int:
     from kvlib import course
 
@@ -62,6 +140,19 @@ def cmd_course_release(args) -> int:
     return 0
 
 
+def cmd_course_init(args) -> int:
+    from kvlib.grading.course import CourseFolderExists, init_course
+
+    try:
+        written = init_course(args.dir, earlier=args.earlier, force=args.force, course_id=args.course_id)
+    except CourseFolderExists as err:
+        print(f"kvlib course init: {err}", file=sys.stderr)
+        return 1
+    print(f"wrote {len(written)} files under {args.dir}" if written else f"{args.dir} is already up to date")
+    print(f"next: cd {args.dir} && nbgrader generate_assignment 01-attention (README.md, For instructors)")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="kvlib", description="The course on how LLMs generate text.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -72,11 +163,34 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_check)
 
+    p = sub.add_parser("generate", help="stream the tiny model's continuation of PROMPT, then TTFT and TPOT")
+    p.add_argument("prompt", help='e.g. "法国的首都是" or "Q: What is the capital of France?\\nA:"')
+    p.add_argument("--max-new-tokens", type=int, default=40, help="at most this many new tokens (default 40)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default); above 0 samples")
+    p.add_argument("--seed", type=int, default=0, help="seed for sampling")
+    p.add_argument("--stop", default="\n", help="stop when the answer contains this text (default: a newline; '' never stops)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("bench", help="benchmarks measured on this machine")
+    p.add_argument("which", choices=["cache"], help="cache: tokens/s without and with a KV cache, and transformers'")
+    p.add_argument("--json", action="store_true", help="print the machine-readable record")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: timings on a shared CPU are steadier)")
+    p.add_argument("--quick", action="store_true", help="a small stand-in for the GPT-2-size model (seconds, for tests)")
+    p.set_defaults(func=cmd_bench)
+
     p = sub.add_parser("course", help="maintainers: build the learner release from solutions/")
     course_sub = p.add_subparsers(dest="course_command", required=True)
     r = course_sub.add_parser("release", help="regenerate kvlib/ stubs and notebooks/ from solutions/")
     r.add_argument("--check", action="store_true", help="write nothing; exit 1 if anything differs")
     r.set_defaults(func=cmd_course_release)
+    i = course_sub.add_parser("init", help="instructors: write an nbgrader course folder with isolated grading")
+    i.add_argument("dir", help="the course folder to create or update")
+    i.add_argument("--earlier", choices=["own", "given"], default="own",
+                   help="earlier notebooks' kvlib modules: the learners' own (stubs to fill in) or given (the reference)")
+    i.add_argument("--force", action="store_true", help="replace files that differ (each is kept as <name>.bak first)")
+    i.add_argument("--course-id", default="kvlib", help="nbgrader's CourseDirectory.course_id")
+    i.set_defaults(func=cmd_course_init)
 
     args = parser.parse_args(argv)
     return args.func(args)

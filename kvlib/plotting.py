@@ -261,4 +261,271 @@ def causal_attention_heatmap(tokens, probs, *, title="Each token attends only to
     return _finish(fig)
 
 
-__all__ = ["COLORS", "PALETTE", "PINYIN", "attention_weights", "causal_attention_heatmap", "cjk_font", "style", "to_png", "token_label"]
+# ---------------------------------------------------------------------------------------------
+# Notebook 02: generating text
+
+
+def record_note(record: dict, runs: int | None = None) -> str:
+    """One line naming what produced a measurement, for the foot of a figure.
+
+    Example: record_note(timing.record, runs=5) -> "Intel Xeon ..., 1 thread, torch 2.5.1, median of 5 runs"
+    """
+    threads = record.get("threads")
+    parts = [str(record.get("device", "unknown device")), f"{threads} thread{'' if threads == 1 else 's'}", f"torch {record.get('torch', '?')}"]
+    runs = runs or record.get("runs")
+    if runs:
+        parts.append(f"median of {runs} runs")
+    return ", ".join(parts)
+
+
+def _note(fig, note):
+    """What produced the numbers, in small grey text under the axes."""
+    if note:
+        fig.text(0.01, 0.01, note, fontsize=10, color="#555555", ha="left", va="bottom")
+
+
+def ttft_against_prompt_length(prompt_lens, medians_ms, lows_ms, highs_ms, *, note=None):
+    """Time to first token against prompt length: the median, with bars from the fastest to the slowest run.
+
+    Args:    prompt_lens: tokens in each prompt   medians_ms, lows_ms, highs_ms: one per prompt, milliseconds
+             note: what produced the numbers (device, threads, runs), printed under the axes
+    Returns: the Figure
+    """
+    x, med = np.asarray(prompt_lens), np.asarray(medians_ms, dtype=float)
+    err = [med - np.asarray(lows_ms, float), np.asarray(highs_ms, float) - med]
+    with style():
+        fig, ax = plt.subplots(figsize=(8, 5))
+        fig.subplots_adjust(left=0.12, right=0.97, bottom=0.2, top=0.9)
+        ax.errorbar(x, med, yerr=err, marker="o", ms=7, lw=2, capsize=4, color=PALETTE["vermillion"], label="median (bars: min to max)")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(x, [str(n) for n in x])
+        ax.minorticks_off()
+        ax.set_ylim(0, None)
+        ax.set_xlabel("prompt length (tokens)")
+        ax.set_ylabel("time to first token (ms)")
+        ax.set_title("Prefill reads the whole prompt: TTFT grows with its length")
+        ax.legend(loc="upper left", frameon=False)
+        _note(fig, note)
+    return _finish(fig)
+
+
+def time_per_token(medians_ms, lows_ms, highs_ms, *, note=None):
+    """Time of each new token of one generation: token 1 is the prefill (TTFT), the rest are decode steps.
+
+    Args:    medians_ms, lows_ms, highs_ms: (max_new_tokens,) milliseconds per token, over repeated runs
+             note: what produced the numbers, printed under the axes
+    Returns: the Figure
+    """
+    med, lo, hi = (np.asarray(a, dtype=float) for a in (medians_ms, lows_ms, highs_ms))
+    tokens = np.arange(1, len(med) + 1)
+    with style():
+        fig, ax = plt.subplots(figsize=(9, 5))
+        fig.subplots_adjust(left=0.11, right=0.97, bottom=0.2, top=0.9)
+        ax.fill_between(tokens[1:], lo[1:], hi[1:], color=PALETTE["sky"], alpha=0.35, lw=0, label="min to max")
+        ax.plot(tokens[1:], med[1:], color=PALETTE["blue"], lw=1.8, label="decode step (median)")
+        ax.plot(tokens[:1], med[:1], "o", ms=10, color=PALETTE["vermillion"], label="token 1: prefill (TTFT)")
+        ax.set_xlim(0, len(med) + 1)
+        top = 1.25 * max(float(np.percentile(hi, 90)), float(med.max()))  # a rare slow run must not flatten the rest
+        ax.set_ylim(0, top)
+        if hi.max() > top:
+            ax.text(0.99, 0.98, f"slowest run: {hi.max():.0f} ms (off the scale)", transform=ax.transAxes,
+                    ha="right", va="top", fontsize=11, color="#555555")
+        ax.set_xlabel("new token number")
+        ax.set_ylabel("time for this token (ms)")
+        ax.set_title("Naive decoding: tokens cost more as the text grows")
+        ax.legend(loc="upper left", frameon=False)
+        _note(fig, note)
+    return _finish(fig)
+
+
+# ---------------------------------------------------------------------------------------------
+# Notebook 03: the waste of recomputing
+
+
+def naive_decode_work(new_tokens, naive, needed, *, projections=None, attention=None, note=None):
+    """Cumulative FLOPs of generating N tokens, naively against only what is needed, on log-log axes.
+
+    Args:    new_tokens: (n,) values of N   naive, needed: (n,) total FLOPs after N tokens
+             projections, attention: (n,) the two parts of `naive`, drawn dashed with their growth
+             note: what produced the numbers, printed under the axes
+    Returns: the Figure
+    """
+    n = np.asarray(new_tokens, dtype=float)
+    with style():
+        fig, ax = plt.subplots(figsize=(9, 5.5))
+        fig.subplots_adjust(left=0.12, right=0.97, bottom=0.18, top=0.9)
+        ax.loglog(n, naive, lw=2.5, color=PALETTE["vermillion"], label="naive: every step re-runs everything")
+        if projections is not None:
+            ax.loglog(n, projections, ls="--", lw=1.5, color=PALETTE["orange"], label="  of which projections and MLP (~N²)")
+        if attention is not None:
+            ax.loglog(n, attention, ls=":", lw=2.5, color=PALETTE["purple"], label="  of which attention (~N³)")
+        ax.loglog(n, needed, lw=2.5, color=PALETTE["green"], label="needed: each token once (~N)")
+        ticks = sorted({v for v in (1, 10, 100, 1000, 10000) if v < n[-1]} | {int(n[-1])})
+        ax.set_xticks(ticks, [f"{v:,}" for v in ticks])
+        ax.minorticks_off()
+        ax.set_xlabel("tokens generated, N")
+        ax.set_ylabel("total work (FLOPs)")
+        ratio = naive[-1] / needed[-1]
+        ax.set_title(f"Naive decoding does {ratio:.0f}x the work needed for {int(n[-1])} tokens")
+        ax.legend(loc="upper left", frameon=False)
+        _note(fig, note)
+    return _finish(fig)
+
+
+def wasted_share(kv_lens, fractions, *, marks=(), note=None):
+    """Share of each naive decode step that repeats earlier work, against the sequence length.
+
+    Args:    kv_lens: (n,) tokens in the sequence at each step   fractions: (n,) wasted share in [0, 1)
+             marks: a few kv_lens to label with their value
+             note: printed under the axes
+    Returns: the Figure
+    """
+    x, y = np.asarray(kv_lens), 100 * np.asarray(fractions, dtype=float)
+    with style():
+        fig, ax = plt.subplots(figsize=(9, 5))
+        fig.subplots_adjust(left=0.11, right=0.97, bottom=0.18, top=0.9)
+        ax.plot(x, y, lw=2.5, color=PALETTE["vermillion"])
+        for m in marks:
+            i = int(np.searchsorted(x, m))
+            ax.plot(x[i], y[i], "o", ms=7, color=PALETTE["black"])
+            right = x[i] > x[-1] / 2  # keep the label inside the axes
+            ax.annotate(f"{y[i]:.1f}% at {x[i]} tokens", (x[i], y[i]), xytext=(-8 if right else 10, -24),
+                        textcoords="offset points", ha="right" if right else "left", fontsize=12)
+        ax.set_ylim(0, 105)
+        ax.set_xlim(0, x[-1] * 1.02)
+        ax.set_xlabel("tokens in the sequence at this step (kv_len)")
+        ax.set_ylabel("repeated work in this step (%)")
+        ax.set_title("Almost all of a late naive step repeats earlier work")
+        _note(fig, note)
+    return _finish(fig)
+
+
+def step_time_fit(kv_lens, medians_ms, lows_ms, highs_ms, fitted_ms, *, fit_label="fit", note=None):
+    """Measured time of each naive decode step against its sequence length, with a fitted curve.
+
+    Args:    kv_lens: (n,) tokens each step runs through the model
+             medians_ms, lows_ms, highs_ms: (n,) step times over repeated runs, milliseconds
+             fitted_ms: (n,) the fitted curve at kv_lens   fit_label: its formula, for the legend
+             note: printed under the axes
+    Returns: the Figure
+    """
+    x = np.asarray(kv_lens)
+    with style():
+        fig, ax = plt.subplots(figsize=(9, 5.5))
+        fig.subplots_adjust(left=0.11, right=0.97, bottom=0.18, top=0.9)
+        ax.fill_between(x, lows_ms, highs_ms, color=PALETTE["sky"], alpha=0.35, lw=0, label="min to max")
+        ax.plot(x, medians_ms, ".", ms=4, color=PALETTE["blue"], label="measured step (median)")
+        ax.plot(x, fitted_ms, lw=2.5, color=PALETTE["vermillion"], label=fit_label)
+        ax.set_ylim(0, None)
+        ax.set_xlim(0, x[-1] * 1.02)
+        ax.set_xlabel("tokens re-run in this step (kv_len)")
+        ax.set_ylabel("step time (ms)")
+        ax.set_title("Each naive step costs more than the last")
+        ax.legend(loc="upper left", frameon=False)
+        _note(fig, note)
+    return _finish(fig)
+
+
+__all__ = [
+    "COLORS", "PALETTE", "PINYIN", "attention_weights", "causal_attention_heatmap", "cjk_font", "naive_decode_work",
+    "record_note", "step_time_fit", "style", "time_per_token", "to_png", "token_label", "ttft_against_prompt_length", "wasted_share",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Notebook 04: the KV cache
+
+
+def decode_step_scores(tokens):
+    """The scores one decode step computes, without a cache (all N x N) and with one (the last row).
+
+    Args:    tokens: the N tokens of the sequence; the last one is the token being decoded
+    Returns: the Figure (two panels: naive step, cached step)
+    """
+    labels = [token_label(t) for t in tokens]
+    N = len(labels)
+    i, j = np.indices((N, N))
+    # 0 masked (future), 1 computed again (earlier steps had it), 2 new: the decoded token's row
+    naive = np.where(j > i, 0, np.where(i == N - 1, 2, 1))
+    cached = np.where(i == N - 1, 2, -1)  # -1: not computed at all
+    cmap = ListedColormap(["white", MASKED_GREY, PALETTE["sky"], PALETTE["vermillion"]])
+    with style():
+        size = max(3.6, 0.55 * N + 1.4)
+        fig, axes = plt.subplots(1, 2, figsize=(2 * size + 1.2, size + 1.9))
+        fig.subplots_adjust(left=0.09, right=0.98, bottom=0.24, top=0.84, wspace=0.28)
+        for ax, grid, title in ((axes[0], naive, f"No cache: {N} x {N} scores"), (axes[1], cached, f"Cache: 1 x {N} scores")):
+            ax.imshow(grid, cmap=cmap, vmin=-1.5, vmax=2.5)
+            ax.set_xticks(np.arange(-0.5, N), minor=True)
+            ax.set_yticks(np.arange(-0.5, N), minor=True)
+            ax.grid(which="minor", color="white", lw=2)
+            ax.tick_params(which="both", length=0)
+            ax.set_xticks(range(N), labels)
+            ax.set_yticks(range(N), labels)
+            ax.set_title(title)
+            for side in ax.spines.values():
+                side.set_visible(False)
+        axes[0].set_ylabel("query")
+        axes[0].set_xlabel("key")
+        axes[1].set_xlabel("key (the cache holds these)")
+        from matplotlib.patches import Patch  # only this figure needs legend patches
+
+        handles = [Patch(color=PALETTE["vermillion"], label="new: the decoded token's query against every key"),
+                   Patch(color=PALETTE["sky"], label="computed again: earlier steps had these"),
+                   Patch(color=MASKED_GREY, label="masked: a key in the query's future")]
+        fig.legend(handles=handles, loc="lower center", ncol=1, frameon=False, fontsize=12)
+        fig.suptitle("A cached decode step computes one row of scores")
+    return _finish(fig)
+
+
+def cache_time_against_length(new_tokens, naive_s, cached_s, *, naive_fit=None, cached_fit=None, marks=(), note=None):
+    """Total time to generate N tokens without and with a KV cache (log-log), and the speedup.
+
+    Args:    new_tokens: (n,) values of N   naive_s, cached_s: (n,) seconds to produce the first N tokens
+             naive_fit, cached_fit: (coefficient, exponent) of a power law c * N^k, drawn dashed
+             marks: a few N to label with their speedup
+             note: what produced the numbers, printed under the axes
+    Returns: the Figure (left: time, right: speedup)
+    """
+    n = np.asarray(new_tokens, dtype=float)
+    naive_s, cached_s = np.asarray(naive_s, dtype=float), np.asarray(cached_s, dtype=float)
+    speedup = naive_s / cached_s
+    with style():
+        fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5.6), gridspec_kw={"width_ratios": [1.35, 1]})
+        fig.subplots_adjust(left=0.08, right=0.98, bottom=0.2, top=0.86, wspace=0.26)
+        for s, fit, color, name in ((naive_s, naive_fit, PALETTE["vermillion"], "no cache"), (cached_s, cached_fit, PALETTE["blue"], "KV cache")):
+            ax.loglog(n, s, lw=2.5, color=color, label=f"{name} (median)")
+            if fit is not None:
+                c, k = fit
+                ax.loglog(n, c * n**k, ls="--", lw=1.5, color=PALETTE["black"] if color == PALETTE["blue"] else color,
+                          label=f"  fit: ~$N^{{{k:.2f}}}$")
+        ticks = [int(m) for m in marks] or [int(v) for v in 2.0 ** np.arange(np.ceil(np.log2(n[0])), np.floor(np.log2(n[-1])) + 1)]
+        ax.set_xticks(ticks, [str(v) for v in ticks])
+        lo, hi = min(naive_s.min(), cached_s.min()), max(naive_s.max(), cached_s.max())
+        yticks = [v for v in (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100) if lo / 1.5 <= v <= hi * 1.5]
+        ax.set_yticks(yticks, [f"{v:g}" for v in yticks])  # plain seconds: a log axis alone labels only powers of 10
+        ax.minorticks_off()
+        ax.set_xlabel("new tokens generated, N")
+        ax.set_ylabel("total time (s)")
+        ax.set_title("Total time")
+        ax.legend(loc="upper left", frameon=False)
+        bx.plot(n, speedup, lw=2.5, color=PALETTE["green"])
+        for m in marks:
+            i = int(np.argmin(np.abs(n - m)))
+            bx.plot(n[i], speedup[i], "o", ms=7, color=PALETTE["black"])
+            bx.annotate(f"{speedup[i]:.1f}x", (n[i], speedup[i]), xytext=(0, 10), textcoords="offset points", ha="center", fontsize=12)
+        bx.axhline(1, color="grey", lw=0.8, ls=":")
+        bx.set_xscale("log", base=2)
+        bx.set_xticks(ticks, [str(v) for v in ticks])
+        bx.minorticks_off()
+        bx.set_ylim(0, max(2.0, speedup.max() * 1.2))
+        bx.set_xlabel("new tokens generated, N")
+        bx.set_ylabel("speedup (no cache / cache)")
+        bx.set_title("Speedup")
+        grows = speedup[-1] > speedup[0]  # the title states what this run measured, not what theory expects
+        fig.suptitle(f"The cache's gain {'grows' if grows else 'does not grow'} with the length generated: "
+                     f"{speedup[0]:.1f}x at {int(n[0])} tokens, {speedup[-1]:.1f}x at {int(n[-1])}")
+        _note(fig, note)
+    return _finish(fig)
+
+
+__all__ += ["cache_time_against_length", "decode_step_scores"]

@@ -58,7 +58,7 @@ def test_exercise_table_matches_the_code():
         for part in ex.name.split(".")[1:]:
             obj = getattr(obj, part)
         assert obj.__exercise__ is ex
-        assert len(checks_for(ex)) >= 2, f"Exercise {ex.id} needs at least two checks"
+        assert checks_for(ex), f"Exercise {ex.id} has no check"
         assert obj.__doc__ and "Hints (reference solution:" in obj.__doc__, f"{ex.name} docstring lacks hints"
 
 
@@ -148,7 +148,7 @@ def test_kvlib_check_reports_partial_progress(tmp_path):
     env = _learner_copy(tmp_path, source)
     rows = json.loads(run_kvlib("check", "01", "--json", env=env, cwd=tmp_path).stdout)
     assert [r["status"] for r in rows] == ["pass", "todo", "pass", "todo"]
-    table = run_kvlib("check", env=env, cwd=tmp_path).stdout
+    table = run_kvlib("check", "01", env=env, cwd=tmp_path).stdout
     assert "2 of 4 exercises pass" in table
 
 

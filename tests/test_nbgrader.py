@@ -31,8 +31,10 @@ def nbgrader(course_dir, *args, env=None):
 
 
 def learner_package(dest, solved: set[str]):
-    """A learner's kvlib: the stubs, with the modules in `solved` replaced by the reference."""
+    """A learner's kvlib: the stubs, with the modules in `solved` replaced by the reference, and
+    beside it the shipped tiny model (kvlib looks for assets/ next to its package folder)."""
     shutil.copytree(ROOT / "kvlib", dest, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "assets", dest.parent / "assets")
     for module in solved:
         shutil.copyfile(ROOT / "solutions" / "kvlib" / f"{module}.py", dest / f"{module}.py")
 
@@ -44,7 +46,8 @@ def graded(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("course")
     (root / "nbgrader_config.py").write_text(CONFIG)
-    modules = {nb: {ex.module for ex in course_exercises(nb)} for nb in NOTEBOOKS}
+    # a learner who solved a notebook has solved the notebooks before it too (later ones build on them)
+    modules = {nb: {ex.module for done in NOTEBOOKS[: NOTEBOOKS.index(nb) + 1] for ex in course_exercises(done)} for nb in NOTEBOOKS}
     for nb in NOTEBOOKS:
         shutil.copytree(ROOT / "solutions" / nb, root / "source" / nb)
         nbgrader(root, "generate_assignment", nb, "--force")

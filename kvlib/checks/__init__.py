@@ -31,7 +31,7 @@ class Check:
 
 
 CHECKS: dict[str, Check] = {}  # by name, in registration (= course) order
-_CHECK_MODULES = {"attention"}  # kvlib.checks.<module> for every exercise module
+_CHECK_MODULES = {"attention", "generation", "recompute", "kv_cache"}  # kvlib.checks.<module> for every exercise module
 
 
 def check(exercise_id: str):
@@ -124,7 +124,8 @@ def run_exercise(ex: Exercise, *, seed: int = 0, timeout: float | None = 60) -> 
         except ExerciseNotDone as err:
             if err.exercise is ex:
                 return result("todo", f"not started: fill in {ex.name} in {ex.file}")
-            return result("fail", str(err))
+            # an earlier exercise is unfinished, so this one cannot be judged yet: name it
+            return result("todo", f"do Exercise {err.exercise.id} ({err.exercise.title}) first: {err}")
         except Exception as err:
             return result("fail", f"{c.name}: {_explain(err, ex)}")
     return result("pass")

@@ -1,0 +1,30 @@
+"""Classroom grading with nbgrader that a submission's code cannot fool (README.md, For instructors).
+
+  kvlib course init DIR        an nbgrader course folder (kvlib.grading.course)
+  IsolatedGrading              the autograde preprocessor: each graded cell's score comes from its
+                               check, run here on numbers from an isolated child (preprocessor.py)
+  RestoreCells                 sanitizing: the source's graded and locked cells back, whatever
+                               the submission did to them (preprocessor.py)
+  SandboxExecute               nbgrader's Execute with the notebook's kernel in a jail and a time
+                               budget per notebook (execute.py)
+Not here: the checks themselves (kvlib.checks).
+"""
+from __future__ import annotations
+
+__all__ = ["IsolatedGrading", "RestoreCells", "SandboxExecute"]
+
+
+def __getattr__(name: str):
+    if name == "IsolatedGrading":
+        from kvlib.grading.preprocessor import IsolatedGrading
+
+        return IsolatedGrading
+    if name == "RestoreCells":
+        from kvlib.grading.preprocessor import RestoreCells
+
+        return RestoreCells
+    if name == "SandboxExecute":
+        from kvlib.grading.execute import SandboxExecute
+
+        return SandboxExecute
+    raise AttributeError(f"module 'kvlib.grading' has no attribute {name!r}")

@@ -1,0 +1,171 @@
+"""`kvlib course init DIR`: an instructor's nbgrader course folder, ready for the standard commands.
+
+  DIR/nbgrader_config.py                  course id, timeouts, exclude_overwriting, isolated grading
+  DIR/grading_secret                      the seed of every student's random inputs (mode 600; never released)
+  DIR/source/<NN-topic>/<notebook>.ipynb  from solutions/ (nbgrader generate_assignment strips it)
+  DIR/source/<NN-topic>/kvlib/            the learner package: stubs for this notebook's exercises;
+                                          earlier notebooks' modules the reference (--earlier given)
+                                          or stubs the learners fill in again (--earlier own)
+Existing files are never overwritten without force=True, and then a changed one is first kept
+as <name>.bak; the secret is never replaced. Not here: grading itself (preprocessor.py).
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from pathlib import Path
+
+from kvlib._exercise import EXERCISES
+from kvlib.course import ROOT, assignments, stub_source
+
+SECRET = "grading_secret"
+_INSTRUCTOR_ONLY = {"grading", "course.py", "__pycache__"}  # kvlib parts learners do not get
+
+
+class CourseFolderExists(FileExistsError):
+    def __init__(self, paths: list[Path]):
+        self.paths = paths
+        listed = "\n  ".join(str(p) for p in paths[:20]) + ("\n  ..." if len(paths) > 20 else "")
+        super().__init__(f"these files exist and differ from what `kvlib course init` writes:\n  {listed}\n"
+                         "nothing was written; rerun with --force to replace them (each is kept as <name>.bak first)")
+
+
+def module_notebooks() -> dict[str, str]:
+    """Exercise module -> the notebook that introduces it ("attention" -> "01-attention")."""
+    out: dict[str, str] = {}
+    for ex in EXERCISES:
+        out.setdefault(ex.module, ex.notebook)
+    return out
+
+
+def _number(notebook: str) -> int:
+    return int(notebook.split("-")[0])
+
+
+def _without_markers(solution: str) -> str:
+    return "".join(line for line in solution.splitlines(keepends=True)
+                   if line.strip() not in ("### BEGIN SOLUTION", "### END SOLUTION"))
+
+
+def learner_files(notebook: str, earlier: str) -> dict[str, bytes]:
+    """kvlib/ (and, from notebook 02 on, assets/tiny/) as the learners of `notebook` get it, {relative path: content}."""
+    if earlier not in ("own", "given"):
+        raise ValueError(f"earlier must be 'own' or 'given', not {earlier!r}")
+    files: dict[str, bytes] = {}
+    package = ROOT / "kvlib"
+    for path in sorted(package.rglob("*")):
+        rel = path.relative_to(package)
+        if not path.is_file() or rel.parts[0] in _INSTRUCTOR_ONLY or "__pycache__" in rel.parts or path.suffix == ".pyc":
+            continue
+        files[f"kvlib/{rel.as_posix()}"] = path.read_bytes()
+    owners = module_notebooks()
+    for sol in sorted((ROOT / "solutions" / "kvlib").glob("*.py")):
+        owner = owners.get(sol.stem)
+        if owner is None:  # no exercise of the table is in it yet: not part of the course so far
+            continue
+        text = sol.read_text(encoding="utf-8")
+        given = earlier == "given" and _number(owner) < _number(notebook)
+        files[f"kvlib/{sol.name}"] = (_without_markers(text) if given else stub_source(text)).encode()
+    if _number(notebook) >= 2:  # from notebook 02 on, the trained tiny model runs everything
+        for path in sorted((ROOT / "assets" / "tiny").glob("*")):
+            files[f"assets/tiny/{path.name}"] = path.read_bytes()
+    return files
+
+
+def learner_edited(notebook: str, earlier: str) -> list[str]:
+    """The kvlib files learners of `notebook` edit: autograde must keep their copies."""
+    owners = module_notebooks()
+    return sorted(f"kvlib/{m}.py" for m, nb in owners.items()
+                  if nb == notebook or (earlier == "own" and _number(nb) < _number(notebook)))
+
+
+def config_text(course_id: str, exclude: dict[str, list[str]]) -> str:
+    exclude_lines = "".join(f"    {k!r}: {v!r},\n" for k, v in exclude.items())
+    return f'''"""nbgrader configuration of a kvlib course, written by `kvlib course init` (instructor guide:
+README.md, For instructors). Yours to edit: `kvlib course init --force` keeps a changed copy as .bak."""
+from nbgrader.converters import Autograde
+from nbgrader.preprocessors import Execute, OverwriteCells, SaveAutoGrades
+
+from kvlib.grading import IsolatedGrading, RestoreCells, SandboxExecute
+
+c = get_config()  # noqa: F821 (provided by nbgrader)
+c.CourseDirectory.course_id = {course_id!r}
+c.ClearSolutions.code_stub = {{"python": "# YOUR CODE HERE\\nraise NotImplementedError()"}}
+
+# Learners edit these kvlib files, not the notebooks: autograde keeps their copies.
+c.Autograde.exclude_overwriting = {{
+{exclude_lines}}}
+# nbgrader's own sanitizing steps, plus RestoreCells before OverwriteCells: deleted test cells
+# come back, and cells with edited nbgrader metadata get the source's, instead of failing the
+# whole submission (which nbgrader's own add_missing_cells does on this course's notebooks).
+_sanitize = list(Autograde.class_traits()["sanitize_preprocessors"].default())
+_sanitize.insert(_sanitize.index(OverwriteCells), RestoreCells)
+c.Autograde.sanitize_preprocessors = _sanitize
+
+# nbgrader's own autograde steps, with the notebook's kernel jailed (SandboxExecute) and every
+# graded cell scored by its check on the submission's isolated code (IsolatedGrading), just
+# before SaveAutoGrades records the scores.
+_steps = list(Autograde.class_traits()["autograde_preprocessors"].default())
+_steps[_steps.index(Execute)] = SandboxExecute
+_steps.insert(_steps.index(SaveAutoGrades), IsolatedGrading)
+c.Autograde.autograde_preprocessors = _steps
+
+# Time limits: one notebook cell; all cells of one notebook (then the rest are skipped); one call
+# of a learner's function in the isolated checker; all isolated checks of one notebook.
+c.Execute.timeout = 60
+c.SandboxExecute.notebook_timeout = 300
+c.IsolatedGrading.call_timeout = 10
+c.IsolatedGrading.notebook_timeout = 120
+
+# Random inputs per student come from the secret in {SECRET} (never release it);
+# c.IsolatedGrading.seed = 1234 would fix them instead.
+# Your own hidden checks (README.md, For instructors: "Your own checks"):
+# c.IsolatedGrading.extra_checks = ["course_checks.py"]
+# auto: namespaces when root, else user namespaces, else plain (README.md, For instructors: what plain leaves open)
+# c.GradingJail.isolation = "auto"
+'''
+
+
+def plan(dest: Path, *, earlier: str = "own", course_id: str = "kvlib") -> dict[Path, bytes]:
+    """Every file init writes (the secret aside), {path: content}."""
+    files: dict[Path, bytes] = {}
+    exclude = {}
+    for nb in assignments():
+        exclude[nb] = learner_edited(nb, earlier)
+        for src in sorted((ROOT / "solutions" / nb).glob("*.ipynb")):
+            files[dest / "source" / nb / src.name] = src.read_bytes()
+        for rel, data in learner_files(nb, earlier).items():
+            files[dest / "source" / nb / rel] = data
+    files[dest / "nbgrader_config.py"] = config_text(course_id, exclude).encode()
+    return files
+
+
+def init_course(dest: Path | str, *, earlier: str = "own", force: bool = False, course_id: str = "kvlib") -> list[Path]:
+    """Write the course folder; returns the files written. Raises CourseFolderExists, writing
+    nothing, when a file there differs and force is False."""
+    dest = Path(dest).resolve()
+    files = plan(dest, earlier=earlier, course_id=course_id)
+    changed = [p for p, data in files.items() if p.exists() and (p.is_dir() or p.read_bytes() != data)]
+    if changed and not force:
+        raise CourseFolderExists(changed)
+    written = []
+    for path, data in files.items():
+        if path.exists() and not path.is_dir() and path.read_bytes() == data:
+            continue
+        if path in changed:
+            backup = path.with_name(path.name + ".bak")
+            n = 1
+            while backup.exists():
+                backup, n = path.with_name(f"{path.name}.bak{n}"), n + 1
+            shutil.move(str(path), backup)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        written.append(path)
+    secret = dest / SECRET
+    if not secret.exists():
+        fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
+        written.append(secret)
+    return written

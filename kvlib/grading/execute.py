@@ -1,0 +1,251 @@
+"""Running a submitted notebook during autograde: nbgrader's Execute, with the kernel jailed and
+a time budget for the whole notebook.
+
+The kernel runs the learner's own kvlib code (the notebook imports it), so it is untrusted: as
+the grader's user it could write the gradebook or plant an IPython startup file for the next
+student. SandboxKernelManager starts it in a jail (kvlib.grading.jail) that sees only the
+notebook's folder (read-only), the site-packages (read-only) and a fresh /tmp; the network
+stays, because Jupyter talks to the kernel over localhost. Scores do not depend on what the
+kernel prints (IsolatedGrading replaces the graded cells' outputs); the kernel's run gives the
+learner their notebook's outputs in the feedback.
+Not here: the scores (preprocessor.py).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from queue import Empty
+from time import monotonic
+
+from jupyter_client.manager import AsyncKernelManager
+from nbclient.exceptions import CellTimeoutError, DeadKernelError
+from nbclient.util import run_sync
+from nbformat.v4 import new_output
+from traitlets import Bool, Integer, List, Unicode
+from traitlets.config import Configurable
+
+from nbgrader.preprocessors import Execute
+
+from kvlib.grading.jail import Jail, Limits, detect_mode, jail_python, site_dirs
+
+
+def _chunked(get_msg, step: float = 0.5):
+    """get_msg that waits in short steps. With this jupyter_client/pyzmq, a reply that arrives
+    while many widget messages flow is sometimes noticed only when the wait times out, which
+    made one cell in three of notebook 01's widget cell take the full Execute.timeout."""
+
+    async def chunked(timeout=None, **kw):
+        deadline = None if timeout is None else monotonic() + timeout
+        while True:
+            wait = step if deadline is None else max(0.0, min(step, deadline - monotonic()))
+            try:
+                return await get_msg(timeout=wait, **kw)
+            except Empty:
+                if deadline is not None and monotonic() >= deadline:
+                    raise
+
+    return chunked
+
+
+def _without_hidden_tests(source: str) -> str:
+    out, hidden = [], False
+    for line in source.splitlines(keepends=True):
+        if "BEGIN HIDDEN TESTS" in line:
+            hidden = True
+        elif "END HIDDEN TESTS" in line:
+            hidden = False
+        elif not hidden:
+            out.append(line)
+    return "".join(out)
+
+
+class GradingJail(Configurable):
+    """Settings shared by the jailed kernel and the isolated checker (c.GradingJail.<name>)."""
+
+    isolation = Unicode("auto", help="auto, namespaces (root), userns (user namespaces) or plain (no jail)").tag(config=True)
+    uid = Integer(-1, help="uid of jailed processes in namespaces mode; -1: a fresh unused one for each").tag(config=True)
+    python = Unicode("", help="the interpreter inside the jail; default /usr/bin/pythonX.Y of the grader's version").tag(config=True)
+    memory_limit_mb = Integer(4096, help="address-space limit of each jailed process").tag(config=True)
+    extra_binds = List(Unicode(), help="host folders bound read-only at the same path inside, e.g. a conda "
+                                       "environment whose python GradingJail.python names").tag(config=True)
+    debug = Bool(False, help="let the jailed kernel write to the grader's terminal (raw fd 1 and 2)").tag(config=True)
+
+    @property
+    def mode(self) -> str:
+        return detect_mode(self.isolation)
+
+    def limits(self, **kw) -> Limits:
+        return Limits(memory_mb=self.memory_limit_mb, **kw)
+
+    def interpreter(self) -> str:
+        """The jail's Python: configured, else the system one of the grader's version, else the
+        grader's own (its installation is then bound into the jail, see binds())."""
+        if self.python:
+            return self.python
+        system = jail_python()
+        return system if os.path.exists(system) else str(Path(sys.executable).resolve())
+
+    def binds(self) -> dict[str, Path]:
+        """Extra read-only binds, at the same path inside: extra_binds, and the grader's own Python
+        installation when there is no system Python of its version."""
+        paths = [Path(p) for p in self.extra_binds]
+        if not self.python and not os.path.exists(jail_python()):
+            paths.append(Path(sys.base_prefix).resolve())
+        return {str(p.resolve()): p.resolve() for p in paths}
+
+
+class SandboxKernelManager(AsyncKernelManager):
+    """A kernel manager whose kernel runs in a jail (unless GradingJail.isolation ends up plain)."""
+
+    _kernel_jail: Jail | None = None
+    _kernel_files: Path | None = None
+
+    async def _async_pre_start_kernel(self, **kw):
+        cmd, kw = await super()._async_pre_start_kernel(**kw)
+        settings = GradingJail(config=self.config)
+        mode = settings.mode
+        if mode == "plain":
+            return cmd, kw
+        self._cleanup_jail()
+        files = self._kernel_files = Path(tempfile.mkdtemp(prefix="kvlib-kernel-"))  # mode 700
+        (files / "conn").mkdir()
+        (files / "boot").mkdir()
+        shutil.copyfile(self.connection_file, files / "conn" / "kernel.json")
+        shutil.copyfile(Path(__file__).with_name("_kernel_boot.py"), files / "boot" / "_kernel_boot.py")
+        nb_dir = Path(kw.get("cwd") or os.getcwd()).resolve()
+        sites = site_dirs()
+        binds = {"/nb": nb_dir, "/conn": files / "conn", "/boot": files / "boot"}
+        binds.update({f"/site{i}": p for i, p in enumerate(sites)})
+        binds.update(settings.binds())
+        jail = self._kernel_jail = Jail(mode, binds=binds, network=True, uid=settings.uid, tmp_mb=512,
+                                        limits=settings.limits(), cwd="/nb")
+        jail.hand_over(files / "conn", files / "boot")  # the kernel's key: for the kernel only
+        cfg = {"cwd": "/nb", "site": [f"/site{i}" for i in range(len(sites))], "connection_file": "/conn/kernel.json",
+               "args": ["--HistoryManager.enabled=False", "--IPKernelApp.log_level=WARN"]}
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp/home", "USER": "learner", "LOGNAME": "learner", "IPYTHONDIR": "/tmp/ipython",
+               "MPLCONFIGDIR": "/tmp/matplotlib", "JUPYTER_RUNTIME_DIR": "/tmp/runtime", "OMP_NUM_THREADS": "1",
+               "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+               "NBGRADER_EXECUTION": os.environ.get("NBGRADER_EXECUTION", "autograde")}
+        kw["env"] = env
+        kw["cwd"] = str(jail.dir)
+        kw["preexec_fn"] = jail.limits.apply
+        if not settings.debug:  # a learner's os.write(1, ...) must not flood the grader's log
+            kw["stdout"] = kw["stderr"] = subprocess.DEVNULL
+        argv = [settings.interpreter(), "-I", "-S", "-B", "/boot/_kernel_boot.py", json.dumps(cfg)]
+        return jail.command(argv), kw
+
+    def _cleanup_jail(self) -> None:
+        if self._kernel_jail is not None:
+            self._kernel_jail.close()
+            self._kernel_jail = None
+        if self._kernel_files is not None:
+            shutil.rmtree(self._kernel_files, ignore_errors=True)
+            self._kernel_files = None
+
+    async def _async_cleanup_resources(self, restart: bool = False) -> None:
+        await super()._async_cleanup_resources(restart=restart)
+        if not restart:
+            self._cleanup_jail()
+
+    # nbclient calls this name for a kernel that died; jupyter_client binds it to the base method
+    cleanup_resources = _async_cleanup_resources
+
+
+class SandboxExecute(Execute):
+    """nbgrader's Execute with the kernel in a jail, a budget for the whole notebook (after it,
+    the remaining cells are not run), and a cap on each cell's output."""
+
+    notebook_timeout = Integer(
+        300, help="seconds for all the cells of one notebook; Execute.timeout still bounds each cell"
+    ).tag(config=True)
+    max_output_chars = Integer(100_000, help="output kept per cell; the rest is dropped with a note").tag(config=True)
+    skip_isolated_hidden_tests = Bool(
+        True, help="do not run, in the kernel, the hidden tests of graded cells that IsolatedGrading scores: "
+                   "their outcome there is discarded, and they import torch (seconds per notebook)"
+    ).tag(config=True)
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("kernel_manager_class", SandboxKernelManager)
+        super().__init__(*args, **kwargs)
+
+    def preprocess(self, nb, resources, km=None):
+        self._deadline = monotonic() + self.notebook_timeout
+        self._stopped = ""
+        self._out_chars: dict[int, int] = {}
+        # the kernel is ours whatever the notebook's metadata names (nbgrader restores it anyway)
+        self.kernel_name = "python3"
+        self._isolated: set[str] = set()
+        if self.skip_isolated_hidden_tests:
+            from kvlib.grading.preprocessor import isolated_check_names
+
+            self._isolated = isolated_check_names(self.config)
+        try:
+            return super().preprocess(nb, resources, km=km)
+        finally:  # a kernel that died or hung skips jupyter's own clean-up
+            if isinstance(getattr(self, "km", None), SandboxKernelManager):
+                self.km._cleanup_jail()
+
+    async def async_start_new_kernel_client(self):
+        kc = await super().async_start_new_kernel_client()
+        for channel in (kc.shell_channel, kc.iopub_channel):
+            channel.get_msg = _chunked(channel.get_msg)
+        return kc
+
+    start_new_kernel_client = run_sync(async_start_new_kernel_client)  # the sync setup_kernel calls this one
+
+    def _get_timeout(self, cell):
+        base = super()._get_timeout(cell)
+        left = max(1.0, self._deadline - monotonic())
+        return int(math.ceil(min(base, left) if base else left))
+
+    def preprocess_cell(self, cell, resources, index):
+        if cell.cell_type != "code":
+            return cell, resources
+        if not self._stopped and monotonic() >= self._deadline:
+            self._stopped = f"Not run: the notebook used up its {self.notebook_timeout} s (look for an endless loop above)."
+        if self._stopped:
+            cell.outputs = [new_output("stream", name="stderr", text=self._stopped + "\n")]
+            cell.execution_count = None
+            return cell, resources
+        source = cell.source
+        gid = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if gid in self._isolated and cell.metadata.nbgrader.get("grade"):
+            cell.source = _without_hidden_tests(source)
+        try:
+            return super().preprocess_cell(cell, resources, index)
+        except DeadKernelError:
+            self._stopped = "Not run: the kernel died in an earlier cell (did your code exit Python?)."
+            cell.outputs.append(new_output("stream", name="stderr", text="The kernel died while running this cell.\n"))
+            return cell, resources
+        except CellTimeoutError:  # no reply even after the interrupt: the kernel is stuck
+            self._stopped = "Not run: the kernel was still stuck in an earlier cell (an endless loop that ignores interrupts?)."
+            cell.outputs.append(new_output("stream", name="stderr", text="This cell did not finish, even when interrupted.\n"))
+            return cell, resources
+        except Exception as err:  # the kernel is the submission's: whatever it sends, grading goes on
+            self.log.warning("kernel failure in cell %d: %s: %s", index, type(err).__name__, err)
+            self._stopped = "Not run: the kernel stopped answering properly in an earlier cell."
+            cell.outputs.append(new_output("stream", name="stderr", text=f"The kernel failed here ({type(err).__name__}).\n"))
+            return cell, resources
+        finally:
+            cell.source = source
+
+    def output(self, outs, msg, display_id, cell_index):
+        content = msg.get("content", {})
+        size = len(content.get("text", "")) + sum(len(str(v)) for v in content.get("data", {}).values())
+        size += sum(len(line) for line in content.get("traceback", []))
+        used = self._out_chars.get(cell_index, 0)
+        self._out_chars[cell_index] = used + size
+        if used + size <= self.max_output_chars:
+            return super().output(outs, msg, display_id, cell_index)
+        if used <= self.max_output_chars:
+            note = new_output("stream", name="stderr",
+                              text=f"\n[output dropped: this cell printed more than {self.max_output_chars:,} characters]\n")
+            outs.append(note)
+            return note
+        return None

@@ -1,0 +1,319 @@
+"""IsolatedGrading: the autograde step that decides each graded cell's score, out of the
+submission's reach.
+
+nbgrader runs it (by configuration) just before SaveAutoGrades. For every grade cell of the
+source notebook (as the gradebook records it, not as the submission says) whose grade_id is a
+check name, it runs that check here, in the grading process, against the submission's kvlib
+functions running in an isolated child (sandbox.py), on inputs drawn from a secret seed per
+student. The cell's outputs become the result: a "passed" stream, or an error carrying the
+check's message, which SaveAutoGrades turns into full points or 0. Whatever the kernel printed
+in that cell, and whatever the submission did to its own notebook or kernel, counts for nothing.
+Not here: running the notebook (execute.py), the jail (jail.py).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import re
+import stat
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_output, new_raw_cell
+from traitlets import Float, Integer, List, Unicode
+
+from nbgrader.api import Gradebook, MissingEntry
+from nbgrader.coursedir import CourseDirectory
+from nbgrader.preprocessors import NbGraderPreprocessor
+
+from kvlib._exercise import EXERCISES, solutions_dir
+from kvlib.grading.execute import GradingJail
+from kvlib.grading.sandbox import Sandbox, SetupError, describe
+
+_MAX_FILE = 1 << 20  # a learner's module larger than 1 MiB is not one
+_TORCH = re.compile(r"^\s*(import torch|from torch)", re.M)
+_loaded_extras: set[str] = set()
+
+
+def load_checks(extra: list[str], root: Path) -> dict:
+    """kvlib's checks plus the instructor's: module names, or .py files relative to the course
+    folder, whose @check functions register themselves (kvlib.checks.check)."""
+    from kvlib import checks
+
+    checks._load_all()
+    for entry in extra:
+        if entry in _loaded_extras:
+            continue
+        if entry.endswith(".py"):
+            path = (root / entry).resolve()
+            name = "kvlib_course_checks_" + re.sub(r"\W", "_", path.stem)
+            spec = importlib.util.spec_from_file_location(name, path)
+            if spec is None or not path.is_file():
+                raise FileNotFoundError(f"IsolatedGrading.extra_checks names {entry}, which is not in {root}")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            importlib.import_module(entry)
+        _loaded_extras.add(entry)
+    return checks.CHECKS
+
+
+# Exercise modules whose functions take and return only numbers and arrays, which the proxy can
+# carry to the isolated child. The later notebooks pass models and caches (objects): until the
+# protocol carries those, their graded cells are scored the usual nbgrader way, in the (jailed)
+# kernel, which keeps the gradebook, the secret and the solutions out of reach but can be fooled
+# by the submission's own code (README.md, For instructors, says so).
+PROXYABLE_MODULES = {"attention"}
+
+
+def isolatable(check) -> bool:
+    return check.exercise.module in PROXYABLE_MODULES
+
+
+def isolated_check_names(config) -> set[str]:
+    """Names of the checks IsolatedGrading will run under this configuration."""
+    root = Path(CourseDirectory(config=config).root)
+    extra = list(config.IsolatedGrading.get("extra_checks", []))
+    return {name for name, c in load_checks(extra, root).items() if isolatable(c)}
+
+
+def check_rng(secret: bytes, student: str, check: str) -> np.random.Generator:
+    """The random inputs of one check for one student: fixed by the course's secret, so grading
+    twice gives the same score, and different for every student."""
+    digest = hashlib.sha256(b"\0".join([secret, student.encode(), check.encode()])).digest()
+    return np.random.default_rng(int.from_bytes(digest[:16], "little"))
+
+
+def read_submitted(folder: Path, rel: str) -> bytes:
+    """A learner's file, refusing links: every folder on the way and the file itself must be real
+    (a link to the reference would otherwise be read as the learner's work)."""
+    here = folder
+    for part in Path(rel).parts[:-1]:
+        here = here / part
+        st = os.lstat(here)
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+            raise PermissionError(f"{Path(rel).parent} in the submission is a link, not a folder: hand in the files themselves")
+    path = folder / rel
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise PermissionError(f"{rel} in the submission is a link, not a file: hand in the file itself")
+    if not stat.S_ISREG(st.st_mode):
+        raise PermissionError(f"{rel} in the submission is not a regular file")
+    if st.st_size > _MAX_FILE:
+        raise PermissionError(f"{rel} in the submission is larger than {_MAX_FILE >> 20} MiB")
+    reference = solutions_dir() / Path(rel).name
+    try:
+        ref = os.stat(reference)
+        if (ref.st_dev, ref.st_ino) == (st.st_dev, st.st_ino):
+            raise PermissionError(f"{rel} in the submission is the reference solution's own file")
+    except FileNotFoundError:
+        pass
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        return f.read(_MAX_FILE + 1)[:_MAX_FILE]
+
+
+class IsolatedGrading(NbGraderPreprocessor):
+    """Scores each graded cell with its check, run on the submission's functions in isolation."""
+
+    call_timeout = Float(10.0, help="seconds one call of a learner's function may take").tag(config=True)
+    notebook_timeout = Float(120.0, help="seconds all the isolated checks of one notebook may take").tag(config=True)
+    seed = Integer(None, allow_none=True, help="fixes every student's random inputs; default: from secret_file").tag(config=True)
+    secret_file = Unicode("grading_secret", help="file in the course folder holding the secret seed (kvlib course init writes it)").tag(config=True)
+    extra_checks = List(Unicode(), help="the instructor's own check modules: importable names, or .py files in the course folder").tag(config=True)
+    preload_torch = Unicode("auto", help="import torch in the child before the learner's code: auto (when the exercise modules use it), yes, no").tag(config=True)
+    unknown_cells = Unicode("error", help="a grade cell whose grade_id is no check: error (0 points, says so) or kernel (nbgrader's usual scoring, which the submission can fool)").tag(config=True)
+    max_reply_mb = Integer(64, help="largest result a learner's function may return").tag(config=True)
+
+    def preprocess(self, nb, resources):
+        ids = resources["nbgrader"]
+        student, assignment, notebook = ids["student"], ids["assignment"], ids["notebook"]
+        coursedir = CourseDirectory(config=self.config)
+        root = Path(coursedir.root)
+        checks = load_checks(list(self.extra_checks), root)
+        trusted = self._trusted_cells(ids["db_url"], notebook, assignment)
+        wanted = [c.metadata.nbgrader.get("grade_id") for c in nb.cells if "nbgrader" in c.metadata]
+        checks = {name: c for name, c in checks.items() if isolatable(c)}  # the rest: graded in the kernel
+        kernel_graded = set(load_checks(list(self.extra_checks), root)) - set(checks)
+        used = [checks[g] for g in dict.fromkeys(wanted) if g in trusted and trusted[g] is not None and g in checks]
+        started = time.monotonic()
+        sandbox = self._sandbox(coursedir, student, assignment, used) if used else None
+        secret = self._secret(root)
+        results: dict[str, tuple[bool, str]] = {}
+        seen: set[str] = set()
+        try:
+            for cell in nb.cells:
+                meta = cell.metadata.get("nbgrader")
+                if meta is None:
+                    continue
+                gid = meta.get("grade_id")
+                if gid not in trusted or gid in seen or cell.cell_type != "code":
+                    if meta.get("grade") or "points" in meta:  # not a grade cell of the source: earns nothing
+                        meta["grade"] = False
+                        meta.pop("points", None)
+                    continue
+                seen.add(gid)
+                if trusted[gid] is None:  # a manually graded answer: not ours
+                    continue
+                meta.update(grade=True, solution=False, points=trusted[gid])
+                if gid not in checks:
+                    if self.unknown_cells == "kernel" or gid in kernel_graded:
+                        continue
+                    results[gid] = (False, f"no isolated check is named {gid!r}: the instructor must add one "
+                                           "(IsolatedGrading.extra_checks) or set IsolatedGrading.unknown_cells")
+                elif gid not in results:
+                    results[gid] = self._run(checks[gid], sandbox, check_rng(secret, student, gid))
+                cell.outputs = _outputs(gid, *results[gid])
+        finally:
+            if sandbox is not None:
+                sandbox.close()
+        if sandbox is not None:
+            passed = sum(ok for ok, _ in results.values())
+            self.log.info("isolated checks of %s/%s/%s: %d of %d passed in %.1f s (%d child start(s), %d calls)",
+                          student, assignment, notebook, passed, len(results), time.monotonic() - started,
+                          sandbox.starts, sandbox.calls)
+        return nb, resources
+
+    # -- pieces ------------------------------------------------------------------------------
+
+    def _trusted_cells(self, db_url: str, notebook: str, assignment: str) -> dict[str, float | None]:
+        """grade_id -> points of the source notebook's autograded cells (None: manually graded)."""
+        with Gradebook(db_url) as gb:
+            try:
+                source = gb.find_notebook(notebook, assignment)
+            except MissingEntry:
+                return {}
+            manual = {c.name for c in source.solution_cells}
+            return {c.name: (None if c.name in manual else float(c.max_score)) for c in source.grade_cells}
+
+    def _secret(self, root: Path) -> bytes:
+        if self.seed is not None:
+            return str(self.seed).encode()
+        path = root / self.secret_file
+        if path.is_file():
+            return path.read_bytes().strip()
+        warnings.warn(f"no {path}: every student gets the same inputs (run `kvlib course init` or set IsolatedGrading.seed)",
+                      stacklevel=2)
+        return b"kvlib-course-without-a-secret"
+
+    def _run(self, check, sandbox: Sandbox, rng) -> tuple[bool, str]:
+        try:
+            check.fn(sandbox.module(check.exercise.module), rng)
+        except SetupError:
+            raise
+        except Exception as err:  # the check's AssertionError, or the learner's code failing
+            return False, describe(err)
+        return True, check.doc
+
+    def _sandbox(self, coursedir: CourseDirectory, student: str, assignment: str, used) -> Sandbox:
+        modules = sorted({c.exercise.module for c in used})
+        functions = [f"{ex.module}.{ex.name}" for ex in EXERCISES if ex.module in modules and "." not in ex.name]
+        source = Path(coursedir.format_path(coursedir.source_directory, ".", assignment)) / "kvlib"
+        if not source.is_dir():  # a course folder not made by `kvlib course init`: the installed stubs
+            source = Path(importlib.import_module("kvlib").__file__).parent
+        files = {f"kvlib/{p.name}": p.read_bytes() for p in sorted(source.glob("*.py")) if p.is_file() and not p.is_symlink()}
+        learner = {f"kvlib/{m}.py" for m in modules}
+        exclude = dict(self.config.Autograde.get("exclude_overwriting", {})).get(assignment, [])
+        learner |= {rel for rel in exclude if re.fullmatch(r"kvlib/\w+\.py", rel)}
+        submitted = Path(coursedir.format_path(coursedir.submitted_directory, student, assignment))
+        broken = []
+        for rel in sorted(learner):
+            try:
+                files[rel] = read_submitted(submitted, rel)
+            except FileNotFoundError:
+                files.pop(rel, None)
+                broken.append(f"{rel} is missing from the submission")
+            except PermissionError as err:
+                files.pop(rel, None)
+                broken.append(str(err))
+        settings = GradingJail(config=self.config)
+        torch = self.preload_torch == "yes" or (
+            self.preload_torch == "auto" and any(_TORCH.search(files.get(f"kvlib/{m}.py", b"").decode("utf-8", "replace")) or
+                                                 _TORCH.search((source / f"{m}.py").read_text("utf-8", "replace") if (source / f"{m}.py").is_file() else "")
+                                                 for m in modules))
+        mode = settings.mode
+        sandbox = Sandbox(files, modules, functions, mode=mode, python=settings.interpreter() if mode != "plain" else None,
+                          uid=settings.uid, call_timeout=self.call_timeout, budget=self.notebook_timeout, torch=bool(torch),
+                          limits=settings.limits(), max_reply_mb=self.max_reply_mb,
+                          binds=settings.binds() if mode != "plain" else None)
+        if broken:
+            sandbox.broken = "; ".join(broken)
+        return sandbox
+
+
+class RestoreCells(NbGraderPreprocessor):
+    """Sanitizing, before nbgrader's OverwriteCells: the source notebook's locked, graded and
+    solution cells, as the gradebook records them, whatever the submission did to them.
+
+    A cell whose grade_id the source does not have, or repeats, loses its nbgrader metadata (it
+    can earn nothing); a known cell gets its flags, points and checksum back (and, if locked, its
+    source); a deleted one is put back after the source cell that precedes it. nbgrader's own
+    OverwriteCells.add_missing_cells fails when the cell before a deleted test cell is a locked
+    markdown cell, and a flipped "grade" flag makes OverwriteCells stop on a checksum mismatch:
+    either failure would leave the submission ungraded.
+    """
+
+    def preprocess(self, nb, resources):
+        ids = resources["nbgrader"]
+        with Gradebook(ids["db_url"]) as gb:
+            try:
+                source = gb.find_notebook(ids["notebook"], ids["assignment"])
+            except MissingEntry:
+                return nb, resources
+            cells = [(c.name, c.cell_type, c.source, c.checksum, bool(c.locked)) for c in source.source_cells]
+            points = {c.name: float(c.max_score) for c in source.grade_cells}
+            solution = {c.name for c in source.solution_cells}
+            task = {c.name for c in source.task_cells}
+        known = {c[0]: c for c in cells}
+
+        def metadata(name):
+            _, cell_type, _, checksum, locked = known[name]
+            meta = {"grade": name in points, "grade_id": name, "locked": locked, "schema_version": 3,
+                    "solution": name in solution, "task": name in task, "checksum": checksum}
+            if name in points:
+                meta["points"] = points[name]
+            return meta
+
+        seen: set[str] = set()
+        for cell in nb.cells:
+            meta = cell.metadata.get("nbgrader")
+            if meta is None:
+                continue
+            name = meta.get("grade_id")
+            if name not in known or name in seen:
+                del cell.metadata["nbgrader"]
+                continue
+            seen.add(name)
+            cell.metadata["nbgrader"] = metadata(name)
+            if known[name][4] and cell.cell_type == known[name][1]:
+                cell.source = known[name][2]
+        order = [c[0] for c in cells]
+        for i, name in enumerate(order):
+            if name in seen:
+                continue
+            _, cell_type, text, _, locked = known[name]
+            new = {"code": new_code_cell, "markdown": new_markdown_cell}.get(cell_type, new_raw_cell)(text)
+            new.metadata["nbgrader"] = metadata(name)
+            if locked:
+                new.metadata.update(deletable=False, editable=False)
+            at = 0
+            for prev in reversed(order[:i]):
+                idx = next((j for j, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == prev), None)
+                if idx is not None:
+                    at = idx + 1
+                    break
+            nb.cells.insert(at, new)
+            seen.add(name)
+            self.log.warning("Cell %s was missing from the submission: put it back", name)
+        return nb, resources
+
+
+def _outputs(check_name: str, passed: bool, message: str) -> list:
+    if passed:
+        return [new_output("stream", name="stdout", text=f"passed: {message}\n")]
+    return [new_output("error", ename="AssertionError", evalue=message,
+                       traceback=[f"AssertionError: {message}", f"(isolated check {check_name}: your kvlib code, run apart from this notebook)"])]

@@ -1,0 +1,456 @@
+"""The grader's side of isolated checking: a jailed child runs the learner's functions, the
+checks run here, in the trusted grading process, on what comes back.
+
+  sandbox = Sandbox({"kvlib/attention.py": source, ...}, functions=["attention.softmax", ...])
+  kvlib.checks.CHECKS["softmax_is_stable"].fn(sandbox.module("attention"), rng)
+
+sandbox.module("attention") is a module-like proxy: each exercise function forwards its call
+(numpy arrays, torch tensors, Python numbers) to the child and returns the child's numbers.
+The child is started lazily, serves every call of one submission, and is killed and restarted
+after a call that times out or kills it; a function that hung once fails at once afterwards.
+Not here: which files and checks (kvlib.grading.preprocessor), the jail itself (jail.py).
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import select
+import shutil
+import struct
+import subprocess
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from kvlib._exercise import BY_ID, ExerciseNotDone
+from kvlib.grading import _child
+from kvlib.grading.jail import Jail, Limits, jail_python, kill, site_dirs
+
+_NUMBER_KINDS = "biufc"
+_TENSOR_DTYPES = {"float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool",
+                  "complex64", "complex128"}
+# builtin exceptions a learner's function may raise that a check could expect (e.g. ValueError
+# on a bad shape); any other type comes back as LearnerError
+_REMOTE_TYPES = {e.__name__: e for e in (ValueError, TypeError, IndexError, KeyError, LookupError, ZeroDivisionError,
+                                         ArithmeticError, FloatingPointError, OverflowError, RuntimeError,
+                                         NotImplementedError, AttributeError, RecursionError, MemoryError)}
+
+
+class SandboxError(Exception):
+    """A call to the learner's code failed in a way a check does not anticipate (a timeout, a
+    crash, a result that is not numbers). The message is shown to the learner."""
+
+
+class LearnerError(Exception):
+    """An exception of a type the grader does not recreate, raised by the learner's code."""
+
+
+class SetupError(RuntimeError):
+    """The isolated child could not start for a reason that is not the submission's (a missing
+    Python, no permission to create namespaces): the instructor's to fix."""
+
+
+def _remote_exception(head: dict) -> BaseException:
+    etype, message, where = str(head.get("type", "Exception")), str(head.get("message", "")), str(head.get("where", ""))
+    nd = str(head.get("not_done", ""))
+    if nd in BY_ID:
+        needed = BY_ID.get(str(head.get("needed_by", "")))
+        return ExerciseNotDone(BY_ID[nd], needed if needed is not BY_ID[nd] else None)
+    cls = _REMOTE_TYPES.get(etype)
+    err = cls(message) if cls is not None else LearnerError(f"{etype}: {message}")
+    err.kvlib_where = where  # type: ignore[attr-defined]
+    return err
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the child's replies: bounded, no pickle, numbers only
+
+
+def _check_node(node, files: dict, depth: int = 0):
+    """Rebuild a value from the reply's schema; anything not plain numbers raises SandboxError."""
+    if depth > _child.MAX_DEPTH or not isinstance(node, dict):
+        raise SandboxError("a malformed reply")
+    t = node.get("t")
+    if t == "none":
+        return None
+    if t in ("bool", "int", "float", "str"):
+        v = node.get("v")
+        want = {"bool": bool, "int": int, "float": float, "str": str}[t]
+        if t == "float" and type(v) is int:
+            v = float(v)
+        if type(v) is not want:
+            raise SandboxError("a malformed reply")
+        return v
+    if t in ("array", "npscalar", "tensor"):
+        arr = files.get(node.get("k"))
+        if arr is None:
+            raise SandboxError("a malformed reply")
+        if t == "npscalar":
+            if arr.ndim != 0:
+                raise SandboxError("a malformed reply")
+            return arr[()]
+        if t == "tensor":
+            import torch
+
+            dtype = node.get("dtype")
+            if dtype not in _TENSOR_DTYPES:
+                raise SandboxError(f"a tensor of dtype {dtype!r}")
+            return torch.from_numpy(np.ascontiguousarray(arr)).to(getattr(torch, dtype))
+        return arr
+    if t in ("tuple", "list"):
+        items = node.get("items")
+        if not isinstance(items, list) or len(items) > _child.MAX_ITEMS:
+            raise SandboxError("a malformed reply")
+        out = [_check_node(x, files, depth + 1) for x in items]
+        return tuple(out) if t == "tuple" else out
+    raise SandboxError("a malformed reply")
+
+
+def load_reply(data: bytes) -> tuple[dict, dict]:
+    """(head, arrays) from an .npz the child sent: stored (not compressed) members only, headers
+    checked against the bytes actually there, numeric dtypes only, np.load(allow_pickle=False)."""
+    try:
+        zf = zipfile.ZipFile(io.BytesIO(data))
+        arrays, head = {}, None
+        for info in zf.infolist():
+            if info.compress_type != zipfile.ZIP_STORED or not info.filename.endswith(".npy") or info.file_size > len(data):
+                raise ValueError("not a plain .npz")
+            with zf.open(info) as f:
+                version = np.lib.format.read_magic(f)
+                if version == (1, 0):
+                    shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+                else:
+                    shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+                count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+                if dtype.hasobject or count < 0 or count * dtype.itemsize > info.file_size:
+                    raise ValueError("an array larger than its data")
+            name = info.filename[:-4]
+            if name == "__head__":
+                if dtype.kind != "U" or shape != ():
+                    raise ValueError("a malformed header")
+            elif dtype.kind not in _NUMBER_KINDS or dtype.fields is not None:
+                raise ValueError(f"an array of dtype {dtype}")
+            with zf.open(info) as f:
+                value = np.lib.format.read_array(f, allow_pickle=False)
+            if name == "__head__":
+                head = json.loads(str(value))
+            else:
+                arrays[name] = value
+        if not isinstance(head, dict):
+            raise ValueError("no header")
+        return head, arrays
+    except SandboxError:
+        raise
+    except Exception as err:
+        raise SandboxError(f"the isolated process sent something that is not plain numbers ({err})") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# The child process
+
+
+def _write_all(fd: int, data: bytes, deadline: float) -> bool:
+    view = memoryview(data)
+    while view:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        _, w, _ = select.select([], [fd], [], left)
+        if not w:
+            return False
+        try:
+            view = view[os.write(fd, view[: 1 << 16]):]
+        except BlockingIOError:
+            continue
+        except OSError:  # BrokenPipeError: the child died
+            raise EOFError from None
+    return True
+
+
+def _read_exact(fd: int, n: int, deadline: float) -> bytes | None:
+    """n bytes, None on timeout; EOFError when the child closed the pipe (it died)."""
+    chunks, left = [], n
+    while left:
+        wait = deadline - time.monotonic()
+        if wait <= 0:
+            return None
+        r, _, _ = select.select([fd], [], [], wait)
+        if not r:
+            return None
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            raise EOFError
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+class Sandbox:
+    """One submission's isolated child. files: {"kvlib/<name>.py": bytes} (the package it imports),
+    modules: the exercise modules to import, functions: "module.name" callables it may run."""
+
+    def __init__(self, files: dict[str, bytes], modules: list[str], functions: list[str], *, mode: str,
+                 python: str | None = None, uid: int = -1, call_timeout: float = 10.0, budget: float = 120.0,
+                 start_timeout: float = 60.0, torch: bool = False, limits: Limits | None = None,
+                 max_reply_mb: int = 64, binds: dict[str, Path] | None = None):
+        self.files, self.modules, self.functions = dict(files), list(modules), list(functions)
+        self.mode, self.uid, self.torch = mode, uid, torch
+        self.python = python or (jail_python() if mode != "plain" else _plain_python())
+        self.call_timeout, self.start_timeout = call_timeout, start_timeout
+        self.deadline = time.monotonic() + budget
+        self.budget = budget
+        self.limits = limits or Limits()
+        self.max_reply = max_reply_mb << 20
+        self.extra_binds = dict(binds or {})
+        self.failed: dict[str, str] = {}  # function -> why it fails at once from now on
+        self.broken: str | None = None  # the package does not import: every call fails with this
+        self.calls = self.starts = 0
+        self._proc: subprocess.Popen | None = None
+        self._jail: Jail | None = None
+        self._tmp = Path(tempfile.mkdtemp(prefix="kvlib-sandbox-"))
+        self._write_scratch()
+
+    # -- set-up --------------------------------------------------------------------------------
+
+    def _write_scratch(self) -> None:
+        work, boot = self._tmp / "work", self._tmp / "boot"
+        (work / "kvlib").mkdir(parents=True)
+        boot.mkdir()
+        for rel, data in self.files.items():
+            parts = Path(rel).parts
+            if len(parts) != 2 or parts[0] != "kvlib" or not parts[1].endswith(".py") or parts[1].startswith("."):
+                raise ValueError(f"the sandbox takes kvlib/<name>.py files only, not {rel!r}")
+            (work / rel).write_bytes(data)
+        shutil.copyfile(_child.__file__, boot / "_child.py")
+
+    def _start(self) -> None:
+        self.starts += 1
+        sites = site_dirs()
+        binds = {"/boot": self._tmp / "boot", "/work": self._tmp / "work"}
+        binds.update({f"/site{i}": p for i, p in enumerate(sites)})
+        binds.update(self.extra_binds)
+        self._jail = jail = Jail(self.mode, binds=binds, network=False, uid=self.uid, limits=self.limits, cwd="/work")
+        jail.hand_over(self._tmp / "work", self._tmp / "boot")  # a fresh uid per start
+        rfd, wfd = os.pipe()
+        cfg = {"reply_fd": wfd, "site": [jail.path(f"/site{i}") for i in range(len(sites))], "work": jail.path("/work"),
+               "modules": self.modules, "functions": self.functions, "torch": self.torch}
+        env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
+               "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+        stderr = open(jail.dir / "stderr.log", "wb")
+        try:
+            self._proc = jail.popen([self.python, "-I", "-S", "-B", jail.path("/boot/_child.py"), json.dumps(cfg)], env,
+                                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stderr, pass_fds=(wfd,))
+        except OSError as err:
+            raise SetupError(f"could not start the isolated child: {err}") from None
+        finally:
+            os.close(wfd)
+            stderr.close()
+        self._reply_fd = rfd
+        os.set_blocking(self._proc.stdin.fileno(), False)  # a stuck child must not block the grader
+        try:
+            head = self._boot()
+        except SandboxError as err:
+            self._stop()
+            self.broken = str(err)
+            return
+        except SetupError:
+            self._stop()
+            raise
+        if head is None:
+            self._stop()
+            raise SetupError(f"the isolated child did not start within {self.start_timeout:g} s")
+        if head.get("status") != "ready":
+            self._stop()
+            err = _remote_exception(head)
+            where = getattr(err, "kvlib_where", "")
+            self.broken = f"{', '.join(f'kvlib/{m}.py' for m in self.modules)} does not import: {_describe(err)}" + (f" (at {where})" if where else "")
+
+    def _stop(self) -> None:
+        kill(self._proc)
+        if self._proc is not None:
+            for f in (self._proc.stdin,):
+                try:
+                    f.close()
+                except OSError:
+                    pass
+            try:
+                os.close(self._reply_fd)
+            except OSError:
+                pass
+        self._proc = None
+        if self._jail is not None:
+            self._jail.close()
+            self._jail = None
+
+    def _stderr_tail(self) -> str:
+        try:
+            return (self._jail.dir / "stderr.log").read_bytes()[-2000:].decode(errors="replace") if self._jail else ""
+        except OSError:
+            return ""
+
+    def _boot(self) -> dict | None:
+        """The child's first two frames: "booted" (numpy imported: the set-up works), then the
+        import of the learner's modules, "ready" or an error. None on timeout."""
+        deadline = time.monotonic() + self.start_timeout
+        try:
+            data = self._read_frame(deadline)
+        except (EOFError, SandboxError):
+            data = b""
+        if data is None:
+            return None
+        try:
+            first = json.loads(data) if data[:1] == b"{" else {}
+        except ValueError:
+            first = {}
+        if first.get("status") != "booted":
+            rc = self._proc.poll() if self._proc else None
+            raise SetupError(f"the isolated child could not start (exit code {rc}): "
+                             f"{first.get('message') or self._stderr_tail() or 'no message'}")
+        deadline = min(time.monotonic() + self.call_timeout, max(self.deadline, time.monotonic() + 1))
+        try:
+            data = self._read_frame(deadline)
+        except EOFError:
+            rc = self._proc.wait(timeout=10) if self._proc else None
+            raise SandboxError(f"importing {', '.join(f'kvlib/{m}.py' for m in self.modules)} ended Python (exit code {rc})") from None
+        if data is None:
+            raise SandboxError(f"importing {', '.join(f'kvlib/{m}.py' for m in self.modules)} took longer than {self.call_timeout:g} s")
+        head, _ = load_reply(data)
+        return head
+
+    def _read_reply(self, deadline: float) -> dict | None:
+        """The next reply's head, its value decoded into head["value"]; None on timeout."""
+        data = self._read_frame(deadline)
+        if data is None:
+            return None
+        head, arrays = load_reply(data)
+        if head.get("status") == "ok":
+            head["value"] = _check_node(head.get("result"), arrays)
+        return head
+
+    def _read_frame(self, deadline: float) -> bytes | None:
+        head = _read_exact(self._reply_fd, 8, deadline)
+        if head is None:
+            return None
+        size = struct.unpack(">Q", head)[0]
+        if size > self.max_reply:
+            raise SandboxError(f"a result larger than {self.max_reply >> 20} MiB")
+        return _read_exact(self._reply_fd, size, deadline)
+
+    # -- calls ---------------------------------------------------------------------------------
+
+    def call(self, fn: str, args: tuple, kwargs: dict):
+        name = fn.split(".", 1)[1]
+        if self.broken:
+            raise SandboxError(self.broken)
+        if fn in self.failed:
+            raise SandboxError(self.failed[fn])
+        if time.monotonic() >= self.deadline:
+            raise SandboxError(f"grading time for this notebook ({self.budget:g} s) ran out before {name} was called")
+        if self._proc is None:
+            self._start()
+            if self.broken:
+                raise SandboxError(self.broken)
+        self.calls += 1
+        enc = _child.Encoder(np, _torch_if_loaded())
+        try:
+            head = {"fn": fn, "args": [enc.encode(a) for a in args], "kwargs": {k: enc.encode(v) for k, v in kwargs.items()}}
+        except TypeError as err:
+            raise SetupError(f"a check passed {fn} something the sandbox cannot send: {err}") from None
+        data = enc.payload(head)
+        deadline = min(time.monotonic() + self.call_timeout, self.deadline)
+        try:
+            if not _write_all(self._proc.stdin.fileno(), struct.pack(">Q", len(data)) + data, deadline):
+                reply = None
+            else:
+                reply = self._read_reply(deadline)
+        except EOFError:
+            reply = "died"
+        except SandboxError as err:
+            self._stop()
+            self.failed[fn] = f"{name}: {err}"
+            raise SandboxError(self.failed[fn]) from None
+        if reply is None:
+            self._stop()
+            if time.monotonic() >= self.deadline:
+                raise SandboxError(f"grading time for this notebook ({self.budget:g} s) ran out while {name} ran")
+            self.failed[fn] = f"{name} was still running after {self.call_timeout:g} s: look for an endless loop"
+            raise SandboxError(self.failed[fn])
+        if reply == "died":
+            rc = self._proc.poll() if self._proc else None
+            self._stop()
+            self.failed[fn] = f"{name} ended the Python process running it (exit code {rc})"
+            raise SandboxError(self.failed[fn])
+        if reply.get("status") == "ok":
+            return reply["value"]
+        if reply.get("what") == "result":
+            raise SandboxError(f"{name} returned {reply.get('message')}: return numbers (a numpy array, or a tuple of them)")
+        raise _remote_exception(reply)
+
+    def module(self, name: str) -> "SandboxModule":
+        return SandboxModule(self, name, [f.split(".", 1)[1] for f in self.functions if f.split(".", 1)[0] == name])
+
+    def close(self) -> None:
+        self._stop()
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class SandboxModule:
+    """Stands in for kvlib.<module> in a check: its exercise functions run in the sandbox."""
+
+    def __init__(self, sandbox: Sandbox, module: str, names: list[str]):
+        self._sandbox, self._module, self._names = sandbox, module, set(names)
+
+    def __getattr__(self, name: str):
+        if name.startswith("_") or name not in self._names:
+            raise AttributeError(f"kvlib.{self._module}.{name} is not an exercise function the isolated grader runs")
+        fn = f"{self._module}.{name}"
+
+        def forward(*args, **kwargs):
+            return self._sandbox.call(fn, args, kwargs)
+
+        forward.__name__ = name
+        return forward
+
+    def __repr__(self) -> str:
+        return f"<kvlib.{self._module} in the sandbox>"
+
+
+def _describe(err: BaseException) -> str:
+    if isinstance(err, (LearnerError, ExerciseNotDone)):
+        return str(err)
+    return f"{type(err).__name__}: {err}"
+
+
+def describe(err: BaseException) -> str:
+    """A failed check's message for the learner: the check's own words, or the error and where."""
+    if isinstance(err, AssertionError):
+        return str(err) or "an assertion failed"
+    if isinstance(err, (SandboxError, ExerciseNotDone)):
+        return str(err)
+    where = getattr(err, "kvlib_where", "")
+    return _describe(err) + (f" (at {where})" if where else "")
+
+
+def _torch_if_loaded():
+    import sys
+
+    return sys.modules.get("torch")
+
+
+def _plain_python() -> str:
+    import sys
+
+    return sys.executable
+
+
+__all__ = ["LearnerError", "Sandbox", "SandboxError", "SandboxModule", "SetupError", "describe", "load_reply"]

@@ -1,0 +1,196 @@
+"""The KV cache (notebook 04-kv-cache): keep every layer's keys and values, compute only the new token.
+
+Space for time: a pre-allocated cache of shape (batch, n_kv_heads, max_seq_len, head_dim) per
+layer holds what notebook 03 showed never changes. prefill() runs the prompt once and fills it;
+each decode_step() runs one token, at absolute position cache.pos, against every cached key.
+The model takes it as in the seed's pseudo-code: logits, cache = model(ids, past_key_values=cache).
+Left out: paged or sliding-window caches, and batches of prompts of different lengths.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from kvlib._exercise import exercise
+from kvlib.attention import causal_mask
+from kvlib.generation import next_token
+
+# ---------------------------------------------------------------------------------------------
+# The cache (infrastructure, except update)
+
+
+def _check_update(cache, layer, k_new, v_new):
+    if not 0 <= layer < cache.n_layers:
+        raise ValueError(f"layer must be in [0, {cache.n_layers}), got {layer}")
+    B, H_kv, _, D = cache.k.shape[1:]
+    for name, t in (("k_new", k_new), ("v_new", v_new)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4 or (t.shape[0], t.shape[1], t.shape[3]) != (B, H_kv, D):
+            shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be (batch={B}, n_kv_heads={H_kv}, seq_len, head_dim={D}), got {shape}")
+    if k_new.shape != v_new.shape:
+        raise ValueError(f"k_new {tuple(k_new.shape)} and v_new {tuple(v_new.shape)} must have the same shape")
+    T = k_new.shape[2]
+    if cache.pos + T > cache.max_seq_len:
+        raise ValueError(
+            f"the cache holds max_seq_len={cache.max_seq_len} tokens and already has {cache.pos}: "
+            f"{T} more do not fit. Call cache.reset() for a new prompt, or make a larger KVCache"
+        )
+
+
+class KVCache:
+    """Keys and values of every layer, pre-allocated: k and v are (n_layers, batch, n_kv_heads, max_seq_len, head_dim).
+
+    pos counts the tokens stored so far: the absolute position of the next token. A forward
+    pass writes each layer with update(), then moves pos on once with advance().
+    """
+
+    def __init__(self, config, batch: int = 1, max_seq_len: int | None = None,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+        max_seq_len = config.max_seq_len if max_seq_len is None else max_seq_len
+        if not 1 <= max_seq_len <= config.max_seq_len:
+            raise ValueError(f"max_seq_len must be in [1, {config.max_seq_len}] (the model's rotary table), got {max_seq_len}")
+        if batch < 1:
+            raise ValueError(f"batch must be at least 1, got {batch}")
+        shape = (config.n_layers, batch, config.n_kv_heads, max_seq_len, config.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # written in place, never reallocated
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.n_layers, self.max_seq_len, self.pos = config.n_layers, max_seq_len, 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the cache occupies (allocated, whether filled or not)."""
+        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+
+    def reset(self) -> None:
+        """Forget every stored token: the next prompt starts at position 0."""
+        self.pos = 0
+
+    def advance(self, seq_len: int) -> None:
+        """Move pos past seq_len tokens that every layer has just written."""
+        if self.pos + seq_len > self.max_seq_len:
+            raise ValueError(f"advancing by {seq_len} from {self.pos} runs past max_seq_len={self.max_seq_len}")
+        self.pos += seq_len
+
+    @exercise("4.1", validate=_check_update)
+    def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k_new, v_new of one layer at positions [pos, pos + seq_len); return that layer's filled prefix.
+
+        Args:    layer: which layer's slot, 0 <= layer < n_layers
+                 k_new, v_new: (batch, n_kv_heads, seq_len, head_dim)
+        Returns: k, v: (batch, n_kv_heads, pos + seq_len, head_dim), views into the cache
+        Does not move pos: advance() does that once all layers are written.
+
+        Hints (reference solution: 4 lines):
+          1. Slice assignment on dim 2 (positions) writes in place: self.k[layer, :, :, a:b] = k_new.
+          2. torch.cat is not needed, and would allocate a new tensor every step.
+        """
+        raise NotImplementedError("Exercise 4.1 (notebooks/04-kv-cache): KVCache.update")
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 4.2
+
+
+def _check_cached_attention(attn, x, cache, layer, rope_cos, rope_sin):
+    if not isinstance(x, torch.Tensor) or x.dim() != 3:
+        raise ValueError(f"x must be (batch, seq_len, d_model), got {getattr(x, 'shape', type(x).__name__)}")
+    if cache.pos + x.shape[1] > rope_cos.shape[0]:
+        raise ValueError(f"positions up to {cache.pos + x.shape[1] - 1} run past the rotary table ({rope_cos.shape[0]})")
+
+
+@exercise("4.2", validate=_check_cached_attention)
+def cached_attention(attn, x: torch.Tensor, cache: KVCache, layer: int,
+                     rope_cos: torch.Tensor, rope_sin: torch.Tensor) -> torch.Tensor:
+    """One attention layer with a cache: the seq_len new tokens attend to every stored token and themselves.
+
+    Args:    attn: the layer's kvlib.model.Attention (project_q, project_kv, n_heads, n_kv_heads, o_proj)
+             x: (batch, seq_len, d_model), the normed residual stream of the NEW tokens only
+             cache, layer: where this layer's keys and values live; cache.pos = position of x[:, 0]
+             rope_cos, rope_sin: (max_seq_len, head_dim), the model's rotary tables for all positions
+    Returns: (batch, seq_len, d_model), as attn(x) would give on the full sequence for these rows
+
+    Hints (reference solution: 8 lines):
+      1. New token i sits at absolute position cache.pos + i: slice the rotary tables there, not at 0.
+      2. cache.update (Exercise 4.1) returns all keys so far; the mask is causal_mask(seq_len, kv_len)
+         (Exercise 1.3) as a torch tensor. is_causal=True would align it top-left: wrong when seq_len < kv_len.
+      3. F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True) then attn.o_proj.
+    """
+    raise NotImplementedError("Exercise 4.2 (notebooks/04-kv-cache): cached_attention")
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercises 4.3 and 4.4: the two phases
+
+
+def _check_prefill(model, input_ids, cache):
+    model.check_input(input_ids, cache.pos)
+    if input_ids.shape[0] != cache.k.shape[1]:
+        raise ValueError(f"the cache was made for batch {cache.k.shape[1]}, input_ids has batch {input_ids.shape[0]}")
+    if cache.pos + input_ids.shape[1] > cache.max_seq_len:
+        raise ValueError(
+            f"{input_ids.shape[1]} more token(s) do not fit: the cache holds max_seq_len={cache.max_seq_len} tokens "
+            f"and already has {cache.pos}. Call cache.reset() for a new prompt, or make a larger KVCache"
+        )
+
+
+def _check_decode(model, token, cache):
+    if not isinstance(token, torch.Tensor) or token.dim() != 1:
+        raise ValueError(f"token must be (batch,) token ids, got {getattr(token, 'shape', type(token).__name__)}")
+    if cache.pos == 0:
+        raise ValueError("decode_step needs a filled cache: run prefill (Exercise 4.3) on the prompt first")
+    _check_prefill(model, token[:, None], cache)
+
+
+@exercise("4.3", validate=_check_prefill)
+def prefill(model, input_ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    """Run the prompt through the model once, filling the cache; return the next-token logits.
+
+    Args:    input_ids: (batch, seq_len); cache: empty, or holding earlier tokens (chunked prefill)
+    Returns: (batch, vocab_size): logits at the last position. cache.pos grows by seq_len.
+
+    Hints (reference solution: 2 lines):
+      1. logits, cache = model(input_ids, past_key_values=cache)
+    """
+    raise NotImplementedError("Exercise 4.3 (notebooks/04-kv-cache): prefill")
+
+
+@exercise("4.4", validate=_check_decode)
+def decode_step(model, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    """Run one new token per row at position cache.pos; return the logits for the token after it.
+
+    Args:    token: (batch,) the token just chosen; cache: filled by prefill and earlier steps
+    Returns: (batch, vocab_size). cache.pos grows by 1.
+
+    Hints (reference solution: 2 lines):
+      1. The model wants (batch, seq_len) ids: token[:, None] is (batch, 1).
+    """
+    raise NotImplementedError("Exercise 4.4 (notebooks/04-kv-cache): decode_step")
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 4.5
+
+
+def _check_generate_cached(model, input_ids, max_new_tokens, temperature=0.0, generator=None, on_token=None, cache=None):
+    from kvlib.generation import _check_generate
+
+    _check_generate(model, input_ids, max_new_tokens, temperature, generator, on_token)
+
+
+@exercise("4.5", validate=_check_generate_cached)
+def generate_cached(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
+                    generator: torch.Generator | None = None, on_token: Callable[[torch.Tensor], None] | None = None,
+                    cache: KVCache | None = None) -> torch.Tensor:
+    """generate (Exercise 2.2) with a KV cache: one prefill, then one decode step per new token.
+
+    Args:    as generate; cache: reuse this cache (it is reset first), or None for a new one
+    Returns: (batch, seq_len + max_new_tokens), the same tokens as generate gives (greedy, fp32)
+
+    Hints (reference solution: 9 lines):
+      1. A cache left over from another prompt must be reset, or the new prompt sees the old one.
+      2. prefill gives the first token's logits; each decode_step the next one's.
+      3. next_token (Exercise 2.1) picks the token, exactly as in generate.
+    """
+    raise NotImplementedError("Exercise 4.5 (notebooks/04-kv-cache): generate_cached")

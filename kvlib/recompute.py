@@ -1,0 +1,114 @@
+"""The waste (notebook 03-recompute): how much work naive decoding does, and how much is repeated.
+
+Naive decoding runs the whole sequence again for every new token, although the keys and values
+of earlier positions never change (the causal mask is why). We count matrix-multiply FLOPs,
+2 per multiply-add, as torch.utils.flop_counter does; norms, rotary and softmax are left out
+(they are a few percent of the work). Attention scores count the full (T, S) matrix, as SDPA
+computes it, masked entries included.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from kvlib._exercise import exercise
+
+
+def _check_config(config, *lengths):
+    for field in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "hidden_dim"):
+        if not isinstance(getattr(config, field, None), int):
+            raise ValueError(f"config must be a kvlib ModelConfig (it has no integer {field}), got {type(config).__name__}")
+    for n in lengths:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"sequence lengths must be positive ints, got {n!r}")
+
+
+def _check_length(config, seq_len):
+    _check_config(config, seq_len)
+
+
+# ---------------------------------------------------------------------------------------------
+# Measuring (no exercise): count what torch actually multiplies
+
+
+def _sdpa_flops(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
+    """q @ k^T and probs @ v over the full (T, S) matrix, for every query head."""
+    *batch, T, D = q_shape
+    S, D_v = k_shape[-2], v_shape[-1]
+    return 2 * math.prod(batch) * T * S * (D + D_v)
+
+
+# torch's counter knows the GPU attention kernels, not the CPU one: teach it that one too
+_CPU_ATTENTION = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_flops}
+
+
+def measured_forward_flops(model, seq_len: int, batch: int = 1) -> int:
+    """Matrix-multiply FLOPs of one forward pass over seq_len tokens, counted by torch itself."""
+    ids = torch.zeros(batch, seq_len, dtype=torch.long)
+    with torch.inference_mode(), FlopCounterMode(display=False, custom_mapping=_CPU_ATTENTION) as counter:
+        model(ids)
+    return counter.get_total_flops()
+
+
+def naive_decode_flops(config, prompt_len: int, max_new_tokens: int) -> list[int]:
+    """FLOPs of each step of naive decoding: step i runs a forward over prompt_len + i tokens."""
+    return [forward_flops(config, prompt_len + i) for i in range(max_new_tokens)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 3.1
+
+
+@exercise("3.1", validate=_check_length)
+def forward_flops(config, seq_len: int) -> int:
+    """Matrix-multiply FLOPs of one forward pass of the decoder over seq_len tokens (batch 1).
+
+    Count 2 FLOPs per multiply-add. Per layer: the projections q (d_model -> n_heads*head_dim),
+    k and v (d_model -> n_kv_heads*head_dim each), o (n_heads*head_dim -> d_model), the MLP's
+    three (d_model <-> hidden_dim) matrices; attention's q @ k^T and probs @ v over the full
+    (seq_len, seq_len) score matrix. Then the lm_head (d_model -> vocab_size) for every position.
+    Example: forward_flops(config, 1) == 2 * (weights in matrices) + 4 * n_layers * n_heads * head_dim
+
+    Hints (reference solution: 6 lines):
+      1. A (T, m) @ (m, n) matmul costs 2 * T * m * n FLOPs.
+      2. q @ k^T costs 2 * T * S * head_dim per head, and so does probs @ v.
+    """
+    raise NotImplementedError("Exercise 3.1 (notebooks/03-recompute): forward_flops")
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 3.2
+
+
+@exercise("3.2", validate=_check_length)
+def new_token_flops(config, kv_len: int) -> int:
+    """FLOPs really needed for one new token at position kv_len - 1, if earlier keys and values were kept.
+
+    The new token goes through every projection and the lm_head once, and its one query meets
+    all kv_len keys: attention costs 2 * kv_len * head_dim per head, twice (scores and values).
+    Example: new_token_flops(config, 1) == forward_flops(config, 1)
+
+    Hints (reference solution: 5 lines):
+      1. It is forward_flops with seq_len 1, except that the one query sees kv_len keys.
+    """
+    raise NotImplementedError("Exercise 3.2 (notebooks/03-recompute): new_token_flops")
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 3.3
+
+
+@exercise("3.3", validate=_check_length)
+def wasted_fraction(config, kv_len: int) -> float:
+    """Share of a naive decode step's FLOPs that recompute what earlier steps already computed.
+
+    The naive step at kv_len tokens runs forward_flops(config, kv_len); only
+    new_token_flops(config, kv_len) of it is new work. Returns a float in [0, 1).
+    Example: wasted_fraction(config, 1) == 0.0 (the first token has nothing to repeat)
+
+    Hints (reference solution: 1 line):
+      1. Reuse Exercises 3.1 and 3.2.
+    """
+    raise NotImplementedError("Exercise 3.3 (notebooks/03-recompute): wasted_fraction")

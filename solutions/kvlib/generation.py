@@ -1,0 +1,132 @@
+"""Generating text (notebook 02-generation): pick the next token, loop, and time the two phases.
+
+Naive decoding: every step runs the whole sequence through the model again (full recompute);
+notebook 03 counts that waste and notebook 04 removes it with a KV cache. The first forward over
+the prompt is the prefill (its end is the time to first token, TTFT); each later step is a
+decode step (time per output token, TPOT). Left out: batching prompts of different lengths.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from kvlib._exercise import exercise
+
+# ---------------------------------------------------------------------------------------------
+# Input checks (they run before your code and before the reference)
+
+
+def _check_logits(logits, temperature=0.0, generator=None):
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or not logits.dtype.is_floating_point:
+        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ValueError(f"logits must be a float tensor of shape (batch, vocab_size), got {shape}")
+    if not isinstance(temperature, (int, float)) or temperature < 0:
+        raise ValueError(f"temperature must be a number >= 0 (0 means greedy), got {temperature!r}")
+
+
+def _check_generate(model, input_ids, max_new_tokens, temperature=0.0, generator=None, on_token=None):
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    model.check_input(input_ids)  # (batch, seq_len) integer ids within the vocabulary
+    T, limit = input_ids.shape[1], model.config.max_seq_len
+    if T + max_new_tokens > limit:
+        raise ValueError(
+            f"a prompt of {T} tokens plus max_new_tokens={max_new_tokens} runs past the model's "
+            f"max_seq_len={limit}: ask for at most {limit - T} new tokens"
+        )
+
+
+def _check_measure(model, input_ids, max_new_tokens):
+    _check_generate(model, input_ids, max_new_tokens)
+    if max_new_tokens < 2:
+        raise ValueError("time per output token needs max_new_tokens >= 2 (one prefill, then decode steps)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 2.1
+
+
+@exercise("2.1", validate=_check_logits)
+def next_token(logits: torch.Tensor, temperature: float = 0.0, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Choose one token per row from next-token logits: greedy, or sampled at a temperature.
+
+    Args:    logits: (batch, vocab_size), the model's scores for the next token
+             temperature: 0 picks the most likely token (greedy); t > 0 samples from softmax(logits / t)
+             generator: a torch.Generator, so that sampling is reproducible
+    Returns: (batch,) token ids, dtype torch.long
+    Example: next_token(torch.tensor([[0.1, 2.0, -1.0]])) -> tensor([1])
+
+    Hints (reference solution: 4 lines):
+      1. Greedy: logits.argmax(dim=-1).
+      2. Sampling: torch.multinomial(probs, num_samples=1, generator=generator) takes (batch, vocab).
+    """
+    ### BEGIN SOLUTION
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits / temperature, dim=-1)  # (B, vocab), rows sum to 1
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)  # (B, 1) -> (B,)
+    ### END SOLUTION
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 2.2
+
+
+@exercise("2.2", validate=_check_generate)
+def generate(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
+             generator: torch.Generator | None = None, on_token: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+    """The naive autoregressive loop: run the whole sequence, pick a token, append it, repeat.
+
+    Args:    model: a kvlib Decoder, model(ids) -> logits (batch, seq_len, vocab_size)
+             input_ids: (batch, seq_len) prompt token ids
+             max_new_tokens: how many tokens to add
+             temperature, generator: as in next_token (Exercise 2.1)
+             on_token: called with each new token (batch,) as soon as it is chosen
+    Returns: (batch, seq_len + max_new_tokens): the prompt followed by the new tokens
+    Example: generate(model, ids_of("法国的首都是"), 2) ends with the ids of 巴 and 黎
+
+    Hints (reference solution: 6 lines):
+      1. Only the last position's logits predict the next token: logits[:, -1, :].
+      2. torch.cat([ids, token[:, None]], dim=1) appends a column.
+      3. Run it under torch.inference_mode(): no gradients are needed.
+    """
+    ### BEGIN SOLUTION
+    ids = input_ids
+    with torch.inference_mode():
+        for _ in range(max_new_tokens):
+            logits = model(ids)  # (B, T + i, vocab): everything recomputed, every step
+            token = next_token(logits[:, -1, :], temperature, generator)  # (B,)
+            ids = torch.cat([ids, token[:, None]], dim=1)  # (B, T + i) -> (B, T + i + 1)
+            if on_token is not None:
+                on_token(token)
+    return ids
+    ### END SOLUTION
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 2.3
+
+
+@exercise("2.3", validate=_check_measure)
+def measure_ttft_tpot(model, input_ids: torch.Tensor, max_new_tokens: int) -> tuple[float, list[float]]:
+    """Time one greedy generation: seconds to the first token, then seconds for each later token.
+
+    Args:    model, input_ids, max_new_tokens: as in generate (Exercise 2.2), max_new_tokens >= 2
+    Returns: ttft: seconds from the start until the first new token exists (the prefill)
+             tpots: max_new_tokens - 1 floats, the seconds between consecutive tokens (decode steps)
+    Example: ttft, tpots = measure_ttft_tpot(model, ids, 20); len(tpots) -> 19
+
+    Hints (reference solution: 6 lines):
+      1. time.perf_counter() is the clock for short intervals.
+      2. generate's on_token callback runs right after each token is chosen: record the time there.
+      3. Differences of consecutive times: [b - a for a, b in zip(times, times[1:])].
+    """
+    ### BEGIN SOLUTION
+    times = []
+    start = time.perf_counter()
+    generate(model, input_ids, max_new_tokens, on_token=lambda token: times.append(time.perf_counter()))
+    ttft = times[0] - start
+    return ttft, [b - a for a, b in zip(times, times[1:])]
+    ### END SOLUTION

@@ -1,0 +1,512 @@
+"""Classroom grading end to end: `kvlib course init`, then nbgrader's own commands on a temporary
+course with generated submissions of notebook 01, honest ones and ones that try to cheat.
+
+Every submission is autograded in ONE `nbgrader autograde` call (the expensive part: a kernel
+per submission). Students are graded in name order, so the attacks ("a..") run before the
+honest submissions ("m-partial", "z-..") whose exact scores prove that no attack leaked into a
+later grade. The kernel's time limits are tight here: scores never depend on the kernel.
+Attacks that only the jail stops (walking up the disk, writing the gradebook, planting an
+IPython startup file) are skipped where the grader cannot create namespaces (README.md, For instructors: plain mode).
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, run_kvlib
+
+NB = "01-attention"
+
+
+def _mode() -> str:
+    from kvlib.grading.jail import detect_mode
+
+    return detect_mode()
+
+
+JAILED = pytest.mark.skipif(sys.platform != "linux" or _mode() == "plain",
+                            reason="needs namespaces (root or user namespaces): the plain fallback does not stop this")
+
+
+def nbgrader(course, *args, check=True, timeout=900):
+    # nbgrader runs the `alembic` command for its gradebook: put this environment's bin/ first
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    env = {**os.environ, "PATH": path, "KVLIB_SOLUTIONS": "0", "PYTHONPATH": ""}
+    proc = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, capture_output=True, text=True,
+                          env=env, timeout=timeout)
+    if check:
+        assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
+    return proc
+
+
+# ---------------------------------------------------------------------------------------------
+# Generated submissions: kvlib/attention.py variants and notebook edits
+
+REFERENCE = (ROOT / "solutions" / "kvlib" / "attention.py").read_text(encoding="utf-8")
+_EXERCISE = re.compile(r'^\s*@exercise\("(\d+\.\d+)"')
+_ANCHOR = "from kvlib._inputs import float_array, positive_int\n"
+
+
+def attention(done=(), replace=None, prelude="", epilogue="") -> str:
+    """kvlib/attention.py with the exercises in `done` solved (the reference), `replace` {id: body}
+    written in, the rest stubs; `prelude` runs at import, `epilogue` after the functions."""
+    replace = replace or {}
+    out, current, skipping = [], None, False
+    for line in REFERENCE.splitlines(keepends=True):
+        if m := _EXERCISE.match(line):
+            current = m.group(1)
+        stripped = line.strip()
+        if stripped == "### BEGIN SOLUTION":
+            indent = line[: len(line) - len(line.lstrip())]
+            if current in replace:
+                out += [indent + body + "\n" for body in replace[current].splitlines()]
+                skipping = True
+            elif current not in done:
+                out.append(f'{indent}raise NotImplementedError("Exercise {current} (notebooks/{NB}): stub")\n')
+                skipping = True
+            continue
+        if stripped == "### END SOLUTION":
+            skipping = False
+            continue
+        if not skipping:
+            out.append(line)
+    text = "".join(out)
+    assert _ANCHOR in text
+    return text.replace(_ANCHOR, _ANCHOR + prelude + "\n", 1) + epilogue
+
+
+ALL = ("1.1", "1.2", "1.3", "1.4")
+POINTS = {"1.1": 3, "1.2": 3, "1.3": 2, "1.4": 3}  # graded cells per exercise, 1 point each
+PLANTED = Path.home() / ".ipython" / "profile_default" / "startup" / "00-kvlib-grading-test.py"
+
+
+def _graded_cells(nb):
+    return [c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("grade")]
+
+
+def edit_tests(nb):
+    for cell in _graded_cells(nb):
+        cell["source"] = 'print("passed")'
+
+
+def delete_tests(nb):
+    nb["cells"] = [c for c in nb["cells"] if not c["metadata"].get("nbgrader", {}).get("grade")]
+
+
+def change_metadata(nb):
+    cells = _graded_cells(nb)
+    cells[0]["metadata"]["nbgrader"]["points"] = 100
+    cells[1]["metadata"]["nbgrader"]["grade"] = False
+    cells[2]["metadata"]["nbgrader"]["grade_id"] = "renamed"
+    cells[3]["metadata"]["nbgrader"]["solution"] = True
+    del cells[4]["metadata"]["nbgrader"]
+    bonus = {"grade": True, "grade_id": "bonus", "points": 1000, "locked": False, "solution": False, "schema_version": 3}
+    nb["cells"].append({"cell_type": "code", "id": "bonus", "metadata": {"nbgrader": bonus}, "source": "print('passed')",
+                        "outputs": [], "execution_count": None})
+    nb["cells"].append({"cell_type": "markdown", "id": "bonus2", "source": "bonus",
+                        "metadata": {"nbgrader": {**bonus, "grade_id": "bonus2", "points": 50, "locked": True}}})
+
+
+def submissions(course: Path) -> dict:
+    """student -> dict(attention=source | None (a link), notebook=edit fn, files={rel: text}, expected=points)."""
+    subs = {
+        # monkeypatching the checker, numpy and torch at import; the functions return zeros
+        "a01-monkeypatch": dict(expected=0, attention=attention(replace={
+            "1.1": "return np.zeros_like(scores)", "1.2": "return np.zeros(v.shape[-1]), np.zeros(k.shape[0])",
+            "1.3": "return np.zeros((seq_len, kv_len), dtype=bool)",
+            "1.4": "return np.zeros(q.shape[:-1] + v.shape[-1:]), np.zeros(q.shape[:-1] + k.shape[-2:-1])"}, prelude="""
+import numpy as _np
+_np.allclose = lambda *a, **k: True
+_np.array_equal = lambda *a, **k: True
+_np.isclose = lambda *a, **k: True
+try:
+    import kvlib.checks as _checks
+    _checks.grade = lambda *a, **k: print("passed")
+    import kvlib.checks.attention as _ca
+    _ca._close = lambda *a, **k: True
+    import torch as _torch
+    _torch.allclose = lambda *a, **k: True
+    _torch.softmax = lambda x, dim=-1: x * 0
+except Exception:
+    pass
+""")),
+        # an IPython input transformer: every later cell in the kernel just prints "passed"
+        "a02-input-transformer": dict(expected=0, attention=attention(prelude="""
+try:
+    from IPython import get_ipython as _gi
+    _gi().input_transformers_cleanup.append(lambda lines: ['print("passed")\\n'])
+except Exception:
+    pass
+""")),
+        # a fake numpy package beside the notebook, and one inside kvlib/
+        "a03-fake-numpy": dict(expected=0, attention=attention(), files={
+            "numpy/__init__.py": "allclose = array_equal = isclose = lambda *a, **k: True\n"
+                                 "def __getattr__(name):\n    return lambda *a, **k: True\n",
+            "kvlib/numpy.py": "allclose = lambda *a, **k: True\n"}),
+        "a04-exit-at-import": dict(expected=0, attention=attention(ALL, prelude="import os as _os\n_os._exit(0)\n")),
+        # results that compare equal to anything: an object, and an ndarray subclass
+        "a05-equal-to-anything": dict(expected=0, attention=attention(prelude="""
+class _Anything:
+    shape = property(lambda self: (3,))
+    dtype = bool
+    def __eq__(self, other): return True
+    def __ne__(self, other): return False
+    def __array__(self, *a, **k): raise RuntimeError
+    def __getitem__(self, i): return self
+    def __iter__(self): return iter([self, self])
+    def __len__(self): return 2
+class _EqArray(np.ndarray):
+    def __eq__(self, other): return np.ones(np.shape(other), dtype=bool)
+    def __array_function__(self, func, types, args, kwargs): return True
+""", replace={"1.1": "return _Anything()", "1.2": "return _Anything(), _Anything()",
+              "1.3": "return np.zeros((seq_len, kv_len), dtype=bool).view(_EqArray)",
+              "1.4": "return np.zeros(q.shape[:-1] + v.shape[-1:]).view(_EqArray), _Anything()"})),
+        "a06-patch-builtins": dict(expected=0, attention=attention(replace={
+            "1.1": "return np.zeros_like(scores)", "1.3": "return np.zeros((seq_len, kv_len), dtype=bool)"}, prelude="""
+import builtins as _b
+_b.isinstance = lambda *a: True
+_b.all = lambda *a: True
+_b.any = lambda *a: True
+_b.AssertionError = type("AssertionError", (Exception,), {})
+""")),
+        "a07-symlink-to-reference": dict(expected=0, attention=None),
+        # an endless loop in attend (interruptible), and one that swallows KeyboardInterrupt
+        "a08-endless-loop": dict(expected=11 - POINTS["1.2"], attention=attention(ALL, replace={"1.2": "while True:\n    pass"})),
+        "a09-loop-ignores-interrupt": dict(expected=11 - POINTS["1.4"], attention=attention(ALL, replace={"1.4": (
+            "import time\nwhile True:\n    try:\n        time.sleep(0.05)\n    except KeyboardInterrupt:\n        pass")})),
+        "a10-prints-megabytes": dict(expected=0, attention=attention(prelude="""
+import os as _os, sys as _sys
+print("x" * 3_000_000)
+_os.write(1, b"y" * 3_000_000)
+_os.write(2, b"z" * 3_000_000)
+""", replace={"1.1": "print('w' * 2_000_000)\nraise NotImplementedError('Exercise 1.1 (notebooks/01-attention): stub')"})),
+        # the read-only test cells rewritten; deleted (with a partly correct kvlib: honest score);
+        # their metadata changed (points, flags, ids, extra graded cells)
+        "a11-edited-tests": dict(expected=0, attention=attention(), notebook=edit_tests),
+        "a12-deleted-tests": dict(expected=POINTS["1.1"] + POINTS["1.3"], attention=attention(("1.1", "1.3")), notebook=delete_tests),
+        "a13-changed-metadata": dict(expected=0, attention=attention(), notebook=change_metadata),
+        # honest submissions, graded after every attack
+        "m-partial": dict(expected=POINTS["1.1"] + POINTS["1.3"], attention=attention(("1.1", "1.3"))),
+        "z-correct": dict(expected=11, attention=attention(ALL)),
+        "z-untouched": dict(expected=0, attention="release"),
+    }
+    if _mode() != "plain":
+        ref = str(ROOT / "solutions" / "kvlib" / "attention.py")
+        subs.update({
+            # look for the reference everywhere, and switch on reference mode
+            "a14-walks-up-for-solutions": dict(expected=0, attention=attention(epilogue=f"""
+import os as _os, pathlib as _pl
+def _find():
+    starts = [_pl.Path(__file__).resolve(), _pl.Path.cwd(), _pl.Path("/")]
+    found = [_pl.Path({ref!r})] + [p / "solutions" / "kvlib" / "attention.py" for s in starts for p in (s, *s.parents)]
+    for top in ("/", "/work", "/tmp", "/root", "/home", "/srv", "/opt"):
+        for dirpath, dirnames, filenames in _os.walk(top):
+            if dirpath.count(_os.sep) > 4:
+                dirnames[:] = []
+            if dirpath.endswith("solutions/kvlib") and "attention.py" in filenames:
+                found.append(_pl.Path(dirpath) / "attention.py")
+    for path in found:
+        try:
+            return path.read_text()
+        except OSError:
+            pass
+_src = _find()
+if _src:
+    exec(compile(_src, "reference", "exec"), globals())
+try:
+    import kvlib
+    kvlib.use_solutions()
+except Exception:
+    pass
+""")),
+            "a15-writes-gradebook": dict(expected=0, attention=attention(prelude=f"""
+import sqlite3 as _sql, pathlib as _pl
+for _db in [_pl.Path({str(course / 'gradebook.db')!r}), *[p / "gradebook.db" for p in _pl.Path.cwd().parents]]:
+    try:
+        with _sql.connect(_db) as _con:
+            _con.execute("UPDATE grade SET auto_score = 1")
+    except Exception:
+        pass
+try:
+    _pl.Path({str(course / 'PWNED')!r}).write_text("x")
+except Exception:
+    pass
+""")),
+            "a16-plants-startup-file": dict(expected=0, attention=attention(prelude=f"""
+import os as _os, pathlib as _pl
+for _d in {{_pl.Path.home() / ".ipython", _pl.Path(_os.environ.get("IPYTHONDIR", "/nonexistent")), _pl.Path({str(PLANTED.parent.parent.parent)!r})}}:
+    try:
+        _p = _d / "profile_default" / "startup"
+        _p.mkdir(parents=True, exist_ok=True)
+        (_p / {PLANTED.name!r}).write_text("import kvlib.checks\\nkvlib.checks.grade = lambda *a, **k: print('passed')\\n")
+    except Exception:
+        pass
+""")),
+        })
+    return subs
+
+
+def hand_in(course: Path, student: str, spec: dict) -> None:
+    sub = course / "submitted" / student / NB
+    shutil.copytree(course / "release" / NB, sub)
+    target = sub / "kvlib" / "attention.py"
+    if spec["attention"] is None:
+        target.unlink()
+        target.symlink_to(ROOT / "solutions" / "kvlib" / "attention.py")
+    elif spec["attention"] != "release":
+        target.write_text(spec["attention"], encoding="utf-8")
+    for rel, text in spec.get("files", {}).items():
+        (sub / rel).parent.mkdir(parents=True, exist_ok=True)
+        (sub / rel).write_text(text, encoding="utf-8")
+    if spec.get("notebook"):
+        path = sub / "attention.ipynb"
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        spec["notebook"](nb)
+        path.write_text(json.dumps(nb), encoding="utf-8")
+
+
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) .*Sanitizing .*/submitted/([^/]+)/")
+
+
+def per_student_seconds(log: str, end: float) -> dict[str, float]:
+    """Seconds from each submission's "Sanitizing" log line to the next one (the last: to `end`)."""
+    from datetime import datetime
+
+    starts = [(datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp(), m.group(2))
+              for m in map(_STAMP.match, log.splitlines()) if m]
+    out = {}
+    for (t, s), nxt in zip(starts, [t for t, _ in starts[1:]] + [end]):
+        out[s] = nxt - t
+    return out
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """A course folder from `kvlib course init`, notebook 01 released, every submission handed in
+    and autograded in one call; returns (course, submissions, scores, seconds per student)."""
+    from nbgrader.api import Gradebook
+
+    course = tmp_path_factory.mktemp("course")
+    if PLANTED.exists():
+        PLANTED.unlink()
+    proc = run_kvlib("course", "init", str(course))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with open(course / "nbgrader_config.py", "a") as f:  # tight limits: the scores never wait on the kernel
+        f.write("\nc.Execute.timeout = 4\nc.SandboxExecute.notebook_timeout = 12\n"
+                "c.IsolatedGrading.call_timeout = 3\nc.IsolatedGrading.notebook_timeout = 60\n")
+    nbgrader(course, "generate_assignment", NB, "--log-level=WARN")
+    subs = submissions(course)
+    for student, spec in subs.items():
+        hand_in(course, student, spec)
+    # rc 0: every submission was processed, whatever it did
+    proc = nbgrader(course, "autograde", NB, "--Application.log_format=%(asctime)s %(message)s", timeout=1500)
+    seconds = per_student_seconds(proc.stdout + proc.stderr, time.time())
+    print("\nseconds to autograde each submission:", {s: round(t) for s, t in seconds.items()})
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        scores = {s.student.id: (s.score, s.max_score) for s in gb.assignment_submissions(NB)}
+    yield course, subs, scores, seconds
+    if PLANTED.exists():  # only in plain mode could an attack have put it there
+        PLANTED.unlink()
+
+
+def expected_score(graded, student):
+    _, subs, scores, _ = graded
+    return scores[student], subs[student]["expected"]
+
+
+@pytest.mark.parametrize("student", ["z-correct", "z-untouched", "m-partial"])
+def test_honest_submissions_get_exactly_their_score(graded, student):
+    """Check correct -> 11 of 11, untouched release -> 0, softmax and mask only -> 5, after every attack."""
+    (score, max_score), want = expected_score(graded, student)
+    assert (score, max_score) == (want, 11)
+
+
+@pytest.mark.parametrize("student", [
+    "a01-monkeypatch", "a02-input-transformer", "a03-fake-numpy", "a04-exit-at-import", "a05-equal-to-anything",
+    "a06-patch-builtins", "a07-symlink-to-reference", "a10-prints-megabytes", "a11-edited-tests", "a12-deleted-tests",
+    "a13-changed-metadata",
+])
+def test_attack_gains_nothing(graded, student):
+    """Check that each attack scores what its honest code earns (0 for stubs), out of 11."""
+    (score, max_score), want = expected_score(graded, student)
+    assert (score, max_score) == (want, 11)
+
+
+@JAILED
+@pytest.mark.parametrize("student", ["a14-walks-up-for-solutions", "a15-writes-gradebook", "a16-plants-startup-file"])
+def test_jailed_attack_gains_nothing(graded, student):
+    """Check the attacks only the jail stops: no reference found, gradebook and home untouched."""
+    course = graded[0]
+    (score, max_score), want = expected_score(graded, student)
+    assert (score, max_score) == (want, 11)
+    assert not (course / "PWNED").exists()
+    assert not PLANTED.exists()
+
+
+@pytest.mark.parametrize("student,limit", [("a08-endless-loop", 90), ("a09-loop-ignores-interrupt", 90)])
+def test_endless_loop_costs_its_exercise_only_and_bounded_time(graded, student, limit):
+    """Check that an endless loop in one exercise zeroes that exercise, grades the rest, in bounded time."""
+    (score, _), want = expected_score(graded, student)
+    assert score == want
+    assert graded[3][student] < limit, f"{student} took {graded[3][student]:.0f} s to grade"
+
+
+def _cells(course, student):
+    """grade_id -> the graded cell's outputs, each {"output_type", "text" or "evalue"}."""
+    import nbformat
+
+    nb = nbformat.read(course / "autograded" / student / NB / "attention.ipynb", as_version=4)
+    return {c.metadata.nbgrader.grade_id: c.outputs for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")}
+
+
+def test_feedback_names_the_mistake(graded):
+    """Check the outputs the learner sees: "passed", the stub's message, the symlink refusal,
+    the endless loop; no graded cell keeps what the kernel printed."""
+    course = graded[0]
+    partial = _cells(course, "m-partial")
+    assert partial["softmax_is_stable"][0]["text"].startswith("passed:")
+    assert "Exercise 1.2 (Attention for one query) is not done yet" in partial["attend_matches_sdpa"][0]["evalue"]
+    assert "link" in _cells(course, "a07-symlink-to-reference")["softmax_is_stable"][0]["evalue"]
+    assert "endless loop" in _cells(course, "a08-endless-loop")["attend_matches_sdpa"][0]["evalue"]
+    assert "returned" in _cells(course, "a05-equal-to-anything")["softmax_is_stable"][0]["evalue"]
+    for outputs in _cells(course, "a02-input-transformer").values():
+        assert [o.output_type for o in outputs] == ["error"]
+
+
+def test_megabytes_of_output_are_capped(graded):
+    """Check that a submission printing megabytes leaves a notebook of bounded size."""
+    path = graded[0] / "autograded" / "a10-prints-megabytes" / NB / "attention.ipynb"
+    assert path.stat().st_size < 2_000_000
+
+
+def test_grading_twice_gives_the_same_score_and_feedback(graded):
+    """Check that re-autograding a submission reproduces its score and every message."""
+    from nbgrader.api import Gradebook
+
+    course = graded[0]
+    before = _cells(course, "m-partial")
+    nbgrader(course, "autograde", NB, "--student=m-partial", "--force", "--log-level=WARN")
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        again = gb.find_submission(NB, "m-partial").score
+    assert again == graded[2]["m-partial"][0]
+    after = _cells(course, "m-partial")
+    def messages(cells):
+        return {k: [o.get("evalue", o.get("text")) for o in v] for k, v in cells.items()}
+
+    assert messages(before) == messages(after)
+
+
+def test_feedback_and_csv_export(graded):
+    """Check generate_feedback writes the learner's messages, and export gives the expected scores."""
+    course, subs = graded[0], graded[1]
+    nbgrader(course, "generate_feedback", NB, "--student=m-partial", "--log-level=WARN")
+    html = (course / "feedback" / "m-partial" / NB / "attention.html").read_text(encoding="utf-8")
+    assert "is not done yet" in html and (course / "grading_secret").read_text().strip() not in html
+    nbgrader(course, "export", "--to=grades.csv", "--log-level=WARN")
+    rows = list(csv.DictReader(io.StringIO((course / "grades.csv").read_text())))
+    got = {r["student_id"]: float(r["score"]) for r in rows}
+    assert got == {s: float(spec["expected"]) for s, spec in subs.items()}
+    assert {float(r["max_score"]) for r in rows} == {11.0}
+
+
+# ---------------------------------------------------------------------------------------------
+# Fast checks of the parts (no nbgrader run)
+
+
+def test_course_init_never_overwrites_without_force(tmp_path):
+    """Check that init refuses to change an instructor's file, and --force keeps a .bak of it."""
+    from kvlib.grading.course import CourseFolderExists, init_course
+
+    init_course(tmp_path)
+    secret = (tmp_path / "grading_secret").read_text()
+    assert (tmp_path / "grading_secret").stat().st_mode & 0o777 == 0o600
+    config = tmp_path / "nbgrader_config.py"
+    config.write_text(config.read_text() + "# mine\n")
+    with pytest.raises(CourseFolderExists):
+        init_course(tmp_path)
+    assert config.read_text().endswith("# mine\n")
+    init_course(tmp_path, force=True)
+    assert (tmp_path / "nbgrader_config.py.bak").read_text().endswith("# mine\n")
+    assert (tmp_path / "grading_secret").read_text() == secret  # never replaced
+
+
+def test_course_init_lists_learner_files_and_earlier_modules(tmp_path):
+    """Check exclude_overwriting, stubs for this notebook, and --earlier given/own for later ones."""
+    from traitlets.config.loader import PyFileConfigLoader
+
+    from kvlib.grading.course import init_course, learner_edited, learner_files, module_notebooks
+
+    init_course(tmp_path)
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(tmp_path)).load_config()
+    assert config.Autograde.exclude_overwriting[NB] == ["kvlib/attention.py"]
+    stub = (tmp_path / "source" / NB / "kvlib" / "attention.py").read_text()
+    assert "### BEGIN SOLUTION" not in stub and 'raise NotImplementedError("Exercise 1.1' in stub
+    later = [nb for nb in dict.fromkeys(module_notebooks().values()) if nb != NB]
+    if later:  # a notebook after 01: attention.py is given (the reference) or the learner's own
+        given = learner_files(later[0], "given")["kvlib/attention.py"].decode()
+        assert "np.exp(scores - scores.max" in given and "BEGIN SOLUTION" not in given
+        assert "kvlib/attention.py" in learner_edited(later[0], "own")
+        assert "kvlib/attention.py" not in learner_edited(later[0], "given")
+
+
+def _npz(**arrays) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def test_replies_must_be_plain_numbers():
+    """Check the grader's reader refuses pickles, compressed members and headers that lie."""
+    from kvlib.grading.sandbox import SandboxError, load_reply
+
+    head = np.array(json.dumps({"status": "ok"}))
+    assert load_reply(_npz(__head__=head, a0=np.ones(3)))[1]["a0"].sum() == 3
+    with pytest.raises(SandboxError):
+        load_reply(_npz(__head__=head, a0=np.array([object()], dtype=object)))
+    buf = io.BytesIO()
+    np.savez_compressed(buf, __head__=head, a0=np.zeros(10))
+    with pytest.raises(SandboxError):
+        load_reply(buf.getvalue())
+    liar = io.BytesIO()
+    with zipfile.ZipFile(liar, "w") as z:
+        z.writestr("__head__.npy", _npy(head))
+        z.writestr("a0.npy", _npy_header((10**9,), "<f8") + b"\0" * 16)
+    with pytest.raises(SandboxError):
+        load_reply(liar.getvalue())
+
+
+def _npy(arr) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, arr)
+    return buf.getvalue()
+
+
+def _npy_header(shape, descr) -> bytes:
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"shape": shape, "fortran_order": False, "descr": descr})
+    return buf.getvalue()
+
+
+def test_submitted_links_are_refused(tmp_path):
+    """Check that a link (to the reference, or a linked folder) is never read as the learner's file."""
+    from kvlib.grading.preprocessor import read_submitted
+
+    (tmp_path / "kvlib").mkdir()
+    (tmp_path / "kvlib" / "attention.py").symlink_to(ROOT / "solutions" / "kvlib" / "attention.py")
+    with pytest.raises(PermissionError, match="link"):
+        read_submitted(tmp_path, "kvlib/attention.py")
+    (tmp_path / "other").symlink_to(ROOT / "solutions", target_is_directory=True)
+    with pytest.raises(PermissionError, match="link"):
+        read_submitted(tmp_path, "other/kvlib/attention.py")
