@@ -7,6 +7,7 @@ purpose: byte-pair merges, special tokens (no BOS/EOS/padding) and unknown-chara
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -61,10 +62,11 @@ class Tokenizer:
         """The text of a sequence of token ids (a list, or a 1-D tensor or array)."""
         if hasattr(ids, "tolist"):  # a torch tensor or a numpy array
             ids = ids.tolist()
-        ids = list(ids)
+        ids = [ids] if isinstance(ids, int) else list(ids)  # a 0-d tensor gives one int
         if any(isinstance(i, list) for i in ids):
             raise ValueError("decode takes one sequence of ids; decode each row of a batch separately")
-        bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < self.vocab_size]
+        ids = [operator.index(i) if hasattr(i, "__index__") and not isinstance(i, bool) else i for i in ids]
+        bad = [i for i in ids if type(i) is not int or not 0 <= i < self.vocab_size]  # bools are not ids
         if bad:
             raise ValueError(f"token ids must be integers in [0, {self.vocab_size}), got {bad[:5]}")
         return "".join(self.chars[i] for i in ids)

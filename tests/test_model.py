@@ -348,6 +348,5 @@ def test_manifest_records_checksum_settings_and_evaluation():
         assert key in manifest
     evaluation = manifest["evaluation"]
     assert set(evaluation["accuracy"]) == {"train_en", "train_zh", "held_out_en", "held_out_zh"}
-    if "train_loss_by_position" in evaluation:  # recorded by train.py since the shipped weights were made
-        bands = list(evaluation["train_loss_by_position"].values())
-        assert max(bands) < 2 * bands[0], f"loss climbs with position: {bands}"
+    bands = list(evaluation["train_loss_by_position"].values())  # flat: long generations stay sensible
+    assert max(bands) < 2 * bands[0], f"loss climbs with position: {bands}"

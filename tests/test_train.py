@@ -91,11 +91,11 @@ def test_evaluate_reports_accuracy_per_split_and_language():
     result = evaluate(model, tokenizer, n_countries=5, loss_rows=8)
     assert set(result["accuracy"]) == {"train_en", "train_zh", "held_out_en", "held_out_zh"}
     assert result["accuracy"]["train_en"] > 0.9 and result["accuracy"]["train_zh"] > 0.9
-    assert 0 < result["held_out_loss"] < 2
+    assert 0 < result["held_out_loss"] < 3 and result["train_text_loss"] < result["held_out_loss"]
     assert all(a["ok"] for a in result["anchors"].values())
 
 
-def test_tokenizer_covers_corpus():
+def test_shipped_tokenizer_matches_the_corpus():
     """Check that the shipped tokenizer is the one the corpus builds (same characters, same ids)."""
     _, tokenizer = load_tiny()
     assert tokenizer.chars == build_tokenizer().chars
