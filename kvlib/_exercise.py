@@ -54,6 +54,15 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("4.3", "Prefill", "04-kv-cache", "kv_cache", "prefill"),
     Exercise("4.4", "One decode step", "04-kv-cache", "kv_cache", "decode_step"),
     Exercise("4.5", "Generation with the cache", "04-kv-cache", "kv_cache", "generate_cached"),
+    Exercise("5.1", "Arithmetic intensity of a matmul", "05-memory-wall", "roofline", "matmul_intensity"),
+    Exercise("5.2", "Time under the roofline", "05-memory-wall", "roofline", "roofline_time"),
+    Exercise("5.3", "Bytes of the KV cache", "05-memory-wall", "roofline", "kv_cache_bytes"),
+    Exercise("5.4", "FLOPs and bytes of a step", "05-memory-wall", "roofline", "step_cost"),
+    Exercise("5.5", "Predicted tokens per second", "05-memory-wall", "roofline", "predicted_tokens_per_second"),
+    Exercise("6.1", "Repeat key/value heads", "06-gqa", "gqa", "repeat_kv"),
+    Exercise("6.2", "Grouped attention without copies", "06-gqa", "gqa", "grouped_attention"),
+    Exercise("6.3", "Mean-pool key/value heads", "06-gqa", "gqa", "mean_pool_heads"),
+    Exercise("6.4", "Convert MHA to GQA", "06-gqa", "gqa", "to_gqa"),
 )
 BY_ID = {ex.id: ex for ex in EXERCISES}
 NOTEBOOKS = tuple(dict.fromkeys(ex.notebook for ex in EXERCISES))

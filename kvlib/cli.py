@@ -2,7 +2,9 @@
 
   kvlib check [ID|NN] [--json]   one row per exercise: id, title, notebook, status, message
   kvlib generate PROMPT          stream the tiny model's answer, then its TTFT and TPOT
-  kvlib bench cache [--json]     tokens/s without and with a KV cache, and with transformers
+  kvlib bench NAME [--json]      cache, memory, gqa: measured on this machine (kvlib bench -h)
+  kvlib lab [NN]                 open JupyterLab on the course (learner view: nbgrader's Validate button)
+  kvlib present [NN] [--check]   the solved notebooks in reference mode; --check runs them all and times each
   kvlib course release [--check] regenerate kvlib/ stubs and notebooks/ from solutions/
   kvlib course init DIR          an nbgrader course folder for instructors (README.md, For instructors)
 """
@@ -108,6 +110,15 @@ def cmd_generate(args) -> int:
     return 0
 
 
+# kvlib bench NAME: help, then the measuring function and the formatter in kvlib.bench; each
+# function takes threads= and quick= and returns a JSON-ready record
+BENCHES = {
+    "cache": ("tokens/s without and with a KV cache, and transformers'", "bench_cache", "format_cache"),
+    "memory": ("bandwidth, matmul FLOP/s, a memory-bound decode step predicted and measured", "bench_memory", "format_memory"),
+    "gqa": ("decode time at long context against n_kv_heads: MHA, repeated heads, grouped", "bench_gqa", "format_gqa"),
+}
+
+
 def cmd_bench(args) -> int:
     import json
 
@@ -116,12 +127,17 @@ def cmd_bench(args) -> int:
     if args.threads < 1:
         print("kvlib bench: --threads must be at least 1", file=sys.stderr)
         return 2
+    _, run, fmt = BENCHES[args.which]
     try:
-        report = bench.bench_cache(threads=args.threads, quick=args.quick)
-    except FileNotFoundError as err:
+        report = getattr(bench, run)(threads=args.threads, quick=args.quick)
+    except (FileNotFoundError, ValueError) as err:
         print(f"kvlib bench: {err}", file=sys.stderr)
         return 2
-    print(json.dumps(report, indent=1) if args.json else bench.format_cache(report))
+    except NotImplementedError as err:  # ExerciseNotDone: a benchmark runs the learner's kvlib
+        print(f"kvlib bench {args.which}: {err}\n(benchmarks run your own kvlib; KVLIB_SOLUTIONS=1 runs the reference)",
+              file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=1) if args.json else getattr(bench, fmt)(report))
     return 0
 
 
@@ -153,6 +169,38 @@ def cmd_course_init(args) -> int:
     return 0
 
 
+def cmd_lab(args) -> int:
+    from kvlib import lab
+
+    try:
+        return lab.launch(reference=args.command == "present", target=args.notebook, port=args.port, browser=not args.no_browser)
+    except ValueError as err:
+        print(f"kvlib {args.command}: {err}", file=sys.stderr)
+        return 2
+
+
+def cmd_present(args) -> int:
+    if not args.check:
+        if args.figures:
+            print("kvlib present: --figures saves the figures of a --check run; add --check", file=sys.stderr)
+            return 2
+        return cmd_lab(args)
+    import time
+
+    from kvlib import lab
+
+    start = time.perf_counter()
+    try:
+        runs = lab.check_course(args.notebook, timeout=args.timeout, figures=args.figures)
+    except ValueError as err:
+        print(f"kvlib present: {err}", file=sys.stderr)
+        return 2
+    failed = [r for r in runs if r.error]
+    print(f"{len(runs)} notebooks in {time.perf_counter() - start:.1f} s, reference mode, "
+          f"{len(runs) - len(failed)} ran top to bottom" + (f", {len(failed)} failed" if failed else ""))
+    return 1 if failed else 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="kvlib", description="The course on how LLMs generate text.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -173,11 +221,24 @@ def main(argv=None) -> int:
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("bench", help="benchmarks measured on this machine")
-    p.add_argument("which", choices=["cache"], help="cache: tokens/s without and with a KV cache, and transformers'")
+    p.add_argument("which", choices=list(BENCHES), help="; ".join(f"{k}: {v[0]}" for k, v in BENCHES.items()))
     p.add_argument("--json", action="store_true", help="print the machine-readable record")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: timings on a shared CPU are steadier)")
-    p.add_argument("--quick", action="store_true", help="a small stand-in for the GPT-2-size model (seconds, for tests)")
+    p.add_argument("--quick", action="store_true", help="small stand-in models and few repeats (seconds, for tests)")
     p.set_defaults(func=cmd_bench)
+
+    for name, text in (("lab", "open JupyterLab on the course: the learner notebooks, your kvlib"),
+                       ("present", "presenters: open the solved notebooks in reference mode (KVLIB_SOLUTIONS=1)")):
+        p = sub.add_parser(name, help=text, description=text)
+        p.add_argument("notebook", nargs="?", help="a notebook number (01) or a path to open; default: the folder")
+        p.add_argument("--port", type=int, help="the port to serve on (default: Jupyter's, 8888 or the next free one)")
+        p.add_argument("--no-browser", action="store_true", help="print the URL instead of opening a browser")
+        if name == "present":
+            p.add_argument("--check", action="store_true",
+                           help="open nothing: run every solution notebook headless, top to bottom, and print the seconds each took")
+            p.add_argument("--timeout", type=int, default=120, help="with --check: seconds one cell may take (default 120, as nbgrader_config.py)")
+            p.add_argument("--figures", metavar="DIR", help="with --check: save every figure the notebooks show as a PNG in DIR")
+        p.set_defaults(func=cmd_present if name == "present" else cmd_lab)
 
     p = sub.add_parser("course", help="maintainers: build the learner release from solutions/")
     course_sub = p.add_subparsers(dest="course_command", required=True)

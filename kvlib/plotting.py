@@ -155,7 +155,7 @@ def attention_weights(tokens, probs, out, *, query=None, keys=None, values=None,
     with style():
         n = 2 + draw_keys
         # a fixed layout, not "constrained": the widget redraws this figure on every slider move
-        width = 4.7 * n
+        width = 4.3 * n  # three panels in 12.9 in: shown unscaled in a notebook on a 1280-px projector
         fig, axes = plt.subplots(1, n, figsize=(width, 4.4))
         fig.subplots_adjust(left=0.9 / width, right=1 - 0.2 / width, bottom=0.16, top=0.9, wspace=0.4)
         axes = list(axes)
@@ -414,7 +414,7 @@ def step_time_fit(kv_lens, medians_ms, lows_ms, highs_ms, fitted_ms, *, fit_labe
         fig, ax = plt.subplots(figsize=(9, 5.5))
         fig.subplots_adjust(left=0.11, right=0.97, bottom=0.18, top=0.9)
         ax.fill_between(x, lows_ms, highs_ms, color=PALETTE["sky"], alpha=0.35, lw=0, label="min to max")
-        ax.plot(x, medians_ms, ".", ms=4, color=PALETTE["blue"], label="measured step (median)")
+        ax.plot(x, medians_ms, "o", ms=5, color=PALETTE["blue"], label="measured step (median)")  # visible from the back of a room
         ax.plot(x, fitted_ms, lw=2.5, color=PALETTE["vermillion"], label=fit_label)
         ax.set_ylim(0, None)
         ax.set_xlim(0, x[-1] * 1.02)
@@ -452,7 +452,7 @@ def decode_step_scores(tokens):
     with style():
         size = max(3.6, 0.55 * N + 1.4)
         fig, axes = plt.subplots(1, 2, figsize=(2 * size + 1.2, size + 1.9))
-        fig.subplots_adjust(left=0.09, right=0.98, bottom=0.24, top=0.84, wspace=0.28)
+        fig.subplots_adjust(left=0.11, right=0.98, bottom=0.24, top=0.84, wspace=0.28)  # room for "query" beside the labels
         for ax, grid, title in ((axes[0], naive, f"No cache: {N} x {N} scores"), (axes[1], cached, f"Cache: 1 x {N} scores")):
             ax.imshow(grid, cmap=cmap, vmin=-1.5, vmax=2.5)
             ax.set_xticks(np.arange(-0.5, N), minor=True)
@@ -529,3 +529,287 @@ def cache_time_against_length(new_tokens, naive_s, cached_s, *, naive_fit=None, 
 
 
 __all__ += ["cache_time_against_length", "decode_step_scores"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Notebook 05: the memory wall
+
+
+def _si(value: float, unit: str) -> str:
+    """1.2e12, "FLOP/s" -> "1.2 TFLOP/s": the largest prefix that keeps the number at or above 1."""
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}"
+
+
+def roofline(roofs, points=(), *, title=None, xlim=(0.1, 1000), note=None):
+    """Roofline plot: attainable FLOP/s against arithmetic intensity (FLOPs per byte), log-log.
+
+    Args:    roofs: [(label, peak_flops, bandwidth)], FLOP/s and bytes/s; the first is drawn boldest
+                    and its ridge point marked
+             points: [(label, intensity, flops_per_s)], e.g. measured decode and prefill steps
+             title: the takeaway; by default where the first point sits against the first ridge
+             note: what produced the numbers, printed under the axes
+    Returns: the Figure
+    """
+    x = np.logspace(np.log10(xlim[0]), np.log10(xlim[1]), 400)
+    roof_colors = [PALETTE[c] for c in ("blue", "orange", "green", "purple", "sky", "black")]
+    point_colors = [PALETTE[c] for c in ("vermillion", "green", "purple", "black", "sky")]
+    with style():
+        fig, ax = plt.subplots(figsize=(10, 6))
+        fig.subplots_adjust(left=0.12, right=0.97, bottom=0.19, top=0.9)
+        for i, (label, peak, bw) in enumerate(roofs):
+            ridge = peak / bw
+            ax.loglog(x, np.minimum(peak, x * bw), lw=3 if i == 0 else 1.8, color=roof_colors[i % len(roof_colors)],
+                      alpha=1 if i == 0 else 0.8, label=f"{label}: {_si(peak, 'FLOP/s')}, {_si(bw, 'B/s')}, ridge {ridge:.3g}")
+            if i == 0:
+                ax.axvline(ridge, color=roof_colors[0], ls=":", lw=1.2)
+                ax.axvspan(xlim[0], ridge, color=PALETTE["sky"], alpha=0.12, lw=0)
+                ax.text(ridge, peak * 1.25, f"ridge {ridge:.3g} FLOP/B", ha="center", va="bottom", fontsize=11, color=roof_colors[0])
+                ax.text(xlim[0] * 1.3, peak * 1.25, "memory-bound", ha="left", va="bottom", fontsize=11, color="#555555")
+        for j, (label, intensity, achieved) in enumerate(points):
+            color = point_colors[j % len(point_colors)]
+            ax.loglog([intensity], [achieved], "o", ms=10, color=color, label=f"{label}: {intensity:.3g} FLOP/B, {_si(achieved, 'FLOP/s')}")
+        peaks = [p for _, p, _ in roofs] + [a for _, _, a in points]
+        lows = [x[0] * bw for _, _, bw in roofs] + [a for _, _, a in points]
+        ax.set_ylim(min(lows) / 2, max(peaks) * 4)
+        ax.set_xlim(*xlim)
+        ax.set_xlabel("arithmetic intensity (FLOPs per byte moved)")
+        ax.set_ylabel("attainable FLOP/s")
+        if title is None:
+            ridge = roofs[0][1] / roofs[0][2]
+            if points:
+                side = "left of the ridge: memory-bound" if points[0][1] < ridge else "right of the ridge: compute-bound"
+                title = f"{points[0][0]} sits {side}"
+            else:
+                title = f"{roofs[0][0]}: left of {ridge:.3g} FLOP/B, memory sets the speed"
+        ax.set_title(title)
+        ax.legend(loc="lower right", frameon=False, fontsize=10)
+        _note(fig, note)
+    return _finish(fig)
+
+
+def bytes_against_context(contexts, weight_bytes, kv_bytes_per_token, *, batches=(1,), model="", note=None):
+    """Weights against KV cache bytes over context length (log-log), one KV line per batch size.
+
+    Args:    contexts: (n,) tokens per sequence   weight_bytes: bytes of the weights
+             kv_bytes_per_token: KV bytes of one token of one sequence   batches: batch sizes to draw
+    Returns: the Figure; each batch's crossover (cache == weights) is marked
+    """
+    n = np.asarray(contexts, dtype=float)
+    batches = sorted(set(batches))
+    colors = [PALETTE[c] for c in ("blue", "vermillion", "green", "purple", "sky")]
+    with style():
+        fig, ax = plt.subplots(figsize=(10, 5.8))
+        fig.subplots_adjust(left=0.12, right=0.97, bottom=0.19, top=0.9)
+        ax.loglog(n, np.full_like(n, weight_bytes / 1e9), lw=3, color=PALETTE["black"], label=f"weights: {weight_bytes / 1e9:.1f} GB")
+        crossings = []
+        for i, batch in enumerate(batches):
+            kv = n * kv_bytes_per_token * batch / 1e9
+            ax.loglog(n, kv, lw=2.2, color=colors[i % len(colors)], label=f"KV cache, batch {batch}")
+            cross = weight_bytes / (kv_bytes_per_token * batch)
+            if n[0] <= cross <= n[-1]:
+                ax.plot([cross], [weight_bytes / 1e9], "o", ms=9, color=colors[i % len(colors)])
+                ax.annotate(f"{cross:,.0f} tokens", (cross, weight_bytes / 1e9), xytext=(0, 12), textcoords="offset points",
+                            ha="center", fontsize=11, color=colors[i % len(colors)])
+            crossings.append((batch, cross))
+        ax.set_xlabel("context length (tokens per sequence)")
+        ax.set_ylabel("memory (GB)")
+        batch, cross = crossings[-1]
+        ax.set_title(f"{model}{': ' if model else ''}cache > weights from {cross:,.0f} tokens at batch {batch}")
+        ax.legend(loc="upper left", frameon=False)
+        _note(fig, note)
+    return _finish(fig)
+
+
+def decode_against_batch(batches, measured_tps, predicted_tps, intensities, ridge, *, note=None):
+    """Decode throughput against batch size: measured and roofline-predicted, with the ridge crossing.
+
+    Args:    batches: (n,) batch sizes   measured_tps, predicted_tps: (n,) tokens/s
+             intensities: (n,) FLOPs per byte of each step   ridge: the machine's ridge point (FLOP/B)
+    Returns: the Figure (left: tokens/s; right: arithmetic intensity against the ridge)
+    """
+    b = np.asarray(batches, dtype=float)
+    measured_tps, predicted_tps, intensities = (np.asarray(a, dtype=float) for a in (measured_tps, predicted_tps, intensities))
+    with style():
+        fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5.6))
+        fig.subplots_adjust(left=0.08, right=0.98, bottom=0.2, top=0.86, wspace=0.25)
+        ax.loglog(b, predicted_tps, "--", lw=2, color=PALETTE["black"], label="roofline prediction")
+        ax.loglog(b, measured_tps, "o-", lw=2.5, ms=7, color=PALETTE["vermillion"], label="measured (median)")
+        bx.loglog(b, intensities, "o-", lw=2.5, ms=7, color=PALETTE["blue"], label="decode step")
+        bx.axhline(ridge, color=PALETTE["black"], ls=":", lw=1.5, label=f"ridge of this machine: {ridge:.3g}")
+        for axis in (ax, bx):
+            axis.set_xscale("log", base=2)
+            axis.set_xticks(b, [str(int(v)) for v in b])
+            axis.minorticks_off()
+            axis.set_xlabel("batch size (sequences decoded together)")
+            axis.legend(loc="upper left", frameon=False)
+        ax.set_ylabel("tokens per second")
+        ax.set_title("Throughput")
+        bx.set_ylabel("FLOPs per byte moved")
+        bx.set_title("Arithmetic intensity")
+        gain = measured_tps[-1] / measured_tps[0]
+        fig.suptitle(f"Batching reuses each weight read: {gain:.0f}x the tokens/s at batch {int(b[-1])}, "
+                     f"until the ridge at {ridge:.3g} FLOP/B")
+        _note(fig, note)
+    return _finish(fig)
+
+
+__all__ += ["bytes_against_context", "decode_against_batch", "roofline"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Notebook 06: Grouped-Query Attention
+
+_ATTENTION_KIND_COLORS = {"MHA": PALETTE["vermillion"], "GQA": PALETTE["blue"], "MQA": PALETTE["green"]}
+
+
+def kv_bytes_per_token(names, bytes_per_token, kinds, *, note=None):
+    """KV-cache bytes per token of real models (fp16), one bar each, coloured by MHA / GQA / MQA.
+
+    Args:    names: model names   bytes_per_token: (n,) bytes   kinds: "MHA", "GQA" or "MQA" per model
+             note: the source of the configurations, printed under the axes
+    Returns: the Figure
+    """
+    kib = np.asarray(bytes_per_token, dtype=float) / 1024
+    with style():
+        fig, ax = plt.subplots(figsize=(10, 0.55 * len(names) + 2.2))
+        fig.subplots_adjust(left=0.2, right=0.9, bottom=0.22 if note else 0.14, top=0.88)
+        y = np.arange(len(names))[::-1]
+        ax.barh(y, kib, color=[_ATTENTION_KIND_COLORS[k] for k in kinds], height=0.65)
+        for yi, value, kind in zip(y, kib, kinds):
+            ax.text(value, yi, f" {value:,.0f} KiB ({kind})", va="center", fontsize=12)
+        ax.set_yticks(y, names)
+        ax.set_xlim(0, kib.max() * 1.35)
+        ax.set_xlabel("KV cache per token, fp16 (KiB)")
+        ax.set_title("Sharing key/value heads shrinks every token's cache")
+        _note(fig, note)
+    return _finish(fig)
+
+
+def gqa_decode_time(rows, *, kv_len=None, note=None):
+    """Decode-step time against n_kv_heads, three ways, with the roofline prediction; and the speedup over MHA.
+
+    Args:    rows: `kvlib bench gqa` rows (kv_len, n_kv_heads, method, median_s, min_s, max_s, predicted_s, speedup_vs_mha)
+             kv_len: the context of the left panel (default: the middle one measured)
+             note: what produced the numbers, printed under the axes
+    Returns: the Figure (left: ms per step at kv_len; right: speedup over MHA against kv_len, n_kv_heads = n_heads / 4)
+    """
+    lens = sorted({r["kv_len"] for r in rows})
+    kv_len = kv_len or lens[len(lens) // 2]
+    at = [r for r in rows if r["kv_len"] == kv_len]
+    heads = sorted({r["n_kv_heads"] for r in at}, reverse=True)
+    mha = next(r for r in at if r["method"] == "mha")
+    styles = {"materialised": (PALETTE["vermillion"], "s", "repeat_kv, then MHA attention"),
+              "grouped": (PALETTE["blue"], "o", "grouped_attention (6.2)"),
+              "sdpa": (PALETTE["sky"], "^", "torch SDPA, enable_gqa")}
+    with style():
+        fig, (ax, bx) = plt.subplots(1, 2, figsize=(14, 5.8), gridspec_kw={"width_ratios": [1.3, 1]})
+        fig.subplots_adjust(left=0.07, right=0.98, bottom=0.22, top=0.84, wspace=0.25)
+        x = np.arange(len(heads))
+        for method, (color, marker, label) in styles.items():
+            pts = [(i, r) for i, h in enumerate(heads) for r in at if r["n_kv_heads"] == h and r["method"] in (method, "mha")]
+            if len(pts) < 2:
+                continue
+            xi = np.array([p[0] for p in pts])
+            med = np.array([p[1]["median_s"] for p in pts]) * 1e3
+            err = [med - np.array([p[1]["min_s"] for p in pts]) * 1e3, np.array([p[1]["max_s"] for p in pts]) * 1e3 - med]
+            ax.errorbar(xi, med, yerr=err, color=color, marker=marker, ms=8, lw=2, capsize=3, label=label)
+        pred = [next(r for r in at if r["n_kv_heads"] == h and r["method"] in ("grouped", "mha"))["predicted_s"] * 1e3 for h in heads]
+        ax.plot(x, pred, ls="--", color=PALETTE["black"], lw=1.5, label="roofline: bytes / bandwidth (grouped)")
+        ax.set_xticks(x, [f"{h}\n{'MHA' if h == heads[0] else 'MQA' if h == 1 else 'GQA'}" for h in heads])
+        ax.set_xlabel("key/value heads (n_kv_heads)")
+        ax.set_ylabel("one decode step (ms)")
+        top = max(max(r["max_s"] for r in at) * 1e3, max(pred))
+        ax.set_ylim(0, top * 1.5)  # room for the legend above the curves
+        ax.set_title(f"At {kv_len:,} cached tokens")
+        ax.legend(loc="upper center", frameon=False, fontsize=11, ncol=2)
+        quarter = heads[0] // 4 if heads[0] // 4 in heads else heads[-1]
+        for method in ("materialised", "grouped", "sdpa"):
+            pts = [r for r in rows if r["n_kv_heads"] == quarter and r["method"] == method]
+            if pts:
+                color, marker, label = styles[method]
+                bx.plot([r["kv_len"] for r in pts], [r["speedup_vs_mha"] for r in pts], color=color, marker=marker, ms=8, lw=2, label=label)
+        bx.axhline(1, color="grey", lw=1, ls=":")
+        bx.axhline(heads[0] / quarter, color=PALETTE["black"], lw=1, ls="--", label=f"{heads[0] // quarter}x fewer KV bytes")
+        bx.set_xscale("log", base=2)
+        bx.set_xticks(lens, [f"{n // 1024}k" if n >= 1024 else str(n) for n in lens])
+        bx.minorticks_off()
+        bx.set_ylim(0, heads[0] / quarter * 1.9)  # room for the legend above the bytes ratio
+        bx.set_xlabel("cached tokens (kv_len)")
+        bx.set_ylabel(f"speedup over MHA (n_kv_heads {quarter})")
+        bx.set_title("Speedup over MHA")
+        bx.legend(loc="upper right", frameon=False, fontsize=11)
+        g = next(r for r in at if r["n_kv_heads"] == quarter and r["method"] == "grouped")
+        m = next(r for r in at if r["n_kv_heads"] == quarter and r["method"] == "materialised")
+        verdict = "keeps the saving" if g["speedup_vs_mha"] > max(1.0, m["speedup_vs_mha"]) else "did not beat MHA in this run"
+        fig.suptitle(f"GQA-{quarter} decode: copying the shared heads out runs at {m['speedup_vs_mha']:.1f}x MHA's speed; "
+                     f"reading them in place {verdict} ({g['speedup_vs_mha']:.1f}x)", fontsize=15)
+        _note(fig, note)
+    return _finish(fig)
+
+
+def gqa_quality(rows, *, note=None):
+    """Held-out loss and capital accuracy of the converted tiny model against n_kv_heads, per recipe.
+
+    Args:    rows: kvlib.gqa.conversion_study rows (n_kv_heads, recipe, held_out_loss, accuracy and,
+             if uptrained, uptrained_held_out_loss, uptrained_accuracy, uptrain_steps)
+             note: what produced the numbers, printed under the axes
+    Returns: the Figure (left: loss; right: accuracy); solid before uptraining, dashed after
+    """
+    heads = sorted({r["n_kv_heads"] for r in rows}, reverse=True)
+    x = {h: i for i, h in enumerate(heads)}
+    colors = {"mean": PALETTE["blue"], "first": PALETTE["orange"]}
+    names = {"mean": "mean-pooled", "first": "first head kept"}
+    uptrained = any("uptrained_held_out_loss" in r for r in rows)
+    with style():
+        fig, axes = plt.subplots(1, 2, figsize=(13, 5.4))
+        fig.subplots_adjust(left=0.08, right=0.98, bottom=0.22, top=0.84, wspace=0.25)
+        original = next((r for r in rows if r["recipe"] == "original"), None)
+        for ax, key, label in ((axes[0], "held_out_loss", "held-out loss (nats/token)"), (axes[1], "accuracy", "capital accuracy, held-out phrasings")):
+            for recipe in ("mean", "first"):
+                pts = sorted(([r for r in rows if r["recipe"] == recipe] + ([original] if original else [])), key=lambda r: -r["n_kv_heads"])
+                if len(pts) < 2:
+                    continue
+                xs = [x[r["n_kv_heads"]] for r in pts]
+                ax.plot(xs, [r[key] for r in pts], color=colors[recipe], marker="o", ms=8, lw=2, label=f"{names[recipe]}")
+                if uptrained and all(f"uptrained_{key}" in r for r in pts):
+                    ax.plot(xs, [r[f"uptrained_{key}"] for r in pts], color=colors[recipe], marker="o", ms=8, lw=2, ls="--",
+                            mfc="white", label=f"{names[recipe]}, uptrained")
+            ax.set_xticks(range(len(heads)), [f"{h}\n{'MHA' if h == heads[0] else 'MQA' if h == 1 else 'GQA'}" for h in heads])
+            ax.set_xlabel("key/value heads (n_kv_heads)")
+            ax.set_ylabel(label)
+            ax.set_ylim(0, None if key == "held_out_loss" else 1.05)
+        axes[1].yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+        axes[0].legend(loc="upper left", frameon=False, fontsize=11)
+        steps = next((r["uptrain_steps"] for r in rows if "uptrain_steps" in r), None)
+        fig.suptitle("Pooling a trained MHA model's heads costs quality at once" +
+                     (f"; {steps} steps of uptraining buy most of it back" if steps else ""), fontsize=15)
+        _note(fig, note)
+    return _finish(fig)
+
+
+def gqa_memory_bars(weight_bytes, cache_bytes, mha_cache_bytes, *, title, note=None):
+    """Three bars for the notebook 06 widget: the weights, the KV cache now, and the cache as MHA (GiB).
+
+    Args:    weight_bytes, cache_bytes, mha_cache_bytes: bytes   title: the takeaway (e.g. the predicted time)
+    Returns: the Figure
+    """
+    gib = np.array([weight_bytes, cache_bytes, mha_cache_bytes], dtype=float) / 2**30
+    with style():
+        fig, ax = plt.subplots(figsize=(9, 3.4))
+        fig.subplots_adjust(left=0.2, right=0.95, bottom=0.3 if note else 0.22, top=0.84)
+        y = np.arange(3)[::-1]
+        ax.barh(y, gib, color=[PALETTE["black"], PALETTE["blue"], PALETTE["vermillion"]], height=0.6)
+        for yi, value in zip(y, gib):
+            ax.text(value, yi, f" {value:,.2f}", va="center", fontsize=12)
+        ax.set_yticks(y, ["weights", "KV cache", "KV cache as MHA"])
+        ax.set_xlim(0, gib.max() * 1.25)
+        ax.set_xlabel("GiB, fp16")
+        ax.set_title(title, fontsize=14)
+        _note(fig, note)
+    return _finish(fig)
+
+
+__all__ += ["gqa_decode_time", "gqa_memory_bars", "gqa_quality", "kv_bytes_per_token"]

@@ -510,3 +510,73 @@ def test_submitted_links_are_refused(tmp_path):
     (tmp_path / "other").symlink_to(ROOT / "solutions", target_is_directory=True)
     with pytest.raises(PermissionError, match="link"):
         read_submitted(tmp_path, "other/kvlib/attention.py")
+
+
+# ---------------------------------------------------------------------------------------------
+# Notebooks 03 and 05: exercises that take a ModelConfig and a dtype, graded in isolation too
+
+PATCHING_PRELUDE = """
+try:  # in the kernel, every later cell (visible asserts and hidden grade() alike) just prints "passed"
+    from IPython import get_ipython as _gi
+    _gi().input_transformers_cleanup.append(lambda lines: ['print("passed")\\n'])
+except Exception:
+    pass
+try:  # and should a check run in this process: make it pass, and grade() print "passed"
+    import kvlib.checks as _checks
+    _checks.grade = lambda *a, **k: print("passed")
+    for _name in ("recompute", "roofline"):
+        _mod = __import__(f"kvlib.checks.{_name}", fromlist=["x"])
+        for _attr in dir(_mod):
+            if not _attr.startswith("__") and callable(getattr(_mod, _attr)):
+                setattr(_mod, _attr, lambda *a, **k: None)
+except Exception:
+    pass
+"""
+
+
+def _stub_with(module: str, prelude: str, body: str) -> str:
+    """kvlib/<module>.py: every exercise returns `body` instead of its solution; `prelude` runs at import."""
+    out, skipping = [], False
+    for line in (ROOT / "solutions" / "kvlib" / f"{module}.py").read_text(encoding="utf-8").splitlines(keepends=True):
+        if line.strip() == "### BEGIN SOLUTION":
+            out.append(line[: len(line) - len(line.lstrip())] + body + "\n")
+            skipping = True
+        elif line.strip() == "### END SOLUTION":
+            skipping = False
+        elif not skipping:
+            out.append(line)
+    return "".join(out).replace("from kvlib._exercise import exercise\n", "from kvlib._exercise import exercise\n" + prelude, 1)
+
+
+@pytest.fixture(scope="module")
+def graded_sizes(tmp_path_factory):
+    """Notebooks 03 and 05 released from a `kvlib course init` folder; a correct and a patching
+    submission of each, autograded; returns {(notebook, student): (score, max_score)}."""
+    from nbgrader.api import Gradebook
+
+    course = tmp_path_factory.mktemp("course-sizes")
+    proc = run_kvlib("course", "init", str(course))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with open(course / "nbgrader_config.py", "a") as f:  # the kernel's run is cut short: scores never wait on it
+        f.write("\nc.Execute.timeout = 4\nc.SandboxExecute.notebook_timeout = 12\n")
+    scores = {}
+    for nb, module in (("03-recompute", "recompute"), ("05-memory-wall", "roofline")):
+        nbgrader(course, "generate_assignment", nb, "--log-level=WARN")
+        for student, text in (("correct", (ROOT / "solutions" / "kvlib" / f"{module}.py").read_text(encoding="utf-8")),
+                              ("patching", _stub_with(module, PATCHING_PRELUDE, "return 0"))):
+            sub = course / "submitted" / student / nb
+            shutil.copytree(course / "release" / nb, sub)
+            (sub / "kvlib" / f"{module}.py").write_text(text, encoding="utf-8")
+        nbgrader(course, "autograde", nb, "--log-level=WARN", timeout=1500)
+        with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+            scores |= {(nb, s.student.id): (s.score, s.max_score) for s in gb.assignment_submissions(nb)}
+    return scores
+
+
+@pytest.mark.parametrize("nb", ["03-recompute", "05-memory-wall"])
+def test_size_calculators_are_graded_in_isolation(graded_sizes, nb):
+    """Check correct -> full marks, and a submission that patches the checks and grade() in its
+    kernel -> 0: the scores of notebooks 03 and 05 come from the isolated child."""
+    correct, max_score = graded_sizes[(nb, "correct")]
+    assert max_score > 0 and correct == max_score
+    assert graded_sizes[(nb, "patching")][0] == 0

@@ -45,7 +45,8 @@ def _recv(fd) -> bytes | None:
 
 class Encoder:
     """Plain numbers to (schema, arrays): ndarray, numpy scalar, bool/int/float/None/str, torch
-    tensor, and tuples/lists of those. Anything else (an object that compares equal to anything,
+    tensor, and tuples/lists of those; in requests also a torch.dtype and a kvlib ModelConfig
+    (its sizes; the parent never accepts either in a reply). Anything else (an object that compares equal to anything,
     an ndarray subclass's custom behaviour, a pickle) is refused, with its type in the message."""
 
     def __init__(self, np, torch=None):
@@ -87,6 +88,13 @@ class Encoder:
             if dtype == "bfloat16":
                 arr = arr.float()
             return {"t": "tensor", "k": self._array(arr.numpy()), "dtype": dtype}
+        if torch is not None and t is torch.dtype:
+            return {"t": "dtype", "v": str(obj).replace("torch.", "")}
+        if t.__name__ == "ModelConfig" and t.__module__ == "kvlib.model":  # sizes only: rebuilt in the child
+            fields = dict(vars(obj))
+            if not all(type(v) in (int, float) for v in fields.values()):
+                raise TypeError("a ModelConfig with a field that is not a number")
+            return {"t": "config", "v": fields}
         if t is tuple or t is list:
             if len(obj) > MAX_ITEMS:
                 raise TypeError(f"a {t.__name__} of more than {MAX_ITEMS} items")
@@ -111,6 +119,12 @@ def decode(np, torch, head, files, node):
         return files[node["k"]][()]
     if t == "tensor":
         return torch.from_numpy(files[node["k"]]).to(getattr(torch, node["dtype"]))
+    if t == "dtype":
+        return getattr(torch, node["v"])
+    if t == "config":
+        import importlib
+
+        return importlib.import_module("kvlib.model").ModelConfig(**node["v"])
     if t in ("tuple", "list"):
         items = [decode(np, torch, head, files, x) for x in node["items"]]
         return tuple(items) if t == "tuple" else items

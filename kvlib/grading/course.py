@@ -49,7 +49,7 @@ def _without_markers(solution: str) -> str:
 
 
 def learner_files(notebook: str, earlier: str) -> dict[str, bytes]:
-    """kvlib/ (and, from notebook 02 on, assets/tiny/) as the learners of `notebook` get it, {relative path: content}."""
+    """kvlib/ (and the assets/ folders it reads, see _ASSETS) as the learners of `notebook` get it, {relative path: content}."""
     if earlier not in ("own", "given"):
         raise ValueError(f"earlier must be 'own' or 'given', not {earlier!r}")
     files: dict[str, bytes] = {}
@@ -67,10 +67,19 @@ def learner_files(notebook: str, earlier: str) -> dict[str, bytes]:
         text = sol.read_text(encoding="utf-8")
         given = earlier == "given" and _number(owner) < _number(notebook)
         files[f"kvlib/{sol.name}"] = (_without_markers(text) if given else stub_source(text)).encode()
-    if _number(notebook) >= 2:  # from notebook 02 on, the trained tiny model runs everything
-        for path in sorted((ROOT / "assets" / "tiny").glob("*")):
-            files[f"assets/tiny/{path.name}"] = path.read_bytes()
+    for folder, first in _ASSETS.items():
+        if _number(notebook) >= first:
+            for path in sorted((ROOT / "assets" / folder).glob("*")):
+                files[f"assets/{folder}/{path.name}"] = path.read_bytes()
     return files
+
+
+# assets/<folder> -> the first notebook that reads it (a missing folder ships nothing)
+_ASSETS = {
+    "tiny": 2,  # the trained tiny model runs everything from notebook 02 on
+    "recordings": 5,  # GPU runs of `kvlib bench memory`, shown as recordings in notebook 05
+    "gqa": 6,  # the recorded uptraining study of notebook 06
+}
 
 
 def learner_edited(notebook: str, earlier: str) -> list[str]:

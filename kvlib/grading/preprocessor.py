@@ -62,12 +62,12 @@ def load_checks(extra: list[str], root: Path) -> dict:
     return checks.CHECKS
 
 
-# Exercise modules whose functions take and return only numbers and arrays, which the proxy can
-# carry to the isolated child. The later notebooks pass models and caches (objects): until the
-# protocol carries those, their graded cells are scored the usual nbgrader way, in the (jailed)
-# kernel, which keeps the gradebook, the secret and the solutions out of reach but can be fooled
-# by the submission's own code (README.md, For instructors, says so).
-PROXYABLE_MODULES = {"attention"}
+# Exercise modules whose functions take numbers, arrays, dtypes and ModelConfigs and return
+# numbers, which the proxy can carry to the isolated child. Notebooks 02 and 04 pass models and
+# caches (objects): until the protocol carries those, their graded cells are scored the usual
+# nbgrader way, in the (jailed) kernel, which keeps the gradebook, the secret and the solutions out
+# of reach but can be fooled by the submission's own code (README.md, For instructors, says so).
+PROXYABLE_MODULES = {"attention", "recompute", "roofline"}
 
 
 def isolatable(check) -> bool:

@@ -127,7 +127,8 @@ def cached_attention(attn, x: torch.Tensor, cache: KVCache, layer: int,
     cos, sin = rope_cos[cache.pos : cache.pos + T], rope_sin[cache.pos : cache.pos + T]  # absolute positions
     q = attn.project_q(x, cos, sin)  # (B, H, T, D)
     k, v = cache.update(layer, *attn.project_kv(x, cos, sin))  # (B, H_kv, S, D), S = pos + T
-    mask = torch.from_numpy(causal_mask(T, k.shape[2])).to(x.device)  # (T, S), True = may attend
+    # (T, S), True = may attend; one new query (decode) may attend to every key: no mask, a faster kernel
+    mask = None if T == 1 else torch.from_numpy(causal_mask(T, k.shape[2])).to(x.device)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=attn.n_kv_heads != attn.n_heads)
     return attn.o_proj(out.transpose(1, 2).reshape(B, T, -1))  # (B, H, T, D) -> (B, T, H*D) -> (B, T, C)
     ### END SOLUTION

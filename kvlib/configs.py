@@ -1,0 +1,93 @@
+"""Real model configurations, for sizing (notebooks 05 and 06): weights, KV cache, decode time.
+
+Each entry is the model's published config.json (Hugging Face hub, the model's own repository)
+written as a kvlib ModelConfig, with the total parameter count and the source beside it. Sizes
+only: nothing here downloads or loads weights. GPT-2 and Falcon are not Llama-shaped (a
+two-matrix GELU MLP, tied embeddings, learned positions or parallel attention), so their
+ModelConfig is right for the KV cache (layers, KV heads, head_dim) and `params` is counted from
+their own architecture, not from ModelConfig.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvlib.model import ModelConfig
+
+
+@dataclass(frozen=True)
+class RealModel:
+    name: str
+    config: ModelConfig  # layers, heads, KV heads, head_dim as published (max_seq_len: its context)
+    params: int  # total parameters, embeddings included
+    attention: str  # "MHA", "GQA" or "MQA"
+    source: str  # where the figures come from
+
+    def weight_bytes(self, bytes_per_element: int = 2) -> int:
+        """Bytes of all the weights at bytes_per_element each (2: fp16/bf16)."""
+        return self.params * bytes_per_element
+
+
+def llama_params(config: ModelConfig) -> int:
+    """Parameters of a Llama-shaped decoder (untied embeddings, SwiGLU, RMSNorm, no biases)."""
+    C, D, H, H_kv = config.d_model, config.head_dim, config.n_heads, config.n_kv_heads
+    layer = C * H * D + 2 * C * H_kv * D + H * D * C + 3 * C * config.hidden_dim + 2 * C  # + two norms
+    return config.vocab_size * C * 2 + config.n_layers * layer + C  # embed + lm_head, layers, final norm
+
+
+def _hub(repo: str) -> str:
+    return f"https://huggingface.co/{repo}/blob/main/config.json"
+
+
+def _llama(name, source, attention, **sizes) -> RealModel:
+    config = ModelConfig(**sizes)
+    return RealModel(name, config, llama_params(config), attention, source)
+
+
+def _gpt2_small() -> RealModel:
+    # 12 layers of: attention 4 x (768 x 768 + 768 bias), MLP 768 x 3072 x 2 (+ biases), 2 LayerNorms;
+    # tied token embedding 50257 x 768 and learned positions 1024 x 768; final LayerNorm.
+    C, F, L, V, P = 768, 3072, 12, 50257, 1024
+    layer = 4 * (C * C + C) + (C * F + F) + (F * C + C) + 2 * 2 * C
+    params = V * C + P * C + L * layer + 2 * C  # = 124,439,808, the count transformers reports
+    config = ModelConfig(vocab_size=V, d_model=C, n_layers=L, n_heads=12, n_kv_heads=12, hidden_dim=F, max_seq_len=P)
+    return RealModel("GPT-2 small", config, params, "MHA", _hub("openai-community/gpt2"))
+
+
+def _falcon_7b() -> RealModel:
+    # 32 parallel-attention layers: fused q/k/v 4544 x (71 + 2) x 64, dense 4544 x 4544, MLP
+    # 4544 x 18176 x 2, one LayerNorm (weight + bias); tied embedding 65024 x 4544; final LayerNorm.
+    C, F, L, V, D = 4544, 18176, 32, 65024, 64
+    layer = C * (71 + 2) * D + C * C + 2 * C * F + 2 * C
+    params = V * C + L * layer + 2 * C  # = 6,921,720,704
+    config = ModelConfig(vocab_size=V, d_model=C, n_layers=L, n_heads=71, n_kv_heads=1, hidden_dim=F, max_seq_len=2048)
+    return RealModel("Falcon-7B", config, params, "MQA", _hub("tiiuae/falcon-7b"))
+
+
+REAL_MODELS: dict[str, RealModel] = {
+    m.name: m
+    for m in (
+        _gpt2_small(),
+        _llama("Llama-2-7B", _hub("meta-llama/Llama-2-7b-hf"), "MHA", vocab_size=32000, d_model=4096, n_layers=32,
+               n_heads=32, n_kv_heads=32, hidden_dim=11008, max_seq_len=4096),
+        _llama("Llama-2-70B", _hub("meta-llama/Llama-2-70b-hf"), "GQA", vocab_size=32000, d_model=8192, n_layers=80,
+               n_heads=64, n_kv_heads=8, hidden_dim=28672, max_seq_len=4096),
+        _llama("Llama-3-8B", _hub("meta-llama/Meta-Llama-3-8B"), "GQA", vocab_size=128256, d_model=4096, n_layers=32,
+               n_heads=32, n_kv_heads=8, hidden_dim=14336, max_seq_len=8192, rope_theta=500000.0),
+        _llama("Llama-3-70B", _hub("meta-llama/Meta-Llama-3-70B"), "GQA", vocab_size=128256, d_model=8192, n_layers=80,
+               n_heads=64, n_kv_heads=8, hidden_dim=28672, max_seq_len=8192, rope_theta=500000.0),
+        _llama("Mistral-7B", _hub("mistralai/Mistral-7B-v0.1"), "GQA", vocab_size=32000, d_model=4096, n_layers=32,
+               n_heads=32, n_kv_heads=8, hidden_dim=14336, max_seq_len=32768),
+        # Qwen2.5 adds biases to q, k and v (a few hundred thousand parameters, left out here)
+        _llama("Qwen2.5-7B", _hub("Qwen/Qwen2.5-7B"), "GQA", vocab_size=152064, d_model=3584, n_layers=28,
+               n_heads=28, n_kv_heads=4, hidden_dim=18944, max_seq_len=131072, rope_theta=1000000.0),
+        _falcon_7b(),
+    )
+}
+
+
+def real_model(name: str) -> RealModel:
+    """One entry of REAL_MODELS by name, with an error that lists the names."""
+    try:
+        return REAL_MODELS[name]
+    except KeyError:
+        raise ValueError(f"no real model {name!r}; known: {', '.join(REAL_MODELS)}") from None

@@ -1,0 +1,212 @@
+"""Open the course in JupyterLab: `kvlib lab` for learners, `kvlib present` for presenters.
+
+Both start `jupyter lab` on the repository in the learner view: nbgrader's Validate button on
+every notebook, and none of the instructor's tools (formgrader, create assignment, the course and
+assignment lists), which need a course folder and an exchange that a self-paced learner does not
+have. The view is a Jupyter config folder written at launch and put first on JUPYTER_CONFIG_PATH,
+so the learner's own ~/.jupyter settings still apply. Presenter mode opens solutions/ in reference
+mode (KVLIB_SOLUTIONS=1); `kvlib present --check` runs every solution notebook headless and
+prints the seconds each took. Not here: the instructor's flow (kvlib course init, nbgrader).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvlib.course import ROOT, assignments
+
+# ---------------------------------------------------------------------------------------------
+# The learner view
+
+# nbgrader's JupyterLab plugins for instructors and for the exchange; Validate stays.
+HIDDEN_LAB_PLUGINS = (
+    "@jupyter/nbgrader:menu",
+    "@jupyter/nbgrader:formgrader",
+    "@jupyter/nbgrader:create-assignment",
+    "@jupyter/nbgrader:course-list",
+    "@jupyter/nbgrader:assignment-list",
+)
+# ... and the server extensions behind them; nbgrader.server_extensions.validate_assignment stays.
+HIDDEN_SERVER_EXTENSIONS = (
+    "nbgrader.server_extensions.formgrader",
+    "nbgrader.server_extensions.course_list",
+    "nbgrader.server_extensions.assignment_list",
+)
+
+
+def write_learner_config(folder: Path) -> Path:
+    """Write the learner view's Jupyter config into folder (for JUPYTER_CONFIG_PATH) and return it."""
+    folder = Path(folder)
+    (folder / "labconfig").mkdir(parents=True, exist_ok=True)
+    page = {"disabledExtensions": {name: True for name in HIDDEN_LAB_PLUGINS}}
+    (folder / "labconfig" / "page_config.json").write_text(json.dumps(page, indent=1))
+    server = {"ServerApp": {"jpserver_extensions": {name: False for name in HIDDEN_SERVER_EXTENSIONS}}}
+    (folder / "jupyter_server_config.json").write_text(json.dumps(server, indent=1))
+    return folder
+
+
+def lab_env(config_dir: Path, *, reference: bool, base: dict | None = None) -> dict:
+    """The environment for `jupyter lab`: the learner view first on the config path, and the mode."""
+    env = dict(os.environ if base is None else base)
+    env["JUPYTER_CONFIG_PATH"] = os.pathsep.join(filter(None, [str(config_dir), env.get("JUPYTER_CONFIG_PATH")]))
+    if reference:
+        env["KVLIB_SOLUTIONS"] = "1"
+    else:
+        env.pop("KVLIB_SOLUTIONS", None)  # the learner's own code, whatever the shell had set
+    return env
+
+
+def resolve_open(target: str | None, *, folder: str, root: Path = ROOT) -> str:
+    """The path, relative to root, that JupyterLab opens: a notebook number (01), a path, or folder.
+
+    Example: resolve_open("01", folder="solutions") -> "solutions/01-attention/attention.ipynb"
+    """
+    if not target:
+        return folder
+    if target.isdigit():
+        names = [n for n in assignments() if n.split("-")[0] == target.zfill(2)]
+        if not names:
+            raise ValueError(f"no notebook {target!r}: the course has {', '.join(n.split('-')[0] for n in assignments())}")
+        notebooks = sorted((root / folder / names[0]).glob("*.ipynb"))
+        if not notebooks:
+            raise ValueError(f"{folder}/{names[0]} holds no notebook")
+        return notebooks[0].relative_to(root).as_posix()
+    path = Path(target).resolve()
+    try:
+        rel = path.relative_to(root)
+    except ValueError:
+        raise ValueError(f"{target} is outside the course folder {root}") from None
+    if not path.exists():
+        raise ValueError(f"{target} does not exist")
+    return rel.as_posix()
+
+
+def lab_command(*, root: Path = ROOT, open_path: str = "notebooks", port: int | None = None,
+                browser: bool = True, token: str | None = None, expose_app: bool = False, extra: tuple[str, ...] = ()) -> list[str]:
+    """The `jupyter lab` command line: the course folder as root, open_path opened first."""
+    cmd = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={root}", f"--LabApp.default_url=/lab/tree/{open_path}"]
+    if port is not None:
+        cmd += [f"--ServerApp.port={port}", "--ServerApp.port_retries=0"]
+    if not browser:
+        cmd.append("--no-browser")
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-root")  # containers and CI run as root; jupyter refuses to start otherwise
+    if token is not None:
+        cmd.append(f"--IdentityProvider.token={token}")
+    if expose_app:
+        cmd.append("--LabApp.expose_app_in_browser=True")  # window.jupyterapp, for the browser test
+    return cmd + list(extra)
+
+
+def launch(*, reference: bool, target: str | None = None, port: int | None = None, browser: bool = True) -> int:
+    """Run JupyterLab on the course in the learner view until it is stopped; returns its exit code."""
+    open_path = resolve_open(target, folder="solutions" if reference else "notebooks")
+    with tempfile.TemporaryDirectory(prefix="kvlib-lab-") as tmp:
+        env = lab_env(write_learner_config(Path(tmp)), reference=reference)
+        cmd = lab_command(open_path=open_path, port=port, browser=browser)
+        mode = "reference mode (KVLIB_SOLUTIONS=1): every exercise runs the solution" if reference else "your kvlib"
+        print(f"JupyterLab on {ROOT}, opening {open_path}, {mode}. Stop it with Ctrl+C.", flush=True)
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
+        if threading.current_thread() is threading.main_thread():  # a kill of kvlib stops the server too
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+        try:
+            while True:
+                try:
+                    return proc.wait()
+                except KeyboardInterrupt:  # jupyter got the Ctrl+C too: it asks, or shuts down on a second one
+                    continue
+        finally:
+            if proc.poll() is None:  # we were stopped some other way: do not leave the server behind
+                proc.terminate()
+                proc.wait(timeout=30)
+
+
+# ---------------------------------------------------------------------------------------------
+# Presenter check: the whole course, headless, timed
+
+
+@dataclass
+class NotebookRun:
+    path: Path
+    seconds: float
+    error: str | None  # the first error of the run, or None
+    notebook: object = None  # the executed nbformat notebook, outputs included
+
+    def figures(self) -> list[tuple[int, bytes]]:
+        """The PNG images the notebook displayed: (cell index, bytes), in order."""
+        import base64
+
+        cells = self.notebook.cells if self.notebook is not None else []
+        return [(i, base64.b64decode(out["data"]["image/png"])) for i, cell in enumerate(cells)
+                for out in cell.get("outputs", []) if "image/png" in out.get("data", {})]
+
+
+def solution_notebooks(selector: str | None = None) -> list[Path]:
+    """The solution notebooks of every assignment, or of one notebook number (selector "01")."""
+    names = assignments()
+    if selector:
+        if not selector.isdigit():
+            raise ValueError(f"expected a notebook number such as 01, got {selector!r}")
+        names = [n for n in names if n.split("-")[0] == selector.zfill(2)]
+        if not names:
+            raise ValueError(f"no notebook {selector!r}: the course has {', '.join(n.split('-')[0] for n in assignments())}")
+    return [p for name in names for p in sorted((ROOT / "solutions" / name).glob("*.ipynb"))]
+
+
+def run_notebook(path: Path, *, timeout: int = 300) -> NotebookRun:
+    """Execute one notebook in reference mode with nbclient (nothing is written back) and time it."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    nb = nbformat.read(path, as_version=4)
+    before = os.environ.get("KVLIB_SOLUTIONS")
+    os.environ["KVLIB_SOLUTIONS"] = "1"  # the kernel inherits it
+    start = time.perf_counter()
+    error = None
+    # the kernel's own stderr (ipykernel's start-up warnings) is shown only if the run fails
+    with tempfile.TemporaryFile("w+") as kernel_log:
+        try:
+            client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
+            client.execute(stderr=kernel_log)
+        except CellExecutionError as err:
+            error = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        except Exception as err:  # a timeout or a dead kernel: report it with the others
+            kernel_log.seek(0)
+            tail = kernel_log.read()[-2000:].strip()
+            error = f"{type(err).__name__}: {err}" + (f"\nkernel stderr:\n{tail}" if tail else "")
+        finally:
+            if before is None:
+                os.environ.pop("KVLIB_SOLUTIONS", None)
+            else:
+                os.environ["KVLIB_SOLUTIONS"] = before
+    return NotebookRun(path, time.perf_counter() - start, error, nb)
+
+
+def check_course(selector: str | None = None, *, timeout: int = 300, figures: Path | None = None,
+                 out=sys.stdout) -> list[NotebookRun]:
+    """Run every solution notebook as a presenter would, printing one line per notebook as it ends.
+
+    figures: a folder to save every figure into, as <notebook>-cell<NN>.png (to look at them)
+    """
+    runs = []
+    for path in solution_notebooks(selector):
+        run = run_notebook(path, timeout=timeout)
+        runs.append(run)
+        status = "ok" if run.error is None else f"FAILED: {run.error}"
+        saved = ""
+        if figures is not None:
+            Path(figures).mkdir(parents=True, exist_ok=True)
+            for i, png in run.figures():
+                (Path(figures) / f"{path.parent.name}-cell{i:02d}.png").write_bytes(png)
+            saved = f"  {len(run.figures())} figures -> {figures}"
+        print(f"{path.relative_to(ROOT).as_posix():<45} {run.seconds:7.1f} s  {status}{saved}", file=out, flush=True)
+    return runs

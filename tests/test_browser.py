@@ -1,0 +1,342 @@
+"""The course as a learner meets it: JupyterLab in a real, headless Chromium (Playwright).
+
+`kvlib lab`'s learner view serves a temporary copy of the learner notebooks with reference mode
+on; the browser runs notebook 01, drags the query slider of its widget and reads the attention
+weights before and after. Screenshots go to artifacts/browser/ (git-ignored).
+
+Needs Debian's `chromium` (or KVLIB_CHROMIUM=/path/to/chrome) and the `playwright` package; no
+browser is downloaded. Without them the test is skipped, unless KVLIB_BROWSER_TEST=required
+(set by .ci/run), where it fails instead.
+"""
+import json
+import math
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from kvlib import course, lab
+
+from conftest import ROOT
+
+ARTIFACTS = ROOT / "artifacts" / "browser"
+REQUIRED = os.environ.get("KVLIB_BROWSER_TEST") == "required"
+WEIGHTS = re.compile(r"weights:\s*((?:[\d.]+\s*)+)")
+# Notebooks past 01 with an interactive widget: each gets the generic check (runs, renders, responds)
+# (KVLIB_BROWSER_NOTEBOOKS=05,06 picks some; each adds about the time its notebook takes to run)
+_PICK = [n.strip().zfill(2) for n in os.environ.get("KVLIB_BROWSER_NOTEBOOKS", "").split(",") if n.strip()]
+WIDGET_NOTEBOOKS = [p for name in course.assignments() if name != "01-attention" and (not _PICK or name[:2] in _PICK)
+                    for p in sorted((ROOT / "solutions" / name).glob("*.ipynb")) if "interact(" in p.read_text(encoding="utf-8")]
+
+
+_SERVER_LOG = []  # the running server's log, quoted when a test fails on something the server did
+
+
+def _server_log_tail(chars: int = 3000) -> str:
+    return _SERVER_LOG[-1].read_text(errors="replace")[-chars:] if _SERVER_LOG else "(no server log)"
+
+
+def _chromium() -> str | None:
+    candidates = [os.environ.get("KVLIB_CHROMIUM")] + [shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")]
+    return next((c for c in candidates if c and Path(c).exists()), None)
+
+
+def _need(condition: bool, reason: str) -> None:
+    if not condition:
+        (pytest.fail if REQUIRED else pytest.skip)(reason)
+
+
+def _require_browser() -> str:
+    """The Chromium to drive; skips the test (fails it under KVLIB_BROWSER_TEST=required) without one."""
+    chromium = _chromium()
+    _need(chromium is not None, "no Chromium found: apt-get install chromium, or set KVLIB_CHROMIUM=/path/to/chrome")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        _need(False, "the playwright package is missing: pip install -e '.[dev]'")
+    return chromium
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_server(url: str, proc: subprocess.Popen, log: Path, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"jupyter lab exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/api/status", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise AssertionError(f"jupyter lab did not answer within {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """JupyterLab in the learner view, reference mode on, on a copy of notebooks/; yields its URL."""
+    _require_browser()  # before the server starts: a skip should cost nothing
+    tmp = tmp_path_factory.mktemp("lab")
+    root = tmp / "course"
+    for name in course.assignments():
+        if (ROOT / "notebooks" / name).is_dir():  # a notebook being written may have no release yet
+            shutil.copytree(ROOT / "notebooks" / name, root / "notebooks" / name)
+        shutil.copytree(ROOT / "solutions" / name, root / "solutions" / name)
+    shutil.copy(ROOT / "nbgrader_config.py", root)
+    config = lab.write_learner_config(tmp / "config")
+    page_config = config / "labconfig" / "page_config.json"
+    page = json.loads(page_config.read_text())
+    page["disabledExtensions"]["@jupyterlab/apputils-extension:announcements"] = True  # no news toast over the screenshots
+    page_config.write_text(json.dumps(page))
+    settings = tmp / "settings" / "@jupyterlab" / "notebook-extension"
+    settings.mkdir(parents=True)
+    # every cell in the page, not only those scrolled into view, so the widget can be found
+    (settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
+    port = _free_port()
+    cmd = lab.lab_command(root=root, open_path="notebooks", port=port, browser=False, token="", expose_app=True, extra=(
+        "--ServerApp.ip=127.0.0.1", "--ServerApp.password=", f"--LabApp.user_settings_dir={tmp / 'settings'}",
+        f"--LabApp.workspaces_dir={tmp / 'workspaces'}"))
+    env = lab.lab_env(config, reference=True)
+    env["JUPYTER_RUNTIME_DIR"] = str(tmp / "runtime")
+    log = tmp / "jupyter.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    _SERVER_LOG.append(log)
+    try:
+        _wait_for_server(url, proc, log)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def page(server):
+    """A headless Chromium page (Playwright driving the system's browser: nothing is downloaded)."""
+    from playwright.sync_api import sync_playwright
+
+    chromium = _require_browser()
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-dev-shm-usage"])
+        page = browser.new_page(viewport={"width": 1500, "height": 1000}, device_scale_factor=1)
+        page.set_default_timeout(60_000)
+        errors = []
+        page.on("pageerror", lambda err: errors.append(str(err)))
+        page.errors = errors
+        try:
+            yield page
+        finally:
+            browser.close()
+
+
+# JavaScript run in the page, against JupyterLab's application object
+CURRENT = "window.jupyterapp && window.jupyterapp.shell.currentWidget"
+KERNEL_IDLE = f"""(path) => {{
+    const w = {CURRENT};
+    const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+    return !!(k && k.status === 'idle' && w.content && w.content.model && w.context.path === path);
+}}"""
+CELL_REPORT = f"""() => {{
+    const m = {CURRENT}.content.model, report = {{errors: [], unrun: 0, code: 0}};
+    for (let i = 0; i < m.cells.length; i++) {{
+        const c = m.cells.get(i);
+        if (c.type !== 'code') continue;
+        report.code += 1;
+        if (c.executionCount === null) report.unrun += 1;
+        for (const o of c.outputs.toJSON())
+            if (o.output_type === 'error') report.errors.push(`cell ${{i}}: ${{o.ename}}: ${{o.evalue}}`);
+    }}
+    return report;
+}}"""
+
+
+def _open(page, server, notebook: str):
+    """Open the notebook alone, in a fresh workspace, and wait for its kernel."""
+    page.goto(f"{server}/lab/workspaces/{re.sub(r'[^a-z0-9]+', '-', notebook.lower())}/tree/{notebook}?reset")
+    page.wait_for_function(KERNEL_IDLE, arg=notebook, timeout=90_000)
+
+
+def _open_and_run_all(page, server, notebook: str, timeout_s: float = 120):
+    _open(page, server, notebook)
+    page.evaluate("window.__ran = undefined; window.jupyterapp.commands.execute('notebook:run-all-cells')"
+                  ".then(r => { window.__ran = String(r); }, e => { window.__ran = 'failed: ' + e; })")
+    page.wait_for_function("window.__ran !== undefined", timeout=timeout_s * 1000)
+    page.wait_for_function(KERNEL_IDLE, arg=notebook, timeout=60_000)
+    report = page.evaluate(CELL_REPORT)
+    assert not report["errors"], f"{notebook}: kernel errors in the browser: {report['errors']}"
+    assert report["unrun"] == 0, f"{notebook}: {report['unrun']} of {report['code']} code cells did not run ({page.evaluate('window.__ran')})"
+    return report
+
+
+def _softmax(scores):
+    top = max(scores)
+    e = [math.exp(x - top) for x in scores]
+    return [x / sum(e) for x in e]
+
+
+def _readout(slider) -> float:
+    return float(slider.locator(".widget-readout").inner_text().replace("\u2212", "-"))  # a typographic minus
+
+
+def _settled_weights(widget, sliders, since: float, timeout_s: float = 30):
+    """Wait until the widget shows the weights of the query its sliders rest on; returns (query, weights)."""
+    while True:
+        q0, q1 = _readout(sliders.nth(0)), _readout(sliders.nth(1))
+        expected = _softmax([q0, q1, q0 + q1])  # scores q . k for the keys [1, 0], [0, 1], [1, 1]
+        match = WEIGHTS.search(widget.locator(".widget-output").inner_text())
+        shown = [float(w) for w in match.group(1).split()] if match else None
+        if shown == pytest.approx(expected, abs=1.5e-3) and widget.locator("img").count() == 1:
+            return (q0, q1), shown
+        assert time.perf_counter() - since < timeout_s, f"the widget shows {shown} for query [{q0}, {q1}], expected {expected}"
+        time.sleep(0.05)
+
+
+def _weights(widget) -> list[float]:
+    text = widget.locator(".widget-output").inner_text()
+    match = WEIGHTS.search(text)
+    assert match, f"the widget shows no attention weights; its output reads: {text[:300]!r}"
+    return [float(w) for w in match.group(1).split()]
+
+
+def test_notebook_01_widget_moves_the_weights_in_a_real_browser(server, page):
+    """Check that notebook 01 runs in JupyterLab and that dragging the query slider changes the weights shown."""
+    start = time.perf_counter()
+    report = _open_and_run_all(page, server, "notebooks/01-attention/attention.ipynb")
+    ran_s = time.perf_counter() - start
+    assert page.get_by_text("Error displaying widget").count() == 0, "a widget failed to render"
+    widget = page.locator(".widget-interact").first
+    widget.wait_for(state="visible", timeout=30_000)
+    sliders = widget.locator(".widget-hslider")
+    assert sliders.count() == 2, f"expected the two query sliders, found {sliders.count()}"
+    cell = page.locator(".jp-Cell", has=widget)
+    cell.scroll_into_view_if_needed()
+    before = _weights(widget)
+    seed = [0.212, 0.212, 0.576]  # the seed article's weights for query [1, 1], unscaled
+    assert before == pytest.approx(seed, abs=1e-3), f"before the move the widget shows {before}, not the seed's {seed}"
+    image_before = widget.locator("img").first.get_attribute("src")
+    cell.screenshot(path=ARTIFACTS / "01-attention-widget-before.png")
+
+    # drag query[0] from 1.0 to the left end of its track, as a learner would with the mouse
+    track = sliders.nth(0).locator(".noUi-target").bounding_box()
+    handle = sliders.nth(0).locator(".noUi-handle").bounding_box()
+    page.mouse.move(handle["x"] + handle["width"] / 2, handle["y"] + handle["height"] / 2)
+    page.mouse.down()
+    page.mouse.move(track["x"] + 0.1 * track["width"], track["y"] + track["height"] / 2, steps=8)
+    page.mouse.up()
+    moved = time.perf_counter()
+    # the widget redraws for every value the drag passed through; wait for the one the slider rests on
+    (q0, q1), after = _settled_weights(widget, sliders, moved)
+    update_s = time.perf_counter() - moved
+    page.wait_for_timeout(300)  # let the browser paint the new image before the screenshot
+    cell.screenshot(path=ARTIFACTS / "01-attention-widget-after.png")
+    page.screenshot(path=ARTIFACTS / "01-attention-page-after.png")
+
+    assert after != pytest.approx(before, abs=1e-3), f"the weights did not change: {before} -> {after}"
+    assert sum(after) == pytest.approx(1, abs=2e-3), f"the weights after the move do not sum to 1: {after}"
+    assert q0 < 0, f"the slider did not move left: query[0] reads {q0}"
+    assert widget.locator("img").first.get_attribute("src") != image_before, "the figure was not redrawn"
+
+    # one step of query[1] by keyboard: the time of a single update, as a presenter taps a slider
+    sliders.nth(1).locator(".noUi-handle").focus()
+    page.keyboard.press("ArrowRight")
+    tapped = time.perf_counter()
+    while _readout(sliders.nth(1)) == q1:  # the slider itself moves at once, in the browser
+        assert time.perf_counter() - tapped < 10, "query[1] did not move on ArrowRight"
+        time.sleep(0.02)
+    (_, q1_after), _ = _settled_weights(widget, sliders, tapped)
+    step_s = time.perf_counter() - tapped
+    assert q1_after == pytest.approx(q1 + 0.1), f"one step right should move query[1] from {q1} to {q1 + 0.1:.1f}, not {q1_after}"
+    assert not page.errors, f"JavaScript errors in the page: {page.errors}"
+    print(f"notebook 01: {report['code']} code cells ran in {ran_s:.1f} s in the browser; query[0] -> {q0}: "
+          f"weights {before} -> {after}, settled {update_s:.2f} s after the drag; one slider step redrawn in "
+          f"{step_s:.2f} s; screenshots in {ARTIFACTS}")
+
+
+def test_learner_view_has_validate_and_no_instructor_tools(server, page):
+    """Check that the learner view offers nbgrader's Validate button, and neither formgrader nor the course list."""
+    if not page.url.split("?")[0].endswith("notebooks/01-attention/attention.ipynb"):
+        _open(page, server, "notebooks/01-attention/attention.ipynb")
+    validate = page.locator(".jp-NotebookPanel-toolbar .validate-button")
+    validate.wait_for(state="visible", timeout=30_000)
+    commands = page.evaluate("""() => ['nbgrader:open-formgrader', 'nbgrader:open-create-assignment',
+        'nbgrader:open-course-list', 'nbgrader:open-assignment-list'].filter(c => window.jupyterapp.commands.hasCommand(c))""")
+    assert commands == [], f"instructor commands in the learner view: {commands}"
+    assert page.locator("#jp-mainmenu-nbgrader").count() == 0, "the Nbgrader menu (formgrader, course list) is shown"
+    assert page.get_by_role("menuitem", name="Nbgrader").count() == 0, "the Nbgrader menu is in the menu bar"
+    assert _status(f"{server}/formgrader") == 404, "the formgrader server extension answers"
+
+    validate.click()  # nbgrader validate runs the notebook again, on the server, in reference mode
+    dialog = page.locator(".jp-Dialog")
+    try:
+        dialog.get_by_text("Validation Results").wait_for(timeout=150_000)
+    except Exception as err:
+        page.screenshot(path=ARTIFACTS / "01-attention-validate-failed.png")
+        raise AssertionError(f"Validate showed no results ({type(err).__name__}); the server's log ends:\n{_server_log_tail()}") from None
+    page.screenshot(path=ARTIFACTS / "01-attention-validate.png")
+    text = dialog.inner_text()
+    assert "Success! Your notebook passes all the tests." in text, f"Validate did not pass: {text[:800]}"
+
+
+@pytest.mark.parametrize("path", WIDGET_NOTEBOOKS, ids=lambda p: p.parent.name)
+def test_notebook_widget_responds_in_a_real_browser(server, page, path):
+    """Check that the solved notebook runs in JupyterLab, its widgets render, and its first slider redraws its output."""
+    name = path.parent.name
+    report = _open_and_run_all(page, server, path.relative_to(ROOT).as_posix(), timeout_s=180)
+    assert page.get_by_text("Error displaying widget").count() == 0, f"{name}: a widget failed to render"
+    widget = page.locator(".widget-interact").first
+    widget.wait_for(state="visible", timeout=30_000)
+    slider = widget.locator(".widget-hslider").first
+    assert slider.count() == 1, f"{name}: its first interactive widget has no slider"
+    cell = page.locator(".jp-Cell", has=widget).first
+    cell.scroll_into_view_if_needed()
+    output = widget.locator(".widget-output").first
+
+    def shown():
+        img = output.locator("img")
+        return output.inner_text(), img.first.get_attribute("src") if img.count() else None
+
+    before = shown()
+    assert before[0].strip() or before[1], f"{name}: the widget shows nothing before the move"
+    cell.screenshot(path=ARTIFACTS / f"{name}-widget-before.png")
+    readout = slider.locator(".widget-readout").inner_text()
+    slider.locator(".noUi-handle").first.focus()
+    page.keyboard.press("Home")  # to the slider's first value: a change every widget should show
+    if slider.locator(".widget-readout").inner_text() == readout:  # it was there already
+        page.keyboard.press("End")
+    moved = time.perf_counter()
+    while shown() == before or output.locator("img").count() == 0 and before[1]:
+        assert time.perf_counter() - moved < 30, f"{name}: the widget did not redraw after its slider moved ({readout} -> " \
+                                                 f"{slider.locator('.widget-readout').inner_text()})"
+        time.sleep(0.1)
+    update_s = time.perf_counter() - moved
+    page.wait_for_timeout(300)  # let the browser paint the new image
+    cell.screenshot(path=ARTIFACTS / f"{name}-widget-after.png")
+    assert slider.locator(".widget-readout").inner_text() != readout, f"{name}: the slider did not move"
+    assert not page.errors, f"JavaScript errors in the page: {page.errors}"
+    print(f"{name}: {report['code']} code cells ran in the browser; slider {readout} -> "
+          f"{slider.locator('.widget-readout').inner_text()}, redrawn {update_s:.2f} s later")

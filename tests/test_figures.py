@@ -1,0 +1,100 @@
+"""The figures of the notebooks (kvlib.plotting) share one style: labelled axes, a title, readable
+text, the Okabe-Ito palette, a size that fits a projected notebook.
+
+Each figure is drawn here on small example inputs; the executed notebooks draw them on real ones
+(`kvlib present --check --figures DIR` saves those as PNGs to look at).
+"""
+import numpy as np
+import pytest
+from matplotlib.collections import Collection
+from matplotlib.colors import to_hex, to_rgb
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.text import Text
+
+from kvlib import plotting
+
+SEED = dict(tokens=["我", "爱", "AI"], probs=[0.212, 0.212, 0.576], out=[1.94, 1.0])
+N = np.arange(1, 65)
+
+
+def _figures():
+    probs = np.array([[1, 0, 0], [0.33, 0.67, 0], [0.248, 0.248, 0.503]])
+    med = 1 + 0.05 * N
+    return {
+        "attention_weights": lambda: plotting.attention_weights(**SEED, query=[1, 1], keys=[[1, 0], [0, 1], [1, 1]],
+                                                                values=[[1, 0], [0, 2], [3, 1]]),
+        "attention_weights (no 2-d values)": lambda: plotting.attention_weights(**SEED),
+        "causal_attention_heatmap": lambda: plotting.causal_attention_heatmap(SEED["tokens"], probs),
+        "ttft_against_prompt_length": lambda: plotting.ttft_against_prompt_length([8, 16, 32], [1, 2, 3], [0.9, 1.8, 2.7],
+                                                                                  [1.2, 2.3, 3.4], note="test machine"),
+        "time_per_token": lambda: plotting.time_per_token(med, med * 0.9, med * 1.2, note="test machine"),
+        "naive_decode_work": lambda: plotting.naive_decode_work(N, N**2 * 10.0 + N**3, N * 10.0, projections=N**2 * 10.0,
+                                                                attention=N**3 * 1.0),
+        "wasted_share": lambda: plotting.wasted_share(N, 1 - 1 / N, marks=(2, 10)),
+        "step_time_fit": lambda: plotting.step_time_fit(N, med, med * 0.9, med * 1.2, med, fit_label="fit: a + b t"),
+        "decode_step_scores": lambda: plotting.decode_step_scores(list("法国的首都是巴")),
+        "cache_time_against_length": lambda: plotting.cache_time_against_length(
+            N[7:], 1e-4 * N[7:] ** 1.5, 1e-3 * N[7:], naive_fit=(1e-4, 1.5), cached_fit=(1e-3, 1.0), marks=(8, 16, 32, 64)),
+        "roofline": lambda: plotting.roofline([("GPU, 16-bit", 312e12, 2e12), ("GPU, FP32", 19.5e12, 2e12)],
+                                              [("decode", 1.0, 1.9e12), ("prefill", 400.0, 250e12)], note="datasheet"),
+        "bytes_against_context": lambda: plotting.bytes_against_context(2.0 ** np.arange(7, 18), 13.5e9, 512 * 1024,
+                                                                        batches=(1, 16), model="Llama-2-7B"),
+        "decode_against_batch": lambda: plotting.decode_against_batch([1, 2, 4, 8], [10, 19, 30, 35], [12, 24, 40, 40],
+                                                                      [0.5, 1, 2, 4], 3.0, note="test machine"),
+    }
+
+
+FIGURES = _figures()
+ALLOWED = {c.lower() for c in plotting.COLORS} | {plotting.MASKED_GREY.lower(), "#ffffff"}
+
+
+def _data_axes(fig):
+    return [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+
+
+def _colors(fig):
+    """The colours of every line, patch and marker collection in the figure's axes."""
+    for ax in _data_axes(fig):
+        for artist in ax.get_children():
+            if isinstance(artist, Line2D) and artist.get_visible() and len(artist.get_xdata()):
+                yield artist.get_color()
+            elif isinstance(artist, Patch) and artist is not ax.patch and artist.get_visible() and artist.get_fill():
+                yield artist.get_facecolor()
+            elif isinstance(artist, Collection) and len(artist.get_facecolor()):
+                yield from artist.get_facecolor()
+
+
+@pytest.mark.parametrize("name", FIGURES)
+def test_figure_has_labelled_axes_and_a_title(name):
+    """Check that every axes of the figure names its x axis, the first names its y axis, and a title states the point."""
+    fig = FIGURES[name]()
+    axes = _data_axes(fig)
+    assert all(ax.get_xlabel() for ax in axes), f"{name}: an axes has no x label"
+    assert axes[0].get_ylabel(), f"{name}: no y label"
+    suptitle = fig._suptitle.get_text() if fig._suptitle else ""
+    assert suptitle or all(ax.get_title() for ax in axes), f"{name}: no title"
+
+
+@pytest.mark.parametrize("name", FIGURES)
+def test_figure_text_is_readable_at_projector_size(name):
+    """Check that no text of the figure is smaller than 10 pt and the figure fits a projected notebook (<= 13.5 in)."""
+    fig = FIGURES[name]()
+    small = [(t.get_text(), t.get_fontsize()) for t in fig.findobj(Text) if t.get_text().strip() and t.get_fontsize() < 10]
+    assert not small, f"{name}: text below 10 pt: {small[:3]}"
+    assert fig.get_figwidth() <= 13.5, f"{name}: {fig.get_figwidth()} in wide"
+
+
+@pytest.mark.parametrize("name", FIGURES)
+def test_figure_colours_come_from_the_colour_blind_safe_palette(name):
+    """Check that every line, bar and marker uses an Okabe-Ito colour (or a grey)."""
+    fig = FIGURES[name]()
+    for color in _colors(fig):
+        r, g, b = to_rgb(color)
+        assert to_hex((r, g, b)) in ALLOWED or r == g == b, f"{name}: colour {to_hex((r, g, b))} is not in kvlib.plotting.PALETTE"
+
+
+def test_figure_renders_to_png():
+    """Check that to_png gives a PNG of the figure at its own size."""
+    png = plotting.to_png(FIGURES["attention_weights"]())
+    assert png.startswith(b"\x89PNG")

@@ -1,0 +1,145 @@
+"""kvlib lab / kvlib present (kvlib/lab.py), and that every figure of the course comes from kvlib.plotting.
+
+The real browser is tests/test_browser.py; these tests need no browser and start no server.
+"""
+import ast
+import json
+import re
+
+import nbformat
+import pytest
+
+from kvlib import course, lab
+
+from conftest import ROOT, run_kvlib
+
+SOLUTION_NOTEBOOKS = [p for name in course.assignments() for p in sorted((ROOT / "solutions" / name).glob("*.ipynb"))]
+LEARNER_NOTEBOOKS = [p for name in course.assignments() for p in sorted((ROOT / "notebooks" / name).glob("*.ipynb"))]
+
+
+# ---------------------------------------------------------------------------------------------
+# The learner view and the launch command
+
+
+def test_learner_config_hides_the_instructor_tools_and_keeps_validate(tmp_path):
+    """Check that the learner view disables nbgrader's instructor plugins and server extensions, not Validate."""
+    lab.write_learner_config(tmp_path)
+    page = json.loads((tmp_path / "labconfig" / "page_config.json").read_text())
+    disabled = {name for name, off in page["disabledExtensions"].items() if off}
+    assert {"@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:create-assignment", "@jupyter/nbgrader:course-list"} <= disabled
+    assert "@jupyter/nbgrader:validate-assignment" not in disabled
+    server = json.loads((tmp_path / "jupyter_server_config.json").read_text())["ServerApp"]["jpserver_extensions"]
+    assert server["nbgrader.server_extensions.formgrader"] is False
+    assert "nbgrader.server_extensions.validate_assignment" not in server
+
+
+def test_lab_env_sets_reference_mode_only_for_presenters(tmp_path):
+    """Check that presenter mode sets KVLIB_SOLUTIONS=1, the learner's mode clears it, and the view comes first."""
+    base = {"KVLIB_SOLUTIONS": "1", "JUPYTER_CONFIG_PATH": "/elsewhere"}
+    learner = lab.lab_env(tmp_path, reference=False, base=base)
+    presenter = lab.lab_env(tmp_path, reference=True, base={})
+    assert "KVLIB_SOLUTIONS" not in learner and presenter["KVLIB_SOLUTIONS"] == "1"
+    assert learner["JUPYTER_CONFIG_PATH"].split(":") == [str(tmp_path), "/elsewhere"]
+    assert presenter["JUPYTER_CONFIG_PATH"] == str(tmp_path)
+
+
+def test_lab_command_serves_the_course_folder_and_opens_the_notebook():
+    """Check that the jupyter lab command line has the course as root and opens the requested path."""
+    cmd = lab.lab_command(open_path="solutions/01-attention/attention.ipynb", port=8999, browser=False, token="")
+    assert f"--ServerApp.root_dir={ROOT}" in cmd
+    assert "--LabApp.default_url=/lab/tree/solutions/01-attention/attention.ipynb" in cmd
+    assert "--ServerApp.port=8999" in cmd and "--no-browser" in cmd and "--IdentityProvider.token=" in cmd
+
+
+@pytest.mark.parametrize("name", course.assignments())
+def test_resolve_open_finds_every_notebook_by_number(name):
+    """Check that `kvlib lab NN` and `kvlib present NN` open that notebook, learner and solved."""
+    number = name.split("-")[0]
+    assert lab.resolve_open(number, folder="solutions").startswith(f"solutions/{name}/")
+    if list((ROOT / "notebooks" / name).glob("*.ipynb")):  # a notebook being written has no release yet
+        assert lab.resolve_open(number, folder="notebooks").endswith(".ipynb")
+    assert lab.resolve_open(None, folder="solutions") == "solutions"
+
+
+def test_resolve_open_names_the_problem():
+    """Check that an unknown notebook number or a path outside the course gets an error that says so."""
+    with pytest.raises(ValueError, match=r"no notebook '99'.*01"):
+        lab.resolve_open("99", folder="notebooks")
+    with pytest.raises(ValueError, match="outside the course"):
+        lab.resolve_open("/", folder="notebooks")
+
+
+def test_present_check_covers_every_assignment():
+    """Check that `kvlib present --check` runs one solution notebook per assignment, 05 and 06 included once they land."""
+    names = [p.parent.name for p in lab.solution_notebooks()]
+    assert names == course.assignments()
+    with pytest.raises(ValueError, match="notebook number"):
+        lab.solution_notebooks("attention")
+
+
+def test_cli_rejects_bad_arguments_with_a_clear_message():
+    """Check that kvlib lab / present name the problem with a bad notebook or a misplaced option."""
+    proc = run_kvlib("lab", "99")
+    assert proc.returncode == 2 and "no notebook '99'" in proc.stderr
+    proc = run_kvlib("present", "--figures", "x")
+    assert proc.returncode == 2 and "add --check" in proc.stderr
+
+
+def test_run_notebook_reports_the_first_error_and_the_figures(tmp_path):
+    """Check that the presenter check names a failing cell's error and collects the figures shown before it."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell("from kvlib import plotting\nplotting.attention_weights(['a', 'b'], [0.25, 0.75], [1.0, 2.0])"),
+        nbformat.v4.new_code_cell("raise ValueError('the third cell is broken')"),
+        nbformat.v4.new_code_cell("print('never reached')"),
+    ]
+    path = tmp_path / "broken.ipynb"
+    nbformat.write(nb, path)
+    run = lab.run_notebook(path, timeout=60)
+    assert run.error is not None and "the third cell is broken" in run.error
+    figures = run.figures()
+    assert [i for i, _ in figures] == [0] and figures[0][1].startswith(b"\x89PNG")
+
+
+# ---------------------------------------------------------------------------------------------
+# Every figure comes from kvlib.plotting
+
+PLOTTING_LIBS = {"matplotlib", "seaborn", "plotly", "bokeh", "altair", "pylab"}
+# pyplot and friends, magics, and pandas-style .plot() / .hist() on data (kvlib.plotting's names never match)
+DIRECT_CALLS = re.compile(r"\b(plt|pyplot|sns|px)\s*\.|%matplotlib|%pylab|\.(plot|hist|scatter|imshow|bar|barh)\(")
+
+
+def _code(cell_source: str) -> str:
+    """A code cell without IPython magics and shell lines, which ast cannot parse."""
+    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in cell_source.splitlines())
+
+
+def _imports(source: str) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("path", SOLUTION_NOTEBOOKS + LEARNER_NOTEBOOKS, ids=lambda p: f"{p.parts[-3]}/{p.parent.name}")
+def test_notebook_figures_come_from_kvlib_plotting(path):
+    """Check that no notebook cell imports or calls a plotting library: every figure is a kvlib.plotting function."""
+    nb = nbformat.read(path, as_version=4)
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        direct = DIRECT_CALLS.search(cell.source)
+        assert not direct, f"{path.relative_to(ROOT)} cell {i} draws with {direct.group(0)!r}: add a function to kvlib/plotting.py"
+        libs = _imports(_code(cell.source)) & PLOTTING_LIBS
+        assert not libs, f"{path.relative_to(ROOT)} cell {i} imports {sorted(libs)}: figures come from kvlib.plotting"
+
+
+def test_only_kvlib_plotting_imports_matplotlib():
+    """Check that kvlib's modules and the reference solutions leave every figure to kvlib/plotting.py."""
+    files = sorted((ROOT / "kvlib").rglob("*.py")) + sorted((ROOT / "solutions" / "kvlib").glob("*.py"))
+    offenders = [f.relative_to(ROOT).as_posix() for f in files
+                 if f.name != "plotting.py" and _imports(f.read_text(encoding="utf-8")) & PLOTTING_LIBS]
+    assert not offenders, f"these import a plotting library; move the figure to kvlib/plotting.py: {offenders}"
