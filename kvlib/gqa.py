@@ -108,8 +108,10 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     assert q.shape[1] == k.shape[1], f"causal_attention needs as many key heads as query heads: q {_shape(q)}, k {_shape(k)}"
     T, S, D = q.shape[2], k.shape[2], q.shape[3]
     scores = (k @ q.transpose(-2, -1)).transpose(-2, -1) / math.sqrt(D)  # = q @ k^T, (B, H, T, S); see grouped_attention
-    allowed = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)  # (T, S), True = may attend
-    return scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1) @ v  # (B, H, T, S) @ (B, H, S, D)
+    if T > 1:  # one query (a decode step) may attend to every key: no mask to build or apply
+        allowed = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)  # (T, S), True = may attend
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    return scores.softmax(dim=-1) @ v  # (B, H, T, S) @ (B, H, S, D)
 
 
 def materialised_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -139,7 +141,7 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torc
     Args:    q: (batch, n_heads, seq_len, head_dim); k, v: (batch, n_kv_heads, kv_len, head_dim)
     Returns: (batch, n_heads, seq_len, head_dim)
 
-    Hints (reference solution: 7 lines):
+    Hints (reference solution: 8 lines):
       1. Query head h = g_kv * G + i belongs to key/value head g_kv, so q.reshape(B, H_kv, G * T, D)
          stacks each group's queries as rows against ONE (S, D) block of keys: a plain matmul
          (on a CPU, (k @ q^T)^T streams the cache faster than q @ k^T; both are right).
