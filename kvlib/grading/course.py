@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 
 from kvlib._exercise import EXERCISES
-from kvlib.course import ROOT, assignments, stub_source
+from kvlib.course import _BEGIN, _END, ROOT, assignments, stub_source
 
 SECRET = "grading_secret"
 _INSTRUCTOR_ONLY = {"grading", "course.py", "__pycache__"}  # kvlib parts learners do not get
@@ -45,7 +45,7 @@ def _number(notebook: str) -> int:
 
 def _without_markers(solution: str) -> str:
     return "".join(line for line in solution.splitlines(keepends=True)
-                   if line.strip() not in ("### BEGIN SOLUTION", "### END SOLUTION"))
+                   if line.strip() not in (_BEGIN, _END))
 
 
 def learner_files(notebook: str, earlier: str) -> dict[str, bytes]:
