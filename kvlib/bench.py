@@ -169,13 +169,18 @@ def format_cache(report: dict) -> str:
 
 def gqa_bench_config(n_kv_heads: int = 8, max_seq_len: int = 16392) -> ModelConfig:
     """A random-weight model whose KV cache outweighs its weights at long context: 8 heads of 64,
-    4 layers, a narrow MLP (~7M matrix weights, 29 MB in float32; MHA's cache is 128 KiB per token)."""
+    4 layers, a narrow MLP (~7M matrix weights, 29 MB in float32; MHA's cache is 16 KiB per token, 128 MiB at 8k)."""
     return ModelConfig(vocab_size=256, d_model=512, n_layers=4, n_heads=8, n_kv_heads=n_kv_heads,
                        hidden_dim=512, max_seq_len=max_seq_len)
 
 
+def _gqa_method(method: str, mha: bool) -> str:
+    """A row's name: "mha" (kvlib's attention) and "mha sdpa" for MHA; materialised, grouped or sdpa for GQA."""
+    return ("mha sdpa" if method == "sdpa" else "mha") if mha else method
+
+
 def bench_gqa(threads: int = 1, quick: bool = False, kv_lens=(4096, 8192, 16384), rounds: int = 21,
-              bandwidth: dict | None = None) -> dict:
+              bandwidth: dict | None = None, device: str = "cpu", batch: int | None = None) -> dict:
     """Time one decode step at each kv_len for n_kv_heads 8 (MHA), 4, 2, 1, attention done three ways.
 
     materialised: repeat_kv the cache out to n_heads, then MHA attention; grouped: kvlib's
@@ -183,66 +188,87 @@ def bench_gqa(threads: int = 1, quick: bool = False, kv_lens=(4096, 8192, 16384)
     Every case is timed once per round, rounds interleaved, so a busy neighbour slows all alike (the
     copying path in a block of its own, after the others); the median over rounds is reported with the roofline prediction: bytes moved / bandwidth
     (kvlib.roofline.measure_bandwidth, measured here unless its result is passed as `bandwidth`).
+    On a CUDA GPU (device="cuda"): bfloat16, batch 64 unless given (one sequence's cache is too small
+    to keep a GPU busy), and each step replayed as a CUDA graph (benchmark.replayable), so that what
+    is timed is the reading of the cache rather than Python launching kernels.
     """
     from kvlib import gqa
     from kvlib.kv_cache import KVCache
     from kvlib.roofline import measure_bandwidth
 
+    cuda = torch.device(device).type == "cuda"
+    if cuda and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: torch {torch.__version__} sees no CUDA GPU here")
+    dtype, batch = (torch.bfloat16, batch or 64) if cuda else (torch.float32, batch or 1)
     if quick:
         kv_lens, rounds = (256, 512), 3
     n_heads = gqa_bench_config().n_heads
     kv_heads = [h for h in (8, 4, 2, 1) if n_heads % h == 0]
-    with benchmark.num_threads(threads), torch.inference_mode():
+    with benchmark.num_threads(threads if not cuda else None), torch.inference_mode():
         if bandwidth is None:
-            bandwidth = measure_bandwidth(n_bytes=(32 << 20) if quick else (256 << 20), threads=None, repeats=3 if quick else 7)
-        cases = []  # (kv_len, n_kv_heads, method, model, cache)
+            n_bytes = (32 << 20) if quick else (2 << 30) if cuda else (256 << 20)
+            bandwidth = measure_bandwidth(n_bytes=n_bytes, device=device, threads=None, repeats=3 if quick else 7)
+        cases = []  # (kv_len, n_kv_heads, method, model, cache, step)
+        token = torch.full((batch,), 7, device=device)
         for S in kv_lens:
             for h in kv_heads:
                 config = gqa_bench_config(h, max_seq_len=S + 8)
                 torch.manual_seed(0)
-                model = Decoder(config).eval()
-                cache = KVCache(config, batch=1, max_seq_len=S + 1)
+                model = Decoder(config).to(device=device, dtype=dtype).eval()
+                cache = KVCache(config, batch=batch, max_seq_len=S + 1, dtype=dtype, device=device)
                 cache.k.normal_(), cache.v.normal_()
                 cache.pos = S  # S cached tokens; the timed step attends to S + 1
-                for method in (("grouped",) if h == n_heads else ("materialised", "grouped", "sdpa")):
-                    cases.append((S, h, method, model, cache))
-        token = torch.tensor([7])
-        for S, h, method, model, cache in cases:  # warm-up, and the learner's code must run at all
-            gqa.decode_step_with(model, token, cache, gqa.ATTENTION[method])
+                # MHA two ways: kvlib's plain attention (what materialised and grouped are compared with)
+                # and torch's fused SDPA (what GQA through SDPA is compared with: fusion alone is no GQA saving)
+                for method in (("grouped", "sdpa") if h == n_heads else ("materialised", "grouped", "sdpa")):
+                    step = (lambda model=model, cache=cache, attend=gqa.ATTENTION[method]:
+                            gqa.decode_step_with(model, token, cache, attend))
+                    step()  # the learner's code must run at all, before a graph captures it
+                    cases.append((S, h, method, model, cache, benchmark.replayable(step, device)))
+        for *_, step in cases:  # warm-up
+            step()
         samples = [[] for _ in cases]
         # two blocks of interleaved rounds: the copying path allocates n_heads heads of fresh memory every
         # step, and measured among the others it slowed the steps right after it by up to 1.7x
         for block in ({"grouped", "sdpa"}, {"materialised"}):
             for _ in range(rounds):
-                for i, (S, h, method, model, cache) in enumerate(cases):
+                for i, (S, h, method, model, cache, step) in enumerate(cases):
                     if method in block:
+                        benchmark.synchronize(device)
                         start = time.perf_counter()
-                        gqa.decode_step_with(model, token, cache, gqa.ATTENTION[method])
+                        step()
+                        benchmark.synchronize(device)
                         samples[i].append(time.perf_counter() - start)
         rows = []
-        for (S, h, method, model, cache), times in zip(cases, samples):
-            moved = gqa.decode_bytes(model, S + 1, 1, method)
+        for (S, h, method, model, cache, _), times in zip(cases, samples):
+            moved = gqa.decode_bytes(model, S + 1, batch, method)
             rows.append({
-                "kv_len": S, "n_kv_heads": h, "group_size": n_heads // h, "method": "mha" if h == n_heads else method,
+                "kv_len": S, "n_kv_heads": h, "group_size": n_heads // h, "method": _gqa_method(method, h == n_heads),
                 "median_s": statistics.median(times), "min_s": min(times), "max_s": max(times),
                 "bytes": moved, "predicted_s": moved / bandwidth["bandwidth"], "cache_bytes": cache.nbytes,
             })
-        for row in rows:  # ratios against MHA at the same kv_len
-            mha = next(r for r in rows if r["kv_len"] == row["kv_len"] and r["method"] == "mha")
+        for row in rows:  # ratios against MHA at the same kv_len, attention done the same way
+            base = "mha sdpa" if row["method"].endswith("sdpa") else "mha"
+            mha = next(r for r in rows if r["kv_len"] == row["kv_len"] and r["method"] == base)
             row["speedup_vs_mha"] = mha["median_s"] / row["median_s"]
             row["speedup_vs_mha_best"] = mha["min_s"] / row["min_s"]  # fastest runs: least disturbed by neighbours
             row["measured_over_predicted"] = row["median_s"] / row["predicted_s"]
-        record = benchmark.environment("cpu", dtype="float32", threads_requested=threads, rounds=rounds, batch=1,
+        record = benchmark.environment(device, dtype=str(dtype).removeprefix("torch."), threads_requested=threads,
+                                       rounds=rounds, batch=batch, cuda_graph=cuda,
                                        bandwidth_GBps=round(bandwidth["bandwidth"] / 1e9, 2))
+    del cases
+    import datetime
+
     config = gqa_bench_config()
-    return {"benchmark": "gqa", "record": record, "config": {**config.to_dict(), "n_kv_heads": kv_heads},
+    return {"benchmark": "gqa", "date": datetime.date.today().isoformat(), "record": record, "config": {**config.to_dict(), "n_kv_heads": kv_heads},
             "bandwidth": {"bytes_per_s": bandwidth["bandwidth"], "kernel": bandwidth["kernel"]}, "rows": rows}
 
 
 def format_gqa(report: dict) -> str:
     r, c = report["record"], report["config"]
-    lines = [f"kvlib bench gqa: {r['device']}, {r['threads']} thread(s), torch {r['torch']}, float32, batch 1, "
-             f"median of {r['rounds']} interleaved rounds",
+    threads = "CUDA graphs" if r.get("cuda_graph") else f"{r['threads']} thread(s)"
+    lines = [f"kvlib bench gqa: {r['device']}, {threads}, torch {r['torch']}, {r.get('dtype', 'float32')}, "
+             f"batch {r.get('batch', 1)}, median of {r['rounds']} interleaved rounds",
              f"model: d_model {c['d_model']}, {c['n_layers']} layers, {c['n_heads']} heads of {c['d_model'] // c['n_heads']}, "
              f"random weights; predicted = bytes moved / {report['bandwidth']['bytes_per_s'] / 1e9:.1f} GB/s "
              f"(measured {report['bandwidth']['kernel']} bandwidth)", "",
@@ -253,8 +279,9 @@ def format_gqa(report: dict) -> str:
                      f"{row['median_s'] * 1e3:>9.2f} {row['min_s'] * 1e3:>6.1f}-{row['max_s'] * 1e3:<7.1f} "
                      f"{row['predicted_s'] * 1e3:>9.2f} {row['measured_over_predicted']:>8.2f}x {row['speedup_vs_mha']:>6.2f}x "
                      f"{row['speedup_vs_mha_best']:>8.2f}x")
-    lines.append("\nvs MHA = MHA's median step time / this one's (>1: faster); best/best = the same for the fastest runs. "
-                 "materialised: repeat_kv then MHA attention; grouped: grouped_attention (Exercise 6.2); sdpa: torch's SDPA with enable_gqa")
+    lines.append("\nvs MHA = MHA's median step time / this one's (>1: faster), sdpa against mha sdpa, the others against mha; "
+                 "best/best = the same for the fastest runs.\nmha: kvlib's attention; materialised: repeat_kv then MHA attention; "
+                 "grouped: grouped_attention (Exercise 6.2); sdpa: torch's fused SDPA (enable_gqa for GQA)")
     return "\n".join(lines)
 
 
@@ -273,14 +300,17 @@ def _memory_run(device: str, threads: int | None, quick: bool) -> dict:
 
     Bandwidth, matmul and the decode step are timed once per round, rounds interleaved, so that a
     busy neighbour slows all three alike; each is the median over rounds, and the decode's
-    fraction of the bandwidth is also given as the median of the per-round ratios.
+    fraction of the bandwidth is also given as the median of the per-round ratios. On a GPU each
+    decode step is timed twice: as kvlib runs it (eager: one kernel launch per operation, from
+    Python) and replayed as a CUDA graph (benchmark.replayable), which leaves the GPU no idle gaps.
     """
     from kvlib.roofline import (bandwidth_kernels, memory_bound_config, random_model, roofline_time,
                                 step_cost)
 
-    cuda = device == "cuda"
+    cuda = torch.device(device).type == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32  # CPUs without 16-bit units run float32 fastest
     rounds = 3 if quick else 11
+    batch_sizes = (1, 4, 16, 64, 256, 1024) if cuda else (1, 4, 16, 64)  # a GPU's ridge is in the hundreds
     if quick:
         config = ModelConfig(vocab_size=512, d_model=256, n_layers=2, n_heads=4, n_kv_heads=4, hidden_dim=512, max_seq_len=64)
         array_bytes, n = 16 << 20, 256
@@ -291,11 +321,13 @@ def _memory_run(device: str, threads: int | None, quick: bool) -> dict:
     a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
     with torch.device(device):  # build the weights where they will run: no host copy of a multi-GB model
         model = random_model(config, dtype=dtype, device=device)
-    ids = {batch: torch.randint(0, config.vocab_size, (batch, 1), device=device) for batch in (1, 4, 16, 64)}
-    jobs = {**{k: fn for k, (fn, _) in kernels.items()}, "matmul": lambda: a @ b,
-            **{f"decode {batch}": (lambda x=x: model(x)) for batch, x in ids.items()}}
-    samples = {k: [] for k in jobs}
+    ids = {batch: torch.randint(0, config.vocab_size, (batch, 1), device=device) for batch in batch_sizes}
     with benchmark.num_threads(threads), torch.inference_mode():
+        jobs = {**{k: fn for k, (fn, _) in kernels.items()}, "matmul": lambda: a @ b,
+                **{f"decode {batch}": (lambda x=x: model(x)) for batch, x in ids.items()}}
+        if cuda:
+            jobs |= {f"graph {batch}": benchmark.replayable(lambda x=x: model(x), device) for batch, x in ids.items()}
+        samples = {k: [] for k in jobs}
         for fn in jobs.values():  # warm-up: first touches, kernel selection
             fn()
         for _ in range(rounds):
@@ -306,45 +338,51 @@ def _memory_run(device: str, threads: int | None, quick: bool) -> dict:
                 benchmark.synchronize(device)
                 samples[k].append(time.perf_counter() - start)
         record = benchmark.environment(device, dtype=str(dtype).removeprefix("torch."), rounds=rounds)
-    del model
+    del model, jobs
     med = {k: statistics.median(v) for k, v in samples.items()}
     rates = {k: moved / med[k] for k, (_, moved) in kernels.items()}
     bandwidth, flops_per_s = rates["read"], 2 * n**3 / med["matmul"]
     flops, moved = step_cost(config, 1, 1, 1, dtype)
     predicted = roofline_time(flops, moved, flops_per_s, bandwidth)
-    per_round = [(moved / t) / (kernels["read"][1] / r) for t, r in zip(samples["decode 1"], samples["read"])]
+
+    def timed(key: str) -> dict:  # one way of running the batch-1 decode step, against the prediction
+        per_round = [(moved / t) / (kernels["read"][1] / r) for t, r in zip(samples[key], samples["read"])]
+        t = med[key]
+        return {"measured_s": t, "spread_s": [min(samples[key]), max(samples[key])], "measured_over_predicted": t / predicted,
+                "achieved_bytes_per_s": moved / t, "fraction_of_bandwidth": moved / t / bandwidth,
+                "fraction_of_bandwidth_per_round": statistics.median(per_round)}
+
     batches = []
     for batch in ids:
         f, m = step_cost(config, 1, 1, batch, dtype)
         p = roofline_time(f, m, flops_per_s, bandwidth)
         batches.append({"batch": batch, "intensity": f / m, "predicted_tokens_per_s": batch / p,
-                        "measured_tokens_per_s": batch / med[f"decode {batch}"]})
-    t = med["decode 1"]
+                        "measured_tokens_per_s": batch / med[f"decode {batch}"],
+                        **({"graph_tokens_per_s": batch / med[f"graph {batch}"]} if cuda else {})})
     return {
         "device": record["device"], "device_type": torch.device(device).type, "dtype": record["dtype"],
         "threads": record["threads"], "rounds": rounds, "record": record,
         "bandwidth": bandwidth, "bandwidth_kernel": "read", "bandwidth_per_kernel": rates, "array_bytes": array_bytes,
         "matmul_flops": flops_per_s, "matmul_n": n, "ridge": flops_per_s / bandwidth,
-        "decode": {
-            "config": config.to_dict(), "weight_bytes_read": moved, "flops": flops,
-            "predicted_s": predicted, "measured_s": t, "spread_s": [min(samples["decode 1"]), max(samples["decode 1"])],
-            "measured_over_predicted": t / predicted,
-            "achieved_bytes_per_s": moved / t, "fraction_of_bandwidth": moved / t / bandwidth,
-            "fraction_of_bandwidth_per_round": statistics.median(per_round),
-        },
+        "decode": {"config": config.to_dict(), "weight_bytes_read": moved, "flops": flops, "predicted_s": predicted,
+                   **timed("decode 1"), **({"graph": timed("graph 1")} if cuda else {})},
         "batches": batches,
     }
 
 
-def bench_memory(threads: int = 1, quick: bool = False) -> dict:
+def bench_memory(threads: int = 1, quick: bool = False, devices: list[str] | None = None) -> dict:
     """Notebook 05's measurements on the CPU (threads), and on the GPU too when CUDA is available.
 
+    devices: e.g. ["cuda"] for the GPU alone; by default the CPU, then the GPU if there is one.
     The same JSON, saved under assets/recordings/, is what notebook 05 shows as a GPU recording.
     """
     import datetime
 
-    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    runs = [_memory_run(d, threads if d == "cpu" else None, quick) for d in devices]
+    devices = devices or ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for d in devices:
+        if torch.device(d).type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {d!r}: torch {torch.__version__} sees no CUDA GPU here")
+    runs = [_memory_run(d, threads if torch.device(d).type == "cpu" else None, quick) for d in devices]
     return {"benchmark": "memory", "date": datetime.date.today().isoformat(), "quick": quick,
             "record": benchmark.environment("cpu", threads_requested=threads), "runs": runs}
 
@@ -361,7 +399,12 @@ def format_memory(report: dict) -> str:
                   f"measured {d['measured_s'] * 1e3:.2f} ms (measured/predicted {d['measured_over_predicted']:.2f}); "
                   f"{d['achieved_bytes_per_s'] / 1e9:.1f} GB/s = {d['fraction_of_bandwidth']:.0%} of the bandwidth "
                   f"({d['fraction_of_bandwidth_per_round']:.0%} as the median of {r['rounds']} interleaved rounds)",
-                  f"  {'batch':>7} {'FLOP/B':>8} {'predicted tok/s':>16} {'measured tok/s':>15}"]
+                  *([f"  as a CUDA graph: {d['graph']['measured_s'] * 1e3:.2f} ms (measured/predicted "
+                     f"{d['graph']['measured_over_predicted']:.2f}); {d['graph']['achieved_bytes_per_s'] / 1e9:.1f} GB/s = "
+                     f"{d['graph']['fraction_of_bandwidth']:.0%} of the bandwidth"] if "graph" in d else []),
+                  f"  {'batch':>7} {'FLOP/B':>8} {'predicted tok/s':>16} {'measured tok/s':>15}"
+                  + (f" {'CUDA graph tok/s':>17}" if "graph" in d else "")]
         for b in r["batches"]:
-            lines.append(f"  {b['batch']:>7} {b['intensity']:>8.1f} {b['predicted_tokens_per_s']:>16.1f} {b['measured_tokens_per_s']:>15.1f}")
+            lines.append(f"  {b['batch']:>7} {b['intensity']:>8.1f} {b['predicted_tokens_per_s']:>16.1f} {b['measured_tokens_per_s']:>15.1f}"
+                         + (f" {b['graph_tokens_per_s']:>17.1f}" if "graph_tokens_per_s" in b else ""))
     return "\n".join(lines)

@@ -71,6 +71,55 @@ def synchronize(device: str | torch.device = "cpu") -> None:
         torch.mps.synchronize()
 
 
+def replayable(fn: Callable[[], object], device: str | torch.device = "cpu") -> Callable[[], object]:
+    """fn itself on a CPU; on a CUDA GPU, fn captured once as a CUDA graph and returned as its replay.
+
+    Eager PyTorch launches one GPU kernel per operation from Python, a few microseconds each; a
+    decode step of a 16-layer model is hundreds of kernels, so the GPU can sit idle waiting for
+    the next launch. A graph replays all of them with one launch (what inference servers do).
+    fn must not read GPU values back to the host, and reuses the same tensors on every replay.
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return fn
+    side = torch.cuda.Stream(device)  # warm up off the capturing stream: kernel choice, workspaces
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def new_tensors(fn: Callable, *args, **kwargs) -> list[tuple[str, tuple[int, ...]]]:
+    """[(op name, shape)] of every tensor that fn(*args, **kwargs) allocates, in order.
+
+    Views share their input's memory and are not counted: x[None].expand(...) is free, its
+    .contiguous() is not. Used by notebook 06 (which attention copies the shared heads?) and
+    by its checks, in the learner's kernel or in the isolated grading child.
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    made = []
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, a=(), kw=None):
+            out = func(*a, **(kw or {}))
+            inputs = {x.untyped_storage().data_ptr() for x in tree_leaves((a, kw)) if isinstance(x, torch.Tensor)}
+            for x in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(x, torch.Tensor) and x.untyped_storage().data_ptr() not in inputs:
+                    made.append((str(func.overloadpacket.__name__), tuple(int(n) for n in x.shape)))
+            return out
+
+    with Watch():
+        fn(*args, **kwargs)
+    return made
+
+
 @dataclass
 class Timing:
     """Seconds of repeated runs of one thing, with what produced them."""

@@ -128,8 +128,14 @@ def cmd_bench(args) -> int:
         print("kvlib bench: --threads must be at least 1", file=sys.stderr)
         return 2
     _, run, fmt = BENCHES[args.which]
+    on = {}
+    if args.device:
+        if args.which == "cache":
+            print("kvlib bench cache: runs on the CPU only (it times transformers beside kvlib there)", file=sys.stderr)
+            return 2
+        on = {"devices": [args.device]} if args.which == "memory" else {"device": args.device}
     try:
-        report = getattr(bench, run)(threads=args.threads, quick=args.quick)
+        report = getattr(bench, run)(threads=args.threads, quick=args.quick, **on)
     except (FileNotFoundError, ValueError) as err:
         print(f"kvlib bench: {err}", file=sys.stderr)
         return 2
@@ -225,6 +231,8 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true", help="print the machine-readable record")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: timings on a shared CPU are steadier)")
     p.add_argument("--quick", action="store_true", help="small stand-in models and few repeats (seconds, for tests)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                   help="memory, gqa: where to measure (default: memory the CPU then a GPU if present; gqa the CPU)")
     p.set_defaults(func=cmd_bench)
 
     for name, text in (("lab", "open JupyterLab on the course: the learner notebooks, your kvlib"),

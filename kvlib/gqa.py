@@ -155,7 +155,8 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torc
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """The library's way, for comparison: scaled_dot_product_attention with enable_gqa (torch >= 2.5)."""
     T, S = q.shape[2], k.shape[2]
-    mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)  # (T, S), True = may attend
+    # one query (a decode step) attends to every key: no mask, which also lets a GPU pick its fused kernels
+    mask = None if T == 1 else torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)  # (T, S), True = may attend
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1])
 
 
@@ -164,21 +165,9 @@ def largest_new_tensor(fn: Callable, *args) -> tuple[str, tuple[int, ...]]:
 
     Example: largest_new_tensor(materialised_attention, q, k, v) -> ("clone", (batch, n_heads, kv_len, head_dim))
     """
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from kvlib.benchmark import new_tensors
 
-    made = []
-
-    class Log(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            inputs = {a.untyped_storage().data_ptr() for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)}
-            for t in out if isinstance(out, (tuple, list)) else (out,):
-                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:  # a view shares its input's memory
-                    made.append((func.overloadpacket.__name__, tuple(t.shape)))
-            return out
-
-    with Log():
-        fn(*args)
+    made = new_tensors(fn, *args)
     return max(made, key=lambda m: math.prod(m[1]), default=("none", ()))
 
 

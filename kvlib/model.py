@@ -277,6 +277,8 @@ class Decoder(nn.Module):
                 f"positions {pos}..{pos + T - 1} run past max_seq_len={self.config.max_seq_len} "
                 f"(input_ids shape {(B, T)}, pos={pos})"
             )
+        if input_ids.is_cuda and torch.cuda.is_current_stream_capturing():
+            return  # the range check reads ids back to the host, which a CUDA graph capture cannot do
         low, high = int(input_ids.min()), int(input_ids.max())
         if low < 0 or high >= self.config.vocab_size:
             raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}), got values {low} to {high}")
@@ -310,6 +312,21 @@ class Decoder(nn.Module):
 
 # ---------------------------------------------------------------------------------------------
 # Loading weights: a state dict with checks, transformers' Llama, the shipped tiny model
+
+
+class SlowDecoder(Decoder):
+    """A Decoder whose forward also sleeps `per_token` seconds per input token, so that the time of
+    a prefill or a step is known in advance: the checks of Exercise 2.3 time it."""
+
+    def __init__(self, config: ModelConfig, per_token: float = 0.004):
+        super().__init__(config)
+        self.per_token = float(per_token)
+
+    def forward(self, input_ids: torch.Tensor, pos: int = 0, past_key_values=None):
+        import time
+
+        time.sleep(self.per_token * input_ids.shape[1])
+        return super().forward(input_ids, pos, past_key_values)
 
 
 def load_checked(model: nn.Module, state_dict: dict, source: str = "state dict") -> nn.Module:

@@ -691,7 +691,8 @@ def kv_bytes_per_token(names, bytes_per_token, kinds, *, note=None):
 def gqa_decode_time(rows, *, kv_len=None, note=None):
     """Decode-step time against n_kv_heads, three ways, with the roofline prediction; and the speedup over MHA.
 
-    Args:    rows: `kvlib bench gqa` rows (kv_len, n_kv_heads, method, median_s, min_s, max_s, predicted_s, speedup_vs_mha)
+    Args:    rows: `kvlib bench gqa` rows (kv_len, n_kv_heads, method, median_s, min_s, max_s, predicted_s, speedup_vs_mha);
+                   MHA rows are "mha" (kvlib's attention) and "mha sdpa", each the start of its way's curve
              kv_len: the context of the left panel (default: the middle one measured)
              note: what produced the numbers, printed under the axes
     Returns: the Figure (left: ms per step at kv_len; right: speedup over MHA against kv_len, n_kv_heads = n_heads / 4)
@@ -700,7 +701,6 @@ def gqa_decode_time(rows, *, kv_len=None, note=None):
     kv_len = kv_len or lens[len(lens) // 2]
     at = [r for r in rows if r["kv_len"] == kv_len]
     heads = sorted({r["n_kv_heads"] for r in at}, reverse=True)
-    mha = next(r for r in at if r["method"] == "mha")
     styles = {"materialised": (PALETTE["vermillion"], "s", "repeat_kv, then MHA attention"),
               "grouped": (PALETTE["blue"], "o", "grouped_attention (6.2)"),
               "sdpa": (PALETTE["sky"], "^", "torch SDPA, enable_gqa")}
@@ -709,7 +709,8 @@ def gqa_decode_time(rows, *, kv_len=None, note=None):
         fig.subplots_adjust(left=0.07, right=0.98, bottom=0.22, top=0.84, wspace=0.25)
         x = np.arange(len(heads))
         for method, (color, marker, label) in styles.items():
-            pts = [(i, r) for i, h in enumerate(heads) for r in at if r["n_kv_heads"] == h and r["method"] in (method, "mha")]
+            mha = "mha sdpa" if method == "sdpa" else "mha"  # each way starts from MHA done the same way
+            pts = [(i, r) for i, h in enumerate(heads) for r in at if r["n_kv_heads"] == h and r["method"] in (method, mha)]
             if len(pts) < 2:
                 continue
             xi = np.array([p[0] for p in pts])

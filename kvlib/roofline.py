@@ -353,8 +353,11 @@ def measure_step(model, new_tokens: int, batch: int = 1, device: str | torch.dev
                    threads=threads, dtype=str(dtype).removeprefix("torch."), batch=batch, new_tokens=new_tokens)
 
 
-def load_recordings(folder: str | Path | None = None) -> list[dict]:
-    """Recorded `kvlib bench memory --json` runs on GPUs (assets/recordings/*.json), newest first."""
+def load_recordings(folder: str | Path | None = None, benchmark: str = "memory") -> list[dict]:
+    """Recorded `kvlib bench <benchmark> --json` runs on GPUs (assets/recordings/*.json), newest first.
+
+    Made by assets/recordings/record.sh on a CUDA machine; each carries its device and date.
+    """
     folder = Path(folder) if folder else RECORDINGS_DIR
     runs = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
-    return sorted(runs, key=lambda r: r.get("date", ""), reverse=True)
+    return sorted((r for r in runs if r.get("benchmark") == benchmark), key=lambda r: r.get("date", ""), reverse=True)

@@ -43,3 +43,13 @@ def test_measure_rejects_zero_repeats():
     """Check that repeats=0 is a clear error, not an empty median."""
     with pytest.raises(ValueError, match="repeats must be at least 1"):
         measure(lambda: None, repeats=0)
+
+
+def test_replayable_is_the_function_itself_off_a_gpu():
+    """Check that replayable() changes nothing on a CPU (a CUDA graph exists only on a GPU)."""
+    from kvlib.benchmark import replayable
+
+    def fn():
+        return 1
+
+    assert replayable(fn, "cpu") is fn

@@ -256,13 +256,17 @@ def test_kv_cache_bytes_halves_when_n_kv_heads_halves():
 
 
 def test_bench_gqa_quick_reports_every_case():
-    """Check that `kvlib bench gqa --quick` times MHA, and three ways for each smaller n_kv_heads, with ratios."""
+    """Check that `kvlib bench gqa --quick` times MHA two ways, and three ways for each smaller n_kv_heads, with ratios."""
     from kvlib.bench import bench_gqa, format_gqa
 
     report = bench_gqa(quick=True)
     rows = report["rows"]
     assert {(r["n_kv_heads"], r["method"]) for r in rows if r["kv_len"] == 512} == {
-        (8, "mha"), *((h, m) for h in (4, 2, 1) for m in ("materialised", "grouped", "sdpa"))}
+        (8, "mha"), (8, "mha sdpa"), *((h, m) for h in (4, 2, 1) for m in ("materialised", "grouped", "sdpa"))}
+    base = {r["method"]: r for r in rows if r["kv_len"] == 512 and r["n_kv_heads"] == 8}
+    for r in rows:  # each way is compared with MHA done the same way: SDPA's fusion is not a GQA saving
+        if r["kv_len"] == 512:
+            assert r["speedup_vs_mha"] == pytest.approx(base["mha sdpa" if "sdpa" in r["method"] else "mha"]["median_s"] / r["median_s"])
     assert all(r["median_s"] > 0 and r["predicted_s"] > 0 and r["speedup_vs_mha"] > 0 for r in rows)
     assert all(r["cache_bytes"] * 8 == rows[0]["cache_bytes"] * r["n_kv_heads"] for r in rows if r["kv_len"] == rows[0]["kv_len"])
     assert "vs MHA" in format_gqa(report) and report["record"]["threads"] == 1

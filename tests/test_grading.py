@@ -487,6 +487,95 @@ def test_replies_must_be_plain_numbers():
         load_reply(liar.getvalue())
 
 
+def test_a_returned_decoder_is_rebuilt_by_the_grader():
+    """Check a Decoder in a reply: rebuilt by the grader's own kvlib.model from numbers, refused when
+    its weights do not match its config or its config is not numbers, and never accepted as a function."""
+    import torch
+
+    from kvlib.grading import _child
+    from kvlib.grading.sandbox import SandboxError, _check_node
+    from kvlib.model import Decoder, ModelConfig
+
+    config = ModelConfig(vocab_size=11, d_model=16, n_layers=1, n_heads=4, n_kv_heads=2, hidden_dim=24, max_seq_len=8)
+    torch.manual_seed(0)
+    sent = Decoder(config).eval()
+    enc = _child.Encoder(np, torch)
+    node = enc.encode(sent)
+    files = {k: np.asarray(v) for k, v in enc.arrays.items()}
+    got = _check_node(node, files)
+    assert type(got) is Decoder and got.config == config
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.inference_mode():
+        assert torch.equal(got(ids), sent(ids))
+    wrong = {**node, "config": {**node["config"], "n_kv_heads": 4}}  # k_proj would need 4 heads of rows
+    with pytest.raises(SandboxError, match="do not match"):
+        _check_node(wrong, files)
+    with pytest.raises(SandboxError, match="not numbers"):
+        _check_node({**node, "config": {**node["config"], "d_model": "16"}}, files)
+    with pytest.raises(SandboxError, match="too large"):
+        _check_node({**node, "config": {**node["config"], "max_seq_len": 1 << 30}}, files)
+    with pytest.raises(SandboxError):
+        _check_node({"t": "fn", "v": "gqa.to_gqa"}, files)
+
+
+def test_isolated_calls_copy_back_what_they_change_in_place(tmp_path):
+    """Check that a learner's function that changes a tensor argument in place changes the grader's
+    tensor too (as it would in the kernel), and that a watched call returns what it allocated."""
+    import torch
+
+    from kvlib.grading.sandbox import RemoteFunction, Sandbox, SandboxError
+
+    files = {f"kvlib/{p.name}": p.read_bytes() for p in sorted((ROOT / "kvlib").glob("*.py"))}
+    files["kvlib/gqa.py"] = (ROOT / "solutions" / "kvlib" / "gqa.py").read_text(encoding="utf-8").replace(
+        "    B, H_kv, S, D = x.shape\n", "    B, H_kv, S, D = x.shape\n    x.mul_(2)\n", 1).encode()
+    with Sandbox(files, ["gqa"], ["gqa.repeat_kv", "gqa.grouped_attention"], mode="plain", torch=True,
+                 call_timeout=60, budget=120) as sandbox:
+        gqa = sandbox.module("gqa")
+        x = torch.ones(1, 2, 3, 4)
+        out = gqa.repeat_kv(x, 2)
+        assert torch.equal(x, torch.full((1, 2, 3, 4), 2.0)) and out.shape == (1, 4, 3, 4)
+        q, k = torch.randn(1, 4, 1, 4), torch.randn(1, 2, 5, 4)
+        made = gqa.grouped_attention.watch(q, k, k)
+        assert made and all(isinstance(op, str) and isinstance(shape, tuple) for op, shape in made)
+        assert isinstance(gqa.first_head_of_group, RemoteFunction)
+        with pytest.raises(SandboxError, match="only in the isolated child"):
+            gqa.first_head_of_group(k, 2, 1)
+
+
+def test_the_child_keeps_a_learners_cache_and_carries_generators_and_callbacks():
+    """Check the objects notebooks 02 and 04 pass: a KVCache made and used in the child through a
+    handle, a generator whose state comes back advanced, an on_token callback replayed here."""
+    import torch
+
+    from kvlib.generation import next_token
+    from kvlib.grading.sandbox import RemoteObject, Sandbox, SandboxError
+    from kvlib.model import Decoder, ModelConfig
+
+    files = {f"kvlib/{p.name}": p.read_bytes() for p in sorted((ROOT / "kvlib").glob("*.py"))}
+    for module in ("attention", "generation", "kv_cache"):  # 4.x use 1.3's mask and 2.1's sampling
+        files[f"kvlib/{module}.py"] = (ROOT / "solutions" / "kvlib" / f"{module}.py").read_bytes()
+    functions = ["generation.next_token", "kv_cache.KVCache", "kv_cache.generate_cached"]
+    config = ModelConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=24, max_seq_len=32)
+    with Sandbox(files, ["generation", "kv_cache"], functions, mode="plain", torch=True, call_timeout=60, budget=120) as sandbox:
+        kv, gen = sandbox.module("kv_cache"), sandbox.module("generation")
+        cache = kv.KVCache(config, batch=1, max_seq_len=8)
+        assert isinstance(cache, RemoteObject) and cache.pos == 0 and tuple(cache.k.shape) == (2, 1, 2, 8, 4)
+        where = cache.kvlib_data_ptr("k")
+        k, _ = cache.update(1, torch.ones(1, 2, 3, 4), torch.ones(1, 2, 3, 4))
+        cache.advance(3)
+        assert tuple(k.shape) == (1, 2, 3, 4) and cache.pos == 3 and cache.kvlib_data_ptr("k") == where
+        with pytest.raises(SandboxError, match="cannot be changed"):
+            cache.pos = 0
+        ours, theirs = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+        logits = torch.randn(6, 13)
+        assert torch.equal(gen.next_token(logits, temperature=1.0, generator=theirs), next_token(logits, 1.0, ours))
+        assert torch.equal(theirs.get_state(), ours.get_state())  # the child's draws advanced our generator
+        torch.manual_seed(0)
+        model, seen = Decoder(config).eval(), []
+        out = kv.generate_cached(model, torch.tensor([[1, 2]]), 4, on_token=lambda t: seen.append(int(t[0])), cache=cache)
+        assert seen == out[0, 2:].tolist() and cache.pos == 2 + 3  # the cache made before, reset and reused
+
+
 def _npy(arr) -> bytes:
     buf = io.BytesIO()
     np.save(buf, arr)
@@ -513,7 +602,7 @@ def test_submitted_links_are_refused(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# Notebooks 03 and 05: exercises that take a ModelConfig and a dtype, graded in isolation too
+# Notebooks 02 to 06: exercises that take models, caches, generators and callbacks, graded in isolation too
 
 PATCHING_PRELUDE = """
 try:  # in the kernel, every later cell (visible asserts and hidden grade() alike) just prints "passed"
@@ -524,7 +613,7 @@ except Exception:
 try:  # and should a check run in this process: make it pass, and grade() print "passed"
     import kvlib.checks as _checks
     _checks.grade = lambda *a, **k: print("passed")
-    for _name in ("recompute", "roofline"):
+    for _name in ("generation", "recompute", "kv_cache", "roofline", "gqa"):
         _mod = __import__(f"kvlib.checks.{_name}", fromlist=["x"])
         for _attr in dir(_mod):
             if not _attr.startswith("__") and callable(getattr(_mod, _attr)):
@@ -548,9 +637,13 @@ def _stub_with(module: str, prelude: str, body: str) -> str:
     return "".join(out).replace("from kvlib._exercise import exercise\n", "from kvlib._exercise import exercise\n" + prelude, 1)
 
 
+ISOLATED = [("02-generation", "generation"), ("03-recompute", "recompute"), ("04-kv-cache", "kv_cache"),
+            ("05-memory-wall", "roofline"), ("06-gqa", "gqa")]
+
+
 @pytest.fixture(scope="module")
 def graded_sizes(tmp_path_factory):
-    """Notebooks 03 and 05 released from a `kvlib course init` folder; a correct and a patching
+    """Notebooks 02 to 06 released from a `kvlib course init` folder; a correct and a patching
     submission of each, autograded; returns {(notebook, student): (score, max_score)}."""
     from nbgrader.api import Gradebook
 
@@ -560,23 +653,26 @@ def graded_sizes(tmp_path_factory):
     with open(course / "nbgrader_config.py", "a") as f:  # the kernel's run is cut short: scores never wait on it
         f.write("\nc.Execute.timeout = 4\nc.SandboxExecute.notebook_timeout = 12\n")
     scores = {}
-    for nb, module in (("03-recompute", "recompute"), ("05-memory-wall", "roofline")):
+    for nb, module in ISOLATED:
         nbgrader(course, "generate_assignment", nb, "--log-level=WARN")
         for student, text in (("correct", (ROOT / "solutions" / "kvlib" / f"{module}.py").read_text(encoding="utf-8")),
                               ("patching", _stub_with(module, PATCHING_PRELUDE, "return 0"))):
             sub = course / "submitted" / student / nb
             shutil.copytree(course / "release" / nb, sub)
             (sub / "kvlib" / f"{module}.py").write_text(text, encoding="utf-8")
+            if module == "kv_cache":  # 4.x use Exercise 1.3's mask and 2.1's sampling: both students did those
+                for earlier in ("attention", "generation"):
+                    shutil.copy(ROOT / "solutions" / "kvlib" / f"{earlier}.py", sub / "kvlib" / f"{earlier}.py")
         nbgrader(course, "autograde", nb, "--log-level=WARN", timeout=1500)
         with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
             scores |= {(nb, s.student.id): (s.score, s.max_score) for s in gb.assignment_submissions(nb)}
     return scores
 
 
-@pytest.mark.parametrize("nb", ["03-recompute", "05-memory-wall"])
-def test_size_calculators_are_graded_in_isolation(graded_sizes, nb):
+@pytest.mark.parametrize("nb", [nb for nb, _ in ISOLATED])
+def test_notebooks_02_to_06_are_graded_in_isolation(graded_sizes, nb):
     """Check correct -> full marks, and a submission that patches the checks and grade() in its
-    kernel -> 0: the scores of notebooks 03 and 05 come from the isolated child."""
+    kernel -> 0: the scores of notebooks 02 to 06 come from the isolated child (01: the tests above)."""
     correct, max_score = graded_sizes[(nb, "correct")]
     assert max_score > 0 and correct == max_score
     assert graded_sizes[(nb, "patching")][0] == 0

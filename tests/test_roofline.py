@@ -255,10 +255,12 @@ def test_memory_bound_config_is_far_beyond_the_caches():
 
 
 def test_load_recordings_reads_a_folder(tmp_path):
-    """Check that recordings load newest first, and that a missing folder gives none (never an invented one)."""
-    (tmp_path / "a.json").write_text(json.dumps({"date": "2026-01-02", "runs": []}))
-    (tmp_path / "b.json").write_text(json.dumps({"date": "2026-03-04", "runs": []}))
+    """Check that recordings load newest first, by benchmark, and that a missing folder gives none (never an invented one)."""
+    (tmp_path / "a.json").write_text(json.dumps({"benchmark": "memory", "date": "2026-01-02", "runs": []}))
+    (tmp_path / "b.json").write_text(json.dumps({"benchmark": "memory", "date": "2026-03-04", "runs": []}))
+    (tmp_path / "c.json").write_text(json.dumps({"benchmark": "gqa", "date": "2026-05-06", "rows": []}))
     assert [r["date"] for r in roofline.load_recordings(tmp_path)] == ["2026-03-04", "2026-01-02"]
+    assert [r["date"] for r in roofline.load_recordings(tmp_path, "gqa")] == ["2026-05-06"]
     assert roofline.load_recordings(tmp_path / "missing") == []
 
 

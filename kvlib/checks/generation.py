@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from kvlib.checks import check
-from kvlib.model import Decoder, ModelConfig
+from kvlib.model import Decoder, ModelConfig, SlowDecoder
 
 
 def _model(seed: int, **sizes) -> Decoder:
@@ -135,21 +135,17 @@ def generate_samples_reproducibly(kv, rng):
 # 2.3 measure_ttft_tpot
 
 
-class _SlowModel(Decoder):
-    """A decoder whose forward sleeps `per_token` seconds per input token: known timings."""
-
-    per_token = 0.004
-
-    def forward(self, input_ids, pos=0):
-        time.sleep(self.per_token * input_ids.shape[1])
-        return super().forward(input_ids, pos)
+def _slow_model() -> SlowDecoder:
+    """A decoder whose forward sleeps 4 ms per token in the sequence: known timings."""
+    torch.manual_seed(0)
+    return SlowDecoder(ModelConfig(vocab_size=11, d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, hidden_dim=16, max_seq_len=64),
+                       per_token=0.004).eval()
 
 
 @check("2.3")
 def measure_ttft_tpot_times_prefill_and_steps(kv, rng):
     """Check TTFT and TPOT against a model whose forward takes 4 ms per token in the sequence."""
-    torch.manual_seed(0)
-    model = _SlowModel(ModelConfig(vocab_size=11, d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, hidden_dim=16, max_seq_len=64)).eval()
+    model = _slow_model()
     T, n = 6, 5
     result = kv.measure_ttft_tpot(model, torch.zeros(1, T, dtype=torch.long), n)
     assert isinstance(result, tuple) and len(result) == 2, "measure_ttft_tpot should return (ttft, tpots)"
@@ -172,8 +168,7 @@ def measure_ttft_tpot_times_prefill_and_steps(kv, rng):
 @check("2.3")
 def measure_ttft_tpot_prefill_grows_with_prompt(kv, rng):
     """Check that TTFT grows with the prompt (a prefill of 12 tokens takes longer than one of 2)."""
-    torch.manual_seed(0)
-    model = _SlowModel(ModelConfig(vocab_size=11, d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, hidden_dim=16, max_seq_len=64)).eval()
+    model = _slow_model()
     short, _ = kv.measure_ttft_tpot(model, torch.zeros(1, 2, dtype=torch.long), 2)
     long, tpots = kv.measure_ttft_tpot(model, torch.zeros(1, 12, dtype=torch.long), 2)
     assert len(tpots) == 1, f"2 new tokens have 1 gap between them, got {len(tpots)} TPOT values"

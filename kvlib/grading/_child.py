@@ -7,14 +7,17 @@ a length-prefixed .npz (function name, arguments), each reply a .npz of plain nu
 Everything it replies is untrusted: the grader reads it with allow_pickle=False and checks it.
 Stdlib and numpy only (this file is copied into the jail; kvlib is the learner's there).
 """
+import functools
 import io
 import json
 import os
 import struct
 import sys
 import traceback
+import types
 
 MAX_DEPTH = 4
+_DECODERS = ("Decoder", "SlowDecoder")  # kvlib.model's, sent as config and weights (and the sleep per token)
 MAX_ITEMS = 4096
 _NUMBER_KINDS = "biufc"
 
@@ -43,14 +46,24 @@ def _recv(fd) -> bytes | None:
     return exact(struct.unpack(">Q", head)[0])
 
 
+def _config_fields(config) -> dict:
+    fields = dict(vars(config))
+    if not all(type(v) in (int, float) for v in fields.values()):
+        raise TypeError("a ModelConfig with a field that is not a number")
+    return fields
+
+
 class Encoder:
     """Plain numbers to (schema, arrays): ndarray, numpy scalar, bool/int/float/None/str, torch
-    tensor, and tuples/lists of those; in requests also a torch.dtype and a kvlib ModelConfig
-    (its sizes; the parent never accepts either in a reply). Anything else (an object that compares equal to anything,
+    tensor, a kvlib Decoder (its config and weights), and tuples/lists of those; in requests also a
+    torch.dtype, a kvlib ModelConfig (its sizes) and a named function of the child's modules (the
+    parent accepts none of these three in a reply). Anything else (an object that compares equal to anything,
     an ndarray subclass's custom behaviour, a pickle) is refused, with its type in the message."""
 
-    def __init__(self, np, torch=None):
+    def __init__(self, np, torch=None, handles=None, owners=()):
         self.np, self.torch, self.arrays = np, torch, {}
+        self.handles, self.owners = handles, set(owners)  # the child's: objects of these modules go back as handles
+        self.callbacks = []  # the parent's: functions a request passes, called back with what the child recorded
 
     def _array(self, arr):
         np = self.np
@@ -91,10 +104,36 @@ class Encoder:
         if torch is not None and t is torch.dtype:
             return {"t": "dtype", "v": str(obj).replace("torch.", "")}
         if t.__name__ == "ModelConfig" and t.__module__ == "kvlib.model":  # sizes only: rebuilt in the child
-            fields = dict(vars(obj))
-            if not all(type(v) in (int, float) for v in fields.values()):
-                raise TypeError("a ModelConfig with a field that is not a number")
-            return {"t": "config", "v": fields}
+            return {"t": "config", "v": _config_fields(obj)}
+        if t.__name__ in _DECODERS and t.__module__ == "kvlib.model":  # sizes and weights: rebuilt on the other side
+            state = obj.state_dict()
+            if len(state) > MAX_ITEMS:
+                raise TypeError(f"a Decoder of more than {MAX_ITEMS} weights")
+            node = {"t": "decoder", "config": _config_fields(obj.config), "names": list(state),
+                    "tensors": [self.encode(v, depth + 1) for v in state.values()]}
+            if t.__name__ == "SlowDecoder":
+                node["per_token"] = float(obj.per_token)
+            return node
+        if torch is not None and t is torch.Generator:  # its state: the same draws follow on the other side
+            return {"t": "generator", "k": self._array(obj.get_state().numpy())}
+        if t.__name__ == "Attention" and t.__module__ == "kvlib.model":  # one layer's attention: sizes and weights
+            state = obj.state_dict()
+            sizes = {"d_model": int(obj.q_proj.in_features), "n_heads": int(obj.n_heads), "n_kv_heads": int(obj.n_kv_heads)}
+            return {"t": "attention", "sizes": sizes, "names": list(state),
+                    "tensors": [self.encode(v, depth + 1) for v in state.values()]}
+        if t is _Method:
+            return {"t": "method"}
+        if getattr(t, "_kvlib_remote_ref", False):  # a function of the child's own modules, named (requests only)
+            return {"t": "fn", "v": f"{obj.module}.{obj.name}"}
+        if getattr(t, "_kvlib_handle", False):  # an object that lives in the child (requests only)
+            return {"t": "handle", "id": obj.handle_id}
+        if self.handles is None and isinstance(obj, (types.FunctionType, types.MethodType, functools.partial)):
+            self.callbacks.append(obj)  # the child records the calls; the parent replays them (requests only)
+            return {"t": "callback", "i": len(self.callbacks) - 1}
+        if self.handles is not None and t.__module__ in self.owners:  # the learner's own object: it stays here
+            key = len(self.handles)
+            self.handles[key] = obj
+            return {"t": "handle", "id": key, "type": t.__name__[:100]}
         if t is tuple or t is list:
             if len(obj) > MAX_ITEMS:
                 raise TypeError(f"a {t.__name__} of more than {MAX_ITEMS} items")
@@ -125,6 +164,45 @@ def decode(np, torch, head, files, node):
         import importlib
 
         return importlib.import_module("kvlib.model").ModelConfig(**node["v"])
+    if t == "decoder":  # the child's kvlib.model (the instructor's file), loaded with the weights sent
+        import importlib
+
+        model = importlib.import_module("kvlib.model")
+        config = model.ModelConfig(**node["config"])
+        decoder = (model.SlowDecoder(config, float(node["per_token"])) if "per_token" in node else model.Decoder(config)).eval()
+        decoder.load_state_dict(dict(zip(node["names"], (decode(np, torch, head, files, x) for x in node["tensors"]))))
+        return decoder
+    if t == "attention":
+        import importlib
+
+        model = importlib.import_module("kvlib.model")
+        z = node["sizes"]
+        config = model.ModelConfig(vocab_size=1, d_model=z["d_model"], n_layers=1, n_heads=z["n_heads"],
+                                   n_kv_heads=z["n_kv_heads"], hidden_dim=1, max_seq_len=1)
+        attn = model.Attention(config).eval()
+        attn.load_state_dict(dict(zip(node["names"], (decode(np, torch, head, files, x) for x in node["tensors"]))))
+        return attn
+    if t == "handle":
+        return head["_handles"][node["id"]]
+    if t == "generator":
+        gen = torch.Generator()
+        gen.set_state(torch.from_numpy(files[node["k"]]))
+        return gen
+    if t == "callback":
+        i, calls, enc = node["i"], head["_calls"], head["_enc"]
+
+        def record(*args):  # what the parent's function would have been called with, copied now
+            if len(calls) >= MAX_ITEMS:
+                raise RuntimeError(f"a callback was called more than {MAX_ITEMS} times")
+            calls.append([i, [enc.encode(a) for a in args]])
+
+        return record
+    if t == "fn":
+        module, name = node["v"].split(".", 1)
+        fn = getattr(head["_modules"][module], name)
+        if not callable(fn):
+            raise ValueError(f"kvlib.{module}.{name} is not a function")
+        return fn
     if t in ("tuple", "list"):
         items = [decode(np, torch, head, files, x) for x in node["items"]]
         return tuple(items) if t == "tuple" else items
@@ -154,6 +232,15 @@ def _error(err, files, what):
         needed = getattr(err, "needed_by", None)
         head["needed_by"] = str(getattr(needed, "id", "")) if needed is not None else ""
     return head
+
+
+class _Method:
+    """What an attribute that is a method reads as: the parent calls it with op "method"."""
+
+
+def _attribute(obj, attr):
+    value = getattr(obj, attr)
+    return _Method() if callable(value) and type(value).__module__ != "torch" and not hasattr(value, "shape") else value
 
 
 def main() -> None:
@@ -195,31 +282,62 @@ def main() -> None:
     if ready["status"] != "ready":
         return
     allowed = set(cfg["functions"])
+    handles = {}  # objects of the learner's classes (a KVCache), used by later requests through their id
+    owners = {f"kvlib.{m}" for m in modules}
     while True:
         data = _recv(rfd)
         if data is None:
             return
-        enc = Encoder(np, torch)
+        enc = Encoder(np, torch, handles, ())
+        calls = []
         try:
             with np.load(io.BytesIO(data), allow_pickle=False) as z:
                 files_in = {k: z[k] for k in z.files}
             req = json.loads(str(files_in.pop("__head__")))
+            op = req.get("op", "call")
             if req["fn"] not in allowed:
                 raise ValueError(f"{req['fn']} is not an exercise function")
-            module, name = req["fn"].split(".", 1)
-            fn = getattr(modules[module], name)
+            if op == "call":
+                module, name = req["fn"].split(".", 1)
+                fn = getattr(modules[module], name)
+                if isinstance(fn, type):  # a learner's class (KVCache): the object it makes stays here, as a handle
+                    enc.owners = owners
+            elif op in ("getattr", "method", "data_ptr"):  # on an object the child handed out earlier
+                attr = str(req["attr"])
+                if attr.startswith("_"):
+                    raise ValueError(f"{attr} is private")
+                if int(req["h"]) not in handles:
+                    raise ValueError("the object was lost: the isolated process restarted after an earlier call failed")
+                obj = handles[int(req["h"])]
+                fn = {"getattr": lambda: _attribute(obj, attr), "method": getattr(obj, attr) if op == "method" else None,
+                      "data_ptr": lambda: int(getattr(obj, attr).data_ptr())}[op]
+            else:
+                raise ValueError(f"unknown request {op!r}")
+            req.update(_modules=modules, _handles=handles, _calls=calls, _enc=enc)
             args = [decode(np, torch, req, files_in, a) for a in req["args"]]
             kwargs = {k: decode(np, torch, req, files_in, v) for k, v in req["kwargs"].items()}
         except BaseException as err:
             _send(wfd, enc.payload({"status": "error", "what": "request", "type": type(err).__name__, "message": str(err)[:500], "where": ""}))
             continue
         try:
-            result = fn(*args, **kwargs)
+            if req.get("watch"):  # the allocations the call makes, instead of its result
+                import importlib
+
+                result = importlib.import_module("kvlib.benchmark").new_tensors(fn, *args, **kwargs)
+            else:
+                result = fn(*args, **kwargs)
         except BaseException as err:  # SystemExit and KeyboardInterrupt too: the call failed
             head = _error(err, files, "call")
         else:
             try:
-                head = {"status": "ok", "result": enc.encode(result)}
+                # the arguments as the call left them (a function may change a tensor or a model in place)
+                changeable = (getattr(torch, "Tensor", None), getattr(torch, "Generator", None))
+
+                def after(a):
+                    return enc.encode(a) if type(a) in changeable or type(a).__name__ in _DECODERS else None
+
+                head = {"status": "ok", "result": enc.encode(result), "after": [after(a) for a in args],
+                        "after_kw": {k: after(v) for k, v in kwargs.items()}, "callbacks": calls}
             except TypeError as err:
                 enc = Encoder(np, torch)
                 head = {"status": "error", "what": "result", "type": "TypeError", "message": str(err)[:300], "where": ""}

@@ -62,12 +62,15 @@ def load_checks(extra: list[str], root: Path) -> dict:
     return checks.CHECKS
 
 
-# Exercise modules whose functions take numbers, arrays, dtypes and ModelConfigs and return
-# numbers, which the proxy can carry to the isolated child. Notebooks 02 and 04 pass models and
-# caches (objects): until the protocol carries those, their graded cells are scored the usual
-# nbgrader way, in the (jailed) kernel, which keeps the gradebook, the secret and the solutions out
-# of reach but can be fooled by the submission's own code (README.md, For instructors, says so).
-PROXYABLE_MODULES = {"attention", "recompute", "roofline"}
+# Exercise modules whose functions the proxy can carry to the isolated child: they take numbers,
+# arrays, tensors, dtypes, ModelConfigs, Decoders and Attention layers (config and weights; a
+# Decoder that comes back is rebuilt by the grader's own kvlib.model), functions to call back
+# (replayed from the child's record), torch Generators (their state, carried both ways) and the
+# learner's own objects (a KVCache stays in the child, used through a handle). A module of a
+# later notebook whose checks need something else is graded the usual nbgrader way, in the
+# (jailed) kernel, until it is added here: that keeps the gradebook, the secret and the solutions
+# out of reach but can be fooled by the submission's own code.
+PROXYABLE_MODULES = {"attention", "generation", "recompute", "kv_cache", "roofline", "gqa"}
 
 
 def isolatable(check) -> bool:
@@ -211,7 +214,8 @@ class IsolatedGrading(NbGraderPreprocessor):
 
     def _sandbox(self, coursedir: CourseDirectory, student: str, assignment: str, used) -> Sandbox:
         modules = sorted({c.exercise.module for c in used})
-        functions = [f"{ex.module}.{ex.name}" for ex in EXERCISES if ex.module in modules and "." not in ex.name]
+        # exercise functions, and the classes whose methods are exercises (KVCache.update: the child makes the object)
+        functions = sorted({f"{ex.module}.{ex.name.split('.')[0]}" for ex in EXERCISES if ex.module in modules})
         source = Path(coursedir.format_path(coursedir.source_directory, ".", assignment)) / "kvlib"
         if not source.is_dir():  # a course folder not made by `kvlib course init`: the installed stubs
             source = Path(importlib.import_module("kvlib").__file__).parent

@@ -5,7 +5,10 @@ checks run here, in the trusted grading process, on what comes back.
   kvlib.checks.CHECKS["softmax_is_stable"].fn(sandbox.module("attention"), rng)
 
 sandbox.module("attention") is a module-like proxy: each exercise function forwards its call
-(numpy arrays, torch tensors, Python numbers) to the child and returns the child's numbers.
+(numpy arrays, torch tensors, Python numbers, dtypes, ModelConfigs, generators, Decoders and
+Attention layers as their weights, functions to call back) to the child and returns the child's
+numbers; a Decoder that comes back is rebuilt here by the grader's kvlib.model, an object of the
+learner's own class (a KVCache) stays in the child behind a RemoteObject.
 The child is started lazily, serves every call of one submission, and is killed and restarted
 after a call that times out or kills it; a function that hung once fails at once afterwards.
 Not here: which files and checks (kvlib.grading.preprocessor), the jail itself (jail.py).
@@ -70,11 +73,22 @@ def _remote_exception(head: dict) -> BaseException:
 # Reading the child's replies: bounded, no pickle, numbers only
 
 
-def _check_node(node, files: dict, depth: int = 0):
-    """Rebuild a value from the reply's schema; anything not plain numbers raises SandboxError."""
+_METHOD = object()  # a getattr reply's "that attribute is a method": RemoteObject makes it a call
+
+
+def _check_node(node, files: dict, depth: int = 0, origin: tuple | None = None):
+    """Rebuild a value from the reply's schema; anything not plain numbers raises SandboxError.
+    origin: (sandbox, fn) of the call, for a handle to an object the child keeps (a learner's KVCache)."""
     if depth > _child.MAX_DEPTH or not isinstance(node, dict):
         raise SandboxError("a malformed reply")
     t = node.get("t")
+    if t == "handle" and origin is not None:
+        key = node.get("id")
+        if type(key) is not int:
+            raise SandboxError("a malformed reply")
+        return RemoteObject(origin[0], origin[1], key, str(node.get("type", "object"))[:100])
+    if t == "method" and origin is not None and depth == 0:
+        return _METHOD
     if t == "none":
         return None
     if t in ("bool", "int", "float", "str"):
@@ -105,9 +119,84 @@ def _check_node(node, files: dict, depth: int = 0):
         items = node.get("items")
         if not isinstance(items, list) or len(items) > _child.MAX_ITEMS:
             raise SandboxError("a malformed reply")
-        out = [_check_node(x, files, depth + 1) for x in items]
+        out = [_check_node(x, files, depth + 1, origin) for x in items]
         return tuple(out) if t == "tuple" else out
+    if t == "generator":
+        import torch
+
+        arr = files.get(node.get("k"))
+        if arr is None or arr.dtype != np.uint8 or arr.ndim != 1 or arr.size > 1 << 16:
+            raise SandboxError("a malformed reply")
+        gen = torch.Generator()
+        try:
+            gen.set_state(torch.from_numpy(arr.copy()))
+        except RuntimeError:
+            raise SandboxError("a generator state that torch refuses") from None
+        return gen
+    if t == "decoder":
+        names, tensors = node.get("names"), node.get("tensors")
+        if not isinstance(names, list) or not isinstance(tensors, list) or len(names) != len(tensors) or len(names) > _child.MAX_ITEMS:
+            raise SandboxError("a malformed reply")
+        return _decoder(node.get("config"), [str(n) for n in names], [_check_node(x, files, depth + 1) for x in tensors])
     raise SandboxError("a malformed reply")
+
+
+_MAX_ROPE = 1 << 24  # rotary-table entries (max_seq_len x head_dim) a returned Decoder may ask the grader to compute
+
+
+def _decoder(config, names: list[str], tensors: list):
+    """A kvlib Decoder rebuilt here, by the grader's own kvlib.model, from the config and weights a
+    child sent: its forward is ours, whatever the submission's code was; the weights must be
+    exactly the ones its config calls for."""
+    import torch
+
+    from kvlib.model import Decoder, ModelConfig, rotary_tables
+
+    if not isinstance(config, dict) or not all(isinstance(k, str) and type(v) in (int, float) for k, v in config.items()):
+        raise SandboxError("a Decoder whose config is not numbers")
+    try:
+        cfg = ModelConfig(**config)
+    except (TypeError, ValueError) as err:
+        raise SandboxError(f"a Decoder with an impossible config ({err})") from None
+    if cfg.max_seq_len * cfg.head_dim > _MAX_ROPE:
+        raise SandboxError(f"a Decoder with max_seq_len {cfg.max_seq_len}: too large to grade")
+    with torch.device("meta"):  # shapes only: no memory until the weights that came are put in
+        model = Decoder(cfg)
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    got = dict(zip(names, tensors))
+    if set(got) != set(want) or any(not isinstance(v, torch.Tensor) or tuple(v.shape) != want[k] for k, v in got.items()):
+        raise SandboxError("a Decoder whose weights do not match its config (names or shapes)")
+    model.load_state_dict(got, assign=True)
+    cos, sin = rotary_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+    model.rope_cos, model.rope_sin = cos, sin
+    return model.eval()
+
+
+def _model():
+    import kvlib.model
+
+    return kvlib.model
+
+
+def _mirror(local, node, files) -> None:
+    """Copy into a grader-side argument what the call did to the child's copy of it (in place)."""
+    import torch
+
+    if node is None or not isinstance(node, dict):
+        return
+    value = _check_node(node, files)
+    with torch.no_grad():
+        if isinstance(local, torch.Tensor) and isinstance(value, torch.Tensor) and value.shape == local.shape:
+            if not torch.equal(value.to(local.dtype), local):
+                local.copy_(value)
+        elif isinstance(local, torch.Generator) and isinstance(value, torch.Generator):
+            local.set_state(value.get_state())
+        elif isinstance(local, _model().Decoder) and isinstance(value, _model().Decoder):
+            theirs, ours = value.state_dict(), local.state_dict()
+            if theirs.keys() == ours.keys() and all(theirs[k].shape == ours[k].shape for k in ours):
+                for k, w in ours.items():
+                    if not torch.equal(theirs[k].to(w.dtype), w):
+                        w.copy_(theirs[k])
 
 
 def load_reply(data: bytes) -> tuple[dict, dict]:
@@ -322,13 +411,12 @@ class Sandbox:
         return head
 
     def _read_reply(self, deadline: float) -> dict | None:
-        """The next reply's head, its value decoded into head["value"]; None on timeout."""
+        """The next reply's head, with its arrays in head["arrays"]; None on timeout."""
         data = self._read_frame(deadline)
         if data is None:
             return None
         head, arrays = load_reply(data)
-        if head.get("status") == "ok":
-            head["value"] = _check_node(head.get("result"), arrays)
+        head["arrays"] = arrays
         return head
 
     def _read_frame(self, deadline: float) -> bytes | None:
@@ -342,7 +430,14 @@ class Sandbox:
 
     # -- calls ---------------------------------------------------------------------------------
 
-    def call(self, fn: str, args: tuple, kwargs: dict):
+    def call(self, fn: str, args: tuple, kwargs: dict, watch: bool = False, on: tuple | None = None):
+        """fn(*args, **kwargs) in the child: its result, with what it did to tensor and Decoder
+        arguments copied back into them, and functions passed as arguments (on_token) called with what
+        the child's stand-ins for them recorded. on=(op, handle, attr): instead of fn itself, an
+        attribute of an object the child handed out ("getattr", "method", "data_ptr").
+        watch=True: instead of the result, [(op, shape)] of every
+        tensor the call allocated (kvlib.benchmark.new_tensors, run in the child beside the call: a
+        submission could hide an allocation from it there, but not change any other check's result)."""
         name = fn.split(".", 1)[1]
         if self.broken:
             raise SandboxError(self.broken)
@@ -357,7 +452,10 @@ class Sandbox:
         self.calls += 1
         enc = _child.Encoder(np, _torch_if_loaded())
         try:
-            head = {"fn": fn, "args": [enc.encode(a) for a in args], "kwargs": {k: enc.encode(v) for k, v in kwargs.items()}}
+            head = {"fn": fn, "args": [enc.encode(a) for a in args], "kwargs": {k: enc.encode(v) for k, v in kwargs.items()},
+                    "watch": bool(watch)}
+            if on is not None:
+                head.update(op=on[0], h=on[1], attr=on[2])
         except TypeError as err:
             raise SetupError(f"a check passed {fn} something the sandbox cannot send: {err}") from None
         data = enc.payload(head)
@@ -385,7 +483,26 @@ class Sandbox:
             self.failed[fn] = f"{name} ended the Python process running it (exit code {rc})"
             raise SandboxError(self.failed[fn])
         if reply.get("status") == "ok":
-            return reply["value"]
+            arrays = reply["arrays"]
+            value = _check_node(reply.get("result"), arrays, origin=(self, fn))
+            after, after_kw = reply.get("after"), reply.get("after_kw")
+            changed = list(zip(args, after)) if isinstance(after, list) and len(after) == len(args) else []
+            if isinstance(after_kw, dict):
+                changed += [(kwargs[k], node) for k, node in after_kw.items() if k in kwargs]
+            try:
+                for local, node in changed:
+                    _mirror(local, node, arrays)
+            except SandboxError as err:
+                raise SandboxError(f"{name} left an argument as {err}") from None
+            calls = reply.get("callbacks") or []
+            if not isinstance(calls, list) or len(calls) > _child.MAX_ITEMS:
+                raise SandboxError("a malformed reply")
+            for call in calls:  # replayed in order, after the call: a check only collects what it is given
+                if not (isinstance(call, list) and len(call) == 2 and type(call[0]) is int and 0 <= call[0] < len(enc.callbacks)
+                        and isinstance(call[1], list)):
+                    raise SandboxError("a malformed reply")
+                enc.callbacks[call[0]](*[_check_node(n, arrays) for n in call[1]])
+            return value
         if reply.get("what") == "result":
             raise SandboxError(f"{name} returned {reply.get('message')}: return numbers (a numpy array, or a tuple of them)")
         raise _remote_exception(reply)
@@ -411,18 +528,77 @@ class SandboxModule:
         self._sandbox, self._module, self._names = sandbox, module, set(names)
 
     def __getattr__(self, name: str):
-        if name.startswith("_") or name not in self._names:
+        if name.startswith("_"):
             raise AttributeError(f"kvlib.{self._module}.{name} is not an exercise function the isolated grader runs")
+        if name not in self._names:  # another function of the module: only to pass to an exercise (to_gqa's pool)
+            return RemoteFunction(self._module, name)
         fn = f"{self._module}.{name}"
 
         def forward(*args, **kwargs):
             return self._sandbox.call(fn, args, kwargs)
 
-        forward.__name__ = name
+        def watch(*args, **kwargs):
+            return self._sandbox.call(fn, args, kwargs, watch=True)
+
+        forward.__name__, forward.watch = name, watch
         return forward
 
     def __repr__(self) -> str:
         return f"<kvlib.{self._module} in the sandbox>"
+
+
+class RemoteObject:
+    """An object of the learner's own class (a KVCache), kept in the isolated child: reading an
+    attribute fetches its value (numbers; a method comes back callable), calling a method runs it there."""
+
+    _kvlib_handle = True
+
+    def __init__(self, sandbox: Sandbox, fn: str, handle_id: int, type_name: str):
+        object.__setattr__(self, "_state", (sandbox, fn, handle_id, type_name))
+
+    @property
+    def handle_id(self) -> int:
+        return self._state[2]
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        sandbox, fn, key, _ = self._state
+        value = sandbox.call(fn, (), {}, on=("getattr", key, attr))
+        if value is not _METHOD:
+            return value
+
+        def method(*args, **kwargs):
+            return sandbox.call(fn, args, kwargs, on=("method", key, attr))
+
+        method.__name__ = attr
+        return method
+
+    def __setattr__(self, attr: str, value):
+        raise SandboxError(f"a {self._state[3]} in the isolated child cannot be changed from the grader ({attr})")
+
+    def kvlib_data_ptr(self, attr: str) -> int:
+        """The address of the tensor attribute's memory, in the child: did a method reallocate it?"""
+        sandbox, fn, key, _ = self._state
+        return sandbox.call(fn, (), {}, on=("data_ptr", key, attr))
+
+    def __repr__(self) -> str:
+        return f"<{self._state[3]} in the sandbox>"
+
+
+class RemoteFunction:
+    """kvlib.<module>.<name> as the child has it: sent by name as an argument, never run here."""
+
+    _kvlib_remote_ref = True
+
+    def __init__(self, module: str, name: str):
+        self.module, self.name = module, name
+
+    def __call__(self, *args, **kwargs):
+        raise SandboxError(f"kvlib.{self.module}.{self.name} runs only in the isolated child, as an argument of an exercise")
+
+    def __repr__(self) -> str:
+        return f"<kvlib.{self.module}.{self.name} in the sandbox>"
 
 
 def _describe(err: BaseException) -> str:
@@ -453,4 +629,4 @@ def _plain_python() -> str:
     return sys.executable
 
 
-__all__ = ["LearnerError", "Sandbox", "SandboxError", "SandboxModule", "SetupError", "describe", "load_reply"]
+__all__ = ["LearnerError", "RemoteFunction", "RemoteObject", "Sandbox", "SandboxError", "SandboxModule", "SetupError", "describe", "load_reply"]
