@@ -302,7 +302,9 @@ def _memory_run(device: str, threads: int | None, quick: bool) -> dict:
     busy neighbour slows all three alike; each is the median over rounds, and the decode's
     fraction of the bandwidth is also given as the median of the per-round ratios. On a GPU each
     decode step is timed twice: as kvlib runs it (eager: one kernel launch per operation, from
-    Python) and replayed as a CUDA graph (benchmark.replayable), which leaves the GPU no idle gaps.
+    Python) and replayed as a CUDA graph (benchmark.replayable), which leaves the GPU no idle gaps;
+    and at batch 1 a third time, through torch.compile (mode "reduce-overhead": fused kernels
+    replayed as CUDA graphs), recorded as an error instead should the compiler fail.
     """
     from kvlib.roofline import (bandwidth_kernels, memory_bound_config, random_model, roofline_time,
                                 step_cost)
@@ -322,11 +324,25 @@ def _memory_run(device: str, threads: int | None, quick: bool) -> dict:
     with torch.device(device):  # build the weights where they will run: no host copy of a multi-GB model
         model = random_model(config, dtype=dtype, device=device)
     ids = {batch: torch.randint(0, config.vocab_size, (batch, 1), device=device) for batch in batch_sizes}
+    # the decode step's own kind of kernel, alone: one token's vector times each layer's largest matrix
+    downs = [layer.mlp.down_proj.weight for layer in model.layers]
+    vec = torch.randn(1, downs[0].shape[1], device=device, dtype=dtype)
+    gemv_bytes = sum(w.nbytes for w in downs)
     with benchmark.num_threads(threads), torch.inference_mode():
         jobs = {**{k: fn for k, (fn, _) in kernels.items()}, "matmul": lambda: a @ b,
+                "gemv": benchmark.replayable(lambda: [torch.nn.functional.linear(vec, w) for w in downs], device),
                 **{f"decode {batch}": (lambda x=x: model(x)) for batch, x in ids.items()}}
+        compile_error = None
         if cuda:
             jobs |= {f"graph {batch}": benchmark.replayable(lambda x=x: model(x), device) for batch, x in ids.items()}
+            if not quick:  # fused kernels too: torch.compile, its CUDA graphs included ("reduce-overhead"), batch 1
+                try:
+                    compiled, x1 = torch.compile(model, mode="reduce-overhead"), ids[1]
+                    for _ in range(3):  # compile, record the graph, replay
+                        compiled(x1)
+                    jobs["compiled 1"] = lambda: compiled(x1)
+                except Exception as err:  # a compiler that fails here must not cost the rest of the recording
+                    compile_error = f"{type(err).__name__}: {str(err)[:300]}"
         samples = {k: [] for k in jobs}
         for fn in jobs.values():  # warm-up: first touches, kernel selection
             fn()
@@ -338,7 +354,8 @@ def _memory_run(device: str, threads: int | None, quick: bool) -> dict:
                 benchmark.synchronize(device)
                 samples[k].append(time.perf_counter() - start)
         record = benchmark.environment(device, dtype=str(dtype).removeprefix("torch."), rounds=rounds)
-    del model, jobs
+    gemv_shape, n_matrices = list(downs[0].shape), len(downs)
+    del model, jobs, downs
     med = {k: statistics.median(v) for k, v in samples.items()}
     rates = {k: moved / med[k] for k, (_, moved) in kernels.items()}
     bandwidth, flops_per_s = rates["read"], 2 * n**3 / med["matmul"]
@@ -364,8 +381,11 @@ def _memory_run(device: str, threads: int | None, quick: bool) -> dict:
         "threads": record["threads"], "rounds": rounds, "record": record,
         "bandwidth": bandwidth, "bandwidth_kernel": "read", "bandwidth_per_kernel": rates, "array_bytes": array_bytes,
         "matmul_flops": flops_per_s, "matmul_n": n, "ridge": flops_per_s / bandwidth,
+        "gemv": {"bytes_per_s": gemv_bytes / med["gemv"], "fraction_of_bandwidth": gemv_bytes / med["gemv"] / bandwidth,
+                 "matrices": n_matrices, "shape": gemv_shape},
         "decode": {"config": config.to_dict(), "weight_bytes_read": moved, "flops": flops, "predicted_s": predicted,
-                   **timed("decode 1"), **({"graph": timed("graph 1")} if cuda else {})},
+                   **timed("decode 1"), **({"graph": timed("graph 1")} if cuda else {}),
+                   **({"compiled": timed("compiled 1")} if "compiled 1" in med else {"compile_error": compile_error} if compile_error else {})},
         "batches": batches,
     }
 
@@ -395,6 +415,9 @@ def format_memory(report: dict) -> str:
                   "  bandwidth   " + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in r["bandwidth_per_kernel"].items())
                   + f" GB/s over {r['array_bytes'] >> 20} MB arrays -> read: {r['bandwidth'] / 1e9:.1f} GB/s",
                   f"  matmul      {r['matmul_flops'] / 1e9:.1f} GFLOP/s ({r['matmul_n']}^3); ridge {r['ridge']:.1f} FLOP/B",
+                  *([f"  gemv        {r['gemv']['bytes_per_s'] / 1e9:.1f} GB/s = {r['gemv']['fraction_of_bandwidth']:.0%} of the read "
+                     f"bandwidth (one vector times {r['gemv']['matrices']} matrices of {r['gemv']['shape'][0]}x{r['gemv']['shape'][1]})"]
+                    if "gemv" in r else []),
                   f"  decode step ({d['weight_bytes_read'] / 1e6:.0f} MB of weights): predicted {d['predicted_s'] * 1e3:.2f} ms, "
                   f"measured {d['measured_s'] * 1e3:.2f} ms (measured/predicted {d['measured_over_predicted']:.2f}); "
                   f"{d['achieved_bytes_per_s'] / 1e9:.1f} GB/s = {d['fraction_of_bandwidth']:.0%} of the bandwidth "
@@ -402,6 +425,10 @@ def format_memory(report: dict) -> str:
                   *([f"  as a CUDA graph: {d['graph']['measured_s'] * 1e3:.2f} ms (measured/predicted "
                      f"{d['graph']['measured_over_predicted']:.2f}); {d['graph']['achieved_bytes_per_s'] / 1e9:.1f} GB/s = "
                      f"{d['graph']['fraction_of_bandwidth']:.0%} of the bandwidth"] if "graph" in d else []),
+                  *([f"  torch.compile (fused kernels, CUDA graphs): {d['compiled']['measured_s'] * 1e3:.2f} ms (measured/predicted "
+                     f"{d['compiled']['measured_over_predicted']:.2f}); {d['compiled']['achieved_bytes_per_s'] / 1e9:.1f} GB/s = "
+                     f"{d['compiled']['fraction_of_bandwidth']:.0%} of the bandwidth"] if "compiled" in d else []),
+                  *([f"  torch.compile failed: {d['compile_error']}"] if "compile_error" in d else []),
                   f"  {'batch':>7} {'FLOP/B':>8} {'predicted tok/s':>16} {'measured tok/s':>15}"
                   + (f" {'CUDA graph tok/s':>17}" if "graph" in d else "")]
         for b in r["batches"]:

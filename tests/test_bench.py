@@ -78,6 +78,8 @@ def test_shipped_gpu_recordings_say_what_made_them(path):
             assert d["achieved_bytes_per_s"] == pytest.approx(d["weight_bytes_read"] / d["measured_s"])
             assert d["fraction_of_bandwidth"] == pytest.approx(d["achieved_bytes_per_s"] / r["bandwidth"])
             assert d["graph"]["measured_s"] < d["measured_s"]  # a graph replays the same kernels without launch gaps
+            assert r["gemv"]["fraction_of_bandwidth"] == pytest.approx(r["gemv"]["bytes_per_s"] / r["bandwidth"])
+            assert "compiled" in d or "compile_error" in d  # torch.compile measured, or why not said
             assert r["ridge"] == pytest.approx(r["matmul_flops"] / r["bandwidth"])
     else:
         assert rec["record"]["device_type"] == "cuda" and rec["record"]["cuda_graph"]
