@@ -17,8 +17,8 @@ import traceback
 import types
 
 MAX_DEPTH = 4
-_DECODERS = ("Decoder", "SlowDecoder")  # kvlib.model's, sent as config and weights (and the sleep per token)
 MAX_ITEMS = 4096
+_DECODERS = ("Decoder", "SlowDecoder")  # kvlib.model's, sent as config and weights (and the sleep per token)
 _NUMBER_KINDS = "biufc"
 
 
@@ -55,10 +55,12 @@ def _config_fields(config) -> dict:
 
 class Encoder:
     """Plain numbers to (schema, arrays): ndarray, numpy scalar, bool/int/float/None/str, torch
-    tensor, a kvlib Decoder (its config and weights), and tuples/lists of those; in requests also a
-    torch.dtype, a kvlib ModelConfig (its sizes) and a named function of the child's modules (the
-    parent accepts none of these three in a reply). Anything else (an object that compares equal to anything,
-    an ndarray subclass's custom behaviour, a pickle) is refused, with its type in the message."""
+    tensor and Generator (its state), a kvlib Decoder or Attention (config and weights), and
+    tuples/lists of those. In requests also a torch.dtype, a kvlib ModelConfig (its sizes), a
+    named function of the child's modules, a handle to an object the child keeps, and a function
+    to call back (the child records the calls). In replies also a handle, for the object a learner's
+    class constructor made (it stays in the child). Anything else (an object that compares equal
+    to anything, an ndarray subclass's custom behaviour, a pickle) is refused, with its type."""
 
     def __init__(self, np, torch=None, handles=None, owners=()):
         self.np, self.torch, self.arrays = np, torch, {}
