@@ -174,6 +174,9 @@ def gqa_bench_config(n_kv_heads: int = 8, max_seq_len: int = 16392) -> ModelConf
                        hidden_dim=512, max_seq_len=max_seq_len)
 
 
+FIXED_KV_LEN = 16  # so few cached tokens that a step is all weights and small operations: its fixed part
+
+
 def _gqa_method(method: str, mha: bool) -> str:
     """A row's name: "mha" (kvlib's attention) and "mha sdpa" for MHA; materialised, grouped or sdpa for GQA."""
     return ("mha sdpa" if method == "sdpa" else "mha") if mha else method
@@ -191,6 +194,11 @@ def bench_gqa(threads: int = 1, quick: bool = False, kv_lens=(4096, 8192, 16384)
     On a CUDA GPU (device="cuda"): bfloat16, batch 64 unless given (one sequence's cache is too small
     to keep a GPU busy), and each step replayed as a CUDA graph (benchmark.replayable), so that what
     is timed is the reading of the cache rather than Python launching kernels.
+    Where the time goes: each case is also timed at FIXED_KV_LEN cached tokens, in the same rounds, which
+    leaves only the weights and the step's small operations (its fixed part, which GQA does not touch);
+    a row's cache_s = its step time - that fixed part, and cache_bytes_per_s the rate at which the
+    cache (and the copies) were read in it. The step's speedup over MHA is (fixed + MHA's cache part) /
+    (fixed + this cache part): Amdahl's law, measured.
     """
     from kvlib import gqa
     from kvlib.kv_cache import KVCache
@@ -208,12 +216,12 @@ def bench_gqa(threads: int = 1, quick: bool = False, kv_lens=(4096, 8192, 16384)
         if bandwidth is None:
             n_bytes = (32 << 20) if quick else (2 << 30) if cuda else (256 << 20)
             bandwidth = measure_bandwidth(n_bytes=n_bytes, device=device, threads=None, repeats=3 if quick else 7)
-        cases = []  # (kv_len, n_kv_heads, method, model, cache, step)
+        cases = []  # (kv_len, n_kv_heads, method, model, cache, step); kv_len FIXED_KV_LEN: the fixed part
         token = torch.full((batch,), 7, device=device)
-        for S in kv_lens:
+        for S in (FIXED_KV_LEN, *kv_lens):
             for h in kv_heads:
                 config = gqa_bench_config(h, max_seq_len=S + 8)
-                torch.manual_seed(0)
+                torch.manual_seed(0)  # the same weights at every kv_len, so the fixed part is this model's
                 model = Decoder(config).to(device=device, dtype=dtype).eval()
                 cache = KVCache(config, batch=batch, max_seq_len=S + 1, dtype=dtype, device=device)
                 cache.k.normal_(), cache.v.normal_()
@@ -239,19 +247,29 @@ def bench_gqa(threads: int = 1, quick: bool = False, kv_lens=(4096, 8192, 16384)
                         step()
                         benchmark.synchronize(device)
                         samples[i].append(time.perf_counter() - start)
+        fixed = {(h, method): statistics.median(times)
+                 for (S, h, method, *_), times in zip(cases, samples) if S == FIXED_KV_LEN}
         rows = []
         for (S, h, method, model, cache, _), times in zip(cases, samples):
+            if S == FIXED_KV_LEN:
+                continue
             moved = gqa.decode_bytes(model, S + 1, batch, method)
+            median, fixed_s = statistics.median(times), fixed[h, method]
+            cache_s = median - fixed_s  # the part of the step that grows with the cache; noise can make it <= 0
             rows.append({
                 "kv_len": S, "n_kv_heads": h, "group_size": n_heads // h, "method": _gqa_method(method, h == n_heads),
-                "median_s": statistics.median(times), "min_s": min(times), "max_s": max(times),
+                "median_s": median, "min_s": min(times), "max_s": max(times),
                 "bytes": moved, "predicted_s": moved / bandwidth["bandwidth"], "cache_bytes": cache.nbytes,
+                "fixed_s": fixed_s, "cache_s": cache_s,
+                # the bytes that grow with kv_len (the cache, and the copies of the materialised path) over that part
+                "cache_bytes_per_s": (moved - gqa.decode_bytes(model, 0, batch, method)) / cache_s if cache_s > 0 else None,
             })
         for row in rows:  # ratios against MHA at the same kv_len, attention done the same way
             base = "mha sdpa" if row["method"].endswith("sdpa") else "mha"
             mha = next(r for r in rows if r["kv_len"] == row["kv_len"] and r["method"] == base)
             row["speedup_vs_mha"] = mha["median_s"] / row["median_s"]
             row["speedup_vs_mha_best"] = mha["min_s"] / row["min_s"]  # fastest runs: least disturbed by neighbours
+            row["cache_speedup_vs_mha"] = mha["cache_s"] / row["cache_s"] if min(mha["cache_s"], row["cache_s"]) > 0 else None
             row["measured_over_predicted"] = row["median_s"] / row["predicted_s"]
         record = benchmark.environment(device, dtype=str(dtype).removeprefix("torch."), threads_requested=threads,
                                        rounds=rounds, batch=batch, cuda_graph=cuda,
@@ -261,7 +279,9 @@ def bench_gqa(threads: int = 1, quick: bool = False, kv_lens=(4096, 8192, 16384)
 
     config = gqa_bench_config()
     return {"benchmark": "gqa", "date": datetime.date.today().isoformat(), "record": record, "config": {**config.to_dict(), "n_kv_heads": kv_heads},
-            "bandwidth": {"bytes_per_s": bandwidth["bandwidth"], "kernel": bandwidth["kernel"]}, "rows": rows}
+            "bandwidth": {"bytes_per_s": bandwidth["bandwidth"], "kernel": bandwidth["kernel"]}, "rows": rows,
+            "fixed": [{"kv_len": FIXED_KV_LEN, "n_kv_heads": h, "method": _gqa_method(method, h == n_heads), "median_s": t}
+                      for (h, method), t in fixed.items()]}
 
 
 def format_gqa(report: dict) -> str:
@@ -282,7 +302,41 @@ def format_gqa(report: dict) -> str:
     lines.append("\nvs MHA = MHA's median step time / this one's (>1: faster), sdpa against mha sdpa, the others against mha; "
                  "best/best = the same for the fastest runs.\nmha: kvlib's attention; materialised: repeat_kv then MHA attention; "
                  "grouped: grouped_attention (Exercise 6.2); sdpa: torch's fused SDPA (enable_gqa for GQA)")
+    if "fixed" in report:  # recordings made before the fixed part was measured lack it
+        lines += _format_time_split(report)
     return "\n".join(lines)
+
+
+def _format_time_split(report: dict) -> list[str]:
+    """The second table of format_gqa: each step split into its fixed part and its cache part, and the verdict."""
+    def ms(x):
+        return f"{x * 1e3:.2f}" if x is not None else "-"
+
+    def ratio(x):
+        return f"{x:.2f}x" if x is not None else "-"
+
+    n_kv = report["config"]["n_kv_heads"]
+    lines = ["", f"Where the time goes: fixed = the same step at {report['fixed'][0]['kv_len']} cached tokens (weights and small "
+                 "operations, untouched by GQA); cache = step - fixed",
+             f"{'kv_len':>7} {'n_kv_heads':>10} {'method':>13} {'step ms':>9} {'fixed ms':>9} {'cache ms':>9} {'cache GB/s':>10} "
+             f"{'cache vs MHA':>12} {'step vs MHA':>11}"]
+    for row in report["rows"]:
+        rate = f"{row['cache_bytes_per_s'] / 1e9:.1f}" if row["cache_bytes_per_s"] is not None else "-"
+        lines.append(f"{row['kv_len']:>7} {row['n_kv_heads']:>10} {row['method']:>13} {ms(row['median_s']):>9} {ms(row['fixed_s']):>9} "
+                     f"{ms(row['cache_s'] if row['cache_s'] > 0 else None):>9} {rate:>10} {ratio(row['cache_speedup_vs_mha']):>12} "
+                     f"{row['speedup_vs_mha']:>10.2f}x")
+    quarter = n_kv[0] // 4 if n_kv[0] // 4 in n_kv else n_kv[-1]
+    lens = sorted({row["kv_len"] for row in report["rows"]})
+    at = {(row["kv_len"], row["n_kv_heads"], row["method"]): row for row in report["rows"]}
+    for kv_len in lens:
+        g, mha = at[kv_len, quarter, "grouped"], at[kv_len, n_kv[0], "mha"]
+        if g["cache_speedup_vs_mha"] is None:
+            lines.append(f"{kv_len} cached tokens: the cache part of a step is lost in the noise of its fixed part here")
+            continue
+        lines.append(f"{kv_len} cached tokens, n_kv_heads {quarter} (grouped) against MHA: cache part {ms(g['cache_s'])} ms against "
+                     f"{ms(mha['cache_s'])} (ratio {g['cache_speedup_vs_mha']:.2f}x, for {n_kv[0] // quarter}x fewer bytes); fixed part "
+                     f"{ms(g['fixed_s'])} against {ms(mha['fixed_s'])} ms; the whole step {g['speedup_vs_mha']:.2f}x")
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------

@@ -115,7 +115,7 @@ def cmd_generate(args) -> int:
 BENCHES = {
     "cache": ("tokens/s without and with a KV cache, and transformers'", "bench_cache", "format_cache"),
     "memory": ("bandwidth, matmul FLOP/s, a memory-bound decode step predicted and measured", "bench_memory", "format_memory"),
-    "gqa": ("decode time at long context against n_kv_heads: MHA, repeated heads, grouped", "bench_gqa", "format_gqa"),
+    "gqa": ("decode time at long context against n_kv_heads: MHA, repeated heads, grouped; each step's fixed part", "bench_gqa", "format_gqa"),
 }
 
 

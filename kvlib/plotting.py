@@ -691,8 +691,8 @@ def kv_bytes_per_token(names, bytes_per_token, kinds, *, note=None):
 def gqa_decode_time(rows, *, kv_len=None, note=None):
     """Decode-step time against n_kv_heads, three ways, with the roofline prediction; and the speedup over MHA.
 
-    Args:    rows: `kvlib bench gqa` rows (kv_len, n_kv_heads, method, median_s, min_s, max_s, predicted_s, speedup_vs_mha);
-                   MHA rows are "mha" (kvlib's attention) and "mha sdpa", each the start of its way's curve
+    Args:    rows: `kvlib bench gqa` rows (kv_len, n_kv_heads, method, median_s, min_s, max_s, predicted_s, speedup_vs_mha,
+                   and fixed_s where measured); MHA rows are "mha" (kvlib's attention) and "mha sdpa", each the start of its way's curve
              kv_len: the context of the left panel (default: the middle one measured)
              note: what produced the numbers, printed under the axes
     Returns: the Figure (left: ms per step at kv_len; right: speedup over MHA against kv_len, n_kv_heads = n_heads / 4)
@@ -717,8 +717,14 @@ def gqa_decode_time(rows, *, kv_len=None, note=None):
             med = np.array([p[1]["median_s"] for p in pts]) * 1e3
             err = [med - np.array([p[1]["min_s"] for p in pts]) * 1e3, np.array([p[1]["max_s"] for p in pts]) * 1e3 - med]
             ax.errorbar(xi, med, yerr=err, color=color, marker=marker, ms=8, lw=2, capsize=3, label=label)
-        pred = [next(r for r in at if r["n_kv_heads"] == h and r["method"] in ("grouped", "mha"))["predicted_s"] * 1e3 for h in heads]
+        grouped = [next(r for r in at if r["n_kv_heads"] == h and r["method"] in ("grouped", "mha")) for h in heads]
+        pred = [r["predicted_s"] * 1e3 for r in grouped]
         ax.plot(x, pred, ls="--", color=PALETTE["black"], lw=1.5, label="roofline: bytes / bandwidth (grouped)")
+        if all("fixed_s" in r for r in grouped):  # recordings made before the fixed part was measured lack it
+            from kvlib.bench import FIXED_KV_LEN
+
+            ax.plot(x, [r["fixed_s"] * 1e3 for r in grouped], ls=":", color=PALETTE["blue"], lw=2,
+                    label=f"fixed part ({FIXED_KV_LEN} cached tokens)")
         ax.set_xticks(x, [f"{h}\n{'MHA' if h == heads[0] else 'MQA' if h == 1 else 'GQA'}" for h in heads])
         ax.set_xlabel("key/value heads (n_kv_heads)")
         ax.set_ylabel("one decode step (ms)")

@@ -272,6 +272,30 @@ def test_bench_gqa_quick_reports_every_case():
     assert "vs MHA" in format_gqa(report) and report["record"]["threads"] == 1
 
 
+def test_bench_gqa_splits_each_step_into_its_fixed_part_and_its_cache_part():
+    """Check that every case is also timed at FIXED_KV_LEN tokens, and each row's cache part is its step minus that."""
+    from kvlib.bench import FIXED_KV_LEN, bench_gqa, format_gqa
+
+    report = bench_gqa(quick=True)
+    fixed = {(f["n_kv_heads"], f["method"]): f["median_s"] for f in report["fixed"]}
+    assert {f["kv_len"] for f in report["fixed"]} == {FIXED_KV_LEN} and all(t > 0 for t in fixed.values())
+    assert set(fixed) == {(r["n_kv_heads"], r["method"]) for r in report["rows"]}  # one fixed part per way and n_kv_heads
+    mha = {r["kv_len"]: r for r in report["rows"] if r["method"] == "mha"}
+    for r in report["rows"]:
+        assert r["fixed_s"] == fixed[r["n_kv_heads"], r["method"]]
+        assert r["cache_s"] == pytest.approx(r["median_s"] - r["fixed_s"])
+        if r["cache_s"] > 0:  # the rate at which the bytes that grow with kv_len were read: the cache (kv_len + 1 slots)
+            assert r["cache_bytes_per_s"] > 0
+            if r["method"] != "materialised":  # which also writes and reads its copies
+                assert r["cache_bytes_per_s"] == pytest.approx(r["cache_bytes"] / r["cache_s"])
+        else:
+            assert r["cache_bytes_per_s"] is None
+        if r["method"] in ("mha", "grouped", "materialised") and r["cache_s"] > 0 and mha[r["kv_len"]]["cache_s"] > 0:
+            assert r["cache_speedup_vs_mha"] == pytest.approx(mha[r["kv_len"]]["cache_s"] / r["cache_s"])
+    text = format_gqa(report)
+    assert "Where the time goes" in text and "fixed ms" in text and text.count("cached tokens") >= len(mha)
+
+
 def test_uptraining_recording_shows_the_papers_ordering():
     """Check the shipped recording: every conversion recorded, and after uptraining mean-pooling beats keeping the first head."""
     recording = gqa.load_uptraining_recording()
