@@ -5,18 +5,22 @@ Dimension key, used in every docstring, comment and plot of the course:
     C  d_model       H  n_heads       H_kv  n_kv_heads       D  head_dim
     group_size = n_heads // n_kv_heads (queries per key/value head)
 
-Modules, one per notebook (listed once, in README.md). Exercise modules are imported lazily, so
-that a learner's broken file cannot stop `kvlib check` from reporting on the others.
+At the top of the package stand only the learner's modules, one per notebook (attention,
+generation, recompute, kv_cache, roofline, gqa); everything else lives in a subpackage named for
+its job: core (the model and its weights), measure, study (corpus, training, the GQA study),
+course (exercises, release, command line, lab, figures), checks and grading. Modules are imported
+lazily, so that a learner's broken file cannot stop `kvlib check` from reporting on the others.
 """
 from __future__ import annotations
 
 import importlib
 
-from kvlib._exercise import EXERCISES, ExerciseNotDone, solutions_enabled, use_solutions
+from kvlib.course.exercises import EXERCISES, ExerciseNotDone, solutions_enabled, use_solutions
 
 __all__ = ["EXERCISES", "ExerciseNotDone", "solutions_enabled", "use_solutions"]
 
-_SUBMODULES = {"attention", "generation", "recompute", "kv_cache", "model", "tokenizer", "benchmark", "checks", "plotting", "cli"}
+_SUBMODULES = {"attention", "generation", "recompute", "kv_cache", "roofline", "gqa", "core", "measure", "study", "course",
+               "checks", "grading"}
 
 
 def __getattr__(name: str):

@@ -1,5 +1,5 @@
 import sys
 
-from kvlib.cli import main
+from kvlib.course.cli import main
 
 sys.exit(main())

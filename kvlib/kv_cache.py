@@ -3,7 +3,7 @@
 Space for time: a pre-allocated cache of shape (batch, n_kv_heads, max_seq_len, head_dim) per
 layer holds what notebook 03 showed never changes. prefill() runs the prompt once and fills it;
 each decode_step() runs one token, at absolute position cache.pos, against every cached key.
-The model takes it as in the seed's pseudo-code: logits, cache = model(ids, past_key_values=cache).
+The model takes it as transformers' models do: logits, cache = model(ids, past_key_values=cache).
 Left out: paged or sliding-window caches, and batches of prompts of different lengths.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from kvlib._exercise import exercise
+from kvlib.course.exercises import exercise
 from kvlib.attention import causal_mask
 from kvlib.generation import next_token
 
@@ -43,7 +43,8 @@ class KVCache:
     """Keys and values of every layer, pre-allocated: k and v are (n_layers, batch, n_kv_heads, max_seq_len, head_dim).
 
     pos counts the tokens stored so far: the absolute position of the next token. A forward
-    pass writes each layer with update(), then moves pos on once with advance().
+    pass writes each layer with update(), then moves pos on once with advance(); each layer reads
+    the cache through attention(), which is cached_attention (Exercise 4.2).
     """
 
     def __init__(self, config, batch: int = 1, max_seq_len: int | None = None,
@@ -72,6 +73,11 @@ class KVCache:
         if self.pos + seq_len > self.max_seq_len:
             raise ValueError(f"advancing by {seq_len} from {self.pos} runs past max_seq_len={self.max_seq_len}")
         self.pos += seq_len
+
+    @staticmethod
+    def attention(attn, x: torch.Tensor, cache: "KVCache", layer: int, rope_cos: torch.Tensor, rope_sin: torch.Tensor):
+        """How the model runs one layer's attention through this cache: Exercise 4.2's cached_attention."""
+        return cached_attention(attn, x, cache, layer, rope_cos, rope_sin)
 
     @exercise("4.1", validate=_check_update)
     def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,7 +111,7 @@ def cached_attention(attn, x: torch.Tensor, cache: KVCache, layer: int,
                      rope_cos: torch.Tensor, rope_sin: torch.Tensor) -> torch.Tensor:
     """One attention layer with a cache: the seq_len new tokens attend to every stored token and themselves.
 
-    Args:    attn: the layer's kvlib.model.Attention (project_q, project_kv, n_heads, n_kv_heads, o_proj)
+    Args:    attn: the layer's kvlib.core.model.Attention (project_q, project_kv, n_heads, n_kv_heads, o_proj)
              x: (batch, seq_len, d_model), the normed residual stream of the NEW tokens only
              cache, layer: where this layer's keys and values live; cache.pos = position of x[:, 0]
              rope_cos, rope_sin: (max_seq_len, head_dim), the model's rotary tables for all positions

@@ -13,7 +13,7 @@ import math
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from kvlib._exercise import exercise
+from kvlib.course.exercises import exercise
 
 
 def _check_config(config, *lengths):

@@ -6,69 +6,24 @@ Waterman and Patterson, CACM 2009). Its x-axis is arithmetic intensity, FLOPs pe
 a device's ridge point, peak FLOP/s / bandwidth, splits memory-bound (left) from
 compute-bound (right). Decode at batch 1 reads every weight for ~2 FLOPs each: far left.
 
-Here: a table of real GPUs (dense datasheet figures, with sources), the learner's exercises
-(5.1-5.5), and measurements of this machine: bandwidth, matmul FLOP/s, and the step time of a
-random-weight model too big for the caches. Counts follow notebook 03: 2 FLOPs per multiply-add,
+Here: the learner's exercises (5.1-5.5) and what follows from them; the table of real GPUs
+(kvlib.core.devices) and the measurements of this machine (kvlib.measure.machine) are imported
+for the notebook. Counts follow notebook 03: 2 FLOPs per multiply-add,
 matrix multiplies only; bytes are the matrix weights read once plus the KV cache read once
 (activations, norms and the embedding rows a step looks up are left out: they are tiny).
 Left out: overlap of prefill and decode, caches between levels of memory, multi-GPU.
 """
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 
-from kvlib._exercise import exercise
-from kvlib.benchmark import environment, measure
-
-RECORDINGS_DIR = Path(__file__).resolve().parent.parent / "assets" / "recordings"  # GPU runs of `kvlib bench memory`
+from kvlib.core.model import matrix_params
+from kvlib.course.exercises import exercise
 
 # ---------------------------------------------------------------------------------------------
-# Devices: dense datasheet figures (NVIDIA datasheets and whitepapers; COURSE.md, SOURCES.md)
-
-
-@dataclass(frozen=True)
-class Device:
-    """Peak FLOP/s and memory bandwidth (bytes/s) of one device; ridge points follow from them."""
-
-    name: str
-    fp32_flops: float  # dense FP32, FLOP/s
-    tensor16_flops: float  # dense 16-bit tensor-core FLOP/s (BF16, or FP16 where no BF16)
-    bandwidth: float  # bytes/s
-    memory: float  # bytes of device memory: weights and KV cache must fit in it
-    source: str
-    note: str = ""
-
-    def peak_flops(self, dtype: torch.dtype = torch.float16) -> float:
-        """FP32 peak for float32, the tensor-core peak for 16-bit types."""
-        return self.fp32_flops if dtype == torch.float32 else self.tensor16_flops
-
-    def ridge(self, dtype: torch.dtype = torch.float16) -> float:
-        """FLOPs per byte at which the roofline turns: left of it, memory sets the time."""
-        return self.peak_flops(dtype) / self.bandwidth
-
-
-_A100 = "NVIDIA A100 Tensor Core GPU datasheet"
-_H100 = "NVIDIA H100 Tensor Core GPU datasheet"
-T, G = 1e12, 1e9
-DEVICES: dict[str, Device] = {
-    d.name: d
-    for d in (
-        Device("T4", 8.1 * T, 65 * T, 320 * G, 16 * G, "NVIDIA T4 datasheet", "16-bit is FP16: no BF16"),
-        Device("L4", 30.3 * T, 121 * T, 300 * G, 24 * G, "NVIDIA L4 datasheet"),
-        Device("A100 40GB SXM", 19.5 * T, 312 * T, 1555 * G, 40 * G, _A100),
-        Device("A100 80GB PCIe", 19.5 * T, 312 * T, 1935 * G, 80 * G, _A100, "the seed article's '~1.9 TB/s'"),
-        Device("A100 80GB SXM", 19.5 * T, 312 * T, 2039 * G, 80 * G, _A100),
-        Device("H100 SXM", 67 * T, 989 * T, 3350 * G, 80 * G, _H100),
-        Device("H100 PCIe", 51 * T, 756 * T, 2000 * G, 80 * G, _H100),
-        Device("H200 SXM", 67 * T, 989 * T, 4800 * G, 141 * G, "NVIDIA H200 datasheet (compute as H100 SXM)"),
-        Device("RTX 4090", 82.6 * T, 165 * T, 1008 * G, 24 * G, "NVIDIA Ada (RTX 4090) whitepaper", "16-bit with FP32 accumulate"),
-    )
-}
+# Helpers the notebook calls
 
 
 def bytes_per_element(dtype: torch.dtype) -> int:
@@ -76,13 +31,6 @@ def bytes_per_element(dtype: torch.dtype) -> int:
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"dtype must be a torch.dtype such as torch.float16, got {dtype!r}")
     return torch.empty((), dtype=dtype).element_size()
-
-
-def matrix_params(config) -> int:
-    """Weights in the matrices one token passes through: every layer's projections and MLP, and the lm_head."""
-    C, D, H, H_kv = config.d_model, config.head_dim, config.n_heads, config.n_kv_heads
-    layer = C * H * D + 2 * C * H_kv * D + H * D * C + 3 * C * config.hidden_dim
-    return config.n_layers * layer + C * config.vocab_size
 
 
 def attainable_flops(intensity, peak_flops: float, bandwidth: float):
@@ -275,89 +223,3 @@ def compute_bound_batch(config, kv_len: int, peak_flops: float, bandwidth: float
 def kv_matches_weights(config, weight_bytes: int, batch: int = 1, dtype: torch.dtype = torch.float16) -> float:
     """Context length (tokens) at which the KV cache of `batch` sequences weighs as much as the weights."""
     return weight_bytes / kv_cache_bytes(config, 1, batch, dtype)
-
-
-# ---------------------------------------------------------------------------------------------
-# Measuring this machine
-
-
-def bandwidth_kernels(n_bytes: int = 256 << 20, device: str | torch.device = "cpu") -> dict:
-    """name -> (fn, bytes it moves) for three streaming kernels over float32 arrays of n_bytes.
-
-    read: x.sum() reads n_bytes; copy: y.copy_(x) reads and writes n_bytes (counted 2x, as
-    STREAM does); triad: z = x + 2 y (3x).
-    """
-    n = n_bytes // 4
-    x = torch.rand(n, device=device)
-    y, z = torch.rand(n, device=device), torch.empty(n, device=device)
-    return {
-        "read": (lambda: x.sum(), n * 4),
-        "copy": (lambda: y.copy_(x), 2 * n * 4),
-        "triad": (lambda: torch.add(x, y, alpha=2.0, out=z), 3 * n * 4),
-    }
-
-
-def measure_bandwidth(n_bytes: int = 256 << 20, device: str | torch.device = "cpu", threads: int | None = 1,
-                      repeats: int = 7) -> dict:
-    """Sustained memory bandwidth (bytes/s) from three streaming kernels over arrays far beyond the caches.
-
-    `bandwidth` is the read kernel's: a decode step streams its weights in, reading only, so that
-    is the ceiling to predict it with (copy and triad, reported beside it, also pay for writes).
-    Returns bytes/s per kernel, with the record.
-    """
-    rates = {}
-    for name, (fn, moved) in bandwidth_kernels(n_bytes, device).items():
-        timing = measure(fn, name=name, repeats=repeats, device=device, threads=threads)
-        rates[name] = moved / timing.median
-    return {"bandwidth": rates["read"], "kernel": "read", "per_kernel": rates, "array_bytes": n_bytes // 4 * 4,
-            "record": environment(device, threads=threads if threads else torch.get_num_threads())}
-
-
-def measure_matmul_flops(n: int = 1024, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                         threads: int | None = 1, repeats: int = 7) -> dict:
-    """FLOP/s of an (n, n) @ (n, n) matmul: 2 n^3 FLOPs, compute-bound (intensity n / 3 / bytes)."""
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-    timing = measure(lambda: a @ b, name="matmul", repeats=repeats, device=device, threads=threads)
-    return {"flops": 2 * n**3 / timing.median, "n": n, "dtype": str(dtype).removeprefix("torch."),
-            "record": timing.record}
-
-
-def memory_bound_config():
-    """A random-weight Llama shape of ~445 MB in float32: over ten times a large CPU's last-level cache.
-
-    Wide and shallow (d_model 2048, 2 layers): each matrix is 16-46 MB, large enough for one core
-    to stream it at nearly the full read bandwidth; many small matrices would each pay a start-up.
-    """
-    from kvlib.model import ModelConfig
-
-    return ModelConfig(vocab_size=4096, d_model=2048, n_layers=2, n_heads=16, n_kv_heads=16, hidden_dim=5632,
-                       max_seq_len=1024)
-
-
-def random_model(config, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", seed: int = 0):
-    """A kvlib Decoder with random weights: timing does not care what the weights mean."""
-    from kvlib.model import Decoder
-
-    torch.manual_seed(seed)
-    return Decoder(config).to(device=device, dtype=dtype).eval()
-
-
-def measure_step(model, new_tokens: int, batch: int = 1, device: str | torch.device = "cpu",
-                 threads: int | None = 1, repeats: int = 7):
-    """Timing of one forward over (batch, new_tokens) tokens at position 0: with new_tokens=1, a decode
-    step at kv_len 1 (every weight read, no cache yet); with more, a prefill."""
-    ids = torch.randint(0, model.config.vocab_size, (batch, new_tokens), device=device)
-    dtype = next(model.parameters()).dtype
-    return measure(lambda: model(ids), name=f"step {batch}x{new_tokens}", repeats=repeats, device=device,
-                   threads=threads, dtype=str(dtype).removeprefix("torch."), batch=batch, new_tokens=new_tokens)
-
-
-def load_recordings(folder: str | Path | None = None, benchmark: str = "memory") -> list[dict]:
-    """Recorded `kvlib bench <benchmark> --json` runs on GPUs (assets/recordings/*.json), newest first.
-
-    Made by assets/recordings/record.sh on a CUDA machine; each carries its device and date.
-    """
-    folder = Path(folder) if folder else RECORDINGS_DIR
-    runs = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
-    return sorted((r for r in runs if r.get("benchmark") == benchmark), key=lambda r: r.get("date", ""), reverse=True)

@@ -29,7 +29,7 @@ def learner_mode(monkeypatch):
     monkeypatch.setenv("KVLIB_SOLUTIONS", "0")
     kvlib.use_solutions(False)
     yield
-    kvlib._exercise._forced = None
+    kvlib.course.exercises._forced = None
 
 
 def run_kvlib(*args, env=None, cwd=ROOT, timeout=300):

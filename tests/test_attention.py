@@ -8,7 +8,7 @@ import pytest
 from kvlib import attention
 from kvlib.checks import CHECKS, checks_for
 from kvlib.checks.attention import SEED_K, SEED_Q, SEED_V
-from kvlib._exercise import BY_ID
+from kvlib.course.exercises import BY_ID
 
 ATTENTION_CHECKS = [c for ex in ("1.1", "1.2", "1.3", "1.4") for c in checks_for(BY_ID[ex])]
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from kvlib.benchmark import Timing, environment, measure, num_threads
+from kvlib.measure.timing import Timing, environment, measure, num_threads
 
 
 def test_measure_warms_up_then_repeats():
@@ -47,7 +47,7 @@ def test_measure_rejects_zero_repeats():
 
 def test_replayable_is_the_function_itself_off_a_gpu():
     """Check that replayable() changes nothing on a CPU (a CUDA graph exists only on a GPU)."""
-    from kvlib.benchmark import replayable
+    from kvlib.measure.timing import replayable
 
     def fn():
         return 1

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from kvlib import course, lab
+from kvlib.course import lab, release as course
 
 from conftest import ROOT
 

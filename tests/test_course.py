@@ -1,8 +1,8 @@
 """The learner release: kvlib/ stubs and notebooks/ are exactly what solutions/ generates."""
 import pytest
 
-from kvlib import course
-from kvlib._exercise import NOTEBOOKS
+from kvlib.course import release as course
+from kvlib.course.exercises import NOTEBOOKS
 
 from conftest import ROOT
 

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 import kvlib
-from kvlib import _exercise, course
-from kvlib._exercise import EXERCISES, ExerciseNotDone
+from kvlib.course import exercises as _exercise, release as course
+from kvlib.course.exercises import EXERCISES, ExerciseNotDone
 from kvlib.checks import checks_for
 
 from conftest import ROOT, run_kvlib
@@ -158,7 +158,7 @@ def test_kvlib_check_stops_an_endless_loop(tmp_path):
         '    raise NotImplementedError("Exercise 1.1 (notebooks/01-attention): softmax")', "    while True:\n        pass"
     )
     env = _learner_copy(tmp_path, source)
-    code = ("import json; from kvlib.checks import run_exercise; from kvlib._exercise import BY_ID;"
+    code = ("import json; from kvlib.checks import run_exercise; from kvlib.course.exercises import BY_ID;"
             "print(json.dumps([run_exercise(BY_ID[i], timeout=1).as_dict() for i in ('1.1', '1.3')]))")
     proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     first, second = json.loads(proc.stdout)

@@ -1,4 +1,4 @@
-"""The figures of the notebooks (kvlib.plotting) share one style: labelled axes, a title, readable
+"""The figures of the notebooks (kvlib.course.plotting) share one style: labelled axes, a title, readable
 text, the Okabe-Ito palette, a size that fits a projected notebook.
 
 Each figure is drawn here on small example inputs; the executed notebooks draw them on real ones
@@ -12,7 +12,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.text import Text
 
-from kvlib import plotting
+from kvlib.course import plotting
 
 SEED = dict(tokens=["我", "爱", "AI"], probs=[0.212, 0.212, 0.576], out=[1.94, 1.0])
 N = np.arange(1, 65)
@@ -91,7 +91,7 @@ def test_figure_colours_come_from_the_colour_blind_safe_palette(name):
     fig = FIGURES[name]()
     for color in _colors(fig):
         r, g, b = to_rgb(color)
-        assert to_hex((r, g, b)) in ALLOWED or r == g == b, f"{name}: colour {to_hex((r, g, b))} is not in kvlib.plotting.PALETTE"
+        assert to_hex((r, g, b)) in ALLOWED or r == g == b, f"{name}: colour {to_hex((r, g, b))} is not in kvlib.course.plotting.PALETTE"
 
 
 def test_figure_renders_to_png():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kvlib import generation
-from kvlib._exercise import BY_ID
+from kvlib.course.exercises import BY_ID
 from kvlib.checks import CHECKS, checks_for
 from kvlib.checks.generation import _model
 

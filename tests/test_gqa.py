@@ -9,11 +9,14 @@ import pytest
 import torch
 
 from kvlib import gqa
-from kvlib._exercise import BY_ID, ExerciseNotDone
+from kvlib.measure import bench_gqa
+from kvlib.study import gqa_quality
+from kvlib.course.exercises import BY_ID, ExerciseNotDone
 from kvlib.checks import CHECKS, checks_for, run
 from kvlib.checks.gqa import CONFIG
-from kvlib.configs import REAL_MODELS
-from kvlib.model import Decoder, ModelConfig, from_transformers, to_transformers
+from kvlib.core.configs import REAL_MODELS
+from kvlib.core.model import Decoder, ModelConfig
+from kvlib.core.weights import from_transformers, to_transformers
 
 torch.set_num_threads(1)
 
@@ -54,15 +57,15 @@ def test_repeat_kv_matches_repeat_interleave():
 def test_grouped_attention_equals_sdpa_enable_gqa(n_kv_heads):
     """Check that grouped_attention equals torch's SDPA with enable_gqa, and the materialised path, for T < S."""
     q, k, v = torch.randn(B, H, T, D), torch.randn(B, n_kv_heads, S, D), torch.randn(B, n_kv_heads, S, D)
-    expected = gqa.sdpa_attention(q, k, v)
+    expected = bench_gqa.sdpa_attention(q, k, v)
     torch.testing.assert_close(gqa.grouped_attention(q, k, v), expected)
-    torch.testing.assert_close(gqa.materialised_attention(q, k, v), expected)
+    torch.testing.assert_close(bench_gqa.materialised_attention(q, k, v), expected)
 
 
 def test_gqa_with_group_size_1_equals_mha():
     """Check that grouped attention with n_kv_heads == n_heads is plain causal MHA attention."""
     q, k, v = torch.randn(B, H, T, D), torch.randn(B, H, S, D), torch.randn(B, H, S, D)
-    torch.testing.assert_close(gqa.grouped_attention(q, k, v), gqa.causal_attention(q, k, v))
+    torch.testing.assert_close(gqa.grouped_attention(q, k, v), bench_gqa.causal_attention(q, k, v))
 
 
 def test_decode_step_with_matches_model_forward():
@@ -75,10 +78,10 @@ def test_decode_step_with_matches_model_forward():
     ids = torch.randint(0, 23, (2, 6))
     with torch.inference_mode():
         full = model(ids)[:, -1]
-        for name, attend in gqa.ATTENTION.items():
+        for name, attend in bench_gqa.ATTENTION.items():
             cache = KVCache(config, batch=2)
             for t in range(6):  # one token at a time from an empty cache; the step does not advance pos
-                logits = gqa.decode_step_with(model, ids[:, t], cache, attend)
+                logits = bench_gqa.decode_step_with(model, ids[:, t], cache, attend)
                 cache.pos += 1
             torch.testing.assert_close(logits, full, msg=name)
 
@@ -86,7 +89,7 @@ def test_decode_step_with_matches_model_forward():
 def test_decode_bytes_counts_copies_for_materialised():
     """Check that the materialised path is charged n_kv_heads + 2 n_heads heads, grouped only n_kv_heads."""
     model = Decoder(dataclass_replace(CONFIG, n_kv_heads=2))
-    grouped, copied = gqa.decode_bytes(model, 100, method="grouped"), gqa.decode_bytes(model, 100, method="materialised")
+    grouped, copied = bench_gqa.decode_bytes(model, 100, method="grouped"), bench_gqa.decode_bytes(model, 100, method="materialised")
     per_head = 4 * 2 * CONFIG.n_layers * 100 * CONFIG.head_dim
     assert copied - grouped == 2 * CONFIG.n_heads * per_head
 
@@ -111,7 +114,7 @@ def test_mean_pool_of_first_head_recipe_differs():
 
 def test_to_gqa_on_tiny_model_shrinks_cache_and_keeps_queries():
     """Check that converting the shipped tiny model to 2 KV heads keeps q_proj and quarters k_proj."""
-    from kvlib.model import load_tiny
+    from kvlib.core.weights import load_tiny
 
     model, _ = load_tiny()
     small = gqa.to_gqa(model, 2)
@@ -166,11 +169,11 @@ def _repeat_not_interleave(x, group_size):
 
 def _attention_with_repeat(q, k, v):
     g = q.shape[1] // k.shape[1]
-    return gqa.causal_attention(q, k.repeat(1, g, 1, 1), v.repeat(1, g, 1, 1))
+    return bench_gqa.causal_attention(q, k.repeat(1, g, 1, 1), v.repeat(1, g, 1, 1))
 
 
 def _attention_copying(q, k, v):
-    return gqa.materialised_attention(q, k, v)
+    return bench_gqa.materialised_attention(q, k, v)
 
 
 def _attention_broadcast(q, k, v):
@@ -257,7 +260,7 @@ def test_kv_cache_bytes_halves_when_n_kv_heads_halves():
 
 def test_bench_gqa_quick_reports_every_case():
     """Check that `kvlib bench gqa --quick` times MHA two ways, and three ways for each smaller n_kv_heads, with ratios."""
-    from kvlib.bench import bench_gqa, format_gqa
+    from kvlib.measure.bench_gqa import bench_gqa, format_gqa
 
     report = bench_gqa(quick=True)
     rows = report["rows"]
@@ -274,7 +277,7 @@ def test_bench_gqa_quick_reports_every_case():
 
 def test_bench_gqa_splits_each_step_into_its_fixed_part_and_its_cache_part():
     """Check that every case is also timed at FIXED_KV_LEN tokens, and each row's cache part is its step minus that."""
-    from kvlib.bench import FIXED_KV_LEN, bench_gqa, format_gqa
+    from kvlib.measure.bench_gqa import FIXED_KV_LEN, bench_gqa, format_gqa
 
     report = bench_gqa(quick=True)
     fixed = {(f["n_kv_heads"], f["method"]): f["median_s"] for f in report["fixed"]}
@@ -298,10 +301,10 @@ def test_bench_gqa_splits_each_step_into_its_fixed_part_and_its_cache_part():
 
 def test_uptraining_recording_shows_the_papers_ordering():
     """Check the shipped recording: every conversion recorded, and after uptraining mean-pooling beats keeping the first head."""
-    recording = gqa.load_uptraining_recording()
+    recording = gqa_quality.load_uptraining_recording()
     assert recording is not None and recording["record"]["uptrain_steps"] == 100
     rows = {(r["n_kv_heads"], r["recipe"]): r for r in recording["rows"]}
     assert set(rows) == {(8, "original"), *((h, recipe) for h in (4, 2, 1) for recipe in ("mean", "first"))}
     for h in (4, 2, 1):
         assert rows[h, "mean"]["uptrained_accuracy"] > rows[h, "first"]["uptrained_accuracy"]
-    assert gqa.load_uptraining_recording("/nonexistent/uptraining.json") is None
+    assert gqa_quality.load_uptraining_recording("/nonexistent/uptraining.json") is None

@@ -56,7 +56,7 @@ def nbgrader(course, *args, check=True, timeout=900):
 
 REFERENCE = (ROOT / "solutions" / "kvlib" / "attention.py").read_text(encoding="utf-8")
 _EXERCISE = re.compile(r'^\s*@exercise\("(\d+\.\d+)"')
-_ANCHOR = "from kvlib._inputs import float_array, positive_int\n"
+_ANCHOR = "from kvlib.course.inputs import float_array, positive_int\n"
 
 
 def attention(done=(), replace=None, prelude="", epilogue="") -> str:
@@ -427,7 +427,7 @@ def test_feedback_and_csv_export(graded):
 
 def test_course_init_never_overwrites_without_force(tmp_path):
     """Check that init refuses to change an instructor's file, and --force keeps a .bak of it."""
-    from kvlib.grading.course import CourseFolderExists, init_course
+    from kvlib.grading.course_folder import CourseFolderExists, init_course
 
     init_course(tmp_path)
     secret = (tmp_path / "grading_secret").read_text()
@@ -446,7 +446,7 @@ def test_course_init_lists_learner_files_and_earlier_modules(tmp_path):
     """Check exclude_overwriting, stubs for this notebook, and --earlier given/own for later ones."""
     from traitlets.config.loader import PyFileConfigLoader
 
-    from kvlib.grading.course import init_course, learner_edited, learner_files, module_notebooks
+    from kvlib.grading.course_folder import init_course, learner_edited, learner_files, module_notebooks
 
     init_course(tmp_path)
     config = PyFileConfigLoader("nbgrader_config.py", path=str(tmp_path)).load_config()
@@ -488,13 +488,13 @@ def test_replies_must_be_plain_numbers():
 
 
 def test_a_returned_decoder_is_rebuilt_by_the_grader():
-    """Check a Decoder in a reply: rebuilt by the grader's own kvlib.model from numbers, refused when
+    """Check a Decoder in a reply: rebuilt by the grader's own kvlib.core.model from numbers, refused when
     its weights do not match its config or its config is not numbers, and never accepted as a function."""
     import torch
 
     from kvlib.grading import _child
     from kvlib.grading.sandbox import SandboxError, _check_node
-    from kvlib.model import Decoder, ModelConfig
+    from kvlib.core.model import Decoder, ModelConfig
 
     config = ModelConfig(vocab_size=11, d_model=16, n_layers=1, n_heads=4, n_kv_heads=2, hidden_dim=24, max_seq_len=8)
     torch.manual_seed(0)
@@ -549,7 +549,7 @@ def test_the_child_keeps_a_learners_cache_and_carries_generators_and_callbacks()
 
     from kvlib.generation import next_token
     from kvlib.grading.sandbox import RemoteObject, Sandbox, SandboxError
-    from kvlib.model import Decoder, ModelConfig
+    from kvlib.core.model import Decoder, ModelConfig
 
     files = {f"kvlib/{p.name}": p.read_bytes() for p in sorted((ROOT / "kvlib").glob("*.py"))}
     for module in ("attention", "generation", "kv_cache"):  # 4.x use 1.3's mask and 2.1's sampling
@@ -634,7 +634,7 @@ def _stub_with(module: str, prelude: str, body: str) -> str:
             skipping = False
         elif not skipping:
             out.append(line)
-    return "".join(out).replace("from kvlib._exercise import exercise\n", "from kvlib._exercise import exercise\n" + prelude, 1)
+    return "".join(out).replace("from kvlib.course.exercises import exercise\n", "from kvlib.course.exercises import exercise\n" + prelude, 1)
 
 
 ISOLATED = [("02-generation", "generation"), ("03-recompute", "recompute"), ("04-kv-cache", "kv_cache"),

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from kvlib import kv_cache
-from kvlib._exercise import BY_ID
+from kvlib.course.exercises import BY_ID
 from kvlib.checks import CHECKS, checks_for
 from kvlib.checks.kv_cache import CONFIG, _model
 
@@ -26,7 +26,7 @@ def test_cached_decode_matches_full_recompute_for_200_tokens():
     from kvlib.generation import generate
 
     torch.manual_seed(0)
-    from kvlib.model import Decoder, ModelConfig
+    from kvlib.core.model import Decoder, ModelConfig
 
     model = Decoder(ModelConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=4, n_kv_heads=4, hidden_dim=48, max_seq_len=256)).eval()
     ids = torch.randint(0, 40, (1, 8))
@@ -140,7 +140,7 @@ def test_check_names_the_known_mistake(name, fake, words):
 def test_generate_cached_matches_transformers_cached_generation():
     """Check that kvlib's cached greedy tokens equal transformers' generate(use_cache=True) on the same weights."""
     pytest.importorskip("transformers")
-    from kvlib.model import to_transformers
+    from kvlib.core.weights import to_transformers
 
     model = _model(7)
     hf = to_transformers(model)

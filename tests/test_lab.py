@@ -1,4 +1,4 @@
-"""kvlib lab / kvlib present (kvlib/lab.py), and that every figure of the course comes from kvlib.plotting.
+"""kvlib lab / kvlib present (kvlib/lab.py), and that every figure of the course comes from kvlib.course.plotting.
 
 The real browser is tests/test_browser.py; these tests need no browser and start no server.
 """
@@ -9,7 +9,7 @@ import re
 import nbformat
 import pytest
 
-from kvlib import course, lab
+from kvlib.course import lab, release as course
 
 from conftest import ROOT, run_kvlib
 
@@ -89,7 +89,7 @@ def test_run_notebook_reports_the_first_error_and_the_figures(tmp_path):
     """Check that the presenter check names a failing cell's error and collects the figures shown before it."""
     nb = nbformat.v4.new_notebook()
     nb.cells = [
-        nbformat.v4.new_code_cell("from kvlib import plotting\nplotting.attention_weights(['a', 'b'], [0.25, 0.75], [1.0, 2.0])"),
+        nbformat.v4.new_code_cell("from kvlib.course import plotting\nplotting.attention_weights(['a', 'b'], [0.25, 0.75], [1.0, 2.0])"),
         nbformat.v4.new_code_cell("raise ValueError('the third cell is broken')"),
         nbformat.v4.new_code_cell("print('never reached')"),
     ]
@@ -102,10 +102,10 @@ def test_run_notebook_reports_the_first_error_and_the_figures(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# Every figure comes from kvlib.plotting
+# Every figure comes from kvlib.course.plotting
 
 PLOTTING_LIBS = {"matplotlib", "seaborn", "plotly", "bokeh", "altair", "pylab"}
-# pyplot and friends, magics, and pandas-style .plot() / .hist() on data (kvlib.plotting's names never match)
+# pyplot and friends, magics, and pandas-style .plot() / .hist() on data (kvlib.course.plotting's names never match)
 DIRECT_CALLS = re.compile(r"\b(plt|pyplot|sns|px)\s*\.|%matplotlib|%pylab|\.(plot|hist|scatter|imshow|bar|barh)\(")
 
 
@@ -126,7 +126,7 @@ def _imports(source: str) -> set[str]:
 
 @pytest.mark.parametrize("path", SOLUTION_NOTEBOOKS + LEARNER_NOTEBOOKS, ids=lambda p: f"{p.parts[-3]}/{p.parent.name}")
 def test_notebook_figures_come_from_kvlib_plotting(path):
-    """Check that no notebook cell imports or calls a plotting library: every figure is a kvlib.plotting function."""
+    """Check that no notebook cell imports or calls a plotting library: every figure is a kvlib.course.plotting function."""
     nb = nbformat.read(path, as_version=4)
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
@@ -134,7 +134,7 @@ def test_notebook_figures_come_from_kvlib_plotting(path):
         direct = DIRECT_CALLS.search(cell.source)
         assert not direct, f"{path.relative_to(ROOT)} cell {i} draws with {direct.group(0)!r}: add a function to kvlib/plotting.py"
         libs = _imports(_code(cell.source)) & PLOTTING_LIBS
-        assert not libs, f"{path.relative_to(ROOT)} cell {i} imports {sorted(libs)}: figures come from kvlib.plotting"
+        assert not libs, f"{path.relative_to(ROOT)} cell {i} imports {sorted(libs)}: figures come from kvlib.course.plotting"
 
 
 def test_only_kvlib_plotting_imports_matplotlib():

@@ -6,19 +6,10 @@ import shutil
 import pytest
 import torch
 
-from kvlib import corpus
-from kvlib.model import (
-    Attention,
-    Decoder,
-    ModelConfig,
-    RMSNorm,
-    apply_rotary,
-    from_transformers,
-    load_tiny,
-    rotary_tables,
-    rotate_half,
-)
-from kvlib.tokenizer import Tokenizer
+from kvlib.study import corpus
+from kvlib.core.model import Attention, Decoder, ModelConfig, RMSNorm, apply_rotary, rotary_tables, rotate_half
+from kvlib.core.weights import from_transformers, load_tiny
+from kvlib.core.tokenizer import Tokenizer
 
 torch.set_num_threads(1)
 
@@ -325,23 +316,23 @@ def test_tiny_model_answers_after_a_preamble_that_fills_max_seq_len(tiny):
 
 def test_load_tiny_rejects_corrupted_or_missing_weights(tmp_path):
     """Check that a flipped byte fails the sha256 check, and a missing file names the training script."""
-    from kvlib.model import TINY_DIR
+    from kvlib.core.weights import TINY_DIR
 
     folder = tmp_path / "tiny"
     shutil.copytree(TINY_DIR, folder)
     data = bytearray((folder / "model.pt").read_bytes())
     data[-100] ^= 0xFF
     (folder / "model.pt").write_bytes(bytes(data))
-    with pytest.raises(ValueError, match="corrupted.*kvlib.train"):
+    with pytest.raises(ValueError, match="corrupted.*kvlib.study.train"):
         load_tiny(folder)
     (folder / "model.pt").unlink()
-    with pytest.raises(FileNotFoundError, match="model.pt.*python -m kvlib.train"):
+    with pytest.raises(FileNotFoundError, match="model.pt.*python -m kvlib.study.train"):
         load_tiny(folder)
 
 
 def test_manifest_records_checksum_settings_and_evaluation():
     """Check that manifest.json records what produced the weights and what they measured."""
-    from kvlib.model import TINY_DIR
+    from kvlib.core.weights import TINY_DIR
 
     manifest = json.loads((TINY_DIR / "manifest.json").read_text(encoding="utf-8"))
     for key in ("weights_sha256", "settings", "evaluation", "torch", "date", "threads", "train_seconds"):

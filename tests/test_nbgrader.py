@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from kvlib import course
-from kvlib._exercise import NOTEBOOKS
+from kvlib.course import release as course
+from kvlib.course.exercises import NOTEBOOKS
 
 from conftest import ROOT
 
@@ -65,7 +65,7 @@ def graded(tmp_path_factory):
 
 
 def course_exercises(nb):
-    from kvlib._exercise import EXERCISES
+    from kvlib.course.exercises import EXERCISES
 
     return [ex for ex in EXERCISES if ex.notebook == nb]
 

@@ -6,7 +6,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from kvlib import course
+from kvlib.course import release as course
 
 from conftest import ROOT
 

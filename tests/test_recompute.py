@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from kvlib import recompute
-from kvlib._exercise import BY_ID
+from kvlib.course.exercises import BY_ID
 from kvlib.checks import CHECKS, checks_for
 from kvlib.checks.recompute import ODD
-from kvlib.model import Decoder, ModelConfig
+from kvlib.core.model import Decoder, ModelConfig
 
 RECOMPUTE_CHECKS = [c for i in range(1, 4) for c in checks_for(BY_ID[f"3.{i}"])]
 

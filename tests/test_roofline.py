@@ -1,4 +1,4 @@
-"""kvlib/roofline.py and kvlib/configs.py (notebook 05): the calculators against COURSE.md's
+"""kvlib/roofline.py, kvlib/core/configs.py and kvlib/core/devices.py (notebook 05): the calculators against COURSE.md's
 figures, the device table's ridge points, the checks naming the classic slips, learner mode,
 and `kvlib bench memory` end to end (never an assertion on speed)."""
 import json
@@ -9,9 +9,12 @@ import pytest
 import torch
 
 from kvlib import roofline
-from kvlib._exercise import BY_ID
+from kvlib.course.exercises import BY_ID
 from kvlib.checks import CHECKS, checks_for, run_exercise
-from kvlib.configs import REAL_MODELS, llama_params, real_model
+from kvlib.core.configs import REAL_MODELS, memory_bound_config, real_model
+from kvlib.core.devices import DEVICES
+from kvlib.core.model import matrix_params, num_params
+from kvlib.measure import machine
 
 from conftest import run_kvlib
 
@@ -58,7 +61,7 @@ def test_gpt2_and_falcon_counts_are_exact():
     """Check the two non-Llama models' counts against the figures transformers reports exactly."""
     assert REAL_MODELS["GPT-2 small"].params == 124_439_808
     assert REAL_MODELS["Falcon-7B"].params == 6_921_720_704
-    assert llama_params(REAL_MODELS["Llama-2-7B"].config) == 6_738_415_616  # Llama-2-7b-hf num_parameters()
+    assert num_params(REAL_MODELS["Llama-2-7B"].config) == 6_738_415_616  # Llama-2-7b-hf num_parameters()
 
 
 def test_unknown_real_model_lists_the_names():
@@ -76,7 +79,7 @@ RIDGES = {  # device: (ridge FP32, ridge 16-bit), COURSE.md's table
 @pytest.mark.parametrize("name", list(RIDGES))
 def test_device_ridge_points(name):
     """Check each device's FP32 and 16-bit ridge against COURSE.md's table (to 2%)."""
-    d = roofline.DEVICES[name]
+    d = DEVICES[name]
     fp32, tensor = RIDGES[name]
     assert d.ridge(torch.float32) == pytest.approx(fp32, rel=0.02)
     assert d.ridge(torch.bfloat16) == pytest.approx(tensor, rel=0.02)
@@ -92,7 +95,7 @@ def test_llama2_7b_cache_matches_weights_at_26k_and_1_6k():
 
 def test_h100_decode_turns_compute_bound_near_295():
     """Check the critical batch on an H100 in bf16 (~295), and that a 4k cache per sequence never gets there."""
-    h100, config = roofline.DEVICES["H100 SXM"], REAL_MODELS["Llama-2-7B"].config
+    h100, config = DEVICES["H100 SXM"], REAL_MODELS["Llama-2-7B"].config
     batch = roofline.compute_bound_batch(config, 1, h100.tensor16_flops, h100.bandwidth)
     assert 290 <= batch <= 305
     flops, moved = roofline.step_cost(config, 1, 1, batch, F16)
@@ -103,7 +106,7 @@ def test_h100_decode_turns_compute_bound_near_295():
 def test_prefill_cost_equals_torch_flop_counter():
     """Check that step_cost's prefill FLOPs equal torch's counter on a small GQA decoder (batch 3)."""
     from kvlib.checks.roofline import ODD
-    from kvlib.model import Decoder
+    from kvlib.core.model import Decoder
     from kvlib.recompute import forward_flops, measured_forward_flops, new_token_flops
 
     model = Decoder(ODD).eval()
@@ -164,12 +167,12 @@ def _kv_without_batch(config, seq_len, batch=1, dtype=F16):
 
 def _step_weights_times_batch(config, new_tokens, kv_len, batch=1, dtype=F16):
     flops, moved = roofline.step_cost(config, new_tokens, kv_len, batch, dtype)
-    return flops, moved + (batch - 1) * roofline.matrix_params(config) * roofline.bytes_per_element(dtype)
+    return flops, moved + (batch - 1) * matrix_params(config) * roofline.bytes_per_element(dtype)
 
 
 def _step_without_cache(config, new_tokens, kv_len, batch=1, dtype=F16):
     flops, _ = roofline.step_cost(config, new_tokens, kv_len, batch, dtype)
-    return flops, roofline.matrix_params(config) * roofline.bytes_per_element(dtype)
+    return flops, matrix_params(config) * roofline.bytes_per_element(dtype)
 
 
 def _step_flops_one_sequence(config, new_tokens, kv_len, batch=1, dtype=F16):
@@ -242,7 +245,7 @@ def test_bad_input_is_a_clear_error():
 
 
 def test_measure_bandwidth_reports_three_kernels():
-    result = roofline.measure_bandwidth(n_bytes=8 << 20, repeats=2)
+    result = machine.measure_bandwidth(n_bytes=8 << 20, repeats=2)
     assert set(result["per_kernel"]) == {"read", "copy", "triad"}
     assert result["bandwidth"] == result["per_kernel"]["read"] > 0 and result["kernel"] == "read"
     assert result["record"]["threads"] == 1
@@ -250,8 +253,8 @@ def test_measure_bandwidth_reports_three_kernels():
 
 def test_memory_bound_config_is_far_beyond_the_caches():
     """Check that the timing model's weights are ~445 MB in float32: over ten times a 32 MB last-level cache."""
-    config = roofline.memory_bound_config()
-    assert 400e6 < roofline.matrix_params(config) * 4 < 500e6
+    config = memory_bound_config()
+    assert 400e6 < matrix_params(config) * 4 < 500e6
 
 
 def test_load_recordings_reads_a_folder(tmp_path):
@@ -259,9 +262,9 @@ def test_load_recordings_reads_a_folder(tmp_path):
     (tmp_path / "a.json").write_text(json.dumps({"benchmark": "memory", "date": "2026-01-02", "runs": []}))
     (tmp_path / "b.json").write_text(json.dumps({"benchmark": "memory", "date": "2026-03-04", "runs": []}))
     (tmp_path / "c.json").write_text(json.dumps({"benchmark": "gqa", "date": "2026-05-06", "rows": []}))
-    assert [r["date"] for r in roofline.load_recordings(tmp_path)] == ["2026-03-04", "2026-01-02"]
-    assert [r["date"] for r in roofline.load_recordings(tmp_path, "gqa")] == ["2026-05-06"]
-    assert roofline.load_recordings(tmp_path / "missing") == []
+    assert [r["date"] for r in machine.load_recordings(tmp_path)] == ["2026-03-04", "2026-01-02"]
+    assert [r["date"] for r in machine.load_recordings(tmp_path, "gqa")] == ["2026-05-06"]
+    assert machine.load_recordings(tmp_path / "missing") == []
 
 
 def test_bench_memory_quick_reports_prediction_and_measurement():

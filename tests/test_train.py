@@ -4,9 +4,9 @@ import json
 import pytest
 import torch
 
-from kvlib import corpus
-from kvlib.model import load_tiny
-from kvlib.train import build_tokenizer, encode_records, evaluate, greedy_correct, greedy_text, main, pack_rows
+from kvlib.study import corpus
+from kvlib.core.weights import load_tiny
+from kvlib.study.train import build_tokenizer, encode_records, evaluate, greedy_correct, greedy_text, main, pack_rows
 
 torch.set_num_threads(1)
 

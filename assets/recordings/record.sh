@@ -19,9 +19,10 @@ $py -m kvlib bench memory --json > "$stem-memory.json"
 $py -m kvlib bench gqa --device cuda --json > "$stem-gqa.json"
 $py - "$stem" >> "$stem.txt" <<'PY'
 import json, sys
-from kvlib import bench
+from kvlib.measure.bench_gqa import format_gqa
+from kvlib.measure.bench_memory import format_memory
 stem = sys.argv[1]
-print(bench.format_memory(json.load(open(stem + "-memory.json"))), "\n")
-print(bench.format_gqa(json.load(open(stem + "-gqa.json"))))
+print(format_memory(json.load(open(stem + "-memory.json"))), "\n")
+print(format_gqa(json.load(open(stem + "-gqa.json"))))
 PY
 cat "$stem.txt"

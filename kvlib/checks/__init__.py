@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvlib._exercise import BY_ID, EXERCISES, Exercise, ExerciseNotDone
+from kvlib.course.exercises import BY_ID, EXERCISES, Exercise, ExerciseNotDone
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ def run_exercise(ex: Exercise, *, seed: int = 0, timeout: float | None = 60) -> 
 
 
 def run(selector: str | None = None, **kwargs) -> list[Result]:
-    from kvlib._exercise import select
+    from kvlib.course.exercises import select
 
     return [run_exercise(ex, **kwargs) for ex in select(selector)]
 

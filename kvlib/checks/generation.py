@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from kvlib.checks import check
-from kvlib.model import Decoder, ModelConfig, SlowDecoder
+from kvlib.core.model import Decoder, ModelConfig, SlowDecoder
 
 
 def _model(seed: int, **sizes) -> Decoder:
@@ -111,7 +111,7 @@ def generate_streams_each_token(kv, rng):
 @check("2.2")
 def generate_answers_the_seed_question(kv, rng):
     """Check that the shipped model, greedy, continues 法国的首都是 with 巴黎."""
-    from kvlib.model import load_tiny
+    from kvlib.core.weights import load_tiny
 
     model, tokenizer = load_tiny()
     ids = torch.tensor([tokenizer.encode("法国的首都是")])

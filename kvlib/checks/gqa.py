@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 
 import torch
-from kvlib.benchmark import new_tensors
+from kvlib.measure.timing import new_tensors
 from kvlib.checks import check
-from kvlib.model import Decoder, ModelConfig
+from kvlib.core.model import Decoder, ModelConfig
 
 B, H, H_KV, T, S, D = 2, 6, 2, 3, 5, 8
 G = H // H_KV

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from kvlib.checks import check
-from kvlib.model import Decoder, ModelConfig
+from kvlib.core.model import Decoder, ModelConfig
 
 CONFIG = ModelConfig(vocab_size=29, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, hidden_dim=40, max_seq_len=48)
 
@@ -226,7 +226,7 @@ def generate_cached_resets_between_prompts(kv, rng):
 @check("4.5")
 def generate_cached_answers_the_seed_question(kv, rng):
     """Check that the shipped model with the cache continues 法国的首都是 with 巴黎, streaming each token."""
-    from kvlib.model import load_tiny
+    from kvlib.core.weights import load_tiny
 
     model, tokenizer = load_tiny()
     ids = torch.tensor([tokenizer.encode("法国的首都是")])

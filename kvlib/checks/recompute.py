@@ -7,7 +7,7 @@ multiply-add, the lm_head, the attention term, the key/value heads of GQA.
 from __future__ import annotations
 
 from kvlib.checks import check
-from kvlib.model import Decoder, ModelConfig
+from kvlib.core.model import Decoder, ModelConfig
 
 # every size distinct: vocab, width, layers, heads, KV heads, MLP width
 ODD = ModelConfig(vocab_size=50, d_model=48, n_layers=3, n_heads=6, n_kv_heads=2, hidden_dim=80, max_seq_len=64)

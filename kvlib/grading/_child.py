@@ -18,7 +18,7 @@ import types
 
 MAX_DEPTH = 4
 MAX_ITEMS = 4096
-_DECODERS = ("Decoder", "SlowDecoder")  # kvlib.model's, sent as config and weights (and the sleep per token)
+_DECODERS = ("Decoder", "SlowDecoder")  # kvlib.core.model's, sent as config and weights (and the sleep per token)
 _NUMBER_KINDS = "biufc"
 
 
@@ -105,9 +105,9 @@ class Encoder:
             return {"t": "tensor", "k": self._array(arr.numpy()), "dtype": dtype}
         if torch is not None and t is torch.dtype:
             return {"t": "dtype", "v": str(obj).replace("torch.", "")}
-        if t.__name__ == "ModelConfig" and t.__module__ == "kvlib.model":  # sizes only: rebuilt in the child
+        if t.__name__ == "ModelConfig" and t.__module__ == "kvlib.core.model":  # sizes only: rebuilt in the child
             return {"t": "config", "v": _config_fields(obj)}
-        if t.__name__ in _DECODERS and t.__module__ == "kvlib.model":  # sizes and weights: rebuilt on the other side
+        if t.__name__ in _DECODERS and t.__module__ == "kvlib.core.model":  # sizes and weights: rebuilt on the other side
             state = obj.state_dict()
             if len(state) > MAX_ITEMS:
                 raise TypeError(f"a Decoder of more than {MAX_ITEMS} weights")
@@ -118,7 +118,7 @@ class Encoder:
             return node
         if torch is not None and t is torch.Generator:  # its state: the same draws follow on the other side
             return {"t": "generator", "k": self._array(obj.get_state().numpy())}
-        if t.__name__ == "Attention" and t.__module__ == "kvlib.model":  # one layer's attention: sizes and weights
+        if t.__name__ == "Attention" and t.__module__ == "kvlib.core.model":  # one layer's attention: sizes and weights
             state = obj.state_dict()
             sizes = {"d_model": int(obj.q_proj.in_features), "n_heads": int(obj.n_heads), "n_kv_heads": int(obj.n_kv_heads)}
             return {"t": "attention", "sizes": sizes, "names": list(state),
@@ -165,11 +165,11 @@ def decode(np, torch, head, files, node):
     if t == "config":
         import importlib
 
-        return importlib.import_module("kvlib.model").ModelConfig(**node["v"])
-    if t == "decoder":  # the child's kvlib.model (the instructor's file), loaded with the weights sent
+        return importlib.import_module("kvlib.core.model").ModelConfig(**node["v"])
+    if t == "decoder":  # the child's kvlib.core.model (the instructor's file), loaded with the weights sent
         import importlib
 
-        model = importlib.import_module("kvlib.model")
+        model = importlib.import_module("kvlib.core.model")
         config = model.ModelConfig(**node["config"])
         decoder = (model.SlowDecoder(config, float(node["per_token"])) if "per_token" in node else model.Decoder(config)).eval()
         decoder.load_state_dict(dict(zip(node["names"], (decode(np, torch, head, files, x) for x in node["tensors"]))))
@@ -177,7 +177,7 @@ def decode(np, torch, head, files, node):
     if t == "attention":
         import importlib
 
-        model = importlib.import_module("kvlib.model")
+        model = importlib.import_module("kvlib.core.model")
         z = node["sizes"]
         config = model.ModelConfig(vocab_size=1, d_model=z["d_model"], n_layers=1, n_heads=z["n_heads"],
                                    n_kv_heads=z["n_kv_heads"], hidden_dim=1, max_seq_len=1)
@@ -325,7 +325,7 @@ def main() -> None:
             if req.get("watch"):  # the allocations the call makes, instead of its result
                 import importlib
 
-                result = importlib.import_module("kvlib.benchmark").new_tensors(fn, *args, **kwargs)
+                result = importlib.import_module("kvlib.measure.timing").new_tensors(fn, *args, **kwargs)
             else:
                 result = fn(*args, **kwargs)
         except BaseException as err:  # SystemExit and KeyboardInterrupt too: the call failed

@@ -30,7 +30,7 @@ from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.coursedir import CourseDirectory
 from nbgrader.preprocessors import NbGraderPreprocessor
 
-from kvlib._exercise import EXERCISES, solutions_dir
+from kvlib.course.exercises import EXERCISES, solutions_dir
 from kvlib.grading.execute import GradingJail
 from kvlib.grading.sandbox import Sandbox, SetupError, describe
 
@@ -64,7 +64,7 @@ def load_checks(extra: list[str], root: Path) -> dict:
 
 # Exercise modules whose functions the proxy can carry to the isolated child: they take numbers,
 # arrays, tensors, dtypes, ModelConfigs, Decoders and Attention layers (config and weights; a
-# Decoder that comes back is rebuilt by the grader's own kvlib.model), functions to call back
+# Decoder that comes back is rebuilt by the grader's own kvlib.core.model), functions to call back
 # (replayed from the child's record), torch Generators (their state, carried both ways) and the
 # learner's own objects (a KVCache stays in the child, used through a handle). A module of a
 # later notebook whose checks need something else is graded the usual nbgrader way, in the

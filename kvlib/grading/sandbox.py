@@ -7,7 +7,7 @@ checks run here, in the trusted grading process, on what comes back.
 sandbox.module("attention") is a module-like proxy: each exercise function forwards its call
 (numpy arrays, torch tensors, Python numbers, dtypes, ModelConfigs, generators, Decoders and
 Attention layers as their weights, functions to call back) to the child and returns the child's
-numbers; a Decoder that comes back is rebuilt here by the grader's kvlib.model, an object of the
+numbers; a Decoder that comes back is rebuilt here by the grader's kvlib.core.model, an object of the
 learner's own class (a KVCache) stays in the child behind a RemoteObject.
 The child is started lazily, serves every call of one submission, and is killed and restarted
 after a call that times out or kills it; a function that hung once fails at once afterwards.
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvlib._exercise import BY_ID, ExerciseNotDone
+from kvlib.course.exercises import BY_ID, ExerciseNotDone
 from kvlib.grading import _child
 from kvlib.grading.jail import Jail, Limits, jail_python, kill, site_dirs
 
@@ -145,12 +145,12 @@ _MAX_ROPE = 1 << 24  # rotary-table entries (max_seq_len x head_dim) a returned 
 
 
 def _decoder(config, names: list[str], tensors: list):
-    """A kvlib Decoder rebuilt here, by the grader's own kvlib.model, from the config and weights a
+    """A kvlib Decoder rebuilt here, by the grader's own kvlib.core.model, from the config and weights a
     child sent: its forward is ours, whatever the submission's code was; the weights must be
     exactly the ones its config calls for."""
     import torch
 
-    from kvlib.model import Decoder, ModelConfig, rotary_tables
+    from kvlib.core.model import Decoder, ModelConfig, rotary_tables
 
     if not isinstance(config, dict) or not all(isinstance(k, str) and type(v) in (int, float) for k, v in config.items()):
         raise SandboxError("a Decoder whose config is not numbers")
@@ -173,9 +173,9 @@ def _decoder(config, names: list[str], tensors: list):
 
 
 def _model():
-    import kvlib.model
+    import kvlib.core.model
 
-    return kvlib.model
+    return kvlib.core.model
 
 
 def _mirror(local, node, files) -> None:
@@ -436,7 +436,7 @@ class Sandbox:
         the child's stand-ins for them recorded. on=(op, handle, attr): instead of fn itself, an
         attribute of an object the child handed out ("getattr", "method", "data_ptr").
         watch=True: instead of the result, [(op, shape)] of every
-        tensor the call allocated (kvlib.benchmark.new_tensors, run in the child beside the call: a
+        tensor the call allocated (kvlib.measure.timing.new_tensors, run in the child beside the call: a
         submission could hide an allocation from it there, but not change any other check's result)."""
         name = fn.split(".", 1)[1]
         if self.broken:

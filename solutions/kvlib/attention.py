@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvlib._exercise import exercise
-from kvlib._inputs import float_array, positive_int
+from kvlib.course.exercises import exercise
+from kvlib.course.inputs import float_array, positive_int
 
 # ---------------------------------------------------------------------------------------------
 # Input checks (they run before your code and before the reference)

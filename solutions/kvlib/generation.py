@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from kvlib._exercise import exercise
+from kvlib.course.exercises import exercise
 
 # ---------------------------------------------------------------------------------------------
 # Input checks (they run before your code and before the reference)

@@ -1,4 +1,4 @@
-"""The course's figures (kvlib.plotting): one function per figure, one style for all of them.
+"""The course's figures (kvlib.course.plotting): one function per figure, one style for all of them.
 
 Each function builds one matplotlib Figure and returns it, already closed to pyplot, so a notebook
 cell shows it exactly once. Okabe-Ito colours (safe for colour-blind readers), fonts sized for a
@@ -721,7 +721,7 @@ def gqa_decode_time(rows, *, kv_len=None, note=None):
         pred = [r["predicted_s"] * 1e3 for r in grouped]
         ax.plot(x, pred, ls="--", color=PALETTE["black"], lw=1.5, label="roofline: bytes / bandwidth (grouped)")
         if all("fixed_s" in r for r in grouped):  # recordings made before the fixed part was measured lack it
-            from kvlib.bench import FIXED_KV_LEN
+            from kvlib.measure.bench_gqa import FIXED_KV_LEN
 
             ax.plot(x, [r["fixed_s"] * 1e3 for r in grouped], ls=":", color=PALETTE["blue"], lw=2,
                     label=f"fixed part ({FIXED_KV_LEN} cached tokens)")
@@ -760,7 +760,7 @@ def gqa_decode_time(rows, *, kv_len=None, note=None):
 def gqa_quality(rows, *, note=None):
     """Held-out loss and capital accuracy of the converted tiny model against n_kv_heads, per recipe.
 
-    Args:    rows: kvlib.gqa.conversion_study rows (n_kv_heads, recipe, held_out_loss, accuracy and,
+    Args:    rows: kvlib.study.gqa_quality.conversion_study rows (n_kv_heads, recipe, held_out_loss, accuracy and,
              if uptrained, uptrained_held_out_loss, uptrained_accuracy, uptrain_steps)
              note: what produced the numbers, printed under the axes
     Returns: the Figure (left: loss; right: accuracy); solid before uptraining, dashed after

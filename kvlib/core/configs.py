@@ -1,4 +1,5 @@
-"""Real model configurations, for sizing (notebooks 05 and 06): weights, KV cache, decode time.
+"""Every named model configuration: published models for sizing (notebooks 05 and 06), and the
+configurations the benchmarks time (random weights), so that no benchmark spells its own.
 
 Each entry is the model's published config.json (Hugging Face hub, the model's own repository)
 written as a kvlib ModelConfig, with the total parameter count and the source beside it. Sizes
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvlib.model import ModelConfig
+from kvlib.core.model import ModelConfig, num_params
 
 
 @dataclass(frozen=True)
@@ -27,20 +28,13 @@ class RealModel:
         return self.params * bytes_per_element
 
 
-def llama_params(config: ModelConfig) -> int:
-    """Parameters of a Llama-shaped decoder (untied embeddings, SwiGLU, RMSNorm, no biases)."""
-    C, D, H, H_kv = config.d_model, config.head_dim, config.n_heads, config.n_kv_heads
-    layer = C * H * D + 2 * C * H_kv * D + H * D * C + 3 * C * config.hidden_dim + 2 * C  # + two norms
-    return config.vocab_size * C * 2 + config.n_layers * layer + C  # embed + lm_head, layers, final norm
-
-
 def _hub(repo: str) -> str:
     return f"https://huggingface.co/{repo}/blob/main/config.json"
 
 
 def _llama(name, source, attention, **sizes) -> RealModel:
     config = ModelConfig(**sizes)
-    return RealModel(name, config, llama_params(config), attention, source)
+    return RealModel(name, config, num_params(config), attention, source)
 
 
 def _gpt2_small() -> RealModel:
@@ -91,3 +85,36 @@ def real_model(name: str) -> RealModel:
         return REAL_MODELS[name]
     except KeyError:
         raise ValueError(f"no real model {name!r}; known: {', '.join(REAL_MODELS)}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# The benchmarks' own configurations (random weights: timing does not care what they mean)
+
+
+def gpt2_size_config() -> ModelConfig:
+    """A Llama-shaped model the size of GPT-2 small: 12 layers, 12 heads, d_model 768, ~134M weights."""
+    return ModelConfig(vocab_size=32000, d_model=768, n_layers=12, n_heads=12, n_kv_heads=12,
+                       hidden_dim=2048, max_seq_len=1024)
+
+
+def gqa_bench_config(n_kv_heads: int = 8, max_seq_len: int = 16392) -> ModelConfig:
+    """A random-weight model whose KV cache outweighs its weights at long context: 8 heads of 64,
+    4 layers, a narrow MLP (~7M matrix weights, 29 MB in float32; MHA's cache is 16 KiB per token, 128 MiB at 8k)."""
+    return ModelConfig(vocab_size=256, d_model=512, n_layers=4, n_heads=8, n_kv_heads=n_kv_heads,
+                       hidden_dim=512, max_seq_len=max_seq_len)
+
+
+def memory_bound_config():
+    """A random-weight Llama shape of ~445 MB in float32: over ten times a large CPU's last-level cache.
+
+    Wide and shallow (d_model 2048, 2 layers): each matrix is 16-46 MB, large enough for one core
+    to stream it at nearly the full read bandwidth; many small matrices would each pay a start-up.
+    """
+    return ModelConfig(vocab_size=4096, d_model=2048, n_layers=2, n_heads=16, n_kv_heads=16, hidden_dim=5632,
+                       max_seq_len=1024)
+
+
+def gpu_decode_config() -> ModelConfig:
+    """Llama-2-7B's layer shape with 16 of its 32 layers: ~3.4 B weights, 6.7 GB in bf16, far beyond any GPU cache."""
+    return ModelConfig(vocab_size=32000, d_model=4096, n_layers=16, n_heads=32, n_kv_heads=32, hidden_dim=11008,
+                       max_seq_len=4096)

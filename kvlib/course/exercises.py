@@ -5,7 +5,7 @@ at solutions/kvlib/<module>.py. Every exercise function carries @exercise("X.Y")
   - in reference mode (KVLIB_SOLUTIONS=1, or use_solutions()) calls the reference instead,
   - turns a stub's NotImplementedError into ExerciseNotDone, which names the exercise, and
     names the earlier exercise to do first when a later one calls an unfinished one.
-Not here: the checks themselves (kvlib.checks) and the command line (kvlib.cli).
+Not here: the checks themselves (kvlib.checks) and the command line (kvlib.course.cli).
 """
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from kvlib.core.paths import ROOT
 
 # ---------------------------------------------------------------------------------------------
 # The table: one row per exercise, in course order. Notebook, module and checks hang off the id.
@@ -108,7 +110,7 @@ def solutions_enabled() -> bool:
 def solutions_dir() -> Path:
     """Folder holding the reference modules: $KVLIB_SOLUTIONS_DIR, else the repo's solutions/kvlib."""
     env = os.environ.get("KVLIB_SOLUTIONS_DIR")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "solutions" / "kvlib"
+    return Path(env) if env else ROOT / "solutions" / "kvlib"
 
 
 def reference_module(module: str):

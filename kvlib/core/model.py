@@ -1,28 +1,24 @@
 """The tiny Llama-style decoder that runs the course from notebook 02 on.
 
 RMSNorm, rotary position embeddings, a SwiGLU MLP and attention in which n_heads query heads
-share n_kv_heads key/value heads, so GQA (notebook 06) is a config change. Weights of a
-`transformers` Llama load with from_transformers(); the trained tiny model with load_tiny().
-Left out on purpose: the KV cache itself (notebook 04's kvlib.kv_cache, used through
-forward(..., past_key_values=cache)), generation and sampling (notebook 02), dropout, padding masks, rope scaling.
+share n_kv_heads key/value heads, so GQA (notebook 06) is a config change. The forward pass is
+written once: with a cache (anything with pos, update and advance, such as notebook 04's KVCache)
+only the new tokens run, and the attention through the cache is a parameter, so nothing here
+imports a learner's module. Weights load with kvlib.core.weights.
+Left out on purpose: the cache itself, generation and sampling (notebook 02), dropout, padding
+masks, rope scaling.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import math
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvlib.tokenizer import Tokenizer
-
-TINY_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny"  # where load_tiny() looks
-WEIGHTS_FILE, CONFIG_FILE = "model.pt", "config.json"  # fp16 state dict; ModelConfig as JSON
-TOKENIZER_FILE, MANIFEST_FILE = "tokenizer.json", "manifest.json"  # characters; sha256 + how it was made
 
 
 # ---------------------------------------------------------------------------------------------
@@ -82,6 +78,25 @@ class ModelConfig:
         return cls(**data)
 
 
+def matrix_params(config: ModelConfig) -> int:
+    """Weights in the matrices one token passes through: every layer's projections and MLP, and the lm_head.
+
+    A decode step reads each of them once (the embedding is a lookup of one row, the norms are tiny).
+    """
+    C, D, H, H_kv = config.d_model, config.head_dim, config.n_heads, config.n_kv_heads
+    layer = C * H * D + 2 * C * H_kv * D + H * D * C + 3 * C * config.hidden_dim  # q, k, v, o; gate, up, down
+    return config.n_layers * layer + C * config.vocab_size
+
+
+def num_params(config: ModelConfig) -> int:
+    """Every parameter of a Decoder of this config: the matrices, the embedding and the RMSNorm weights.
+
+    Example: num_params(config) == Decoder(config).num_params()
+    """
+    norms = (2 * config.n_layers + 1) * config.d_model  # two per layer, one before the lm_head
+    return matrix_params(config) + config.vocab_size * config.d_model + norms
+
+
 # ---------------------------------------------------------------------------------------------
 # Helpers: rotary embeddings and the causal mask
 
@@ -114,10 +129,11 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos.to(x.dtype) + rotate_half(x) * sin.to(x.dtype)  # (B, h, T, D) * (T, D) -> (B, h, T, D)
 
 
-def _causal_mask(seq_len: int, kv_len: int, device=None) -> torch.Tensor:
+def causal_mask(seq_len: int, kv_len: int, device=None) -> torch.Tensor:
     """Boolean (seq_len, kv_len) mask; True where query i may attend to key j.
 
     Queries are the last seq_len of kv_len positions: row i allows j <= kv_len - seq_len + i.
+    The torch twin of Exercise 1.3, for the infrastructure. Example: causal_mask(2, 3) -> [[T, T, F], [T, T, T]]
     """
     i = torch.arange(seq_len, device=device)[:, None]  # (T, 1)
     j = torch.arange(kv_len, device=device)[None, :]  # (1, S)
@@ -200,7 +216,7 @@ class Attention(nn.Module):
         assert (q.shape[1], k.shape[1]) == (self.n_heads, self.n_kv_heads), f"q {tuple(q.shape)}, k {tuple(k.shape)}"
         assert S >= T, f"{T} queries need at least {T} keys, got {S}"
         # an explicit bottom-right mask: is_causal=True would align top-left, wrong when S > T
-        mask = None if S == T else _causal_mask(T, S, device=q.device)  # (T, S), True = may attend
+        mask = None if S == T else causal_mask(T, S, device=q.device)  # (T, S), True = may attend
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=self.n_kv_heads != self.n_heads
         )  # (B, H, T, D) @ (B, H_kv, D, S) -> (B, H, T, S) -> softmax @ (B, H_kv, S, D) -> (B, H, T, D)
@@ -225,16 +241,22 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(config.d_model, config.norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin)  # (B, T, C): tokens read each other
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache=None, layer: int = 0,
+                attention: "CacheAttention | None" = None) -> torch.Tensor:
+        """x (batch, seq_len, d_model) -> the same shape.
+
+        Without a cache, cos and sin are the angles of x's positions (seq_len, head_dim). With one,
+        they are the model's whole rotary tables (max_seq_len, head_dim), and attention(self.attn,
+        normed x, cache, layer, cos, sin) runs this layer's attention through the cache.
+        """
+        h = self.attn_norm(x)
+        x = x + (self.attn(h, cos, sin) if cache is None else attention(self.attn, h, cache, layer, cos, sin))  # tokens read each other
         return x + self.mlp(self.mlp_norm(x))  # (B, T, C): each token thinks on its own
 
-    def forward_cached(self, x: torch.Tensor, cache, layer: int, rope_cos: torch.Tensor, rope_sin: torch.Tensor) -> torch.Tensor:
-        """The same layer for new tokens only, attending through the KV cache (notebook 04)."""
-        from kvlib.kv_cache import cached_attention  # the learner's Exercise 4.2
 
-        x = x + cached_attention(self.attn, self.attn_norm(x), cache, layer, rope_cos, rope_sin)
-        return x + self.mlp(self.mlp_norm(x))
+# attention(attn, x, cache, layer, rope_cos, rope_sin) -> (batch, seq_len, d_model): one layer's
+# attention for the new tokens x against everything the cache holds (notebook 04's Exercise 4.2)
+CacheAttention = Callable[..., torch.Tensor]
 
 
 class Decoder(nn.Module):
@@ -283,198 +305,47 @@ class Decoder(nn.Module):
         if low < 0 or high >= self.config.vocab_size:
             raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}), got values {low} to {high}")
 
-    def forward(self, input_ids: torch.Tensor, pos: int = 0, past_key_values=None):
+    def forward(self, input_ids: torch.Tensor, pos: int = 0, past_key_values=None,
+                attention: CacheAttention | None = None):
         """Logits for every position; token i of each row sits at absolute position pos + i.
 
-        With past_key_values (a kvlib.kv_cache.KVCache), as in the seed's pseudo-code: only the
-        new tokens run, at positions cache.pos + i, against every cached key; the cache grows by
-        seq_len and (logits, cache) is returned.
+        With past_key_values, as in the interface of transformers (and the articles' pseudo-code):
+        only the new tokens run, at positions cache.pos + i, against every cached key; each layer
+        writes its keys and values with cache.update, then cache.advance(seq_len), and
+        (logits, cache) is returned. attention is how a layer reads the cache (see CacheAttention);
+        None takes the cache's own `attention` (KVCache's is Exercise 4.2).
         """
-        if past_key_values is not None:
-            cache = past_key_values
-            self.check_input(input_ids, cache.pos)
-            x = self.embed(input_ids.long())  # (B, T) -> (B, T, C), new tokens only
-            for i, layer in enumerate(self.layers):
-                x = layer.forward_cached(x, cache, i, self.rope_cos, self.rope_sin)  # (B, T, C)
-            cache.advance(input_ids.shape[1])  # every layer has written its T new keys and values
-            return self.lm_head(self.norm(x)).float(), cache
+        cache = past_key_values
+        if cache is not None:
+            pos, attention = cache.pos, attention or cache.attention
         self.check_input(input_ids, pos)
         T = input_ids.shape[1]
-        cos, sin = self.rope_cos[pos : pos + T], self.rope_sin[pos : pos + T]  # (max_seq_len, D) -> (T, D)
-        x = self.embed(input_ids.long())  # (B, T) -> (B, T, C)
-        for layer in self.layers:
-            x = layer(x, cos, sin)  # (B, T, C) -> (B, T, C)
-        return self.lm_head(self.norm(x)).float()  # (B, T, C) -> (B, T, vocab_size)
+        if cache is None:
+            cos, sin = self.rope_cos[pos : pos + T], self.rope_sin[pos : pos + T]  # (max_seq_len, D) -> (T, D)
+        else:
+            cos, sin = self.rope_cos, self.rope_sin  # the cache's attention slices them at cache.pos
+        x = self.embed(input_ids.long())  # (B, T) -> (B, T, C): with a cache, the new tokens only
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, cache, i, attention)  # (B, T, C) -> (B, T, C)
+        logits = self.lm_head(self.norm(x)).float()  # (B, T, C) -> (B, T, vocab_size)
+        if cache is None:
+            return logits
+        cache.advance(T)  # every layer has written its T new keys and values
+        return logits, cache
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
 
-# ---------------------------------------------------------------------------------------------
-# Loading weights: a state dict with checks, transformers' Llama, the shipped tiny model
-
-
 class SlowDecoder(Decoder):
     """A Decoder whose forward also sleeps `per_token` seconds per input token, so that the time of
-    a prefill or a step is known in advance: the checks of Exercise 2.3 time it."""
+    a prefill or a step is known in advance: the checks of Exercise 2.3 time it (the grader
+    rebuilds it on its side of an isolated call, so it lives beside Decoder)."""
 
     def __init__(self, config: ModelConfig, per_token: float = 0.004):
         super().__init__(config)
         self.per_token = float(per_token)
 
-    def forward(self, input_ids: torch.Tensor, pos: int = 0, past_key_values=None):
-        import time
-
+    def forward(self, input_ids: torch.Tensor, pos: int = 0, past_key_values=None, attention=None):
         time.sleep(self.per_token * input_ids.shape[1])
-        return super().forward(input_ids, pos, past_key_values)
-
-
-def load_checked(model: nn.Module, state_dict: dict, source: str = "state dict") -> nn.Module:
-    """Copy state_dict into model (casting to the model's dtype); ValueError naming any
-    missing, unexpected or wrong-shaped parameter, with the expected and actual shape."""
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state_dict))
-    unexpected = sorted(set(state_dict) - set(expected))
-    if missing or unexpected:
-        raise ValueError(f"{source} does not fit the model: missing {missing[:6]}, unexpected {unexpected[:6]}")
-    for name, tensor in state_dict.items():
-        if tuple(tensor.shape) != tuple(expected[name].shape):
-            raise ValueError(
-                f"{source}: parameter {name!r} has shape {tuple(tensor.shape)}, "
-                f"expected {tuple(expected[name].shape)}"
-            )
-    with torch.no_grad():
-        for name, param in model.state_dict().items():
-            param.copy_(state_dict[name])  # copy_ casts, e.g. float16 on disk -> float32 in memory
-    return model
-
-
-def _hf_name(name: str) -> str:
-    """The transformers Llama name of one of our parameters.
-
-    Example: _hf_name("layers.0.attn.q_proj.weight") -> "model.layers.0.self_attn.q_proj.weight"
-    """
-    if name in ("embed.weight", "norm.weight"):
-        return {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}[name]
-    if name == "lm_head.weight":
-        return name
-    name = name.replace(".attn_norm.", ".input_layernorm.").replace(".mlp_norm.", ".post_attention_layernorm.")
-    return "model." + name.replace(".attn.", ".self_attn.")
-
-
-def config_from_transformers(hf_config) -> ModelConfig:
-    """Our ModelConfig for a transformers LlamaConfig; ValueError for features we do not model."""
-    rope = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    theta = rope.get("rope_theta", getattr(hf_config, "rope_theta", None))
-    n_heads = hf_config.num_attention_heads
-    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // n_heads
-    problems = []
-    if rope_type != "default":
-        problems.append(f"rope type {rope_type!r} (only 'default' is modelled)")
-    if getattr(hf_config, "hidden_act", "silu") != "silu":
-        problems.append(f"activation {hf_config.hidden_act!r} (SwiGLU needs 'silu')")
-    if getattr(hf_config, "attention_bias", False) or getattr(hf_config, "mlp_bias", False):
-        problems.append("bias in attention or MLP projections")
-    if head_dim * n_heads != hf_config.hidden_size:
-        problems.append(f"head_dim {head_dim} != hidden_size / num_attention_heads")
-    if theta is None:
-        problems.append("no rope_theta")
-    if problems:
-        raise ValueError("cannot convert this Llama config: " + "; ".join(problems))
-    return ModelConfig(
-        vocab_size=hf_config.vocab_size,
-        d_model=hf_config.hidden_size,
-        n_layers=hf_config.num_hidden_layers,
-        n_heads=n_heads,
-        n_kv_heads=getattr(hf_config, "num_key_value_heads", None) or n_heads,
-        hidden_dim=hf_config.intermediate_size,
-        max_seq_len=hf_config.max_position_embeddings,
-        rope_theta=float(theta),
-        norm_eps=hf_config.rms_norm_eps,
-    )
-
-
-def from_transformers(hf_model) -> Decoder:
-    """A Decoder holding the weights of a transformers LlamaForCausalLM (float32, eval mode).
-
-    Same architecture, renamed parameters (see _hf_name); a wrong-shaped weight raises
-    ValueError naming the parameter, the expected and the actual shape.
-    """
-    config = config_from_transformers(hf_model.config)
-    model = Decoder(config)
-    theirs = {k: v for k, v in hf_model.state_dict().items() if not k.endswith("rotary_emb.inv_freq")}
-    if "lm_head.weight" not in theirs:  # tied embeddings: the output layer reuses the input one
-        theirs["lm_head.weight"] = hf_model.get_output_embeddings().weight
-    converted = {}
-    for name in model.state_dict():
-        if _hf_name(name) not in theirs:
-            raise ValueError(f"the transformers model has no {_hf_name(name)!r} (for our {name!r})")
-        converted[name] = theirs.pop(_hf_name(name))
-    if theirs:
-        raise ValueError(f"transformers weights with no place in the Decoder: {sorted(theirs)[:6]}")
-    load_checked(model, converted, source="transformers weights")
-    return model.float().eval()
-
-
-def to_transformers(model: Decoder):
-    """A transformers LlamaForCausalLM with the same weights (float32, eval mode): the inverse of
-    from_transformers, so that kvlib can be compared with transformers on identical weights."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    c = model.config
-    hf_config = LlamaConfig(
-        vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.hidden_dim,
-        num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads, num_key_value_heads=c.n_kv_heads,
-        max_position_embeddings=c.max_seq_len, rms_norm_eps=c.norm_eps, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta}, rope_theta=c.rope_theta,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None,  # no special tokens: generate never stops early
-    )
-    hf_model = LlamaForCausalLM(hf_config)
-    hf_model.generation_config.eos_token_id = hf_model.generation_config.bos_token_id = None
-    state = {_hf_name(name): tensor for name, tensor in model.state_dict().items()}
-    missing, unexpected = hf_model.load_state_dict(state, strict=False)
-    missing = [m for m in missing if not m.endswith("rotary_emb.inv_freq")]
-    if missing or unexpected:
-        raise ValueError(f"weights do not map onto transformers' Llama: missing {missing[:6]}, unexpected {unexpected[:6]}")
-    return hf_model.float().eval()
-
-
-def sha256_of(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def load_tiny(path: str | Path | None = None) -> tuple[Decoder, Tokenizer]:
-    """The trained tiny model (float32, eval mode) and its tokenizer, from assets/tiny.
-
-    Checks the weights' sha256 against manifest.json first. The files are written by
-    `python -m kvlib.train`, which reproduces them.
-    """
-    folder = Path(path) if path is not None else TINY_DIR
-    command = "python -m kvlib.train" + ("" if folder.resolve() == TINY_DIR else f" --out {folder}")
-    files = [folder / name for name in (WEIGHTS_FILE, CONFIG_FILE, TOKENIZER_FILE, MANIFEST_FILE)]
-    missing = [f.name for f in files if not f.is_file()]
-    if missing:
-        raise FileNotFoundError(
-            f"the tiny model's files {missing} are missing from {folder}: "
-            f"run `{command}` (a few minutes on a CPU) to rebuild them"
-        )
-    manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
-    actual = sha256_of(folder / WEIGHTS_FILE)
-    if actual != manifest.get("weights_sha256"):
-        raise ValueError(
-            f"{folder / WEIGHTS_FILE} is corrupted or not the file its manifest describes "
-            f"(sha256 {actual[:12]}..., manifest says {str(manifest.get('weights_sha256'))[:12]}...): "
-            f"restore it with `git checkout -- {folder}`, or rebuild it with `{command} --force`"
-        )
-    config = ModelConfig.from_dict(json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8")))
-    tokenizer = Tokenizer.load(folder / TOKENIZER_FILE)
-    if tokenizer.vocab_size != config.vocab_size:
-        raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens, config says vocab_size={config.vocab_size}")
-    state_dict = torch.load(folder / WEIGHTS_FILE, map_location="cpu", weights_only=True)
-    model = load_checked(Decoder(config), state_dict, source=str(folder / WEIGHTS_FILE))
-    return model.float().eval(), tokenizer
+        return super().forward(input_ids, pos, past_key_values, attention)

@@ -32,7 +32,7 @@ def _table(results) -> str:
 
 
 def _reference_mode() -> bool:
-    from kvlib._exercise import solutions_enabled
+    from kvlib.course.exercises import solutions_enabled
 
     return solutions_enabled()
 
@@ -62,10 +62,10 @@ def cmd_generate(args) -> int:
 
     import torch
 
-    from kvlib._exercise import ExerciseNotDone
-    from kvlib.benchmark import environment, num_threads
+    from kvlib.course.exercises import ExerciseNotDone
+    from kvlib.measure.timing import environment, num_threads
     from kvlib.generation import generate
-    from kvlib.model import load_tiny
+    from kvlib.core.weights import load_tiny
 
     args.prompt = args.prompt.replace("\\n", "\n")  # a typed \n is a newline, as in the course's prompts
     try:
@@ -110,8 +110,8 @@ def cmd_generate(args) -> int:
     return 0
 
 
-# kvlib bench NAME: help, then the measuring function and the formatter in kvlib.bench; each
-# function takes threads= and quick= and returns a JSON-ready record
+# kvlib bench NAME: help, then the module kvlib.measure.bench_NAME with its measuring function and
+# formatter; each function takes threads= and quick= and returns a JSON-ready record
 BENCHES = {
     "cache": ("tokens/s without and with a KV cache, and transformers'", "bench_cache", "format_cache"),
     "memory": ("bandwidth, matmul FLOP/s, a memory-bound decode step predicted and measured", "bench_memory", "format_memory"),
@@ -120,14 +120,14 @@ BENCHES = {
 
 
 def cmd_bench(args) -> int:
+    import importlib
     import json
-
-    from kvlib import bench
 
     if args.threads < 1:
         print("kvlib bench: --threads must be at least 1", file=sys.stderr)
         return 2
     _, run, fmt = BENCHES[args.which]
+    bench = importlib.import_module(f"kvlib.measure.bench_{args.which}")
     on = {}
     if args.device:
         if args.which == "cache":
@@ -148,7 +148,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_course_release(args) -> int:
-    from kvlib import course
+    from kvlib.course import release as course
 
     problems = course.release(check=args.check)
     if problems:
@@ -163,7 +163,7 @@ def cmd_course_release(args) -> int:
 
 
 def cmd_course_init(args) -> int:
-    from kvlib.grading.course import CourseFolderExists, init_course
+    from kvlib.grading.course_folder import CourseFolderExists, init_course
 
     try:
         written = init_course(args.dir, earlier=args.earlier, force=args.force, course_id=args.course_id)
@@ -176,7 +176,7 @@ def cmd_course_init(args) -> int:
 
 
 def cmd_lab(args) -> int:
-    from kvlib import lab
+    from kvlib.course import lab
 
     try:
         return lab.launch(reference=args.command == "present", target=args.notebook, port=args.port, browser=not args.no_browser)
@@ -193,7 +193,7 @@ def cmd_present(args) -> int:
         return cmd_lab(args)
     import time
 
-    from kvlib import lab
+    from kvlib.course import lab
 
     start = time.perf_counter()
     try:

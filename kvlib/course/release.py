@@ -14,9 +14,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kvlib._exercise import BY_ID
+from kvlib.core.paths import ROOT
+from kvlib.course.exercises import BY_ID
 
-ROOT = Path(__file__).resolve().parent.parent
 _DECORATOR = re.compile(r'^\s*@exercise\("(\d+\.\d+)"')
 # spelled in parts, so that a search for leaked solution blocks never flags this file
 _BEGIN, _END = "### BEGIN " + "SOLUTION", "### END " + "SOLUTION"

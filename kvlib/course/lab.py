@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvlib.course import ROOT, assignments
+from kvlib.course.release import ROOT, assignments
 
 # ---------------------------------------------------------------------------------------------
 # The learner view

@@ -1,8 +1,8 @@
 """Train the tiny model on the generated corpus, evaluate it, and write assets/tiny.
 
-`python -m kvlib.train` reproduces the shipped weights (fixed seeds; bit-exact on the same torch
+`python -m kvlib.study.train` reproduces the shipped weights (fixed seeds; bit-exact on the same torch
 version and CPU kind) in about eight minutes on two idle CPU cores, then evaluates them. Notebooks
-02-06 only load the result (kvlib.model.load_tiny); notebook 06 reuses held_out_loss(). Left out
+02-06 only load the result (kvlib.core.weights.load_tiny); notebook 06 reuses held_out_loss(). Left out
 on purpose: dropout, mixed precision, checkpoints to resume from, and any GPU code path.
 """
 from __future__ import annotations
@@ -29,10 +29,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kvlib import corpus
-from kvlib.model import (CONFIG_FILE, MANIFEST_FILE, TINY_DIR, TOKENIZER_FILE, WEIGHTS_FILE, Decoder,
-                         ModelConfig, load_tiny, sha256_of)
-from kvlib.tokenizer import Tokenizer
+from kvlib.study import corpus
+from kvlib.core.model import Decoder, ModelConfig
+from kvlib.core.weights import CONFIG_FILE, MANIFEST_FILE, TINY_DIR, TOKENIZER_FILE, WEIGHTS_FILE, load_tiny, sha256_of
+from kvlib.core.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -263,6 +263,30 @@ def lr_at(step: int, s: TrainSettings) -> float:
     return s.min_lr + 0.5 * (s.lr - s.min_lr) * (1 + math.cos(math.pi * progress))
 
 
+def make_optimizer(model: Decoder, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW with betas (0.9, 0.95); weight decay on the matrices only (norm weights stay undecayed)."""
+    decay = [p for p in model.parameters() if p.dim() == 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+                             lr=lr, betas=(0.9, 0.95))
+
+
+def train_step(model: Decoder, optimizer: torch.optim.Optimizer, rows: torch.Tensor, lr: float, grad_clip: float) -> float:
+    """One optimiser step at learning rate lr on rows (batch, seq_len + 1): predict every next token.
+
+    Gradients are clipped to norm grad_clip. Returns the step's loss (nats per token).
+    """
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    logits = model(rows[:, :-1])  # (B, T) -> (B, T, vocab): predict every next character
+    loss = F.cross_entropy(logits.flatten(0, 1), rows[:, 1:].flatten())
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    return loss.item()
+
+
 def _bar(step: int, total: int, loss: float, started: float) -> str:
     done = step / total
     elapsed = time.perf_counter() - started
@@ -287,28 +311,16 @@ def train(settings: TrainSettings, config: ModelConfig | None = None,
     init_weights(model, settings.seed)
     records = encode_records(tokenizer, corpus.records("train"))
     rng = random.Random(settings.seed)
-    decay = [p for n, p in model.named_parameters() if p.dim() == 2]  # matrices; norms stay undecayed
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=settings.lr, betas=(0.9, 0.95),
-    )
+    optimizer = make_optimizer(model, settings.lr, settings.weight_decay)
     model.train()
     started, smooth = time.perf_counter(), None
     for step in range(settings.steps):
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, settings)
         if step < settings.steps - settings.long_steps:
             rows = sample_rows(records, settings.batch_size, settings.seq_len, rng)  # (B, T + 1)
         else:  # fewer, longer rows: positions up to max_seq_len, so long generations stay coherent
             rows = sample_rows(records, long_batch, config.max_seq_len, rng)  # (B', max_seq_len + 1)
-        logits = model(rows[:, :-1])  # (B, T) -> (B, T, vocab): predict every next character
-        loss = F.cross_entropy(logits.flatten(0, 1), rows[:, 1:].flatten())
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
-        optimizer.step()
-        smooth = loss.item() if smooth is None else 0.95 * smooth + 0.05 * loss.item()
+        loss = train_step(model, optimizer, rows, lr_at(step, settings), settings.grad_clip)
+        smooth = loss if smooth is None else 0.95 * smooth + 0.05 * loss
         if progress and (step % 10 == 9 or step == settings.steps - 1):
             print(_bar(step + 1, settings.steps, smooth, started), end="", file=sys.stderr, flush=True)
     if progress:
@@ -355,7 +367,7 @@ def _move_files(source: Path, dest: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     defaults = TrainSettings()
-    parser = argparse.ArgumentParser(prog="python -m kvlib.train", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m kvlib.study.train", description=__doc__.splitlines()[0])
     add = parser.add_argument
     add("--steps", type=int, default=defaults.steps, help=f"optimizer steps (default {defaults.steps})")
     add("--out", type=Path, default=TINY_DIR, help="output folder (default assets/tiny)")
@@ -401,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "machine": platform.machine(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
-        "command": " ".join(["python -m kvlib.train", *(sys.argv[1:] if argv is None else argv)]),
+        "command": " ".join(["python -m kvlib.study.train", *(sys.argv[1:] if argv is None else argv)]),
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".train-", dir=out.parent))  # written first, placed after

@@ -16,11 +16,11 @@ import secrets
 import shutil
 from pathlib import Path
 
-from kvlib._exercise import EXERCISES
-from kvlib.course import _BEGIN, _END, ROOT, assignments, stub_source
+from kvlib.course.exercises import EXERCISES
+from kvlib.course.release import _BEGIN, _END, ROOT, assignments, stub_source
 
 SECRET = "grading_secret"
-_INSTRUCTOR_ONLY = {"grading", "course.py", "__pycache__"}  # kvlib parts learners do not get
+_INSTRUCTOR_ONLY = {"grading", "course/release.py"}  # kvlib parts learners do not get: the grader, the release tool
 
 
 class CourseFolderExists(FileExistsError):
@@ -56,7 +56,8 @@ def learner_files(notebook: str, earlier: str) -> dict[str, bytes]:
     package = ROOT / "kvlib"
     for path in sorted(package.rglob("*")):
         rel = path.relative_to(package)
-        if not path.is_file() or rel.parts[0] in _INSTRUCTOR_ONLY or "__pycache__" in rel.parts or path.suffix == ".pyc":
+        if (not path.is_file() or rel.parts[0] in _INSTRUCTOR_ONLY or rel.as_posix() in _INSTRUCTOR_ONLY
+                or "__pycache__" in rel.parts or path.suffix == ".pyc"):
             continue
         files[f"kvlib/{rel.as_posix()}"] = path.read_bytes()
     owners = module_notebooks()
@@ -67,6 +68,7 @@ def learner_files(notebook: str, earlier: str) -> dict[str, bytes]:
         text = sol.read_text(encoding="utf-8")
         given = earlier == "given" and _number(owner) < _number(notebook)
         files[f"kvlib/{sol.name}"] = (_without_markers(text) if given else stub_source(text)).encode()
+    files["YOUR_FILES.md"] = your_files(notebook, earlier).encode()
     for folder, first in _ASSETS.items():
         if _number(notebook) >= first:
             for path in sorted((ROOT / "assets" / folder).glob("*")):
@@ -80,6 +82,23 @@ _ASSETS = {
     "recordings": 5,  # GPU runs of `kvlib bench memory`, shown as recordings in notebook 05
     "gqa": 6,  # the recorded uptraining study of notebook 06
 }
+
+
+def your_files(notebook: str, earlier: str) -> str:
+    """The note in every released assignment that says which files are the learner's."""
+    mine = learner_edited(notebook, earlier)
+    by_file = {}
+    for ex in EXERCISES:
+        if f"kvlib/{ex.module}.py" in mine:
+            by_file.setdefault(f"kvlib/{ex.module}.py", []).append(ex.id)
+    lines = [f"# Your files in {notebook}", "",
+             "You fill in the exercises of these files (each stub raises NotImplementedError until you do):", ""]
+    lines += [f"- `{f}`: Exercises {', '.join(ids)}" for f, ids in by_file.items()]
+    lines += ["", "Keep your code in these files: the grader takes only them (a helper module of your own is not graded).",
+              "Everything else in `kvlib/` (`core/`, `measure/`, `study/`, `course/`, `checks/`) is the course's",
+              "infrastructure: the model, measuring, figures and checks. Read it, but do not edit it: the grader",
+              "uses its own copy. Hand in the notebook and the files above.", ""]
+    return "\n".join(lines)
 
 
 def learner_edited(notebook: str, earlier: str) -> list[str]:

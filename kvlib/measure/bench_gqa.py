@@ -1,0 +1,294 @@
+"""`kvlib bench gqa` (notebook 06): one decode step at long context against n_kv_heads, attention done
+three ways: materialised (repeat_kv, Exercise 6.1, then MHA attention), grouped (Exercise 6.2) and
+torch's SDPA with enable_gqa. Here too the ways themselves, for notebook 06 to compare, and the
+bytes a step must move. Every step runs through the model's one forward pass with a KVCache.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from kvlib.core.configs import gqa_bench_config
+from kvlib.core.model import Decoder, causal_mask, matrix_params
+from kvlib.measure import timing
+from kvlib.measure.machine import measure_bandwidth
+from kvlib.measure.timing import new_tensors
+
+# ---------------------------------------------------------------------------------------------
+# Attention two ways: copy the shared heads out to every query head, or read them in place
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D)) v with one key/value head per query head (MHA), bottom-right causal.
+
+    q (batch, n_heads, seq_len, head_dim), k and v (batch, n_heads, kv_len, head_dim) -> like q.
+    The T queries are the last T of the S positions (a decode step: T = 1 against the whole cache).
+    """
+    assert q.shape[1] == k.shape[1], f"causal_attention needs as many key heads as query heads: q {tuple(q.shape)}, k {tuple(k.shape)}"
+    T, S, D = q.shape[2], k.shape[2], q.shape[3]
+    scores = (k @ q.transpose(-2, -1)).transpose(-2, -1) / math.sqrt(D)  # = q @ k^T, (B, H, T, S); see grouped_attention
+    if T > 1:  # one query (a decode step) may attend to every key: no mask to build or apply
+        scores = scores.masked_fill(~causal_mask(T, S, device=q.device), float("-inf"))  # (T, S), True = may attend
+    return scores.softmax(dim=-1) @ v  # (B, H, T, S) @ (B, H, S, D)
+
+
+def materialised_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """GQA the copying way: repeat_kv (Exercise 6.1) the cached heads out to n_heads, then MHA attention.
+
+    Right answer, but every decode step writes and reads n_heads heads of keys and values again:
+    the cache is small, the traffic is MHA's and more.
+    """
+    from kvlib.gqa import repeat_kv
+
+    group_size = q.shape[1] // k.shape[1]
+    # .contiguous(): for batch 1 and one KV head reshape can hand back a view; copying code copies always
+    k, v = repeat_kv(k, group_size).contiguous(), repeat_kv(v, group_size).contiguous()  # (B, H, S, D) each
+    return causal_attention(q, k, v)  # (B, H, T, D)
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The library's way, for comparison: scaled_dot_product_attention with enable_gqa (torch >= 2.5)."""
+    T, S = q.shape[2], k.shape[2]
+    # one query (a decode step) attends to every key: no mask, which also lets a GPU pick its fused kernels
+    mask = None if T == 1 else causal_mask(T, S, device=q.device)  # (T, S), True = may attend
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1])
+
+
+def largest_new_tensor(fn: Callable, *args) -> tuple[str, tuple[int, ...]]:
+    """(op name, shape) of the largest tensor that fn(*args) allocates (views are free, so not counted).
+
+    Example: largest_new_tensor(materialised_attention, q, k, v) -> ("clone", (batch, n_heads, kv_len, head_dim))
+    """
+    made = new_tensors(fn, *args)
+    return max(made, key=lambda m: math.prod(m[1]), default=("none", ()))
+
+
+def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The learner's grouped_attention (Exercise 6.2), looked up when it runs."""
+    from kvlib.gqa import grouped_attention
+
+    return grouped_attention(q, k, v)
+
+
+ATTENTION: dict[str, Callable] = {  # the three ways notebook 06 and `kvlib bench gqa` time
+    "materialised": materialised_attention,
+    "grouped": grouped_attention,
+    "sdpa": sdpa_attention,
+}
+
+# ---------------------------------------------------------------------------------------------
+# A decode step with a chosen attention, through the model's forward pass with a cache
+
+
+def attention_with(attend: Callable) -> Callable:
+    """A layer's attention through a cache (the model's CacheAttention) whose core is attend(q, k, v).
+
+    Projections and rotary at the new tokens' absolute positions, keys and values written with
+    cache.update, then attend(q (B, H, T, D), k, v (B, H_kv, S, D)) and the output projection.
+    """
+    def attention(attn, x, cache, layer, rope_cos, rope_sin):
+        B, T, _ = x.shape
+        cos, sin = rope_cos[cache.pos : cache.pos + T], rope_sin[cache.pos : cache.pos + T]  # (T, D)
+        q = attn.project_q(x, cos, sin)  # (B, H, T, D)
+        k, v = cache.update(layer, *attn.project_kv(x, cos, sin))  # (B, H_kv, S, D), S = pos + T
+        return attn.o_proj(attend(q, k, v).transpose(1, 2).reshape(B, T, -1))  # (B, H, T, D) -> (B, T, C)
+
+    return attention
+
+
+@torch.inference_mode()
+def decode_step_with(model: Decoder, token: torch.Tensor, cache, attend: Callable) -> torch.Tensor:
+    """One decode step of model for token (batch,) at position cache.pos, attention done by `attend`.
+
+    cache: a kvlib.kv_cache.KVCache (batch, n_kv_heads per layer) already holding cache.pos tokens.
+    The step runs through the model's forward pass (the new keys and values written at cache.pos
+    with update), then pos is set back, so the same step can be timed again and again at one
+    kv_len. Returns the logits (batch, vocab_size).
+    """
+    pos = cache.pos
+    logits, _ = model(token[:, None], past_key_values=cache, attention=attention_with(attend))  # (B, 1, vocab)
+    cache.pos = pos  # forget the step: the next one is timed at the same kv_len
+    return logits[:, -1]
+
+
+def decode_bytes(model: Decoder, kv_len: int, batch: int = 1, method: str = "grouped") -> int:
+    """Bytes one decode step must move: every matrix weight once, plus the cache it reads.
+
+    The embedding is a lookup of one row (left out). "grouped"/"sdpa" read n_kv_heads heads of
+    keys and values; "materialised" reads them, writes n_heads heads of copies and reads those
+    again; MHA is n_kv_heads == n_heads. kv_len: cached tokens the step attends to.
+    """
+    c, size = model.config, model.embed.weight.element_size()
+    kv_heads = c.n_kv_heads + (2 * c.n_heads if method == "materialised" and c.n_kv_heads != c.n_heads else 0)
+    return size * (matrix_params(c) + 2 * c.n_layers * batch * kv_heads * kv_len * c.head_dim)
+
+
+# ---------------------------------------------------------------------------------------------
+# kvlib bench gqa (notebook 06): decode at long context against n_kv_heads, three ways
+
+
+FIXED_KV_LEN = 16  # so few cached tokens that a step is all weights and small operations: its fixed part
+
+
+def _gqa_method(method: str, mha: bool) -> str:
+    """A row's name: "mha" (kvlib's attention) and "mha sdpa" for MHA; materialised, grouped or sdpa for GQA."""
+    return ("mha sdpa" if method == "sdpa" else "mha") if mha else method
+
+
+def bench_gqa(threads: int = 1, quick: bool = False, kv_lens=(4096, 8192, 16384), rounds: int = 21,
+              bandwidth: dict | None = None, device: str = "cpu", batch: int | None = None) -> dict:
+    """Time one decode step at each kv_len for n_kv_heads 8 (MHA), 4, 2, 1, attention done three ways.
+
+    materialised: repeat_kv the cache out to n_heads, then MHA attention; grouped: kvlib's
+    grouped_attention (Exercise 6.2); sdpa: torch's scaled_dot_product_attention(enable_gqa=True).
+    Every case is timed once per round, rounds interleaved, so a busy neighbour slows all alike (the
+    copying path in a block of its own, after the others); the median over rounds is reported with the roofline prediction: bytes moved / bandwidth
+    (kvlib.measure.machine.measure_bandwidth, measured here unless its result is passed as `bandwidth`).
+    On a CUDA GPU (device="cuda"): bfloat16, batch 64 unless given (one sequence's cache is too small
+    to keep a GPU busy), and each step replayed as a CUDA graph (timing.replayable), so that what
+    is timed is the reading of the cache rather than Python launching kernels.
+    Where the time goes: each case is also timed at FIXED_KV_LEN cached tokens, in the same rounds, which
+    leaves only the weights and the step's small operations (its fixed part, which GQA does not touch);
+    a row's cache_s = its step time - that fixed part, and cache_bytes_per_s the rate at which the
+    cache (and the copies) were read in it. The step's speedup over MHA is (fixed + MHA's cache part) /
+    (fixed + this cache part): Amdahl's law, measured.
+    """
+    from kvlib.kv_cache import KVCache
+
+    cuda = torch.device(device).type == "cuda"
+    if cuda and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: torch {torch.__version__} sees no CUDA GPU here")
+    dtype, batch = (torch.bfloat16, batch or 64) if cuda else (torch.float32, batch or 1)
+    if quick:
+        kv_lens, rounds = (256, 512), 3
+    n_heads = gqa_bench_config().n_heads
+    kv_heads = [h for h in (8, 4, 2, 1) if n_heads % h == 0]
+    with timing.num_threads(threads if not cuda else None), torch.inference_mode():
+        if bandwidth is None:
+            n_bytes = (32 << 20) if quick else (2 << 30) if cuda else (256 << 20)
+            bandwidth = measure_bandwidth(n_bytes=n_bytes, device=device, threads=None, repeats=3 if quick else 7)
+        cases = []  # (kv_len, n_kv_heads, method, model, cache, step); kv_len FIXED_KV_LEN: the fixed part
+        token = torch.full((batch,), 7, device=device)
+        for S in (FIXED_KV_LEN, *kv_lens):
+            for h in kv_heads:
+                config = gqa_bench_config(h, max_seq_len=S + 8)
+                torch.manual_seed(0)  # the same weights at every kv_len, so the fixed part is this model's
+                model = Decoder(config).to(device=device, dtype=dtype).eval()
+                cache = KVCache(config, batch=batch, max_seq_len=S + 1, dtype=dtype, device=device)
+                cache.k.normal_(), cache.v.normal_()
+                cache.pos = S  # S cached tokens; the timed step attends to S + 1
+                # MHA two ways: kvlib's plain attention (what materialised and grouped are compared with)
+                # and torch's fused SDPA (what GQA through SDPA is compared with: fusion alone is no GQA saving)
+                for method in (("grouped", "sdpa") if h == n_heads else ("materialised", "grouped", "sdpa")):
+                    step = (lambda model=model, cache=cache, attend=ATTENTION[method]:
+                            decode_step_with(model, token, cache, attend))
+                    step()  # the learner's code must run at all, before a graph captures it
+                    cases.append((S, h, method, model, cache, timing.replayable(step, device)))
+        for *_, step in cases:  # warm-up
+            step()
+        samples = [[] for _ in cases]
+        # two blocks of interleaved rounds: the copying path allocates n_heads heads of fresh memory every
+        # step, and measured among the others it slowed the steps right after it by up to 1.7x
+        for block in ({"grouped", "sdpa"}, {"materialised"}):
+            for _ in range(rounds):
+                for i, (S, h, method, model, cache, step) in enumerate(cases):
+                    if method in block:
+                        timing.synchronize(device)
+                        start = time.perf_counter()
+                        step()
+                        timing.synchronize(device)
+                        samples[i].append(time.perf_counter() - start)
+        fixed = {(h, method): statistics.median(times)
+                 for (S, h, method, *_), times in zip(cases, samples) if S == FIXED_KV_LEN}
+        rows = []
+        for (S, h, method, model, cache, _), times in zip(cases, samples):
+            if S == FIXED_KV_LEN:
+                continue
+            moved = decode_bytes(model, S + 1, batch, method)
+            median, fixed_s = statistics.median(times), fixed[h, method]
+            cache_s = median - fixed_s  # the part of the step that grows with the cache; noise can make it <= 0
+            rows.append({
+                "kv_len": S, "n_kv_heads": h, "group_size": n_heads // h, "method": _gqa_method(method, h == n_heads),
+                "median_s": median, "min_s": min(times), "max_s": max(times),
+                "bytes": moved, "predicted_s": moved / bandwidth["bandwidth"], "cache_bytes": cache.nbytes,
+                "fixed_s": fixed_s, "cache_s": cache_s,
+                # the bytes that grow with kv_len (the cache, and the copies of the materialised path) over that part
+                "cache_bytes_per_s": (moved - decode_bytes(model, 0, batch, method)) / cache_s if cache_s > 0 else None,
+            })
+        for row in rows:  # ratios against MHA at the same kv_len, attention done the same way
+            base = "mha sdpa" if row["method"].endswith("sdpa") else "mha"
+            mha = next(r for r in rows if r["kv_len"] == row["kv_len"] and r["method"] == base)
+            row["speedup_vs_mha"] = mha["median_s"] / row["median_s"]
+            row["speedup_vs_mha_best"] = mha["min_s"] / row["min_s"]  # fastest runs: least disturbed by neighbours
+            row["cache_speedup_vs_mha"] = mha["cache_s"] / row["cache_s"] if min(mha["cache_s"], row["cache_s"]) > 0 else None
+            row["measured_over_predicted"] = row["median_s"] / row["predicted_s"]
+        record = timing.environment(device, dtype=str(dtype).removeprefix("torch."), threads_requested=threads,
+                                       rounds=rounds, batch=batch, cuda_graph=cuda,
+                                       bandwidth_GBps=round(bandwidth["bandwidth"] / 1e9, 2))
+    del cases
+    import datetime
+
+    config = gqa_bench_config()
+    return {"benchmark": "gqa", "date": datetime.date.today().isoformat(), "record": record, "config": {**config.to_dict(), "n_kv_heads": kv_heads},
+            "bandwidth": {"bytes_per_s": bandwidth["bandwidth"], "kernel": bandwidth["kernel"]}, "rows": rows,
+            "fixed": [{"kv_len": FIXED_KV_LEN, "n_kv_heads": h, "method": _gqa_method(method, h == n_heads), "median_s": t}
+                      for (h, method), t in fixed.items()]}
+
+
+def format_gqa(report: dict) -> str:
+    r, c = report["record"], report["config"]
+    threads = "CUDA graphs" if r.get("cuda_graph") else f"{r['threads']} thread(s)"
+    lines = [f"kvlib bench gqa: {r['device']}, {threads}, torch {r['torch']}, {r.get('dtype', 'float32')}, "
+             f"batch {r.get('batch', 1)}, median of {r['rounds']} interleaved rounds",
+             f"model: d_model {c['d_model']}, {c['n_layers']} layers, {c['n_heads']} heads of {c['d_model'] // c['n_heads']}, "
+             f"random weights; predicted = bytes moved / {report['bandwidth']['bytes_per_s'] / 1e9:.1f} GB/s "
+             f"(measured {report['bandwidth']['kernel']} bandwidth)", "",
+             f"{'kv_len':>7} {'n_kv_heads':>10} {'method':>13} {'cache MB':>9} {'step ms':>9} {'min-max ms':>14} "
+             f"{'predicted':>9} {'meas/pred':>9} {'vs MHA':>7} {'best/best':>9}"]
+    for row in report["rows"]:
+        lines.append(f"{row['kv_len']:>7} {row['n_kv_heads']:>10} {row['method']:>13} {row['cache_bytes'] / 1e6:>9.1f} "
+                     f"{row['median_s'] * 1e3:>9.2f} {row['min_s'] * 1e3:>6.1f}-{row['max_s'] * 1e3:<7.1f} "
+                     f"{row['predicted_s'] * 1e3:>9.2f} {row['measured_over_predicted']:>8.2f}x {row['speedup_vs_mha']:>6.2f}x "
+                     f"{row['speedup_vs_mha_best']:>8.2f}x")
+    lines.append("\nvs MHA = MHA's median step time / this one's (>1: faster), sdpa against mha sdpa, the others against mha; "
+                 "best/best = the same for the fastest runs.\nmha: kvlib's attention; materialised: repeat_kv then MHA attention; "
+                 "grouped: grouped_attention (Exercise 6.2); sdpa: torch's fused SDPA (enable_gqa for GQA)")
+    if "fixed" in report:  # recordings made before the fixed part was measured lack it
+        lines += _format_time_split(report)
+    return "\n".join(lines)
+
+
+def _format_time_split(report: dict) -> list[str]:
+    """The second table of format_gqa: each step split into its fixed part and its cache part, and the verdict."""
+    def ms(x):
+        return f"{x * 1e3:.2f}" if x is not None else "-"
+
+    def ratio(x):
+        return f"{x:.2f}x" if x is not None else "-"
+
+    n_kv = report["config"]["n_kv_heads"]
+    lines = ["", f"Where the time goes: fixed = the same step at {report['fixed'][0]['kv_len']} cached tokens (weights and small "
+                 "operations, untouched by GQA); cache = step - fixed",
+             f"{'kv_len':>7} {'n_kv_heads':>10} {'method':>13} {'step ms':>9} {'fixed ms':>9} {'cache ms':>9} {'cache GB/s':>10} "
+             f"{'cache vs MHA':>12} {'step vs MHA':>11}"]
+    for row in report["rows"]:
+        rate = f"{row['cache_bytes_per_s'] / 1e9:.1f}" if row["cache_bytes_per_s"] is not None else "-"
+        lines.append(f"{row['kv_len']:>7} {row['n_kv_heads']:>10} {row['method']:>13} {ms(row['median_s']):>9} {ms(row['fixed_s']):>9} "
+                     f"{ms(row['cache_s'] if row['cache_s'] > 0 else None):>9} {rate:>10} {ratio(row['cache_speedup_vs_mha']):>12} "
+                     f"{row['speedup_vs_mha']:>10.2f}x")
+    quarter = n_kv[0] // 4 if n_kv[0] // 4 in n_kv else n_kv[-1]
+    lens = sorted({row["kv_len"] for row in report["rows"]})
+    at = {(row["kv_len"], row["n_kv_heads"], row["method"]): row for row in report["rows"]}
+    for kv_len in lens:
+        g, mha = at[kv_len, quarter, "grouped"], at[kv_len, n_kv[0], "mha"]
+        if g["cache_speedup_vs_mha"] is None:
+            lines.append(f"{kv_len} cached tokens: the cache part of a step is lost in the noise of its fixed part here")
+            continue
+        lines.append(f"{kv_len} cached tokens, n_kv_heads {quarter} (grouped) against MHA: cache part {ms(g['cache_s'])} ms against "
+                     f"{ms(mha['cache_s'])} (ratio {g['cache_speedup_vs_mha']:.2f}x, for {n_kv[0] // quarter}x fewer bytes); fixed part "
+                     f"{ms(g['fixed_s'])} against {ms(mha['fixed_s'])} ms; the whole step {g['speedup_vs_mha']:.2f}x")
+    return lines

@@ -1,0 +1,88 @@
+"""Measuring this machine (notebook 05 and `kvlib bench`): memory bandwidth, matmul FLOP/s, model steps.
+
+Every figure comes with the record of what produced it (kvlib.measure.timing.environment).
+Recorded GPU runs of `kvlib bench` (assets/recordings) load with load_recordings().
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from kvlib.core.model import Decoder
+from kvlib.core.paths import ASSETS
+from kvlib.measure.timing import environment, measure
+
+RECORDINGS_DIR = ASSETS / "recordings"  # GPU runs of `kvlib bench memory` and `kvlib bench gqa`
+
+
+
+def bandwidth_kernels(n_bytes: int = 256 << 20, device: str | torch.device = "cpu") -> dict:
+    """name -> (fn, bytes it moves) for three streaming kernels over float32 arrays of n_bytes.
+
+    read: x.sum() reads n_bytes; copy: y.copy_(x) reads and writes n_bytes (counted 2x, as
+    STREAM does); triad: z = x + 2 y (3x).
+    """
+    n = n_bytes // 4
+    x = torch.rand(n, device=device)
+    y, z = torch.rand(n, device=device), torch.empty(n, device=device)
+    return {
+        "read": (lambda: x.sum(), n * 4),
+        "copy": (lambda: y.copy_(x), 2 * n * 4),
+        "triad": (lambda: torch.add(x, y, alpha=2.0, out=z), 3 * n * 4),
+    }
+
+
+def measure_bandwidth(n_bytes: int = 256 << 20, device: str | torch.device = "cpu", threads: int | None = 1,
+                      repeats: int = 7) -> dict:
+    """Sustained memory bandwidth (bytes/s) from three streaming kernels over arrays far beyond the caches.
+
+    `bandwidth` is the read kernel's: a decode step streams its weights in, reading only, so that
+    is the ceiling to predict it with (copy and triad, reported beside it, also pay for writes).
+    Returns bytes/s per kernel, with the record.
+    """
+    rates = {}
+    for name, (fn, moved) in bandwidth_kernels(n_bytes, device).items():
+        timing = measure(fn, name=name, repeats=repeats, device=device, threads=threads)
+        rates[name] = moved / timing.median
+    return {"bandwidth": rates["read"], "kernel": "read", "per_kernel": rates, "array_bytes": n_bytes // 4 * 4,
+            "record": environment(device, threads=threads if threads else torch.get_num_threads())}
+
+
+def measure_matmul_flops(n: int = 1024, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                         threads: int | None = 1, repeats: int = 7) -> dict:
+    """FLOP/s of an (n, n) @ (n, n) matmul: 2 n^3 FLOPs, compute-bound (intensity n / 3 / bytes)."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    timing = measure(lambda: a @ b, name="matmul", repeats=repeats, device=device, threads=threads)
+    return {"flops": 2 * n**3 / timing.median, "n": n, "dtype": str(dtype).removeprefix("torch."),
+            "record": timing.record}
+
+
+def random_model(config, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", seed: int = 0):
+    """A kvlib Decoder with random weights: timing does not care what the weights mean."""
+    from kvlib.core.model import Decoder
+
+    torch.manual_seed(seed)
+    return Decoder(config).to(device=device, dtype=dtype).eval()
+
+
+def measure_step(model, new_tokens: int, batch: int = 1, device: str | torch.device = "cpu",
+                 threads: int | None = 1, repeats: int = 7):
+    """Timing of one forward over (batch, new_tokens) tokens at position 0: with new_tokens=1, a decode
+    step at kv_len 1 (every weight read, no cache yet); with more, a prefill."""
+    ids = torch.randint(0, model.config.vocab_size, (batch, new_tokens), device=device)
+    dtype = next(model.parameters()).dtype
+    return measure(lambda: model(ids), name=f"step {batch}x{new_tokens}", repeats=repeats, device=device,
+                   threads=threads, dtype=str(dtype).removeprefix("torch."), batch=batch, new_tokens=new_tokens)
+
+
+def load_recordings(folder: str | Path | None = None, benchmark: str = "memory") -> list[dict]:
+    """Recorded `kvlib bench <benchmark> --json` runs on GPUs (assets/recordings/*.json), newest first.
+
+    Made by assets/recordings/record.sh on a CUDA machine; each carries its device and date.
+    """
+    folder = Path(folder) if folder else RECORDINGS_DIR
+    runs = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
+    return sorted((r for r in runs if r.get("benchmark") == benchmark), key=lambda r: r.get("date", ""), reverse=True)
