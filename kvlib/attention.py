@@ -9,52 +9,13 @@ from __future__ import annotations
 import numpy as np
 
 from kvlib.course.exercises import exercise
-from kvlib.course.inputs import float_array, positive_int
-
-# ---------------------------------------------------------------------------------------------
-# Input checks (they run before your code and before the reference)
-
-
-def _check_scores(scores):
-    float_array("scores", scores, min_ndim=1)
-
-
-def _check_attend(q, k, v, scale=None):
-    float_array("q", q, ndim=1)
-    float_array("k", k, ndim=2)
-    float_array("v", v, ndim=2)
-    if k.shape[-1] != q.shape[-1]:
-        raise ValueError(f"k must be (kv_len, {q.shape[-1]}) to match q of shape {q.shape}, got {k.shape}")
-    if v.shape[0] != k.shape[0]:
-        raise ValueError(f"v must have one row per key ({k.shape[0]}), got shape {v.shape}")
-
-
-def _check_causal_mask(seq_len, kv_len):
-    positive_int("seq_len", seq_len)
-    positive_int("kv_len", kv_len)
-    if seq_len > kv_len:
-        raise ValueError(f"seq_len ({seq_len}) new queries cannot outnumber kv_len ({kv_len}) keys")
-
-
-def _check_self_attention(q, k, v):
-    float_array("q", q, min_ndim=2)
-    float_array("k", k, ndim=q.ndim)
-    float_array("v", v, ndim=q.ndim)
-    T, D = q.shape[-2:]
-    S = k.shape[-2]
-    if k.shape[:-2] != q.shape[:-2] or k.shape[-1] != D:
-        raise ValueError(f"k must be (..., kv_len, {D}) with q's leading axes {q.shape[:-2]}, got {k.shape}")
-    if v.shape[:-1] != k.shape[:-1]:
-        raise ValueError(f"v must be {k.shape[:-1]} + (d_v,) to match k, got {v.shape}")
-    if T > S:
-        raise ValueError(f"q has {T} queries but only {S} keys: queries are the last seq_len of kv_len positions")
-
+from kvlib.course.inputs import check_attend, check_causal_mask, check_scores, check_self_attention
 
 # ---------------------------------------------------------------------------------------------
 # Exercise 1.1
 
 
-@exercise("1.1", validate=_check_scores)
+@exercise("1.1", validate=check_scores)
 def softmax(scores: np.ndarray) -> np.ndarray:
     """Softmax over the last axis, safe for large scores.
 
@@ -73,7 +34,7 @@ def softmax(scores: np.ndarray) -> np.ndarray:
 # Exercise 1.2
 
 
-@exercise("1.2", validate=_check_attend)
+@exercise("1.2", validate=check_attend)
 def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float | None = None):
     """Attention of one query over all keys: score, softmax, weighted sum of values.
 
@@ -94,7 +55,7 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float | None = No
 # Exercise 1.3
 
 
-@exercise("1.3", validate=_check_causal_mask)
+@exercise("1.3", validate=check_causal_mask)
 def causal_mask(seq_len: int, kv_len: int) -> np.ndarray:
     """Boolean (seq_len, kv_len) mask; True where query i may attend to key j.
 
@@ -112,7 +73,7 @@ def causal_mask(seq_len: int, kv_len: int) -> np.ndarray:
 # Exercise 1.4
 
 
-@exercise("1.4", validate=_check_self_attention)
+@exercise("1.4", validate=check_self_attention)
 def causal_self_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray):
     """All queries at once: scaled dot-product attention under the causal mask.
 

@@ -13,42 +13,13 @@ from collections.abc import Callable
 import torch
 
 from kvlib.course.exercises import exercise
-
-# ---------------------------------------------------------------------------------------------
-# Input checks (they run before your code and before the reference)
-
-
-def _check_logits(logits, temperature=0.0, generator=None):
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or not logits.dtype.is_floating_point:
-        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-        raise ValueError(f"logits must be a float tensor of shape (batch, vocab_size), got {shape}")
-    if not isinstance(temperature, (int, float)) or temperature < 0:
-        raise ValueError(f"temperature must be a number >= 0 (0 means greedy), got {temperature!r}")
-
-
-def _check_generate(model, input_ids, max_new_tokens, temperature=0.0, generator=None, on_token=None):
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
-    model.check_input(input_ids)  # (batch, seq_len) integer ids within the vocabulary
-    T, limit = input_ids.shape[1], model.config.max_seq_len
-    if T + max_new_tokens > limit:
-        raise ValueError(
-            f"a prompt of {T} tokens plus max_new_tokens={max_new_tokens} runs past the model's "
-            f"max_seq_len={limit}: ask for at most {limit - T} new tokens"
-        )
-
-
-def _check_measure(model, input_ids, max_new_tokens):
-    _check_generate(model, input_ids, max_new_tokens)
-    if max_new_tokens < 2:
-        raise ValueError("time per output token needs max_new_tokens >= 2 (one prefill, then decode steps)")
-
+from kvlib.course.inputs import check_generate, check_logits, check_measure
 
 # ---------------------------------------------------------------------------------------------
 # Exercise 2.1
 
 
-@exercise("2.1", validate=_check_logits)
+@exercise("2.1", validate=check_logits)
 def next_token(logits: torch.Tensor, temperature: float = 0.0, generator: torch.Generator | None = None) -> torch.Tensor:
     """Choose one token per row from next-token logits: greedy, or sampled at a temperature.
 
@@ -69,7 +40,7 @@ def next_token(logits: torch.Tensor, temperature: float = 0.0, generator: torch.
 # Exercise 2.2
 
 
-@exercise("2.2", validate=_check_generate)
+@exercise("2.2", validate=check_generate)
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
              generator: torch.Generator | None = None, on_token: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
     """The naive autoregressive loop: run the whole sequence, pick a token, append it, repeat.
@@ -94,7 +65,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: f
 # Exercise 2.3
 
 
-@exercise("2.3", validate=_check_measure)
+@exercise("2.3", validate=check_measure)
 def measure_ttft_tpot(model, input_ids: torch.Tensor, max_new_tokens: int) -> tuple[float, list[float]]:
     """Time one greedy generation: seconds to the first token, then seconds for each later token.
 

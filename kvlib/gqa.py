@@ -17,66 +17,15 @@ from collections.abc import Callable
 import torch
 
 from kvlib.course.exercises import exercise
+from kvlib.course.inputs import check_pool, check_qkv, check_repeat, check_to_gqa
 from kvlib.core.model import Decoder
 from kvlib.core.weights import load_checked
-
-# ---------------------------------------------------------------------------------------------
-# Input checks: every bad shape is named with what was expected
-
-
-def _shape(t) -> str:
-    return str(tuple(t.shape)) if isinstance(t, torch.Tensor) else f"a {type(t).__name__}"
-
-
-def _check_repeat(x, group_size):
-    if not isinstance(x, torch.Tensor) or x.dim() != 4:
-        raise ValueError(f"x must be keys or values of shape (batch, n_kv_heads, seq_len, head_dim), got {_shape(x)}")
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-        raise ValueError(f"group_size (query heads per key/value head) must be a positive int, got {group_size!r}")
-
-
-def _check_qkv(q, k, v):
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            what = "(batch, n_heads, seq_len, head_dim)" if name == "q" else "(batch, n_kv_heads, kv_len, head_dim)"
-            raise ValueError(f"{name} must have shape {what}, got {_shape(t)}")
-    if k.shape != v.shape:
-        raise ValueError(f"k {_shape(k)} and v {_shape(v)} must have the same shape (batch, n_kv_heads, kv_len, head_dim)")
-    (B, H, T, D), (B_kv, H_kv, S, D_kv) = q.shape, k.shape
-    if (B, D) != (B_kv, D_kv):
-        raise ValueError(f"q {_shape(q)} and k {_shape(k)} must agree on batch (dim 0) and head_dim (dim 3)")
-    if H % H_kv:
-        raise ValueError(f"q has {H} heads and k {H_kv}: n_heads must be a multiple of n_kv_heads (q {_shape(q)}, k {_shape(k)})")
-    if S < T:
-        raise ValueError(f"{T} queries need at least {T} keys (the queries are the last T of the kv_len positions), got k {_shape(k)}")
-
-
-def _check_pool(w, n_heads, n_kv_heads):
-    for name, n in (("n_heads", n_heads), ("n_kv_heads", n_kv_heads)):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"{name} must be a positive int, got {n!r}")
-    if not isinstance(w, torch.Tensor) or w.dim() != 2:
-        raise ValueError(f"w must be a k_proj or v_proj weight of shape (n_heads * head_dim, d_model), got {_shape(w)}")
-    if w.shape[0] % n_heads:
-        raise ValueError(f"w has {w.shape[0]} rows, not a multiple of n_heads={n_heads}: expected (n_heads * head_dim, d_model)")
-    if n_heads % n_kv_heads:
-        raise ValueError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}: every group needs the same size")
-
-
-def _check_to_gqa(model, n_kv_heads, pool=None):
-    if not isinstance(model, Decoder):
-        raise ValueError(f"model must be a kvlib Decoder, got a {type(model).__name__}")
-    have = model.config.n_kv_heads
-    if isinstance(n_kv_heads, bool) or not isinstance(n_kv_heads, int) or n_kv_heads < 1 or have % n_kv_heads:
-        divisors = [d for d in range(1, have + 1) if have % d == 0]
-        raise ValueError(f"the model has {have} key/value heads: n_kv_heads must divide it, one of {divisors}; got {n_kv_heads!r}")
-
 
 # ---------------------------------------------------------------------------------------------
 # Exercise 6.1: which key/value head each query head reads
 
 
-@exercise("6.1", validate=_check_repeat)
+@exercise("6.1", validate=check_repeat)
 def repeat_kv(x: torch.Tensor, group_size: int) -> torch.Tensor:
     """Copy each key/value head out to the group_size query heads that share it.
 
@@ -98,7 +47,7 @@ def repeat_kv(x: torch.Tensor, group_size: int) -> torch.Tensor:
 # Exercise 6.2
 
 
-@exercise("6.2", validate=_check_qkv)
+@exercise("6.2", validate=check_qkv)
 def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal attention in which each key/value head serves its group of query heads, read in place.
 
@@ -124,7 +73,7 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torc
 # Exercise 6.3: from n_heads key/value heads to n_kv_heads, the GQA paper's way
 
 
-@exercise("6.3", validate=_check_pool)
+@exercise("6.3", validate=check_pool)
 def mean_pool_heads(w: torch.Tensor, n_heads: int, n_kv_heads: int) -> torch.Tensor:
     """Average the heads of each group of a key or value projection: (n_heads*D, C) -> (n_kv_heads*D, C).
 
@@ -142,7 +91,7 @@ def mean_pool_heads(w: torch.Tensor, n_heads: int, n_kv_heads: int) -> torch.Ten
 
 def first_head_of_group(w: torch.Tensor, n_heads: int, n_kv_heads: int) -> torch.Tensor:
     """The alternative the GQA paper compares with: keep the first head of each group, drop the rest."""
-    _check_pool(w, n_heads, n_kv_heads)
+    check_pool(w, n_heads, n_kv_heads)
     D, C = w.shape[0] // n_heads, w.shape[1]
     return w.reshape(n_kv_heads, n_heads // n_kv_heads, D, C)[:, 0].reshape(n_kv_heads * D, C)
 
@@ -151,7 +100,7 @@ def first_head_of_group(w: torch.Tensor, n_heads: int, n_kv_heads: int) -> torch
 # Exercise 6.4
 
 
-@exercise("6.4", validate=_check_to_gqa)
+@exercise("6.4", validate=check_to_gqa)
 def to_gqa(model: Decoder, n_kv_heads: int, pool: Callable | None = None) -> Decoder:
     """A new Decoder with n_kv_heads key/value heads, its k_proj and v_proj weights pooled from model's.
 

@@ -14,20 +14,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from kvlib.course.exercises import exercise
-
-
-def _check_config(config, *lengths):
-    for field in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "hidden_dim"):
-        if not isinstance(getattr(config, field, None), int):
-            raise ValueError(f"config must be a kvlib ModelConfig (it has no integer {field}), got {type(config).__name__}")
-    for n in lengths:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"sequence lengths must be positive ints, got {n!r}")
-
-
-def _check_length(config, seq_len):
-    _check_config(config, seq_len)
-
+from kvlib.course.inputs import check_length
 
 # ---------------------------------------------------------------------------------------------
 # Measuring (no exercise): count what torch actually multiplies
@@ -61,7 +48,7 @@ def naive_decode_flops(config, prompt_len: int, max_new_tokens: int) -> list[int
 # Exercise 3.1
 
 
-@exercise("3.1", validate=_check_length)
+@exercise("3.1", validate=check_length)
 def forward_flops(config, seq_len: int) -> int:
     """Matrix-multiply FLOPs of one forward pass of the decoder over seq_len tokens (batch 1).
 
@@ -82,7 +69,7 @@ def forward_flops(config, seq_len: int) -> int:
 # Exercise 3.2
 
 
-@exercise("3.2", validate=_check_length)
+@exercise("3.2", validate=check_length)
 def new_token_flops(config, kv_len: int) -> int:
     """FLOPs really needed for one new token at position kv_len - 1, if earlier keys and values were kept.
 
@@ -100,7 +87,7 @@ def new_token_flops(config, kv_len: int) -> int:
 # Exercise 3.3
 
 
-@exercise("3.3", validate=_check_length)
+@exercise("3.3", validate=check_length)
 def wasted_fraction(config, kv_len: int) -> float:
     """Share of a naive decode step's FLOPs that recompute what earlier steps already computed.
 

@@ -15,6 +15,16 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Fixtures that run whole notebooks, nbgrader, a benchmark or a browser: a test using one is slow.
+# `pytest -m "not slow"` (the contributor's quick loop) leaves those tests out.
+SLOW_FIXTURES = {"graded", "graded_sizes", "released", "server", "page", "quick_gqa_report"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture
 def root() -> Path:

@@ -14,7 +14,7 @@ from matplotlib.text import Text
 
 from kvlib.course import plotting
 
-SEED = dict(tokens=["我", "爱", "AI"], probs=[0.212, 0.212, 0.576], out=[1.94, 1.0])
+EXAMPLE = dict(tokens=["我", "爱", "AI"], probs=[0.212, 0.212, 0.576], out=[1.94, 1.0])
 N = np.arange(1, 65)
 
 
@@ -22,10 +22,10 @@ def _figures():
     probs = np.array([[1, 0, 0], [0.33, 0.67, 0], [0.248, 0.248, 0.503]])
     med = 1 + 0.05 * N
     return {
-        "attention_weights": lambda: plotting.attention_weights(**SEED, query=[1, 1], keys=[[1, 0], [0, 1], [1, 1]],
+        "attention_weights": lambda: plotting.attention_weights(**EXAMPLE, query=[1, 1], keys=[[1, 0], [0, 1], [1, 1]],
                                                                 values=[[1, 0], [0, 2], [3, 1]]),
-        "attention_weights (no 2-d values)": lambda: plotting.attention_weights(**SEED),
-        "causal_attention_heatmap": lambda: plotting.causal_attention_heatmap(SEED["tokens"], probs),
+        "attention_weights (no 2-d values)": lambda: plotting.attention_weights(**EXAMPLE),
+        "causal_attention_heatmap": lambda: plotting.causal_attention_heatmap(EXAMPLE["tokens"], probs),
         "ttft_against_prompt_length": lambda: plotting.ttft_against_prompt_length([8, 16, 32], [1, 2, 3], [0.9, 1.8, 2.7],
                                                                                   [1.2, 2.3, 3.4], note="test machine"),
         "time_per_token": lambda: plotting.time_per_token(med, med * 0.9, med * 1.2, note="test machine"),
@@ -38,8 +38,8 @@ def _figures():
             N[7:], 1e-4 * N[7:] ** 1.5, 1e-3 * N[7:], naive_fit=(1e-4, 1.5), cached_fit=(1e-3, 1.0), marks=(8, 16, 32, 64)),
         "roofline": lambda: plotting.roofline([("GPU, 16-bit", 312e12, 2e12), ("GPU, FP32", 19.5e12, 2e12)],
                                               [("decode", 1.0, 1.9e12), ("prefill", 400.0, 250e12)], note="datasheet"),
-        "bytes_against_context": lambda: plotting.bytes_against_context(2.0 ** np.arange(7, 18), 13.5e9, 512 * 1024,
-                                                                        batches=(1, 16), model="Llama-2-7B"),
+        "bytes_against_kv_len": lambda: plotting.bytes_against_kv_len(2.0 ** np.arange(7, 18), 13.5e9, 512 * 1024,
+                                                                      batches=(1, 16), model="Llama-2-7B"),
         "decode_against_batch": lambda: plotting.decode_against_batch([1, 2, 4, 8], [10, 19, 30, 35], [12, 24, 40, 40],
                                                                       [0.5, 1, 2, 4], 3.0, note="test machine"),
     }

@@ -236,7 +236,7 @@ def test_check_names_the_known_mistake(name, fake, words):
 # Real models (kv_cache_bytes is Exercise 5.3) and the benchmark
 
 KIB_PER_TOKEN = {"GPT-2 small": 36, "Llama-2-7B": 512, "Llama-2-70B": 320, "Llama-3-8B": 128, "Llama-3-70B": 320,
-                 "Mistral-7B": 128, "Qwen2.5-7B": 56, "Falcon-7B": 8}  # COURSE.md "Facts to get right", fp16
+                 "Mistral-7B": 128, "Qwen2.5-7B": 56, "Falcon-7B": 8}  # published configs (each model's config.json), fp16
 
 
 @pytest.mark.parametrize("name", list(KIB_PER_TOKEN))
@@ -258,11 +258,18 @@ def test_kv_cache_bytes_halves_when_n_kv_heads_halves():
     assert all(a == 2 * b for a, b in zip(sizes, sizes[1:])) and sizes[-1] == 16 * 1024
 
 
-def test_bench_gqa_quick_reports_every_case():
-    """Check that `kvlib bench gqa --quick` times MHA two ways, and three ways for each smaller n_kv_heads, with ratios."""
-    from kvlib.measure.bench_gqa import bench_gqa, format_gqa
+@pytest.fixture(scope="module")
+def quick_gqa_report():
+    """One `kvlib bench gqa --quick` run, shared by the tests that read its report."""
+    return bench_gqa.bench_gqa(quick=True)
 
-    report = bench_gqa(quick=True)
+
+@pytest.mark.slow
+def test_bench_gqa_quick_reports_every_case(quick_gqa_report):
+    """Check that `kvlib bench gqa --quick` times MHA two ways, and three ways for each smaller n_kv_heads, with ratios."""
+    from kvlib.measure.bench_gqa import format_gqa
+
+    report = quick_gqa_report
     rows = report["rows"]
     assert {(r["n_kv_heads"], r["method"]) for r in rows if r["kv_len"] == 512} == {
         (8, "mha"), (8, "mha sdpa"), *((h, m) for h in (4, 2, 1) for m in ("materialised", "grouped", "sdpa"))}
@@ -275,11 +282,12 @@ def test_bench_gqa_quick_reports_every_case():
     assert "vs MHA" in format_gqa(report) and report["record"]["threads"] == 1
 
 
-def test_bench_gqa_splits_each_step_into_its_fixed_part_and_its_cache_part():
+@pytest.mark.slow
+def test_bench_gqa_splits_each_step_into_its_fixed_part_and_its_cache_part(quick_gqa_report):
     """Check that every case is also timed at FIXED_KV_LEN tokens, and each row's cache part is its step minus that."""
-    from kvlib.measure.bench_gqa import FIXED_KV_LEN, bench_gqa, format_gqa
+    from kvlib.measure.bench_gqa import FIXED_KV_LEN, format_gqa
 
-    report = bench_gqa(quick=True)
+    report = quick_gqa_report
     fixed = {(f["n_kv_heads"], f["method"]): f["median_s"] for f in report["fixed"]}
     assert {f["kv_len"] for f in report["fixed"]} == {FIXED_KV_LEN} and all(t > 0 for t in fixed.values())
     assert set(fixed) == {(r["n_kv_heads"], r["method"]) for r in report["rows"]}  # one fixed part per way and n_kv_heads

@@ -10,6 +10,8 @@ from kvlib.course import release as course
 
 from conftest import ROOT
 
+pytestmark = pytest.mark.slow  # every test here executes a whole notebook
+
 NOTEBOOKS = [p for name in course.assignments() for p in sorted((ROOT / "solutions" / name).glob("*.ipynb"))]
 _executed = {}
 

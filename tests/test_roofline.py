@@ -1,6 +1,6 @@
-"""kvlib/roofline.py, kvlib/core/configs.py and kvlib/core/devices.py (notebook 05): the calculators against COURSE.md's
-figures, the device table's ridge points, the checks naming the classic slips, learner mode,
-and `kvlib bench memory` end to end (never an assertion on speed)."""
+"""kvlib/roofline.py, kvlib/core/configs.py and kvlib/core/devices.py (notebook 05): the calculators
+against published figures, the device table's ridge points, the checks naming the classic slips,
+learner mode, and `kvlib bench memory` end to end (never an assertion on speed)."""
 import json
 import types
 
@@ -36,7 +36,7 @@ def test_learner_stubs_are_todo(learner_mode):
 
 
 # ---------------------------------------------------------------------------------------------
-# Figures of COURSE.md ("Facts to get right")
+# Published figures: model configs (config.json on each model's page) and NVIDIA datasheets
 
 KIB_PER_TOKEN = {"GPT-2 small": 36, "Llama-2-7B": 512, "Llama-3-8B": 128, "Mistral-7B": 128, "Llama-2-70B": 320,
                  "Llama-3-70B": 320, "Qwen2.5-7B": 56, "Falcon-7B": 8}
@@ -47,7 +47,7 @@ PARAMS_B = {"GPT-2 small": 0.124, "Llama-2-7B": 6.74, "Llama-2-70B": 69.0, "Llam
 
 @pytest.mark.parametrize("name", list(KIB_PER_TOKEN))
 def test_kv_bytes_per_token_of_real_models(name):
-    """Check the KV cache per token in fp16 of each real configuration against COURSE.md."""
+    """Check the KV cache per token in fp16 of each real configuration against its published config."""
     assert roofline.kv_cache_bytes(REAL_MODELS[name].config, 1, 1, F16) == KIB_PER_TOKEN[name] * 1024
 
 
@@ -69,7 +69,7 @@ def test_unknown_real_model_lists_the_names():
         real_model("Llama-9")
 
 
-RIDGES = {  # device: (ridge FP32, ridge 16-bit), COURSE.md's table
+RIDGES = {  # device: (ridge FP32, ridge 16-bit), the datasheets' dense figures
     "T4": (25, 203), "L4": (101, 403), "A100 40GB SXM": (12.5, 201), "A100 80GB PCIe": (10.1, 161),
     "A100 80GB SXM": (9.6, 153), "H100 SXM": (20, 295), "H100 PCIe": (25.5, 378), "H200 SXM": (14, 206),
     "RTX 4090": (82, 164),
@@ -78,7 +78,7 @@ RIDGES = {  # device: (ridge FP32, ridge 16-bit), COURSE.md's table
 
 @pytest.mark.parametrize("name", list(RIDGES))
 def test_device_ridge_points(name):
-    """Check each device's FP32 and 16-bit ridge against COURSE.md's table (to 2%)."""
+    """Check each device's FP32 and 16-bit ridge against the datasheets' dense figures (to 2%)."""
     d = DEVICES[name]
     fp32, tensor = RIDGES[name]
     assert d.ridge(torch.float32) == pytest.approx(fp32, rel=0.02)

@@ -1,7 +1,7 @@
 """Checks for notebook 01 (kvlib/attention.py): exercises 1.1-1.4.
 
-References are torch ops (torch.softmax, scaled_dot_product_attention) in float64 and the seed
-example worked by hand; near-misses (wrong axis, no max subtraction, no 1/sqrt(d), mask on the
+References are torch ops (torch.softmax, scaled_dot_product_attention) in float64 and notebook 01's
+three-token example worked by hand; near-misses (wrong axis, no max subtraction, no 1/sqrt(d), mask on the
 wrong side or aligned top-left) are recognised and named.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from kvlib.checks import check
 
-# The seed example: the query of "AI" against the keys and values of 我, 爱, AI.
+# The worked example of notebook 01: the query of "AI" against the keys and values of 我, 爱, AI.
 SEED_Q = np.array([1.0, 1.0])
 SEED_K = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
 SEED_V = np.array([[1.0, 0.0], [0.0, 2.0], [3.0, 1.0]])
@@ -61,7 +61,7 @@ def _attention(q, k, v, mask=None, scale=None):
 
 @check("1.1")
 def softmax_reproduces_seed(kv, rng):
-    """Check that softmax of the seed scores [1, 1, 2] is [0.212, 0.212, 0.576]."""
+    """Check that softmax of the example's scores [1, 1, 2] is [0.212, 0.212, 0.576]."""
     probs = _array("softmax([1, 1, 2])", kv.softmax(np.array([1.0, 1.0, 2.0])), (3,))
     assert _close(probs, SEED_PROBS, 1e-4), f"softmax([1, 1, 2]) should be [0.212, 0.212, 0.576], got {np.round(probs, 3)}"
 
@@ -104,7 +104,7 @@ def softmax_is_stable(kv, rng):
 
 @check("1.2")
 def attend_reproduces_seed(kv, rng):
-    """Check that the seed example gives weights [0.212, 0.212, 0.576] and output [1.940, 1.000]."""
+    """Check that the worked example (我, 爱, AI) gives weights [0.212, 0.212, 0.576] and output [1.940, 1.000]."""
     out, probs = _pair(kv.attend(SEED_Q, SEED_K, SEED_V, scale=1.0), "attend")
     _array("probs", probs, (3,))
     _array("out", out, (2,))

@@ -1,7 +1,7 @@
 """Checks for notebook 02 (kvlib/generation.py): exercises 2.1-2.3.
 
 The loop is checked on small random decoders against a greedy loop written here, and on the
-shipped tiny model against the seed's question; timing is checked on a stand-in model whose
+shipped tiny model against the capital question; timing is checked on a stand-in model whose
 forward sleeps a known time per token, so that the expected TTFT and TPOT are known.
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@
   kvlib lab [NN]                 open JupyterLab on the course (learner view: nbgrader's Validate button)
   kvlib present [NN] [--check]   the solved notebooks in reference mode; --check runs them all and times each
   kvlib course release [--check] regenerate kvlib/ stubs and notebooks/ from solutions/
-  kvlib course init DIR          an nbgrader course folder for instructors (README.md, For instructors)
+  kvlib course init DIR          an nbgrader course folder for instructors (docs/instructors.md)
 """
 from __future__ import annotations
 
@@ -171,7 +171,7 @@ def cmd_course_init(args) -> int:
         print(f"kvlib course init: {err}", file=sys.stderr)
         return 1
     print(f"wrote {len(written)} files under {args.dir}" if written else f"{args.dir} is already up to date")
-    print(f"next: cd {args.dir} && nbgrader generate_assignment 01-attention (README.md, For instructors)")
+    print(f"next: cd {args.dir} && nbgrader generate_assignment 01-attention (docs/instructors.md)")
     return 0
 
 

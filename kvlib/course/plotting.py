@@ -590,14 +590,15 @@ def roofline(roofs, points=(), *, title=None, xlim=(0.1, 1000), note=None):
     return _finish(fig)
 
 
-def bytes_against_context(contexts, weight_bytes, kv_bytes_per_token, *, batches=(1,), model="", note=None):
-    """Weights against KV cache bytes over context length (log-log), one KV line per batch size.
+def bytes_against_kv_len(kv_lens, weight_bytes, kv_bytes_per_token, *, batches=(1,), model="", note=None):
+    """Weights against KV cache bytes over kv_len, the tokens each sequence holds in the cache (log-log),
+    one KV line per batch size.
 
-    Args:    contexts: (n,) tokens per sequence   weight_bytes: bytes of the weights
+    Args:    kv_lens: (n,) tokens in the cache, per sequence   weight_bytes: bytes of the weights
              kv_bytes_per_token: KV bytes of one token of one sequence   batches: batch sizes to draw
     Returns: the Figure; each batch's crossover (cache == weights) is marked
     """
-    n = np.asarray(contexts, dtype=float)
+    n = np.asarray(kv_lens, dtype=float)
     batches = sorted(set(batches))
     colors = [PALETTE[c] for c in ("blue", "vermillion", "green", "purple", "sky")]
     with style():
@@ -614,7 +615,7 @@ def bytes_against_context(contexts, weight_bytes, kv_bytes_per_token, *, batches
                 ax.annotate(f"{cross:,.0f} tokens", (cross, weight_bytes / 1e9), xytext=(0, 12), textcoords="offset points",
                             ha="center", fontsize=11, color=colors[i % len(colors)])
             crossings.append((batch, cross))
-        ax.set_xlabel("context length (tokens per sequence)")
+        ax.set_xlabel("kv_len (tokens in the cache, per sequence)")
         ax.set_ylabel("memory (GB)")
         batch, cross = crossings[-1]
         ax.set_title(f"{model}{': ' if model else ''}cache > weights from {cross:,.0f} tokens at batch {batch}")
@@ -656,7 +657,7 @@ def decode_against_batch(batches, measured_tps, predicted_tps, intensities, ridg
     return _finish(fig)
 
 
-__all__ += ["bytes_against_context", "decode_against_batch", "roofline"]
+__all__ += ["bytes_against_kv_len", "decode_against_batch", "roofline"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -693,7 +694,7 @@ def gqa_decode_time(rows, *, kv_len=None, note=None):
 
     Args:    rows: `kvlib bench gqa` rows (kv_len, n_kv_heads, method, median_s, min_s, max_s, predicted_s, speedup_vs_mha,
                    and fixed_s where measured); MHA rows are "mha" (kvlib's attention) and "mha sdpa", each the start of its way's curve
-             kv_len: the context of the left panel (default: the middle one measured)
+             kv_len: the cached tokens of the left panel (default: the middle kv_len measured)
              note: what produced the numbers, printed under the axes
     Returns: the Figure (left: ms per step at kv_len; right: speedup over MHA against kv_len, n_kv_heads = n_heads / 4)
     """
@@ -744,7 +745,7 @@ def gqa_decode_time(rows, *, kv_len=None, note=None):
         bx.set_xticks(lens, [f"{n // 1024}k" if n >= 1024 else str(n) for n in lens])
         bx.minorticks_off()
         bx.set_ylim(0, heads[0] / quarter * 1.9)  # room for the legend above the bytes ratio
-        bx.set_xlabel("cached tokens (kv_len)")
+        bx.set_xlabel("kv_len (tokens in the cache)")
         bx.set_ylabel(f"speedup over MHA (n_kv_heads {quarter})")
         bx.set_title("Speedup over MHA")
         bx.legend(loc="upper right", frameon=False, fontsize=11)

@@ -1,4 +1,4 @@
-"""Classroom grading with nbgrader that a submission's code cannot fool (README.md, For instructors).
+"""Classroom grading with nbgrader that a submission's code cannot fool (docs/instructors.md).
 
   kvlib course init DIR        an nbgrader course folder (kvlib.grading.course_folder)
   IsolatedGrading              the autograde preprocessor: each graded cell's score comes from its

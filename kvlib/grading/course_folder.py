@@ -111,7 +111,7 @@ def learner_edited(notebook: str, earlier: str) -> list[str]:
 def config_text(course_id: str, exclude: dict[str, list[str]]) -> str:
     exclude_lines = "".join(f"    {k!r}: {v!r},\n" for k, v in exclude.items())
     return f'''"""nbgrader configuration of a kvlib course, written by `kvlib course init` (instructor guide:
-README.md, For instructors). Yours to edit: `kvlib course init --force` keeps a changed copy as .bak."""
+docs/instructors.md). Yours to edit: `kvlib course init --force` keeps a changed copy as .bak."""
 from nbgrader.converters import Autograde
 from nbgrader.preprocessors import Execute, OverwriteCells, SaveAutoGrades
 
@@ -148,9 +148,9 @@ c.IsolatedGrading.notebook_timeout = 120
 
 # Random inputs per student come from the secret in {SECRET} (never release it);
 # c.IsolatedGrading.seed = 1234 would fix them instead.
-# Your own hidden checks (README.md, For instructors: "Your own checks"):
+# Your own hidden checks (docs/instructors.md, "Your own checks"):
 # c.IsolatedGrading.extra_checks = ["course_checks.py"]
-# auto: namespaces when root, else user namespaces, else plain (README.md, For instructors: what plain leaves open)
+# auto: namespaces when root, else user namespaces, else plain (docs/instructors.md: what plain leaves open)
 # c.GradingJail.isolation = "auto"
 '''
 

@@ -32,6 +32,7 @@ from traitlets.config import Configurable
 
 from nbgrader.preprocessors import Execute
 
+from kvlib.grading.checks_registry import isolated_check_names
 from kvlib.grading.jail import Jail, Limits, detect_mode, jail_python, site_dirs
 
 
@@ -182,8 +183,6 @@ class SandboxExecute(Execute):
         self.kernel_name = "python3"
         self._isolated: set[str] = set()
         if self.skip_isolated_hidden_tests:
-            from kvlib.grading.preprocessor import isolated_check_names
-
             self._isolated = isolated_check_names(self.config)
         try:
             return super().preprocess(nb, resources, km=km)

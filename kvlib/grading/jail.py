@@ -7,7 +7,7 @@ Three modes, picked once per grading process ("auto" takes the first that works 
   userns      the grader is not root but the kernel allows user namespaces: the same jail, the
               process keeping the grader's uid outside but no capability inside;
   plain       neither: a plain child process with resource limits, which sees everything the
-              grader sees (README.md, For instructors, says what that does not protect).
+              grader sees (docs/instructors.md says what that does not protect).
 Not here: what runs inside (kvlib.grading.sandbox, kvlib.grading.execute).
 """
 from __future__ import annotations

@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import select
 import shutil
 import struct
@@ -278,8 +279,23 @@ def _read_exact(fd: int, n: int, deadline: float) -> bytes | None:
     return b"".join(chunks)
 
 
+_PACKAGE_PATH = re.compile(r"kvlib(/[A-Za-z_]\w*)*/[A-Za-z_]\w*\.py")  # kvlib/<name>.py, kvlib/<sub>/<name>.py
+
+
+def package_files(folder: Path) -> dict[str, bytes]:
+    """The kvlib package a child imports, from folder (a kvlib/ directory): {"kvlib/<path>.py": bytes}.
+
+    Every module and subpackage but the grader itself (grading/); links are left out."""
+    files = {}
+    for path in sorted(folder.rglob("*.py")):
+        rel = path.relative_to(folder)
+        if path.is_file() and not path.is_symlink() and rel.parts[0] != "grading" and "__pycache__" not in rel.parts:
+            files[f"kvlib/{rel.as_posix()}"] = path.read_bytes()
+    return files
+
+
 class Sandbox:
-    """One submission's isolated child. files: {"kvlib/<name>.py": bytes} (the package it imports),
+    """One submission's isolated child. files: {"kvlib/<path>.py": bytes} (the package it imports),
     modules: the exercise modules to import, functions: "module.name" callables it may run."""
 
     def __init__(self, files: dict[str, bytes], modules: list[str], functions: list[str], *, mode: str,
@@ -310,9 +326,9 @@ class Sandbox:
         (work / "kvlib").mkdir(parents=True)
         boot.mkdir()
         for rel, data in self.files.items():
-            parts = Path(rel).parts
-            if len(parts) != 2 or parts[0] != "kvlib" or not parts[1].endswith(".py") or parts[1].startswith("."):
-                raise ValueError(f"the sandbox takes kvlib/<name>.py files only, not {rel!r}")
+            if not _PACKAGE_PATH.fullmatch(rel):
+                raise ValueError(f"the sandbox takes kvlib/<name>.py and kvlib/<subpackage>/<name>.py files only, not {rel!r}")
+            (work / rel).parent.mkdir(parents=True, exist_ok=True)
             (work / rel).write_bytes(data)
         shutil.copyfile(_child.__file__, boot / "_child.py")
 

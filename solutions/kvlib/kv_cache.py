@@ -14,29 +14,12 @@ import torch
 import torch.nn.functional as F
 
 from kvlib.course.exercises import exercise
+from kvlib.course.inputs import check_cached_attention, check_decode, check_generate_cached, check_prefill, check_update
 from kvlib.attention import causal_mask
 from kvlib.generation import next_token
 
 # ---------------------------------------------------------------------------------------------
 # The cache (infrastructure, except update)
-
-
-def _check_update(cache, layer, k_new, v_new):
-    if not 0 <= layer < cache.n_layers:
-        raise ValueError(f"layer must be in [0, {cache.n_layers}), got {layer}")
-    B, H_kv, _, D = cache.k.shape[1:]
-    for name, t in (("k_new", k_new), ("v_new", v_new)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4 or (t.shape[0], t.shape[1], t.shape[3]) != (B, H_kv, D):
-            shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ValueError(f"{name} must be (batch={B}, n_kv_heads={H_kv}, seq_len, head_dim={D}), got {shape}")
-    if k_new.shape != v_new.shape:
-        raise ValueError(f"k_new {tuple(k_new.shape)} and v_new {tuple(v_new.shape)} must have the same shape")
-    T = k_new.shape[2]
-    if cache.pos + T > cache.max_seq_len:
-        raise ValueError(
-            f"the cache holds max_seq_len={cache.max_seq_len} tokens and already has {cache.pos}: "
-            f"{T} more do not fit. Call cache.reset() for a new prompt, or make a larger KVCache"
-        )
 
 
 class KVCache:
@@ -79,7 +62,7 @@ class KVCache:
         """How the model runs one layer's attention through this cache: Exercise 4.2's cached_attention."""
         return cached_attention(attn, x, cache, layer, rope_cos, rope_sin)
 
-    @exercise("4.1", validate=_check_update)
+    @exercise("4.1", validate=check_update)
     def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k_new, v_new of one layer at positions [pos, pos + seq_len); return that layer's filled prefix.
 
@@ -101,17 +84,10 @@ class KVCache:
 
 
 # ---------------------------------------------------------------------------------------------
-# Exercise 4.2
+# Exercise 4.2: attention through the cache
 
 
-def _check_cached_attention(attn, x, cache, layer, rope_cos, rope_sin):
-    if not isinstance(x, torch.Tensor) or x.dim() != 3:
-        raise ValueError(f"x must be (batch, seq_len, d_model), got {getattr(x, 'shape', type(x).__name__)}")
-    if cache.pos + x.shape[1] > rope_cos.shape[0]:
-        raise ValueError(f"positions up to {cache.pos + x.shape[1] - 1} run past the rotary table ({rope_cos.shape[0]})")
-
-
-@exercise("4.2", validate=_check_cached_attention)
+@exercise("4.2", validate=check_cached_attention)
 def cached_attention(attn, x: torch.Tensor, cache: KVCache, layer: int,
                      rope_cos: torch.Tensor, rope_sin: torch.Tensor) -> torch.Tensor:
     """One attention layer with a cache: the seq_len new tokens attend to every stored token and themselves.
@@ -141,29 +117,10 @@ def cached_attention(attn, x: torch.Tensor, cache: KVCache, layer: int,
 
 
 # ---------------------------------------------------------------------------------------------
-# Exercises 4.3 and 4.4: the two phases
+# Exercises 4.3 to 4.5: the two phases, then the loop that joins them
 
 
-def _check_prefill(model, input_ids, cache):
-    model.check_input(input_ids, cache.pos)
-    if input_ids.shape[0] != cache.k.shape[1]:
-        raise ValueError(f"the cache was made for batch {cache.k.shape[1]}, input_ids has batch {input_ids.shape[0]}")
-    if cache.pos + input_ids.shape[1] > cache.max_seq_len:
-        raise ValueError(
-            f"{input_ids.shape[1]} more token(s) do not fit: the cache holds max_seq_len={cache.max_seq_len} tokens "
-            f"and already has {cache.pos}. Call cache.reset() for a new prompt, or make a larger KVCache"
-        )
-
-
-def _check_decode(model, token, cache):
-    if not isinstance(token, torch.Tensor) or token.dim() != 1:
-        raise ValueError(f"token must be (batch,) token ids, got {getattr(token, 'shape', type(token).__name__)}")
-    if cache.pos == 0:
-        raise ValueError("decode_step needs a filled cache: run prefill (Exercise 4.3) on the prompt first")
-    _check_prefill(model, token[:, None], cache)
-
-
-@exercise("4.3", validate=_check_prefill)
+@exercise("4.3", validate=check_prefill)
 def prefill(model, input_ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
     """Run the prompt through the model once, filling the cache; return the next-token logits.
 
@@ -179,7 +136,7 @@ def prefill(model, input_ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
     ### END SOLUTION
 
 
-@exercise("4.4", validate=_check_decode)
+@exercise("4.4", validate=check_decode)
 def decode_step(model, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
     """Run one new token per row at position cache.pos; return the logits for the token after it.
 
@@ -195,17 +152,7 @@ def decode_step(model, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
     ### END SOLUTION
 
 
-# ---------------------------------------------------------------------------------------------
-# Exercise 4.5
-
-
-def _check_generate_cached(model, input_ids, max_new_tokens, temperature=0.0, generator=None, on_token=None, cache=None):
-    from kvlib.generation import _check_generate
-
-    _check_generate(model, input_ids, max_new_tokens, temperature, generator, on_token)
-
-
-@exercise("4.5", validate=_check_generate_cached)
+@exercise("4.5", validate=check_generate_cached)
 def generate_cached(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
                     generator: torch.Generator | None = None, on_token: Callable[[torch.Tensor], None] | None = None,
                     cache: KVCache | None = None) -> torch.Tensor:

@@ -6,21 +6,19 @@ Waterman and Patterson, CACM 2009). Its x-axis is arithmetic intensity, FLOPs pe
 a device's ridge point, peak FLOP/s / bandwidth, splits memory-bound (left) from
 compute-bound (right). Decode at batch 1 reads every weight for ~2 FLOPs each: far left.
 
-Here: the learner's exercises (5.1-5.5) and what follows from them; the table of real GPUs
-(kvlib.core.devices) and the measurements of this machine (kvlib.measure.machine) are imported
-for the notebook. Counts follow notebook 03: 2 FLOPs per multiply-add,
-matrix multiplies only; bytes are the matrix weights read once plus the KV cache read once
-(activations, norms and the embedding rows a step looks up are left out: they are tiny).
-Left out: overlap of prefill and decode, caches between levels of memory, multi-GPU.
+Here: the exercises (5.1-5.5) and what follows from them; the notebook takes real GPUs from
+kvlib.core.devices and this machine's measurements from kvlib.measure.machine. Counts follow
+notebook 03: 2 FLOPs per multiply-add, matrix multiplies only; bytes are the matrix weights read
+once plus the KV cache read once (activations, norms and the embedding rows a step looks up are
+left out: they are tiny). Left out: overlap of prefill and decode, caches between memory levels, multi-GPU.
 """
 from __future__ import annotations
-
-import math
 
 import torch
 
 from kvlib.core.model import matrix_params
 from kvlib.course.exercises import exercise
+from kvlib.course.inputs import check_dtype, check_kv_cache_bytes, check_matmul, check_predicted, check_roofline, check_step
 
 # ---------------------------------------------------------------------------------------------
 # Helpers the notebook calls
@@ -28,8 +26,7 @@ from kvlib.course.exercises import exercise
 
 def bytes_per_element(dtype: torch.dtype) -> int:
     """Bytes one number of dtype occupies: 4 for float32, 2 for float16/bfloat16, 1 for int8."""
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"dtype must be a torch.dtype such as torch.float16, got {dtype!r}")
+    check_dtype(dtype)
     return torch.empty((), dtype=dtype).element_size()
 
 
@@ -41,70 +38,10 @@ def attainable_flops(intensity, peak_flops: float, bandwidth: float):
 
 
 # ---------------------------------------------------------------------------------------------
-# Input checks (run before the learner's code)
+# Exercises 5.1 and 5.2: the roofline of one operation
 
 
-def _check_dtype(dtype):
-    bytes_per_element(dtype)
-
-
-def _check_positive(**values):
-    for name, v in values.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or math.isinf(v):
-            raise ValueError(f"{name} must be a positive number, got {v!r}")
-
-
-def _check_config(config):
-    for field in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "hidden_dim"):
-        if not isinstance(getattr(config, field, None), int):
-            raise ValueError(f"config must be a kvlib ModelConfig (it has no integer {field}), got {type(config).__name__}")
-
-
-def _check_count(name, n, minimum=1):
-    if isinstance(n, bool) or not isinstance(n, int) or n < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {n!r}")
-
-
-def _check_matmul(m, k, n, dtype=torch.float16):
-    for name, v in (("m", m), ("k", k), ("n", n)):
-        _check_count(name, v)
-    _check_dtype(dtype)
-
-
-def _check_roofline(flops, bytes_moved, peak_flops, bandwidth):
-    _check_positive(peak_flops=peak_flops, bandwidth=bandwidth)
-    for name, v in (("flops", flops), ("bytes_moved", bytes_moved)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-            raise ValueError(f"{name} must be a non-negative number, got {v!r}")
-
-
-def _check_kv(config, seq_len, batch=1, dtype=torch.float16):
-    _check_config(config)
-    _check_count("seq_len", seq_len, 0)
-    _check_count("batch", batch)
-    _check_dtype(dtype)
-
-
-def _check_step(config, new_tokens, kv_len, batch=1, dtype=torch.float16):
-    _check_config(config)
-    _check_count("new_tokens", new_tokens)
-    _check_count("kv_len", kv_len)
-    _check_count("batch", batch)
-    _check_dtype(dtype)
-    if new_tokens > kv_len:
-        raise ValueError(f"kv_len ({kv_len}) counts the new tokens too, so it cannot be less than new_tokens ({new_tokens})")
-
-
-def _check_predicted(config, kv_len, batch, dtype, peak_flops, bandwidth):
-    _check_step(config, 1, kv_len, batch, dtype)
-    _check_positive(peak_flops=peak_flops, bandwidth=bandwidth)
-
-
-# ---------------------------------------------------------------------------------------------
-# Exercise 5.1
-
-
-@exercise("5.1", validate=_check_matmul)
+@exercise("5.1", validate=check_matmul)
 def matmul_intensity(m: int, k: int, n: int, dtype: torch.dtype = torch.float16) -> float:
     """Arithmetic intensity (FLOPs per byte) of (m, k) @ (k, n) -> (m, n), each matrix moved once.
 
@@ -123,11 +60,7 @@ def matmul_intensity(m: int, k: int, n: int, dtype: torch.dtype = torch.float16)
     ### END SOLUTION
 
 
-# ---------------------------------------------------------------------------------------------
-# Exercise 5.2
-
-
-@exercise("5.2", validate=_check_roofline)
+@exercise("5.2", validate=check_roofline)
 def roofline_time(flops: float, bytes_moved: float, peak_flops: float, bandwidth: float) -> float:
     """Seconds a step takes under the roofline: the slower of computing and moving the data.
 
@@ -144,10 +77,10 @@ def roofline_time(flops: float, bytes_moved: float, peak_flops: float, bandwidth
 
 
 # ---------------------------------------------------------------------------------------------
-# Exercise 5.3
+# Exercises 5.3 to 5.5: a model's decode step on the roofline
 
 
-@exercise("5.3", validate=_check_kv)
+@exercise("5.3", validate=check_kv_cache_bytes)
 def kv_cache_bytes(config, seq_len: int, batch: int = 1, dtype: torch.dtype = torch.float16) -> int:
     """Bytes of the KV cache holding seq_len tokens for each of batch sequences.
 
@@ -164,11 +97,7 @@ def kv_cache_bytes(config, seq_len: int, batch: int = 1, dtype: torch.dtype = to
     ### END SOLUTION
 
 
-# ---------------------------------------------------------------------------------------------
-# Exercise 5.4
-
-
-@exercise("5.4", validate=_check_step)
+@exercise("5.4", validate=check_step)
 def step_cost(config, new_tokens: int, kv_len: int, batch: int = 1, dtype: torch.dtype = torch.float16) -> tuple[int, int]:
     """(FLOPs, bytes) of one forward step: new_tokens tokens per sequence against kv_len cached ones.
 
@@ -190,11 +119,7 @@ def step_cost(config, new_tokens: int, kv_len: int, batch: int = 1, dtype: torch
     ### END SOLUTION
 
 
-# ---------------------------------------------------------------------------------------------
-# Exercise 5.5
-
-
-@exercise("5.5", validate=_check_predicted)
+@exercise("5.5", validate=check_predicted)
 def predicted_tokens_per_second(config, kv_len: int, batch: int, dtype: torch.dtype,
                                 peak_flops: float, bandwidth: float) -> float:
     """Tokens per second that decode at kv_len cached tokens can reach on a device, by the roofline.
@@ -238,5 +163,5 @@ def compute_bound_batch(config, kv_len: int, peak_flops: float, bandwidth: float
 
 
 def kv_matches_weights(config, weight_bytes: int, batch: int = 1, dtype: torch.dtype = torch.float16) -> float:
-    """Context length (tokens) at which the KV cache of `batch` sequences weighs as much as the weights."""
+    """kv_len (cached tokens per sequence) at which the KV cache of `batch` sequences weighs as much as the weights."""
     return weight_bytes / kv_cache_bytes(config, 1, batch, dtype)

@@ -1,0 +1,59 @@
+"""Which checks grade a notebook: kvlib's own and the instructor's extra ones, and which of them run
+on the submission's code in the isolated child. Imported by the kernel step (execute.py), which
+skips those checks' hidden cells, and by the grading step (preprocessor.py), which runs them.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import re
+from pathlib import Path
+
+from nbgrader.coursedir import CourseDirectory
+
+_loaded_extras: set[str] = set()
+
+
+def load_checks(extra: list[str], root: Path) -> dict:
+    """kvlib's checks plus the instructor's: module names, or .py files relative to the course
+    folder, whose @check functions register themselves (kvlib.checks.check)."""
+    from kvlib import checks
+
+    checks._load_all()
+    for entry in extra:
+        if entry in _loaded_extras:
+            continue
+        if entry.endswith(".py"):
+            path = (root / entry).resolve()
+            name = "kvlib_course_checks_" + re.sub(r"\W", "_", path.stem)
+            spec = importlib.util.spec_from_file_location(name, path)
+            if spec is None or not path.is_file():
+                raise FileNotFoundError(f"IsolatedGrading.extra_checks names {entry}, which is not in {root}")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            importlib.import_module(entry)
+        _loaded_extras.add(entry)
+    return checks.CHECKS
+
+
+# Exercise modules whose functions the proxy can carry to the isolated child: they take numbers,
+# arrays, tensors, dtypes, ModelConfigs, Decoders and Attention layers (config and weights; a
+# Decoder that comes back is rebuilt by the grader's own kvlib.core.model), functions to call back
+# (replayed from the child's record), torch Generators (their state, carried both ways) and the
+# learner's own objects (a KVCache stays in the child, used through a handle). A module of a
+# later notebook whose checks need something else is graded the usual nbgrader way, in the
+# (jailed) kernel, until it is added here: that keeps the gradebook, the secret and the solutions
+# out of reach but can be fooled by the submission's own code.
+PROXYABLE_MODULES = {"attention", "generation", "recompute", "kv_cache", "roofline", "gqa"}
+
+
+def isolatable(check) -> bool:
+    return check.exercise.module in PROXYABLE_MODULES
+
+
+def isolated_check_names(config) -> set[str]:
+    """Names of the checks IsolatedGrading will run under this configuration."""
+    root = Path(CourseDirectory(config=config).root)
+    extra = list(config.IsolatedGrading.get("extra_checks", []))
+    return {name for name, c in load_checks(extra, root).items() if isolatable(c)}
