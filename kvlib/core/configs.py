@@ -118,3 +118,13 @@ def gpu_decode_config() -> ModelConfig:
     """Llama-2-7B's layer shape with 16 of its 32 layers: ~3.4 B weights, 6.7 GB in bf16, far beyond any GPU cache."""
     return ModelConfig(vocab_size=32000, d_model=4096, n_layers=16, n_heads=32, n_kv_heads=32, hidden_dim=11008,
                        max_seq_len=4096)
+
+
+def quick_cache_config() -> ModelConfig:
+    """`kvlib bench cache --quick`'s stand-in for the GPT-2-size model: a smoke test of the code, not a measurement."""
+    return ModelConfig(vocab_size=2000, d_model=128, n_layers=2, n_heads=4, n_kv_heads=4, hidden_dim=256, max_seq_len=1024)
+
+
+def quick_memory_config() -> ModelConfig:
+    """`kvlib bench memory --quick`'s stand-in for the memory-bound model: a smoke test of the code, not a measurement."""
+    return ModelConfig(vocab_size=512, d_model=256, n_layers=2, n_heads=4, n_kv_heads=4, hidden_dim=512, max_seq_len=64)

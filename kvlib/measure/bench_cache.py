@@ -12,8 +12,8 @@ import time
 import numpy as np
 import torch
 
-from kvlib.core.configs import gpt2_size_config
-from kvlib.core.model import Decoder, ModelConfig
+from kvlib.core.configs import gpt2_size_config, quick_cache_config
+from kvlib.core.model import Decoder
 from kvlib.measure import timing
 
 # ---------------------------------------------------------------------------------------------
@@ -93,7 +93,7 @@ def bench_cache(lengths=(64, 256, 512), threads: int = 1, prompt_len: int = 8, q
     results = []
     with timing.num_threads(threads), torch.inference_mode():
         tiny, _ = load_tiny()
-        big_config = gpt2_size_config() if not quick else ModelConfig(vocab_size=2000, d_model=128, n_layers=2, n_heads=4, n_kv_heads=4, hidden_dim=256, max_seq_len=1024)
+        big_config = gpt2_size_config() if not quick else quick_cache_config()
         torch.manual_seed(0)
         big = Decoder(big_config).eval()
         big_name = "small-stand-in" if quick else "gpt2-size"

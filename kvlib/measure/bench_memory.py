@@ -9,8 +9,7 @@ import time
 
 import torch
 
-from kvlib.core.configs import gpu_decode_config, memory_bound_config
-from kvlib.core.model import ModelConfig
+from kvlib.core.configs import gpu_decode_config, memory_bound_config, quick_memory_config
 from kvlib.measure import timing
 from kvlib.measure.machine import bandwidth_kernels, random_model
 
@@ -36,7 +35,7 @@ def _memory_run(device: str, threads: int | None, quick: bool) -> dict:
     rounds = 3 if quick else 11
     batch_sizes = (1, 4, 16, 64, 256, 1024) if cuda else (1, 4, 16, 64)  # a GPU's ridge is in the hundreds
     if quick:
-        config = ModelConfig(vocab_size=512, d_model=256, n_layers=2, n_heads=4, n_kv_heads=4, hidden_dim=512, max_seq_len=64)
+        config = quick_memory_config()
         array_bytes, n = 16 << 20, 256
     else:
         config = gpu_decode_config() if cuda else memory_bound_config()
