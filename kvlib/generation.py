@@ -3,7 +3,9 @@
 Naive decoding: every step runs the whole sequence through the model again (full recompute);
 notebook 03 counts that waste and notebook 04 removes it with a KV cache. The first forward over
 the prompt is the prefill (its end is the time to first token, TTFT); each later step is a
-decode step (time per output token, TPOT). Left out: batching prompts of different lengths.
+decode step (time per output token, TPOT). Then inside the decoder: one layer's hidden states
+projected into per-head queries, keys and values, with rotary positions (Exercise 2.4).
+Left out: batching prompts of different lengths.
 """
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from collections.abc import Callable
 import torch
 
 from kvlib.course.exercises import exercise
-from kvlib.course.inputs import check_generate, check_logits, check_measure
+from kvlib.core.model import rotate_half
+from kvlib.course.inputs import check_generate, check_logits, check_measure, check_project
 
 # ---------------------------------------------------------------------------------------------
 # Exercise 2.1
@@ -80,3 +83,28 @@ def measure_ttft_tpot(model, input_ids: torch.Tensor, max_new_tokens: int) -> tu
       3. Differences of consecutive times: [b - a for a, b in zip(times, times[1:])].
     """
     raise NotImplementedError("Exercise 2.3 (notebooks/02-generation): measure_ttft_tpot")
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 2.4
+
+
+@exercise("2.4", validate=check_project)
+def project_qkv(attn, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One layer's queries, keys and values of the hidden states h: projected, split into heads, rotated.
+
+    Args:    attn: one layer's attention (model.layers[i].attn): attn.q_proj.weight is W_Q, (n_heads*head_dim, d_model);
+                   attn.k_proj.weight W_K and attn.v_proj.weight W_V, (n_kv_heads*head_dim, d_model) each;
+                   attn.n_heads, attn.n_kv_heads, attn.head_dim
+             h: (batch, seq_len, d_model), the layer's input after its RMSNorm
+             cos, sin: (seq_len, head_dim), the rotary table's rows at h's positions
+    Returns: q (batch, n_heads, seq_len, head_dim), k and v (batch, n_kv_heads, seq_len, head_dim);
+             q and k rotated, v not. Equal to attn.project_q(h, cos, sin) and attn.project_kv(h, cos, sin).
+    Example: q, k, v = project_qkv(model.layers[0].attn, h, cos[:T], sin[:T]); q.shape -> (1, 8, T, 16)
+
+    Hints (reference solution: 6 lines):
+      1. A Linear layer computes x @ W.T: h @ attn.q_proj.weight.T is (batch, seq_len, n_heads*head_dim).
+      2. Split the last axis into heads, .view(B, T, H, D), then put heads before positions: .transpose(1, 2).
+      3. Rotary turns each pair of features by its position's angle: x * cos + rotate_half(x) * sin.
+    """
+    raise NotImplementedError("Exercise 2.4 (notebooks/02-generation): project_qkv")

@@ -60,8 +60,7 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torc
 
     Hints (reference solution: 8 lines):
       1. Query head h = g_kv * G + i belongs to key/value head g_kv, so q.reshape(B, H_kv, G * T, D)
-         stacks each group's queries as rows against ONE (S, D) block of keys: a plain matmul
-         (on a CPU, (k @ q^T)^T streams the cache faster than q @ k^T; both are right).
+         stacks each group's queries as rows against ONE (S, D) block of keys: a plain matmul.
       2. Broadcasting (B, H_kv, G, T, D) @ (B, H_kv, 1, D, S) looks free, but torch.matmul copies the
          broadcast keys out to G heads first: exactly the repeat you are avoiding.
       3. The (T, S) mask, torch.ones(T, S, dtype=torch.bool).tril(S - T), repeats G times along rows.

@@ -1,24 +1,22 @@
 """The memory wall (notebook 05-memory-wall): why decode waits on memory, predicted then measured.
 
-A step of a model costs FLOPs (work for the arithmetic units) and bytes (weights and KV cache
-fetched from memory). Whichever takes longer sets the time: that is the roofline (Williams,
-Waterman and Patterson, CACM 2009). Its x-axis is arithmetic intensity, FLOPs per byte moved;
-a device's ridge point, peak FLOP/s / bandwidth, splits memory-bound (left) from
-compute-bound (right). Decode at batch 1 reads every weight for ~2 FLOPs each: far left.
-
-Here: the exercises (5.1-5.5) and what follows from them; the notebook takes real GPUs from
-kvlib.core.devices and this machine's measurements from kvlib.measure.machine. Counts follow
-notebook 03: 2 FLOPs per multiply-add, matrix multiplies only; bytes are the matrix weights read
-once plus the KV cache read once (activations, norms and the embedding rows a step looks up are
-left out: they are tiny). Left out: overlap of prefill and decode, caches between memory levels, multi-GPU.
+A step costs FLOPs (arithmetic) and bytes (weights and KV cache fetched from memory); the slower
+sets the time: the roofline (Williams, Waterman and Patterson, CACM 2009). Its x-axis is arithmetic
+intensity, FLOPs per byte; a device's ridge point, peak FLOP/s / bandwidth, splits memory-bound
+(left) from compute-bound (right). Counts follow notebook 03: 2 FLOPs per multiply-add, matrix
+multiplies only; bytes are the matrix weights plus the KV cache, each read once (activations and
+norms are tiny, left out). Left out: caches between memory levels, multi-GPU.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
 from kvlib.core.model import matrix_params
 from kvlib.course.exercises import exercise
-from kvlib.course.inputs import check_dtype, check_kv_cache_bytes, check_matmul, check_predicted, check_roofline, check_step
+from kvlib.course.inputs import check_dtype, check_matmul, check_predicted, check_ridge_batch, check_roofline, check_step
+from kvlib.kv_cache import kv_cache_bytes  # Exercise 4.4
 
 # ---------------------------------------------------------------------------------------------
 # Helpers the notebook calls
@@ -30,11 +28,14 @@ def bytes_per_element(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def attainable_flops(intensity, peak_flops: float, bandwidth: float):
-    """The roof: min(peak, intensity * bandwidth), FLOP/s, for a number or a tensor of intensities."""
-    if isinstance(intensity, torch.Tensor):
-        return torch.clamp(intensity * bandwidth, max=peak_flops)
-    return min(peak_flops, intensity * bandwidth)
+def roofline_time(flops: float, bytes_moved: float, peak_flops: float, bandwidth: float) -> float:
+    """Seconds a step takes under the roofline: max(flops / peak_flops, bytes_moved / bandwidth).
+
+    Not the sum: compute and memory traffic overlap, so the slower of the two sets the time.
+    Example: roofline_time(2e9, 1e9, 1e12, 1e9) == 1.0 (memory-bound: 1 s of traffic, 2 ms of math)
+    """
+    check_roofline(flops, bytes_moved, peak_flops, bandwidth)
+    return max(flops / peak_flops, bytes_moved / bandwidth)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -56,39 +57,27 @@ def matmul_intensity(m: int, k: int, n: int, dtype: torch.dtype = torch.float16)
     raise NotImplementedError("Exercise 5.1 (notebooks/05-memory-wall): matmul_intensity")
 
 
-@exercise("5.2", validate=check_roofline)
-def roofline_time(flops: float, bytes_moved: float, peak_flops: float, bandwidth: float) -> float:
-    """Seconds a step takes under the roofline: the slower of computing and moving the data.
+@exercise("5.2", validate=check_ridge_batch)
+def ridge_batch(k: int, n: int, peak_flops: float, bandwidth: float, dtype: torch.dtype = torch.float16) -> int | None:
+    """Fewest rows m at which (m, k) @ (k, n) reaches the device's ridge point (peak_flops / bandwidth).
 
-    Compute and memory traffic overlap, so the time is the larger of flops / peak_flops and
-    bytes_moved / bandwidth (peak_flops in FLOP/s, bandwidth in bytes/s).
-    Example: roofline_time(2e9, 1e9, 1e12, 1e9) == 1.0 (memory-bound: 1 s of traffic, 2 ms of math)
+    Rows are the tokens a layer processes at once. Below this m the step is memory-bound: a bigger
+    batch adds tokens for free (same time, more throughput); from it on, each row adds time (latency).
+    None if no m gets there: the intensity only approaches 2kn / ((k + n) * bytes) as m grows.
+    Example: ridge_batch(4096, 4096, 989e12, 3.35e12) == 345 (an H100's 16-bit tensor cores)
 
-    Hints (reference solution: 1 line):
-      1. Not the sum: while the memory delivers, the arithmetic units work on what has arrived.
+    Hints (reference solution: 5 lines):
+      1. Exercise 5.1 in a loop over m is right, but first decide whether any m can get there.
+      2. Or solve 2mkn >= ridge * bytes * (mk + kn + mn) for m, and round UP (math.ceil).
     """
-    raise NotImplementedError("Exercise 5.2 (notebooks/05-memory-wall): roofline_time")
+    raise NotImplementedError("Exercise 5.2 (notebooks/05-memory-wall): ridge_batch")
 
 
 # ---------------------------------------------------------------------------------------------
-# Exercises 5.3 to 5.5: a model's decode step on the roofline
+# Exercises 5.3 and 5.4: a model's decode step on the roofline
 
 
-@exercise("5.3", validate=check_kv_cache_bytes)
-def kv_cache_bytes(config, seq_len: int, batch: int = 1, dtype: torch.dtype = torch.float16) -> int:
-    """Bytes of the KV cache holding seq_len tokens for each of batch sequences.
-
-    Every layer keeps a key and a value vector of head_dim numbers per KV head per token.
-    Example: Llama-2-7B (32 layers, 32 KV heads, head_dim 128) in float16: 512 KiB per token
-
-    Hints (reference solution: 2 lines):
-      1. Keys and values: a factor 2. Layers, KV heads (config.n_kv_heads, not n_heads), head_dim.
-      2. Bytes, not bits: bytes_per_element(dtype).
-    """
-    raise NotImplementedError("Exercise 5.3 (notebooks/05-memory-wall): kv_cache_bytes")
-
-
-@exercise("5.4", validate=check_step)
+@exercise("5.3", validate=check_step)
 def step_cost(config, new_tokens: int, kv_len: int, batch: int = 1, dtype: torch.dtype = torch.float16) -> tuple[int, int]:
     """(FLOPs, bytes) of one forward step: new_tokens tokens per sequence against kv_len cached ones.
 
@@ -100,12 +89,12 @@ def step_cost(config, new_tokens: int, kv_len: int, batch: int = 1, dtype: torch
 
     Hints (reference solution: 4 lines):
       1. The batch multiplies the FLOPs and the KV bytes, not the weight bytes: that is why batching helps.
-      2. Reuse Exercise 5.3 for the cache.
+      2. The cache's bytes: kv_cache_bytes, Exercise 4.4 (imported at the top of this file).
     """
-    raise NotImplementedError("Exercise 5.4 (notebooks/05-memory-wall): step_cost")
+    raise NotImplementedError("Exercise 5.3 (notebooks/05-memory-wall): step_cost")
 
 
-@exercise("5.5", validate=check_predicted)
+@exercise("5.4", validate=check_predicted)
 def predicted_tokens_per_second(config, kv_len: int, batch: int, dtype: torch.dtype,
                                 peak_flops: float, bandwidth: float) -> float:
     """Tokens per second that decode at kv_len cached tokens can reach on a device, by the roofline.
@@ -114,13 +103,13 @@ def predicted_tokens_per_second(config, kv_len: int, batch: int, dtype: torch.dt
     Example: Llama-2-7B, kv_len 1, batch 1, float16 on an A100 80GB SXM (2,039 GB/s): about 154
 
     Hints (reference solution: 2 lines):
-      1. Exercises 5.4 and 5.2: the cost of one step, then its time.
+      1. Exercise 5.3 for the cost of one step, then roofline_time (top of this file) for its time.
     """
-    raise NotImplementedError("Exercise 5.5 (notebooks/05-memory-wall): predicted_tokens_per_second")
+    raise NotImplementedError("Exercise 5.4 (notebooks/05-memory-wall): predicted_tokens_per_second")
 
 
 # ---------------------------------------------------------------------------------------------
-# Consequences (no exercise): where decode turns compute-bound, where the cache outweighs the weights
+# A consequence (no exercise): where decode turns compute-bound
 
 
 def compute_bound_batch(config, kv_len: int, peak_flops: float, bandwidth: float,
@@ -144,7 +133,3 @@ def compute_bound_batch(config, kv_len: int, peak_flops: float, bandwidth: float
         low, high = (mid + 1, high) if intensity(mid) < ridge else (low, mid)
     return low
 
-
-def kv_matches_weights(config, weight_bytes: int, batch: int = 1, dtype: torch.dtype = torch.float16) -> float:
-    """kv_len (cached tokens per sequence) at which the KV cache of `batch` sequences weighs as much as the weights."""
-    return weight_bytes / kv_cache_bytes(config, 1, batch, dtype)

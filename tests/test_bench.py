@@ -18,19 +18,102 @@ def test_growth_fit_recovers_a_known_quadratic():
     assert g["a_s"] == pytest.approx(1e-3) and g["b_s_per_token"] == pytest.approx(2e-6) and g["c_s_per_token2"] == pytest.approx(3e-9)
 
 
-def test_bench_cache_reports_three_ways_per_length():
-    """Check that a short `bench_cache` run gives tokens/s three ways, speedup and the kvlib/transformers ratio."""
-    report = bench_cache.bench_cache(lengths=(8, 16), quick=True)
+@pytest.fixture(scope="module")
+def quick_cache_report():
+    """One short `bench_cache --quick` run (2 interleaved rounds), shared by the tests that read it."""
+    return bench_cache.bench_cache(lengths=(8, 16), quick=True)
+
+
+def test_bench_cache_reports_every_way_paired_per_round(quick_cache_report):
+    """Check that a short run times every way in every round and reports kvlib's speed over each as paired per-round ratios."""
+    report = quick_cache_report
     assert report["record"]["threads"] == 1 and report["record"]["torch"]
     assert [r["model"] for r in report["results"]] == ["tiny", "small-stand-in"]
     for r in report["results"]:
+        assert r["rounds"] == 2 and {"no_cache", "kvlib", "hf_dynamic", "hf_static"} <= set(r["ways"])
+        assert r["ways"]["hf_static"] == "transformers, StaticCache" and r["ways"]["hf_dynamic"] == "transformers, DynamicCache"
+        assert set(r["ways"]) | set(r["missing"]) == set(bench_cache.WAYS)  # llama.cpp run, or why not said
         assert [row["new_tokens"] for row in r["rows"]] == [8, 16]
         for row in r["rows"]:
-            assert set(row["tokens_per_s"]) == {"no_cache", "kvlib_cache", "transformers_cache"}
-            assert all(v > 0 for v in row["tokens_per_s"].values())
-            assert row["cache_speedup"] == pytest.approx(row["seconds"]["no_cache"] / row["seconds"]["kvlib_cache"])
+            assert set(row["tokens_per_s"]) == set(r["ways"]) and all(v > 0 for v in row["tokens_per_s"].values())
+            assert set(row["kvlib_over"]) == set(r["ways"]) - {"kvlib"}
+            for s in row["kvlib_over"].values():
+                assert s["min"] <= s["median"] <= s["max"]
+        exact = {k for k in r["ways"] if k not in bench_cache.INEXACT}
+        assert all(r["agreement"][k]["first_difference"] is None for k in exact)  # same greedy tokens, or the run fails
     text = bench_cache.format_cache(report)
-    assert "speedup" in text and "kvlib/HF" in text and "tiny" in text
+    assert "transformers, StaticCache" in text and "kvlib/way" in text and "identical greedy tokens" in text
+
+
+def test_bench_cache_fails_loudly_when_two_ways_disagree(monkeypatch):
+    """Check that a way whose greedy tokens differ from kvlib's stops the run with a message naming both."""
+    real = bench_cache._model_ways
+
+    def tampered(*args, **kwargs):
+        ways, missing = real(*args, **kwargs)
+        honest = ways["hf_static"]
+
+        def off_by_one(ids, n):
+            tokens, stamps = honest(ids, n)
+            return tokens[:-1] + [(tokens[-1] + 1) % 7], stamps
+
+        return {**ways, "hf_static": off_by_one}, missing
+
+    monkeypatch.setattr(bench_cache, "_model_ways", tampered)
+    with pytest.raises(RuntimeError, match="transformers, StaticCache and kvlib, KVCache .* disagree"):
+        bench_cache.bench_cache(lengths=(6,), quick=True, rounds=1, llama=False)
+
+
+def test_paired_ratio_summary_and_first_difference():
+    """Check the per-round summary (median, min, max) and where two token lists first differ."""
+    assert bench_cache._summary([1.0, 3.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0}
+    assert bench_cache._first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert bench_cache._first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert bench_cache._first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def test_decoder_compiles_to_one_graph():
+    """Check that torch.compile traces a decode step as one graph with no break (check_input's host read is skipped)."""
+    import torch
+
+    from kvlib.core.model import Decoder, ModelConfig
+
+    model = Decoder(ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, hidden_dim=64, max_seq_len=16)).eval()
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(torch.tensor([[3]]))
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+    with pytest.raises(ValueError, match="token ids must lie in"):  # eager, the range check still runs
+        model(torch.tensor([[64]]))
+
+
+def test_bench_memory_takes_the_highest_of_five_kernels_as_the_ceiling():
+    """Check the ceiling: the highest rate of read, copy, triad, multi-stream read and matrix-vector, each reported."""
+    from kvlib.measure import bench_memory
+
+    run = bench_memory.bench_memory(quick=True)["runs"][0]
+    rates = run["bandwidth_per_kernel"]
+    assert set(rates) == {"read", "copy", "triad", "multi_read", "gemv"}
+    assert run["bandwidth"] == max(rates.values()) and rates[run["bandwidth_kernel"]] == run["bandwidth"]
+    assert run["decode"]["fraction_of_bandwidth"] == pytest.approx(run["decode"]["achieved_bytes_per_s"] / run["bandwidth"])
+    text = bench_memory.format_memory({"date": "d", "quick": True, "record": {"torch": "t"}, "runs": [run]})
+    assert "ceiling" in text and "multi-stream read" in text
+    below = {**run, "decode": {**run["decode"], "measured_over_predicted": 0.8}}
+    assert "is below 1" in bench_memory.format_memory({"date": "d", "quick": True, "record": {"torch": "t"}, "runs": [below]})
+
+
+def test_datasheet_names_a_gpu_only_where_one_entry_fits():
+    from kvlib.measure.bench_memory import datasheet
+
+    assert datasheet("NVIDIA H200").name == "H200 SXM"
+    assert datasheet("NVIDIA A100-SXM4-80GB") is None  # several A100 entries, none named by all its words
+    assert datasheet("AMD EPYC") is None
+
+
+def test_gqa_fixed_part_is_the_intercept_of_a_line_per_round():
+    """Check that the fixed part is recovered, round by round, from step times that grow linearly with kv_len."""
+    lens = [4096, 8192, 16384]
+    per_len = [[2e-3 + 1e-6 * S, 3e-3 + 1e-6 * S] for S in lens]  # two rounds with fixed parts 2 ms and 3 ms
+    assert bench_gqa._intercepts(lens, per_len) == pytest.approx([2e-3, 3e-3])
 
 
 def test_gpt2_size_config_is_about_124m_parameters():
@@ -97,3 +180,4 @@ def test_record_script_runs_both_benchmarks_with_the_reference():
     script = (ROOT / "assets" / "recordings" / "record.sh").read_text()
     assert "KVLIB_SOLUTIONS=1" in script and "set -euo pipefail" in script
     assert "bench memory --json" in script and "bench gqa --device cuda --json" in script
+    assert "nvidia-smi" in script  # the card's clocks and driver beside the numbers

@@ -139,6 +139,6 @@ def test_docs_name_no_missing_files(doc):
 
 
 def test_docs_folder_holds_the_guides():
-    """Check that the README's guides are there: the instructor guide, the benchmark records, the articles."""
-    for name in ("instructors.md", "benchmarks.md", "articles.md"):
+    """Check that the README's guides are there: the instructor guide, the benchmark records, the articles, the glossary."""
+    for name in ("instructors.md", "benchmarks.md", "articles.md", "glossary.md"):
         assert (ROOT / "docs" / name).is_file(), f"docs/{name} is missing"

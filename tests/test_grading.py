@@ -16,8 +16,10 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -88,7 +90,22 @@ def attention(done=(), replace=None, prelude="", epilogue="") -> str:
 
 
 ALL = ("1.1", "1.2", "1.3", "1.4")
-POINTS = {"1.1": 3, "1.2": 3, "1.3": 2, "1.4": 3}  # graded cells per exercise, 1 point each
+def _points() -> dict[str, float]:
+    """Points of the notebook's graded cells, per exercise (each cell's grade_id names its check)."""
+    from kvlib import checks
+
+    checks._load_all()
+    out: dict[str, float] = {}
+    for cell in json.loads((ROOT / "solutions" / NB / "attention.ipynb").read_text(encoding="utf-8"))["cells"]:
+        meta = cell["metadata"].get("nbgrader", {})
+        if meta.get("grade"):
+            exercise = checks.CHECKS[meta["grade_id"]].exercise.id
+            out[exercise] = out.get(exercise, 0) + meta["points"]
+    return out
+
+
+POINTS = _points()  # {"1.1": 3, ...}
+TOTAL = sum(POINTS.values())
 PLANTED = Path.home() / ".ipython" / "profile_default" / "startup" / "00-kvlib-grading-test.py"
 
 
@@ -119,7 +136,7 @@ def change_metadata(nb):
                         "metadata": {"nbgrader": {**bonus, "grade_id": "bonus2", "points": 50, "locked": True}}})
 
 
-def submissions(course: Path) -> dict:
+def submissions(course: Path, port: int = 0) -> dict:
     """student -> dict(attention=source | None (a link), notebook=edit fn, files={rel: text}, expected=points)."""
     subs = {
         # monkeypatching the checker, numpy and torch at import; the functions return zeros
@@ -183,8 +200,8 @@ _b.AssertionError = type("AssertionError", (Exception,), {})
 """)),
         "a07-symlink-to-reference": dict(expected=0, attention=None),
         # an endless loop in attend (interruptible), and one that swallows KeyboardInterrupt
-        "a08-endless-loop": dict(expected=11 - POINTS["1.2"], attention=attention(ALL, replace={"1.2": "while True:\n    pass"})),
-        "a09-loop-ignores-interrupt": dict(expected=11 - POINTS["1.4"], attention=attention(ALL, replace={"1.4": (
+        "a08-endless-loop": dict(expected=TOTAL - POINTS["1.2"], attention=attention(ALL, replace={"1.2": "while True:\n    pass"})),
+        "a09-loop-ignores-interrupt": dict(expected=TOTAL - POINTS["1.4"], attention=attention(ALL, replace={"1.4": (
             "import time\nwhile True:\n    try:\n        time.sleep(0.05)\n    except KeyboardInterrupt:\n        pass")})),
         "a10-prints-megabytes": dict(expected=0, attention=attention(prelude="""
 import os as _os, sys as _sys
@@ -197,14 +214,34 @@ _os.write(2, b"z" * 3_000_000)
         "a11-edited-tests": dict(expected=0, attention=attention(), notebook=edit_tests),
         "a12-deleted-tests": dict(expected=POINTS["1.1"] + POINTS["1.3"], attention=attention(("1.1", "1.3")), notebook=delete_tests),
         "a13-changed-metadata": dict(expected=0, attention=attention(), notebook=change_metadata),
+        # links to the source notebook, the reference in the clone, another student's file and the
+        # config: unpacked by hand with `tar` (links kept), and collected by `nbgrader zip_collect`;
+        # their code prints whatever it can read and imports a linked "helper" that is the reference
+        "a17-links-unpacked-tar": dict(expected=POINTS["1.1"] + POINTS["1.3"], links="tar",
+                                       attention=attention(("1.1", "1.3"), prelude=LEAK, epilogue=LINKED_HELPER)),
+        "a18-links-zip-collect": dict(expected=POINTS["1.1"] + POINTS["1.3"], links="zip_collect",
+                                      attention=attention(("1.1", "1.3"), prelude=LEAK, epilogue=LINKED_HELPER)),
         # honest submissions, graded after every attack
         "m-partial": dict(expected=POINTS["1.1"] + POINTS["1.3"], attention=attention(("1.1", "1.3"))),
-        "z-correct": dict(expected=11, attention=attention(ALL)),
+        "z-correct": dict(expected=TOTAL, attention=attention(ALL)),
+        # Exercise 1.1's code moved to a module of the learner's own, which the rest imports
+        "z-helper-module": dict(expected=TOTAL, attention=attention(ALL, replace={"1.1": "return stable_softmax(scores)"},
+                                                                 prelude="from kvlib.my_helpers import stable_softmax\n"),
+                                files={"kvlib/my_helpers.py": HELPER}),
         "z-untouched": dict(expected=0, attention="release"),
     }
     if _mode() != "plain":
         ref = str(ROOT / "solutions" / "kvlib" / "attention.py")
         subs.update({
+            # correct code that, in the kernel and in the isolated child, calls a server on the grader's localhost
+            "a19-connects-to-localhost": dict(expected=TOTAL, attention=attention(ALL, prelude=f"""
+import socket as _socket
+try:
+    with _socket.create_connection(("127.0.0.1", {port}), timeout=3) as _c:
+        _c.sendall(b"reached the grader's machine")
+except OSError:
+    pass
+""")),
             # look for the reference everywhere, and switch on reference mode
             "a14-walks-up-for-solutions": dict(expected=0, attention=attention(epilogue=f"""
 import os as _os, pathlib as _pl
@@ -258,6 +295,142 @@ for _d in {{_pl.Path.home() / ".ipython", _pl.Path(_os.environ.get("IPYTHONDIR",
     return subs
 
 
+# what a submission links to: (link in the submission, its target as the link names it, the target's path)
+def link_targets(course: Path) -> list[tuple[str, str, Path]]:
+    reference = ROOT / "solutions" / "kvlib" / "attention.py"
+    return [("notes.txt", f"../../../source/{NB}/attention.ipynb", course / "source" / NB / "attention.ipynb"),
+            ("reference.txt", str(reference), reference),
+            ("other.txt", f"../../z-correct/{NB}/kvlib/attention.py", course / "submitted" / "z-correct" / NB / "kvlib" / "attention.py"),
+            ("config.txt", "../../../nbgrader_config.py", course / "nbgrader_config.py"),
+            ("kvlib/ref_helper.py", str(reference), reference)]
+
+
+LEAK = """
+import os as _os
+for _name in ("notes.txt", "reference.txt", "other.txt", "config.txt", "hard-config.txt", "hard-source.txt",
+              "kvlib/ref_helper.py", "kvlib/hard_ref.py"):
+    for _where in ("", _os.path.dirname(__file__) + "/../"):
+        try:
+            print(open(_where + _name).read())
+        except Exception:
+            pass
+"""
+LINKED_HELPER = """
+try:  # the reference itself, through a link in kvlib/: every exercise solved
+    from kvlib.ref_helper import softmax, attend, causal_mask, causal_self_attention  # noqa: F811
+except Exception:
+    pass
+"""
+HELPER = """import numpy as np
+
+
+def stable_softmax(scores):
+    e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+"""
+
+
+def _text_of(path: Path) -> str:
+    """A file as the learner would see it printed: a notebook's cell sources, anything else as it is."""
+    if path.suffix == ".ipynb":
+        return "\n".join("".join(c["source"]) for c in json.loads(path.read_text(encoding="utf-8"))["cells"])
+    return path.read_text(errors="replace")
+
+
+def _secret_lines(path: Path, course: Path, student: str) -> list[str]:
+    """Lines of a link's target that a leak would show: long ones that the learner does not have already
+    (in the release, or in their own files: a17's attention.py solves 1.1 as the reference does)."""
+    own = [p for p in (course / "release" / NB).rglob("*") if p.is_file()]
+    own += [p for p in (course / "submitted" / student / NB).rglob("*")
+            if not p.is_symlink() and p.is_file() and p.stat().st_nlink == 1]
+    release = "\n".join(_text_of(p) for p in own)
+    lines = [ln.strip() for ln in _text_of(path).splitlines()]
+    return [ln for ln in lines if len(ln) > 30 and ln not in release][:30]
+
+
+def _what_the_learner_sees(course: Path, student: str) -> str:
+    """The outputs of the student's graded notebook, every other file of their graded folder, and their feedback."""
+    import html
+
+    seen = []
+    for path in (course / "autograded" / student).rglob("*"):
+        if path.suffix == ".ipynb":
+            for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+                seen += [json.dumps(o) for o in cell.get("outputs", [])]
+                seen += ["".join(o.get("text", "")) + "".join(o.get("traceback", [])) + o.get("evalue", "")
+                         for o in cell.get("outputs", [])]
+            seen.append(_text_of(path).split("\n")[0])  # the cell the grader adds on top
+        elif path.is_file():
+            seen.append(path.read_text(errors="replace"))
+    seen.append(html.unescape((course / "feedback" / student / NB / "attention.html").read_text(encoding="utf-8")))
+    return "\n".join(seen)
+
+
+def make_links(course: Path, student: str, how: str) -> None:
+    """The link student's submission: unpacked by hand with tar (links kept; hard links added), or a
+    zip with links (as `zip -y` stores them) collected by `nbgrader zip_collect`."""
+    sub = course / "submitted" / student / NB
+    if how == "tar":
+        staging = course.parent / f"staging-{student}"
+        shutil.copytree(sub, staging)
+        shutil.rmtree(sub)
+        (staging / "attention.ipynb").unlink()  # the notebook itself a link to the source notebook
+        (staging / "attention.ipynb").symlink_to(f"../../../source/{NB}/attention.ipynb")
+        for name, target, _ in link_targets(course):
+            (staging / name).symlink_to(target)
+        (staging / "kvlib-linked").symlink_to(ROOT / "solutions", target_is_directory=True)
+        archive = course.parent / f"{student}.tar"
+        subprocess.run(["tar", "-cf", str(archive), "-C", str(staging), "."], check=True)
+        sub.mkdir(parents=True)
+        subprocess.run(["tar", "-xf", str(archive), "-C", str(sub)], check=True)  # as an instructor would
+        # hard links too (not to another student's file: that file would be refused in their submission as well)
+        os.link(course / "nbgrader_config.py", sub / "hard-config.txt")
+        os.link(course / "source" / NB / "attention.ipynb", sub / "hard-source.txt")
+        try:
+            os.link(ROOT / "solutions" / "kvlib" / "attention.py", sub / "kvlib" / "hard_ref.py")
+        except OSError:  # the clone on another file system: no hard link to it possible
+            pass
+    else:
+        archive = course / "downloaded" / NB / "archive" / f"{student}.zip"
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(archive, "w") as z:
+            for path in sorted(sub.rglob("*")):
+                if path.is_file():
+                    z.write(path, path.relative_to(sub).as_posix())
+            for name, target, _ in link_targets(course):
+                info = zipfile.ZipInfo(name)
+                info.external_attr = 0o120777 << 16  # a symbolic link
+                z.writestr(info, target)
+        shutil.rmtree(course / "submitted" / student)
+        nbgrader(course, "zip_collect", NB, "--log-level=WARN",
+                 "--FileNameCollectorPlugin.named_regexp=.*/extracted/(?P<student_id>[^/]+)/(?P<file_id>.+)",
+                 '--FileNameCollectorPlugin.valid_ext=[".ipynb", ".py", ".txt"]')
+
+
+def snapshot(folder: Path) -> dict:
+    """Every entry under folder as it is on disk: links (their target), files (content, link count,
+    mode, modification time), folders (mode)."""
+    import hashlib
+    import stat
+
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(folder):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            info = os.lstat(path)
+            rel = os.path.relpath(path, folder)
+            if stat.S_ISLNK(info.st_mode):
+                out[rel] = ("link", os.readlink(path))
+            elif stat.S_ISREG(info.st_mode) and info.st_nlink > 1:  # a hard link: its other name may change it
+                out[rel] = ("hard link",)
+            elif stat.S_ISREG(info.st_mode):
+                with open(path, "rb") as f:
+                    out[rel] = ("file", hashlib.sha256(f.read()).hexdigest(), info.st_nlink, info.st_mode, info.st_mtime_ns)
+            else:
+                out[rel] = ("folder", info.st_mode)
+    return out
+
+
 def hand_in(course: Path, student: str, spec: dict) -> None:
     sub = course / "submitted" / student / NB
     shutil.copytree(course / "release" / NB, sub)
@@ -292,6 +465,23 @@ def per_student_seconds(log: str, end: float) -> dict[str, float]:
     return out
 
 
+LOGS: dict = {}  # the graded fixture's autograde log, what changed in submitted/ during it, connections made
+
+
+def _accept(listener, connections: list) -> None:
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:  # closed
+            return
+        with conn:
+            conn.settimeout(5)
+            try:
+                connections.append(conn.recv(100))
+            except OSError:
+                connections.append(b"")
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     """A course folder from `kvlib course init`, notebook 01 released, every submission handed in
@@ -307,15 +497,26 @@ def graded(tmp_path_factory):
         f.write("\nc.Execute.timeout = 4\nc.SandboxExecute.notebook_timeout = 12\n"
                 "c.IsolatedGrading.call_timeout = 3\nc.IsolatedGrading.notebook_timeout = 60\n")
     nbgrader(course, "generate_assignment", NB, "--log-level=WARN")
-    subs = submissions(course)
+    listener = socket.create_server(("127.0.0.1", 0))  # what a19 tries to reach
+    LOGS["connections"] = []
+    threading.Thread(target=_accept, args=(listener, LOGS["connections"]), daemon=True).start()
+    subs = submissions(course, listener.getsockname()[1])
     for student, spec in subs.items():
         hand_in(course, student, spec)
+    for student, spec in subs.items():
+        if spec.get("links"):
+            make_links(course, student, spec["links"])
+    before = snapshot(course / "submitted")
     # rc 0: every submission was processed, whatever it did
     proc = nbgrader(course, "autograde", NB, "--Application.log_format=%(asctime)s %(message)s", timeout=1500)
+    LOGS["autograde"] = proc.stdout + proc.stderr
+    after = snapshot(course / "submitted")
+    LOGS["submitted changes"] = sorted(rel for rel in set(before) | set(after) if before.get(rel) != after.get(rel))
     seconds = per_student_seconds(proc.stdout + proc.stderr, time.time())
     print("\nseconds to autograde each submission:", {s: round(t) for s, t in seconds.items()})
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
         scores = {s.student.id: (s.score, s.max_score) for s in gb.assignment_submissions(NB)}
+    listener.close()
     yield course, subs, scores, seconds
     if PLANTED.exists():  # only in plain mode could an attack have put it there
         PLANTED.unlink()
@@ -326,11 +527,12 @@ def expected_score(graded, student):
     return scores[student], subs[student]["expected"]
 
 
-@pytest.mark.parametrize("student", ["z-correct", "z-untouched", "m-partial"])
+@pytest.mark.parametrize("student", ["z-correct", "z-untouched", "m-partial", "z-helper-module"])
 def test_honest_submissions_get_exactly_their_score(graded, student):
-    """Check correct -> 11 of 11, untouched release -> 0, softmax and mask only -> 5, after every attack."""
+    """Check correct -> full marks, untouched release -> 0, softmax and mask only -> their points, correct
+    with Exercise 1.1 in a module of the learner's own (kvlib/my_helpers.py) -> full marks, after every attack."""
     (score, max_score), want = expected_score(graded, student)
-    assert (score, max_score) == (want, 11)
+    assert (score, max_score) == (want, TOTAL)
 
 
 @pytest.mark.parametrize("student", [
@@ -339,9 +541,9 @@ def test_honest_submissions_get_exactly_their_score(graded, student):
     "a13-changed-metadata",
 ])
 def test_attack_gains_nothing(graded, student):
-    """Check that each attack scores what its honest code earns (0 for stubs), out of 11."""
+    """Check that each attack scores what its honest code earns (0 for stubs), out of the notebook's points."""
     (score, max_score), want = expected_score(graded, student)
-    assert (score, max_score) == (want, 11)
+    assert (score, max_score) == (want, TOTAL)
 
 
 @JAILED
@@ -350,9 +552,60 @@ def test_jailed_attack_gains_nothing(graded, student):
     """Check the attacks only the jail stops: no reference found, gradebook and home untouched."""
     course = graded[0]
     (score, max_score), want = expected_score(graded, student)
-    assert (score, max_score) == (want, 11)
+    assert (score, max_score) == (want, TOTAL)
     assert not (course / "PWNED").exists()
     assert not PLANTED.exists()
+
+
+@pytest.mark.parametrize("student", ["a17-links-unpacked-tar", "a18-links-zip-collect"])
+def test_links_leak_nothing_and_the_rest_is_graded(graded, student):
+    """Check links to the source notebook, the reference, another student's file and nbgrader_config.py
+    (symbolic, and hard links, in a hand-unpacked tar; as zip_collect unpacks them): the code that
+    prints them finds nothing, the linked "helper" (the reference) earns nothing, the real files
+    earn their points, and no line of any target is in the graded folder or the feedback."""
+    course = graded[0]
+    (score, max_score), want = expected_score(graded, student)
+    assert (score, max_score) == (want, TOTAL)
+    nbgrader(course, "generate_feedback", NB, f"--student={student}", "--log-level=WARN")
+    seen = _what_the_learner_sees(course, student)
+    for _, _, target in link_targets(course):
+        lines = _secret_lines(target, course, student)
+        assert lines, target
+        leaked = [ln for ln in lines if ln in seen]
+        assert not leaked, f"{target.name} leaked into {student}'s graded notebook or feedback: {leaked[:2]}"
+
+
+def test_links_are_named_in_the_log_and_the_feedback(graded):
+    """Check that every refused link is named in the autograde log and at the top of the learner's
+    graded notebook and feedback, with the reason; and that nothing in submitted/ changed."""
+    import nbformat
+
+    from kvlib.grading.preprocessor import _plain
+
+    course, student = graded[0], "a17-links-unpacked-tar"
+    refused = ["attention.ipynb", "kvlib-linked", "hard-config.txt", "hard-source.txt"]
+    refused += [name for name, _, _ in link_targets(course)]
+    log = LOGS["autograde"]
+    for name in refused:
+        assert f"Refused {student}/{NB}/{name}: " in log, name
+    note = nbformat.read(course / "autograded" / student / NB / "attention.ipynb", as_version=4).cells[0]
+    assert note.cell_type == "markdown" and "refused" in note.source
+    for name in refused:
+        assert f"- {_plain(name)}: " in note.source, name
+    assert "symbolic link" in note.source and "hard link" in note.source
+    nbgrader(course, "generate_feedback", NB, f"--student={student}", "--log-level=WARN")
+    html = (course / "feedback" / student / NB / "attention.html").read_text(encoding="utf-8")
+    assert "The grader refused these files" in html and "notes.txt" in html
+    assert LOGS["submitted changes"] == [], f"autograde changed these in submitted/: {LOGS['submitted changes'][:10]}"
+
+
+@JAILED
+def test_jails_have_no_network(graded):
+    """Check that code in the jailed kernel and the isolated child cannot reach a server listening on
+    the grader's 127.0.0.1 (both jails have a network namespace of their own, with nothing in it)."""
+    (score, max_score), want = expected_score(graded, "a19-connects-to-localhost")
+    assert (score, max_score) == (want, TOTAL)
+    assert LOGS["connections"] == [], f"a jailed process reached 127.0.0.1: {LOGS['connections']}"
 
 
 @pytest.mark.parametrize("student,limit", [("a08-endless-loop", 90), ("a09-loop-ignores-interrupt", 90)])
@@ -414,11 +667,13 @@ def test_feedback_and_csv_export(graded):
     nbgrader(course, "generate_feedback", NB, "--student=m-partial", "--log-level=WARN")
     html = (course / "feedback" / "m-partial" / NB / "attention.html").read_text(encoding="utf-8")
     assert "is not done yet" in html and (course / "grading_secret").read_text().strip() not in html
+    # each graded cell shows its verdict, never its hidden tests (which name the checks)
+    assert "passed: " in html and "HIDDEN TESTS" not in html and "grade(" not in html
     nbgrader(course, "export", "--to=grades.csv", "--log-level=WARN")
     rows = list(csv.DictReader(io.StringIO((course / "grades.csv").read_text())))
     got = {r["student_id"]: float(r["score"]) for r in rows}
     assert got == {s: float(spec["expected"]) for s, spec in subs.items()}
-    assert {float(r["max_score"]) for r in rows} == {11.0}
+    assert {float(r["max_score"]) for r in rows} == {float(TOTAL)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -564,8 +819,10 @@ def test_the_child_keeps_a_learners_cache_and_carries_generators_and_callbacks()
         k, _ = cache.update(1, torch.ones(1, 2, 3, 4), torch.ones(1, 2, 3, 4))
         cache.advance(3)
         assert tuple(k.shape) == (1, 2, 3, 4) and cache.pos == 3 and cache.kvlib_data_ptr("k") == where
-        with pytest.raises(SandboxError, match="cannot be changed"):
-            cache.pos = 0
+        cache.pos = 1  # assigned in the child, as in the kernel
+        assert cache.pos == 1
+        with pytest.raises(SandboxError, match="private attribute"):
+            cache._pos = 0
         ours, theirs = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
         logits = torch.randn(6, 13)
         assert torch.equal(gen.next_token(logits, temperature=1.0, generator=theirs), next_token(logits, 1.0, ours))
@@ -574,6 +831,40 @@ def test_the_child_keeps_a_learners_cache_and_carries_generators_and_callbacks()
         model, seen = Decoder(config).eval(), []
         out = kv.generate_cached(model, torch.tensor([[1, 2]]), 4, on_token=lambda t: seen.append(int(t[0])), cache=cache)
         assert seen == out[0, 2:].tolist() and cache.pos == 2 + 3  # the cache made before, reset and reused
+
+
+def test_the_child_keeps_a_schedulers_pool_and_tables_and_carries_requests():
+    """Check the objects notebook 07 passes: a BlockPool, BlockTables and a Scheduler kept in the child,
+    attributes assigned there (pool.k = ...), Requests and the stats dict carried as numbers, and an
+    OutOfBlocks raised there raised here as kvlib.core.paging's own."""
+    import torch
+
+    from kvlib.core.model import Decoder, ModelConfig
+    from kvlib.core.paging import OutOfBlocks, Request
+    from kvlib.grading.sandbox import RemoteObject, Sandbox, package_files
+
+    files = package_files(ROOT / "kvlib")
+    for module in ("attention", "gqa", "serving"):  # 7.3 uses 6.2's grouped_attention
+        files[f"kvlib/{module}.py"] = (ROOT / "solutions" / "kvlib" / f"{module}.py").read_bytes()
+    functions = ["serving.BlockPool", "serving.BlockTable", "serving.Scheduler", "serving.paged_attention"]
+    config = ModelConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=24, max_seq_len=32)
+    with Sandbox(files, ["serving"], functions, mode="plain", torch=True, call_timeout=60, budget=120) as sandbox:
+        sv = sandbox.module("serving")
+        assert sv.Request is Request and sv.OutOfBlocks is OutOfBlocks
+        pool, table = sv.BlockPool(config, 4, 4), sv.BlockTable(4)
+        assert isinstance(pool, RemoteObject) and isinstance(table, RemoteObject)
+        pool.k = torch.ones(2, 4, 2, 4, 4)
+        assert torch.equal(pool.k, torch.ones(2, 4, 2, 4, 4))
+        assert table.append(pool, 5) == [0, 1, 2, 3, 4] and table.blocks == [0, 1] and pool.n_free == 2
+        with pytest.raises(OutOfBlocks):
+            table.append(pool, 12)  # 17 tokens: 5 blocks of a pool of 4
+        torch.manual_seed(0)
+        sched = sv.Scheduler(Decoder(config).eval(), sv.BlockPool(config, 8, 4), max_batch=2)
+        sched.add(Request(7, [1, 2, 3], 2))
+        waiting = sched.waiting
+        assert [(r.id, r.prompt, r.max_new_tokens, r.out) for r in waiting] == [(7, [1, 2, 3], 2, [])]
+        sched.step()
+        assert sched.stats["decode_steps"] == 1 and [len(r.out) for r in sched.finished] == [2]
 
 
 def _npy(arr) -> bytes:
@@ -588,18 +879,138 @@ def _npy_header(shape, descr) -> bytes:
     return buf.getvalue()
 
 
-def test_submitted_links_are_refused(tmp_path):
-    """Check that a link (to the reference, or a linked folder) is never read as the learner's file."""
-    from kvlib.grading.preprocessor import read_submitted
+def test_screening_refuses_links_and_reads_the_rest(tmp_path):
+    """Check the screening of a submission: symbolic links (to files and folders), hard links to a file
+    outside, a pipe and a linked submission folder are refused with the reason and never read; hard
+    links between two files of the submission, and everything else, are read."""
+    from kvlib.grading.submission import HARDLINK, LINKED_FOLDER, SPECIAL, SYMLINK, read, screen
 
-    (tmp_path / "kvlib").mkdir()
-    (tmp_path / "kvlib" / "attention.py").symlink_to(ROOT / "solutions" / "kvlib" / "attention.py")
-    with pytest.raises(PermissionError, match="link"):
-        read_submitted(tmp_path, "kvlib/attention.py")
-    (tmp_path / "other").symlink_to(ROOT / "solutions", target_is_directory=True)
-    with pytest.raises(PermissionError, match="link"):
-        read_submitted(tmp_path, "other/kvlib/attention.py")
+    top = tmp_path / "submitted"
+    sub = top / "alice" / NB
+    (sub / "kvlib").mkdir(parents=True)
+    (sub / "kvlib" / "attention.py").write_text("mine")
+    (sub / "kvlib" / "ref.py").symlink_to(ROOT / "solutions" / "kvlib" / "attention.py")
+    (sub / "linked").symlink_to(ROOT / "solutions", target_is_directory=True)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("secret")
+    os.link(outside, sub / "hard.txt")
+    (sub / "a.txt").write_text("twice")
+    os.link(sub / "a.txt", sub / "kvlib" / "b.txt")  # both names inside: a file like any other
+    os.mkfifo(sub / "pipe")
+    screened = screen(sub, top=top)
+    assert screened.refused == {"hard.txt": HARDLINK, "kvlib/ref.py": SYMLINK, "linked": SYMLINK, "pipe": SPECIAL}
+    assert set(screened.files) == {"a.txt", "kvlib/attention.py", "kvlib/b.txt"}
+    assert read(screened, "kvlib/attention.py") == b"mine" and read(screened, "kvlib/b.txt") == b"twice"
+    for rel in ("kvlib/ref.py", "linked/kvlib/attention.py", "hard.txt", "pipe"):
+        with pytest.raises(PermissionError, match="link|not a regular file"):
+            read(screened, rel)
+    with pytest.raises(FileNotFoundError):
+        read(screened, "kvlib/missing.py")
+    with pytest.raises(PermissionError, match="larger"):
+        read(screened, "kvlib/attention.py", limit=2)
+    (top / "bob").symlink_to(top / "alice", target_is_directory=True)
+    linked = screen(top / "bob" / NB, top=top)
+    assert linked.refused == {".": LINKED_FOLDER} and not linked.files
+
+
+def test_learner_helper_modules_travel_within_limits(tmp_path):
+    """Check which of a learner's own kvlib/ modules go to the isolated child: their own names only
+    (never kvlib's), no links, no more than MAX_HELPERS, none over MAX_HELPER_BYTES."""
+    from kvlib.grading.submission import MAX_HELPER_BYTES, MAX_HELPERS, helper_modules, reserved_names, screen
+
+    kvlib = tmp_path / "kvlib"
+    kvlib.mkdir()
+    for name in ("attention", "core", "checks", "__init__", "my_helpers"):
+        (kvlib / f"{name}.py").write_text(f"# {name}\n")
+    (kvlib / "sub").mkdir()
+    (kvlib / "sub" / "deep.py").write_text("# not directly in kvlib/\n")
+    (kvlib / "linked.py").symlink_to(ROOT / "solutions" / "kvlib" / "attention.py")
+    (kvlib / "huge.py").write_text("#" * (MAX_HELPER_BYTES + 1))
+    for i in range(MAX_HELPERS + 2):
+        (kvlib / f"x{i:02d}.py").write_text("")
+    reserved = reserved_names(ROOT / "kvlib")
+    assert {"attention", "core", "checks", "grading", "__init__"} <= reserved
+    taken, refused = helper_modules(screen(tmp_path), reserved)
+    assert taken["kvlib/my_helpers.py"] == b"# my_helpers\n"
+    assert not {"kvlib/attention.py", "kvlib/core.py", "kvlib/checks.py", "kvlib/__init__.py", "kvlib/sub/deep.py"} & set(taken)
+    assert "link" in refused["kvlib/linked.py"] and "larger" in refused["kvlib/huge.py"]
+    assert len(taken) == MAX_HELPERS and any("more than" in why for why in refused.values())
 
 
 # ---------------------------------------------------------------------------------------------
 # Notebooks 02 to 06: exercises that take models, caches, generators and callbacks, graded in isolation too
+
+
+@JAILED
+def test_a_jail_has_no_network_and_no_host_paths(tmp_path):
+    """Check a jailed process directly: it cannot connect to a server on the grader's 127.0.0.1, finds
+    no /proc/self/mountinfo (which would list the host folders behind its binds), and torch still
+    finds the CPU's vector instructions in the /proc stand-in."""
+    from kvlib.grading.jail import Jail, detect_mode, jail_python, site_dirs
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    connections: list = []
+    threading.Thread(target=_accept, args=(listener, connections), daemon=True).start()
+    sites = site_dirs()
+    code = f"""
+import os, socket, sys
+sys.path.extend({[f"/site{i}" for i in range(len(sites))]!r})
+try:
+    socket.create_connection(("127.0.0.1", {listener.getsockname()[1]}), timeout=3).sendall(b"out")
+    print("connected")
+except OSError as err:
+    print("no network:", err.errno)
+print("mountinfo" if os.path.exists("/proc/self/mountinfo") else "no mountinfo")
+import torch
+print("cpu", torch.backends.cpu.get_cpu_capability())
+"""
+    jail = Jail(detect_mode(), binds={f"/site{i}": p for i, p in enumerate(sites)}, network=False, tmp_mb=64)
+    try:
+        proc = subprocess.run(jail.command([jail_python(), "-I", "-S", "-c", code]), capture_output=True, text=True,
+                              env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"}, cwd=jail.dir, timeout=120)
+    finally:
+        jail.close()
+        listener.close()
+    out = proc.stdout
+    assert "no network" in out and "no mountinfo" in out, out + proc.stderr[-2000:]
+    import torch
+
+    assert f"cpu {torch.backends.cpu.get_cpu_capability()}\n" in out, out  # the same kernels as outside
+    assert str(sites[0]) not in out and connections == []
+
+
+def test_collect_copies_links_as_links(tmp_path):
+    """Check the course's `nbgrader collect` step: a link a student put in their exchange folder arrives
+    in submitted/ as a link (which autograde then refuses), not as a copy of what it points to."""
+    from nbgrader.coursedir import CourseDirectory
+
+    from kvlib.grading.autograde import LinkKeepingCollect
+
+    src = tmp_path / "inbound" / "alice+01-attention+2026-01-01"
+    (src / "kvlib").mkdir(parents=True)
+    (src / "kvlib" / "attention.py").write_text("mine")
+    (src / "notes.txt").symlink_to(ROOT / "solutions" / "kvlib" / "attention.py")
+    (src / "solutions").symlink_to(ROOT / "solutions", target_is_directory=True)
+    dest = tmp_path / "submitted" / "alice" / NB
+    LinkKeepingCollect(coursedir=CourseDirectory(root=str(tmp_path))).do_copy(str(src), str(dest))
+    assert (dest / "kvlib" / "attention.py").read_text() == "mine"
+    assert (dest / "notes.txt").is_symlink() and (dest / "solutions").is_symlink()
+
+
+def test_a_linked_timestamp_or_submission_folder_stops_that_submission(tmp_path):
+    """Check that autograde stops, naming why, before nbgrader reads a timestamp.txt that is a link
+    (nbgrader reads it before any other step) or anything in a submission folder that is a link."""
+    from nbgrader.coursedir import CourseDirectory
+
+    from kvlib.grading.autograde import ScreenedAutograde
+
+    converter = ScreenedAutograde(coursedir=CourseDirectory(root=str(tmp_path)))
+    sub = tmp_path / "submitted" / "alice" / NB
+    sub.mkdir(parents=True)
+    (sub / "timestamp.txt").symlink_to("/dev/zero")
+    with pytest.raises(PermissionError, match="timestamp.txt in the submission is a symbolic link"):
+        converter.init_destination(NB, "alice")
+    (tmp_path / "submitted" / "bob").mkdir()
+    (tmp_path / "submitted" / "bob" / NB).symlink_to(tmp_path / "submitted" / "alice" / NB, target_is_directory=True)
+    with pytest.raises(PermissionError, match="submission folder is itself a link"):
+        converter.init_destination(NB, "bob")

@@ -1,5 +1,6 @@
-"""Notebooks 02 to 06 graded by nbgrader from a `kvlib course init` folder: a correct submission gets
-every point, the untouched release and a submission that patches the checks in its kernel get none.
+"""Notebooks 02 to 08 graded by nbgrader from a `kvlib course init` folder: a correct submission gets
+every point (in 04 also one with code moved into a helper module of the learner's own), the
+untouched release and a submission that patches the checks in its kernel get none.
 (Notebook 01, with its many attacks: tests/test_grading.py.)"""
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ except Exception:
 try:  # and should a check run in this process: make it pass, and grade() print "passed"
     import kvlib.checks as _checks
     _checks.grade = lambda *a, **k: print("passed")
-    for _name in ("generation", "recompute", "kv_cache", "roofline", "gqa"):
+    for _name in ("generation", "recompute", "kv_cache", "roofline", "gqa", "serving", "compress"):
         _mod = __import__(f"kvlib.checks.{_name}", fromlist=["x"])
         for _attr in dir(_mod):
             if not _attr.startswith("__") and callable(getattr(_mod, _attr)):
@@ -46,14 +47,57 @@ def _stub_with(module: str, prelude: str, body: str) -> str:
     return "".join(out).replace("from kvlib.course.exercises import exercise\n", "from kvlib.course.exercises import exercise\n" + prelude, 1)
 
 
+def _with_helper_module(module: str, exercise_id: str, helper: str) -> tuple[str, str]:
+    """The issue-15 learner: the reference kvlib/<module>.py with Exercise exercise_id's code moved into a
+    module of their own, kvlib/my_helpers.py (as helper(...)), which the exercise calls. Returns both files."""
+    import re
+
+    text = (ROOT / "solutions" / "kvlib" / f"{module}.py").read_text(encoding="utf-8")
+    lines = text.splitlines(keepends=True)
+    at = next(i for i, ln in enumerate(lines) if ln.strip().startswith(f'@exercise("{exercise_id}"'))
+    sig = next(i for i in range(at, len(lines)) if lines[i].lstrip().startswith("def "))
+    params = re.match(r"\s*def \w+\((.*)", "".join(lines[sig:sig + 4]).replace("\n", " "))
+    names = [p.split(":")[0].split("=")[0].strip() for p in _top_level_split(params.group(1).split(")")[0])]
+    names = [n for n in names if n and n not in ("self", "*")]
+    begin = next(i for i in range(sig, len(lines)) if lines[i].strip() == "### BEGIN SOLUTION")
+    end = next(i for i in range(begin, len(lines)) if lines[i].strip() == "### END SOLUTION")
+    indent = lines[begin][: len(lines[begin]) - len(lines[begin].lstrip())]
+    body = "".join("    " + ln[len(indent):] if ln.strip() else ln for ln in lines[begin + 1:end])
+    imports = "".join(ln for ln in lines if ln.startswith(("import ", "from ")) and "__future__" not in ln)
+    helper_text = f"{imports}\n\ndef {helper}({', '.join(names)}):\n{body}"
+    call = f"{indent}return {helper}({', '.join(names)})\n"
+    learner = "".join(lines[:begin] + [call] + lines[end + 1:])
+    learner = "".join(ln for ln in learner.splitlines(keepends=True) if ln.strip() not in ("### BEGIN SOLUTION", "### END SOLUTION"))
+    anchor = "from kvlib.course.exercises import exercise\n"
+    return learner.replace(anchor, anchor + f"from kvlib.my_helpers import {helper}\n", 1), helper_text
+
+
+def _top_level_split(params: str) -> list[str]:
+    """A parameter list split at its top-level commas (not those inside brackets)."""
+    out, depth, cur = [], 0, ""
+    for ch in params:
+        depth += ch in "([{" and 1 or (-1 if ch in ")]}" else 0)
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return out + [cur]
+
+
 ISOLATED = [("02-generation", "generation"), ("03-recompute", "recompute"), ("04-kv-cache", "kv_cache"),
-            ("05-memory-wall", "roofline"), ("06-gqa", "gqa")]
+            ("05-memory-wall", "roofline"), ("06-gqa", "gqa"), ("07-serving", "serving"), ("08-compress", "compress")]
+# earlier notebooks' exercises a notebook's own use: the correct and helper students did those too
+EARLIER_DONE = {"kv_cache": ("attention", "generation"),  # 4.x use Exercise 1.3's mask and 2.1's sampling
+                "roofline": ("kv_cache",),  # 5.3 uses Exercise 4.4's kv_cache_bytes
+                "serving": ("gqa",)}  # 7.3 uses Exercise 6.2's grouped_attention
 
 
 @pytest.fixture(scope="module")
 def graded_sizes(tmp_path_factory):
-    """Notebooks 02 to 06 released from a `kvlib course init` folder; a correct and a patching
-    submission of each, autograded; returns {(notebook, student): (score, max_score)}."""
+    """grade(notebook) -> {student: (score, max_score)}: the notebook released from a `kvlib course init`
+    folder, a correct, a patching and an untouched submission (and in 04 a helper one) autograded,
+    once per notebook (so `-k 07` grades 07 only)."""
     from nbgrader.api import Gradebook
 
     course = tmp_path_factory.mktemp("course-sizes")
@@ -61,32 +105,47 @@ def graded_sizes(tmp_path_factory):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     with open(course / "nbgrader_config.py", "a") as f:  # the kernel's run is cut short: scores never wait on it
         f.write("\nc.Execute.timeout = 4\nc.SandboxExecute.notebook_timeout = 12\n")
-    scores = {}
-    for nb, module in ISOLATED:
+    done: dict[str, dict] = {}
+
+    def grade(nb: str) -> dict:
+        if nb in done:
+            return done[nb]
+        module = dict(ISOLATED)[nb]
         nbgrader(course, "generate_assignment", nb, "--log-level=WARN")
-        for student, text in (("correct", (ROOT / "solutions" / "kvlib" / f"{module}.py").read_text(encoding="utf-8")),
-                              ("patching", _stub_with(module, PATCHING_PRELUDE, "return 0")),
-                              ("untouched", None)):  # the release handed in as it is
+        students = [("correct", (ROOT / "solutions" / "kvlib" / f"{module}.py").read_text(encoding="utf-8")),
+                    ("patching", _stub_with(module, PATCHING_PRELUDE, "return 0")),
+                    ("untouched", None)]  # the release handed in as it is
+        helper = None
+        if module == "kv_cache":  # issue 15's learner: 4.2's code in kvlib/my_helpers.py, imported by kv_cache.py
+            text, helper = _with_helper_module("kv_cache", "4.2", "attention_with_cache")
+            students.append(("helper", text))
+        for student, text in students:
             sub = course / "submitted" / student / nb
             shutil.copytree(course / "release" / nb, sub)
             if text is None:
                 continue
             (sub / "kvlib" / f"{module}.py").write_text(text, encoding="utf-8")
-            if module == "kv_cache":  # 4.x use Exercise 1.3's mask and 2.1's sampling: both students did those
-                for earlier in ("attention", "generation"):
-                    shutil.copy(ROOT / "solutions" / "kvlib" / f"{earlier}.py", sub / "kvlib" / f"{earlier}.py")
+            if student == "helper":
+                (sub / "kvlib" / "my_helpers.py").write_text(helper, encoding="utf-8")
+            for earlier in EARLIER_DONE.get(module, ()):
+                shutil.copy(ROOT / "solutions" / "kvlib" / f"{earlier}.py", sub / "kvlib" / f"{earlier}.py")
         nbgrader(course, "autograde", nb, "--log-level=WARN", timeout=1500)
         with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
-            scores |= {(nb, s.student.id): (s.score, s.max_score) for s in gb.assignment_submissions(nb)}
-    return scores
+            done[nb] = {s.student.id: (s.score, s.max_score) for s in gb.assignment_submissions(nb)}
+        return done[nb]
+
+    return grade
 
 
 @pytest.mark.parametrize("nb", [nb for nb, _ in ISOLATED])
-def test_notebooks_02_to_06_are_graded_in_isolation(graded_sizes, nb):
+def test_scores_come_from_the_isolated_child(graded_sizes, nb):
     """Check correct -> full marks, the untouched release -> 0, and a submission that patches the checks
-    and grade() in its kernel -> 0: the scores of notebooks 02 to 06 come from the isolated child
+    and grade() in its kernel -> 0: the scores of notebooks 02 to 08 come from the isolated child
     (notebook 01: tests/test_grading.py)."""
-    correct, max_score = graded_sizes[(nb, "correct")]
+    scores = graded_sizes(nb)
+    correct, max_score = scores["correct"]
     assert max_score > 0 and correct == max_score
-    assert graded_sizes[(nb, "untouched")][0] == 0
-    assert graded_sizes[(nb, "patching")][0] == 0
+    assert scores["untouched"][0] == 0
+    assert scores["patching"][0] == 0
+    if "helper" in scores:  # code moved into the learner's own kvlib/my_helpers.py: full marks too
+        assert scores["helper"] == (max_score, max_score)

@@ -51,22 +51,23 @@ def _flops_mha_assumed(config, seq_len):
     return 2 * seq_len * (config.n_layers * layer + C * config.vocab_size) + config.n_layers * 4 * seq_len**2 * D * H
 
 
-def _useful_share(config, kv_len):
-    return recompute.new_token_flops(config, kv_len) / recompute.forward_flops(config, kv_len)
+def _prefill_as_one_token(config, prompt_len, max_new_tokens):
+    naive, _ = recompute.generation_flops(config, prompt_len, max_new_tokens)
+    return naive, sum(recompute.new_token_flops(config, prompt_len + i) for i in range(max_new_tokens))
 
 
 MISTAKES = [
     ("forward_flops_matches_torch_counter", {"forward_flops": _flops_without_factor_two}, "2 FLOPs per multiply-add"),
     ("forward_flops_matches_torch_counter", {"forward_flops": _flops_without_attention}, "attention term is missing"),
     ("forward_flops_matches_torch_counter", {"forward_flops": _flops_mha_assumed}, "n_kv_heads heads"),
-    ("wasted_fraction_matches_counts", {"wasted_fraction": _useful_share}, "useful share"),
+    ("generation_flops_matches_counts", {"generation_flops": _prefill_as_one_token}, "counted as one new token"),
 ]
 
 
 @pytest.mark.parametrize("name, fake, words", MISTAKES, ids=[f"{m[0]}-{next(iter(m[1].values())).__name__}" for m in MISTAKES])
 def test_check_names_the_known_mistake(name, fake, words):
     """Check that a deliberately wrong implementation fails the check with a message naming the mistake."""
-    module = types.SimpleNamespace(**{n: getattr(recompute, n) for n in ("forward_flops", "new_token_flops", "wasted_fraction")})
+    module = types.SimpleNamespace(**{n: getattr(recompute, n) for n in ("forward_flops", "new_token_flops", "generation_flops")})
     for key, fn in fake.items():
         setattr(module, key, fn)
     with pytest.raises(AssertionError) as info:
@@ -79,4 +80,4 @@ def test_bad_config_is_a_clear_error():
     with pytest.raises(ValueError, match="must be a kvlib ModelConfig"):
         recompute.forward_flops({"d_model": 4}, 3)
     with pytest.raises(ValueError, match="positive ints, got 0"):
-        recompute.wasted_fraction(ODD, 0)
+        recompute.generation_flops(ODD, 3, 0)

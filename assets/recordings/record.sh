@@ -7,6 +7,9 @@
 # and <gpu>-<date>-gqa.json (kvlib bench gqa --device cuda), each with its device, date and versions,
 # plus <gpu>-<date>.txt: the readable tables and nvidia-smi's view of the card.
 # The reference solutions are used (KVLIB_SOLUTIONS=1): a recording is never a learner's code.
+# Since 2026-12-01 `bench memory` takes the highest of five streaming kernels as the bandwidth ceiling
+# and compiles the decode step as one graph (fullgraph=True); recordings made before keep the read
+# kernel as the ceiling and a compiled row with graph breaks, and say so when printed.
 set -euo pipefail
 out=${1:-assets/recordings}
 py=${PYTHON:-python3}

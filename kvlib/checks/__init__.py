@@ -31,7 +31,7 @@ class Check:
 
 
 CHECKS: dict[str, Check] = {}  # by name, in registration (= course) order
-_CHECK_MODULES = {"attention", "generation", "recompute", "kv_cache", "roofline", "gqa"}  # kvlib.checks.<module> for every exercise module
+_CHECK_MODULES = {"attention", "generation", "recompute", "kv_cache", "roofline", "gqa", "serving", "compress"}  # kvlib.checks.<module> for every exercise module
 
 
 def check(exercise_id: str):

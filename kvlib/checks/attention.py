@@ -1,8 +1,11 @@
 """Checks for notebook 01 (kvlib/attention.py): exercises 1.1-1.4.
 
 References are torch ops (torch.softmax, scaled_dot_product_attention) in float64 and notebook 01's
-three-token example worked by hand; near-misses (wrong axis, no max subtraction, no 1/sqrt(d), mask on the
-wrong side or aligned top-left) are recognised and named.
+three-token example worked by hand; near-misses (wrong axis, no max subtraction or a shift by something
+other than each row's max, no 1/sqrt(d), mask on the wrong side or aligned top-left, float32 turned into
+float64) are recognised and named. Every expected value is computed before the learner's function runs,
+from inputs it never sees (it gets its own copies), so a function that changes its arguments cannot
+change what is expected of it.
 """
 from __future__ import annotations
 
@@ -40,6 +43,11 @@ def _pair(result, what):
     return result
 
 
+def _copies(*arrays):
+    """The learner's own copies of the inputs: what it does to them cannot reach the expected values."""
+    return tuple(np.array(a, copy=True) for a in arrays)
+
+
 def _attention(q, k, v, mask=None, scale=None):
     """Reference (out, probs) in float64 via torch; mask is boolean, True = may attend."""
     one_query = np.ndim(q) == 1
@@ -70,13 +78,14 @@ def softmax_reproduces_seed(kv, rng):
 def softmax_matches_torch(kv, rng):
     """Check that softmax runs over the last axis of a (batch, n_heads, seq_len, kv_len) array."""
     scores = rng.normal(size=(2, 4, 3, 5)) * 3
-    before = scores.copy()
-    probs = _array("softmax(scores) for scores of shape (2, 4, 3, 5)", kv.softmax(scores), scores.shape)
-    assert np.array_equal(scores, before), "softmax changed its input in place: compute into a new array"
     expected = torch.softmax(_t(scores), dim=-1).numpy()
+    wrong_axis = torch.softmax(_t(scores), dim=-2).numpy()
+    (given,) = _copies(scores)
+    probs = _array("softmax(scores) for scores of shape (2, 4, 3, 5)", kv.softmax(given), scores.shape)
+    assert np.array_equal(given, scores), "softmax changed its input in place: compute into a new array"
     if _close(probs, expected):
         return
-    if _close(probs, torch.softmax(_t(scores), dim=-2).numpy()):
+    if _close(probs, wrong_axis):
         raise AssertionError("softmax normalised over axis -2: it must run over the last axis (axis=-1)")
     if not _close(probs.sum(axis=-1), np.ones(scores.shape[:-1])):
         raise AssertionError("the rows of softmax (along axis=-1) should each sum to 1; did you forget keepdims=True?")
@@ -88,7 +97,8 @@ def softmax_is_stable(kv, rng):
     """Check that softmax survives large scores ([1000, 1000, 1001])."""
     scores = np.array([[1000.0, 1000.0, 1001.0], [-1000.0, -1000.0, -999.0]])
     with np.errstate(all="ignore"):
-        probs = _array("softmax of large scores", kv.softmax(scores), (2, 3))
+        probs = _array("softmax of large scores", kv.softmax(scores.copy()), (2, 3))
+    _name_the_shift(probs, scores)
     assert np.all(np.isfinite(probs)), (
         "softmax of [1000, 1000, 1001] gave nan or inf: np.exp overflows. Subtract each row's max "
         "before np.exp (softmax(x) == softmax(x - max(x)))"
@@ -98,6 +108,61 @@ def softmax_is_stable(kv, rng):
     )
 
 
+# Rows that only a shift by each row's own maximum survives: a wide row (the mean or the minimum
+# overflows), and rows far apart (the maximum of the whole array underflows the low row to 0 / 0).
+_SHIFT_ROWS = np.array([[-1500.0, 0.0, 1500.0], [3000.0, 2999.0, 2998.0], [-3000.0, -3001.0, -3000.0]])
+_SHIFTS = {  # a learner's other shifts, and what each is called in the message
+    "the maximum of the whole array": lambda x: x.max(),
+    "the row's mean": lambda x: x.mean(axis=-1, keepdims=True),
+    "the row's minimum": lambda x: x.min(axis=-1, keepdims=True),
+    "the row's first score": lambda x: x[..., :1],
+}
+
+
+def _name_the_shift(probs, scores) -> None:
+    """Fail naming the shift, if softmax's broken answer is what another shift than the row's max gives."""
+    if np.all(np.isfinite(probs)) and _close(probs, torch.softmax(_t(scores), dim=-1).numpy()):
+        return
+    with np.errstate(all="ignore"):
+        for name, shift in _SHIFTS.items():
+            e = np.exp(scores - shift(scores))
+            if np.allclose(probs, e / e.sum(axis=-1, keepdims=True), equal_nan=True):
+                raise AssertionError(
+                    f"softmax shifted the scores by {name}: only each row's own maximum "
+                    "(scores.max(axis=-1, keepdims=True)) keeps every exponent <= 0 and one of them exactly 0, "
+                    "so that nothing overflows to inf or vanishes to 0 / 0"
+                )
+
+
+@check("1.1")
+def softmax_shifts_by_each_rows_max(kv, rng):
+    """Check that softmax shifts each row by its own maximum: rows 3,000 apart, and a row 3,000 wide."""
+    scores = _SHIFT_ROWS
+    expected = torch.softmax(_t(scores), dim=-1).numpy()
+    with np.errstate(all="ignore"):
+        probs = _array("softmax of rows far apart", kv.softmax(scores.copy()), scores.shape)
+    if np.all(np.isfinite(probs)) and _close(probs, expected):
+        return
+    _name_the_shift(probs, scores)
+    raise AssertionError(
+        f"softmax of {scores.tolist()} should be {np.round(expected, 3).tolist()}, got {np.round(probs, 3).tolist()}: "
+        "subtract each row's maximum (axis=-1, keepdims=True) before np.exp"
+    )
+
+
+@check("1.1")
+def softmax_keeps_float32(kv, rng):
+    """Check that float32 scores give float32 weights, as accurate as float32 allows."""
+    scores = (rng.normal(size=(3, 6)) * 4).astype(np.float32)
+    expected = torch.softmax(torch.from_numpy(scores.astype(np.float64)), dim=-1).numpy()
+    probs = _array("softmax of float32 scores", kv.softmax(scores.copy()), scores.shape)
+    assert probs.dtype == np.float32, (
+        f"float32 scores should give float32 weights, got {probs.dtype}: a float64 number or array in the "
+        "computation promotes the result (keep to the input's dtype, or cast back with .astype(scores.dtype))"
+    )
+    assert _close(probs, expected, 1e-5), f"float32 softmax differs from the exact one by {np.abs(probs - expected).max():.2g}"
+
+
 # ---------------------------------------------------------------------------------------------
 # 1.2 attend
 
@@ -105,9 +170,11 @@ def softmax_is_stable(kv, rng):
 @check("1.2")
 def attend_reproduces_seed(kv, rng):
     """Check that the worked example (我, 爱, AI) gives weights [0.212, 0.212, 0.576] and output [1.940, 1.000]."""
-    out, probs = _pair(kv.attend(SEED_Q, SEED_K, SEED_V, scale=1.0), "attend")
+    out, probs = _pair(kv.attend(*_copies(SEED_Q, SEED_K, SEED_V), scale=1.0), "attend")
     _array("probs", probs, (3,))
     _array("out", out, (2,))
+    if _close(probs, SEED_PROBS_SCALED, 1e-4):
+        raise AssertionError("the scale you are given is ignored: with scale=1.0 the scores stay 1, 1, 2 (1/sqrt(head_dim) only when scale is None)")
     assert _close(probs, SEED_PROBS, 1e-4), f"with scale=1.0 the weights should be [0.212, 0.212, 0.576], got {np.round(probs, 3)}"
     assert _close(out, SEED_PROBS @ SEED_V, 1e-4), f"the output should be probs @ v = [1.940, 1.000], got {np.round(out, 3)}"
 
@@ -116,16 +183,22 @@ def attend_reproduces_seed(kv, rng):
 def attend_scales_by_sqrt_head_dim(kv, rng):
     """Check that scale=None divides the scores by sqrt(head_dim)."""
     q, k, v = rng.normal(size=8), rng.normal(size=(5, 8)), rng.normal(size=(5, 6))
-    out, probs = _pair(kv.attend(q, k, v), "attend")
+    ref_out, ref_probs = _attention(q, k, v)
+    unscaled, by_d = _attention(q, k, v, scale=1.0)[1], _attention(q, k, v, scale=1 / 8)[1]
+    swapped = _attention(q, k, v, scale=np.sqrt(8))[1]
+    out, probs = _pair(kv.attend(*_copies(q, k, v)), "attend")
     _array("probs", probs, (5,))
     _array("out", out, (6,))
-    ref_out, ref_probs = _attention(q, k, v)
     if _close(probs, ref_probs) and _close(out, ref_out):
         return
-    if _close(probs, _attention(q, k, v, scale=1.0)[1]):
+    if _close(probs, unscaled):
         raise AssertionError("the scores are not scaled: with scale=None, multiply them by 1 / sqrt(head_dim)")
-    if _close(probs, _attention(q, k, v, scale=1 / 8)[1]):
+    if _close(probs, by_d):
         raise AssertionError("the scores are divided by head_dim: divide by sqrt(head_dim) instead")
+    if _close(probs, swapped):
+        raise AssertionError("the scores are multiplied by sqrt(head_dim): divide by it instead")
+    if _close(probs, ref_probs):
+        raise AssertionError("the weights are right but the output is not: it should be probs @ v, the weighted sum of the values")
     raise AssertionError(f"attend differs from scaled dot-product attention: weights off by up to {np.abs(probs - ref_probs).max():.2g}")
 
 
@@ -133,12 +206,30 @@ def attend_scales_by_sqrt_head_dim(kv, rng):
 def attend_matches_sdpa(kv, rng):
     """Check that attend equals torch's scaled_dot_product_attention for a given scale."""
     q, k, v = rng.normal(size=4), rng.normal(size=(7, 4)), rng.normal(size=(7, 3))
-    out, probs = _pair(kv.attend(q, k, v, scale=0.3), "attend")
+    ref_out, ref_probs = _attention(q, k, v, scale=0.3)
+    default = _attention(q, k, v)[1]
+    out, probs = _pair(kv.attend(*_copies(q, k, v), scale=0.3), "attend")
     _array("probs", probs, (7,))
     _array("out", out, (3,))
-    ref_out, ref_probs = _attention(q, k, v, scale=0.3)
+    if _close(probs, default) and not _close(probs, ref_probs):
+        raise AssertionError("the scale you are given is ignored: use scale when it is not None (here 0.3), 1/sqrt(head_dim) only when it is")
     assert _close(probs, ref_probs), "with scale=0.3 the weights should be softmax(0.3 * (k @ q))"
     assert _close(out, ref_out), "the output should be the weighted sum of the values, probs @ v"
+
+
+@check("1.2")
+def attend_keeps_float32(kv, rng):
+    """Check that float32 inputs give a float32 output and float32 weights (scale=None)."""
+    q, k, v = (rng.normal(size=s).astype(np.float32) for s in ((16,), (6, 16), (6, 4)))
+    ref_out, ref_probs = _attention(q, k, v)
+    out, probs = _pair(kv.attend(*_copies(q, k, v)), "attend")
+    _array("probs", probs, (6,))
+    _array("out", out, (4,))
+    assert out.dtype == np.float32 and probs.dtype == np.float32, (
+        f"float32 inputs should give float32 results, got out {out.dtype} and probs {probs.dtype}: under NumPy 2 "
+        "a float64 scalar such as np.sqrt(head_dim) promotes float32 arrays; use math.sqrt (a plain float)"
+    )
+    assert _close(probs, ref_probs, 1e-5) and _close(out, ref_out, 1e-5), "float32 attention differs from the exact one"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -183,44 +274,54 @@ def causal_mask_aligns_bottom_right(kv, rng):
 def causal_self_attention_matches_sdpa(kv, rng):
     """Check that causal self-attention equals torch SDPA on (batch, n_heads, seq_len, head_dim) inputs."""
     q, k, v = rng.normal(size=(2, 4, 5, 8)), rng.normal(size=(2, 4, 5, 8)), rng.normal(size=(2, 4, 5, 6))
-    out, probs = _pair(kv.causal_self_attention(q, k, v), "causal_self_attention")
-    _array("out", out, (2, 4, 5, 6))
-    _array("probs", probs, (2, 4, 5, 5))
     mask = np.tril(np.ones((5, 5), dtype=bool))
     ref_out, ref_probs = _attention(q, k, v, mask)
+    near_misses = {  # what a slip gives, computed before the learner's code runs
+        "no mask: every query sees the future. Set the scores where causal_mask is False to -inf": _attention(q, k, v)[1],
+        "the mask hides the wrong side: keep scores where causal_mask is True, set the others to -inf":
+            _attention(q, k, v, ~mask | np.eye(5, dtype=bool))[1],
+        "the scores are not scaled: divide q @ k^T by sqrt(head_dim)": _attention(q, k, v, mask, scale=1.0)[1],
+        "the mask is applied after the softmax: zeroing the weights leaves rows that no longer sum to 1. "
+        "Set the masked scores to -inf before the softmax": np.where(mask, _attention(q, k, v)[1], 0.0),
+    }
+    out, probs = _pair(kv.causal_self_attention(*_copies(q, k, v)), "causal_self_attention")
+    _array("out", out, (2, 4, 5, 6))
+    _array("probs", probs, (2, 4, 5, 5))
     if _close(out, ref_out) and _close(probs, ref_probs):
         return
-    if _close(probs, _attention(q, k, v)[1]):
-        raise AssertionError("no mask: every query sees the future. Set the scores where causal_mask is False to -inf")
-    if _close(probs, _attention(q, k, v, ~mask | np.eye(5, dtype=bool))[1]):
-        raise AssertionError("the mask hides the wrong side: keep scores where causal_mask is True, set the others to -inf")
-    if _close(probs, _attention(q, k, v, mask, scale=1.0)[1]):
-        raise AssertionError("the scores are not scaled: divide q @ k^T by sqrt(head_dim)")
+    for message, wrong in near_misses.items():
+        if _close(probs, wrong):
+            raise AssertionError(message)
     raise AssertionError(f"causal_self_attention differs from torch SDPA with a causal mask by up to {np.abs(out - ref_out).max():.2g}")
 
 
 @check("1.4")
 def causal_self_attention_with_past_keys(kv, rng):
-    """Check that 3 new queries against 5 keys sit at positions 2, 3, 4."""
-    q, k, v = rng.normal(size=(3, 8)), rng.normal(size=(5, 8)), rng.normal(size=(5, 6))
-    out, probs = _pair(kv.causal_self_attention(q, k, v), "causal_self_attention")
+    """Check that 3 new queries against 5 keys sit at positions 2, 3, 4 (float32 in, float32 out)."""
+    q, k, v = (rng.normal(size=s).astype(np.float32) for s in ((3, 8), (5, 8), (5, 6)))
+    ref_out, ref_probs = _attention(q, k, v, np.tril(np.ones((3, 5), dtype=bool), k=2))
+    top_left = _attention(q, k, v, np.tril(np.ones((3, 5), dtype=bool)))[1]
+    out, probs = _pair(kv.causal_self_attention(*_copies(q, k, v)), "causal_self_attention")
     _array("out", out, (3, 6))
     _array("probs", probs, (3, 5))
-    ref_out, ref_probs = _attention(q, k, v, np.tril(np.ones((3, 5), dtype=bool), k=2))
-    if _close(probs, _attention(q, k, v, np.tril(np.ones((3, 5), dtype=bool)))[1]):
+    if _close(probs, top_left, 1e-5):
         raise AssertionError("the mask is aligned top-left: the 3 queries are the last 3 of 5 positions, so query 0 sees keys 0..2")
-    assert _close(probs, ref_probs), "with 3 queries and 5 keys, query i may attend to keys 0..2+i, with softmax weights"
-    assert _close(out, ref_out), "the output should be probs @ v"
+    assert _close(probs, ref_probs, 1e-5), "with 3 queries and 5 keys, query i may attend to keys 0..2+i, with softmax weights"
+    assert _close(out, ref_out, 1e-5), "the output should be probs @ v"
+    assert out.dtype == np.float32 and probs.dtype == np.float32, (
+        f"float32 inputs should give float32 results, got out {out.dtype} and probs {probs.dtype}: under NumPy 2 "
+        "np.sqrt(head_dim) is a float64 scalar that promotes float32 arrays; use math.sqrt"
+    )
 
 
 @check("1.4")
 def causal_self_attention_equals_one_query_at_a_time(kv, rng):
     """Check that row i of the matrix form equals attention of query i over keys 0..i alone."""
     q, k, v = rng.normal(size=(4, 8)), rng.normal(size=(4, 8)), rng.normal(size=(4, 3))
-    out, probs = _pair(kv.causal_self_attention(q, k, v), "causal_self_attention")
+    rows = [_attention(q[i], k[: i + 1], v[: i + 1])[0] for i in range(4)]
+    out, probs = _pair(kv.causal_self_attention(*_copies(q, k, v)), "causal_self_attention")
     _array("out", out, (4, 3))
     _array("probs", probs, (4, 4))
     for i in range(4):
-        ref_out, _ = _attention(q[i], k[: i + 1], v[: i + 1])
-        assert _close(out[i], ref_out), f"row {i} should equal attention of query {i} over keys 0..{i} alone"
+        assert _close(out[i], rows[i]), f"row {i} should equal attention of query {i} over keys 0..{i} alone"
     assert np.all(probs[np.triu_indices(4, 1)] == 0), "weights above the diagonal (the future) must be exactly 0"

@@ -1,20 +1,27 @@
 """Checks for notebook 06 (kvlib/gqa.py): exercises 6.1-6.4.
 
-Sizes all differ (batch 2, 6 query heads, 2 key/value heads, 3 queries, 5 keys, head_dim 8), so a
-swapped axis fails. The known slips are named: `repeat` instead of `repeat_interleave` (the
-wrong head grouping), attention that copies the shared heads out to every query head (caught by
-watching every tensor torch allocates), pooling strided heads or the wrong axis, keeping one head.
+Sizes all differ (batch 2, 6 query heads, 2 key/value heads, so groups of 3; 2 or 4 queries
+against 5 or 9 keys; head_dim 8), so a swapped axis, a group size taken for the query count or a
+mask offset that only fits one shape fails. The known slips are named: `repeat` instead of
+`repeat_interleave` (the wrong head grouping), attention that copies the shared heads out to every
+query head (caught by watching every tensor torch allocates), a mask aligned top-left or tiled in
+the wrong order, pooling strided heads or the wrong axis, keeping one head, converting a model that
+is already GQA as if it were MHA, losing the source model's dtype or train/eval mode.
+Every expected value is computed before learner code runs, from tensors and models the learner's
+code never receives (it gets clones), so a function that changes its arguments cannot move them.
 """
 from __future__ import annotations
 
 import math
 
 import torch
-from kvlib.measure.timing import new_tensors
+
 from kvlib.checks import check
+from kvlib.course.exercises import ExerciseNotDone
+from kvlib.measure.timing import new_tensors
 from kvlib.core.model import Decoder, ModelConfig
 
-B, H, H_KV, T, S, D = 2, 6, 2, 3, 5, 8
+B, H, H_KV, T, S, D = 2, 6, 2, 2, 5, 8  # T = 2 queries: neither 1 nor the group size 3
 G = H // H_KV
 CONFIG = ModelConfig(vocab_size=23, d_model=48, n_layers=2, n_heads=6, n_kv_heads=6, hidden_dim=40, max_seq_len=32)
 
@@ -27,12 +34,36 @@ def _close(a, b) -> bool:
     return isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
-def _attention(q, k, v, *, scale=True, top_left=False):
+def _attention(q, k, v, *, scale=True, top_left=False, offset=None):
     """The reference: softmax(q k^T / sqrt(D)) v per head, k and v already n_heads; bottom-right mask."""
     Tq, Sk = q.shape[-2], k.shape[-2]
     scores = q @ k.transpose(-2, -1) / (math.sqrt(q.shape[-1]) if scale else 1.0)
-    allowed = torch.ones(Tq, Sk, dtype=torch.bool).tril(0 if top_left else Sk - Tq)  # True = may attend
+    diagonal = 0 if top_left else Sk - Tq if offset is None else offset
+    allowed = torch.ones(Tq, Sk, dtype=torch.bool).tril(diagonal)  # True = may attend
     return scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ v
+
+
+def _grouped_masked(q, k, v, mask):
+    """Grouped attention with a given (G*T, S) mask: `mask(T, S, G)`, the way a learner might build it wrongly."""
+    (B_, H_, T_, D_), (H_kv, S_) = q.shape, k.shape[1:3]
+    G_ = H_ // H_kv
+    scores = q.reshape(B_, H_kv, G_ * T_, D_) @ k.transpose(-2, -1) / math.sqrt(D_)
+    return (scores.masked_fill(~mask(T_, S_, G_), float("-inf")).softmax(-1) @ v).reshape(B_, H_, T_, D_)
+
+
+def _rows_interleaved(q, k, v):
+    """A (G*T, S) mask that repeats each query's row G times in a row (t*G + g), while q.reshape(B, H_kv,
+    G*T, D) orders the rows g*T + t: query t of head g gets another query's mask."""
+    return _grouped_masked(q, k, v, lambda T_, S_, G_: torch.ones(T_, S_, dtype=torch.bool).tril(S_ - T_).repeat_interleave(G_, 0))
+
+
+def _group_for_queries(q, k, v):
+    """A mask built for group_size queries and tiled seq_len times: right only when seq_len == group_size."""
+    return _grouped_masked(q, k, v, lambda T_, S_, G_: torch.ones(G_, S_, dtype=torch.bool).tril(S_ - G_).repeat(T_, 1))
+
+
+def _clones(*tensors):
+    return tuple(t.clone() for t in tensors)
 
 
 def _shape_of(x) -> str:
@@ -47,12 +78,12 @@ def _shape_of(x) -> str:
 def repeat_kv_matches_repeat_interleave(kv, rng):
     """Check that repeat_kv equals torch.repeat_interleave on the head axis (dim 1)."""
     x = _randn(rng, B, H_KV, S, D)
-    got = kv.repeat_kv(x, G)
-    expected = x.repeat_interleave(G, dim=1)
+    expected, tiled = x.repeat_interleave(G, dim=1), x.repeat(1, G, 1, 1)
+    got = kv.repeat_kv(x.clone(), G)
     assert isinstance(got, torch.Tensor) and tuple(got.shape) == (B, H, S, D), (
         f"repeat_kv of (batch, n_kv_heads, kv_len, head_dim) = {tuple(x.shape)} with group_size {G} "
         f"should be {(B, H, S, D)}, got {_shape_of(got)}")
-    if torch.equal(got, x.repeat(1, G, 1, 1)):
+    if torch.equal(got, tiled):
         raise AssertionError("the heads come out as [a, b, a, b, ...]: that is x.repeat. Query head h shares "
                              "key/value head h // group_size, so heads come out [a, a, a, b, b, b] (repeat_interleave)")
     assert torch.equal(got, expected), "repeat_kv differs from x.repeat_interleave(group_size, dim=1)"
@@ -62,10 +93,10 @@ def repeat_kv_matches_repeat_interleave(kv, rng):
 def repeat_kv_boundaries(kv, rng):
     """Check group_size 1 (MHA: the heads unchanged) and one key/value head (MQA: every head the same)."""
     x = _randn(rng, B, H_KV, S, D)
-    same = kv.repeat_kv(x, 1)
+    same = kv.repeat_kv(x.clone(), 1)
     assert isinstance(same, torch.Tensor) and torch.equal(same, x), "group_size 1 (MHA) must return the heads unchanged"
     one = _randn(rng, B, 1, S, D)
-    mqa = kv.repeat_kv(one, H)
+    mqa = kv.repeat_kv(one.clone(), H)
     assert isinstance(mqa, torch.Tensor) and tuple(mqa.shape) == (B, H, S, D), f"MQA: 1 head to {H} should be {(B, H, S, D)}, got {_shape_of(mqa)}"
     assert all(torch.equal(mqa[:, h], one[:, 0]) for h in range(H)), "MQA: every query head must read the single key/value head"
 
@@ -74,17 +105,30 @@ def repeat_kv_boundaries(kv, rng):
 # 6.2 grouped_attention
 
 
-def _diagnose_attention(got, q, k, v) -> str:
-    """Name the likely slip, by rebuilding the classic wrong answers."""
-    G_ = q.shape[1] // k.shape[1]
-    wrong = {
+def _expected_and_slips(q, k, v) -> tuple[torch.Tensor, dict]:
+    """The right output and the classic wrong ones, built before learner code runs (from q, k, v it never gets)."""
+    G_, Tq = q.shape[1] // k.shape[1], q.shape[2]
+    kr, vr = k.repeat_interleave(G_, 1), v.repeat_interleave(G_, 1)
+    slips = {
         "the heads are grouped as x.repeat would ([a, b, a, b]): query head h reads key/value head h // group_size":
             _attention(q, k.repeat(1, G_, 1, 1), v.repeat(1, G_, 1, 1)),
-        "the scores are not divided by sqrt(head_dim)": _attention(q, k.repeat_interleave(G_, 1), v.repeat_interleave(G_, 1), scale=False),
+        "the scores are not divided by sqrt(head_dim)": _attention(q, kr, vr, scale=False),
         "the mask is aligned top-left (is_causal=True or tril(0)): the T queries are the LAST T of the S positions":
-            _attention(q, k.repeat_interleave(G_, 1), v.repeat_interleave(G_, 1), top_left=True),
+            _attention(q, kr, vr, top_left=True),
+        "the mask's diagonal offset is kv_len - seq_len (query t sees keys 0 .. kv_len - seq_len + t), not seq_len - 1":
+            _attention(q, kr, vr, offset=Tq - 1),
+        "the mask rows are in the wrong order: q.reshape(B, H_kv, G*T, D) puts query t of group member g at row g*T + t, "
+        "so the (T, S) mask is tiled G times (.repeat(G, 1)), not repeat_interleave'd": _rows_interleaved(q, k, v),
     }
-    for message, tensor in wrong.items():
+    if Tq != G_:  # a (G, S) mask tiled T times has G*T rows too, and equals the right one when T == G
+        slips["the mask is built for group_size queries, not seq_len: torch.ones(seq_len, kv_len).tril(kv_len - seq_len), "
+              "tiled group_size times"] = _group_for_queries(q, k, v)
+    return _attention(q, kr, vr), slips
+
+
+def _diagnose(got, slips: dict) -> str:
+    """Name the likely slip among the precomputed wrong answers."""
+    for message, tensor in slips.items():
         if _close(got, tensor):
             return message
     return "the output differs from attention with the key/value heads repeat_interleave'd"
@@ -92,24 +136,26 @@ def _diagnose_attention(got, q, k, v) -> str:
 
 @check("6.2")
 def grouped_attention_matches_repeated_heads(kv, rng):
-    """Check that grouped_attention equals MHA attention on repeat_interleave'd keys and values (3 queries, 5 keys)."""
-    q, k, v = _randn(rng, B, H, T, D), _randn(rng, B, H_KV, S, D), _randn(rng, B, H_KV, S, D)
-    got = kv.grouped_attention(q, k, v)
-    assert isinstance(got, torch.Tensor) and tuple(got.shape) == (B, H, T, D), (
-        f"grouped_attention should return (batch, n_heads, seq_len, head_dim) = {(B, H, T, D)}, got {_shape_of(got)}")
-    expected = _attention(q, k.repeat_interleave(G, 1), v.repeat_interleave(G, 1))
-    assert _close(got, expected), _diagnose_attention(got, q, k, v)
+    """Check that grouped_attention equals MHA attention on repeat_interleave'd keys and values (2 queries of 5 keys, 4 of 9)."""
+    for n_q, n_k in ((T, S), (4, 9)):  # neither 1 nor 3 queries: the group size (3) cannot stand in for seq_len
+        q, k, v = _randn(rng, B, H, n_q, D), _randn(rng, B, H_KV, n_k, D), _randn(rng, B, H_KV, n_k, D)
+        expected, slips = _expected_and_slips(q, k, v)
+        got = kv.grouped_attention(*_clones(q, k, v))
+        assert isinstance(got, torch.Tensor) and tuple(got.shape) == (B, H, n_q, D), (
+            f"grouped_attention should return (batch, n_heads, seq_len, head_dim) = {(B, H, n_q, D)}, got {_shape_of(got)}")
+        assert _close(got, expected), f"{n_q} queries against {n_k} keys: {_diagnose(got, slips)}"
 
 
 @check("6.2")
 def grouped_attention_boundaries(kv, rng):
-    """Check MHA (group size 1), MQA (one key/value head) and one decode-step query against 7 keys."""
-    for n_kv, n_q, n_k in ((H, T, S), (1, T, S), (H_KV, 1, 7)):
+    """Check MHA (group size 1), MQA (one key/value head), one decode-step query against 7 keys and a prefill (4 of 4)."""
+    cases = ((H, T, S, "MHA (n_kv_heads == n_heads)"), (1, 4, 9, "MQA (one key/value head)"),
+             (H_KV, 1, 7, "one decode-step query against 7 keys"), (H_KV, 4, 4, "a prefill: 4 queries, 4 keys, no cache"))
+    for n_kv, n_q, n_k, case in cases:
         q, k, v = _randn(rng, B, H, n_q, D), _randn(rng, B, n_kv, n_k, D), _randn(rng, B, n_kv, n_k, D)
-        got = kv.grouped_attention(q, k, v)
-        expected = _attention(q, k.repeat_interleave(H // n_kv, 1), v.repeat_interleave(H // n_kv, 1))
-        case = {H: "MHA (n_kv_heads == n_heads)", 1: "MQA (one key/value head)"}.get(n_kv, "one decode-step query against 7 keys")
-        assert _close(got, expected), f"{case}: {_diagnose_attention(got, q, k, v)}"
+        expected, slips = _expected_and_slips(q, k, v)
+        got = kv.grouped_attention(*_clones(q, k, v))
+        assert _close(got, expected), f"{case}: {_diagnose(got, slips)}"
 
 
 def _new_tensors(fn, *args) -> list[tuple[str, tuple]]:
@@ -123,10 +169,10 @@ def grouped_attention_does_not_copy_heads(kv, rng):
     """Check that a decode step (1 query, 40 cached keys) is right and never allocates n_heads heads of keys or values."""
     kv_len = 40
     q, k, v = _randn(rng, B, H, 1, D), _randn(rng, B, H_KV, kv_len, D), _randn(rng, B, H_KV, kv_len, D)
-    got = kv.grouped_attention(q, k, v)  # first the right answer: a function that does nothing allocates nothing
-    assert _close(got, _attention(q, k.repeat_interleave(G, 1), v.repeat_interleave(G, 1))), (
-        f"a decode step (1 query, {kv_len} cached keys): {_diagnose_attention(got, q, k, v)}")
-    made = _new_tensors(kv.grouped_attention, q, k, v)
+    expected, slips = _expected_and_slips(q, k, v)
+    got = kv.grouped_attention(*_clones(q, k, v))  # first the right answer: a function that does nothing allocates nothing
+    assert _close(got, expected), f"a decode step (1 query, {kv_len} cached keys): {_diagnose(got, slips)}"
+    made = _new_tensors(kv.grouped_attention, *_clones(q, k, v))
     limit = B * H * kv_len * D  # n_heads copies of the cached keys (or values) of this layer
     big = [(op, tuple(shape)) for op, shape in made if math.prod(shape) >= limit]
     assert not big, (
@@ -145,11 +191,11 @@ _C, _D = 10, 4  # d_model and head_dim of the pooled weights: distinct from H, H
 def mean_pool_heads_averages_each_group(kv, rng):
     """Check that head j of the result is the mean of heads j*G .. j*G+G-1 of a (n_heads*head_dim, d_model) weight."""
     w = _randn(rng, H * _D, _C)
-    got = kv.mean_pool_heads(w, H, H_KV)
-    assert isinstance(got, torch.Tensor) and tuple(got.shape) == (H_KV * _D, _C), (
-        f"pooling a ({H} heads x head_dim {_D}, d_model {_C}) weight to {H_KV} heads should give {(H_KV * _D, _C)}, got {_shape_of(got)}")
     heads = w.view(H, _D, _C)
     expected = heads.view(H_KV, G, _D, _C).mean(1).reshape(H_KV * _D, _C)
+    got = kv.mean_pool_heads(w.clone(), H, H_KV)
+    assert isinstance(got, torch.Tensor) and tuple(got.shape) == (H_KV * _D, _C), (
+        f"pooling a ({H} heads x head_dim {_D}, d_model {_C}) weight to {H_KV} heads should give {(H_KV * _D, _C)}, got {_shape_of(got)}")
     if _close(got, expected):
         return
     wrong = {
@@ -171,9 +217,9 @@ def mean_pool_heads_keeps_identical_heads(kv, rng):
     """Check that pooling heads that are already copies per group (repeat_interleave) gives the original heads back."""
     small = _randn(rng, H_KV * _D, _C)
     copies = small.view(H_KV, _D, _C).repeat_interleave(G, dim=0).reshape(H * _D, _C)  # (H*D, C), heads a a a b b b
-    got = kv.mean_pool_heads(copies, H, H_KV)
+    got = kv.mean_pool_heads(copies, H, H_KV)  # copies is a new tensor, small never leaves this check
     assert _close(got, small), "pooling groups of identical heads must give those heads back exactly"
-    same = kv.mean_pool_heads(small, H_KV, H_KV)
+    same = kv.mean_pool_heads(small.clone(), H_KV, H_KV)
     assert _close(same, small), "pooling to as many heads as there are (group_size 1) must change nothing"
 
 
@@ -203,13 +249,15 @@ def to_gqa_recovers_a_gqa_model(kv, rng):
     """Check that converting an MHA model whose K/V heads are copies per group gives the GQA model's logits."""
     gqa, mha = _gqa_and_expanded(int(rng.integers(1000)), 2)
     before = {k: v.clone() for k, v in mha.state_dict().items()}
+    ids = torch.from_numpy(rng.integers(0, CONFIG.vocab_size, size=(2, 7)))
+    with torch.inference_mode():
+        expected = gqa(ids)  # gqa itself never reaches learner code
     got = kv.to_gqa(mha, 2)
     assert isinstance(got, Decoder), f"to_gqa should return a kvlib Decoder, got {type(got).__name__}"
     assert got.config.n_kv_heads == 2 and got.config.n_heads == CONFIG.n_heads, (
         f"the new config should have n_heads={CONFIG.n_heads}, n_kv_heads=2; got {got.config.n_heads}, {got.config.n_kv_heads}")
-    ids = torch.from_numpy(rng.integers(0, CONFIG.vocab_size, size=(2, 7)))
     with torch.inference_mode():
-        assert _close(got(ids), gqa(ids)), (
+        assert _close(got(ids), expected), (
             "the converted model's logits differ from the GQA model its heads were copied from: pool groups of "
             "consecutive heads (mean_pool_heads), only in k_proj and v_proj")
     assert all(torch.equal(before[k], v) for k, v in mha.state_dict().items()), "to_gqa must not change the model it converts"
@@ -220,8 +268,12 @@ def to_gqa_pools_only_keys_and_values(kv, rng):
     """Check that to_gqa pools k_proj and v_proj with `pool` and copies every other weight unchanged."""
     torch.manual_seed(int(rng.integers(1000)))
     mha = Decoder(CONFIG).eval()
+    theirs = {name: w.clone() for name, w in mha.state_dict().items()}  # before learner code runs
+    ids = torch.from_numpy(rng.integers(0, CONFIG.vocab_size, size=(2, 5)))
+    with torch.inference_mode():
+        logits = mha(ids)
     got = kv.to_gqa(mha, 3)
-    ours, theirs = got.state_dict(), mha.state_dict()
+    ours = got.state_dict()
     for name, w in theirs.items():
         if name.endswith(("k_proj.weight", "v_proj.weight")):
             expected = w.view(3, 2, CONFIG.head_dim, -1).mean(1).reshape(-1, w.shape[1])
@@ -232,6 +284,40 @@ def to_gqa_pools_only_keys_and_values(kv, rng):
     assert torch.equal(first.state_dict()["layers.0.attn.k_proj.weight"], theirs["layers.0.attn.k_proj.weight"][: CONFIG.head_dim]), (
         "to_gqa must use the pool function it is given (pool=None means mean_pool_heads)")
     same = kv.to_gqa(mha, CONFIG.n_heads)
-    ids = torch.from_numpy(rng.integers(0, CONFIG.vocab_size, size=(2, 5)))
     with torch.inference_mode():
-        assert _close(same(ids), mha(ids)), "to_gqa(model, n_heads) (group size 1) must give the same logits"
+        assert _close(same(ids), logits), "to_gqa(model, n_heads) (group size 1) must give the same logits"
+
+
+@check("6.4")
+def to_gqa_converts_a_gqa_model_and_keeps_dtype_and_mode(kv, rng):
+    """Check a model that is already GQA (2 key/value heads to 1), a float64 model in training mode, and one in eval mode."""
+    gqa, _ = _gqa_and_expanded(int(rng.integers(1000)), 2)
+    state = {name: w.clone() for name, w in gqa.state_dict().items()}
+    try:
+        got = kv.to_gqa(gqa, 1)
+    except ExerciseNotDone:
+        raise
+    except (ValueError, RuntimeError) as err:
+        raise AssertionError(f"converting a model that is already GQA (2 key/value heads) to 1 failed ({type(err).__name__}: {err}). "
+                             "Its k_proj holds model.config.n_kv_heads heads, not n_heads: pool(w, model.config.n_kv_heads, n_kv_heads)") from None
+    assert isinstance(got, Decoder) and got.config.n_kv_heads == 1, "to_gqa(model, 1) should return a Decoder with n_kv_heads 1"
+    for name, w in state.items():
+        if name.endswith(("k_proj.weight", "v_proj.weight")):
+            expected = w.view(1, 2, CONFIG.head_dim, -1).mean(1).reshape(-1, w.shape[1])
+            assert _close(got.state_dict()[name], expected), (
+                f"{name}: a model with 2 key/value heads pooled to 1 should keep their mean: its k_proj and v_proj hold "
+                "model.config.n_kv_heads heads (2 here), not n_heads")
+    for dtype, training in ((torch.float64, True), (torch.float32, False)):
+        torch.manual_seed(int(rng.integers(1000)))
+        source = Decoder(CONFIG).to(dtype).train(training)
+        state = {name: w.clone() for name, w in source.state_dict().items()}
+        got = kv.to_gqa(source, 2)
+        mode = "training" if training else "eval"
+        assert all(w.dtype == dtype for w in got.state_dict().values()), (
+            f"the source model is {dtype}; the converted one has {sorted({str(w.dtype) for w in got.state_dict().values()})}: "
+            "keep the source's dtype (a new Decoder is float32 until you .to(dtype) it)")
+        assert got.training == training, (
+            f"the source model is in {mode} mode, the converted one is not: a new nn.Module starts in training mode; "
+            "keep the source's (.train(model.training))")
+        assert torch.equal(got.state_dict()["embed.weight"], state["embed.weight"]), (
+            f"in {dtype}, the embedding should be copied exactly")

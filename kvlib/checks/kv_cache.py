@@ -1,21 +1,35 @@
 """Checks for notebook 04 (kvlib/kv_cache.py): exercises 4.1-4.5.
 
-Every cached result is compared with full recompute on small random GQA decoders whose sizes
-all differ (batch 2, 4 query heads, 2 KV heads), and the known slips are named: rotary
-positions restarting at 0, is_causal=True for new queries against more keys, torch.cat that
-reallocates, a cache not reset between prompts.
+Every cached result is compared with full recompute on small random GQA decoders (batch 2, 4 query
+heads, 2 KV heads, every size distinct). Each check works out what it expects BEFORE the learner's
+code runs, from its own copy of the model and of every tensor (the learner's function may change
+what it is given). The cache exercises are graded on using the cache: a decode step must read what
+the cache holds (overwrite the cache and the answer must follow) and its matrix-multiply FLOPs,
+counted by torch.utils.flop_counter, must not grow with the prefix; a prefill runs the prompt once.
+Named slips: rotary positions restarting at 0, is_causal=True for new queries against more keys,
+torch.cat that reallocates, writes that clobber stored tokens, a cache not reset between prompts,
+recomputing from the token ids, a prompt fed one token at a time; in the cache's bytes, n_heads for
+n_kv_heads, the factor 2 for K and V, the layers, bits for bytes, the batch.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
+import torch.nn.functional as F
 
 from kvlib.checks import check
-from kvlib.core.model import Decoder, ModelConfig
+from kvlib.core.configs import REAL_MODELS
+from kvlib.core.model import Decoder, ModelConfig, matrix_params
+from kvlib.core.flops import matmul_flops
+from kvlib.measure.timing import new_tensors
 
 CONFIG = ModelConfig(vocab_size=29, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, hidden_dim=40, max_seq_len=48)
+L, H, H_KV, D = CONFIG.n_layers, CONFIG.n_heads, CONFIG.n_kv_heads, CONFIG.head_dim
 
 
 def _model(seed: int = 0) -> Decoder:
+    """A fresh model: one for the learner's code, another with the same weights for the expected answer."""
     torch.manual_seed(seed)
     return Decoder(CONFIG).eval()
 
@@ -25,7 +39,7 @@ def _ids(rng, batch, n):
 
 
 def _close(a, b) -> bool:
-    return a.shape == b.shape and torch.allclose(a, b, rtol=1e-4, atol=1e-5)
+    return isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(a.double(), b.double(), rtol=1e-4, atol=1e-5)
 
 
 def _cache(kv, batch=2, max_seq_len=None):
@@ -39,6 +53,40 @@ def _storage(cache) -> tuple[int, int]:
     return cache.k.data_ptr(), cache.v.data_ptr()
 
 
+def _flops(fn, *args) -> int:
+    """Matrix-multiply FLOPs of fn(*args), counted where fn runs (in the isolated grading child, fn.flops)."""
+    count = getattr(fn, "flops", None)
+    return count(*args) if count is not None else matmul_flops(fn, *args)
+
+
+def _mlp_passes(fn, *args) -> int:
+    """How many tensors of width hidden_dim fn(*args) allocates: 4 per layer per forward pass (gate, up, silu, product)."""
+    watch = getattr(fn, "watch", None)
+    made = watch(*args) if watch is not None else new_tensors(fn, *args)
+    return sum(1 for _, shape in made if shape and shape[-1] == CONFIG.hidden_dim)
+
+
+def _keys_values(model, ids) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every layer's keys and values (B, H_kv, T, D) of a full forward over ids: what a cache of ids holds."""
+    T = ids.shape[1]
+    cos, sin = model.rope_cos[:T], model.rope_sin[:T]
+    out = []
+    with torch.inference_mode():
+        x = model.embed(ids)
+        for layer in model.layers:
+            out.append(layer.attn.project_kv(layer.attn_norm(x), cos, sin))
+            x = layer(x, cos, sin)
+    return out
+
+
+def _fill(cache, kvs) -> None:
+    """Replace what the cache holds with kvs, through its own reset, update and advance."""
+    cache.reset()
+    for layer, (k, v) in enumerate(kvs):
+        cache.update(layer, k.clone(), v.clone())
+    cache.advance(kvs[0][0].shape[2])
+
+
 # ---------------------------------------------------------------------------------------------
 # 4.1 KVCache.update
 
@@ -48,10 +96,12 @@ def kv_cache_update_writes_in_place(kv, rng):
     """Check that update writes one layer's keys and values at [pos, pos + seq_len) of the pre-allocated cache."""
     cache = _cache(kv, max_seq_len=10)
     storage = _storage(cache)
-    k1, v1 = torch.randn(2, 2, 3, 8), torch.randn(2, 2, 3, 8)
-    k, v = cache.update(1, k1, v1)
-    assert tuple(k.shape) == (2, 2, 3, 8) and tuple(v.shape) == (2, 2, 3, 8), f"after 3 tokens update should return (2, 2, 3, 8), got {tuple(k.shape)}"
+    k1, v1 = torch.randn(2, H_KV, 3, D), torch.randn(2, H_KV, 3, D)
+    k, v = cache.update(1, k1.clone(), v1.clone())
+    assert tuple(k.shape) == (2, H_KV, 3, D) and tuple(v.shape) == (2, H_KV, 3, D), (
+        f"after 3 tokens update should return (2, {H_KV}, 3, {D}), got {tuple(k.shape)}")
     assert _storage(cache) == storage, "the cache was reallocated: write into self.k / self.v in place (no torch.cat)"
+    assert torch.equal(k, k1) and torch.equal(v, v1), "update should return the keys and values stored so far (here the 3 just written)"
     assert torch.equal(cache.k[1, :, :, :3], k1) and torch.equal(cache.v[1, :, :, :3], v1), "k_new, v_new should land at positions 0..2 of layer 1"
     assert not cache.k[0].any() and not cache.k[2].any(), "update(1, ...) must leave the other layers alone"
     assert cache.pos == 0, "update must not move pos: advance() does that once every layer is written"
@@ -59,18 +109,26 @@ def kv_cache_update_writes_in_place(kv, rng):
 
 @check("4.1")
 def kv_cache_grows_one_slot_per_step(kv, rng):
-    """Check that after a prompt of 3, each decode step returns one more cached position, old ones intact."""
-    cache = _cache(kv, max_seq_len=10)
-    first = torch.randn(2, 2, 3, 8)
-    cache.update(0, first, first)
-    cache.advance(3)
-    for step in range(4):
-        new = torch.randn(2, 2, 1, 8)
-        k, v = cache.update(0, new, -new)
-        assert tuple(k.shape) == (2, 2, 4 + step, 8), f"decode step {step + 1} should return {4 + step} positions, got {tuple(k.shape)}"
-        assert torch.equal(k[:, :, :3], first), "the prompt's keys must stay where they were written"
-        assert torch.equal(k[:, :, -1:], new) and torch.equal(v[:, :, -1:], -new), "the new token goes at position pos"
-        cache.advance(1)
+    """Check that a prompt of 3, then steps of 1, 1, 2 and 1 tokens in every layer, keep every stored token intact."""
+    cache = _cache(kv, max_seq_len=12)
+    expect_k, expect_v = torch.zeros(L, 2, H_KV, 12, D), torch.zeros(L, 2, H_KV, 12, D)
+    pos = 0
+    for T in (3, 1, 1, 2, 1):  # the prompt, then decode steps and a chunk of 2
+        for layer in range(L):
+            new_k, new_v = torch.randn(2, H_KV, T, D), torch.randn(2, H_KV, T, D)
+            expect_k[layer, :, :, pos : pos + T], expect_v[layer, :, :, pos : pos + T] = new_k, new_v
+            k, v = cache.update(layer, new_k.clone(), new_v.clone())
+            what = f"layer {layer}, {T} token(s) at pos {pos}"
+            assert tuple(k.shape) == (2, H_KV, pos + T, D), f"{what}: update should return {pos + T} positions, got {tuple(k.shape)}"
+            stored_k, stored_v = cache.k, cache.v
+            bad = [p for p in range(pos) if not torch.equal(stored_k[:, :, :, p], expect_k[:, :, :, p])]
+            assert not bad, f"{what}: the keys stored earlier at position(s) {bad} were overwritten: write only at [pos, pos + seq_len)"
+            other = [i for i in range(L) if not torch.equal(stored_k[i], expect_k[i]) or not torch.equal(stored_v[i], expect_v[i])]
+            assert not other, f"{what}: layer(s) {other} do not hold what was written to them: write only into self.k[layer]"
+            assert torch.equal(k, expect_k[layer, :, :, : pos + T]) and torch.equal(v, expect_v[layer, :, :, : pos + T]), (
+                f"{what}: update should return that layer's filled prefix, positions 0..{pos + T - 1}")
+        cache.advance(T)
+        pos += T
 
 
 # ---------------------------------------------------------------------------------------------
@@ -80,37 +138,48 @@ def kv_cache_grows_one_slot_per_step(kv, rng):
 def _full_rows(model, x):
     """Reference: layer 0's attention over the whole sequence x (B, S, C)."""
     S = x.shape[1]
-    return model.layers[0].attn(x, model.rope_cos[:S], model.rope_sin[:S])
+    with torch.inference_mode():
+        return model.layers[0].attn(x, model.rope_cos[:S], model.rope_sin[:S])
+
+
+def _attend(attn, q, k, v, **kw):
+    out = F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kw)
+    return attn.o_proj(out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1))
+
+
+def _run_chunks(kv, model, x, split):
+    """cached_attention over x[:, :split] on an empty cache, then over the rest: the two outputs."""
+    attn, cache = model.layers[0].attn, _cache(kv)
+    with torch.inference_mode():
+        first = kv.cached_attention(attn, x[:, :split].clone(), cache, 0, model.rope_cos, model.rope_sin)
+        cache.advance(split)
+        second = kv.cached_attention(attn, x[:, split:].clone(), cache, 0, model.rope_cos, model.rope_sin)
+    return first, second
 
 
 @check("4.2")
 def cached_attention_matches_full_attention(kv, rng):
     """Check that a prompt of 3 then a chunk of 2 through the cache equals attention over all 5 at once."""
-    model = _model(int(rng.integers(1000)))
+    seed = int(rng.integers(1000))
     x = torch.from_numpy(rng.normal(size=(2, 5, CONFIG.d_model))).float()
-    full = _full_rows(model, x)
-    cache = _cache(kv)
-    with torch.inference_mode():
-        first = kv.cached_attention(model.layers[0].attn, x[:, :3], cache, 0, model.rope_cos, model.rope_sin)
-        cache.advance(3)
-        second = kv.cached_attention(model.layers[0].attn, x[:, 3:], cache, 0, model.rope_cos, model.rope_sin)
-    assert tuple(second.shape) == (2, 2, CONFIG.d_model), f"the output should be (batch, seq_len, d_model) = (2, 2, 32), got {tuple(second.shape)}"
-    assert _close(first, full[:, :3]), "the first chunk (positions 0..2, empty cache) should equal plain causal attention"
-    if not _close(second, full[:, 3:]):  # name the slip: rebuild the two classic wrong answers
-        cos0, sin0 = model.rope_cos[:2], model.rope_sin[:2]  # positions 0, 1 instead of 3, 4
-        attn = model.layers[0].attn
-        q_at_0 = attn.project_q(x[:, 3:], cos0, sin0)
-        k_all, v_all = attn.project_kv(x, model.rope_cos[:5], model.rope_sin[:5])
-        k_all[:, :, 3:], v_all[:, :, 3:] = attn.project_kv(x[:, 3:], cos0, sin0)
-        mask = torch.tril(torch.ones(2, 5, dtype=torch.bool), 3)
-        wrong = torch.nn.functional.scaled_dot_product_attention(q_at_0, k_all, v_all, attn_mask=mask, enable_gqa=True)
-        wrong = attn.o_proj(wrong.transpose(1, 2).reshape(2, 2, -1))
-        if _close(second, wrong):
+    ref = _model(seed)
+    full = _full_rows(ref, x)
+    attn, cos, sin = ref.layers[0].attn, ref.rope_cos, ref.rope_sin
+    with torch.inference_mode():  # the classic wrong answers, worked out now
+        k_all, v_all = attn.project_kv(x, cos[:5], sin[:5])
+        k0, v0 = k_all.clone(), v_all.clone()
+        k0[:, :, 3:], v0[:, :, 3:] = attn.project_kv(x[:, 3:], cos[:2], sin[:2])  # positions 0, 1 instead of 3, 4
+        from_zero = _attend(attn, attn.project_q(x[:, 3:], cos[:2], sin[:2]), k0, v0, attn_mask=torch.tril(torch.ones(2, 5, dtype=torch.bool), 3))
+        top_left = _attend(attn, attn.project_q(x[:, 3:], cos[3:5], sin[3:5]), k_all, v_all, is_causal=True)
+    first, second = _run_chunks(kv, _model(seed), x, 3)
+    assert isinstance(second, torch.Tensor) and tuple(second.shape) == (2, 2, CONFIG.d_model), (
+        f"the output should be (batch, seq_len, d_model) = (2, 2, {CONFIG.d_model}), got {tuple(getattr(second, 'shape', ()))}")
+    assert _close(first, full[:, :3]), ("the first chunk (positions 0..2, empty cache) should equal plain causal attention: "
+                                        "project (rotary), attend with the causal mask, then attn.o_proj")
+    if not _close(second, full[:, 3:]):
+        if _close(second, from_zero):
             raise AssertionError("the rotary positions restart at 0: new token i sits at position cache.pos + i")
-        top_left = torch.nn.functional.scaled_dot_product_attention(
-            attn.project_q(x[:, 3:], model.rope_cos[3:5], model.rope_sin[3:5]), *attn.project_kv(x, model.rope_cos[:5], model.rope_sin[:5]),
-            is_causal=True, enable_gqa=True)
-        if _close(second, attn.o_proj(top_left.transpose(1, 2).reshape(2, 2, -1))):
+        if _close(second, top_left):
             raise AssertionError("the mask is aligned top-left (is_causal=True): 2 new queries against 5 keys sit at positions 3 and 4")
         raise AssertionError("the second chunk (positions 3, 4 against 5 keys) differs from attention over the full sequence")
 
@@ -118,71 +187,162 @@ def cached_attention_matches_full_attention(kv, rng):
 @check("4.2")
 def cached_attention_one_token_sees_every_key(kv, rng):
     """Check that one decode-step query attends to all cached keys, not just the first."""
-    model = _model(1)
     x = torch.from_numpy(rng.normal(size=(2, 7, CONFIG.d_model))).float()
-    full = _full_rows(model, x)
-    cache = _cache(kv)
-    attn = model.layers[0].attn
+    ref = _model(1)
+    full = _full_rows(ref, x)
+    attn = ref.layers[0].attn
     with torch.inference_mode():
-        kv.cached_attention(attn, x[:, :6], cache, 0, model.rope_cos, model.rope_sin)
-        cache.advance(6)
-        last = kv.cached_attention(attn, x[:, 6:], cache, 0, model.rope_cos, model.rope_sin)
+        q = attn.project_q(x[:, 6:], ref.rope_cos[6:7], ref.rope_sin[6:7])
+        k, v = attn.project_kv(x, ref.rope_cos[:7], ref.rope_sin[:7])
+        only_first, only_self = _attend(attn, q, k, v, is_causal=True), _attend(attn, q, k[:, :, 6:], v[:, :, 6:])
+    _, last = _run_chunks(kv, _model(1), x, 6)
     if not _close(last, full[:, 6:]):
-        q = attn.project_q(x[:, 6:], model.rope_cos[6:7], model.rope_sin[6:7])
-        k, v = attn.project_kv(x, model.rope_cos[:7], model.rope_sin[:7])
-        only_first = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        if _close(last, attn.o_proj(only_first.transpose(1, 2).reshape(2, 1, -1))):
+        if _close(last, only_first):
             raise AssertionError("is_causal=True with 1 query and 7 keys lets the query see key 0 only: use causal_mask(seq_len, kv_len)")
+        if _close(last, only_self):
+            raise AssertionError("the query saw only its own key: attend to everything cache.update returns, not to project_kv's output")
         raise AssertionError("the decode-step output (position 6, against 7 keys) differs from full attention's last row")
 
 
+@check("4.2")
+def cached_attention_reads_the_cache(kv, rng):
+    """Check that a decode step attends to what the cache holds: other stored keys and values, another output."""
+    x = torch.from_numpy(rng.normal(size=(2, 7, CONFIG.d_model))).float()
+    other = torch.from_numpy(rng.normal(size=(2, 6, CONFIG.d_model))).float()  # what the cache is made to hold instead
+    ref = _model(2)
+    attn, cos, sin = ref.layers[0].attn, ref.rope_cos, ref.rope_sin
+    with torch.inference_mode():
+        k_other, v_other = attn.project_kv(other, cos[:6], sin[:6])
+        k_new, v_new = attn.project_kv(x[:, 6:], cos[6:7], sin[6:7])
+        q = attn.project_q(x[:, 6:], cos[6:7], sin[6:7])
+        expected = _attend(attn, q, torch.cat([k_other, k_new], 2), torch.cat([v_other, v_new], 2))
+        ignored = _full_rows(ref, x)[:, 6:]  # what a step that kept its own copy of the inputs would give
+    model, cache = _model(2), _cache(kv)
+    with torch.inference_mode():
+        kv.cached_attention(model.layers[0].attn, x[:, :6].clone(), cache, 0, model.rope_cos, model.rope_sin)
+        cache.advance(6)
+        _fill(cache, [(k_other, v_other)] + [(torch.zeros_like(k_other), torch.zeros_like(v_other))] * (L - 1))
+        step = kv.cached_attention(model.layers[0].attn, x[:, 6:].clone(), cache, 0, model.rope_cos, model.rope_sin)
+    if not _close(step, expected):
+        if _close(step, ignored):
+            raise AssertionError("the step ignored the keys and values in the cache (it recomputed them from the inputs it saw): "
+                                 "attend to what cache.update returns")
+        raise AssertionError("after the cache was filled with other keys and values, the step should attend to those")
+
+
 # ---------------------------------------------------------------------------------------------
-# 4.3 prefill, 4.4 decode_step
+# 4.3 cached_forward: prefill and decode step
 
 
 @check("4.3")
-def prefill_matches_full_forward(kv, rng):
-    """Check that prefill returns the last position's logits of a full forward and stores seq_len tokens."""
-    model = _model(2)
-    ids = _ids(rng, 2, 6)
-    cache = _cache(kv)
+def cached_forward_matches_full_forward(kv, rng):
+    """Check that a prefill of 4, a chunk of 3 and three decode steps each give a full forward's last logits."""
+    ids = _ids(rng, 2, 10)
     with torch.inference_mode():
-        logits = kv.prefill(model, ids, cache)
-        full = model(ids)[:, -1]
-    assert isinstance(logits, torch.Tensor) and tuple(logits.shape) == (2, CONFIG.vocab_size), (
-        f"prefill should return the last position's logits (batch, vocab_size) = (2, {CONFIG.vocab_size}), got {getattr(logits, 'shape', logits)}")
-    assert _close(logits, full), "prefill's logits differ from model(input_ids)[:, -1]"
-    assert cache.pos == 6, f"after a prompt of 6 tokens the cache should hold 6 (cache.pos), got {cache.pos}"
+        full = _model(3)(ids)  # (2, 10, vocab): expected, from a model the learner never sees
+    model, cache = _model(3), _cache(kv)
+    with torch.inference_mode():
+        for a, b in ((0, 4), (4, 7), (7, 8), (8, 9), (9, 10)):
+            logits = kv.cached_forward(model, ids[:, a:b].clone(), cache)
+            what = "the prefill" if a == 0 else f"the chunk of {b - a}" if b - a > 1 else f"the decode step at position {a}"
+            assert isinstance(logits, torch.Tensor) and tuple(logits.shape) == (2, CONFIG.vocab_size), (
+                f"{what} should return the last position's logits (batch, vocab_size) = (2, {CONFIG.vocab_size}), "
+                f"got {tuple(getattr(logits, 'shape', ()))}")
+            assert cache.pos == b, f"after {what} the cache should hold {b} tokens (cache.pos), got {cache.pos}: advance by seq_len once, after every layer"
+            assert _close(logits, full[:, b - 1]), f"{what} differs from a full forward over tokens 0..{b - 1}"
 
 
 @check("4.3")
-def prefill_in_chunks_equals_one_prefill(kv, rng):
-    """Check that a prompt fed in two chunks gives the same logits as one prefill."""
-    model = _model(3)
-    ids = _ids(rng, 2, 7)
-    cache = _cache(kv)
+def cached_forward_decode_uses_the_cache(kv, rng):
+    """Check that a decode step reads what the cache holds, and that its FLOPs do not grow with the prefix."""
+    prompt, other, token = _ids(rng, 2, 6), _ids(rng, 2, 6), _ids(rng, 2, 1)
+    ref = _model(4)
     with torch.inference_mode():
-        kv.prefill(model, ids[:, :4], cache)
-        logits = kv.prefill(model, ids[:, 4:], cache)
-        full = model(ids)[:, -1]
-    assert cache.pos == 7, f"two chunks of 4 and 3 tokens should leave cache.pos at 7, got {cache.pos}"
-    assert _close(logits, full), "chunked prefill should equal one prefill of the whole prompt"
+        expected = ref(torch.cat([other, token], 1))[:, -1]  # the cache will hold `other`, not the prompt
+        recomputed = ref(torch.cat([prompt, token], 1))[:, -1]
+        other_kv = _keys_values(ref, other)
+    model, cache = _model(4), _cache(kv)
+    with torch.inference_mode():
+        kv.cached_forward(model, prompt.clone(), cache)
+        _fill(cache, other_kv)
+        step = kv.cached_forward(model, token.clone(), cache)
+    if not _close(step, expected):
+        if _close(step, recomputed):
+            raise AssertionError("the decode step gave the logits of the tokens it was fed, not of the keys and values in the cache: "
+                                 "it recomputes from the token ids, so the cache is never read")
+        raise AssertionError("after the cache was filled with another prompt's keys and values, the step should continue that prompt")
+    per_token = 2 * 2 * matrix_params(CONFIG)  # one token through every matrix, batch 2
+    attention = 4 * 2 * L * H * D  # the one query against one more cached key, in every layer and head
+    flops = {}
+    for n in (4, 36):
+        model, cache = _model(4), _cache(kv)
+        with torch.inference_mode():
+            kv.cached_forward(model, _ids(rng, 2, n), cache)
+            flops[n] = _flops(kv.cached_forward, model, _ids(rng, 2, 1), cache)
+    growth = (flops[36] - flops[4]) / 32
+    assert flops[4] >= per_token // 2, f"a decode step did {flops[4]:,} matrix FLOPs, under half of one token's forward ({per_token:,})"
+    assert growth <= 2 * attention, (
+        f"a decode step after 36 cached tokens did {flops[36]:,} matrix FLOPs, after 4 {flops[4]:,}: {growth:,.0f} more per cached "
+        f"token, {growth / per_token:.1f} times a whole token's forward ({per_token:,}). Reading the cache adds only {attention:,}: "
+        "the step recomputes the earlier tokens instead of reading their keys and values from the cache")
+    assert flops[4] <= 2 * (per_token + 5 * attention), (
+        f"a decode step after 4 cached tokens did {flops[4]:,} matrix FLOPs, {flops[4] / per_token:.1f} tokens' worth: run the one new token only")
+
+
+@check("4.3")
+def cached_forward_prefill_runs_once(kv, rng):
+    """Check that a prefill runs the whole prompt through the model in one pass, not one token at a time."""
+    model, cache = _model(5), _cache(kv)
+    one = _mlp_passes(kv.cached_forward, model, _ids(rng, 2, 1), cache)
+    model, cache = _model(5), _cache(kv)
+    twelve = _mlp_passes(kv.cached_forward, model, _ids(rng, 2, 12), cache)
+    assert one > 0, "a forward over one token allocated no MLP activations: run the tokens through every layer's mlp"
+    assert twelve <= one, (
+        f"a prefill of 12 tokens ran the MLPs {twelve / one:.0f} times as often as a decode step: the prompt went through the "
+        "model in pieces (one token at a time?). Run all seq_len tokens in one forward pass: that is what a prefill is")
+
+
+# ---------------------------------------------------------------------------------------------
+# 4.4 kv_cache_bytes
+
+
+def _kv_bytes(c, seq_len, batch, dtype) -> int:
+    return 2 * c.n_layers * c.n_kv_heads * c.head_dim * torch.empty((), dtype=dtype).element_size() * seq_len * batch
 
 
 @check("4.4")
-def decode_step_matches_full_recompute(kv, rng):
-    """Check that each decode step's logits equal a full forward over all tokens so far."""
-    model = _model(4)
-    ids = _ids(rng, 2, 9)
-    cache = _cache(kv)
-    with torch.inference_mode():
-        full = model(ids)  # (2, 9, vocab)
-        kv.prefill(model, ids[:, :5], cache)
-        for t in range(5, 9):
-            logits = kv.decode_step(model, ids[:, t], cache)
-            assert tuple(logits.shape) == (2, CONFIG.vocab_size), f"decode_step should return (batch, vocab_size), got {tuple(logits.shape)}"
-            assert cache.pos == t + 1, f"each decode step should store exactly one token: expected cache.pos {t + 1}, got {cache.pos}"
-            assert _close(logits, full[:, t]), f"decode step at position {t} differs from full recompute"
+def kv_cache_bytes_of_real_models(kv, rng):
+    """Check KiB per token in float16 for Falcon-7B's MQA (8), Llama-2-70B (320) and Llama-2-7B (512)."""
+    # MQA first: its 71 query heads per KV head cannot be mistaken for the 8 of bits for bytes
+    for name, kib in (("Falcon-7B", 8), ("Llama-2-70B", 320), ("Llama-2-7B", 512)):
+        c, expected = REAL_MODELS[name].config, kib * 1024
+        got = kv.kv_cache_bytes(dataclasses.replace(c), 1, 1, torch.float16)  # a copy: what the call does to it stays there
+        assert isinstance(got, int), f"kv_cache_bytes should return an int number of bytes, got {type(got).__name__}"
+        hints = {
+            expected // 2: "exactly half: keys and values are both cached (the factor 2)",
+            expected // c.n_layers: "every layer keeps its own keys and values: multiply by n_layers",
+            expected * c.n_heads // c.n_kv_heads: "the cache holds n_kv_heads heads, not n_heads (this model shares them), "
+                                                  "each head_dim = d_model // n_heads wide: not d_model numbers",
+            expected * 8: "8 times too large: count bytes, not bits",
+        }
+        for wrong, hint in hints.items():
+            if got == wrong and wrong != expected:
+                raise AssertionError(f"{name}: {hint}")
+        assert got == expected, f"{name} in float16: expected {kib} KiB ({expected:,} bytes) per token, got {got:,}"
+
+
+@check("4.4")
+def kv_cache_bytes_scales_with_tokens_batch_and_dtype(kv, rng):
+    """Check the cache of several tokens and sequences, in float32 and bfloat16, on a small GQA config."""
+    for seq_len, batch, dtype in ((5, 3, torch.float32), (17, 2, torch.bfloat16), (0, 4, torch.float32)):
+        expected = _kv_bytes(CONFIG, seq_len, batch, dtype)
+        got = kv.kv_cache_bytes(dataclasses.replace(CONFIG), seq_len, batch, dtype)
+        if seq_len and got == _kv_bytes(CONFIG, seq_len, 1, dtype):
+            raise AssertionError("every sequence of the batch has its own cache: multiply by batch")
+        size = torch.empty((), dtype=dtype).element_size()
+        if seq_len and size != 2 and got == _kv_bytes(CONFIG, seq_len, batch, torch.float16):
+            raise AssertionError(f"the element size depends on dtype: {dtype} takes {size} bytes")
+        assert got == expected, f"{seq_len} tokens x batch {batch} in {dtype}: expected {expected:,} bytes, got {got:,}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,11 +359,11 @@ def _greedy(model, ids, n):
 @check("4.5")
 def generate_cached_matches_generate(kv, rng):
     """Check that greedy tokens with the cache equal greedy tokens of full recompute (fp32, 30 tokens)."""
-    model = _model(int(rng.integers(1000)))
+    seed = int(rng.integers(1000))
     for prompt_len in (1, 5):  # a one-token prompt is an edge case
         ids = _ids(rng, 2, prompt_len)
-        out = kv.generate_cached(model, ids, 30)
-        expected = _greedy(model, ids, 30)
+        expected = _greedy(_model(seed), ids, 30)
+        out = kv.generate_cached(_model(seed), ids.clone(), 30)
         assert isinstance(out, torch.Tensor) and out.shape == expected.shape, f"generate_cached should return {tuple(expected.shape)}, got {getattr(out, 'shape', out)}"
         assert torch.equal(out, expected), f"with a prompt of {prompt_len}, cached greedy tokens differ from full recompute"
 
@@ -211,16 +371,33 @@ def generate_cached_matches_generate(kv, rng):
 @check("4.5")
 def generate_cached_resets_between_prompts(kv, rng):
     """Check that a cache reused for a second prompt gives the same tokens as a fresh one."""
-    model = _model(6)
     cache = _cache(kv, batch=1)
     a, b = _ids(rng, 1, 4), _ids(rng, 1, 6)
-    kv.generate_cached(model, a, 8, cache=cache)
-    second = kv.generate_cached(model, b, 8, cache=cache)
-    assert cache.pos == 6 + 7, (
-        f"after a 6-token prompt and 8 new tokens the cache should hold 13 tokens (the last token is never fed back), "
-        f"got cache.pos {cache.pos}" + (": the second prompt saw the first one's keys, reset the cache before prefill" if cache.pos > 13 else "")
-    )
-    assert torch.equal(second, _greedy(model, b, 8)), "the second prompt's tokens differ from a fresh run: reset the cache before prefill"
+    expected = _greedy(_model(6), b, 8)
+    kv.generate_cached(_model(6), a.clone(), 8, cache=cache)
+    second = kv.generate_cached(_model(6), b.clone(), 8, cache=cache)
+    pos = cache.pos
+    assert pos != 6 + 8, "the cache holds 14 tokens: the last new token was fed back, though nothing comes after it"
+    assert pos == 6 + 7, (f"after a 6-token prompt and 8 new tokens the cache should hold 13 tokens (the last token is never fed back), "
+                          f"got cache.pos {pos}" + (": the second prompt saw the first one's keys, reset the cache before prefill" if pos > 14 else ""))
+    assert torch.equal(second, expected), "the second prompt's tokens differ from a fresh run: reset the cache before prefill"
+
+
+@check("4.5")
+def generate_cached_uses_the_cache(kv, rng):
+    """Check that generation runs the prompt once and then one token per step: FLOPs and forward passes counted."""
+    ids = _ids(rng, 2, 8)
+    cached = 2 * 2 * matrix_params(CONFIG) * (8 + 23) + 4 * 2 * L * H * D * sum(range(8, 32))  # prefill, 23 steps
+    with torch.inference_mode():
+        flops = _flops(kv.generate_cached, _model(7), ids, 24)
+    assert flops >= cached // 2, f"24 new tokens after a prompt of 8 took {flops:,} matrix FLOPs, under half of the {cached:,} they need: run the model"
+    assert flops <= 2 * cached, (
+        f"24 new tokens after a prompt of 8 took {flops:,} matrix FLOPs, {flops / cached:.1f} times what the prompt once and one token per "
+        "step need: the loop reruns earlier tokens. Call prefill once, then decode_step with the new token only")
+    one, eight = (_mlp_passes(kv.generate_cached, _model(7), _ids(rng, 2, n), 4) for n in (1, 8))
+    assert one > 0, "4 new tokens allocated no MLP activations: run the model's layers"
+    assert eight <= one, (f"a prompt of 8 took {eight / max(one, 1) * 4 - 4:.0f} more forward passes than a prompt of 1: "
+                          "the prompt went in one token at a time. One prefill over the whole prompt")
 
 
 @check("4.5")
@@ -231,6 +408,7 @@ def generate_cached_answers_the_seed_question(kv, rng):
     model, tokenizer = load_tiny()
     ids = torch.tensor([tokenizer.encode("法国的首都是")])
     seen = []
-    out = kv.generate_cached(model, ids, 2, on_token=lambda t: seen.append(int(t[0])))
-    assert tokenizer.decode(out[0, ids.shape[1]:].tolist()) == "巴黎", f"expected 巴黎, got {tokenizer.decode(out[0, ids.shape[1]:].tolist())!r}"
+    out = kv.generate_cached(model, ids.clone(), 2, on_token=lambda t: seen.append(int(t[0])))
+    answer = tokenizer.decode(out[0, ids.shape[1]:].tolist())
+    assert answer == "巴黎", f"expected 巴黎, got {answer!r}"
     assert seen == out[0, ids.shape[1]:].tolist(), "on_token should be called with each new token, as in generate"

@@ -2,11 +2,18 @@
 
 The FLOP count is checked against torch's own FLOP counter on models whose every size differs
 (so a swapped or missing factor shows), and the known slips are named: the factor 2 of a
-multiply-add, the lm_head, the attention term, the key/value heads of GQA.
+multiply-add, the lm_head, the attention term, the key/value heads of GQA; for a whole generation,
+the prefill and the number of keys each kept step sees. Every expected value comes from torch's
+counter or the formulas here, never from the learner's functions, and each call gets its own config.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
+import torch
+
 from kvlib.checks import check
+from kvlib.core.flops import forward_flops_counted
 from kvlib.core.model import Decoder, ModelConfig
 
 # every size distinct: vocab, width, layers, heads, KV heads, MLP width
@@ -40,12 +47,10 @@ def _diagnose(got, config, T, expected) -> str:
 @check("3.1")
 def forward_flops_matches_torch_counter(kv, rng):
     """Check that forward_flops equals torch.utils.flop_counter on a GQA model with distinct sizes."""
-    from kvlib.recompute import measured_forward_flops
-
     model = Decoder(ODD).eval()
     for T in (1, 5, 17):
-        expected = measured_forward_flops(model, T)
-        got = kv.forward_flops(ODD, T)
+        expected = forward_flops_counted(model, T)
+        got = kv.forward_flops(replace(ODD), T)
         assert isinstance(got, int), f"forward_flops should return an int, got {type(got).__name__}"
         assert got == expected, f"seq_len {T}: {_diagnose(got, ODD, T, expected)}"
 
@@ -53,7 +58,7 @@ def forward_flops_matches_torch_counter(kv, rng):
 @check("3.1")
 def forward_flops_grows_quadratically(kv, rng):
     """Check that the work per forward has a part linear and a part quadratic in seq_len."""
-    f = [kv.forward_flops(ODD, T) for T in (10, 20, 30)]
+    f = [kv.forward_flops(replace(ODD), T) for T in (10, 20, 30)]
     second_difference = f[2] - 2 * f[1] + f[0]
     assert second_difference > 0, "the attention work grows with seq_len squared: the count should curve upward"
     layer, head = _terms(ODD)
@@ -63,37 +68,73 @@ def forward_flops_grows_quadratically(kv, rng):
 @check("3.2")
 def new_token_flops_matches_torch_counter(kv, rng):
     """Check new_token_flops against torch's counter: last-token projections plus one query over kv_len keys."""
-    from kvlib.recompute import measured_forward_flops
-
     model = Decoder(ODD).eval()
     layer, head = _terms(ODD)
     for S in (1, 9, 40):
-        got = kv.new_token_flops(ODD, S)
-        one = measured_forward_flops(model, 1)  # projections + lm_head of one token, and its 1 x 1 attention
+        one = forward_flops_counted(model, 1)  # projections + lm_head of one token, and its 1 x 1 attention
         expected = one + ODD.n_layers * 4 * (S - 1) * ODD.head_dim * ODD.n_heads
+        got = kv.new_token_flops(replace(ODD), S)
         assert isinstance(got, int), f"new_token_flops should return an int, got {type(got).__name__}"
         if got == one and S > 1:
             raise AssertionError("the new query must still meet all kv_len keys: attention costs 4 * kv_len * head_dim per head")
+        if got == expected - ODD.n_layers * 2 * S * ODD.head_dim * ODD.n_heads:
+            raise AssertionError("attention counted once: the query meets the keys (q @ k^T) and the weights meet the values (probs @ v), 2 * kv_len * head_dim FLOPs each")
+        if got == expected - ODD.n_layers * 4 * S * ODD.head_dim * (ODD.n_heads - ODD.n_kv_heads):
+            raise AssertionError("attention counted for n_kv_heads heads: every one of the n_heads query heads meets the keys")
+        if S > 1 and got == one + ODD.n_layers * 4 * (S * S - 1) * ODD.head_dim * ODD.n_heads:
+            raise AssertionError("attention counted for kv_len queries: only the one new query meets the kv_len keys")
         assert got == expected, f"kv_len {S}: expected {expected:,} FLOPs, got {got:,}"
 
 
-@check("3.3")
-def wasted_fraction_matches_counts(kv, rng):
-    """Check the wasted share at several lengths, and that it is 0 for the first token."""
-    layer, head = _terms(ODD)
-    for S in (1, 8, 60):
-        got = kv.wasted_fraction(ODD, S)
-        assert isinstance(got, float), f"wasted_fraction should return a float, got {type(got).__name__}"
-        full = 2 * S * (ODD.n_layers * layer + head) + ODD.n_layers * 4 * S * S * ODD.head_dim * ODD.n_heads
-        needed = 2 * (ODD.n_layers * layer + head) + ODD.n_layers * 4 * S * ODD.head_dim * ODD.n_heads
-        if abs(got - needed / full) < 1e-9 and abs(needed / full - 0.5) > 1e-9:  # useful share, not wasted
-            raise AssertionError("that is the useful share: the wasted fraction is 1 - needed / total")
-        assert abs(got - (1 - needed / full)) < 1e-9, f"at kv_len {S} the wasted fraction should be {1 - needed / full:.4f}, got {got:.4f}"
+def _forward(config, T) -> int:
+    layer, head = _terms(config)
+    return 2 * T * (config.n_layers * layer + head) + config.n_layers * 4 * T * T * config.head_dim * config.n_heads
+
+
+def _new_token(config, S) -> int:
+    layer, head = _terms(config)
+    return 2 * (config.n_layers * layer + head) + config.n_layers * 4 * S * config.head_dim * config.n_heads
 
 
 @check("3.3")
-def wasted_fraction_approaches_one(kv, rng):
-    """Check that the waste grows with length and approaches 1 (at 60 tokens, over 95%)."""
-    values = [kv.wasted_fraction(ODD, S) for S in (2, 10, 60)]
-    assert values == sorted(values), f"the wasted share should grow with length, got {values}"
-    assert values[-1] > 0.95, f"after 60 tokens nearly all of a naive step repeats earlier work, got {values[-1]:.3f}"
+def generation_flops_matches_counts(kv, rng):
+    """Check naive and kept totals of whole generations: every naive step a full forward, kept steps one token after the prefill."""
+    for P, n in ((5, 8), (1, 20), (30, 3)):
+        naive = sum(_forward(ODD, P + i) for i in range(n))
+        kept = _forward(ODD, P) + sum(_new_token(ODD, P + i) for i in range(1, n))
+        slips = {
+            (naive, _new_token(ODD, P) + sum(_new_token(ODD, P + i) for i in range(1, n))):
+                "the prefill is counted as one new token: even with every key kept, step 0 runs the whole prompt, forward_flops(config, prompt_len)",
+            (naive, _forward(ODD, P) + sum(_new_token(ODD, P + i - 1) for i in range(1, n))):
+                "one key short: at step i the new token sits at position prompt_len + i - 1 and attends to itself too, so kv_len is prompt_len + i",
+            (naive, _forward(ODD, P) + sum(_new_token(ODD, P + i + 1) for i in range(1, n))):
+                "one key too many: at step i the sequence holds prompt_len + i tokens, the new one included",
+            (sum(_forward(ODD, P + i + 1) for i in range(n)), kept):
+                "naive step i runs prompt_len + i tokens: step 0 is the prompt alone",
+            (naive, sum(_new_token(ODD, P + i) for i in range(1, n))):
+                "the prefill is missing: step 0 runs the whole prompt, forward_flops(config, prompt_len), before any token can be kept",
+            (kept, naive): "the pair is the wrong way round: return (naive, kept)",
+        }
+        got = kv.generation_flops(replace(ODD), P, n)
+        assert isinstance(got, tuple) and len(got) == 2, f"generation_flops should return a pair (naive, kept), got {type(got).__name__}"
+        assert all(isinstance(x, int) for x in got), f"both counts should be ints, got {type(got[0]).__name__}, {type(got[1]).__name__}"
+        if got == (naive, kept):
+            continue
+        if tuple(got) in slips:
+            raise AssertionError(f"prompt_len {P}, {n} new tokens: {slips[tuple(got)]}")
+        raise AssertionError(f"prompt_len {P}, {n} new tokens: expected (naive, kept) = ({naive:,}, {kept:,}), got ({got[0]:,}, {got[1]:,})")
+
+
+@check("3.3")
+def generation_flops_one_token_is_a_prefill(kv, rng):
+    """Check that one new token costs one forward over the prompt either way, and that keeping saves more the longer the generation."""
+    P = 7
+    one = _forward(ODD, P)
+    got = kv.generation_flops(replace(ODD), P, 1)
+    assert tuple(got) == (one, one), (
+        f"the first token needs one forward over the {P}-token prompt, naive or not: expected ({one:,}, {one:,}), got {got}")
+    ratios = []
+    for n in (4, 16, 57):
+        naive, kept = kv.generation_flops(replace(ODD), P, n)
+        ratios.append(naive / kept)
+    assert ratios == sorted(ratios) and ratios[0] > 1, f"naive / kept should exceed 1 and grow with the length, got {[round(r, 2) for r in ratios]}"

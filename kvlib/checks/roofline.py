@@ -1,25 +1,30 @@
-"""Checks for notebook 05 (kvlib/roofline.py): exercises 5.1-5.5.
+"""Checks for notebook 05 (kvlib/roofline.py): exercises 5.1-5.4 (the cache's bytes, 4.4: kvlib/checks/kv_cache.py).
 
 The calculators are checked on configurations whose layers, heads and KV heads all differ (a
-made-up GQA model, Llama-2-70B, Falcon-7B's MQA), in float32 and 16-bit, so a missing factor
-cannot hide; FLOPs are compared with torch's own FLOP counter. The known slips are named:
-2 FLOPs per multiply-add, bits for bytes, the factor 2 for K and V, the layers, n_heads for
-n_kv_heads, the batch multiplying the weights, the sum of compute and memory time.
+made-up GQA model, Llama-2-70B), in float32 and 16-bit, so a missing factor cannot hide; FLOPs
+are compared with torch's own FLOP counter. The known slips are named: 2 FLOPs per multiply-add,
+bits for bytes, the output's bytes, n_kv_heads for n_heads in attention's FLOPs, the batch
+multiplying the weights, attention's FLOPs, rounding the ridge batch down, seconds for tokens/s.
+Every expected value is computed before learner code runs, from numbers and configurations the
+learner never receives: a function is handed a copy of each config (`_copy`), so even one that
+changes its arguments (object.__setattr__ on a frozen config) cannot move the target.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+from fractions import Fraction
 
 import torch
 
 from kvlib.checks import check
 from kvlib.core.configs import REAL_MODELS
+from kvlib.core.flops import forward_flops_counted
 from kvlib.core.model import Decoder, ModelConfig
 
 # every size distinct: vocab, width, layers, heads, KV heads, MLP width
 ODD = ModelConfig(vocab_size=50, d_model=48, n_layers=3, n_heads=6, n_kv_heads=2, hidden_dim=80, max_seq_len=64)
 LLAMA2_70B = REAL_MODELS["Llama-2-70B"].config  # 80 layers, 64 heads, 8 KV heads
-FALCON_7B = REAL_MODELS["Falcon-7B"].config  # 32 layers, 71 heads, 1 KV head (MQA)
 LLAMA2_7B = REAL_MODELS["Llama-2-7B"].config
 
 
@@ -37,7 +42,12 @@ def _kv(c, seq_len, batch, dtype) -> int:
 
 
 def _close(a, b, rel=1e-9) -> bool:
-    return math.isclose(a, b, rel_tol=rel)
+    return isinstance(a, (int, float)) and math.isclose(a, b, rel_tol=rel)
+
+
+def _copy(c):
+    """A fresh copy of a config for learner code: what it does to it never reaches REAL_MODELS or the expected values."""
+    return dataclasses.replace(c)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -49,16 +59,20 @@ def matmul_intensity_counts_flops_and_bytes(kv, rng):
     """Check the FLOPs per byte of matmuls of distinct sizes, in float32, bfloat16 and float16."""
     for (m, k, n), dtype in (((3, 5, 7), torch.float32), ((64, 96, 80), torch.bfloat16), ((1, 4096, 4096), torch.float16)):
         b = _bytes(dtype)
-        got = kv.matmul_intensity(m, k, n, dtype)
-        assert isinstance(got, float), f"matmul_intensity should return a float, got {type(got).__name__}"
         flops, moved = 2 * m * k * n, (m * k + k * n + m * n) * b
         expected = flops / moved
+        got = kv.matmul_intensity(m, k, n, dtype)
+        assert isinstance(got, float), (f"matmul_intensity should return a float, got {type(got).__name__}"
+                                        + (": divide with /, not // (FLOPs per byte is rarely a whole number)" if isinstance(got, int) else ""))
         hints = {
+            flops / ((m * k + k * n + 2 * m * n) * b): "the output is written once, not read and then written: count its bytes once",
             expected / 2: "exactly half: a multiply-add is 2 FLOPs",
             expected / 8: "8 times too small: count bytes, not bits (element_size(), not finfo().bits)",
             flops / ((m * k + k * n) * b): "the output (m, n) is written back to memory too: count its bytes",
             2 * m * k * n / (m * k + k * n + m * n): "the element size is missing: divide by bytes, not by numbers",
         }
+        if b != 2:
+            hints[flops / ((m * k + k * n + m * n) * 2)] = f"the element size depends on dtype: {dtype} takes {b} bytes (bytes_per_element)"
         for wrong, hint in hints.items():
             if _close(got, wrong) and not _close(got, expected):
                 raise AssertionError(f"({m}, {k}) @ ({k}, {n}) in {dtype}: {hint}")
@@ -77,93 +91,115 @@ def matmul_intensity_of_decode_is_about_one(kv, rng):
 
 
 # ---------------------------------------------------------------------------------------------
-# 5.2 roofline_time
+# 5.2 ridge_batch
+
+
+def _ridge_rows(k, n, peak, bw, bytes_each) -> int | None:
+    """Fewest rows reaching the ridge, in exact rational arithmetic (no float rounding at the boundary)."""
+    ridge = Fraction(peak) / Fraction(bw)
+    slope = 2 * k * n - ridge * bytes_each * (k + n)
+    return None if slope <= 0 else max(1, math.ceil(ridge * bytes_each * k * n / slope))
+
+
+def _intensity(m, k, n, bytes_each) -> float:
+    return 2 * m * k * n / ((m * k + k * n + m * n) * bytes_each)
 
 
 @check("5.2")
-def roofline_time_takes_the_slower(kv, rng):
-    """Check the roofline time when memory sets it, when compute sets it, and at the ridge."""
-    for flops, moved, peak, bw in ((2e9, 1e9, 1e12, 1e9), (8e12, 1e6, 2e12, 5e11), (3e9, 1.5e9, 4e12, 2e12)):
-        got = kv.roofline_time(flops, moved, peak, bw)
-        compute, memory = flops / peak, moved / bw
-        if _close(got, compute + memory) and not _close(compute + memory, max(compute, memory)):
-            raise AssertionError("that is the sum: compute and memory traffic overlap, so the time is the larger of the two")
-        if _close(got, min(compute, memory)) and not _close(compute, memory):
-            raise AssertionError("that is the faster of the two: the step waits for the slower one (max, not min)")
-        assert _close(got, max(compute, memory)), (
-            f"{flops:.0e} FLOPs and {moved:.0e} bytes at {peak:.0e} FLOP/s and {bw:.0e} B/s: "
-            f"expected {max(compute, memory):.4g} s, got {got!r}"
-        )
-
-
-# ---------------------------------------------------------------------------------------------
-# 5.3 kv_cache_bytes
-
-
-@check("5.3")
-def kv_cache_bytes_of_real_models(kv, rng):
-    """Check KiB per token in float16 for Falcon-7B's MQA (8), Llama-2-70B (320) and Llama-2-7B (512)."""
-    # MQA first: its 71 query heads per KV head cannot be mistaken for the 8 of bits for bytes
-    for name, c, kib in (("Falcon-7B", FALCON_7B, 8), ("Llama-2-70B", LLAMA2_70B, 320), ("Llama-2-7B", LLAMA2_7B, 512)):
-        got = kv.kv_cache_bytes(c, 1, 1, torch.float16)
-        assert isinstance(got, int), f"kv_cache_bytes should return an int number of bytes, got {type(got).__name__}"
-        expected = kib * 1024
-        hints = {
-            expected // 2: "exactly half: keys and values are both cached (the factor 2)",
-            expected // c.n_layers: "every layer keeps its own keys and values: multiply by n_layers",
-            expected * c.n_heads // c.n_kv_heads: "the cache holds n_kv_heads heads, not n_heads (this model shares them)",
-            expected * 8: "8 times too large: count bytes, not bits",
+def ridge_batch_reaches_the_ridge(kv, rng):
+    """Check the fewest rows reaching the ridge: an H100 layer (345), one CPU core (29), bfloat16 (11) and a ridge below 1 (1)."""
+    cases = ((4096, 4096, 989e12, 3.35e12, torch.float16), (2048, 5632, 148.7e9, 10.8e9, torch.float32),
+             (300, 500, 1e12, 1e11, torch.bfloat16), (1000, 1000, 1e9, 1e10, torch.float32))
+    for k, n, peak, bw, dtype in cases:
+        b, ridge = _bytes(dtype), peak / bw
+        expected = _ridge_rows(k, n, peak, bw, b)
+        wrong = {  # computed before the call, like expected
+            _ridge_rows(k, n, bw, peak, b): "the ridge point is peak_flops / bandwidth (FLOPs per byte), not bandwidth / peak_flops",
+            _ridge_rows(k, n, peak, bw, 8 * b): "count bytes, not bits: bytes_per_element(dtype)",
+            max(1, math.ceil(ridge * b / 2)): "that is the large-matrix approximation (intensity ~ 2m / bytes): count the bytes of "
+                                              "the m input rows and the m output rows too, as Exercise 5.1 does",
         }
-        for wrong, hint in hints.items():
-            if got == wrong and wrong != expected:
-                raise AssertionError(f"{name}: {hint}")
-        assert got == expected, f"{name} in float16: expected {kib} KiB ({expected:,} bytes) per token, got {got:,}"
+        where = f"({k}, {n}) weights in {dtype}, ridge {ridge:.3g} FLOP/B"
+        got = kv.ridge_batch(k, n, peak, bw, dtype)
+        assert got is None or isinstance(got, int) and not isinstance(got, bool), (
+            f"{where}: ridge_batch should return an int number of rows (or None), got {type(got).__name__} {got!r}")
+        if got == expected:
+            continue
+        if isinstance(got, int) and got == expected - 1:
+            raise AssertionError(f"{where}: at {got} rows the intensity is {_intensity(got, k, n, b):.2f}, still below the ridge: "
+                                 "round UP (math.ceil), the fewest rows that reach it")
+        if got in wrong:
+            raise AssertionError(f"{where}: {wrong[got]}")
+        if got == 0:
+            raise AssertionError(f"{where}: at least one row: a matmul of 0 rows does nothing")
+        raise AssertionError(f"{where}: expected {expected} rows (intensity {_intensity(expected, k, n, b):.2f} FLOP/B), got {got!r}")
 
 
-@check("5.3")
-def kv_cache_bytes_scales_with_tokens_batch_and_dtype(kv, rng):
-    """Check the cache of several tokens and sequences, in float32 and bfloat16, on a small GQA config."""
-    for seq_len, batch, dtype in ((5, 3, torch.float32), (17, 2, torch.bfloat16), (0, 4, torch.float32)):
-        got = kv.kv_cache_bytes(ODD, seq_len, batch, dtype)
-        expected = _kv(ODD, seq_len, batch, dtype)
-        if seq_len and got == _kv(ODD, seq_len, 1, dtype):
-            raise AssertionError("every sequence of the batch has its own cache: multiply by batch")
-        if seq_len and _bytes(dtype) != 2 and got == _kv(ODD, seq_len, batch, torch.float16):
-            raise AssertionError(f"the element size depends on dtype: {dtype} takes {_bytes(dtype)} bytes")
-        assert got == expected, f"{seq_len} tokens x batch {batch} in {dtype}: expected {expected:,} bytes, got {got:,}"
+@check("5.2")
+def ridge_batch_none_out_of_reach(kv, rng):
+    """Check None where no batch reaches the ridge (a narrow layer) and a batch of 781 where the ridge is just within reach."""
+    for k, n, peak, bw, expected in ((64, 64, 1e12, 1e9, None), (64, 96, 18.3e9, 1e9, 781)):
+        ceiling = 2 * k * n / ((k + n) * 4)  # the intensity as the rows go to infinity
+        where = f"({k}, {n}) weights in float32 (intensity at most {ceiling:.1f} FLOP/B), ridge {peak / bw:.1f}"
+        got = kv.ridge_batch(k, n, peak, bw, torch.float32)
+        if expected is None:
+            assert got is None, (f"{where}: no number of rows reaches the ridge, since the weights' own bytes (k * n) are "
+                                 f"shared but the rows' are not: return None, got {got!r}")
+        else:
+            assert got == expected, f"{where}: just within reach at {expected} rows, got {got!r}"
 
 
 # ---------------------------------------------------------------------------------------------
-# 5.4 step_cost
+# 5.3 step_cost
 
 
-@check("5.4")
+def _flops_slips(c, T, S, batch) -> dict:
+    """The FLOPs of the classic slips in attention's count, for T new tokens against S keys."""
+    L, H, H_kv, D = c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim
+    matrices = batch * 2 * T * _matrix_params(c)
+    return {
+        matrices: "attention's own FLOPs are missing: scores and values, 2 * new_tokens * kv_len * head_dim each, per head and layer",
+        matrices + batch * L * H * 2 * T * S * D: "attention counted once: the scores (q k^T) and the weighted values (probs v) each "
+                                                  "cost 2 * new_tokens * kv_len * head_dim",
+        matrices + batch * L * H_kv * 4 * T * S * D: "attention runs for every QUERY head: n_heads, not n_kv_heads (the cache is "
+                                                     "shared, the work is not)",
+        matrices + batch * L * H * 4 * S * S * D: "attention pairs each of the new_tokens queries with the kv_len keys: "
+                                                  "new_tokens * kv_len, not kv_len ** 2",
+    }
+
+
+@check("5.3")
 def step_cost_flops_match_torch_counter(kv, rng):
     """Check prefill FLOPs against torch's FLOP counter at batch 2, and decode FLOPs against the formula."""
-    from kvlib.recompute import measured_forward_flops
-
     torch.manual_seed(0)
     model = Decoder(ODD).eval()
     for T in (1, 6):
-        flops, _ = kv.step_cost(ODD, T, T, 2, torch.float32)
-        expected = measured_forward_flops(model, T, batch=2)
+        expected = forward_flops_counted(model, T, batch=2)  # a model the learner's code never sees
+        slips = _flops_slips(ODD, T, T, 2)
+        flops, _ = kv.step_cost(_copy(ODD), T, T, 2, torch.float32)
         if flops * 2 == expected:
             raise AssertionError("every sequence of the batch does the same work again: multiply the FLOPs by batch")
+        if flops in slips and flops != expected:
+            raise AssertionError(f"prefill of {T} tokens at batch 2: {slips[flops]}")
         assert flops == expected, f"prefill of {T} tokens at batch 2: torch counts {expected:,} FLOPs, step_cost says {flops:,}"
     L, H, D = ODD.n_layers, ODD.n_heads, ODD.head_dim
-    for S in (1, 30):
-        flops, _ = kv.step_cost(ODD, 1, S, 3, torch.float32)
-        expected = 3 * (2 * _matrix_params(ODD) + L * H * 4 * S * D)
-        assert flops == expected, f"decode at kv_len {S}, batch 3: expected {expected:,} FLOPs, got {flops:,}"
+    for T, S in ((1, 1), (1, 30), (5, 12)):  # decode, decode at a long cache, a chunk of 5 against 12 keys
+        expected = 3 * (2 * T * _matrix_params(ODD) + L * H * 4 * T * S * D)
+        hints = _flops_slips(ODD, T, S, 3)
+        flops, _ = kv.step_cost(_copy(ODD), T, S, 3, torch.float32)
+        where = f"{T} new token(s) against kv_len {S}, batch 3"
+        if flops in hints and flops != expected:
+            raise AssertionError(f"{where}: {hints[flops]}")
+        assert flops == expected, f"{where}: expected {expected:,} FLOPs, got {flops!r}"
 
 
-@check("5.4")
+@check("5.3")
 def step_cost_bytes_read_weights_once(kv, rng):
     """Check bytes: weights once per step whatever the batch, plus each sequence's KV cache, by dtype."""
     for c, name in ((ODD, "a small GQA config"), (LLAMA2_70B, "Llama-2-70B")):
         for S, batch, dtype in ((1, 1, torch.float16), (40, 4, torch.float32), (4096, 16, torch.bfloat16)):
-            _, got = kv.step_cost(c, 1, S, batch, dtype)
             weights, cache = _matrix_params(c) * _bytes(dtype), _kv(c, S, batch, dtype)
+            _, got = kv.step_cost(_copy(c), 1, S, batch, dtype)
             where = f"{name}, kv_len {S}, batch {batch}, {dtype}"
             if batch > 1 and got == weights * batch + cache:
                 raise AssertionError(f"{where}: the weights are read once per step and shared by the whole batch; do not multiply them by batch")
@@ -174,31 +210,34 @@ def step_cost_bytes_read_weights_once(kv, rng):
             assert got == weights + cache, f"{where}: expected {weights + cache:,} bytes, got {got:,}"
 
 
-@check("5.4")
+@check("5.3")
 def step_cost_decode_is_memory_bound(kv, rng):
     """Check that decode of Llama-2-7B in 16-bit does ~1 FLOP per byte at batch 1, and far more at batch 64."""
-    flops, moved = kv.step_cost(LLAMA2_7B, 1, 1, 1, torch.float16)
-    assert 0.95 < flops / moved < 1.05, f"Llama-2-7B decode at batch 1 in 16-bit: expected ~1 FLOP per byte, got {flops / moved:.2f}"
-    flops, moved = kv.step_cost(LLAMA2_7B, 1, 1, 64, torch.float16)
-    assert flops / moved > 50, f"at batch 64 each weight read serves 64 tokens: expected ~64 FLOPs per byte, got {flops / moved:.1f}"
+    c, P = LLAMA2_7B, _matrix_params(LLAMA2_7B)
+    for batch, words in ((1, "~1 FLOP per byte"), (64, "~64 FLOPs per byte: each weight read serves 64 tokens")):
+        expected = (batch * (2 * P + 4 * c.n_layers * c.n_heads * c.head_dim), 2 * P + _kv(c, 1, batch, torch.float16))
+        flops, moved = kv.step_cost(_copy(c), 1, 1, batch, torch.float16)
+        assert (flops, moved) == expected, (
+            f"Llama-2-7B decode at batch {batch} in 16-bit: expected {expected[0] / 1e9:.2f} GFLOP and {expected[1] / 1e9:.2f} GB, "
+            f"{words} (got {flops!r} FLOPs and {moved!r} bytes)")
 
 
 # ---------------------------------------------------------------------------------------------
-# 5.5 predicted_tokens_per_second
+# 5.4 predicted_tokens_per_second
 
 
-@check("5.5")
+@check("5.4")
 def predicted_tokens_per_second_on_an_a100(kv, rng):
     """Check Llama-2-7B at batch 1 on an A100 80GB SXM in 16-bit: about 154 tokens/s, set by bandwidth."""
-    got = kv.predicted_tokens_per_second(LLAMA2_7B, 1, 1, torch.float16, 312e12, 2039e9)
     expected = 2039e9 / (_matrix_params(LLAMA2_7B) * 2 + _kv(LLAMA2_7B, 1, 1, torch.float16))
+    got = kv.predicted_tokens_per_second(_copy(LLAMA2_7B), 1, 1, torch.float16, 312e12, 2039e9)
     assert isinstance(got, float), f"predicted_tokens_per_second should return a float, got {type(got).__name__}"
     if _close(got, 1 / expected):
         raise AssertionError("that is seconds per token: tokens per second is its inverse")
     assert _close(got, expected, 1e-6), f"expected {expected:.1f} tokens/s (13.2 GB of weights at 2,039 GB/s), got {got:.1f}"
 
 
-@check("5.5")
+@check("5.4")
 def predicted_tokens_per_second_counts_the_batch(kv, rng):
     """Check a batch of sequences and a long cache on a small GQA config, memory- and compute-bound."""
     L, H, D = ODD.n_layers, ODD.n_heads, ODD.head_dim
@@ -206,7 +245,16 @@ def predicted_tokens_per_second_counts_the_batch(kv, rng):
         flops = batch * (2 * _matrix_params(ODD) + L * H * 4 * S * D)
         moved = _matrix_params(ODD) * 4 + _kv(ODD, S, batch, torch.float32)
         step = max(flops / peak, moved / bw)
-        got = kv.predicted_tokens_per_second(ODD, S, batch, torch.float32, peak, bw)
+        p_flops = batch * (2 * S * _matrix_params(ODD) + L * H * 4 * S * S * D)  # a prefill of S tokens, not a decode step
+        prefill = max(p_flops / peak, moved / bw)
+        got = kv.predicted_tokens_per_second(_copy(ODD), S, batch, torch.float32, peak, bw)
+        if _close(got, batch / prefill) and not _close(prefill, step):
+            raise AssertionError("a decode step makes 1 new token per sequence against kv_len cached ones: step_cost(config, 1, kv_len, ...)")
         if _close(got, 1 / step):
             raise AssertionError(f"one step makes a token for each of the {batch} sequences: tokens/s is batch / step time")
+        if _close(got, batch / (flops / peak + moved / bw)):
+            raise AssertionError("the step time is the larger of compute and memory time (roofline_time), not their sum: they overlap")
+        if _close(got, batch / (moved / bw)) and not _close(step, moved / bw):
+            raise AssertionError(f"kv_len {S}, batch {batch} at {peak:.0e} FLOP/s: this step is compute-bound; "
+                                 "the time is the larger of FLOPs / peak and bytes / bandwidth (roofline_time)")
         assert _close(got, batch / step, 1e-6), f"kv_len {S}, batch {batch}: expected {batch / step:.4g} tokens/s, got {got:.4g}"

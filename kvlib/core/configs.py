@@ -10,7 +10,7 @@ their own architecture, not from ModelConfig.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvlib.core.model import ModelConfig, num_params
 
@@ -22,6 +22,13 @@ class RealModel:
     params: int  # total parameters, embeddings included
     attention: str  # "MHA", "GQA" or "MQA"
     source: str  # where the figures come from
+    sliding_window: int | None = None  # tokens each layer attends to, and so caches (rolling buffer); None: all
+
+    def cached_tokens(self, kv_len: int) -> int:
+        """Tokens the KV cache holds after kv_len tokens of context: all of them, or the sliding window's last ones."""
+        if kv_len > self.config.max_seq_len:
+            raise ValueError(f"{self.name} has a context of {self.config.max_seq_len:,} tokens; {kv_len:,} is past it")
+        return kv_len if self.sliding_window is None else min(kv_len, self.sliding_window)
 
     def weight_bytes(self, bytes_per_element: int = 2) -> int:
         """Bytes of all the weights at bytes_per_element each (2: fp16/bf16)."""
@@ -69,8 +76,10 @@ REAL_MODELS: dict[str, RealModel] = {
                n_heads=32, n_kv_heads=8, hidden_dim=14336, max_seq_len=8192, rope_theta=500000.0),
         _llama("Llama-3-70B", _hub("meta-llama/Meta-Llama-3-70B"), "GQA", vocab_size=128256, d_model=8192, n_layers=80,
                n_heads=64, n_kv_heads=8, hidden_dim=28672, max_seq_len=8192, rope_theta=500000.0),
-        _llama("Mistral-7B", _hub("mistralai/Mistral-7B-v0.1"), "GQA", vocab_size=32000, d_model=4096, n_layers=32,
-               n_heads=32, n_kv_heads=8, hidden_dim=14336, max_seq_len=32768),
+        # sliding_window 4096 in its config.json: each layer attends to (and caches) the last 4,096 tokens only
+        # (Jiang et al., "Mistral 7B", arXiv:2310.06825, "rolling buffer cache")
+        replace(_llama("Mistral-7B", _hub("mistralai/Mistral-7B-v0.1"), "GQA", vocab_size=32000, d_model=4096, n_layers=32,
+                       n_heads=32, n_kv_heads=8, hidden_dim=14336, max_seq_len=32768), sliding_window=4096),
         # Qwen2.5 adds biases to q, k and v (a few hundred thousand parameters, left out here)
         _llama("Qwen2.5-7B", _hub("Qwen/Qwen2.5-7B"), "GQA", vocab_size=152064, d_model=3584, n_layers=28,
                n_heads=28, n_kv_heads=4, hidden_dim=18944, max_seq_len=131072, rope_theta=1000000.0),
@@ -128,3 +137,48 @@ def quick_cache_config() -> ModelConfig:
 def quick_memory_config() -> ModelConfig:
     """`kvlib bench memory --quick`'s stand-in for the memory-bound model: a smoke test of the code, not a measurement."""
     return ModelConfig(vocab_size=512, d_model=256, n_layers=2, n_heads=4, n_kv_heads=4, hidden_dim=512, max_seq_len=64)
+
+
+# ---------------------------------------------------------------------------------------------
+# Multi-head Latent Attention (notebook 08): models whose cache is one latent per token
+
+
+@dataclass(frozen=True)
+class MLAModel:
+    """A published MLA model's attention sizes. Per token and layer the cache holds kv_rank latent
+    numbers plus rope_dim for the one rotary key that all heads share (DeepSeek-V2, arXiv 2405.04434,
+    section 2.1: d_c = 512, d_h^R = 64)."""
+
+    name: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    kv_rank: int  # kv_lora_rank: width of the cached latent c_t
+    rope_dim: int  # qk_rope_head_dim: the shared rotary key k_t^R, cached beside c_t
+    nope_dim: int  # qk_nope_head_dim: per-head key width rebuilt from c_t
+    v_dim: int  # v_head_dim: per-head value width rebuilt from c_t
+    params: int  # total parameters (all experts), as the model card states
+    source: str
+
+    def weight_bytes(self, bytes_per_element: int = 2) -> int:
+        return self.params * bytes_per_element
+
+
+MLA_MODELS: dict[str, MLAModel] = {
+    m.name: m
+    for m in (
+        # config.json: num_hidden_layers 60, hidden_size 5120, num_attention_heads 128, kv_lora_rank 512,
+        # qk_rope_head_dim 64, qk_nope_head_dim 128, v_head_dim 128; 236B parameters (21B active)
+        MLAModel("DeepSeek-V2", 60, 5120, 128, 512, 64, 128, 128, 236_000_000_000,
+                 _hub("deepseek-ai/DeepSeek-V2") + "; arXiv 2405.04434"),
+        # the same MLA sizes in 61 layers of width 7168; 671B parameters (37B active), arXiv 2412.19437
+        MLAModel("DeepSeek-V3", 61, 7168, 128, 512, 64, 128, 128, 671_000_000_000,
+                 _hub("deepseek-ai/DeepSeek-V3") + "; arXiv 2412.19437"),
+    )
+}
+
+# What DeepSeek-V2's "93.3% less KV cache" is measured against (arXiv 2405.04434, section 1): DeepSeek
+# LLM 67B, GQA with 8 key/value heads of 128 in 95 layers (its config.json); the 93.3% also counts
+# V2's cache quantised to about 6 bits per number against 16 (section 3.2.1's deployment).
+DEEPSEEK_67B = _llama("DeepSeek-LLM-67B", _hub("deepseek-ai/deepseek-llm-67b-base"), "GQA", vocab_size=102400, d_model=8192,
+                      n_layers=95, n_heads=64, n_kv_heads=8, hidden_dim=22016, max_seq_len=4096)

@@ -110,6 +110,18 @@ def check_measure(model, input_ids, max_new_tokens):
         raise ValueError("time per output token needs max_new_tokens >= 2 (one prefill, then decode steps)")
 
 
+def check_project(attn, h, cos, sin):
+    """attn one layer's Attention; h (batch, seq_len, d_model) float; cos, sin (seq_len, head_dim)."""
+    C = getattr(getattr(attn, "q_proj", None), "in_features", None)
+    if C is None or not hasattr(attn, "head_dim"):
+        raise ValueError(f"attn must be one layer's Attention (model.layers[i].attn), got {type(attn).__name__}")
+    if not _is_tensor(h) or h.dim() != 3 or h.shape[-1] != C or not h.dtype.is_floating_point:
+        raise ValueError(f"h must be a float tensor (batch, seq_len, {C}), got {_shape(h)}")
+    for name, t in (("cos", cos), ("sin", sin)):
+        if not _is_tensor(t) or tuple(t.shape) != (h.shape[1], attn.head_dim):
+            raise ValueError(f"{name} must be ({h.shape[1]}, {attn.head_dim}): the rows of the rotary table at h's positions, got {_shape(t)}")
+
+
 # ---------------------------------------------------------------------------------------------
 # Notebook 03: counting the FLOPs of naive decoding
 
@@ -126,6 +138,10 @@ def check_config(config, *lengths):
 
 def check_length(config, seq_len):
     check_config(config, seq_len)
+
+
+def check_generation_length(config, prompt_len, max_new_tokens):
+    check_config(config, prompt_len, max_new_tokens)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -217,6 +233,13 @@ def check_roofline(flops, bytes_moved, peak_flops, bandwidth):
             raise ValueError(f"{name} must be a non-negative number, got {v!r}")
 
 
+def check_ridge_batch(k, n, peak_flops, bandwidth, dtype=_FLOAT16):
+    check_count("k", k)
+    check_count("n", n)
+    check_positive(peak_flops=peak_flops, bandwidth=bandwidth)
+    check_dtype(dtype)
+
+
 def check_kv_cache_bytes(config, seq_len, batch=1, dtype=_FLOAT16):
     check_config(config)
     check_count("seq_len", seq_len, 0)
@@ -287,3 +310,121 @@ def check_to_gqa(model, n_kv_heads, pool=None):
     if isinstance(n_kv_heads, bool) or not isinstance(n_kv_heads, int) or n_kv_heads < 1 or have % n_kv_heads:
         divisors = [d for d in range(1, have + 1) if have % d == 0]
         raise ValueError(f"the model has {have} key/value heads: n_kv_heads must divide it, one of {divisors}; got {n_kv_heads!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Notebook 07: serving many requests (paged KV cache, continuous batching)
+
+
+def check_block_pool_size(n_blocks, block_size):
+    """A pool of n_blocks blocks of block_size token slots: both positive, block_size a power of two."""
+    positive_int("n_blocks", n_blocks)
+    positive_int("block_size", block_size)
+    if block_size & (block_size - 1):
+        raise ValueError(f"block_size must be a power of two (a slot is block * block_size + offset), got {block_size}")
+
+
+def check_block(pool, block, *rest):
+    if isinstance(block, bool) or not isinstance(block, int) or not 0 <= block < pool.n_blocks:
+        raise ValueError(f"block must be an int in [0, {pool.n_blocks}) (the pool's n_blocks), got {block!r}")
+
+
+def check_append(table, pool, n=1):
+    positive_int("n", n)
+    if table.block_size != pool.block_size:
+        raise ValueError(f"the table's block_size ({table.block_size}) differs from the pool's ({pool.block_size})")
+
+
+def check_paged(q, pool, layer, tables):
+    if not _is_tensor(q) or q.dim() != 4:
+        raise ValueError(f"q must be (batch, n_heads, seq_len, head_dim), got {_shape(q)}")
+    if len(tables) != q.shape[0]:
+        raise ValueError(f"one block table per row of q: q has batch {q.shape[0]}, got {len(tables)} tables")
+    if not 0 <= layer < pool.k.shape[0]:
+        raise ValueError(f"layer must be in [0, {pool.k.shape[0]}), got {layer}")
+    if q.shape[1] % pool.k.shape[2] or q.shape[3] != pool.k.shape[4]:
+        raise ValueError(f"q {_shape(q)} does not fit the pool's {pool.k.shape[2]} key/value heads of head_dim {pool.k.shape[4]}")
+    for i, t in enumerate(tables):
+        if t.length < q.shape[2] or len(t.blocks) * pool.block_size < t.length:
+            raise ValueError(f"table {i} holds {t.length} tokens in {len(t.blocks)} blocks: it must hold the {q.shape[2]} new ones, and fit its blocks")
+
+
+def check_copy_on_write(pool, table, index):
+    if isinstance(index, bool) or not isinstance(index, int) or not -len(table.blocks) <= index < len(table.blocks):
+        raise ValueError(f"index must point into the table's {len(table.blocks)} blocks, got {index!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Notebook 08: smaller caches
+
+
+def check_quantize(x, dim):
+    if not _is_tensor(x) or not x.dtype.is_floating_point or x.dim() == 0:
+        raise ValueError(f"x must be a floating-point tensor with at least one axis, got {_shape(x)} "
+                         f"{getattr(x, 'dtype', '')}".rstrip())
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
+        raise ValueError(f"dim must be an int axis of x (shape {_shape(x)}), got {dim!r}")
+
+
+def check_int8_attention(q, k_values, k_scale, v_values, v_scale, kv_len):
+    import torch
+
+    if not _is_tensor(q) or q.dim() != 4:
+        raise ValueError(f"q must be (batch, n_heads, seq_len, head_dim), got {_shape(q)}")
+    if not _is_tensor(k_values) or k_values.dim() != 5 or k_values.dtype != torch.int8:
+        raise ValueError(f"k_values must be int8 (batch, n_kv_heads, n_groups, group, head_dim), got {_shape(k_values)} "
+                         f"{getattr(k_values, 'dtype', '')}")
+    B, H_kv, n_groups, group, D = k_values.shape
+    if not _is_tensor(k_scale) or tuple(k_scale.shape) != (B, H_kv, n_groups, 1, D):
+        raise ValueError(f"k_scale must be (batch, n_kv_heads, n_groups, 1, head_dim) = {(B, H_kv, n_groups, 1, D)}: one "
+                         f"scale per channel per group of tokens, got {_shape(k_scale)}")
+    if not _is_tensor(v_values) or v_values.dtype != torch.int8 or v_values.dim() != 4 or tuple(v_values.shape[:2]) != (B, H_kv) \
+            or v_values.shape[3] != D:
+        raise ValueError(f"v_values must be int8 (batch={B}, n_kv_heads={H_kv}, kv_len, head_dim={D}), got {_shape(v_values)}")
+    if not _is_tensor(v_scale) or tuple(v_scale.shape) != (*v_values.shape[:3], 1):
+        raise ValueError(f"v_scale must be (batch, n_kv_heads, kv_len, 1) = {(*v_values.shape[:3], 1)}: one scale per token, "
+                         f"got {_shape(v_scale)}")
+    if isinstance(kv_len, bool) or not isinstance(kv_len, int) or not q.shape[2] <= kv_len <= min(n_groups * group, v_values.shape[2]):
+        raise ValueError(f"kv_len must be an int from seq_len={q.shape[2]} to the tokens stored "
+                         f"({min(n_groups * group, v_values.shape[2])}), got {kv_len!r}")
+    if q.shape[0] != B or q.shape[3] != D or q.shape[1] % H_kv:
+        raise ValueError(f"q {_shape(q)} must match the cache's batch {B}, head_dim {D} and a multiple of its {H_kv} key/value heads")
+
+
+def check_sink_update(cache, layer, k_new, v_new):
+    if not 0 <= layer < cache.n_layers:
+        raise ValueError(f"layer must be in [0, {cache.n_layers}), got {layer}")
+    B, H_kv, _, D = cache.k.shape[1:]
+    for name, t in (("k_new", k_new), ("v_new", v_new)):
+        if not _is_tensor(t) or t.dim() != 4 or (t.shape[0], t.shape[1], t.shape[3]) != (B, H_kv, D):
+            raise ValueError(f"{name} must be (batch={B}, n_kv_heads={H_kv}, seq_len, head_dim={D}), got {_shape(t)}")
+    T = k_new.shape[2]
+    if T > 1 and cache.pos + T > cache.capacity:
+        raise ValueError(f"{T} tokens at once from position {cache.pos} would evict keys that the earlier of them still "
+                         f"need (capacity {cache.capacity}): feed tokens past the capacity one at a time")
+
+
+def check_cache_positions(n_seen, n_sink, window):
+    for name, n, low in (("n_seen", n_seen, 1), ("n_sink", n_sink, 0), ("window", window, 1)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {n!r}")
+
+
+def check_mla(q_nope, q_rope, latent, k_rope, w_uk, w_uv):
+    for name, t, ndim, what in (("q_nope", q_nope, 4, "(batch, n_heads, seq_len, nope_dim)"),
+                                ("q_rope", q_rope, 4, "(batch, n_heads, seq_len, rope_dim)"),
+                                ("latent", latent, 3, "(batch, kv_len, kv_rank)"), ("k_rope", k_rope, 3, "(batch, kv_len, rope_dim)"),
+                                ("w_uk", w_uk, 3, "(n_heads, nope_dim, kv_rank)"), ("w_uv", w_uv, 3, "(n_heads, v_dim, kv_rank)")):
+        if not _is_tensor(t) or t.dim() != ndim:
+            raise ValueError(f"{name} must be {what}, got {_shape(t)}")
+    (B, H, T, Dn), Dr, (S, r) = q_nope.shape, q_rope.shape[-1], latent.shape[1:]
+    if tuple(q_rope.shape[:3]) != (B, H, T):
+        raise ValueError(f"q_rope {_shape(q_rope)} must share q_nope's (batch, n_heads, seq_len) = {(B, H, T)}")
+    if latent.shape[0] != B or tuple(k_rope.shape) != (B, S, Dr):
+        raise ValueError(f"latent {_shape(latent)} and k_rope {_shape(k_rope)} must be (batch={B}, kv_len, ...) with "
+                         f"k_rope (batch, kv_len={S}, rope_dim={Dr})")
+    if tuple(w_uk.shape) != (H, Dn, r) or w_uv.shape[0] != H or w_uv.shape[2] != r:
+        raise ValueError(f"w_uk must be (n_heads={H}, nope_dim={Dn}, kv_rank={r}) and w_uv (n_heads={H}, v_dim, kv_rank={r}), "
+                         f"got {_shape(w_uk)} and {_shape(w_uv)}")
+    if S < T:
+        raise ValueError(f"{T} queries need at least {T} cached tokens, got latent {_shape(latent)}")

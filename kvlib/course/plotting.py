@@ -590,15 +590,20 @@ def roofline(roofs, points=(), *, title=None, xlim=(0.1, 1000), note=None):
     return _finish(fig)
 
 
-def bytes_against_kv_len(kv_lens, weight_bytes, kv_bytes_per_token, *, batches=(1,), model="", note=None):
-    """Weights against KV cache bytes over kv_len, the tokens each sequence holds in the cache (log-log),
-    one KV line per batch size.
+def bytes_against_kv_len(kv_lens, weight_bytes, kv_bytes_per_token, *, batches=(1,), sliding_window=None, model="", note=None):
+    """Weights against KV cache bytes over kv_len, the tokens each sequence has seen (log-log), one KV
+    line per batch size.
 
-    Args:    kv_lens: (n,) tokens in the cache, per sequence   weight_bytes: bytes of the weights
+    Args:    kv_lens: (n,) tokens of context, per sequence   weight_bytes: bytes of the weights
              kv_bytes_per_token: KV bytes of one token of one sequence   batches: batch sizes to draw
-    Returns: the Figure; each batch's crossover (cache == weights) is marked
+             sliding_window: tokens the model caches at most (Mistral-7B: 4,096; RealModel.sliding_window),
+             None if it caches every token: past it each KV line is flat, and the window is marked
+    Returns: the Figure; each batch's crossover (cache == weights) is marked, where there is one
     """
     n = np.asarray(kv_lens, dtype=float)
+    if sliding_window is not None and n[0] < sliding_window < n[-1]:
+        n = np.union1d(n, [sliding_window])  # a sharp corner where the cache stops growing
+    held = n if sliding_window is None else np.minimum(n, sliding_window)  # tokens actually in the cache
     batches = sorted(set(batches))
     colors = [PALETTE[c] for c in ("blue", "vermillion", "green", "purple", "sky")]
     with style():
@@ -607,18 +612,32 @@ def bytes_against_kv_len(kv_lens, weight_bytes, kv_bytes_per_token, *, batches=(
         ax.loglog(n, np.full_like(n, weight_bytes / 1e9), lw=3, color=PALETTE["black"], label=f"weights: {weight_bytes / 1e9:.1f} GB")
         crossings = []
         for i, batch in enumerate(batches):
-            kv = n * kv_bytes_per_token * batch / 1e9
+            kv = held * kv_bytes_per_token * batch / 1e9
             ax.loglog(n, kv, lw=2.2, color=colors[i % len(colors)], label=f"KV cache, batch {batch}")
             cross = weight_bytes / (kv_bytes_per_token * batch)
-            if n[0] <= cross <= n[-1]:
+            if sliding_window is not None and cross > sliding_window:
+                cross = None  # the window stops the cache below the weights
+            if cross is not None and n[0] <= cross <= n[-1]:
                 ax.plot([cross], [weight_bytes / 1e9], "o", ms=9, color=colors[i % len(colors)])
                 ax.annotate(f"{cross:,.0f} tokens", (cross, weight_bytes / 1e9), xytext=(0, 12), textcoords="offset points",
                             ha="center", fontsize=11, color=colors[i % len(colors)])
             crossings.append((batch, cross))
-        ax.set_xlabel("kv_len (tokens in the cache, per sequence)")
+        if sliding_window is not None and n[0] <= sliding_window <= n[-1]:
+            ax.axvline(sliding_window, ls=":", lw=1.5, color="grey")
+            ax.annotate(f"sliding window: {sliding_window:,} tokens,\nthe cache stops growing", (sliding_window, 0.03),
+                        xycoords=("data", "axes fraction"), xytext=(6, 0), textcoords="offset points", fontsize=11,
+                        color="grey")
+        ax.set_xlabel("kv_len (tokens of context, per sequence)")
         ax.set_ylabel("memory (GB)")
+        top = max(weight_bytes, held[-1] * kv_bytes_per_token * batches[-1]) / 1e9
+        ax.set_ylim(top=top * 15)  # room for the legend above every line
         batch, cross = crossings[-1]
-        ax.set_title(f"{model}{': ' if model else ''}cache > weights from {cross:,.0f} tokens at batch {batch}")
+        if cross is None:
+            cap = sliding_window * kv_bytes_per_token * batch / 1e9
+            title = f"the window caps the cache at {cap:.1f} GB (batch {batch})"
+        else:
+            title = f"cache > weights from {cross:,.0f} tokens at batch {batch}"
+        ax.set_title(f"{model}{': ' if model else ''}{title}")
         ax.legend(loc="upper left", frameon=False)
         _note(fig, note)
     return _finish(fig)
@@ -725,7 +744,8 @@ def gqa_decode_time(rows, *, kv_len=None, note=None):
             from kvlib.measure.bench_gqa import FIXED_KV_LEN
 
             ax.plot(x, [r["fixed_s"] * 1e3 for r in grouped], ls=":", color=PALETTE["blue"], lw=2,
-                    label=f"fixed part ({FIXED_KV_LEN} cached tokens)")
+                    label="fixed part (intercept of a line over kv_len)" if "fixed_spread_s" in grouped[0]
+                    else f"fixed part ({FIXED_KV_LEN} cached tokens)")
         ax.set_xticks(x, [f"{h}\n{'MHA' if h == heads[0] else 'MQA' if h == 1 else 'GQA'}" for h in heads])
         ax.set_xlabel("key/value heads (n_kv_heads)")
         ax.set_ylabel("one decode step (ms)")
@@ -821,3 +841,140 @@ def gqa_memory_bars(weight_bytes, cache_bytes, mha_cache_bytes, *, title, note=N
 
 
 __all__ += ["gqa_decode_time", "gqa_memory_bars", "gqa_quality", "kv_bytes_per_token"]
+
+
+def rotary_scores(distances, scores_by_offset, *, note=None):
+    """Rotary positions: the score of a query and a key against their distance, for several absolute positions.
+
+    Args:    distances: (n,) query position minus key position, in tokens
+             scores_by_offset: {key position: (n,) scores q . k after rotary} (the same q and k vectors)
+             note: printed under the axes
+    Returns: the Figure
+    """
+    with style():
+        fig, ax = plt.subplots(figsize=(9, 5))
+        fig.subplots_adjust(left=0.11, right=0.97, bottom=0.18, top=0.9)
+        for i, (offset, scores) in enumerate(scores_by_offset.items()):
+            ax.plot(distances, scores, lw=5 - 1.2 * i, ls=("-", "--", ":", "-.")[i % 4], color=COLORS[i % len(COLORS)],
+                    label=f"key at position {offset}")
+        ax.axhline(0, color=PALETTE["black"], lw=0.8)
+        ax.set_xlabel("distance: query position - key position (tokens)")
+        ax.set_ylabel("score q · k after rotary")
+        ax.set_title("With rotary positions the score depends only on the distance")
+        low, high = ax.get_ylim()
+        ax.set_ylim(low, high + 0.35 * (high - low))  # room for the legend above the curves
+        ax.legend(loc="upper center", ncols=len(scores_by_offset))
+        _note(fig, note)
+    return _finish(fig)
+
+
+__all__ += ["rotary_scores"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Notebook 07: serving many requests
+
+
+def serving_compare(static, continuous, *, note=None):
+    """Static batching with contiguous reservation against continuous batching with paging, on one trace.
+
+    Args:    static, continuous: `kvlib bench serve` summaries (tokens_per_s, ttft_p50_s, ttft_p99_s, kv_utilisation)
+    Returns: the Figure (throughput, time to first token p50 and p99, share of reserved KV slots holding tokens)
+    """
+    ways, colors = ("static,\ncontiguous", "continuous,\npaged"), (PALETTE["orange"], PALETTE["blue"])
+    with style():
+        fig, (ax, bx, cx) = plt.subplots(1, 3, figsize=(13.5, 5.4))
+        fig.subplots_adjust(left=0.07, right=0.98, bottom=0.27, top=0.82, wspace=0.38)
+        ax.bar(ways, [static["tokens_per_s"], continuous["tokens_per_s"]], color=colors)
+        ax.set_ylabel("generated tokens per second")
+        ax.set_title("Throughput")
+        x = np.arange(2)
+        for i, (key, label) in enumerate((("ttft_p50_s", "p50"), ("ttft_p99_s", "p99"))):
+            bx.bar(x + (i - 0.5) * 0.38, [static[key], continuous[key]], 0.38, color=colors, alpha=0.55 if i == 0 else 1.0,
+                   label=label, edgecolor="black", linewidth=0.5)
+        bx.set_xticks(x, ways)
+        bx.set_ylabel("seconds")
+        bx.set_title("TTFT (p50 light, p99 dark)")
+        cx.bar(ways, [100 * static["kv_utilisation"], 100 * continuous["kv_utilisation"]], color=colors)
+        cx.set_ylim(0, 100)
+        cx.set_ylabel("% of reserved KV slots holding a token")
+        cx.set_title("KV memory used")
+        for axis in (ax, bx, cx):
+            axis.set_xlabel("batching, KV reservation")
+        gain = continuous["tokens_per_s"] / static["tokens_per_s"]
+        fig.suptitle(f"Same KV memory: continuous batching {gain:.1f}x the throughput, "
+                     f"{continuous['kv_utilisation']:.0%} of its KV in use against {static['kv_utilisation']:.0%}")
+        _note(fig, note)
+    return _finish(fig)
+
+
+def block_memory_map(owners, *, step=None, note=None):
+    """The pool's blocks over the steps of a trace, coloured by the request holding each.
+
+    Args:    owners: (steps, n_blocks) ints, a request id per block, -1 free, -2 shared by several
+                     (kvlib.core.paging.BlockStore.owners after each step)
+             step: mark this step with a line, and name what it holds in the title
+    Returns: the Figure
+    """
+    owners = np.asarray(owners)
+    ids = np.where(owners >= 0, owners % len(COLORS[:7]), 0)
+    cmap = ListedColormap(COLORS[:7])
+    rgb = cmap(ids)[..., :3]
+    rgb[owners == -1] = matplotlib.colors.to_rgb(MASKED_GREY)
+    rgb[owners == -2] = matplotlib.colors.to_rgb(PALETTE["black"])
+    with style():
+        fig, ax = plt.subplots(figsize=(13, 5.2))
+        fig.subplots_adjust(left=0.08, right=0.98, bottom=0.2, top=0.86)
+        ax.imshow(rgb.transpose(1, 0, 2), aspect="auto", interpolation="nearest", origin="lower")
+        ax.set_xlabel("scheduler step")
+        ax.set_ylabel("block of the pool")
+        if step is None:
+            held = (owners != -1).mean()
+            ax.set_title(f"Blocks coloured by request (grey free, black shared): {held:.0%} of block-steps in use")
+        else:
+            row = owners[step]
+            ax.axvline(step, color="white", lw=2)
+            ax.axvline(step, color="black", lw=1, ls="--")
+            running = len(set(row[row >= 0].tolist()))
+            ax.set_title(f"Step {step}: {int((row != -1).sum())} of {row.size} blocks held, by {running} requests "
+                         f"({int((row == -2).sum())} shared), {int((row == -1).sum())} free")
+        _note(fig, note)
+    return _finish(fig)
+
+
+__all__ += ["block_memory_map", "serving_compare"]
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Notebook 08: smaller caches
+
+
+def cache_schemes(labels, kib_per_token, quality, *, model="", note=None):
+    """Cache KiB per token of each scheme for one model (bars, log scale), with each scheme's quality as text beside it.
+
+    Args:    labels: scheme names, top to bottom   kib_per_token: KiB each token costs the cache (all layers)
+             quality: one short text per scheme (what was measured, or why not)   note: what produced the numbers
+    Returns: the Figure
+    """
+    n = len(labels)
+    colors = [PALETTE["vermillion"] if k == max(kib_per_token) else PALETTE["blue"] for k in kib_per_token]
+    with style():
+        fig, ax = plt.subplots(figsize=(13.5, 0.55 * n + 2.2))
+        fig.subplots_adjust(left=0.22, right=0.58, bottom=0.2 if note else 0.14, top=0.86)
+        y = np.arange(n)[::-1]
+        ax.barh(y, kib_per_token, color=colors)
+        ax.set_xscale("log")
+        ax.set_yticks(y, labels)
+        ax.set_xlabel("cache per token of context, all layers (KiB, log scale)")
+        for yi, k, q in zip(y, kib_per_token, quality):
+            ax.text(k * 1.08, yi, f"{k:,.1f}", va="center", fontsize=10)
+            ax.text(1.04, yi, q, va="center", fontsize=10, transform=ax.get_yaxis_transform())
+        ax.set_ylim(-0.6, n - 0.1)
+        ax.text(1.04, n - 0.35, "quality on the tiny model", fontsize=11, weight="bold", transform=ax.get_yaxis_transform())
+        ax.set_xlim(min(kib_per_token) / 2, max(kib_per_token) * 3)
+        ax.set_ylabel("cache scheme")
+        ax.set_title(f"{model}:\n{max(kib_per_token) / min(kib_per_token):.0f}x less cache per token from the largest "
+                     "scheme to the smallest", loc="left")
+        _note(fig, note)
+    return _finish(fig)

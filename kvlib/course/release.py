@@ -52,6 +52,43 @@ def assignments() -> list[str]:
     return sorted(p.name for p in (ROOT / "solutions").iterdir() if p.is_dir() and p.name[:2].isdigit())
 
 
+# One sitting: how long a learner who does the exercises needs for a notebook, estimated from its
+# text. The rates are assumptions, not timings of learners: technical prose read at 130 words a
+# minute (about half of the ~240 usually quoted for non-fiction, for prose with formulas); an
+# exercise (read it, write it, run its check, fix one slip) 6 minutes; a code cell run and its
+# output read in half a minute. docs/instructors.md prints the estimate of every notebook.
+WORDS_PER_MINUTE = 130
+MINUTES_PER_EXERCISE = 6
+MINUTES_PER_CODE_CELL = 0.5
+MAX_SITTING_MINUTES = 60
+MAX_CELLS = 60
+
+
+def sitting(notebook: Path) -> dict:
+    """Cells, markdown words, exercises, code cells and the estimated minutes of one solution notebook."""
+    import json
+
+    from kvlib.course.exercises import EXERCISES
+
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    words = sum(len("".join(c["source"]).split()) for c in cells if c["cell_type"] == "markdown")
+    code = sum(c["cell_type"] == "code" for c in cells)
+    exercises = sum(ex.notebook == notebook.parent.name for ex in EXERCISES)
+    minutes = words / WORDS_PER_MINUTE + MINUTES_PER_EXERCISE * exercises + MINUTES_PER_CODE_CELL * code
+    return {"notebook": notebook.parent.name, "cells": len(cells), "words": words, "exercises": exercises,
+            "code_cells": code, "minutes": round(minutes)}
+
+
+def sitting_table() -> str:
+    """The estimate of every notebook as a markdown table (docs/instructors.md shows it)."""
+    rows = ["| notebook | cells | words | exercises | code cells | minutes |", "|---|---|---|---|---|---|"]
+    for name in assignments():
+        for nb in sorted((ROOT / "solutions" / name).glob("*.ipynb")):
+            s = sitting(nb)
+            rows.append(f"| {s['notebook']} | {s['cells']} | {s['words']:,} | {s['exercises']} | {s['code_cells']} | {s['minutes']} |")
+    return "\n".join(rows)
+
+
 def _generate_notebooks(dest: Path) -> None:
     """Run nbgrader generate_assignment for every assignment, writing into dest/<assignment>."""
     with tempfile.TemporaryDirectory() as tmp:

@@ -7,11 +7,15 @@
                                the submission did to them (preprocessor.py)
   SandboxExecute               nbgrader's Execute with the notebook's kernel in a jail and a time
                                budget per notebook (execute.py)
+  autograde.install()          `nbgrader autograde` screens each submission for links before it
+                               copies anything (autograde.py, submission.py)
+  NoteRefusedFiles             sanitizing: the refused files, named at the top of the graded notebook
+  HideHiddenTests              generate_feedback: graded cells without their hidden tests
 Not here: the checks themselves (kvlib.checks).
 """
 from __future__ import annotations
 
-__all__ = ["IsolatedGrading", "RestoreCells", "SandboxExecute"]
+__all__ = ["HideHiddenTests", "IsolatedGrading", "NoteRefusedFiles", "RestoreCells", "SandboxExecute"]
 
 
 def __getattr__(name: str):
@@ -19,10 +23,10 @@ def __getattr__(name: str):
         from kvlib.grading.preprocessor import IsolatedGrading
 
         return IsolatedGrading
-    if name == "RestoreCells":
-        from kvlib.grading.preprocessor import RestoreCells
+    if name in ("RestoreCells", "NoteRefusedFiles", "HideHiddenTests"):
+        from kvlib.grading import preprocessor
 
-        return RestoreCells
+        return getattr(preprocessor, name)
     if name == "SandboxExecute":
         from kvlib.grading.execute import SandboxExecute
 

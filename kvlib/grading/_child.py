@@ -7,6 +7,7 @@ a length-prefixed .npz (function name, arguments), each reply a .npz of plain nu
 Everything it replies is untrusted: the grader reads it with allow_pickle=False and checks it.
 Stdlib and numpy only (this file is copied into the jail; kvlib is the learner's there).
 """
+import contextlib
 import functools
 import io
 import json
@@ -19,6 +20,7 @@ import types
 MAX_DEPTH = 4
 MAX_ITEMS = 4096
 _DECODERS = ("Decoder", "SlowDecoder")  # kvlib.core.model's, sent as config and weights (and the sleep per token)
+_REQUEST_FIELDS = ("id", "prompt", "max_new_tokens", "out")  # a kvlib.core.paging.Request travels as these (07-serving)
 _NUMBER_KINDS = "biufc"
 
 
@@ -55,8 +57,9 @@ def _config_fields(config) -> dict:
 
 class Encoder:
     """Plain numbers to (schema, arrays): ndarray, numpy scalar, bool/int/float/None/str, torch
-    tensor and Generator (its state), a kvlib Decoder or Attention (config and weights), and
-    tuples/lists of those. In requests also a torch.dtype, a kvlib ModelConfig (its sizes), a
+    tensor and Generator (its state), a kvlib Decoder or Attention (config and weights), a
+    kvlib.core.paging.Request (its id, prompt, max_new_tokens and tokens out so far), and
+    tuples/lists (a deque as a list) and str-keyed dicts of those. In requests also a torch.dtype, a kvlib ModelConfig (its sizes), a
     named function of the child's modules, a handle to an object the child keeps, and a function
     to call back (the child records the calls). In replies also a handle, for the object a learner's
     class constructor made (it stays in the child). Anything else (an object that compares equal
@@ -112,7 +115,7 @@ class Encoder:
             if len(state) > MAX_ITEMS:
                 raise TypeError(f"a Decoder of more than {MAX_ITEMS} weights")
             node = {"t": "decoder", "config": _config_fields(obj.config), "names": list(state),
-                    "tensors": [self.encode(v, depth + 1) for v in state.values()]}
+                    "tensors": [self.encode(v, depth + 1) for v in state.values()], "training": bool(obj.training)}
             if t.__name__ == "SlowDecoder":
                 node["per_token"] = float(obj.per_token)
             return node
@@ -123,6 +126,8 @@ class Encoder:
             sizes = {"d_model": int(obj.q_proj.in_features), "n_heads": int(obj.n_heads), "n_kv_heads": int(obj.n_kv_heads)}
             return {"t": "attention", "sizes": sizes, "names": list(state),
                     "tensors": [self.encode(v, depth + 1) for v in state.values()]}
+        if t.__name__ == "Request" and t.__module__ == "kvlib.core.paging":  # 07's request: its numbers, not its table
+            return {"t": "request", "items": [self.encode(getattr(obj, f), depth + 1) for f in _REQUEST_FIELDS]}
         if t is _Method:
             return {"t": "method"}
         if getattr(t, "_kvlib_remote_ref", False):  # a function of the child's own modules, named (requests only)
@@ -136,10 +141,14 @@ class Encoder:
             key = len(self.handles)
             self.handles[key] = obj
             return {"t": "handle", "id": key, "type": t.__name__[:100]}
-        if t is tuple or t is list:
+        if t is tuple or t is list or (t.__name__ == "deque" and t.__module__ == "collections"):  # a deque: a list
             if len(obj) > MAX_ITEMS:
                 raise TypeError(f"a {t.__name__} of more than {MAX_ITEMS} items")
-            return {"t": t.__name__, "items": [self.encode(x, depth + 1) for x in obj]}
+            return {"t": "tuple" if t is tuple else "list", "items": [self.encode(x, depth + 1) for x in obj]}
+        if t is dict:  # e.g. a Scheduler's stats
+            if len(obj) > MAX_ITEMS or not all(type(k) is str for k in obj):
+                raise TypeError(f"a dict whose keys are not strings, or of more than {MAX_ITEMS} items")
+            return {"t": "dict", "keys": list(obj), "items": [self.encode(x, depth + 1) for x in obj.values()]}
         raise TypeError(f"a {t.__module__}.{t.__qualname__}" if t.__module__ != "builtins" else f"a {t.__name__}")
 
     def payload(self, head: dict) -> bytes:
@@ -172,8 +181,12 @@ def decode(np, torch, head, files, node):
         model = importlib.import_module("kvlib.core.model")
         config = model.ModelConfig(**node["config"])
         decoder = (model.SlowDecoder(config, float(node["per_token"])) if "per_token" in node else model.Decoder(config)).eval()
-        decoder.load_state_dict(dict(zip(node["names"], (decode(np, torch, head, files, x) for x in node["tensors"]))))
-        return decoder
+        state = dict(zip(node["names"], (decode(np, torch, head, files, x) for x in node["tensors"])))
+        dtype = next((v.dtype for v in state.values() if v.is_floating_point()), None)
+        if dtype is not None:  # the weights' own dtype (Exercise 6.4 keeps it), not Decoder's float32
+            decoder.to(dtype)
+        decoder.load_state_dict(state)
+        return decoder.train(node.get("training") is True)
     if t == "attention":
         import importlib
 
@@ -208,6 +221,13 @@ def decode(np, torch, head, files, node):
     if t in ("tuple", "list"):
         items = [decode(np, torch, head, files, x) for x in node["items"]]
         return tuple(items) if t == "tuple" else items
+    if t == "dict":
+        return dict(zip(node["keys"], (decode(np, torch, head, files, x) for x in node["items"])))
+    if t == "request":  # the child's kvlib.core.paging.Request (the instructor's file)
+        import importlib
+
+        values = [decode(np, torch, head, files, x) for x in node["items"]]
+        return importlib.import_module("kvlib.core.paging").Request(*values)
     raise ValueError(f"unknown node {t!r}")
 
 
@@ -304,7 +324,7 @@ def main() -> None:
                 fn = getattr(modules[module], name)
                 if isinstance(fn, type):  # a learner's class (KVCache): the object it makes stays here, as a handle
                     enc.owners = owners
-            elif op in ("getattr", "method", "data_ptr"):  # on an object the child handed out earlier
+            elif op in ("getattr", "method", "data_ptr", "setattr"):  # on an object the child handed out earlier
                 attr = str(req["attr"])
                 if attr.startswith("_"):
                     raise ValueError(f"{attr} is private")
@@ -312,7 +332,8 @@ def main() -> None:
                     raise ValueError("the object was lost: the isolated process restarted after an earlier call failed")
                 obj = handles[int(req["h"])]
                 fn = {"getattr": lambda: _attribute(obj, attr), "method": getattr(obj, attr) if op == "method" else None,
-                      "data_ptr": lambda: int(getattr(obj, attr).data_ptr())}[op]
+                      "data_ptr": lambda: int(getattr(obj, attr).data_ptr()),
+                      "setattr": lambda value: setattr(obj, attr, value)}[op]
             else:
                 raise ValueError(f"unknown request {op!r}")
             req.update(_modules=modules, _handles=handles, _calls=calls, _enc=enc)
@@ -322,12 +343,15 @@ def main() -> None:
             _send(wfd, enc.payload({"status": "error", "what": "request", "type": type(err).__name__, "message": str(err)[:500], "where": ""}))
             continue
         try:
-            if req.get("watch"):  # the allocations the call makes, instead of its result
+            if req.get("watch"):  # the allocations the call makes (or, watch "flops", its matmul FLOPs), instead of its result
                 import importlib
 
-                result = importlib.import_module("kvlib.measure.timing").new_tensors(fn, *args, **kwargs)
+                measure = importlib.import_module("kvlib.measure.timing")
+                result = (measure.matmul_flops if req["watch"] == "flops" else measure.new_tensors)(fn, *args, **kwargs)
             else:
-                result = fn(*args, **kwargs)
+                stand_in = next((a for a in (*args, *kwargs.values()) if type(a).__name__ == "SlowDecoder"), None)
+                with stand_in.fake_clock(*modules.values()) if stand_in is not None else contextlib.nullcontext():
+                    result = fn(*args, **kwargs)  # a SlowDecoder's calls read its fake clock (Exercise 2.3)
         except BaseException as err:  # SystemExit and KeyboardInterrupt too: the call failed
             head = _error(err, files, "call")
         else:

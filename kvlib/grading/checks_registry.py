@@ -38,14 +38,15 @@ def load_checks(extra: list[str], root: Path) -> dict:
 
 
 # Exercise modules whose functions the proxy can carry to the isolated child: they take numbers,
-# arrays, tensors, dtypes, ModelConfigs, Decoders and Attention layers (config and weights; a
-# Decoder that comes back is rebuilt by the grader's own kvlib.core.model), functions to call back
-# (replayed from the child's record), torch Generators (their state, carried both ways) and the
-# learner's own objects (a KVCache stays in the child, used through a handle). A module of a
+# arrays, tensors (int8 too), dtypes, ModelConfigs, Decoders and Attention layers (config and
+# weights; a Decoder that comes back is rebuilt by the grader's own kvlib.core.model), functions to
+# call back (replayed from the child's record), torch Generators (their state, carried both ways),
+# kvlib.core.paging Requests (their numbers) and the learner's own objects (a KVCache, BlockPool,
+# BlockTable, Scheduler or SinkCache stays in the child, used through a handle). A module of a
 # later notebook whose checks need something else is graded the usual nbgrader way, in the
 # (jailed) kernel, until it is added here: that keeps the gradebook, the secret and the solutions
 # out of reach but can be fooled by the submission's own code.
-PROXYABLE_MODULES = {"attention", "generation", "recompute", "kv_cache", "roofline", "gqa"}
+PROXYABLE_MODULES = {"attention", "generation", "recompute", "kv_cache", "roofline", "gqa", "serving", "compress"}
 
 
 def isolatable(check) -> bool:

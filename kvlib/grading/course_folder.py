@@ -18,6 +18,7 @@ from pathlib import Path
 
 from kvlib.course.exercises import EXERCISES
 from kvlib.course.release import _BEGIN, _END, ROOT, assignments, stub_source
+from kvlib.grading.submission import MAX_HELPER_BYTES, MAX_HELPERS
 
 SECRET = "grading_secret"
 _INSTRUCTOR_ONLY = {"grading", "course/release.py"}  # kvlib parts learners do not get: the grader, the release tool
@@ -94,10 +95,17 @@ def your_files(notebook: str, earlier: str) -> str:
     lines = [f"# Your files in {notebook}", "",
              "You fill in the exercises of these files (each stub raises NotImplementedError until you do):", ""]
     lines += [f"- `{f}`: Exercises {', '.join(ids)}" for f, ids in by_file.items()]
-    lines += ["", "Keep your code in these files: the grader takes only them (a helper module of your own is not graded).",
-              "Everything else in `kvlib/` (`core/`, `measure/`, `study/`, `course/`, `checks/`) is the course's",
+    lines += ["", "Everything else in `kvlib/` (`core/`, `measure/`, `study/`, `course/`, `checks/`) is the course's",
               "infrastructure: the model, measuring, figures and checks. Read it, but do not edit it: the grader",
-              "uses its own copy. Hand in the notebook and the files above.", ""]
+              "uses its own copy. Hand in the notebook and the files above.", "",
+              "## Modules of your own", "",
+              "You may move code you share between exercises into modules of your own, beside the files above,",
+              "e.g. `kvlib/my_helpers.py`, imported with `from kvlib.my_helpers import ...` (or",
+              "`from . import my_helpers`). Hand them in with the rest: they are graded with your exercises.",
+              f"The grader takes at most {MAX_HELPERS} of them, each at most {MAX_HELPER_BYTES >> 10} KiB, directly in `kvlib/`",
+              "(not in a subfolder), with a name that kvlib does not use already (not `core`, `checks`, `attention`, ...).", "",
+              "Hand in files, never links: a symbolic link, or a hard link to a file outside your folder, is",
+              "refused (not copied, not run, not graded), and your graded notebook says which.", ""]
     return "\n".join(lines)
 
 
@@ -112,13 +120,22 @@ def config_text(course_id: str, exclude: dict[str, list[str]]) -> str:
     exclude_lines = "".join(f"    {k!r}: {v!r},\n" for k, v in exclude.items())
     return f'''"""nbgrader configuration of a kvlib course, written by `kvlib course init` (instructor guide:
 docs/instructors.md). Yours to edit: `kvlib course init --force` keeps a changed copy as .bak."""
+from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
 from nbgrader.converters import Autograde
-from nbgrader.preprocessors import Execute, OverwriteCells, SaveAutoGrades
+from nbgrader.preprocessors import Execute, GetGrades, OverwriteCells, SaveAutoGrades
 
-from kvlib.grading import IsolatedGrading, RestoreCells, SandboxExecute
+from kvlib.grading import HideHiddenTests, IsolatedGrading, NoteRefusedFiles, RestoreCells, SandboxExecute
+from kvlib.grading.autograde import install
+
+# `nbgrader autograde` screens every submission before it copies anything: links (symbolic, or
+# hard links to files outside the submission) are refused, named in the log and in the learner's
+# graded notebook, and the rest is graded (docs/instructors.md, "What the grader defends against").
+install()
 
 c = get_config()  # noqa: F821 (provided by nbgrader)
 c.CourseDirectory.course_id = {course_id!r}
+# `nbgrader collect` copies a link in the exchange as a link (which autograde then refuses), not as its target
+c.ExchangeFactory.collect = "kvlib.grading.autograde.LinkKeepingCollect"
 c.ClearSolutions.code_stub = {{"python": "# YOUR CODE HERE\\nraise NotImplementedError()"}}
 
 # Learners edit these kvlib files, not the notebooks: autograde keeps their copies.
@@ -129,6 +146,8 @@ c.Autograde.exclude_overwriting = {{
 # whole submission (which nbgrader's own add_missing_cells does on this course's notebooks).
 _sanitize = list(Autograde.class_traits()["sanitize_preprocessors"].default())
 _sanitize.insert(_sanitize.index(OverwriteCells), RestoreCells)
+# then the refused files, named at the top of the notebook (a submission not screened stops here)
+_sanitize.insert(_sanitize.index(OverwriteCells), NoteRefusedFiles)
 c.Autograde.sanitize_preprocessors = _sanitize
 
 # nbgrader's own autograde steps, with the notebook's kernel jailed (SandboxExecute) and every
@@ -138,6 +157,9 @@ _steps = list(Autograde.class_traits()["autograde_preprocessors"].default())
 _steps[_steps.index(Execute)] = SandboxExecute
 _steps.insert(_steps.index(SaveAutoGrades), IsolatedGrading)
 c.Autograde.autograde_preprocessors = _steps
+
+# The feedback shows each graded cell's visible asserts and verdict, never its hidden tests.
+c.GenerateFeedback.preprocessors = [GetGrades, CSSHTMLHeaderPreprocessor, HideHiddenTests]
 
 # Time limits: one notebook cell; all cells of one notebook (then the rest are skipped); one call
 # of a learner's function in the isolated checker; all isolated checks of one notebook.

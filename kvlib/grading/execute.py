@@ -4,8 +4,8 @@ a time budget for the whole notebook.
 The kernel runs the learner's own kvlib code (the notebook imports it), so it is untrusted: as
 the grader's user it could write the gradebook or plant an IPython startup file for the next
 student. SandboxKernelManager starts it in a jail (kvlib.grading.jail) that sees only the
-notebook's folder (read-only), the site-packages (read-only) and a fresh /tmp; the network
-stays, because Jupyter talks to the kernel over localhost. Scores do not depend on what the
+notebook's folder (read-only), the site-packages (read-only) and a fresh /tmp, with no network:
+Jupyter talks to it over Unix sockets in a folder bound into the jail, not over localhost. Scores do not depend on what the
 kernel prints (IsolatedGrading replaces the graded cells' outputs); the kernel's run gives the
 learner their notebook's outputs in the feedback.
 Not here: the scores (preprocessor.py).
@@ -108,13 +108,18 @@ class SandboxKernelManager(AsyncKernelManager):
     _kernel_files: Path | None = None
 
     async def _async_pre_start_kernel(self, **kw):
-        cmd, kw = await super()._async_pre_start_kernel(**kw)
         settings = GradingJail(config=self.config)
         mode = settings.mode
         if mode == "plain":
-            return cmd, kw
+            return await super()._async_pre_start_kernel(**kw)
         self._cleanup_jail()
         files = self._kernel_files = Path(tempfile.mkdtemp(prefix="kvlib-kernel-"))  # mode 700
+        # Jupyter talks to the kernel over Unix sockets in a folder of its own, not TCP on localhost:
+        # the jail then has no network at all (its own, empty network namespace)
+        sockets = files / "ipc"
+        sockets.mkdir()
+        self.transport, self.ip = "ipc", str(sockets / "kernel")
+        cmd, kw = await super()._async_pre_start_kernel(**kw)
         (files / "conn").mkdir()
         (files / "boot").mkdir()
         shutil.copyfile(self.connection_file, files / "conn" / "kernel.json")
@@ -124,9 +129,12 @@ class SandboxKernelManager(AsyncKernelManager):
         binds = {"/nb": nb_dir, "/conn": files / "conn", "/boot": files / "boot"}
         binds.update({f"/site{i}": p for i, p in enumerate(sites)})
         binds.update(settings.binds())
-        jail = self._kernel_jail = Jail(mode, binds=binds, network=True, uid=settings.uid, tmp_mb=512,
-                                        limits=settings.limits(), cwd="/nb")
+        jail = self._kernel_jail = Jail(mode, binds=binds, network=False, uid=settings.uid, tmp_mb=512,
+                                        limits=settings.limits(), cwd="/nb", writable=(sockets,))
         jail.hand_over(files / "conn", files / "boot")  # the kernel's key: for the kernel only
+        if mode == "namespaces":  # the kernel makes its sockets here, as its own uid
+            os.chown(sockets, jail.uid, jail.uid)
+        sockets.chmod(0o700)
         cfg = {"cwd": "/nb", "site": [f"/site{i}" for i in range(len(sites))], "connection_file": "/conn/kernel.json",
                "args": ["--HistoryManager.enabled=False", "--IPKernelApp.log_level=WARN"]}
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp/home", "USER": "learner", "LOGNAME": "learner", "IPYTHONDIR": "/tmp/ipython",

@@ -1,9 +1,11 @@
 """A throwaway root for one untrusted process: the notebook kernel, or the isolated checker child.
 
 Three modes, picked once per grading process ("auto" takes the first that works here):
-  namespaces  the grader is root: new mount/PID/IPC/UTS (and network) namespaces, a fresh tmpfs
-              as root holding read-only binds of /usr, the site-packages and the few folders the
-              process needs, then chroot and setpriv to an unprivileged uid with no capabilities;
+  namespaces  the grader is root: new mount/PID/IPC/UTS/network namespaces (no network at all), a
+              fresh tmpfs as root holding read-only binds of /usr, the site-packages and the few
+              folders the process needs, a /proc that is not procfs (three files: the host paths
+              behind the binds stay hidden), then chroot and setpriv to an unprivileged uid with no
+              capabilities;
   userns      the grader is not root but the kernel allows user namespaces: the same jail, the
               process keeping the grader's uid outside but no capability inside;
   plain       neither: a plain child process with resource limits, which sees everything the
@@ -91,13 +93,14 @@ class Jail:
     bound: path() gives the host folder instead, and the process sees the whole disk."""
 
     def __init__(self, mode: str, *, binds: dict[str, Path], network: bool, tmp_mb: int = 64,
-                 uid: int = -1, limits: Limits | None = None, cwd: str = "/tmp"):
+                 uid: int = -1, limits: Limits | None = None, cwd: str = "/tmp", writable: tuple[Path, ...] = ()):
         if mode not in MODES:
             raise ValueError(f"unknown isolation mode {mode!r}")
         # -1: a uid of its own, which no account and no other jail uses, so jails running side by
         # side (parallel autograding) share no process limit and cannot signal each other
         uid = uid if uid >= 0 else (1 << 30) + secrets.randbelow(1 << 28)
         self.mode, self.binds, self.network, self.tmp_mb, self.uid = mode, dict(binds), network, tmp_mb, uid
+        self.writable = tuple(Path(p) for p in writable)  # host folders bound read-write at the same path inside
         self.limits = limits or Limits()
         self.cwd = cwd
         self.env_path = "/usr/bin:/bin"
@@ -148,12 +151,22 @@ class Jail:
             "mkdir -p etc && for f in ld.so.cache localtime; do if [ -f /etc/$f ]; then touch etc/$f; mount --bind /etc/$f etc/$f; fi; done",
             "if [ -d /etc/fonts ]; then robind /etc/fonts etc/fonts; fi",  # matplotlib's font lookup
             f"mkdir tmp && mount -t tmpfs -o size={int(self.tmp_mb)}m,mode=1777,nosuid,nodev tmpfs tmp",
-            "mkdir proc && (mount -t proc -o nosuid,nodev,noexec proc proc || true)",
+            # no procfs: /proc/self/mountinfo would show the host paths behind every bind. A read-only
+            # stand-in holds what the libraries read: cpuinfo (torch picks its SIMD kernels from it), meminfo, stat
+            "mkdir proc && mount -t tmpfs -o size=1m,mode=755,nosuid,nodev,noexec tmpfs proc",
+            "for f in cpuinfo meminfo stat; do touch proc/$f; mount --bind /proc/$f proc/$f 2>/dev/null || true; done",
+            "mount -o remount,bind,ro,nosuid,nodev,noexec proc 2>/dev/null || true",
         ]
         for inside, host in self.binds.items():
             if not inside.startswith("/") or inside.rstrip("/") in {"", "/usr", "/tmp", "/dev", "/proc", "/etc"}:
                 raise ValueError(f"cannot bind over {inside!r}")
             lines.append(f"robind {q(str(host))} {q(inside.lstrip('/'))}")
+        for host in self.writable:  # e.g. the folder of the kernel's Unix sockets, at the same path inside and out
+            if not host.is_absolute() or len(host.parts) < 3 or host.parts[1] in {"usr", "dev", "proc", "etc", "bin", "sbin", "lib",
+                                                                                  "lib32", "lib64", "libx32"}:
+                raise ValueError(f"cannot bind {host} writable at the same path inside")
+            lines.append(f'mkdir -p {q(str(host).lstrip("/"))} && mount --bind {q(str(host))} {q(str(host).lstrip("/"))} '
+                         f'&& mount -o remount,bind,nosuid,nodev,noexec {q(str(host).lstrip("/"))}')
         drop = ["/usr/bin/setpriv", "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all"]
         if self.mode == "namespaces":
             drop += [f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups"]

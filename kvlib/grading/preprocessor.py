@@ -8,69 +8,44 @@ functions running in an isolated child (sandbox.py), on inputs drawn from a secr
 student. The cell's outputs become the result: a "passed" stream, or an error carrying the
 check's message, which SaveAutoGrades turns into full points or 0. Whatever the kernel printed
 in that cell, and whatever the submission did to its own notebook or kernel, counts for nothing.
-Not here: running the notebook (execute.py), the jail (jail.py).
+Not here: running the notebook (execute.py), the jail (jail.py), which files of the submission
+may be read (submission.py).
 """
 from __future__ import annotations
 
 import hashlib
+import html
 import importlib
 import importlib.util
 import os
 import re
-import stat
 import time
 import warnings
 from pathlib import Path
 
 import numpy as np
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_output, new_raw_cell
-from traitlets import Float, Integer, List, Unicode
+from traitlets import Bool, Float, Integer, List, Unicode
 
 from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.coursedir import CourseDirectory
-from nbgrader.preprocessors import NbGraderPreprocessor
+from nbgrader.preprocessors import ClearHiddenTests, NbGraderPreprocessor
 
-from kvlib.course.exercises import EXERCISES, solutions_dir
+from kvlib.course.exercises import EXERCISES
 from kvlib.grading.checks_registry import isolatable, load_checks
 from kvlib.grading.execute import GradingJail
 from kvlib.grading.sandbox import Sandbox, SetupError, describe, package_files
+from kvlib.grading.submission import helper_modules, read, reserved_names, screen
 
 _MAX_FILE = 1 << 20  # a learner's module larger than 1 MiB is not one
 _TORCH = re.compile(r"^\s*(import torch|from torch)", re.M)
+
+
 def check_rng(secret: bytes, student: str, check: str) -> np.random.Generator:
     """The random inputs of one check for one student: fixed by the course's secret, so grading
     twice gives the same score, and different for every student."""
     digest = hashlib.sha256(b"\0".join([secret, student.encode(), check.encode()])).digest()
     return np.random.default_rng(int.from_bytes(digest[:16], "little"))
-
-
-def read_submitted(folder: Path, rel: str) -> bytes:
-    """A learner's file, refusing links: every folder on the way and the file itself must be real
-    (a link to the reference would otherwise be read as the learner's work)."""
-    here = folder
-    for part in Path(rel).parts[:-1]:
-        here = here / part
-        st = os.lstat(here)
-        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-            raise PermissionError(f"{Path(rel).parent} in the submission is a link, not a folder: hand in the files themselves")
-    path = folder / rel
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
-        raise PermissionError(f"{rel} in the submission is a link, not a file: hand in the file itself")
-    if not stat.S_ISREG(st.st_mode):
-        raise PermissionError(f"{rel} in the submission is not a regular file")
-    if st.st_size > _MAX_FILE:
-        raise PermissionError(f"{rel} in the submission is larger than {_MAX_FILE >> 20} MiB")
-    reference = solutions_dir() / Path(rel).name
-    try:
-        ref = os.stat(reference)
-        if (ref.st_dev, ref.st_ino) == (st.st_dev, st.st_ino):
-            raise PermissionError(f"{rel} in the submission is the reference solution's own file")
-    except FileNotFoundError:
-        pass
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(fd, "rb") as f:
-        return f.read(_MAX_FILE + 1)[:_MAX_FILE]
 
 
 class IsolatedGrading(NbGraderPreprocessor):
@@ -177,16 +152,21 @@ class IsolatedGrading(NbGraderPreprocessor):
         exclude = dict(self.config.Autograde.get("exclude_overwriting", {})).get(assignment, [])
         learner |= {rel for rel in exclude if re.fullmatch(r"kvlib/\w+\.py", rel)}
         submitted = Path(coursedir.format_path(coursedir.submitted_directory, student, assignment))
+        screened = screen(submitted, top=os.path.normpath(coursedir.format_path(coursedir.submitted_directory, ".", ".")))
         broken = []
         for rel in sorted(learner):
             try:
-                files[rel] = read_submitted(submitted, rel)
+                files[rel] = read(screened, rel, _MAX_FILE)
             except FileNotFoundError:
                 files.pop(rel, None)
                 broken.append(f"{rel} is missing from the submission")
             except PermissionError as err:
                 files.pop(rel, None)
                 broken.append(str(err))
+        # the learner's own modules beside them (kvlib/my_helpers.py), under kvlib's own names never
+        installed = Path(importlib.import_module("kvlib").__file__).parent
+        helpers, refused = helper_modules(screened, reserved_names(source, installed) | {rel[6:-3] for rel in learner})
+        files.update(helpers)
         settings = GradingJail(config=self.config)
         torch = self.preload_torch == "yes" or (
             self.preload_torch == "auto" and any(_TORCH.search(files.get(f"kvlib/{m}.py", b"").decode("utf-8", "replace")) or
@@ -199,6 +179,8 @@ class IsolatedGrading(NbGraderPreprocessor):
                           binds=settings.binds() if mode != "plain" else None)
         if broken:
             sandbox.broken = "; ".join(broken)
+        if refused:  # said when the import fails (a learner module that imports a refused helper)
+            sandbox.import_note = "; ".join(f"{rel} was not graded: {why}" for rel, why in refused.items())
         return sandbox
 
 
@@ -267,6 +249,40 @@ class RestoreCells(NbGraderPreprocessor):
             seen.add(name)
             self.log.warning("Cell %s was missing from the submission: put it back", name)
         return nb, resources
+
+
+class NoteRefusedFiles(NbGraderPreprocessor):
+    """Sanitizing, after RestoreCells: tells the learner, at the top of the graded notebook, which files of
+    their submission the grader refused and why (kvlib.grading.autograde screened them before
+    nbgrader copied anything). A notebook that was not screened is not graded at all."""
+
+    def preprocess(self, nb, resources):
+        refused = resources.get("nbgrader", {}).get("refused")
+        if refused is None:
+            raise RuntimeError("this submission was not screened for links before nbgrader copied it: nbgrader_config.py "
+                               "must call kvlib.grading.autograde.install() (`kvlib course init --force` writes it)")
+        if refused:
+            lines = [f"- {_plain(rel)}: {_plain(why)}" for rel, why in refused.items()]
+            note = new_markdown_cell("**The grader refused these files of your submission.** They were not copied, run or "
+                                     "graded; everything else was:\n\n" + "\n".join(lines))
+            note.metadata["kvlib"] = {"refused": True}
+            nb.cells.insert(0, note)
+        return nb, resources
+
+
+def _plain(text: str) -> str:
+    """Text (a file name the learner chose) that markdown shows as it is: no HTML, no formatting."""
+    text = html.escape("".join(ch if ch.isprintable() else "?" for ch in text), quote=False)
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!|~])", r"\\\1", text)
+
+
+class HideHiddenTests(ClearHiddenTests):
+    """generate_feedback: a graded cell shows its visible asserts (the learner had them) and its
+    verdict (the isolated check's "passed: ..." or message), never its hidden tests, which name the
+    checks, the instructor's own ones included. Never fails on a learner's own cell that happens
+    to contain the marker."""
+
+    enforce_metadata = Bool(False).tag(config=True)
 
 
 def _outputs(check_name: str, passed: bool, message: str) -> list:

@@ -6,9 +6,12 @@ checks run here, in the trusted grading process, on what comes back.
 
 sandbox.module("attention") is a module-like proxy: each exercise function forwards its call
 (numpy arrays, torch tensors, Python numbers, dtypes, ModelConfigs, generators, Decoders and
-Attention layers as their weights, functions to call back) to the child and returns the child's
-numbers; a Decoder that comes back is rebuilt here by the grader's kvlib.core.model, an object of the
-learner's own class (a KVCache) stays in the child behind a RemoteObject.
+Attention layers as their weights, kvlib.core.paging Requests as their numbers, str-keyed dicts,
+functions to call back) to the child and returns the child's numbers; a Decoder that comes back is
+rebuilt here by the grader's kvlib.core.model, an object of the learner's own class (a KVCache, a
+BlockPool, a Scheduler, a SinkCache) stays in the child behind a RemoteObject. kvlib.core's own
+classes that a learner module re-exports (Request, OutOfBlocks) are the grader's: a check builds a
+Request here, and an OutOfBlocks the child raises is raised here as the grader's OutOfBlocks.
 The child is started lazily, serves every call of one submission, and is killed and restarted
 after a call that times out or kills it; a function that hung once fails at once afterwards.
 Not here: which files and checks (kvlib.grading.preprocessor), the jail itself (jail.py).
@@ -58,13 +61,24 @@ class SetupError(RuntimeError):
     Python, no permission to create namespaces): the instructor's to fix."""
 
 
+# kvlib.core's names a learner module re-exports that a check uses: the grader's own class, never the child's
+_GRADERS_OWN = {"Request": "kvlib.core.paging", "OutOfBlocks": "kvlib.core.paging"}
+_CORE_EXCEPTIONS = ("OutOfBlocks",)  # raised in the child (by kvlib.core.paging), recreated here by name
+
+
+def _graders_own(name: str):
+    import importlib
+
+    return getattr(importlib.import_module(_GRADERS_OWN[name]), name)
+
+
 def _remote_exception(head: dict) -> BaseException:
     etype, message, where = str(head.get("type", "Exception")), str(head.get("message", "")), str(head.get("where", ""))
     nd = str(head.get("not_done", ""))
     if nd in BY_ID:
         needed = BY_ID.get(str(head.get("needed_by", "")))
         return ExerciseNotDone(BY_ID[nd], needed if needed is not BY_ID[nd] else None)
-    cls = _REMOTE_TYPES.get(etype)
+    cls = _REMOTE_TYPES.get(etype) or (_graders_own(etype) if etype in _CORE_EXCEPTIONS else None)
     err = cls(message) if cls is not None else LearnerError(f"{etype}: {message}")
     err.kvlib_where = where  # type: ignore[attr-defined]
     return err
@@ -122,6 +136,20 @@ def _check_node(node, files: dict, depth: int = 0, origin: tuple | None = None):
             raise SandboxError("a malformed reply")
         out = [_check_node(x, files, depth + 1, origin) for x in items]
         return tuple(out) if t == "tuple" else out
+    if t == "dict":
+        keys, items = node.get("keys"), node.get("items")
+        if (not isinstance(keys, list) or not isinstance(items, list) or len(keys) != len(items) or len(items) > _child.MAX_ITEMS
+                or not all(type(k) is str for k in keys)):
+            raise SandboxError("a malformed reply")
+        return dict(zip(keys, (_check_node(x, files, depth + 1, origin) for x in items)))
+    if t == "request":  # rebuilt as the grader's kvlib.core.paging.Request, from ints only
+        items = node.get("items")
+        if not isinstance(items, list) or len(items) != len(_child._REQUEST_FIELDS):
+            raise SandboxError("a malformed reply")
+        rid, prompt, max_new, out = (_check_node(x, files, depth + 1) for x in items)
+        if not (type(rid) is int and type(max_new) is int and all(isinstance(v, list) and all(type(i) is int for i in v) for v in (prompt, out))):
+            raise SandboxError("a Request whose id, prompt, max_new_tokens or tokens are not ints")
+        return _graders_own("Request")(rid, prompt, max_new, out)
     if t == "generator":
         import torch
 
@@ -138,7 +166,8 @@ def _check_node(node, files: dict, depth: int = 0, origin: tuple | None = None):
         names, tensors = node.get("names"), node.get("tensors")
         if not isinstance(names, list) or not isinstance(tensors, list) or len(names) != len(tensors) or len(names) > _child.MAX_ITEMS:
             raise SandboxError("a malformed reply")
-        return _decoder(node.get("config"), [str(n) for n in names], [_check_node(x, files, depth + 1) for x in tensors])
+        model = _decoder(node.get("config"), [str(n) for n in names], [_check_node(x, files, depth + 1) for x in tensors])
+        return model.train(node.get("training") is True)  # its train/eval mode, as the child left it (Exercise 6.4 keeps it)
     raise SandboxError("a malformed reply")
 
 
@@ -313,6 +342,7 @@ class Sandbox:
         self.extra_binds = dict(binds or {})
         self.failed: dict[str, str] = {}  # function -> why it fails at once from now on
         self.broken: str | None = None  # the package does not import: every call fails with this
+        self.import_note = ""  # added to an import failure's message (a learner's module the grader refused)
         self.calls = self.starts = 0
         self._proc: subprocess.Popen | None = None
         self._jail: Jail | None = None
@@ -373,6 +403,8 @@ class Sandbox:
             err = _remote_exception(head)
             where = getattr(err, "kvlib_where", "")
             self.broken = f"{', '.join(f'kvlib/{m}.py' for m in self.modules)} does not import: {_describe(err)}" + (f" (at {where})" if where else "")
+            if self.import_note:
+                self.broken += f" ({self.import_note})"
 
     def _stop(self) -> None:
         kill(self._proc)
@@ -450,10 +482,11 @@ class Sandbox:
         """fn(*args, **kwargs) in the child: its result, with what it did to tensor and Decoder
         arguments copied back into them, and functions passed as arguments (on_token) called with what
         the child's stand-ins for them recorded. on=(op, handle, attr): instead of fn itself, an
-        attribute of an object the child handed out ("getattr", "method", "data_ptr").
+        attribute of an object the child handed out ("getattr", "method", "data_ptr", "setattr": args is (value,)).
         watch=True: instead of the result, [(op, shape)] of every
         tensor the call allocated (kvlib.measure.timing.new_tensors, run in the child beside the call: a
-        submission could hide an allocation from it there, but not change any other check's result)."""
+        submission could hide an allocation from it there, but not change any other check's result);
+        watch="flops": its matrix-multiply FLOPs (kvlib.measure.timing.matmul_flops), likewise."""
         name = fn.split(".", 1)[1]
         if self.broken:
             raise SandboxError(self.broken)
@@ -469,7 +502,7 @@ class Sandbox:
         enc = _child.Encoder(np, _torch_if_loaded())
         try:
             head = {"fn": fn, "args": [enc.encode(a) for a in args], "kwargs": {k: enc.encode(v) for k, v in kwargs.items()},
-                    "watch": bool(watch)}
+                    "watch": watch if watch == "flops" else bool(watch)}
             if on is not None:
                 head.update(op=on[0], h=on[1], attr=on[2])
         except TypeError as err:
@@ -546,6 +579,8 @@ class SandboxModule:
     def __getattr__(self, name: str):
         if name.startswith("_"):
             raise AttributeError(f"kvlib.{self._module}.{name} is not an exercise function the isolated grader runs")
+        if name in _GRADERS_OWN:  # kvlib.core's class, re-exported (serving.Request): the grader's own
+            return _graders_own(name)
         if name not in self._names:  # another function of the module: only to pass to an exercise (to_gqa's pool)
             return RemoteFunction(self._module, name)
         fn = f"{self._module}.{name}"
@@ -556,7 +591,10 @@ class SandboxModule:
         def watch(*args, **kwargs):
             return self._sandbox.call(fn, args, kwargs, watch=True)
 
-        forward.__name__, forward.watch = name, watch
+        def flops(*args, **kwargs):
+            return self._sandbox.call(fn, args, kwargs, watch="flops")
+
+        forward.__name__, forward.watch, forward.flops = name, watch, flops
         return forward
 
     def __repr__(self) -> str:
@@ -564,8 +602,10 @@ class SandboxModule:
 
 
 class RemoteObject:
-    """An object of the learner's own class (a KVCache), kept in the isolated child: reading an
-    attribute fetches its value (numbers; a method comes back callable), calling a method runs it there."""
+    """An object of the learner's own class (a KVCache, a BlockPool), kept in the isolated child: reading
+    an attribute fetches a copy of its value (numbers; a method comes back callable), calling a method
+    runs it there, assigning an attribute sends the value there (pool.k = tensor). A copy read is not
+    the child's: pool.k.normal_() changes nothing there; assign instead."""
 
     _kvlib_handle = True
 
@@ -591,7 +631,10 @@ class RemoteObject:
         return method
 
     def __setattr__(self, attr: str, value):
-        raise SandboxError(f"a {self._state[3]} in the isolated child cannot be changed from the grader ({attr})")
+        if attr.startswith("_"):
+            raise SandboxError(f"a {self._state[3]} in the isolated child cannot be given a private attribute ({attr})")
+        sandbox, fn, key, _ = self._state
+        sandbox.call(fn, (value,), {}, on=("setattr", key, attr))
 
     def kvlib_data_ptr(self, attr: str) -> int:
         """The address of the tensor attribute's memory, in the child: did a method reallocate it?"""

@@ -1,61 +1,42 @@
-"""`kvlib bench cache` (notebook 04): tokens per second without a cache, with kvlib's KVCache, and with
-transformers' generate(use_cache=True) on identical weights; the tiny model and a GPT-2-small-size
-Llama with random weights. Naive decoding of the large model is too slow to run in full (minutes),
-so its total is the sum of per-step times measured at a few lengths and interpolated in between;
-the table says so. Runs the learner's generate (2.2) and generate_cached (4.5).
+"""`kvlib bench cache` (notebook 04): tokens per second without a cache, with kvlib's KVCache, and with the
+engines a user would pick instead, all on identical weights: transformers with its default
+DynamicCache and with a StaticCache, and llama.cpp on a GGUF file kvlib writes (F32, and Q8_0 for
+what quantised weights buy), when the peers extra is installed. Models: the tiny model and a
+GPT-2-small-size Llama with random weights.
+
+How it is timed: every way generates once per round and the rounds are interleaved (the order
+rotated each round), so a busy neighbour slows every way alike; each ratio is the median of the
+per-round paired ratios, with their min and max. Greedy tokens must agree: the run fails loudly
+if any two exact ways differ (Q8_0 computes with other weights: its agreement is reported).
+Naive decoding of the large model is too slow to run in full (minutes per run), so in each round
+its total is the sum of per-step forward times measured at a few lengths and interpolated, and its
+tokens are checked over a shorter generation; the table says so.
 """
 from __future__ import annotations
 
 import statistics
-import time
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from kvlib.core.configs import gpt2_size_config, quick_cache_config
-from kvlib.core.model import Decoder
+from kvlib.core.model import Decoder, matrix_params
 from kvlib.measure import timing
+from kvlib.measure.peers import LlamaCpp, kvlib_way, llama_cpp_available, transformers_way
 
-# ---------------------------------------------------------------------------------------------
-# Token timestamps of one generation
-
-
-def _kvlib_times(fn, model, ids, n) -> list[float]:
-    """Seconds from the start until each new token exists, for kvlib's generate or generate_cached."""
-    stamps = []
-    start = time.perf_counter()
-    fn(model, ids, n, on_token=lambda token: stamps.append(time.perf_counter()))
-    return [t - start for t in stamps]
-
-
-def _hf_times(hf_model, ids, n) -> list[float]:
-    """The same for transformers' generate(use_cache=True), timed by a streamer."""
-    from transformers.generation.streamers import BaseStreamer
-
-    class Stamps(BaseStreamer):
-        def __init__(self):
-            self.stamps, self.prompt_seen = [], False
-
-        def put(self, value):
-            if self.prompt_seen:  # the first put is the prompt itself
-                self.stamps.append(time.perf_counter())
-            self.prompt_seen = True
-
-        def end(self):
-            pass
-
-    streamer = Stamps()
-    start = time.perf_counter()
-    with torch.inference_mode():
-        out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                                do_sample=False, use_cache=True, streamer=streamer, pad_token_id=0)
-    assert out.shape[1] == ids.shape[1] + n, "transformers stopped early"
-    return [t - start for t in streamer.stamps]
-
-
-def _median_curve(runs: list[list[float]]) -> list[float]:
-    return [statistics.median(col) for col in zip(*runs)]
-
+# way -> what it is, in the order of the table; "kvlib" is the reference every ratio is taken against
+WAYS = {
+    "no_cache": "kvlib, no cache (generate, 2.2)",
+    "kvlib": "kvlib, KVCache (generate_cached, 4.5)",
+    "hf_dynamic": "transformers, DynamicCache",
+    "hf_static": "transformers, StaticCache",
+    "llama_f32": "llama.cpp, F32 weights",
+    "llama_q8_0": "llama.cpp, Q8_0 weights",
+}
+INEXACT = {"llama_q8_0"}  # other weights (8-bit): may pick other tokens, so not held to equality
+NAIVE_CHECK_TOKENS = 24  # the large model's naive tokens are checked over this many new tokens
 
 def _naive_estimate(model, prompt_len: int, n: int, points: int = 6, repeats: int = 3):
     """Cumulative naive-decoding time per token, from forward times measured at `points` lengths.
@@ -84,71 +65,188 @@ def _growth(lengths, step_seconds) -> dict:
 # kvlib bench cache
 
 
-def bench_cache(lengths=(64, 256, 512), threads: int = 1, prompt_len: int = 8, quick: bool = False) -> dict:
-    """Tokens per second at each generated length, three ways, for the tiny and the GPT-2-size model."""
+def _first_difference(a: list[int], b: list[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+
+
+def _summary(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def _model_ways(model, threads: int, n_ctx: int, folder: Path, llama: bool) -> tuple[dict, dict]:
+    """way name -> run(ids, n) for one model, and what could not run (way -> why)."""
+    from kvlib.core.weights import to_transformers
     from kvlib.generation import generate
     from kvlib.kv_cache import generate_cached
-    from kvlib.core.weights import load_tiny, to_transformers
 
+    hf = to_transformers(model)
+    ways = {"no_cache": kvlib_way(generate, model), "kvlib": kvlib_way(generate_cached, model),
+            "hf_dynamic": transformers_way(hf), "hf_static": transformers_way(hf, "static")}
+    missing = {}
+    if llama:
+        from kvlib.core.gguf_export import write_gguf
+
+        for key, kind in (("llama_f32", "F32"), ("llama_q8_0", "Q8_0")):
+            path = write_gguf(model, folder / f"model-{kind}.gguf", kind)
+            ways[key] = LlamaCpp(path, n_ctx=n_ctx, threads=threads)
+    else:
+        missing = {k: llama_cpp_available() for k in ("llama_f32", "llama_q8_0")}
+    return ways, missing
+
+
+def _bench_model(name: str, model, lengths, threads: int, prompt_len: int, rounds: int, full_naive: bool,
+                 llama: bool) -> dict:
+    cap = model.config.max_seq_len - prompt_len
+    ns = sorted({min(n, cap) for n in lengths})
+    n = max(ns)
+    ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(1))
+    with tempfile.TemporaryDirectory(prefix="kvlib-gguf-") as folder:
+        ways, missing = _model_ways(model, threads, prompt_len + n + 8, Path(folder), llama)
+        for run in ways.values():  # warm-up of each path: first touches, kernel choice, files paged in
+            run(ids, 8)
+        order = list(ways)
+        times = {k: [] for k in ways}  # per round: seconds until each of the n tokens existed
+        tokens = {}
+        naive_lengths, naive_steps = None, []
+        for r in range(rounds):
+            rotated = order[r % len(order):] + order[: r % len(order)]
+            for key in rotated:
+                if key == "no_cache" and not full_naive:
+                    curve, naive_lengths, step = _naive_estimate(model, prompt_len, n, repeats=1)
+                    times[key].append(curve)
+                    naive_steps.append(step)
+                    continue
+                got, stamps = ways[key](ids, n)
+                if len(stamps) != n:
+                    raise RuntimeError(f"{WAYS[key]}: {len(stamps)} timestamps for {n} tokens")
+                times[key].append(stamps)
+                if tokens.setdefault(key, got) != got:
+                    raise RuntimeError(f"{name}: {WAYS[key]} generated other tokens in round {r + 1} than in round 1")
+        if not full_naive:  # the naive way's tokens, over a shorter generation
+            tokens["no_cache"], _ = ways["no_cache"](ids, min(n, NAIVE_CHECK_TOKENS))
+        for way in ways.values():
+            if hasattr(way, "close"):
+                way.close()
+    reference = tokens["kvlib"]
+    agreement = {}
+    for key, got in tokens.items():
+        i = _first_difference(got, reference[: len(got)])
+        agreement[key] = {"tokens_checked": len(got), "first_difference": i}
+        if i is not None and key not in INEXACT:
+            raise RuntimeError(
+                f"{name}: {WAYS[key]} and {WAYS['kvlib']} disagree on the greedy tokens at new token {i} "
+                f"({got[i] if i < len(got) else 'none'} against {reference[i]}): the ways do not compute the same model")
+    if not full_naive:
+        step = [statistics.median(col) for col in zip(*naive_steps)]
+        how = (f"in each round, the sum of forward times measured at {len(naive_lengths)} lengths, interpolated; "
+               f"tokens checked over the first {min(n, NAIVE_CHECK_TOKENS)}")
+    else:
+        naive = [statistics.median(col) for col in zip(*times["no_cache"])]
+        naive_lengths = list(range(prompt_len, prompt_len + n))
+        step = [naive[0]] + [b - a for a, b in zip(naive, naive[1:])]
+        how = "measured in full in each round"
+    rows = []
+    for k in ns:
+        per_round = {key: [t[k - 1] for t in ts] for key, ts in times.items()}
+        rows.append({
+            "new_tokens": k,
+            "tokens_per_s": {key: k / statistics.median(v) for key, v in per_round.items()},
+            "seconds": {key: statistics.median(v) for key, v in per_round.items()},
+            # kvlib's cached speed over this way's, per round (paired): > 1 kvlib faster
+            "kvlib_over": {key: _summary([t / tk for t, tk in zip(v, per_round["kvlib"])])
+                           for key, v in per_round.items() if key != "kvlib"},
+        })
+    c = model.config
+    return {"model": name, "params": model.num_params(), "config": c.to_dict(), "prompt_len": prompt_len,
+            "rounds": rounds, "ways": {k: WAYS[k] for k in ways}, "missing": missing, "no_cache_method": how,
+            "agreement": agreement, "rows": rows,
+            "weight_bytes_per_step": {"F32": 4 * matrix_params(c), "Q8_0": 34 * matrix_params(c) // 32},
+            "no_cache_step_growth": _growth(naive_lengths, step)}
+
+
+def bench_cache(lengths=(64, 256, 512), threads: int = 1, prompt_len: int = 8, quick: bool = False,
+                rounds: int | None = None, llama: bool | None = None) -> dict:
+    """Tokens per second at each generated length, every way, for the tiny and the GPT-2-size model.
+
+    rounds: interleaved rounds per model (default 5; 2 with quick). llama: run llama.cpp (default:
+    when llama-cpp-python and gguf are installed).
+    """
+    from kvlib.core.weights import load_tiny
+
+    rounds = rounds or (2 if quick else 5)
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
+    if llama is None:
+        llama = llama_cpp_available() is None
     results = []
     with timing.num_threads(threads), torch.inference_mode():
         tiny, _ = load_tiny()
-        big_config = gpt2_size_config() if not quick else quick_cache_config()
         torch.manual_seed(0)
-        big = Decoder(big_config).eval()
-        big_name = "small-stand-in" if quick else "gpt2-size"
-        for name, model, repeats, full_naive in (("tiny", tiny, 3, True), (big_name, big, 2, quick)):
-            cap = model.config.max_seq_len - prompt_len
-            ns = [min(n, cap) for n in lengths]
-            n = max(ns)
-            ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(1))
-            hf = to_transformers(model)
-            _kvlib_times(generate_cached, model, ids, 8)  # warm-up of each path
-            _hf_times(hf, ids, 8)
-            cached = _median_curve([_kvlib_times(generate_cached, model, ids, n) for _ in range(repeats)])
-            theirs = _median_curve([_hf_times(hf, ids, n) for _ in range(repeats)])
-            if full_naive:
-                naive = _median_curve([_kvlib_times(generate, model, ids, n) for _ in range(repeats)])
-                step_lengths = list(range(prompt_len, prompt_len + n))
-                step_times = [naive[0]] + [b - a for a, b in zip(naive, naive[1:])]
-                how = f"measured in full, median of {repeats} runs"
-            else:
-                naive, step_lengths, step_times = _naive_estimate(model, prompt_len, n)
-                how = f"sum of forward times measured at {len(step_lengths)} lengths, interpolated"
-            del hf
-            rows = []
-            for k in ns:
-                t_naive, t_cached, t_hf = naive[k - 1], cached[k - 1], theirs[k - 1]
-                rows.append({
-                    "new_tokens": k,
-                    "tokens_per_s": {"no_cache": k / t_naive, "kvlib_cache": k / t_cached, "transformers_cache": k / t_hf},
-                    "seconds": {"no_cache": t_naive, "kvlib_cache": t_cached, "transformers_cache": t_hf},
-                    "cache_speedup": t_naive / t_cached,
-                    "kvlib_vs_transformers": t_hf / t_cached,
-                })
-            results.append({
-                "model": name, "params": model.num_params(), "config": model.config.to_dict(), "prompt_len": prompt_len,
-                "repeats": repeats, "no_cache_method": how, "rows": rows,
-                "no_cache_step_growth": _growth(step_lengths, step_times),
-            })
+        big = Decoder(gpt2_size_config() if not quick else quick_cache_config()).eval()
+        for name, model, full_naive in (("tiny", tiny, True), ("small-stand-in" if quick else "gpt2-size", big, quick)):
+            results.append(_bench_model(name, model, lengths, threads, prompt_len, rounds, full_naive, llama))
         record = timing.environment("cpu", dtype="float32", threads_requested=threads)
-    return {"benchmark": "cache", "record": record, "results": results}
+    try:
+        import transformers
+
+        record["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    if llama:
+        import llama_cpp
+
+        record["llama_cpp_python"] = llama_cpp.__version__
+    return {"benchmark": "cache", "quick": quick, "record": record, "results": results}
+
+
+def _goals(r: dict) -> list[str]:
+    """The issue's goals, at the longest length of the GPT-2-size model: met, or missed by how much."""
+    row = r["rows"][-1]
+    lines = []
+    for key, goal in (("hf_static", 1.0), ("llama_f32", 0.8)):
+        if key in row["kvlib_over"]:
+            got = row["kvlib_over"][key]["median"]
+            verdict = "met" if got >= goal else f"missed: kvlib would need {goal / got:.2f}x its speed"
+            lines.append(f"  goal: kvlib >= {goal:.1f}x {WAYS[key]} at {row['new_tokens']} tokens: {got:.2f}x, {verdict}")
+    return lines
 
 
 def format_cache(report: dict) -> str:
-    lines = [f"kvlib bench cache: {report['record']['device']}, {report['record']['threads']} thread(s), "
-             f"torch {report['record']['torch']}, float32, greedy, batch 1"]
+    rec = report["record"]
+    versions = ", ".join(f"{k} {rec[k]}" for k in ("transformers", "llama_cpp_python") if k in rec)
+    lines = [f"kvlib bench cache: {rec['device']}, {rec['threads']} thread(s), torch {rec['torch']}"
+             + (f", {versions}" if versions else "") + ", float32 unless said, greedy, batch 1"]
     for r in report["results"]:
-        g = r["no_cache_step_growth"]
-        lines += ["", f"{r['model']} ({r['params'] / 1e6:.1f}M parameters), prompt {r['prompt_len']} tokens; "
-                      f"no cache: {r['no_cache_method']}",
-                  f"{'new tokens':>10} {'no cache':>12} {'kvlib cache':>12} {'transformers':>12} {'speedup':>8} {'kvlib/HF':>9}",
-                  f"{'':>10} {'tok/s':>12} {'tok/s':>12} {'tok/s':>12} {'':>8} {'':>9}"]
+        g, keys = r["no_cache_step_growth"], list(r["ways"])
+        lines += ["", f"{r['model']} ({r['params'] / 1e6:.1f}M parameters), prompt {r['prompt_len']} tokens, "
+                      f"{r['rounds']} interleaved rounds; no cache: {r['no_cache_method']}",
+                  f"  {'new tokens':>10}  {'way':<38} {'tok/s':>9} {'kvlib/way':>10}  (min-max over rounds)"]
         for row in r["rows"]:
-            t = row["tokens_per_s"]
-            lines.append(f"{row['new_tokens']:>10} {t['no_cache']:>12.1f} {t['kvlib_cache']:>12.1f} {t['transformers_cache']:>12.1f} "
-                         f"{row['cache_speedup']:>7.1f}x {row['kvlib_vs_transformers']:>8.2f}x")
+            for i, key in enumerate(keys):
+                first = f"{row['new_tokens']:>10}" if i == 0 else " " * 10
+                tps = row["tokens_per_s"][key]
+                if key == "kvlib":
+                    lines.append(f"  {first}  {r['ways'][key]:<38} {tps:>9.1f} {'1.00':>9}x")
+                else:
+                    s = row["kvlib_over"][key]
+                    lines.append(f"  {first}  {r['ways'][key]:<38} {tps:>9.1f} {s['median']:>9.2f}x  ({s['min']:.2f}-{s['max']:.2f})")
+        for key, why in r["missing"].items():
+            lines.append(f"  {WAYS[key]}: not run: {why}")
+        for key, a in r["agreement"].items():
+            if a["first_difference"] is not None:
+                lines.append(f"  {WAYS[key]}: tokens agree with kvlib's for the first {a['first_difference']} of "
+                             f"{a['tokens_checked']} (other weights: not held to equality)")
+        exact = [WAYS[k] for k, a in r["agreement"].items() if a["first_difference"] is None]
+        lines.append(f"  identical greedy tokens: {'; '.join(exact)}")
         lines.append(f"  per-step time without cache ~ {g['a_s'] * 1e3:.2f} ms + {g['b_s_per_token'] * 1e6:.2f} us*S "
                      f"+ {g['c_s_per_token2'] * 1e9:.3f} ns*S^2 (log-log slope {g['loglog_slope']:.2f}) at S cached tokens")
-    lines.append("\nspeedup = time without cache / time with kvlib's cache; kvlib/HF = transformers' time / kvlib's time (>1: kvlib faster)")
+        last, wb = r["rows"][-1], r["weight_bytes_per_step"]
+        rates = [f"{WAYS[k]} {wb['Q8_0' if k == 'llama_q8_0' else 'F32'] * last['tokens_per_s'][k] / 1e9:.1f}"
+                 for k in keys if k != "no_cache"]
+        lines.append(f"  weights read per token: {wb['F32'] / 1e6:.0f} MB in F32, {wb['Q8_0'] / 1e6:.0f} MB in Q8_0 "
+                     f"({wb['F32'] / wb['Q8_0']:.2f}x fewer bytes); GB/s of weights at {last['new_tokens']} tokens: " + "; ".join(rates))
+        if r["model"] == "gpt2-size":
+            lines += _goals(r)
+    lines.append("\nkvlib/way = that way's time / kvlib's cached time for the same tokens, paired within each round: "
+                 "median (min-max) over rounds; > 1: kvlib faster. For no cache it is the cache's speedup.")
     return "\n".join(lines)

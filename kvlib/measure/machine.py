@@ -18,20 +18,27 @@ RECORDINGS_DIR = ASSETS / "recordings"  # GPU runs of `kvlib bench memory` and `
 
 
 
-def bandwidth_kernels(n_bytes: int = 256 << 20, device: str | torch.device = "cpu") -> dict:
-    """name -> (fn, bytes it moves) for three streaming kernels over float32 arrays of n_bytes.
+def bandwidth_kernels(n_bytes: int = 256 << 20, device: str | torch.device = "cpu", streams: int = 0) -> dict:
+    """name -> (fn, bytes it moves) for streaming kernels over float32 arrays of n_bytes.
 
     read: x.sum() reads n_bytes; copy: y.copy_(x) reads and writes n_bytes (counted 2x, as
-    STREAM does); triad: z = x + 2 y (3x).
+    STREAM does); triad: z = x + 2 y (3x). With streams > 1, also "multi_read": x seen as
+    (streams, n / streams) and summed over its first axis, so one core reads `streams` far-apart
+    parts of x side by side (more reads in flight at once than one stream gets), writing n /
+    streams sums (counted).
     """
     n = n_bytes // 4
     x = torch.rand(n, device=device)
     y, z = torch.rand(n, device=device), torch.empty(n, device=device)
-    return {
+    kernels = {
         "read": (lambda: x.sum(), n * 4),
         "copy": (lambda: y.copy_(x), 2 * n * 4),
         "triad": (lambda: torch.add(x, y, alpha=2.0, out=z), 3 * n * 4),
     }
+    if streams > 1:
+        rows, sums = x[: n // streams * streams].view(streams, -1), torch.empty(n // streams, device=device)
+        kernels["multi_read"] = (lambda: torch.sum(rows, 0, out=sums), rows.nbytes + sums.nbytes)
+    return kernels
 
 
 def measure_bandwidth(n_bytes: int = 256 << 20, device: str | torch.device = "cpu", threads: int | None = 1,
@@ -52,7 +59,7 @@ def measure_bandwidth(n_bytes: int = 256 << 20, device: str | torch.device = "cp
 
 def measure_matmul_flops(n: int = 1024, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                          threads: int | None = 1, repeats: int = 7) -> dict:
-    """FLOP/s of an (n, n) @ (n, n) matmul: 2 n^3 FLOPs, compute-bound (intensity n / 3 / bytes)."""
+    """FLOP/s of an (n, n) @ (n, n) matmul: 2 n^3 FLOPs over 3 n^2 numbers moved, intensity 2n / 3 / bytes (~171 FLOP/B at n = 1024 in float32): compute-bound."""
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     timing = measure(lambda: a @ b, name="matmul", repeats=repeats, device=device, threads=threads)

@@ -1,10 +1,8 @@
-"""The KV cache (notebook 04-kv-cache): keep every layer's keys and values, compute only the new token.
+"""The KV cache (notebook 04-kv-cache): keep every layer's keys and values, compute only the new tokens.
 
-Space for time: a pre-allocated cache of shape (batch, n_kv_heads, max_seq_len, head_dim) per
-layer holds what notebook 03 showed never changes. prefill() runs the prompt once and fills it;
-each decode_step() runs one token, at absolute position cache.pos, against every cached key.
-The model takes it as transformers' models do: logits, cache = model(ids, past_key_values=cache).
-Left out: paged or sliding-window caches, and batches of prompts of different lengths.
+A pre-allocated cache holds what notebook 03 showed never changes; cached_forward() runs only new
+tokens through every layer (prefill: the prompt once; decode step: one token). kv_cache_bytes():
+what the cache costs in memory. Left out: paged or sliding-window caches, prompts of different lengths.
 """
 from __future__ import annotations
 
@@ -14,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from kvlib.course.exercises import exercise
-from kvlib.course.inputs import check_cached_attention, check_decode, check_generate_cached, check_prefill, check_update
+from kvlib.course.inputs import check_cached_attention, check_decode, check_generate_cached, check_kv_cache_bytes, check_prefill, check_update
 from kvlib.attention import causal_mask
 from kvlib.generation import next_token
 
@@ -25,9 +23,7 @@ from kvlib.generation import next_token
 class KVCache:
     """Keys and values of every layer, pre-allocated: k and v are (n_layers, batch, n_kv_heads, max_seq_len, head_dim).
 
-    pos counts the tokens stored so far: the absolute position of the next token. A forward
-    pass writes each layer with update(), then moves pos on once with advance(); each layer reads
-    the cache through attention(), which is cached_attention (Exercise 4.2).
+    pos: tokens stored so far (the next token's position). Each layer writes with update(), then advance() once.
     """
 
     def __init__(self, config, batch: int = 1, max_seq_len: int | None = None,
@@ -59,21 +55,17 @@ class KVCache:
 
     @staticmethod
     def attention(attn, x: torch.Tensor, cache: "KVCache", layer: int, rope_cos: torch.Tensor, rope_sin: torch.Tensor):
-        """How the model runs one layer's attention through this cache: Exercise 4.2's cached_attention."""
+        """How model(ids, past_key_values=cache) runs a layer's attention: Exercise 4.2."""
         return cached_attention(attn, x, cache, layer, rope_cos, rope_sin)
 
     @exercise("4.1", validate=check_update)
     def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k_new, v_new of one layer at positions [pos, pos + seq_len); return that layer's filled prefix.
 
-        Args:    layer: which layer's slot, 0 <= layer < n_layers
-                 k_new, v_new: (batch, n_kv_heads, seq_len, head_dim)
-        Returns: k, v: (batch, n_kv_heads, pos + seq_len, head_dim), views into the cache
-        Does not move pos: advance() does that once all layers are written.
+        Args:    layer: 0 <= layer < n_layers; k_new, v_new: (batch, n_kv_heads, seq_len, head_dim)
+        Returns: k, v: (batch, n_kv_heads, pos + seq_len, head_dim), views into the cache. pos stays: advance() moves it.
 
-        Hints (reference solution: 4 lines):
-          1. Slice assignment on dim 2 (positions) writes in place: self.k[layer, :, :, a:b] = k_new.
-          2. torch.cat is not needed, and would allocate a new tensor every step.
+        Hints (reference solution: 4 lines): slice assignment writes in place, self.k[layer, :, :, a:b] = k_new (no torch.cat).
         """
         ### BEGIN SOLUTION
         end = self.pos + k_new.shape[2]
@@ -83,10 +75,6 @@ class KVCache:
         ### END SOLUTION
 
 
-# ---------------------------------------------------------------------------------------------
-# Exercise 4.2: attention through the cache
-
-
 @exercise("4.2", validate=check_cached_attention)
 def cached_attention(attn, x: torch.Tensor, cache: KVCache, layer: int,
                      rope_cos: torch.Tensor, rope_sin: torch.Tensor) -> torch.Tensor:
@@ -94,14 +82,12 @@ def cached_attention(attn, x: torch.Tensor, cache: KVCache, layer: int,
 
     Args:    attn: the layer's kvlib.core.model.Attention (project_q, project_kv, n_heads, n_kv_heads, o_proj)
              x: (batch, seq_len, d_model), the normed residual stream of the NEW tokens only
-             cache, layer: where this layer's keys and values live; cache.pos = position of x[:, 0]
-             rope_cos, rope_sin: (max_seq_len, head_dim), the model's rotary tables for all positions
+             cache, layer: this layer's slot, cache.pos = position of x[:, 0]; rope_cos, rope_sin: (max_seq_len, head_dim)
     Returns: (batch, seq_len, d_model), as attn(x) would give on the full sequence for these rows
 
     Hints (reference solution: 8 lines):
       1. New token i sits at absolute position cache.pos + i: slice the rotary tables there, not at 0.
-      2. cache.update (Exercise 4.1) returns all keys so far; the mask is causal_mask(seq_len, kv_len)
-         (Exercise 1.3) as a torch tensor. is_causal=True would align it top-left: wrong when seq_len < kv_len.
+      2. cache.update (4.1) returns all keys so far; mask: causal_mask(seq_len, kv_len) (1.3; is_causal=True aligns top-left).
       3. F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True) then attn.o_proj.
     """
     ### BEGIN SOLUTION
@@ -116,39 +102,57 @@ def cached_attention(attn, x: torch.Tensor, cache: KVCache, layer: int,
     ### END SOLUTION
 
 
-# ---------------------------------------------------------------------------------------------
-# Exercises 4.3 to 4.5: the two phases, then the loop that joins them
-
-
 @exercise("4.3", validate=check_prefill)
-def prefill(model, input_ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
-    """Run the prompt through the model once, filling the cache; return the next-token logits.
+def cached_forward(model, input_ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    """Run only the new tokens through every layer, each reading and extending its cache; next-token logits.
 
-    Args:    input_ids: (batch, seq_len); cache: empty, or holding earlier tokens (chunked prefill)
+    A prefill is cached_forward over the whole prompt, once; a decode step over one token per row.
+    Args:    model: a kvlib Decoder; input_ids: (batch, seq_len), the new tokens; cache.pos = position of input_ids[:, 0]
     Returns: (batch, vocab_size): logits at the last position. cache.pos grows by seq_len.
 
-    Hints (reference solution: 2 lines):
-      1. logits, cache = model(input_ids, past_key_values=cache)
+    Hints (reference solution: 6 lines):
+      1. x = model.embed(input_ids): new tokens only. Then each layer i, as Block.forward does it:
+         x + cached_attention(layer.attn, layer.attn_norm(x), cache, i, model.rope_cos, model.rope_sin),
+         then x + layer.mlp(layer.mlp_norm(x)).
+      2. Every layer writes at the same positions: cache.advance(seq_len) once, after the last layer.
+      3. Only the last position predicts the next token: model.lm_head(model.norm(x[:, -1])).
     """
     ### BEGIN SOLUTION
-    logits, _ = model(input_ids, past_key_values=cache)  # (B, T, vocab); writes T positions per layer
-    return logits[:, -1]
+    x = model.embed(input_ids)  # (B, T, C): the new tokens only; the cache stands in for the rest
+    for i, layer in enumerate(model.layers):
+        x = x + cached_attention(layer.attn, layer.attn_norm(x), cache, i, model.rope_cos, model.rope_sin)
+        x = x + layer.mlp(layer.mlp_norm(x))
+    cache.advance(input_ids.shape[1])  # every layer wrote positions pos .. pos + T - 1
+    return model.lm_head(model.norm(x[:, -1])).float()  # (B, vocab): one position through the head
     ### END SOLUTION
 
 
-@exercise("4.4", validate=check_decode)
-def decode_step(model, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
-    """Run one new token per row at position cache.pos; return the logits for the token after it.
+def prefill(model, input_ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    """The prompt (batch, seq_len), once, into the cache: the first new token's logits (batch, vocab_size)."""
+    check_prefill(model, input_ids, cache)
+    return cached_forward(model, input_ids, cache)
 
-    Args:    token: (batch,) the token just chosen; cache: filled by prefill and earlier steps
-    Returns: (batch, vocab_size). cache.pos grows by 1.
+
+def decode_step(model, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    """One token per row (batch,) at position cache.pos: the next token's logits (batch, vocab_size)."""
+    check_decode(model, token, cache)
+    return cached_forward(model, token[:, None], cache)
+
+
+@exercise("4.4", validate=check_kv_cache_bytes)
+def kv_cache_bytes(config, seq_len: int, batch: int = 1, dtype: torch.dtype = torch.float16) -> int:
+    """Bytes of the KV cache holding seq_len tokens for each of batch sequences (what KVCache allocates).
+
+    Every layer keeps a key and a value vector of head_dim numbers per KV head per token.
+    Example: Llama-2-7B (32 layers, 32 KV heads, head_dim 128) in float16: 512 KiB per token
 
     Hints (reference solution: 2 lines):
-      1. The model wants (batch, seq_len) ids: token[:, None] is (batch, 1).
+      1. Keys and values: a factor 2. Layers, KV heads (config.n_kv_heads, not n_heads), head_dim.
+      2. Bytes, not bits: dtype.itemsize (2 for float16).
     """
     ### BEGIN SOLUTION
-    logits, _ = model(token[:, None], past_key_values=cache)  # (B, 1, vocab): one query, S keys
-    return logits[:, -1]
+    per_token = 2 * config.n_layers * config.n_kv_heads * config.head_dim * dtype.itemsize  # K and V, every layer
+    return per_token * seq_len * batch
     ### END SOLUTION
 
 
@@ -161,10 +165,8 @@ def generate_cached(model, input_ids: torch.Tensor, max_new_tokens: int, tempera
     Args:    as generate; cache: reuse this cache (it is reset first), or None for a new one
     Returns: (batch, seq_len + max_new_tokens), the same tokens as generate gives (greedy, fp32)
 
-    Hints (reference solution: 9 lines):
-      1. A cache left over from another prompt must be reset, or the new prompt sees the old one.
-      2. prefill gives the first token's logits; each decode_step the next one's.
-      3. next_token (Exercise 2.1) picks the token, exactly as in generate.
+    Hints (reference solution: 9 lines): reset a cache left from another prompt; prefill gives the first
+    token's logits, each decode_step the next one's; next_token (Exercise 2.1) picks, as in generate.
     """
     ### BEGIN SOLUTION
     if cache is None:

@@ -8,35 +8,19 @@ computes it, masked entries included.
 """
 from __future__ import annotations
 
-import math
-
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
+from kvlib.core.flops import forward_flops_counted
 from kvlib.course.exercises import exercise
-from kvlib.course.inputs import check_length
+from kvlib.course.inputs import check_generation_length, check_length
 
 # ---------------------------------------------------------------------------------------------
 # Measuring (no exercise): count what torch actually multiplies
 
 
-def _sdpa_flops(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
-    """q @ k^T and probs @ v over the full (T, S) matrix, for every query head."""
-    *batch, T, D = q_shape
-    S, D_v = k_shape[-2], v_shape[-1]
-    return 2 * math.prod(batch) * T * S * (D + D_v)
-
-
-# torch's counter knows the GPU attention kernels, not the CPU one: teach it that one too
-_CPU_ATTENTION = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_flops}
-
-
 def measured_forward_flops(model, seq_len: int, batch: int = 1) -> int:
-    """Matrix-multiply FLOPs of one forward pass over seq_len tokens, counted by torch itself."""
-    ids = torch.zeros(batch, seq_len, dtype=torch.long)
-    with torch.inference_mode(), FlopCounterMode(display=False, custom_mapping=_CPU_ATTENTION) as counter:
-        model(ids)
-    return counter.get_total_flops()
+    """Matrix-multiply FLOPs of one forward pass over seq_len tokens, counted by torch itself (kvlib.core.flops)."""
+    return forward_flops_counted(model, seq_len, batch)
 
 
 def naive_decode_flops(config, prompt_len: int, max_new_tokens: int) -> list[int]:
@@ -100,17 +84,23 @@ def new_token_flops(config, kv_len: int) -> int:
 # Exercise 3.3
 
 
-@exercise("3.3", validate=check_length)
-def wasted_fraction(config, kv_len: int) -> float:
-    """Share of a naive decode step's FLOPs that recompute what earlier steps already computed.
+@exercise("3.3", validate=check_generation_length)
+def generation_flops(config, prompt_len: int, max_new_tokens: int) -> tuple[int, int]:
+    """FLOPs of a whole generation of max_new_tokens after a prompt of prompt_len: naive, and with
+    every earlier key and value kept.
 
-    The naive step at kv_len tokens runs forward_flops(config, kv_len); only
-    new_token_flops(config, kv_len) of it is new work. Returns a float in [0, 1).
-    Example: wasted_fraction(config, 1) == 0.0 (the first token has nothing to repeat)
+    Naive: step i (i = 0 .. max_new_tokens - 1) runs a forward over prompt_len + i tokens.
+    Kept: step 0 is the prefill, a forward over the whole prompt (nothing is kept yet); step i >= 1
+    runs only the token chosen at step i - 1, whose query meets every key up to and including its own.
+    Returns: (naive, kept), two ints.
+    Example: generation_flops(config, 5, 1) == (forward_flops(config, 5), forward_flops(config, 5))
 
-    Hints (reference solution: 1 line):
-      1. Reuse Exercises 3.1 and 3.2.
+    Hints (reference solution: 3 lines):
+      1. Reuse forward_flops (Exercise 3.1) and new_token_flops (Exercise 3.2).
+      2. At step i >= 1 the new token sits at position prompt_len + i - 1: how many keys does it see?
     """
     ### BEGIN SOLUTION
-    return 1.0 - new_token_flops(config, kv_len) / forward_flops(config, kv_len)
+    naive = sum(forward_flops(config, prompt_len + i) for i in range(max_new_tokens))
+    kept = forward_flops(config, prompt_len) + sum(new_token_flops(config, prompt_len + i) for i in range(1, max_new_tokens))
+    return naive, kept
     ### END SOLUTION

@@ -1,0 +1,324 @@
+"""Checks for notebook 07 (kvlib/serving.py): exercises 7.1-7.5.
+
+Expectations come first, from kvlib's own model and plain attention (never the code under test):
+greedy tokens by full recompute, attention over each sequence's keys laid out contiguously. The
+slips named: a block freed while another table holds it, a block released twice, a block per
+token, a table half-grown when the pool runs out, padding to the longest row, blocks read in
+sorted order, no preemption or the wrong request preempted, a copy that forgets the contents.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kvlib.checks import check
+from kvlib.core.model import Decoder, ModelConfig
+
+CONFIG = ModelConfig(vocab_size=31, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=40, max_seq_len=96)
+
+
+def _model(seed: int = 0) -> Decoder:
+    torch.manual_seed(seed)
+    return Decoder(CONFIG).eval()
+
+
+def _greedy(model, prompt: list[int], n: int) -> list[int]:
+    """The expected tokens: greedy decoding by full recompute, one request alone."""
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        for _ in range(n):
+            ids = torch.cat([ids, model(ids)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return ids[0, len(prompt):].tolist()
+
+
+# ---------------------------------------------------------------------------------------------
+# 7.1 BlockPool.release
+
+
+@check("7.1")
+def release_returns_the_block(sv, rng):
+    """Check that a released block goes back on the free list and is handed out again."""
+    pool = sv.BlockPool(CONFIG, 4, 4)
+    a, b = pool.allocate(2)
+    pool.release(a)
+    assert pool.refs[a] == 0, f"after its only release block {a} should have no reference, refs[{a}] = {pool.refs[a]}"
+    assert pool.n_free == 3 and a in pool.free, f"release should put block {a} back on the free list: free = {pool.free}"
+    assert a in pool.allocate(3), "a released block should be handed out again"
+
+
+@check("7.1")
+def release_counts_references(sv, rng):
+    """Check that a block two tables share stays in use until both have released it."""
+    pool = sv.BlockPool(CONFIG, 3, 4)
+    b = pool.allocate(1)[0]
+    pool.share(b)
+    pool.release(b)
+    assert b not in pool.free and pool.refs[b] == 1, (
+        "a block two tables hold was freed by the first release: decrement refs, free only at 0 (the other table still reads it)")
+    pool.release(b)
+    assert b in pool.free and pool.refs[b] == 0, "the last release should free the block"
+
+
+@check("7.1")
+def release_twice_is_an_error(sv, rng):
+    """Check that releasing a free block raises ValueError, and the free list never holds a block twice."""
+    pool = sv.BlockPool(CONFIG, 3, 4)
+    b = pool.allocate(1)[0]
+    pool.release(b)
+    try:
+        pool.release(b)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("releasing a free block must raise ValueError: on the free list twice, it would be handed to two sequences")
+    assert sorted(pool.free) == [0, 1, 2], f"the free list should hold each block once, got {pool.free}"
+
+
+# ---------------------------------------------------------------------------------------------
+# 7.2 BlockTable.append
+
+
+@check("7.2")
+def append_allocates_at_block_boundaries(sv, rng):
+    """Check that appending one token at a time takes a new block only when the last one is full."""
+    pool, table = sv.BlockPool(CONFIG, 16, 4), sv.BlockTable(4)
+    counts, slots = [], []
+    for _ in range(9):
+        slots += table.append(pool, 1)
+        counts.append(len(table.blocks))
+    assert counts == [1, 1, 1, 1, 2, 2, 2, 2, 3], (
+        f"blocks held after each of 9 tokens (block_size 4) should be [1, 1, 1, 1, 2, 2, 2, 2, 3], got {counts}"
+        + (": a block per token" if counts[1] > 1 else ""))
+    assert table.length == 9, f"the table should count 9 tokens, got length {table.length}"
+    expected = [table.blocks[p // 4] * 4 + p % 4 for p in range(9)]
+    assert slots == expected, f"slots should be block * block_size + offset, in order: expected {expected}, got {slots}"
+
+
+@check("7.2")
+def append_many_tokens_at_once(sv, rng):
+    """Check that a prompt of 6 then 3 more tokens fill blocks in order, tables interleaved in one pool."""
+    pool = sv.BlockPool(CONFIG, 8, 4)
+    a, b = sv.BlockTable(4), sv.BlockTable(4)
+    first = a.append(pool, 6)
+    b.append(pool, 1)
+    more = a.append(pool, 3)
+    assert len(a.blocks) == 3 and a.length == 9, f"9 tokens need 3 blocks of 4: got {len(a.blocks)} blocks, length {a.length}"
+    slots = first + more
+    expected = [a.blocks[p // 4] * 4 + p % 4 for p in range(9)]
+    assert slots == expected, f"slots of positions 0..8 should be {expected}, got {slots}"
+    assert not set(a.blocks) & set(b.blocks), "two tables were given the same block"
+
+
+@check("7.2")
+def append_leaves_the_table_alone_when_blocks_run_out(sv, rng):
+    """Check that append raises OutOfBlocks when the pool is short, with table and pool as they were."""
+    pool, table = sv.BlockPool(CONFIG, 2, 4), sv.BlockTable(4)
+    table.append(pool, 3)
+    before = (list(table.blocks), table.length, pool.n_free)
+    try:
+        table.append(pool, 9)  # needs 3 blocks in all, 2 more, and only 1 is free
+    except sv.OutOfBlocks:
+        pass
+    else:
+        raise AssertionError("12 tokens in a pool of 2 blocks of 4 should raise OutOfBlocks (pool.allocate raises it)")
+    after = (list(table.blocks), table.length, pool.n_free)
+    assert after == before, (f"a failed append must change nothing (blocks, length, free): {before} became {after}: "
+                             "allocate every missing block in one call, before changing the table")
+
+
+# ---------------------------------------------------------------------------------------------
+# 7.3 paged_attention
+
+
+def _random_kv(rng, n_blocks: int, block_size: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random K and V for a pool, kept by the check: the pool gets clones, assigned (in the isolated
+    grader pool.k reads a copy of the child's, so changing it in place would change nothing there)."""
+    shape = (CONFIG.n_layers, n_blocks, CONFIG.n_kv_heads, block_size, CONFIG.head_dim)
+    return tuple(torch.randn(shape, generator=torch.Generator().manual_seed(int(rng.integers(1 << 30)))) for _ in "kv")
+
+
+def _paged_case(sv, rng, lengths, T=1, block_size=4):
+    """A pool with random K/V, tables over shuffled blocks; the expected attention, computed contiguously."""
+    pool = sv.BlockPool(CONFIG, 16, block_size)
+    K, V = _random_kv(rng, 16, block_size)
+    pool.k, pool.v = K.clone(), V.clone()
+    order = [int(b) for b in rng.permutation(16)]
+    tables, expected = [], []
+    q = torch.from_numpy(rng.normal(size=(len(lengths), CONFIG.n_heads, T, CONFIG.head_dim))).float()
+    for i, n in enumerate(lengths):
+        table, blocks = sv.BlockTable(block_size), [order.pop() for _ in range(-(-n // block_size))]
+        table.blocks, table.length = blocks, n
+        tables.append(table)
+        k = torch.cat([K[1, b] for b in blocks], dim=1)[:, :n]  # (H_kv, n, D), laid out in table order
+        v = torch.cat([V[1, b] for b in blocks], dim=1)[:, :n]
+        mask = torch.ones(T, n, dtype=torch.bool).tril(n - T)
+        expected.append(F.scaled_dot_product_attention(q[i : i + 1], k[None], v[None], attn_mask=mask, enable_gqa=True))
+    return pool, tables, q, torch.cat(expected)
+
+
+@check("7.3")
+def paged_attention_matches_contiguous(sv, rng):
+    """Check one decode step for 3 sequences of 5, 11 and 2 tokens against attention over each one's own keys."""
+    pool, tables, q, expected = _paged_case(sv, rng, [5, 11, 2])
+    out = sv.paged_attention(q, pool, 1, tables)
+    assert isinstance(out, torch.Tensor) and out.shape == expected.shape, f"expected shape {tuple(expected.shape)}, got {getattr(out, 'shape', out)}"
+    if torch.allclose(out, expected, atol=1e-5):
+        return
+    for i, t in enumerate(tables):
+        if not torch.allclose(out[i], expected[i], atol=1e-5):
+            if t.length % pool.block_size:
+                k = torch.cat([pool.k[1, b] for b in t.blocks], dim=1)
+                v = torch.cat([pool.v[1, b] for b in t.blocks], dim=1)
+                whole = F.scaled_dot_product_attention(q[i : i + 1], k[None], v[None], enable_gqa=True)
+                if torch.allclose(out[i], whole[0], atol=1e-5):
+                    raise AssertionError(f"row {i} read all of its last block: only table.length = {t.length} slots hold its tokens")
+            raise AssertionError(f"row {i} ({t.length} tokens in blocks {t.blocks}) differs from attention over its own keys, "
+                                 "read in table order (not sorted, not padded to the longest row)")
+
+
+@check("7.3")
+def paged_attention_prefill_is_causal(sv, rng):
+    """Check 3 new queries of one sequence of 7 tokens (a prefill chunk): causal, aligned to the last 3 positions."""
+    pool, tables, q, expected = _paged_case(sv, rng, [7], T=3)
+    out = sv.paged_attention(q, pool, 1, tables)
+    assert torch.allclose(out, expected, atol=1e-5), "3 new queries of 7 tokens should attend causally: query t to keys 0 .. 4 + t"
+
+
+# ---------------------------------------------------------------------------------------------
+# 7.4 Scheduler.step
+
+
+def _trace(rng, n=10):
+    return [([int(t) for t in rng.integers(0, CONFIG.vocab_size, size=int(rng.integers(2, 14)))], int(rng.integers(1, 16)))
+            for _ in range(n)]
+
+
+def _step(sv, sched):
+    try:
+        sched.step()
+    except sv.OutOfBlocks as err:
+        raise AssertionError(f"the pool ran out of blocks inside step ({err}): admit only while blocks_to_admit fits, "
+                             "and preempt until blocks_to_decode fits before decode") from None
+
+
+def _serve(sv, model, trace, n_blocks, max_batch=4, share=False):
+    pool = sv.BlockPool(CONFIG, n_blocks, 4)
+    sched = sv.Scheduler(model, pool, max_batch=max_batch, share_prefixes=share)
+    for i, (p, n) in enumerate(trace):
+        sched.add(sv.Request(i, list(p), n))
+    for _ in range(500):
+        if not (sched.waiting or sched.running):
+            return sched, pool
+        _step(sv, sched)
+    raise AssertionError("500 steps did not finish 10 short requests: are finished requests retired, and waiting ones admitted?")
+
+
+@check("7.4")
+def step_serves_every_request_exactly(sv, rng):
+    """Check that 10 requests through the scheduler get the greedy tokens each gets alone, and every block comes back."""
+    model, trace = _model(int(rng.integers(1000))), _trace(rng)
+    expected = [_greedy(model, p, n) for p, n in trace]
+    sched, pool = _serve(sv, model, trace, n_blocks=32)
+    got = {r.id: r.out for r in sched.finished}
+    assert len(got) == len(trace), f"{len(trace)} requests went in, {len(got)} finished"
+    for i, want in enumerate(expected):
+        assert got[i] == want, f"request {i} got {got[i]}, alone it gets {want}"
+    assert pool.n_free == pool.n_blocks, f"every block should be free at the end, {pool.n_blocks - pool.n_free} are still held: retire finished requests"
+
+
+@check("7.4")
+def step_admits_while_blocks_and_batch_allow(sv, rng):
+    """Check the first step: first come first served, at most max_batch running, only as many as blocks allow."""
+    model = _model(1)
+    pool = sv.BlockPool(CONFIG, 6, 4)
+    sched = sv.Scheduler(model, pool, max_batch=3)
+    for i, n in enumerate((5, 5, 9, 2, 2)):  # prompts of n tokens; 5 tokens + the next: 2 blocks
+        sched.add(sv.Request(i, [1] * n, 3))
+    _step(sv, sched)
+    ids = [r.id for r in sched.running]
+    assert ids == [0, 1], f"after one step requests [0, 1] should run (request 2 needs 3 more blocks, 2 are left; "\
+        f"first come, first served: 3 and 4 wait behind it), got {ids}"
+    sched = sv.Scheduler(model, sv.BlockPool(CONFIG, 64, 4), max_batch=3)
+    for i in range(5):
+        sched.add(sv.Request(i, [2, 3], 3))
+    _step(sv, sched)
+    assert [r.id for r in sched.running] == [0, 1, 2], f"max_batch=3 should admit requests 0, 1, 2, got {[r.id for r in sched.running]}"
+
+
+@check("7.4")
+def step_preempts_the_newest_and_stays_exact(sv, rng):
+    """Check that when blocks run out the newest running request is preempted, recomputed later, and still exact."""
+    model = _model(2)
+    trace = [([1, 2, 3], 14), ([4, 5, 6], 14), ([7, 8, 9], 14)]
+    expected = [_greedy(model, p, n) for p, n in trace]
+    pool = sv.BlockPool(CONFIG, 10, 4)  # 3 x 17 tokens need 15 blocks: someone must wait
+    sched = sv.Scheduler(model, pool, max_batch=3)
+    for i, (p, n) in enumerate(trace):
+        sched.add(sv.Request(i, list(p), n))
+    first = None
+    for _ in range(200):
+        if not (sched.waiting or sched.running):
+            break
+        before = [r.id for r in sched.running]
+        _step(sv, sched)
+        if first is None and sched.stats["preemptions"]:
+            first = (before, [r.id for r in sched.waiting])
+    assert sched.stats["preemptions"] > 0, "3 requests of 17 tokens in 10 blocks of 4 should force a preemption (call self.preempt)"
+    assert first[1][:1] == [2], f"the newest running request (2) should be preempted and wait first in line; running {first[0]}, waiting {first[1]}"
+    got = {r.id: r.out for r in sched.finished}
+    for i, want in enumerate(expected):
+        assert got.get(i) == want, f"after preemption request {i} got {got.get(i)}, alone it gets {want}"
+
+
+# ---------------------------------------------------------------------------------------------
+# 7.5 copy_on_write
+
+
+@check("7.5")
+def copy_on_write_copies_a_shared_block(sv, rng):
+    """Check that a shared block is copied (every layer's K and V), the table repointed, and the old one released once."""
+    pool = sv.BlockPool(CONFIG, 4, 4)
+    K, V = _random_kv(rng, 4)
+    pool.k, pool.v = K.clone(), V.clone()
+    a, b = sv.BlockTable(4), sv.BlockTable(4)
+    a.blocks, a.length = pool.allocate(2), 6  # as append (Exercise 7.2) would leave a 6-token table
+    b.blocks, b.length = list(a.blocks), a.length
+    for blk in a.blocks:
+        pool.share(blk)
+    old = b.blocks[1]
+    k_old, v_old = K[:, old], V[:, old]
+    new = sv.copy_on_write(pool, b, 1)
+    assert isinstance(new, int) and new != old, f"a block with 2 references should be copied to a new block, got {new!r} (old {old})"
+    assert b.blocks == [a.blocks[0], new], f"the table should point at the copy: expected {[a.blocks[0], new]}, got {b.blocks}"
+    assert torch.equal(pool.k[:, new], k_old) and torch.equal(pool.v[:, new], v_old), "the copy must hold the old block's K and V, all layers"
+    assert pool.refs[old] == 1 and pool.refs[new] == 1, f"old block refs {pool.refs[old]}, new {pool.refs[new]}: both should be 1 (release the old one once)"
+    assert a.blocks[1] == old, "the other table must keep the original"
+
+
+@check("7.5")
+def copy_on_write_keeps_a_private_block(sv, rng):
+    """Check that a block only this table holds is returned as it is: no copy, no allocation (two tables, two blocks)."""
+    pool = sv.BlockPool(CONFIG, 4, 4)
+    for block in pool.allocate(2):  # blocks 0 and 1: a function that returns a constant fails one of them
+        t = sv.BlockTable(4)
+        t.blocks, t.length = [block], 3
+        free = pool.n_free
+        got = sv.copy_on_write(pool, t, 0)
+        blocks = t.blocks
+        assert got == block and blocks == [block] and pool.n_free == free, (
+            f"a block only this table holds (refs 1) needs no copy: expected block {block} back and the table unchanged, got {got}, table {blocks}")
+
+
+@check("7.5")
+def shared_prefixes_stay_exact(sv, rng):
+    """Check that requests sharing an 8-token prompt prefix share its blocks, skip its prefill, and get the tokens they get alone."""
+    model = _model(3)
+    system = [int(t) for t in rng.integers(0, CONFIG.vocab_size, size=8)]  # two whole blocks; a prompt of just these writes into one
+    trace = [(system + [int(t) for t in rng.integers(0, CONFIG.vocab_size, size=k)], n) for k, n in ((0, 6), (3, 9), (0, 5), (4, 12))]
+    expected = [_greedy(model, p, n) for p, n in trace]
+    sched, pool = _serve(sv, model, trace, n_blocks=40, max_batch=4, share=True)
+    got = {r.id: r.out for r in sched.finished}
+    for i, want in enumerate(expected):
+        assert got.get(i) == want, f"with shared prefixes request {i} got {got.get(i)}, alone it gets {want}: copy a shared block before writing into it"
+    assert sched.stats["prefill_skipped"] > 0, "no prefill was skipped: the requests should share the prefix's whole blocks"
+    assert pool.n_free == pool.n_blocks, "every block should be free at the end"

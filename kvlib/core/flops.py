@@ -1,0 +1,40 @@
+"""FLOPs counted by torch itself (torch.utils.flop_counter), the CPU attention kernel included.
+
+torch's counter knows the GPU attention kernels, not the one a CPU runs
+(`_scaled_dot_product_flash_attention_for_cpu`), which it would count as 0: it is taught here. One
+home for the course's counted FLOPs: notebook 03 (a forward pass against the hand count), the
+checks of notebooks 03-05 (the expected counts, from models the learner's code never sees) and of
+notebook 04 (does a decode step's work grow with the prefix?), and the MLA study of notebook 08.
+Not here: FLOPs by formula (the learner's exercises).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+
+def _attention_flops(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
+    """q @ k^T and probs @ v over the full (T, S) score matrix, for every query head: 2 FLOPs per multiply-add."""
+    *batch, T, D = q_shape
+    return 2 * math.prod(batch) * T * k_shape[-2] * (D + v_shape[-1])
+
+
+_ATTENTION = {torch.ops.aten.scaled_dot_product_attention: _attention_flops,
+              torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _attention_flops}
+
+
+def matmul_flops(fn: Callable, *args, **kwargs) -> int:
+    """Matrix-multiply FLOPs (2 per multiply-add) of fn(*args, **kwargs), counted by torch where fn runs."""
+    with FlopCounterMode(display=False, custom_mapping=_ATTENTION) as counter:
+        fn(*args, **kwargs)
+    return int(counter.get_total_flops())
+
+
+def forward_flops_counted(model, seq_len: int, batch: int = 1) -> int:
+    """Matrix-multiply FLOPs of one forward pass of model over seq_len tokens (ids 0), counted by torch."""
+    ids = torch.zeros(batch, seq_len, dtype=torch.long)
+    with torch.inference_mode():
+        return matmul_flops(model, ids)

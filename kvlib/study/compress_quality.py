@@ -1,0 +1,100 @@
+"""The quality side of the smaller caches (notebook 08), on the trained tiny model.
+
+int8: greedy-token agreement with the float32 cache over the held-out capital questions (teacher-forced
+on the float32 cache's own greedy continuation, so one early difference does not count twice) and the
+capital-answer accuracy of each. Rolling window with and without attention sinks: loss by position on
+held-out text longer than the window, every token fed through the cache one at a time. Uses the
+learner's caches (kvlib.compress, through kvlib.measure.bench_compress).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kvlib.measure.compressed import Int8KVCache, sink_attention
+from kvlib.core.model import Decoder
+from kvlib.study import corpus, train
+
+
+def _prompts(tokenizer, stride: int, limit: int | None) -> list[tuple[list[int], list[int]]]:
+    items = corpus.eval_prompts("held_out", stride=stride)[:limit]
+    return [(tokenizer.encode(it.prompt), tokenizer.encode(it.answer)) for it in items]
+
+
+@torch.inference_mode()
+def _continue(model: Decoder, prompt: list[int], cache, new_tokens: int, forced: list[int] | None = None) -> list[int]:
+    """Greedy argmax after the prompt and after each next token (forced ones if given), through cache."""
+    cache.reset()
+    logits, _ = model(torch.tensor([prompt]), past_key_values=cache)
+    picks = []
+    for i in range(new_tokens):
+        picks.append(int(logits[0, -1].argmax()))
+        if i + 1 < new_tokens:
+            token = picks[-1] if forced is None else forced[i]
+            logits, _ = model(torch.tensor([[token]]), past_key_values=cache)
+    return picks
+
+
+def int8_agreement(model: Decoder, tokenizer, stride: int = 48, limit: int | None = None, new_tokens: int = 16) -> dict:
+    """Greedy tokens of the int8 cache against the float32 cache's, and the capital answers of each.
+
+    agreement: share of the new_tokens positions (over every prompt) where the int8 cache's argmax equals
+    the float32 cache's, both fed the float32 cache's continuation. answer_*: the first tokens of the
+    continuation spell the expected capital.
+    """
+    from kvlib.kv_cache import KVCache  # the learner's (notebook 04), looked up when it runs
+
+    agree = total = right_f = right_q = same_seq = 0
+    prompts = _prompts(tokenizer, stride, limit)
+    for prompt, answer in prompts:
+        width = len(prompt) + new_tokens
+        f = _continue(model, prompt, KVCache(model.config, max_seq_len=width), new_tokens)
+        q = _continue(model, prompt, Int8KVCache(model.config, max_seq_len=width), new_tokens, forced=f)
+        agree += sum(a == b for a, b in zip(f, q))
+        total += new_tokens
+        same_seq += f == q
+        right_f += f[:len(answer)] == answer
+        right_q += q[:len(answer)] == answer
+    n = len(prompts)
+    return {"prompts": n, "new_tokens": new_tokens, "agreement": agree / total, "identical_continuations": same_seq / n,
+            "answer_float32": right_f / n, "answer_int8": right_q / n, "goal": 0.99}
+
+
+def held_out_rows(tokenizer, n_rows: int, seq_len: int) -> torch.Tensor:
+    """(n_rows, seq_len + 1) held-out token ids: rows of the phrasings the model never trained on."""
+    records = train.encode_records(tokenizer, corpus.records("held_out"))
+    return train.pack_rows(records, seq_len)[:n_rows]
+
+
+@torch.inference_mode()
+def stepwise_loss(model: Decoder, rows: torch.Tensor, cache, attention=None) -> torch.Tensor:
+    """Next-token loss at every position (seq_len,), averaged over rows, feeding one token at a time through cache."""
+    cache.reset()
+    losses = []
+    for t in range(rows.shape[1] - 1):
+        logits, _ = model(rows[:, t:t + 1], past_key_values=cache, attention=attention)  # (N, 1, vocab)
+        losses.append(F.cross_entropy(logits[:, -1], rows[:, t + 1], reduction="none"))
+    return torch.stack(losses, 1).mean(0)
+
+
+def window_study(model: Decoder, tokenizer, capacity: int = 32, n_sink: int = 4, n_rows: int = 8, seq_len: int = 256,
+                 band: int = 32) -> dict:
+    """Loss by position band: the full float32 cache, int8, a window of `capacity` tokens, and n_sink sinks plus
+    capacity - n_sink recent tokens (the same cache size), on held-out rows longer than the window."""
+    from kvlib.compress import SinkCache
+    from kvlib.kv_cache import KVCache
+
+    rows = held_out_rows(tokenizer, n_rows, seq_len)
+    B = rows.shape[0]
+    caches = {"float32 (full)": KVCache(model.config, batch=B, max_seq_len=seq_len),
+              "int8 (full)": Int8KVCache(model.config, batch=B, max_seq_len=seq_len),
+              f"window {capacity}, no sinks": SinkCache(model.config, 0, capacity, batch=B),
+              f"{n_sink} sinks + window {capacity - n_sink}": SinkCache(model.config, n_sink, capacity - n_sink, batch=B)}
+    per_position = {name: stepwise_loss(model, rows, cache, sink_attention if isinstance(cache, SinkCache) else None)
+                    for name, cache in caches.items()}
+    edges = list(range(0, seq_len, band)) + [seq_len]
+    return {"capacity": capacity, "n_sink": n_sink, "rows": B, "seq_len": seq_len,
+            "bands": [f"{a}-{b - 1}" for a, b in zip(edges, edges[1:])],
+            "loss": {name: [round(loss[a:b].mean().item(), 4) for a, b in zip(edges, edges[1:])] for name, loss in per_position.items()},
+            "mean_past_window": {name: round(loss[capacity:].mean().item(), 4) for name, loss in per_position.items()},
+            "per_position": {name: [round(x, 4) for x in loss.tolist()] for name, loss in per_position.items()}}
