@@ -20,6 +20,8 @@ from kvlib.course.exercises import BY_ID, ExerciseNotDone
 from kvlib.kv_cache import KVCache
 from kvlib.measure import bench_compress
 
+from conftest import handed_in
+
 torch.set_num_threads(1)
 
 CHECKS_08 = [c for i in range(1, 7) for c in checks_for(BY_ID[f"8.{i}"])]
@@ -155,10 +157,7 @@ def test_bad_inputs_name_the_problem():
 
 
 def _module(**replaced) -> types.SimpleNamespace:
-    module = types.SimpleNamespace(**{n: getattr(compress, n) for n in NAMES})
-    for name, fn in replaced.items():
-        setattr(module, name, fn)
-    return module
+    return handed_in(compress, NAMES, **replaced)
 
 
 def _messages(ex_id: str, **replaced) -> list[str]:

@@ -1,6 +1,5 @@
 """kvlib/kv_cache.py (notebook 04): the reference passes every check, each check names the
 mistake it exists for, cached generation equals full recompute, and the edges fail clearly."""
-import types
 
 import numpy as np
 import pytest
@@ -11,6 +10,8 @@ from kvlib import kv_cache
 from kvlib.course.exercises import BY_ID
 from kvlib.checks import CHECKS, checks_for
 from kvlib.checks.kv_cache import CONFIG, _model
+
+from conftest import handed_in
 
 KV_CHECKS = [c for i in range(1, 6) for c in checks_for(BY_ID[f"4.{i}"])]
 
@@ -193,11 +194,8 @@ MISTAKES = [
 def test_check_names_the_known_mistake(name, fake, words):
     """Check that a deliberately wrong implementation fails the check with a message naming the mistake."""
     names = ("KVCache", "cached_attention", "cached_forward", "kv_cache_bytes", "generate_cached")
-    module = types.SimpleNamespace(**{n: getattr(kv_cache, n) for n in names})
-    for key, fn in fake.items():
-        setattr(module, key, fn)
     with pytest.raises(AssertionError) as info:
-        CHECKS[name].fn(module, np.random.default_rng(0))
+        CHECKS[name].fn(handed_in(kv_cache, names, **fake), np.random.default_rng(0))
     assert words in str(info.value)
 
 

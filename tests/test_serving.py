@@ -4,7 +4,6 @@ tiny model gets exactly the tokens each request gets alone with notebook 04's ca
 preemption and with shared prefixes; bad input fails clearly; `kvlib bench serve` reports."""
 import json
 import time
-import types
 
 import numpy as np
 import pytest
@@ -17,7 +16,7 @@ from kvlib.checks.serving import CONFIG, _model
 from kvlib.core.paging import Engine
 from kvlib.course.exercises import BY_ID
 
-from conftest import run_kvlib
+from conftest import handed_in, run_kvlib
 
 SERVING_CHECKS = [c for i in range(1, 6) for c in checks_for(BY_ID[f"7.{i}"])]
 NAMES = ("BlockPool", "BlockTable", "OutOfBlocks", "Request", "Scheduler", "copy_on_write", "paged_attention")
@@ -25,9 +24,7 @@ NAMES = ("BlockPool", "BlockTable", "OutOfBlocks", "Request", "Scheduler", "copy
 
 def _module(**over):
     """kvlib.serving with some pieces replaced; its Scheduler uses the replaced table, attention and copy."""
-    ns = types.SimpleNamespace(**{n: getattr(serving, n) for n in NAMES})
-    for key, value in over.items():
-        setattr(ns, key, value)
+    ns = handed_in(serving, NAMES, **over)
     base = over.get("Scheduler", serving.Scheduler)
 
     class Scheduler(base):

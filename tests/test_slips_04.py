@@ -3,8 +3,8 @@ pass every check of it, the likely slips fail with a message naming them, and a 
 changes what it is given (zeroes the model, the tensors) cannot make a check expect garbage.
 
 Each check takes a module, so a test hands it a namespace with the reference's functions and one
-replaced (as tests/test_kv_cache.py does)."""
-import types
+replaced (conftest.handed_in)."""
+from __future__ import annotations
 
 import numpy as np
 import pytest
@@ -17,14 +17,13 @@ from kvlib.checks import CHECKS, checks_for
 from kvlib.course.exercises import BY_ID
 from kvlib.generation import next_token
 
+from conftest import handed_in
+
 NAMES = ("KVCache", "cached_attention", "cached_forward", "kv_cache_bytes", "generate_cached")
 
 
 def _module(**fakes):
-    module = types.SimpleNamespace(**{n: getattr(kv_cache, n) for n in NAMES})
-    for key, fn in fakes.items():
-        setattr(module, key, fn)
-    return module
+    return handed_in(kv_cache, NAMES, **fakes)
 
 
 def _run(check_name, module):
