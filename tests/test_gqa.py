@@ -78,12 +78,28 @@ def test_decode_step_with_matches_model_forward():
     ids = torch.randint(0, 23, (2, 6))
     with torch.inference_mode():
         full = model(ids)[:, -1]
-        for name, attend in bench_gqa.ATTENTION.items():
+        for name, attend in bench_gqa.BENCH_ATTENTION.items():
             cache = KVCache(config, batch=2)
             for t in range(6):  # one token at a time from an empty cache; the step does not advance pos
                 logits = bench_gqa.decode_step_with(model, ids[:, t], cache, attend)
                 cache.pos += 1
             torch.testing.assert_close(logits, full, msg=name)
+
+
+@pytest.mark.parametrize("n_kv_heads, kv_len, chunk", [(2, 37, 8), (1, 16, 16), (6, 5, 1024), (3, 64, 7)])
+def test_split_k_attention_equals_grouped_attention_for_a_decode_step(n_kv_heads, kv_len, chunk):
+    """Check split-K (chunks merged by the online softmax) against SDPA with enable_gqa, chunks that do not divide kv_len included."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 6, 1, 8) * 3, torch.randn(2, n_kv_heads, kv_len, 8) * 3, torch.randn(2, n_kv_heads, kv_len, 8)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=n_kv_heads != 6)
+    torch.testing.assert_close(bench_gqa.split_k_attention(q, k, v, chunk=chunk), expected)
+
+
+def test_split_k_attention_names_what_it_cannot_do():
+    with pytest.raises(ValueError, match="one query per head"):
+        bench_gqa.split_k_attention(torch.randn(1, 4, 3, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8))
+    with pytest.raises(ValueError, match="multiple of n_kv_heads"):
+        bench_gqa.split_k_attention(torch.randn(1, 4, 1, 8), torch.randn(1, 3, 5, 8), torch.randn(1, 3, 5, 8))
 
 
 def test_decode_bytes_counts_copies_for_materialised():
@@ -266,13 +282,13 @@ def quick_gqa_report():
 
 @pytest.mark.slow
 def test_bench_gqa_quick_reports_every_case(quick_gqa_report):
-    """Check that `kvlib bench gqa --quick` times MHA two ways, and three ways for each smaller n_kv_heads, with ratios."""
+    """Check that `kvlib bench gqa --quick` times MHA two ways, and four ways (split-K too) for each smaller n_kv_heads, with ratios."""
     from kvlib.measure.bench_gqa import format_gqa
 
     report = quick_gqa_report
     rows = report["rows"]
     assert {(r["n_kv_heads"], r["method"]) for r in rows if r["kv_len"] == 512} == {
-        (8, "mha"), (8, "mha sdpa"), *((h, m) for h in (4, 2, 1) for m in ("materialised", "grouped", "sdpa"))}
+        (8, "mha"), (8, "mha sdpa"), *((h, m) for h in (4, 2, 1) for m in ("materialised", "grouped", "split-k", "sdpa"))}
     base = {r["method"]: r for r in rows if r["kv_len"] == 512 and r["n_kv_heads"] == 8}
     for r in rows:  # each way is compared with MHA done the same way: SDPA's fusion is not a GQA saving
         if r["kv_len"] == 512:

@@ -176,6 +176,28 @@ def test_decoder_returns_float32_logits_of_shape_batch_seq_vocab():
     assert logits.shape == (2, 3, 11) and logits.dtype == torch.float32
 
 
+def test_decoder_stores_tall_weights_column_major_and_wide_ones_row_major_keeping_shapes_and_state_dict():
+    """Check decode_layout: (out, in) shapes and values kept; out >= in column-major, out < in row-major; any state dict loads."""
+    model = small_model()  # d_model 32, hidden 48: the MLP's down projection (32 x 48) is the wide one
+    linears = {name: m.weight for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    for name, w in linears.items():
+        tall = w.shape[0] >= w.shape[1]
+        assert (w.t().is_contiguous() and not w.is_contiguous()) if tall else w.is_contiguous(), name
+    assert not linears["layers.0.attn.q_proj"].is_contiguous() and linears["layers.0.mlp.down_proj"].is_contiguous()
+    assert model.lm_head.weight.shape == (11, model.config.d_model)
+    state = {k: v.contiguous() for k, v in small_model(seed=1).state_dict().items()}  # row-major, as nn.Linear keeps it
+    model.load_state_dict(state)
+    q = model.layers[0].attn.q_proj.weight
+    assert not q.is_contiguous() and torch.equal(q, state["layers.0.attn.q_proj.weight"])
+    ids = torch.randint(0, 11, (1, 5))
+    row_major = small_model(seed=1)
+    for m in row_major.modules():
+        if isinstance(m, torch.nn.Linear):
+            m.weight = torch.nn.Parameter(m.weight.detach().contiguous())
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), row_major(ids))
+
+
 def test_decoder_is_causal():
     """Check that changing a later token never changes the logits of earlier positions."""
     model = small_model()

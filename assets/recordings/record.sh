@@ -9,7 +9,9 @@
 # The reference solutions are used (KVLIB_SOLUTIONS=1): a recording is never a learner's code.
 # Since 2026-12-01 `bench memory` takes the highest of five streaming kernels as the bandwidth ceiling
 # and compiles the decode step as one graph (fullgraph=True); recordings made before keep the read
-# kernel as the ceiling and a compiled row with graph breaks, and say so when printed.
+# kernel as the ceiling and a compiled row with graph breaks, and say so when printed. Since then, too,
+# kvlib's Decoder picks each weight's memory order (kvlib.core.model.decode_layout, chosen on a CPU):
+# bench memory's matrix-vector line prints the other order beside it, and bench gqa times split-K.
 set -euo pipefail
 out=${1:-assets/recordings}
 py=${PYTHON:-python3}

@@ -106,7 +106,7 @@ def write_gguf(model: Decoder, path: str | Path, weight_type: str = "F32") -> Pa
             w = rotary_interleave(w, c.n_heads)
         elif name.endswith("attn.k_proj.weight"):
             w = rotary_interleave(w, c.n_kv_heads)
-        data = w.numpy().astype(np.float32)
+        data = np.ascontiguousarray(w.numpy(), dtype=np.float32)  # rows in memory, as GGUF stores them
         if weight_type == "F32" or data.ndim == 1:  # norms stay float32, as llama.cpp's converter keeps them
             writer.add_tensor(gguf_name(name), data)
         else:

@@ -180,7 +180,7 @@ def _decoder(config, names: list[str], tensors: list):
     exactly the ones its config calls for."""
     import torch
 
-    from kvlib.core.model import Decoder, ModelConfig, rotary_tables
+    from kvlib.core.model import Decoder, ModelConfig, rotary_tables, decode_layout
 
     if not isinstance(config, dict) or not all(isinstance(k, str) and type(v) in (int, float) for k, v in config.items()):
         raise SandboxError("a Decoder whose config is not numbers")
@@ -197,6 +197,7 @@ def _decoder(config, names: list[str], tensors: list):
     if set(got) != set(want) or any(not isinstance(v, torch.Tensor) or tuple(v.shape) != want[k] for k, v in got.items()):
         raise SandboxError("a Decoder whose weights do not match its config (names or shapes)")
     model.load_state_dict(got, assign=True)
+    decode_layout(model)  # as Decoder lays its weights out: the same kernels, the same last bits
     cos, sin = rotary_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
     model.rope_cos, model.rope_sin = cos, sin
     return model.eval()

@@ -1,7 +1,9 @@
 """`kvlib bench cache` (notebook 04): tokens per second without a cache, with kvlib's KVCache, and with the
 engines a user would pick instead, all on identical weights: transformers with its default
 DynamicCache and with a StaticCache, and llama.cpp on a GGUF file kvlib writes (F32, and Q8_0 for
-what quantised weights buy), when the peers extra is installed. Models: the tiny model and a
+what quantised weights buy), when the peers extra is installed. One more way runs kvlib's cache
+with every weight row-major in memory, nn.Linear's default, to show what the memory order kvlib
+picks per matrix buys (kvlib.core.model.decode_layout). Models: the tiny model and a
 GPT-2-small-size Llama with random weights.
 
 How it is timed: every way generates once per round and the rounds are interleaved (the order
@@ -14,6 +16,7 @@ tokens are checked over a shorter generation; the table says so.
 """
 from __future__ import annotations
 
+import copy
 import statistics
 import tempfile
 from pathlib import Path
@@ -30,6 +33,7 @@ from kvlib.measure.peers import LlamaCpp, kvlib_way, llama_cpp_available, transf
 WAYS = {
     "no_cache": "kvlib, no cache (generate, 2.2)",
     "kvlib": "kvlib, KVCache (generate_cached, 4.5)",
+    "kvlib_rows": "kvlib, KVCache, all weights row-major",
     "hf_dynamic": "transformers, DynamicCache",
     "hf_static": "transformers, StaticCache",
     "llama_f32": "llama.cpp, F32 weights",
@@ -80,7 +84,14 @@ def _model_ways(model, threads: int, n_ctx: int, folder: Path, llama: bool) -> t
     from kvlib.kv_cache import generate_cached
 
     hf = to_transformers(model)
+    # the same model with every weight row after row in memory (nn.Linear's default) instead of the order
+    # kvlib.core.model.decode_layout picks per matrix: what that choice alone buys a decode step
+    rows = copy.deepcopy(model)
+    for m in rows.modules():
+        if isinstance(m, torch.nn.Linear):
+            m.weight = torch.nn.Parameter(m.weight.detach().contiguous(), requires_grad=False)
     ways = {"no_cache": kvlib_way(generate, model), "kvlib": kvlib_way(generate_cached, model),
+            "kvlib_rows": kvlib_way(generate_cached, rows),
             "hf_dynamic": transformers_way(hf), "hf_static": transformers_way(hf, "static")}
     missing = {}
     if llama:

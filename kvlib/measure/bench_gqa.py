@@ -1,7 +1,8 @@
 """`kvlib bench gqa` (notebook 06): one decode step at long context against n_kv_heads, attention done
 three ways: materialised (repeat_kv, Exercise 6.1, then MHA attention), grouped (Exercise 6.2) and
-torch's SDPA with enable_gqa. Here too the ways themselves, for notebook 06 to compare, and the
-bytes a step must move. Every step runs through the model's one forward pass with a KVCache.
+torch's SDPA with enable_gqa; and, in the benchmark only, grouped with the cache read in chunks
+(split_k_attention, flash-decoding's split-K). Here too the ways themselves, for notebook 06 to
+compare, and the bytes a step must move. Every step runs through the model's one forward pass with a KVCache.
 """
 from __future__ import annotations
 
@@ -80,6 +81,40 @@ ATTENTION: dict[str, Callable] = {  # the three ways notebook 06 and `kvlib benc
     "grouped": grouped_attention,
     "sdpa": sdpa_attention,
 }
+
+
+def split_k_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """Grouped attention for one decode step, the cache read in chunks merged by the online softmax.
+
+    What flash-decoding (split-K) does: each chunk of `chunk` cached tokens (1,024 x 64 numbers of
+    keys and as many of values per KV head: about 1 MB for GQA-2, one core's L2 here) gives its own
+    max m, sum l = sum exp(s - m) and output o = exp(s - m) @ v; chunks merge by rescaling each
+    with exp(m - new max). Same result as grouped_attention up to rounding. On a GPU the point is
+    parallelism, chunks on different processors when batch x heads is too small to fill the chip;
+    on one CPU core it can only gain from locality. `kvlib bench gqa` times it beside the others.
+    q (batch, n_heads, 1, head_dim): one query per head; k, v (batch, n_kv_heads, kv_len, head_dim).
+    """
+    (B, H, T, D), (H_kv, S) = q.shape, k.shape[1:3]
+    if T != 1:
+        raise ValueError(f"split_k_attention is for a decode step, one query per head: got q of shape {tuple(q.shape)}")
+    if H % H_kv or chunk < 1:
+        raise ValueError(f"n_heads {H} must be a multiple of n_kv_heads {H_kv}, and chunk ({chunk}) at least 1")
+    q = q.reshape(B, H_kv, H // H_kv, D) / math.sqrt(D)  # (B, H_kv, G, D): a group's queries as rows
+    m = l = o = None
+    for a in range(0, S, chunk):
+        s = (k[:, :, a : a + chunk] @ q.transpose(-2, -1)).transpose(-2, -1)  # (B, H_kv, G, c), as grouped_attention
+        m_c = s.amax(dim=-1, keepdim=True)  # (B, H_kv, G, 1)
+        p = (s - m_c).exp_()
+        l_c, o_c = p.sum(dim=-1, keepdim=True), p @ v[:, :, a : a + chunk]  # (B, H_kv, G, 1), (B, H_kv, G, D)
+        if m is None:
+            m, l, o = m_c, l_c, o_c
+        else:  # rescale both to the larger max, then add
+            new = torch.maximum(m, m_c)
+            old_scale, chunk_scale = (m - new).exp_(), (m_c - new).exp_()
+            m, l, o = new, l * old_scale + l_c * chunk_scale, o * old_scale + o_c * chunk_scale
+    return (o / l).view(B, H, 1, D)
+
+BENCH_ATTENTION = {**ATTENTION, "split-k": split_k_attention}  # `kvlib bench gqa` also times split-K, for GQA
 
 # ---------------------------------------------------------------------------------------------
 # A decode step with a chosen attention, through the model's forward pass with a cache
@@ -164,10 +199,11 @@ def _gqa_method(method: str, mha: bool) -> str:
 
 def bench_gqa(threads: int = 1, quick: bool = False, kv_lens=(4096, 8192, 16384), rounds: int = 21,
               bandwidth: dict | None = None, device: str = "cpu", batch: int | None = None) -> dict:
-    """Time one decode step at each kv_len for n_kv_heads 8 (MHA), 4, 2, 1, attention done three ways.
+    """Time one decode step at each kv_len for n_kv_heads 8 (MHA), 4, 2, 1, attention done three ways, and split-K.
 
     materialised: repeat_kv the cache out to n_heads, then MHA attention; grouped: kvlib's
-    grouped_attention (Exercise 6.2); sdpa: torch's scaled_dot_product_attention(enable_gqa=True).
+    grouped_attention (Exercise 6.2); sdpa: torch's scaled_dot_product_attention(enable_gqa=True);
+    split-k: split_k_attention, the cache in chunks merged by the online softmax (GQA rows only).
     Every case is timed once per round, rounds interleaved, so a busy neighbour slows all alike (the
     copying path in a block of its own, after the others); the median over rounds is reported with the roofline prediction: bytes moved / bandwidth
     (kvlib.measure.machine.measure_bandwidth, measured here unless its result is passed as `bandwidth`).
@@ -211,8 +247,8 @@ def bench_gqa(threads: int = 1, quick: bool = False, kv_lens=(4096, 8192, 16384)
                 cache.pos = S  # S cached tokens; the timed step attends to S + 1
                 # MHA two ways: kvlib's plain attention (what materialised and grouped are compared with)
                 # and torch's fused SDPA (what GQA through SDPA is compared with: fusion alone is no GQA saving)
-                for method in (("grouped", "sdpa") if h == n_heads else ("materialised", "grouped", "sdpa")):
-                    step = (lambda model=model, cache=cache, attend=ATTENTION[method]:
+                for method in (("grouped", "sdpa") if h == n_heads else ("materialised", "grouped", "split-k", "sdpa")):
+                    step = (lambda model=model, cache=cache, attend=BENCH_ATTENTION[method]:
                             decode_step_with(model, token, cache, attend))
                     step()  # the learner's code must run at all, before a graph captures it
                     cases.append((S, h, method, model, cache, timing.replayable(step, device)))
@@ -221,7 +257,7 @@ def bench_gqa(threads: int = 1, quick: bool = False, kv_lens=(4096, 8192, 16384)
         samples = [[] for _ in cases]
         # two blocks of interleaved rounds: the copying path allocates n_heads heads of fresh memory every
         # step, and measured among the others it slowed the steps right after it by up to 1.7x
-        for block in ({"grouped", "sdpa"}, {"materialised"}):
+        for block in ({"grouped", "split-k", "sdpa"}, {"materialised"}):
             for _ in range(rounds):
                 for i, (S, h, method, model, cache, step) in enumerate(cases):
                     if method in block:
@@ -293,7 +329,8 @@ def format_gqa(report: dict) -> str:
                      f"{row['speedup_vs_mha_best']:>8.2f}x")
     lines.append("\nvs MHA = MHA's median step time / this one's (>1: faster), sdpa against mha sdpa, the others against mha; "
                  "best/best = the same for the fastest runs.\nmha: kvlib's attention; materialised: repeat_kv then MHA attention; "
-                 "grouped: grouped_attention (Exercise 6.2); sdpa: torch's fused SDPA (enable_gqa for GQA)")
+                 "grouped: grouped_attention (Exercise 6.2); split-k: the same in chunks of 1,024 cached tokens merged by the online softmax "
+                 "(split_k_attention); sdpa: torch's fused SDPA (enable_gqa for GQA)")
     if "fixed" in report:  # recordings made before the fixed part was measured lack it
         lines += _format_time_split(report)
     return "\n".join(lines)
@@ -355,6 +392,10 @@ def _format_time_split(report: dict) -> list[str]:
                          f"cache part shrank to {ms(g['cache_s'])} ms, not the {ms(max(need, 0.0))} ms the goal needs"
                          + (f": it was read at {g['cache_bytes_per_s'] / 1e9:.1f} GB/s against MHA's "
                             f"{mha['cache_bytes_per_s'] / 1e9:.1f} (a group of {n_kv[0] // quarter} queries per cached "
-                            "number: a 4-column product one core runs at a lower rate)"
-                            if g["cache_bytes_per_s"] and mha["cache_bytes_per_s"] else ""))
+                            f"number: a {n_kv[0] // quarter}-column product one core runs at a lower rate)"
+                            if g["cache_bytes_per_s"] and mha["cache_bytes_per_s"] else "")
+                         + (f". Split-K, the same in chunks merged by the online softmax, ran "
+                            f"{at[8192, quarter, 'split-k']['speedup_vs_mha']:.2f}x: on one core there is no parallelism for "
+                            "it to win, and its chunks' smaller products and merges cost more than the locality saves"
+                            if (8192, quarter, "split-k") in at else ""))
     return lines

@@ -76,13 +76,17 @@ def _memory_run(device: str, threads: int | None, quick: bool) -> dict:
     with torch.device(device):  # build the weights where they will run: no host copy of a multi-GB model
         model = random_model(config, dtype=dtype, device=device)
     ids = {batch: torch.randint(0, config.vocab_size, (batch, 1), device=device) for batch in batch_sizes}
-    # the decode step's own kind of kernel, alone: one token's vector times each layer's largest matrix
-    downs = [layer.mlp.down_proj.weight for layer in model.layers]
-    vec = torch.randn(1, downs[0].shape[1], device=device, dtype=dtype)
-    gemv_bytes = sum(w.nbytes for w in downs)
+    # the decode step's own kind of kernel, alone: one token's vector times each layer's two largest matrices
+    # (the MLP's up and down projections), in the memory order the model stores them in
+    # (kvlib.core.model.decode_layout), and each in the other order, for what that choice buys
+    mats = [w for layer in model.layers for w in (layer.mlp.up_proj.weight, layer.mlp.down_proj.weight)]
+    flipped = [w.contiguous() if not w.is_contiguous() else w.t().contiguous().t() for w in mats]
+    vecs = {w.shape[1]: torch.randn(1, w.shape[1], device=device, dtype=dtype) for w in mats}
+    gemv_bytes = sum(w.nbytes for w in mats)
     with timing.num_threads(threads), torch.inference_mode():
         jobs = {**{k: fn for k, (fn, _) in kernels.items()}, "matmul": lambda: a @ b,
-                "gemv": timing.replayable(lambda: [torch.nn.functional.linear(vec, w) for w in downs], device),
+                "gemv": timing.replayable(lambda: [torch.nn.functional.linear(vecs[w.shape[1]], w) for w in mats], device),
+                "gemv flipped": timing.replayable(lambda: [torch.nn.functional.linear(vecs[w.shape[1]], w) for w in flipped], device),
                 **{f"decode {batch}": (lambda x=x: model(x)) for batch, x in ids.items()}}
         compile_error = None
         if cuda:
@@ -107,8 +111,8 @@ def _memory_run(device: str, threads: int | None, quick: bool) -> dict:
                 timing.synchronize(device)
                 samples[k].append(time.perf_counter() - start)
         record = timing.environment(device, dtype=str(dtype).removeprefix("torch."), rounds=rounds)
-    gemv_shape, n_matrices = list(downs[0].shape), len(downs)
-    del model, jobs, downs
+    gemv_shapes = [list(w.shape) for w in mats[:2]]
+    del model, jobs, mats, flipped
     med = {k: statistics.median(v) for k, v in samples.items()}
     rates = {k: moved / med[k] for k, (_, moved) in kernels.items()} | {"gemv": gemv_bytes / med["gemv"]}
     ceiling_kernel = max(rates, key=rates.get)  # the highest rate this device showed it can stream at
@@ -139,7 +143,8 @@ def _memory_run(device: str, threads: int | None, quick: bool) -> dict:
         **({"datasheet": {"name": sheet.name, "bandwidth": sheet.bandwidth, "source": sheet.source}} if sheet else {}),
         "matmul_flops": flops_per_s, "matmul_n": n, "ridge": flops_per_s / bandwidth,
         "gemv": {"bytes_per_s": gemv_bytes / med["gemv"], "fraction_of_bandwidth": gemv_bytes / med["gemv"] / bandwidth,
-                 "matrices": n_matrices, "shape": gemv_shape},
+                 "matrices": len(gemv_shapes) * config.n_layers, "shapes": gemv_shapes,
+                 "other_order_bytes_per_s": gemv_bytes / med["gemv flipped"]},
         "decode": {"config": config.to_dict(), "weight_bytes_read": moved, "flops": flops, "predicted_s": predicted,
                    **timed("decode 1"), **({"graph": timed("graph 1")} if cuda else {}),
                    **({"compiled": timed("compiled 1")} if "compiled 1" in med else {"compile_error": compile_error} if compile_error else {})},
@@ -201,9 +206,14 @@ def format_memory(report: dict) -> str:
                    + "(a new recording takes the highest of five kernels)" if legacy else
                    f"  ceiling     {r['bandwidth'] / 1e9:.1f} GB/s, the highest of them ({KERNEL_NAMES[kernel]}){of_sheet}"),
                   f"  matmul      {r['matmul_flops'] / 1e9:.1f} GFLOP/s ({r['matmul_n']}^3); ridge {r['ridge']:.1f} FLOP/B",
-                  *([f"  gemv        one vector times {r['gemv']['matrices']} matrices of {r['gemv']['shape'][0]}x{r['gemv']['shape'][1]}: "
+                  *([f"  gemv        one vector times {r['gemv']['matrices']} matrices of "
+                     + " and ".join(f"{a}x{b}" for a, b in r["gemv"].get("shapes", [r["gemv"].get("shape")])) + ": "
                      f"{r['gemv']['bytes_per_s'] / 1e9:.1f} GB/s = {r['gemv']['fraction_of_bandwidth']:.0%} of the ceiling"]
                     if "gemv" in r else []),
+                  *([f"              each stored in the other memory order than kvlib.core.model.decode_layout picked: "
+                     f"{r['gemv']['other_order_bytes_per_s'] / 1e9:.1f} GB/s (kvlib's choice: "
+                     f"{r['gemv']['bytes_per_s'] / r['gemv']['other_order_bytes_per_s']:.2f}x as fast)"]
+                    if "other_order_bytes_per_s" in r.get("gemv", {}) else []),
                   f"  decode step ({d['weight_bytes_read'] / 1e6:.0f} MB of weights): predicted {d['predicted_s'] * 1e3:.2f} ms "
                   "(bytes / ceiling, roofline_time)",
                   way("eager" if "graph" in d else "measured", d),

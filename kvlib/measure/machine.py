@@ -57,6 +57,41 @@ def measure_bandwidth(n_bytes: int = 256 << 20, device: str | torch.device = "cp
             "record": environment(device, threads=threads if threads else torch.get_num_threads())}
 
 
+def measure_gemv_layouts(weights: list[torch.Tensor], threads: int | None = 1, rounds: int = 11) -> dict:
+    """One vector times each (out, in) weight, stored two ways: the bytes/s each way streams them at.
+
+    "row-major": each row of a weight contiguous in memory, nn.Linear's default; "column-major":
+    each column, as kvlib's Decoder stores its tall weights (kvlib.core.model.decode_layout). The
+    same bytes, the same FLOPs, the same result up to rounding; only the routine differs. Both are
+    timed in alternation, `rounds` times, after a warm-up; returns the medians, with the record.
+    """
+    import statistics
+    import time
+
+    from kvlib.measure.timing import num_threads, synchronize
+
+    if not weights or any(w.dim() != 2 for w in weights):
+        raise ValueError(f"weights must be a non-empty list of (out, in) matrices, got shapes {[tuple(w.shape) for w in weights]}")
+    layouts = {"row-major": [w.detach().contiguous() for w in weights],
+               "column-major": [w.detach().t().contiguous().t() for w in weights]}
+    vecs = {w.shape[1]: torch.randn(1, w.shape[1], dtype=w.dtype, device=w.device) for w in weights}
+    n_bytes = sum(w.nbytes for w in layouts["row-major"])
+    samples = {k: [] for k in layouts}
+    with num_threads(threads), torch.inference_mode():
+        for r in range(rounds + 1):  # round 0 warms up
+            for name, ws in layouts.items():
+                synchronize(weights[0].device)
+                start = time.perf_counter()
+                for w in ws:
+                    torch.nn.functional.linear(vecs[w.shape[1]], w)
+                synchronize(weights[0].device)
+                if r:
+                    samples[name].append(time.perf_counter() - start)
+    rates = {k: n_bytes / statistics.median(v) for k, v in samples.items()}
+    return {**rates, "bytes": n_bytes, "rounds": rounds,
+            "record": environment(weights[0].device, threads=threads if threads else torch.get_num_threads())}
+
+
 def measure_matmul_flops(n: int = 1024, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                          threads: int | None = 1, repeats: int = 7) -> dict:
     """FLOP/s of an (n, n) @ (n, n) matmul: 2 n^3 FLOPs over 3 n^2 numbers moved, intensity 2n / 3 / bytes (~171 FLOP/B at n = 1024 in float32): compute-bound."""
