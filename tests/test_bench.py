@@ -4,8 +4,10 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from kvlib.core.configs import gpt2_size_config
+from kvlib.core.weights import load_tiny
 from kvlib.measure import bench_cache, bench_gqa
 
 from conftest import ROOT, run_kvlib
@@ -62,6 +64,43 @@ def test_bench_cache_fails_loudly_when_two_ways_disagree(monkeypatch):
     monkeypatch.setattr(bench_cache, "_model_ways", tampered)
     with pytest.raises(RuntimeError, match="transformers, StaticCache and kvlib, KVCache .* disagree"):
         bench_cache.bench_cache(lengths=(6,), quick=True, rounds=1, llama=False)
+
+
+def test_a_compile_that_fails_is_reported_and_the_run_goes_on(monkeypatch):
+    """Check that if torch.compile cannot compile (no C++ compiler...), that way says why and the others are timed."""
+    def cannot_compile(model, max_len, autotune=True):
+        def run(ids, n):
+            raise RuntimeError("torch.compile could not compile the decode step: InvalidCxxCompiler: no working C++ compiler")
+        return run
+
+    monkeypatch.setattr(bench_cache, "compiled_way", cannot_compile)
+    tiny, _ = load_tiny()
+    with torch.inference_mode():
+        r = bench_cache._bench_model("tiny", tiny, (4,), 1, 4, 1, True, False, True)
+    assert "kvlib_compiled" not in r["ways"] and "InvalidCxxCompiler" in r["missing"]["kvlib_compiled"]
+    assert {"kvlib", "hf_static"} <= set(r["ways"])
+
+
+@pytest.mark.slow
+def test_compiled_static_cache_decoding_picks_kvlibs_greedy_tokens():
+    """Check kvlib.measure.compiled: torch.compile of kvlib's model with a static cache gives generate_cached's tokens."""
+    from kvlib.core.model import Decoder, ModelConfig
+    from kvlib.kv_cache import generate_cached
+    from kvlib.measure.compiled import StaticCacheDecoder, compiled_way
+
+    torch.manual_seed(0)
+    model = Decoder(ModelConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=48, max_seq_len=64)).eval()
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    run = compiled_way(model, max_len=40, autotune=False)
+    tokens, stamps = run(ids, 20)
+    with torch.inference_mode():
+        expected = generate_cached(model, ids, 20)[0, 5:].tolist()
+    assert tokens == expected and len(stamps) == 20 and stamps == sorted(stamps)
+    assert run(ids, 20)[0] == expected  # a second run overwrites the cache from position 0: the same tokens
+    with pytest.raises(ValueError, match="at most 40 tokens"):
+        run(ids, 36)
+    with pytest.raises(ValueError, match="max_len must be in"):
+        StaticCacheDecoder(model, 65)
 
 
 def test_paired_ratio_summary_and_first_difference():

@@ -1,10 +1,11 @@
 """`kvlib bench cache` (notebook 04): tokens per second without a cache, with kvlib's KVCache, and with the
 engines a user would pick instead, all on identical weights: transformers with its default
 DynamicCache and with a StaticCache, and llama.cpp on a GGUF file kvlib writes (F32, and Q8_0 for
-what quantised weights buy), when the peers extra is installed. One more way runs kvlib's cache
-with every weight row-major in memory, nn.Linear's default, to show what the memory order kvlib
-picks per matrix buys (kvlib.core.model.decode_layout). Models: the tiny model and a
-GPT-2-small-size Llama with random weights.
+what quantised weights buy), when the peers extra is installed. Two more ways: kvlib's cache with
+every weight row-major in memory, nn.Linear's default, to show what the memory order kvlib picks
+per matrix buys (kvlib.core.model.decode_layout); and kvlib's model compiled by torch.compile with
+a static cache (kvlib.measure.compiled; not with --quick), to show what fused, repacked kernels buy
+the same weights. Models: the tiny model and a GPT-2-small-size Llama with random weights.
 
 How it is timed: every way generates once per round and the rounds are interleaved (the order
 rotated each round), so a busy neighbour slows every way alike; each ratio is the median of the
@@ -27,6 +28,7 @@ import torch
 from kvlib.core.configs import gpt2_size_config, quick_cache_config
 from kvlib.core.model import Decoder, matrix_params
 from kvlib.measure import timing
+from kvlib.measure.compiled import compiled_way
 from kvlib.measure.peers import LlamaCpp, kvlib_way, llama_cpp_available, transformers_way
 
 # way -> what it is, in the order of the table; "kvlib" is the reference every ratio is taken against
@@ -34,6 +36,7 @@ WAYS = {
     "no_cache": "kvlib, no cache (generate, 2.2)",
     "kvlib": "kvlib, KVCache (generate_cached, 4.5)",
     "kvlib_rows": "kvlib, KVCache, all weights row-major",
+    "kvlib_compiled": "kvlib's model compiled, static cache",
     "hf_dynamic": "transformers, DynamicCache",
     "hf_static": "transformers, StaticCache",
     "llama_f32": "llama.cpp, F32 weights",
@@ -77,7 +80,7 @@ def _summary(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def _model_ways(model, threads: int, n_ctx: int, folder: Path, llama: bool) -> tuple[dict, dict]:
+def _model_ways(model, threads: int, n_ctx: int, folder: Path, llama: bool, compiled: bool) -> tuple[dict, dict]:
     """way name -> run(ids, n) for one model, and what could not run (way -> why)."""
     from kvlib.core.weights import to_transformers
     from kvlib.generation import generate
@@ -94,6 +97,10 @@ def _model_ways(model, threads: int, n_ctx: int, folder: Path, llama: bool) -> t
             "kvlib_rows": kvlib_way(generate_cached, rows),
             "hf_dynamic": transformers_way(hf), "hf_static": transformers_way(hf, "static")}
     missing = {}
+    if compiled:  # kvlib's model through torch.compile (kvlib.measure.compiled): compiled in the warm-up
+        ways["kvlib_compiled"] = compiled_way(model, min(n_ctx, model.config.max_seq_len))
+    else:
+        missing["kvlib_compiled"] = "--quick skips it: compiling takes tens of seconds per model"
     if llama:
         from kvlib.core.gguf_export import write_gguf
 
@@ -101,20 +108,26 @@ def _model_ways(model, threads: int, n_ctx: int, folder: Path, llama: bool) -> t
             path = write_gguf(model, folder / f"model-{kind}.gguf", kind)
             ways[key] = LlamaCpp(path, n_ctx=n_ctx, threads=threads)
     else:
-        missing = {k: llama_cpp_available() for k in ("llama_f32", "llama_q8_0")}
+        missing |= {k: llama_cpp_available() for k in ("llama_f32", "llama_q8_0")}
     return ways, missing
 
 
 def _bench_model(name: str, model, lengths, threads: int, prompt_len: int, rounds: int, full_naive: bool,
-                 llama: bool) -> dict:
+                 llama: bool, compiled: bool) -> dict:
     cap = model.config.max_seq_len - prompt_len
     ns = sorted({min(n, cap) for n in lengths})
     n = max(ns)
     ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(1))
     with tempfile.TemporaryDirectory(prefix="kvlib-gguf-") as folder:
-        ways, missing = _model_ways(model, threads, prompt_len + n + 8, Path(folder), llama)
-        for run in ways.values():  # warm-up of each path: first touches, kernel choice, files paged in
-            run(ids, 8)
+        ways, missing = _model_ways(model, threads, prompt_len + n + 8, Path(folder), llama, compiled)
+        for key, run in list(ways.items()):  # warm-up of each path: first touches, kernel choice, compiling, files paged in
+            try:
+                run(ids, 8)
+            except RuntimeError as err:  # torch.compile cannot compile here (no C++ compiler...): say why, go on
+                if key != "kvlib_compiled":
+                    raise
+                del ways[key]
+                missing[key] = str(err)
         order = list(ways)
         times = {k: [] for k in ways}  # per round: seconds until each of the n tokens existed
         tokens = {}
@@ -166,6 +179,10 @@ def _bench_model(name: str, model, lengths, threads: int, prompt_len: int, round
             # kvlib's cached speed over this way's, per round (paired): > 1 kvlib faster
             "kvlib_over": {key: _summary([t / tk for t, tk in zip(v, per_round["kvlib"])])
                            for key, v in per_round.items() if key != "kvlib"},
+            # the compiled model's speed over each peer's, paired the same way
+            **({"compiled_over": {key: _summary([t / tc for t, tc in zip(v, per_round["kvlib_compiled"])])
+                                  for key, v in per_round.items() if key in ("hf_static", "llama_f32")}}
+               if "kvlib_compiled" in per_round else {}),
         })
     c = model.config
     return {"model": name, "params": model.num_params(), "config": c.to_dict(), "prompt_len": prompt_len,
@@ -195,7 +212,7 @@ def bench_cache(lengths=(64, 256, 512), threads: int = 1, prompt_len: int = 8, q
         torch.manual_seed(0)
         big = Decoder(gpt2_size_config() if not quick else quick_cache_config()).eval()
         for name, model, full_naive in (("tiny", tiny, True), ("small-stand-in" if quick else "gpt2-size", big, quick)):
-            results.append(_bench_model(name, model, lengths, threads, prompt_len, rounds, full_naive, llama))
+            results.append(_bench_model(name, model, lengths, threads, prompt_len, rounds, full_naive, llama, not quick))
         record = timing.environment("cpu", dtype="float32", threads_requested=threads)
     try:
         import transformers
@@ -219,6 +236,9 @@ def _goals(r: dict) -> list[str]:
             got = row["kvlib_over"][key]["median"]
             verdict = "met" if got >= goal else f"missed: kvlib would need {goal / got:.2f}x its speed"
             lines.append(f"  goal: kvlib >= {goal:.1f}x {WAYS[key]} at {row['new_tokens']} tokens: {got:.2f}x, {verdict}")
+    for key, s in row.get("compiled_over", {}).items():  # not the goal's subject (kvlib's eager code): shown beside it
+        lines.append(f"  {WAYS['kvlib_compiled']} / {WAYS[key]} at {row['new_tokens']} tokens: {s['median']:.2f}x "
+                     f"({s['min']:.2f}-{s['max']:.2f})")
     return lines
 
 
