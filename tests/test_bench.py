@@ -138,6 +138,9 @@ def test_bench_memory_takes_the_highest_of_five_kernels_as_the_ceiling():
     assert "ceiling" in text and "multi-stream read" in text
     assert run["gemv"]["other_order_bytes_per_s"] > 0  # the same matrices in the memory order decode_layout did not pick
     assert "the other memory order" in text
+    assert "compiled" not in run["decode"]  # --quick compiles nothing
+    compiled = {**run, "decode": {**run["decode"], "compiled": run["decode"]}}
+    assert "inductor, weights frozen" in bench_memory.format_memory({"date": "d", "quick": False, "record": {"torch": "t"}, "runs": [compiled]})
     below = {**run, "decode": {**run["decode"], "measured_over_predicted": 0.8}}
     assert "is below 1" in bench_memory.format_memory({"date": "d", "quick": True, "record": {"torch": "t"}, "runs": [below]})
 

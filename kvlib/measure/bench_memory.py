@@ -1,7 +1,7 @@
 """`kvlib bench memory` (notebook 05): memory bandwidth, matmul FLOP/s, and a memory-bound decode step,
 predicted from bytes / bandwidth (kvlib/roofline.py: roofline_time, given, and step_cost, the learner's
-Exercise 5.3) and measured; on a CUDA GPU also replayed as a CUDA graph and through torch.compile
-(one graph, fullgraph=True).
+Exercise 5.3) and measured; also through torch.compile (one graph, fullgraph=True: on a CPU with
+the weights frozen and repacked, on a CUDA GPU with CUDA graphs), and on a GPU replayed as a CUDA graph.
 
 The bandwidth ceiling is the highest rate any of five kernels reached in the run: read, copy,
 triad, a multi-stream read, and the decode step's own kind of kernel (matrix-vector products).
@@ -57,7 +57,9 @@ def _memory_run(device: str, threads: int | None, quick: bool) -> dict:
     decode step is timed twice: as kvlib runs it (eager: one kernel launch per operation, from
     Python) and replayed as a CUDA graph (timing.replayable), which leaves the GPU no idle gaps;
     and at batch 1 a third time, through torch.compile (mode "reduce-overhead": fused kernels
-    replayed as CUDA graphs), recorded as an error instead should the compiler fail.
+    replayed as CUDA graphs). On a CPU the batch-1 step is also compiled (not with quick): inductor
+    with the weights frozen, free to repack them for its matrix kernels (kvlib.measure.compiled).
+    A compiler that fails is recorded as an error instead.
     """
     from kvlib.roofline import roofline_time, step_cost  # roofline_time is given; step_cost is the learner's Exercise 5.3
 
@@ -91,15 +93,27 @@ def _memory_run(device: str, threads: int | None, quick: bool) -> dict:
         compile_error = None
         if cuda:
             jobs |= {f"graph {batch}": timing.replayable(lambda x=x: model(x), device) for batch, x in ids.items()}
-            if not quick:  # fused kernels too: torch.compile, its CUDA graphs included ("reduce-overhead"), batch 1
-                try:
-                    # fullgraph=True: one graph or an error, never a graph break that syncs with the host each step
-                    compiled, x1 = torch.compile(model, mode="reduce-overhead", fullgraph=True), ids[1]
-                    for _ in range(3):  # compile, record the graph, replay
-                        compiled(x1)
-                    jobs["compiled 1"] = lambda: compiled(x1)
-                except Exception as err:  # a compiler that fails here must not cost the rest of the recording
-                    compile_error = f"{type(err).__name__}: {str(err)[:300]}"
+        if not quick:  # fused kernels too: torch.compile at batch 1, one graph (fullgraph=True) or an error
+            try:
+                x1 = ids[1]
+                if cuda:  # its CUDA graphs included ("reduce-overhead")
+                    compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+                    run_compiled = lambda: compiled(x1)  # noqa: E731
+                else:  # inductor with the weights frozen, so it may repack them for its own matrix kernels
+                    import torch._inductor.config as inductor_config
+
+                    from kvlib.measure.compiled import AUTOTUNE, INDUCTOR
+
+                    compiled = torch.compile(model, fullgraph=True)
+
+                    def run_compiled():
+                        with inductor_config.patch(INDUCTOR | AUTOTUNE):
+                            return compiled(x1)
+                for _ in range(3):  # compile (a CUDA graph: record it), then replay
+                    run_compiled()
+                jobs["compiled 1"] = run_compiled
+            except Exception as err:  # a compiler that fails here must not cost the rest of the recording
+                compile_error = f"{type(err).__name__}: {str(err)[:300]}"
         samples = {k: [] for k in jobs}
         for fn in jobs.values():  # warm-up: first touches, kernel selection
             fn()
@@ -218,8 +232,10 @@ def format_memory(report: dict) -> str:
                   "(bytes / ceiling, roofline_time)",
                   way("eager" if "graph" in d else "measured", d),
                   *([way("as a CUDA graph", d["graph"])] if "graph" in d else []),
-                  *([way("torch.compile (fused kernels, CUDA graphs; " + ("three graphs: check_input's range check broke it "
-                         "twice, each a sync with the host" if legacy else "one graph, fullgraph=True") + ")", d["compiled"])]
+                  *([way(("torch.compile (fused kernels, CUDA graphs; " if r["device_type"] == "cuda" else
+                          "torch.compile (inductor, weights frozen and repacked for its kernels; ")
+                         + ("three graphs: check_input's range check broke it twice, each a sync with the host" if legacy
+                            else "one graph, fullgraph=True") + ")", d["compiled"])]
                     if "compiled" in d else []),
                   *([f"  torch.compile failed: {d['compile_error']}"] if "compile_error" in d else []),
                   *([_rebased(r)] if legacy else []),
