@@ -1,6 +1,7 @@
 """nbgrader configuration for this repository: solutions/ is the instructor's source, notebooks/
 is the learner release (`kvlib course release` regenerates it; so does
 `nbgrader generate_assignment 01-attention --no-db --force`)."""
+
 c = get_config()  # noqa: F821 (provided by nbgrader)
 
 c.CourseDirectory.course_id = "kvlib"

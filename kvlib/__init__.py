@@ -11,6 +11,7 @@ its job: core (the model and its weights), measure, study (corpus, training, the
 course (exercises, release, command line, lab, figures), checks and grading. Modules are imported
 lazily, so that a learner's broken file cannot stop `kvlib check` from reporting on the others.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -19,8 +20,20 @@ from kvlib.course.exercises import EXERCISES, ExerciseNotDone, solutions_enabled
 
 __all__ = ["EXERCISES", "ExerciseNotDone", "solutions_enabled", "use_solutions"]
 
-_SUBMODULES = {"attention", "generation", "recompute", "kv_cache", "roofline", "gqa", "core", "measure", "study", "course",
-               "checks", "grading"}
+_SUBMODULES = {
+    "attention",
+    "generation",
+    "recompute",
+    "kv_cache",
+    "roofline",
+    "gqa",
+    "core",
+    "measure",
+    "study",
+    "course",
+    "checks",
+    "grading",
+}
 
 
 def __getattr__(name: str):

@@ -4,20 +4,21 @@ numpy, one head, no batch: q (T, D), k and v (S, D). Every reduction uses a nega
 the same code runs unchanged on (B, H, T, D) arrays.
 Left out: learned projections, several heads and rotary positions (the model of notebook 02).
 """
+
 from __future__ import annotations
 
 import math
 
 import numpy as np
 
+from kvlib.course import inputs
 from kvlib.course.exercises import exercise
-from kvlib.course.inputs import check_attend, check_causal_mask, check_scores, check_self_attention
 
 # ---------------------------------------------------------------------------------------------
 # Exercise 1.1
 
 
-@exercise("1.1", validate=check_scores)
+@exercise("1.1", validate=inputs.check_scores)
 def softmax(scores: np.ndarray) -> np.ndarray:
     """Softmax over the last axis, safe for large scores.
 
@@ -36,7 +37,7 @@ def softmax(scores: np.ndarray) -> np.ndarray:
 # Exercise 1.2
 
 
-@exercise("1.2", validate=check_attend)
+@exercise("1.2", validate=inputs.check_attend)
 def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float | None = None):
     """Attention of one query over all keys: score, softmax, weighted sum of values.
 
@@ -59,7 +60,7 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float | None = No
 # Exercise 1.3
 
 
-@exercise("1.3", validate=check_causal_mask)
+@exercise("1.3", validate=inputs.check_causal_mask)
 def causal_mask(seq_len: int, kv_len: int) -> np.ndarray:
     """Boolean (seq_len, kv_len) mask; True where query i may attend to key j.
 
@@ -77,7 +78,7 @@ def causal_mask(seq_len: int, kv_len: int) -> np.ndarray:
 # Exercise 1.4
 
 
-@exercise("1.4", validate=check_self_attention)
+@exercise("1.4", validate=inputs.check_self_attention)
 def causal_self_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray):
     """All queries at once: scaled dot-product attention under the causal mask.
 

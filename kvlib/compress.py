@@ -7,6 +7,7 @@ cache. MLA (DeepSeek-V2, arXiv 2405.04434): one latent per token, attended two w
 the rolling cache's attention: kvlib.measure.compressed; bytes and timing: kvlib.measure.bench_compress;
 quality: kvlib.study.compress_quality.
 """
+
 from __future__ import annotations
 
 import math
@@ -14,15 +15,15 @@ import math
 import torch
 import torch.nn.functional as F
 
-from kvlib.course.exercises import exercise
-from kvlib.course.inputs import check_cache_positions, check_int8_attention, check_mla, check_quantize, check_sink_update
 from kvlib.core.model import causal_mask
+from kvlib.course import inputs
+from kvlib.course.exercises import exercise
 
 # ---------------------------------------------------------------------------------------------
 # int8 keys and values
 
 
-@exercise("8.1", validate=check_quantize)
+@exercise("8.1", validate=inputs.check_quantize)
 def quantize(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8: x ~= values * scale, one float32 scale for each slice of x along `dim`.
 
@@ -42,9 +43,15 @@ def dequantize(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return values.to(torch.float32, copy=True).mul_(scale)  # convert, then scale in place: 30x faster than int8 * float
 
 
-@exercise("8.2", validate=check_int8_attention)
-def int8_attention(q: torch.Tensor, k_values: torch.Tensor, k_scale: torch.Tensor, v_values: torch.Tensor,
-                   v_scale: torch.Tensor, kv_len: int) -> torch.Tensor:
+@exercise("8.2", validate=inputs.check_int8_attention)
+def int8_attention(
+    q: torch.Tensor,
+    k_values: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_values: torch.Tensor,
+    v_scale: torch.Tensor,
+    kv_len: int,
+) -> torch.Tensor:
     """Causal attention of q against the first kv_len tokens of an int8 cache (grouped heads as in 6.2).
 
     Args:    q: (batch, n_heads, seq_len, head_dim), the last seq_len of the kv_len positions
@@ -72,8 +79,14 @@ class SinkCache:
     """
 
     def __init__(self, config, n_sink: int, window: int, batch: int = 1, dtype=torch.float32, device="cpu"):
-        check_cache_positions(1, n_sink, window)
-        self.n_layers, self.n_sink, self.window, self.capacity, self.pos = config.n_layers, n_sink, window, n_sink + window, 0
+        inputs.check_cache_positions(1, n_sink, window)
+        self.n_layers, self.n_sink, self.window, self.capacity, self.pos = (
+            config.n_layers,
+            n_sink,
+            window,
+            n_sink + window,
+            0,
+        )
         shape = (config.n_layers, batch, config.n_kv_heads, self.capacity, config.head_dim)
         self.k, self.v = torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
 
@@ -83,7 +96,7 @@ class SinkCache:
     def advance(self, seq_len: int) -> None:
         self.pos += seq_len
 
-    @exercise("8.3", validate=check_sink_update)
+    @exercise("8.3", validate=inputs.check_sink_update)
     def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the seq_len new tokens (positions pos, pos + 1, ...) into their slots; return the filled slots.
 
@@ -97,7 +110,7 @@ class SinkCache:
         raise NotImplementedError("Exercise 8.3 (notebooks/08-compress): SinkCache.update")
 
 
-@exercise("8.4", validate=check_cache_positions)
+@exercise("8.4", validate=inputs.check_cache_positions)
 def cache_positions(n_seen: int, n_sink: int, window: int) -> torch.Tensor:
     """Rotary position of the key in every filled slot, once n_seen tokens went through a SinkCache.
 
@@ -117,7 +130,7 @@ def cache_positions(n_seen: int, n_sink: int, window: int) -> torch.Tensor:
 # Multi-head Latent Attention: the cache holds latent (kv_rank) and one shared rotary key (rope_dim) per token
 
 
-@exercise("8.5", validate=check_mla)
+@exercise("8.5", validate=inputs.check_mla)
 def mla_reconstruct(q_nope, q_rope, latent, k_rope, w_uk, w_uv) -> torch.Tensor:
     """MLA the direct way: rebuild every head's keys and values from the cached latents, then attend.
 
@@ -132,7 +145,7 @@ def mla_reconstruct(q_nope, q_rope, latent, k_rope, w_uk, w_uv) -> torch.Tensor:
     raise NotImplementedError("Exercise 8.5 (notebooks/08-compress): mla_reconstruct")
 
 
-@exercise("8.6", validate=check_mla)
+@exercise("8.6", validate=inputs.check_mla)
 def mla_absorbed(q_nope, q_rope, latent, k_rope, w_uk, w_uv) -> torch.Tensor:
     """MLA as DeepSeek serves it: w_uk folded into the query, w_uv applied after, attention in latent space.
 

@@ -8,6 +8,7 @@ saving (grouped_attention), and turning a trained MHA model into GQA by mean-poo
 al., 2023). Timing the ways of attention is kvlib.measure.bench_gqa's; the quality study and
 uptraining are kvlib.study.gqa_quality's. Left out: fused kernels (SDPA's enable_gqa is compared only).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,16 +17,16 @@ from collections.abc import Callable
 
 import torch
 
-from kvlib.course.exercises import exercise
-from kvlib.course.inputs import check_pool, check_qkv, check_repeat, check_to_gqa
 from kvlib.core.model import Decoder
 from kvlib.core.weights import load_checked
+from kvlib.course import inputs
+from kvlib.course.exercises import exercise
 
 # ---------------------------------------------------------------------------------------------
 # Exercise 6.1: which key/value head each query head reads
 
 
-@exercise("6.1", validate=check_repeat)
+@exercise("6.1", validate=inputs.check_repeat)
 def repeat_kv(x: torch.Tensor, group_size: int) -> torch.Tensor:
     """Copy each key/value head out to the group_size query heads that share it.
 
@@ -47,7 +48,7 @@ def repeat_kv(x: torch.Tensor, group_size: int) -> torch.Tensor:
 # Exercise 6.2
 
 
-@exercise("6.2", validate=check_qkv)
+@exercise("6.2", validate=inputs.check_qkv)
 def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal attention in which each key/value head serves its group of query heads, read in place.
 
@@ -72,7 +73,7 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torc
 # Exercise 6.3: from n_heads key/value heads to n_kv_heads, the GQA paper's way
 
 
-@exercise("6.3", validate=check_pool)
+@exercise("6.3", validate=inputs.check_pool)
 def mean_pool_heads(w: torch.Tensor, n_heads: int, n_kv_heads: int) -> torch.Tensor:
     """Average the heads of each group of a key or value projection: (n_heads*D, C) -> (n_kv_heads*D, C).
 
@@ -90,7 +91,7 @@ def mean_pool_heads(w: torch.Tensor, n_heads: int, n_kv_heads: int) -> torch.Ten
 
 def first_head_of_group(w: torch.Tensor, n_heads: int, n_kv_heads: int) -> torch.Tensor:
     """The alternative the GQA paper compares with: keep the first head of each group, drop the rest."""
-    check_pool(w, n_heads, n_kv_heads)
+    inputs.check_pool(w, n_heads, n_kv_heads)
     D, C = w.shape[0] // n_heads, w.shape[1]
     return w.reshape(n_kv_heads, n_heads // n_kv_heads, D, C)[:, 0].reshape(n_kv_heads * D, C)
 
@@ -99,7 +100,7 @@ def first_head_of_group(w: torch.Tensor, n_heads: int, n_kv_heads: int) -> torch
 # Exercise 6.4
 
 
-@exercise("6.4", validate=check_to_gqa)
+@exercise("6.4", validate=inputs.check_to_gqa)
 def to_gqa(model: Decoder, n_kv_heads: int, pool: Callable | None = None) -> Decoder:
     """A new Decoder with n_kv_heads key/value heads, its k_proj and v_proj weights pooled from model's.
 

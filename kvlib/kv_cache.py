@@ -4,6 +4,7 @@ A pre-allocated cache holds what notebook 03 showed never changes; cached_forwar
 tokens through every layer (prefill: the prompt once; decode step: one token). kv_cache_bytes():
 what the cache costs in memory. Left out: paged or sliding-window caches, prompts of different lengths.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -11,9 +12,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from kvlib.course.exercises import exercise
-from kvlib.course.inputs import check_cached_attention, check_decode, check_generate_cached, check_kv_cache_bytes, check_prefill, check_update
 from kvlib.attention import causal_mask
+from kvlib.course import inputs
+from kvlib.course.exercises import exercise
 from kvlib.generation import next_token
 
 # ---------------------------------------------------------------------------------------------
@@ -26,11 +27,19 @@ class KVCache:
     pos: tokens stored so far (the next token's position). Each layer writes with update(), then advance() once.
     """
 
-    def __init__(self, config, batch: int = 1, max_seq_len: int | None = None,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    def __init__(
+        self,
+        config,
+        batch: int = 1,
+        max_seq_len: int | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ):
         max_seq_len = config.max_seq_len if max_seq_len is None else max_seq_len
         if not 1 <= max_seq_len <= config.max_seq_len:
-            raise ValueError(f"max_seq_len must be in [1, {config.max_seq_len}] (the model's rotary table), got {max_seq_len}")
+            raise ValueError(
+                f"max_seq_len must be in [1, {config.max_seq_len}] (the model's rotary table), got {max_seq_len}"
+            )
         if batch < 1:
             raise ValueError(f"batch must be at least 1, got {batch}")
         shape = (config.n_layers, batch, config.n_kv_heads, max_seq_len, config.head_dim)
@@ -58,7 +67,7 @@ class KVCache:
         """How model(ids, past_key_values=cache) runs a layer's attention: Exercise 4.2."""
         return cached_attention(attn, x, cache, layer, rope_cos, rope_sin)
 
-    @exercise("4.1", validate=check_update)
+    @exercise("4.1", validate=inputs.check_update)
     def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k_new, v_new of one layer at positions [pos, pos + seq_len); return that layer's filled prefix.
 
@@ -70,9 +79,10 @@ class KVCache:
         raise NotImplementedError("Exercise 4.1 (notebooks/04-kv-cache): KVCache.update")
 
 
-@exercise("4.2", validate=check_cached_attention)
-def cached_attention(attn, x: torch.Tensor, cache: KVCache, layer: int,
-                     rope_cos: torch.Tensor, rope_sin: torch.Tensor) -> torch.Tensor:
+@exercise("4.2", validate=inputs.check_cached_attention)
+def cached_attention(
+    attn, x: torch.Tensor, cache: KVCache, layer: int, rope_cos: torch.Tensor, rope_sin: torch.Tensor
+) -> torch.Tensor:
     """One attention layer with a cache: the seq_len new tokens attend to every stored token and themselves.
 
     Args:    attn: the layer's kvlib.core.model.Attention (project_q, project_kv, n_heads, n_kv_heads, o_proj)
@@ -88,7 +98,7 @@ def cached_attention(attn, x: torch.Tensor, cache: KVCache, layer: int,
     raise NotImplementedError("Exercise 4.2 (notebooks/04-kv-cache): cached_attention")
 
 
-@exercise("4.3", validate=check_prefill)
+@exercise("4.3", validate=inputs.check_prefill)
 def cached_forward(model, input_ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
     """Run only the new tokens through every layer, each reading and extending its cache; next-token logits.
 
@@ -108,17 +118,17 @@ def cached_forward(model, input_ids: torch.Tensor, cache: KVCache) -> torch.Tens
 
 def prefill(model, input_ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
     """The prompt (batch, seq_len), once, into the cache: the first new token's logits (batch, vocab_size)."""
-    check_prefill(model, input_ids, cache)
+    inputs.check_prefill(model, input_ids, cache)
     return cached_forward(model, input_ids, cache)
 
 
 def decode_step(model, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
     """One token per row (batch,) at position cache.pos: the next token's logits (batch, vocab_size)."""
-    check_decode(model, token, cache)
+    inputs.check_decode(model, token, cache)
     return cached_forward(model, token[:, None], cache)
 
 
-@exercise("4.4", validate=check_kv_cache_bytes)
+@exercise("4.4", validate=inputs.check_kv_cache_bytes)
 def kv_cache_bytes(config, seq_len: int, batch: int = 1, dtype: torch.dtype = torch.float16) -> int:
     """Bytes of the KV cache holding seq_len tokens for each of batch sequences (what KVCache allocates).
 
@@ -132,10 +142,16 @@ def kv_cache_bytes(config, seq_len: int, batch: int = 1, dtype: torch.dtype = to
     raise NotImplementedError("Exercise 4.4 (notebooks/04-kv-cache): kv_cache_bytes")
 
 
-@exercise("4.5", validate=check_generate_cached)
-def generate_cached(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
-                    generator: torch.Generator | None = None, on_token: Callable[[torch.Tensor], None] | None = None,
-                    cache: KVCache | None = None) -> torch.Tensor:
+@exercise("4.5", validate=inputs.check_generate_cached)
+def generate_cached(
+    model,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    generator: torch.Generator | None = None,
+    on_token: Callable[[torch.Tensor], None] | None = None,
+    cache: KVCache | None = None,
+) -> torch.Tensor:
     """generate (Exercise 2.2) with a KV cache: one prefill, then one decode step per new token.
 
     Args:    as generate; cache: reuse this cache (it is reset first), or None for a new one

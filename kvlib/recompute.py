@@ -6,13 +6,12 @@ of earlier positions never change (the causal mask is why). We count matrix-mult
 (they are a few percent of the work). Attention scores count the full (T, S) matrix, as SDPA
 computes it, masked entries included.
 """
+
 from __future__ import annotations
 
-import torch
-
 from kvlib.core.flops import forward_flops_counted
+from kvlib.course import inputs
 from kvlib.course.exercises import exercise
-from kvlib.course.inputs import check_generation_length, check_length
 
 # ---------------------------------------------------------------------------------------------
 # Measuring (no exercise): count what torch actually multiplies
@@ -32,7 +31,7 @@ def naive_decode_flops(config, prompt_len: int, max_new_tokens: int) -> list[int
 # Exercise 3.1
 
 
-@exercise("3.1", validate=check_length)
+@exercise("3.1", validate=inputs.check_length)
 def forward_flops(config, seq_len: int) -> int:
     """Matrix-multiply FLOPs of one forward pass of the decoder over seq_len tokens (batch 1).
 
@@ -53,7 +52,7 @@ def forward_flops(config, seq_len: int) -> int:
 # Exercise 3.2
 
 
-@exercise("3.2", validate=check_length)
+@exercise("3.2", validate=inputs.check_length)
 def new_token_flops(config, kv_len: int) -> int:
     """FLOPs really needed for one new token at position kv_len - 1, if earlier keys and values were kept.
 
@@ -71,7 +70,7 @@ def new_token_flops(config, kv_len: int) -> int:
 # Exercise 3.3
 
 
-@exercise("3.3", validate=check_generation_length)
+@exercise("3.3", validate=inputs.check_generation_length)
 def generation_flops(config, prompt_len: int, max_new_tokens: int) -> tuple[int, int]:
     """FLOPs of a whole generation of max_new_tokens after a prompt of prompt_len: naive, and with
     every earlier key and value kept.

@@ -8,6 +8,7 @@ alike share those blocks by reference count (SGLang's RadixAttention, arXiv 2312
 in a radix tree; here a dict, alive while a request holds them). The trace, static batching and
 timing are kvlib.measure.bench_serve's. Left out: chunked prefill, eviction, swapping to the CPU.
 """
+
 from __future__ import annotations
 
 import time
@@ -15,15 +16,15 @@ import time
 import torch
 
 from kvlib.core.paging import BlockStore, Engine, OutOfBlocks, Request
+from kvlib.course import inputs
 from kvlib.course.exercises import exercise
-from kvlib.course.inputs import check_append, check_block, check_copy_on_write, check_paged
 from kvlib.gqa import grouped_attention
 
 
 class BlockPool(BlockStore):
     """K/V blocks of every layer (kvlib.core.paging.BlockStore: k, v, free list, refs, allocate, share, read), and release."""
 
-    @exercise("7.1", validate=check_block)
+    @exercise("7.1", validate=inputs.check_block)
     def release(self, block: int) -> None:
         """Drop one reference to block; when none is left, put it back on the free list.
 
@@ -45,7 +46,7 @@ class BlockTable:
         self.blocks: list[int] = []
         self.length, self.block_size = 0, block_size  # tokens written (or about to be) so far
 
-    @exercise("7.2", validate=check_append)
+    @exercise("7.2", validate=inputs.check_append)
     def append(self, pool: BlockPool, n: int = 1) -> list[int]:
         """Make room for n more tokens; return their slots (block * block_size + offset), in order.
 
@@ -60,7 +61,7 @@ class BlockTable:
         raise NotImplementedError("Exercise 7.2 (notebooks/07-serving): BlockTable.append")
 
 
-@exercise("7.3", validate=check_paged)
+@exercise("7.3", validate=inputs.check_paged)
 def paged_attention(q: torch.Tensor, pool: BlockPool, layer: int, tables: list[BlockTable]) -> torch.Tensor:
     """Attention for a batch of sequences of different lengths, reading K/V through their block tables.
 
@@ -76,7 +77,7 @@ def paged_attention(q: torch.Tensor, pool: BlockPool, layer: int, tables: list[B
     raise NotImplementedError("Exercise 7.3 (notebooks/07-serving): paged_attention")
 
 
-@exercise("7.5", validate=check_copy_on_write)
+@exercise("7.5", validate=inputs.check_copy_on_write)
 def copy_on_write(pool: BlockPool, table: BlockTable, index: int) -> int:
     """Make table.blocks[index] this table's own before it is written: copy a shared block, keep a private one.
 
@@ -93,9 +94,19 @@ def copy_on_write(pool: BlockPool, table: BlockTable, index: int) -> int:
 class Scheduler(Engine):
     """Continuous batching (kvlib.core.paging.Engine: add, admit, decode, preempt, retire, run) with your pieces."""
 
-    def __init__(self, model, pool: BlockPool, max_batch: int = 16, share_prefixes: bool = False, clock=time.perf_counter):
-        super().__init__(model, pool, new_table=BlockTable, attend=paged_attention, copy_on_write=copy_on_write,
-                         max_batch=max_batch, share_prefixes=share_prefixes, clock=clock)
+    def __init__(
+        self, model, pool: BlockPool, max_batch: int = 16, share_prefixes: bool = False, clock=time.perf_counter
+    ):
+        super().__init__(
+            model,
+            pool,
+            new_table=BlockTable,
+            attend=paged_attention,
+            copy_on_write=copy_on_write,
+            max_batch=max_batch,
+            share_prefixes=share_prefixes,
+            clock=clock,
+        )
 
     @exercise("7.4")
     def step(self) -> None:

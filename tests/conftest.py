@@ -3,6 +3,7 @@
 The environment variable is set here, before anything imports kvlib, so that notebook kernels
 and command-line runs started by the tests inherit it. Tests of learner mode override it.
 """
+
 import os
 import subprocess
 import sys
@@ -45,8 +46,9 @@ def learner_mode(monkeypatch):
 def run_kvlib(*args, env=None, cwd=ROOT, timeout=300):
     """Run the kvlib command line in a child process; returns the CompletedProcess."""
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "kvlib", *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "kvlib", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def handed_in(module, names, **replaced):

@@ -1,5 +1,6 @@
 """kvlib/attention.py (notebook 01): the reference passes every check, each check catches the
 mistake it names, and bad input gets a ValueError that names the shape."""
+
 import types
 
 import numpy as np
@@ -102,10 +103,14 @@ MISTAKES = [
 ]
 
 
-@pytest.mark.parametrize("name, fake, words", MISTAKES, ids=[f"{m[0]}-{next(iter(m[1].values())).__name__}" for m in MISTAKES])
+@pytest.mark.parametrize(
+    "name, fake, words", MISTAKES, ids=[f"{m[0]}-{next(iter(m[1].values())).__name__}" for m in MISTAKES]
+)
 def test_check_names_the_known_mistake(name, fake, words):
     """Check that a deliberately wrong implementation fails the check with a message naming the mistake."""
-    module = types.SimpleNamespace(**{n: getattr(attention, n) for n in ("softmax", "attend", "causal_mask", "causal_self_attention")})
+    module = types.SimpleNamespace(
+        **{n: getattr(attention, n) for n in ("softmax", "attend", "causal_mask", "causal_self_attention")}
+    )
     for key, fn in fake.items():
         setattr(module, key, fn)
     with np.errstate(all="ignore"), pytest.raises(AssertionError) as info:
@@ -115,8 +120,10 @@ def test_check_names_the_known_mistake(name, fake, words):
 
 def test_checks_reject_trivial_answers():
     """Check that echoing the input or returning zeros fails every check of 1.2 and 1.4."""
-    echo = types.SimpleNamespace(attend=lambda q, k, v, scale=None: (v[0], np.zeros(len(k))),
-                                 causal_self_attention=lambda q, k, v: (v[..., : q.shape[-2], :], np.zeros(q.shape[:-1] + k.shape[-2:])))
+    echo = types.SimpleNamespace(
+        attend=lambda q, k, v, scale=None: (v[0], np.zeros(len(k))),
+        causal_self_attention=lambda q, k, v: (v[..., : q.shape[-2], :], np.zeros(q.shape[:-1] + k.shape[-2:])),
+    )
     for c in checks_for(BY_ID["1.2"]) + checks_for(BY_ID["1.4"]):
         with pytest.raises(AssertionError):
             c.fn(echo, np.random.default_rng(0))
@@ -126,17 +133,29 @@ def test_checks_reject_trivial_answers():
 # Bad input
 
 
-@pytest.mark.parametrize("call, words", [
-    (lambda: attention.softmax([1.0, 2.0]), "scores must be a numpy array, got list"),
-    (lambda: attention.softmax(np.array(["a"])), "must hold real numbers"),
-    (lambda: attention.attend(np.ones((2, 2)), SEED_K, SEED_V), "q must have 1 axes, got shape (2, 2)"),
-    (lambda: attention.attend(np.ones(3), SEED_K, SEED_V), "k must be (kv_len, 3) to match q of shape (3,), got (3, 2)"),
-    (lambda: attention.attend(SEED_Q, SEED_K, SEED_V[:2]), "v must have one row per key (3), got shape (2, 2)"),
-    (lambda: attention.causal_mask(4, 3), "seq_len (4) new queries cannot outnumber kv_len (3)"),
-    (lambda: attention.causal_mask(0, 3), "seq_len must be a positive integer, got 0"),
-    (lambda: attention.causal_self_attention(np.ones((3, 4)), np.ones((2, 4)), np.ones((2, 4))), "3 queries but only 2 keys"),
-    (lambda: attention.causal_self_attention(np.ones((3, 4)), np.ones((3, 5)), np.ones((3, 4))), "k must be (..., kv_len, 4)"),
-])
+@pytest.mark.parametrize(
+    "call, words",
+    [
+        (lambda: attention.softmax([1.0, 2.0]), "scores must be a numpy array, got list"),
+        (lambda: attention.softmax(np.array(["a"])), "must hold real numbers"),
+        (lambda: attention.attend(np.ones((2, 2)), SEED_K, SEED_V), "q must have 1 axes, got shape (2, 2)"),
+        (
+            lambda: attention.attend(np.ones(3), SEED_K, SEED_V),
+            "k must be (kv_len, 3) to match q of shape (3,), got (3, 2)",
+        ),
+        (lambda: attention.attend(SEED_Q, SEED_K, SEED_V[:2]), "v must have one row per key (3), got shape (2, 2)"),
+        (lambda: attention.causal_mask(4, 3), "seq_len (4) new queries cannot outnumber kv_len (3)"),
+        (lambda: attention.causal_mask(0, 3), "seq_len must be a positive integer, got 0"),
+        (
+            lambda: attention.causal_self_attention(np.ones((3, 4)), np.ones((2, 4)), np.ones((2, 4))),
+            "3 queries but only 2 keys",
+        ),
+        (
+            lambda: attention.causal_self_attention(np.ones((3, 4)), np.ones((3, 5)), np.ones((3, 4))),
+            "k must be (..., kv_len, 4)",
+        ),
+    ],
+)
 def test_bad_input_raises_value_error_naming_the_shape(call, words):
     """Check that bad input raises ValueError whose message names the expected and actual shape."""
     with pytest.raises(ValueError) as info:

@@ -1,23 +1,27 @@
 """kvlib/measure/bench_*.py: the benchmark runs end to end on a short length and reports every figure
 the issue asks for (no assertion on speed: timing claims live in the benchmark's output)."""
+
 import json
 
 import numpy as np
 import pytest
 import torch
+from conftest import ROOT, run_kvlib
 
 from kvlib.core.configs import gpt2_size_config
 from kvlib.core.weights import load_tiny
 from kvlib.measure import bench_cache, bench_gqa
-
-from conftest import ROOT, run_kvlib
 
 
 def test_growth_fit_recovers_a_known_quadratic():
     """Check that the per-step growth fit returns the coefficients of an exact quadratic."""
     S = np.array([10, 20, 40, 80, 160])
     g = bench_cache._growth(S, 1e-3 + 2e-6 * S + 3e-9 * S**2)
-    assert g["a_s"] == pytest.approx(1e-3) and g["b_s_per_token"] == pytest.approx(2e-6) and g["c_s_per_token2"] == pytest.approx(3e-9)
+    assert (
+        g["a_s"] == pytest.approx(1e-3)
+        and g["b_s_per_token"] == pytest.approx(2e-6)
+        and g["c_s_per_token2"] == pytest.approx(3e-9)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +37,10 @@ def test_bench_cache_reports_every_way_paired_per_round(quick_cache_report):
     assert [r["model"] for r in report["results"]] == ["tiny", "small-stand-in"]
     for r in report["results"]:
         assert r["rounds"] == 2 and {"no_cache", "kvlib", "hf_dynamic", "hf_static"} <= set(r["ways"])
-        assert r["ways"]["hf_static"] == "transformers, StaticCache" and r["ways"]["hf_dynamic"] == "transformers, DynamicCache"
+        assert (
+            r["ways"]["hf_static"] == "transformers, StaticCache"
+            and r["ways"]["hf_dynamic"] == "transformers, DynamicCache"
+        )
         assert set(r["ways"]) | set(r["missing"]) == set(bench_cache.WAYS)  # llama.cpp run, or why not said
         assert [row["new_tokens"] for row in r["rows"]] == [8, 16]
         for row in r["rows"]:
@@ -68,9 +75,13 @@ def test_bench_cache_fails_loudly_when_two_ways_disagree(monkeypatch):
 
 def test_a_compile_that_fails_is_reported_and_the_run_goes_on(monkeypatch):
     """Check that if torch.compile cannot compile (no C++ compiler...), that way says why and the others are timed."""
+
     def cannot_compile(model, max_len, autotune=True):
         def run(ids, n):
-            raise RuntimeError("torch.compile could not compile the decode step: InvalidCxxCompiler: no working C++ compiler")
+            raise RuntimeError(
+                "torch.compile could not compile the decode step: InvalidCxxCompiler: no working C++ compiler"
+            )
+
         return run
 
     monkeypatch.setattr(bench_cache, "compiled_way", cannot_compile)
@@ -89,7 +100,9 @@ def test_compiled_static_cache_decoding_picks_kvlibs_greedy_tokens():
     from kvlib.measure.compiled import StaticCacheDecoder, compiled_way
 
     torch.manual_seed(0)
-    model = Decoder(ModelConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=48, max_seq_len=64)).eval()
+    model = Decoder(
+        ModelConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=48, max_seq_len=64)
+    ).eval()
     ids = torch.tensor([[3, 1, 4, 1, 5]])
     run = compiled_way(model, max_len=40, autotune=False)
     tokens, stamps = run(ids, 20)
@@ -117,7 +130,9 @@ def test_decoder_compiles_to_one_graph():
 
     from kvlib.core.model import Decoder, ModelConfig
 
-    model = Decoder(ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, hidden_dim=64, max_seq_len=16)).eval()
+    model = Decoder(
+        ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, hidden_dim=64, max_seq_len=16)
+    ).eval()
     torch._dynamo.reset()
     explained = torch._dynamo.explain(model)(torch.tensor([[3]]))
     assert (explained.graph_count, explained.graph_break_count) == (1, 0)
@@ -133,16 +148,24 @@ def test_bench_memory_takes_the_highest_of_five_kernels_as_the_ceiling():
     rates = run["bandwidth_per_kernel"]
     assert set(rates) == {"read", "copy", "triad", "multi_read", "gemv"}
     assert run["bandwidth"] == max(rates.values()) and rates[run["bandwidth_kernel"]] == run["bandwidth"]
-    assert run["decode"]["fraction_of_bandwidth"] == pytest.approx(run["decode"]["achieved_bytes_per_s"] / run["bandwidth"])
+    assert run["decode"]["fraction_of_bandwidth"] == pytest.approx(
+        run["decode"]["achieved_bytes_per_s"] / run["bandwidth"]
+    )
     text = bench_memory.format_memory({"date": "d", "quick": True, "record": {"torch": "t"}, "runs": [run]})
     assert "ceiling" in text and "multi-stream read" in text
-    assert run["gemv"]["other_order_bytes_per_s"] > 0  # the same matrices in the memory order decode_layout did not pick
+    assert (
+        run["gemv"]["other_order_bytes_per_s"] > 0
+    )  # the same matrices in the memory order decode_layout did not pick
     assert "the other memory order" in text
     assert "compiled" not in run["decode"]  # --quick compiles nothing
     compiled = {**run, "decode": {**run["decode"], "compiled": run["decode"]}}
-    assert "inductor, weights frozen" in bench_memory.format_memory({"date": "d", "quick": False, "record": {"torch": "t"}, "runs": [compiled]})
+    assert "inductor, weights frozen" in bench_memory.format_memory(
+        {"date": "d", "quick": False, "record": {"torch": "t"}, "runs": [compiled]}
+    )
     below = {**run, "decode": {**run["decode"], "measured_over_predicted": 0.8}}
-    assert "is below 1" in bench_memory.format_memory({"date": "d", "quick": True, "record": {"torch": "t"}, "runs": [below]})
+    assert "is below 1" in bench_memory.format_memory(
+        {"date": "d", "quick": True, "record": {"torch": "t"}, "runs": [below]}
+    )
 
 
 def test_datasheet_names_a_gpu_only_where_one_entry_fits():

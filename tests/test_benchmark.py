@@ -1,4 +1,5 @@
 """kvlib/benchmark.py: the measuring helper counts its runs, restores threads and records its setting."""
+
 import pytest
 import torch
 

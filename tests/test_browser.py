@@ -8,6 +8,7 @@ Needs Debian's `chromium` (or KVLIB_CHROMIUM=/path/to/chrome) and the `playwrigh
 browser is downloaded. Without them the test is skipped, unless KVLIB_BROWSER_TEST=required
 (set by .ci/run), where it fails instead.
 """
+
 import json
 import math
 import os
@@ -21,10 +22,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
-from kvlib.course import lab, release as course
-
 from conftest import ROOT
+
+from kvlib.course import lab
+from kvlib.course import release as course
 
 ARTIFACTS = ROOT / "artifacts" / "browser"
 REQUIRED = os.environ.get("KVLIB_BROWSER_TEST") == "required"
@@ -32,8 +33,13 @@ WEIGHTS = re.compile(r"weights:\s*((?:[\d.]+\s*)+)")
 # Notebooks past 01 with an interactive widget: each gets the generic check (runs, renders, responds)
 # (KVLIB_BROWSER_NOTEBOOKS=05,06 picks some; each adds about the time its notebook takes to run)
 _PICK = [n.strip().zfill(2) for n in os.environ.get("KVLIB_BROWSER_NOTEBOOKS", "").split(",") if n.strip()]
-WIDGET_NOTEBOOKS = [p for name in course.assignments() if name != "01-attention" and (not _PICK or name[:2] in _PICK)
-                    for p in sorted((ROOT / "solutions" / name).glob("*.ipynb")) if "interact(" in p.read_text(encoding="utf-8")]
+WIDGET_NOTEBOOKS = [
+    p
+    for name in course.assignments()
+    if name != "01-attention" and (not _PICK or name[:2] in _PICK)
+    for p in sorted((ROOT / "solutions" / name).glob("*.ipynb"))
+    if "interact(" in p.read_text(encoding="utf-8")
+]
 
 
 _SERVER_LOG = []  # the running server's log, quoted when a test fails on something the server did
@@ -44,7 +50,9 @@ def _server_log_tail(chars: int = 3000) -> str:
 
 
 def _chromium() -> str | None:
-    candidates = [os.environ.get("KVLIB_CHROMIUM")] + [shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")]
+    candidates = [os.environ.get("KVLIB_CHROMIUM")] + [
+        shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")
+    ]
     return next((c for c in candidates if c and Path(c).exists()), None)
 
 
@@ -106,16 +114,29 @@ def server(tmp_path_factory):
     config = lab.write_learner_config(tmp / "config")
     page_config = config / "labconfig" / "page_config.json"
     page = json.loads(page_config.read_text())
-    page["disabledExtensions"]["@jupyterlab/apputils-extension:announcements"] = True  # no news toast over the screenshots
+    page["disabledExtensions"]["@jupyterlab/apputils-extension:announcements"] = (
+        True  # no news toast over the screenshots
+    )
     page_config.write_text(json.dumps(page))
     settings = tmp / "settings" / "@jupyterlab" / "notebook-extension"
     settings.mkdir(parents=True)
     # every cell in the page, not only those scrolled into view, so the widget can be found
     (settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
     port = _free_port()
-    cmd = lab.lab_command(root=root, open_path="notebooks", port=port, browser=False, token="", expose_app=True, extra=(
-        "--ServerApp.ip=127.0.0.1", "--ServerApp.password=", f"--LabApp.user_settings_dir={tmp / 'settings'}",
-        f"--LabApp.workspaces_dir={tmp / 'workspaces'}"))
+    cmd = lab.lab_command(
+        root=root,
+        open_path="notebooks",
+        port=port,
+        browser=False,
+        token="",
+        expose_app=True,
+        extra=(
+            "--ServerApp.ip=127.0.0.1",
+            "--ServerApp.password=",
+            f"--LabApp.user_settings_dir={tmp / 'settings'}",
+            f"--LabApp.workspaces_dir={tmp / 'workspaces'}",
+        ),
+    )
     env = lab.lab_env(config, reference=True)
     env["JUPYTER_RUNTIME_DIR"] = str(tmp / "runtime")
     log = tmp / "jupyter.log"
@@ -183,13 +204,17 @@ def _open(page, server, notebook: str):
 
 def _open_and_run_all(page, server, notebook: str, timeout_s: float = 120):
     _open(page, server, notebook)
-    page.evaluate("window.__ran = undefined; window.jupyterapp.commands.execute('notebook:run-all-cells')"
-                  ".then(r => { window.__ran = String(r); }, e => { window.__ran = 'failed: ' + e; })")
+    page.evaluate(
+        "window.__ran = undefined; window.jupyterapp.commands.execute('notebook:run-all-cells')"
+        ".then(r => { window.__ran = String(r); }, e => { window.__ran = 'failed: ' + e; })"
+    )
     page.wait_for_function("window.__ran !== undefined", timeout=timeout_s * 1000)
     page.wait_for_function(KERNEL_IDLE, arg=notebook, timeout=60_000)
     report = page.evaluate(CELL_REPORT)
     assert not report["errors"], f"{notebook}: kernel errors in the browser: {report['errors']}"
-    assert report["unrun"] == 0, f"{notebook}: {report['unrun']} of {report['code']} code cells did not run ({page.evaluate('window.__ran')})"
+    assert report["unrun"] == 0, (
+        f"{notebook}: {report['unrun']} of {report['code']} code cells did not run ({page.evaluate('window.__ran')})"
+    )
     return report
 
 
@@ -212,7 +237,9 @@ def _settled_weights(widget, sliders, since: float, timeout_s: float = 30):
         shown = [float(w) for w in match.group(1).split()] if match else None
         if shown == pytest.approx(expected, abs=1.5e-3) and widget.locator("img").count() == 1:
             return (q0, q1), shown
-        assert time.perf_counter() - since < timeout_s, f"the widget shows {shown} for query [{q0}, {q1}], expected {expected}"
+        assert time.perf_counter() - since < timeout_s, (
+            f"the widget shows {shown} for query [{q0}, {q1}], expected {expected}"
+        )
         time.sleep(0.05)
 
 
@@ -270,11 +297,15 @@ def test_notebook_01_widget_moves_the_weights_in_a_real_browser(server, page):
         time.sleep(0.02)
     (_, q1_after), _ = _settled_weights(widget, sliders, tapped)
     step_s = time.perf_counter() - tapped
-    assert q1_after == pytest.approx(q1 + 0.1), f"one step right should move query[1] from {q1} to {q1 + 0.1:.1f}, not {q1_after}"
+    assert q1_after == pytest.approx(q1 + 0.1), (
+        f"one step right should move query[1] from {q1} to {q1 + 0.1:.1f}, not {q1_after}"
+    )
     assert not page.errors, f"JavaScript errors in the page: {page.errors}"
-    print(f"notebook 01: {report['code']} code cells ran in {ran_s:.1f} s in the browser; query[0] -> {q0}: "
-          f"weights {before} -> {after}, settled {update_s:.2f} s after the drag; one slider step redrawn in "
-          f"{step_s:.2f} s; screenshots in {ARTIFACTS}")
+    print(
+        f"notebook 01: {report['code']} code cells ran in {ran_s:.1f} s in the browser; query[0] -> {q0}: "
+        f"weights {before} -> {after}, settled {update_s:.2f} s after the drag; one slider step redrawn in "
+        f"{step_s:.2f} s; screenshots in {ARTIFACTS}"
+    )
 
 
 def test_learner_view_has_validate_and_no_instructor_tools(server, page):
@@ -296,7 +327,9 @@ def test_learner_view_has_validate_and_no_instructor_tools(server, page):
         dialog.get_by_text("Validation Results").wait_for(timeout=150_000)
     except Exception as err:
         page.screenshot(path=ARTIFACTS / "01-attention-validate-failed.png")
-        raise AssertionError(f"Validate showed no results ({type(err).__name__}); the server's log ends:\n{_server_log_tail()}") from None
+        raise AssertionError(
+            f"Validate showed no results ({type(err).__name__}); the server's log ends:\n{_server_log_tail()}"
+        ) from None
     page.screenshot(path=ARTIFACTS / "01-attention-validate.png")
     text = dialog.inner_text()
     assert "Success! Your notebook passes all the tests." in text, f"Validate did not pass: {text[:800]}"
@@ -330,13 +363,17 @@ def test_notebook_widget_responds_in_a_real_browser(server, page, path):
         page.keyboard.press("End")
     moved = time.perf_counter()
     while shown() == before or output.locator("img").count() == 0 and before[1]:
-        assert time.perf_counter() - moved < 30, f"{name}: the widget did not redraw after its slider moved ({readout} -> " \
-                                                 f"{slider.locator('.widget-readout').inner_text()})"
+        assert time.perf_counter() - moved < 30, (
+            f"{name}: the widget did not redraw after its slider moved ({readout} -> "
+            f"{slider.locator('.widget-readout').inner_text()})"
+        )
         time.sleep(0.1)
     update_s = time.perf_counter() - moved
     page.wait_for_timeout(300)  # let the browser paint the new image
     cell.screenshot(path=ARTIFACTS / f"{name}-widget-after.png")
     assert slider.locator(".widget-readout").inner_text() != readout, f"{name}: the slider did not move"
     assert not page.errors, f"JavaScript errors in the page: {page.errors}"
-    print(f"{name}: {report['code']} code cells ran in the browser; slider {readout} -> "
-          f"{slider.locator('.widget-readout').inner_text()}, redrawn {update_s:.2f} s later")
+    print(
+        f"{name}: {report['code']} code cells ran in the browser; slider {readout} -> "
+        f"{slider.locator('.widget-readout').inner_text()}, redrawn {update_s:.2f} s later"
+    )

@@ -3,6 +3,7 @@ caches through the model, other correct ways passing the checks, likely slips na
 bytes table and the benchmark's shape of report.
 
 Runs in reference mode (conftest). No test asserts on time."""
+
 import math
 import types
 
@@ -10,17 +11,15 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import handed_in
 
 from kvlib import compress
 from kvlib.checks import checks_for, run
 from kvlib.checks.compress import CONFIG
-from kvlib.measure import compressed
 from kvlib.core.model import Decoder, ModelConfig, causal_mask
 from kvlib.course.exercises import BY_ID, ExerciseNotDone
 from kvlib.kv_cache import KVCache
-from kvlib.measure import bench_compress
-
-from conftest import handed_in
+from kvlib.measure import bench_compress, compressed
 
 torch.set_num_threads(1)
 
@@ -37,15 +36,32 @@ def test_reference_passes_check(check):
 def test_learner_stubs_are_todo(learner_mode):
     """Check that in learner mode every 8.x exercise raises ExerciseNotDone naming itself."""
     cache = compress.SinkCache(CONFIG, 1, 3)
-    mla = (torch.zeros(1, 2, 1, 3), torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 5), torch.zeros(1, 2, 4),
-           torch.zeros(2, 3, 5), torch.zeros(2, 3, 5))
-    for ex_id, call in (("8.1", lambda: compress.quantize(torch.zeros(2, 3), -1)),
-                        ("8.2", lambda: compress.int8_attention(torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4, 4, dtype=torch.int8),
-                                                                torch.ones(1, 2, 1, 1, 4), torch.zeros(1, 2, 4, 4, dtype=torch.int8),
-                                                                torch.ones(1, 2, 4, 1), 3)),
-                        ("8.3", lambda: cache.update(0, torch.zeros(1, 2, 1, 8), torch.zeros(1, 2, 1, 8))),
-                        ("8.4", lambda: compress.cache_positions(5, 1, 3)),
-                        ("8.5", lambda: compress.mla_reconstruct(*mla)), ("8.6", lambda: compress.mla_absorbed(*mla))):
+    mla = (
+        torch.zeros(1, 2, 1, 3),
+        torch.zeros(1, 2, 1, 4),
+        torch.zeros(1, 2, 5),
+        torch.zeros(1, 2, 4),
+        torch.zeros(2, 3, 5),
+        torch.zeros(2, 3, 5),
+    )
+    for ex_id, call in (
+        ("8.1", lambda: compress.quantize(torch.zeros(2, 3), -1)),
+        (
+            "8.2",
+            lambda: compress.int8_attention(
+                torch.zeros(1, 2, 1, 4),
+                torch.zeros(1, 2, 1, 4, 4, dtype=torch.int8),
+                torch.ones(1, 2, 1, 1, 4),
+                torch.zeros(1, 2, 4, 4, dtype=torch.int8),
+                torch.ones(1, 2, 4, 1),
+                3,
+            ),
+        ),
+        ("8.3", lambda: cache.update(0, torch.zeros(1, 2, 1, 8), torch.zeros(1, 2, 1, 8))),
+        ("8.4", lambda: compress.cache_positions(5, 1, 3)),
+        ("8.5", lambda: compress.mla_reconstruct(*mla)),
+        ("8.6", lambda: compress.mla_absorbed(*mla)),
+    ):
         with pytest.raises(ExerciseNotDone, match=f"Exercise {ex_id}"):
             call()
     assert {r.id: r.status for r in run("08")} == {f"8.{i}": "todo" for i in range(1, 7)}
@@ -66,7 +82,9 @@ def test_quantize_error_is_at_most_half_a_step():
 
 def _tiny(n_kv_heads=2, max_seq_len=64):
     torch.manual_seed(0)
-    config = ModelConfig(vocab_size=23, d_model=48, n_layers=2, n_heads=6, n_kv_heads=n_kv_heads, hidden_dim=40, max_seq_len=max_seq_len)
+    config = ModelConfig(
+        vocab_size=23, d_model=48, n_layers=2, n_heads=6, n_kv_heads=n_kv_heads, hidden_dim=40, max_seq_len=max_seq_len
+    )
     return Decoder(config).eval()
 
 
@@ -79,7 +97,7 @@ def test_int8_cache_decode_is_close_to_float_cache():
         cache = compressed.Int8KVCache(model.config, batch=2, max_seq_len=40, group=8)
         got = [model(ids[:, :13], past_key_values=cache)[0][:, -1]]
         for t in range(13, 19):
-            got.append(model(ids[:, t:t + 1], past_key_values=cache)[0][:, -1])
+            got.append(model(ids[:, t : t + 1], past_key_values=cache)[0][:, -1])
     torch.testing.assert_close(torch.stack(got, 1), full[:, 12:], atol=0.05, rtol=0.05)
     assert cache.k.dtype == torch.int8 and cache.v.dtype == torch.int8 and cache.pos == 19
 
@@ -102,8 +120,10 @@ def test_sink_cache_equals_kv_cache_until_it_fills():
     with torch.inference_mode():
         sink, full = compress.SinkCache(model.config, 2, 10, batch=2), KVCache(model.config, batch=2)
         for a, b in ((0, 5), (5, 6), (6, 7), (7, 12)):
-            torch.testing.assert_close(model(ids[:, a:b], past_key_values=sink, attention=compressed.sink_attention)[0],
-                                       model(ids[:, a:b], past_key_values=full)[0])
+            torch.testing.assert_close(
+                model(ids[:, a:b], past_key_values=sink, attention=compressed.sink_attention)[0],
+                model(ids[:, a:b], past_key_values=full)[0],
+            )
 
 
 def test_sink_attention_equals_attention_over_kept_tokens_at_cache_positions():
@@ -114,9 +134,9 @@ def test_sink_attention_equals_attention_over_kept_tokens_at_cache_positions():
     cache = compress.SinkCache(model.config, n_sink, window)
     with torch.inference_mode():
         for t in range(11):
-            out = compressed.sink_attention(attn, x[:, t:t + 1], cache, 0, model.rope_cos, model.rope_sin)
+            out = compressed.sink_attention(attn, x[:, t : t + 1], cache, 0, model.rope_cos, model.rope_sin)
             cache.advance(1)
-        kept = torch.cat([x[:, :n_sink], x[:, 11 - window:]], dim=1)  # the tokens the cache holds, oldest first
+        kept = torch.cat([x[:, :n_sink], x[:, 11 - window :]], dim=1)  # the tokens the cache holds, oldest first
         expect = attn(kept, model.rope_cos[:6], model.rope_sin[:6])[:, -1:]  # the last one's output, places 0..5
     torch.testing.assert_close(out, expect)
 
@@ -124,7 +144,10 @@ def test_sink_attention_equals_attention_over_kept_tokens_at_cache_positions():
 def test_mla_two_ways_agree_in_float64_and_float32():
     """Check that mla_absorbed equals mla_reconstruct, to 1e-12 in float64 and to float32's tolerance."""
     g = torch.Generator().manual_seed(0)
-    args = [torch.randn(*s, generator=g, dtype=torch.float64) for s in ((2, 4, 3, 16), (2, 4, 3, 8), (2, 9, 24), (2, 9, 8), (4, 16, 24), (4, 12, 24))]
+    args = [
+        torch.randn(*s, generator=g, dtype=torch.float64)
+        for s in ((2, 4, 3, 16), (2, 4, 3, 8), (2, 9, 24), (2, 9, 8), (4, 16, 24), (4, 12, 24))
+    ]
     torch.testing.assert_close(compress.mla_absorbed(*args), compress.mla_reconstruct(*args), atol=1e-12, rtol=1e-12)
     args = [a.float() for a in args]
     torch.testing.assert_close(compress.mla_absorbed(*args), compress.mla_reconstruct(*args))
@@ -137,19 +160,37 @@ def test_bad_inputs_name_the_problem():
     with pytest.raises(ValueError, match="dim"):
         compress.quantize(torch.zeros(3, 4), 2)
     with pytest.raises(ValueError, match="k_scale"):
-        compress.int8_attention(torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4, 4, dtype=torch.int8), torch.ones(1, 2, 4, 4),
-                                torch.zeros(1, 2, 4, 4, dtype=torch.int8), torch.ones(1, 2, 4, 1), 3)
+        compress.int8_attention(
+            torch.zeros(1, 2, 1, 4),
+            torch.zeros(1, 2, 1, 4, 4, dtype=torch.int8),
+            torch.ones(1, 2, 4, 4),
+            torch.zeros(1, 2, 4, 4, dtype=torch.int8),
+            torch.ones(1, 2, 4, 1),
+            3,
+        )
     with pytest.raises(ValueError, match="kv_len"):
-        compress.int8_attention(torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4, 4, dtype=torch.int8), torch.ones(1, 2, 1, 1, 4),
-                                torch.zeros(1, 2, 4, 4, dtype=torch.int8), torch.ones(1, 2, 4, 1), 5)
+        compress.int8_attention(
+            torch.zeros(1, 2, 1, 4),
+            torch.zeros(1, 2, 1, 4, 4, dtype=torch.int8),
+            torch.ones(1, 2, 1, 1, 4),
+            torch.zeros(1, 2, 4, 4, dtype=torch.int8),
+            torch.ones(1, 2, 4, 1),
+            5,
+        )
     cache = compress.SinkCache(CONFIG, 1, 3)
     with pytest.raises(ValueError, match="one at a time"):
         cache.update(0, torch.zeros(1, 2, 5, 8), torch.zeros(1, 2, 5, 8))
     with pytest.raises(ValueError, match="n_sink"):
         compress.cache_positions(4, -1, 3)
     with pytest.raises(ValueError, match="w_uk"):
-        compress.mla_absorbed(torch.zeros(1, 2, 1, 3), torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 5), torch.zeros(1, 2, 4),
-                              torch.zeros(2, 5, 3), torch.zeros(2, 3, 5))
+        compress.mla_absorbed(
+            torch.zeros(1, 2, 1, 3),
+            torch.zeros(1, 2, 1, 4),
+            torch.zeros(1, 2, 5),
+            torch.zeros(1, 2, 4),
+            torch.zeros(2, 5, 3),
+            torch.zeros(2, 3, 5),
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,13 +261,20 @@ def _dequantised(k_values, k_scale, v_values, v_scale, kv_len):
     return k, v_values[:, :, :kv_len].float() * v_scale[:, :, :kv_len]
 
 
-def int8_fold_scales(q, k_values, k_scale, v_values, v_scale, kv_len):  # scales folded into q and probs, loop over groups
+def int8_fold_scales(
+    q, k_values, k_scale, v_values, v_scale, kv_len
+):  # scales folded into q and probs, loop over groups
     B, H, T, D = q.shape
     H_kv, n_groups, group = k_values.shape[1:4]
     G = H // H_kv
     qg = q.reshape(B, H_kv, G * T, D)
-    scores = torch.cat([(qg[:, :, None] * k_scale[:, :, g:g + 1]).squeeze(2) @ k_values[:, :, g].float().transpose(-2, -1)
-                        for g in range(n_groups)], dim=-1)[..., :kv_len] / math.sqrt(D)  # (B, H_kv, G*T, S)
+    scores = torch.cat(
+        [
+            (qg[:, :, None] * k_scale[:, :, g : g + 1]).squeeze(2) @ k_values[:, :, g].float().transpose(-2, -1)
+            for g in range(n_groups)
+        ],
+        dim=-1,
+    )[..., :kv_len] / math.sqrt(D)  # (B, H_kv, G*T, S)
     if T > 1:
         scores = scores.masked_fill(~causal_mask(T, kv_len).repeat(G, 1), float("-inf"))
     probs = scores.softmax(-1) * v_scale[:, :, :kv_len].transpose(-2, -1)  # per-token value scale onto the weights
@@ -237,7 +285,7 @@ def int8_einsum(q, k_values, k_scale, v_values, v_scale, kv_len):
     k, v = _dequantised(k_values, k_scale, v_values, v_scale, kv_len)
     B, H, T, D = q.shape
     G = H // k.shape[1]
-    scores = torch.einsum("bhgtd,bhsd->bhgts", q.reshape(B, -1, G, T, D), k) / D ** 0.5
+    scores = torch.einsum("bhgtd,bhsd->bhgts", q.reshape(B, -1, G, T, D), k) / D**0.5
     scores = scores.masked_fill(~causal_mask(T, kv_len), float("-inf"))
     return torch.einsum("bhgts,bhsd->bhgtd", scores.softmax(-1), v).reshape(B, H, T, D)
 
@@ -245,8 +293,9 @@ def int8_einsum(q, k_values, k_scale, v_values, v_scale, kv_len):
 def int8_repeat(q, k_values, k_scale, v_values, v_scale, kv_len):
     k, v = _dequantised(k_values, k_scale, v_values, v_scale, kv_len)
     G = q.shape[1] // k.shape[1]
-    return F.scaled_dot_product_attention(q, k.repeat_interleave(G, 1), v.repeat_interleave(G, 1),
-                                          attn_mask=causal_mask(q.shape[2], kv_len))
+    return F.scaled_dot_product_attention(
+        q, k.repeat_interleave(G, 1), v.repeat_interleave(G, 1), attn_mask=causal_mask(q.shape[2], kv_len)
+    )
 
 
 def int8_no_scales(q, k_values, k_scale, v_values, v_scale, kv_len):
@@ -255,7 +304,11 @@ def int8_no_scales(q, k_values, k_scale, v_values, v_scale, kv_len):
 
 def int8_all_slots(q, k_values, k_scale, v_values, v_scale, kv_len):  # attends to every stored slot
     S = min(k_values.shape[2] * k_values.shape[3], v_values.shape[2])
-    return int8_repeat(q, k_values, k_scale, v_values, v_scale, S) if q.shape[2] == 1 else int8_repeat(q, k_values, k_scale, v_values, v_scale, kv_len)
+    return (
+        int8_repeat(q, k_values, k_scale, v_values, v_scale, S)
+        if q.shape[2] == 1
+        else int8_repeat(q, k_values, k_scale, v_values, v_scale, kv_len)
+    )
 
 
 def int8_top_left(q, k_values, k_scale, v_values, v_scale, kv_len):
@@ -287,10 +340,10 @@ class SinkBranch(compress.SinkCache):  # a prefill slice while there is room, el
     def update(self, layer, k_new, v_new):
         T = k_new.shape[2]
         if self.pos + T <= self.capacity:
-            self.k[layer, :, :, self.pos:self.pos + T], self.v[layer, :, :, self.pos:self.pos + T] = k_new, v_new
-            return self.k[layer, :, :, :self.pos + T], self.v[layer, :, :, :self.pos + T]
+            self.k[layer, :, :, self.pos : self.pos + T], self.v[layer, :, :, self.pos : self.pos + T] = k_new, v_new
+            return self.k[layer, :, :, : self.pos + T], self.v[layer, :, :, : self.pos + T]
         s = self.n_sink + (self.pos - self.n_sink) % self.window
-        self.k[layer, :, :, s:s + 1], self.v[layer, :, :, s:s + 1] = k_new, v_new
+        self.k[layer, :, :, s : s + 1], self.v[layer, :, :, s : s + 1] = k_new, v_new
         return self.k[layer], self.v[layer]
 
 
@@ -365,8 +418,9 @@ def mla_concat_sdpa(q_nope, q_rope, latent, k_rope, w_uk, w_uv):  # [nope, rope]
     k_nope, k_r = _mla_keys(latent, k_rope, w_uk, w_uk.shape[0])
     v = torch.einsum("bsr,hdr->bhsd", latent, w_uv)
     T, S = q_nope.shape[2], latent.shape[1]
-    return F.scaled_dot_product_attention(torch.cat([q_nope, q_rope], -1), torch.cat([k_nope, k_r], -1), v,
-                                          attn_mask=causal_mask(T, S))
+    return F.scaled_dot_product_attention(
+        torch.cat([q_nope, q_rope], -1), torch.cat([k_nope, k_r], -1), v, attn_mask=causal_mask(T, S)
+    )
 
 
 def mla_per_head(q_nope, q_rope, latent, k_rope, w_uk, w_uv):  # one head at a time, nn.functional.linear
@@ -374,7 +428,9 @@ def mla_per_head(q_nope, q_rope, latent, k_rope, w_uk, w_uv):  # one head at a t
     T, S = q_nope.shape[2], latent.shape[1]
     for h in range(w_uk.shape[0]):
         k, v = F.linear(latent, w_uk[h]), F.linear(latent, w_uv[h])  # (B, S, Dn), (B, S, Dv)
-        scores = (q_nope[:, h] @ k.transpose(-2, -1) + q_rope[:, h] @ k_rope.transpose(-2, -1)) / math.sqrt(q_nope.shape[-1] + q_rope.shape[-1])
+        scores = (q_nope[:, h] @ k.transpose(-2, -1) + q_rope[:, h] @ k_rope.transpose(-2, -1)) / math.sqrt(
+            q_nope.shape[-1] + q_rope.shape[-1]
+        )
         scores = scores.masked_fill(~causal_mask(T, S), float("-inf"))
         outs.append(scores.softmax(-1) @ v)
     return torch.stack(outs, 1)
@@ -391,25 +447,39 @@ def mla_no_rope(q_nope, q_rope, latent, k_rope, w_uk, w_uv):
 def mla_nope_scale(q_nope, q_rope, latent, k_rope, w_uk, w_uv):
     k_nope, k_r = _mla_keys(latent, k_rope, w_uk, w_uk.shape[0])
     v = torch.einsum("bsr,hdr->bhsd", latent, w_uv)
-    return F.scaled_dot_product_attention(torch.cat([q_nope, q_rope], -1), torch.cat([k_nope, k_r], -1), v,
-                                          attn_mask=causal_mask(q_nope.shape[2], latent.shape[1]), scale=q_nope.shape[-1] ** -0.5)
+    return F.scaled_dot_product_attention(
+        torch.cat([q_nope, q_rope], -1),
+        torch.cat([k_nope, k_r], -1),
+        v,
+        attn_mask=causal_mask(q_nope.shape[2], latent.shape[1]),
+        scale=q_nope.shape[-1] ** -0.5,
+    )
 
 
 def mla_top_left(q_nope, q_rope, latent, k_rope, w_uk, w_uv):
     k_nope, k_r = _mla_keys(latent, k_rope, w_uk, w_uk.shape[0])
     v = torch.einsum("bsr,hdr->bhsd", latent, w_uv)
-    return F.scaled_dot_product_attention(torch.cat([q_nope, q_rope], -1), torch.cat([k_nope, k_r], -1), v,
-                                          is_causal=q_nope.shape[2] > 1)
+    return F.scaled_dot_product_attention(
+        torch.cat([q_nope, q_rope], -1), torch.cat([k_nope, k_r], -1), v, is_causal=q_nope.shape[2] > 1
+    )
 
 
-def absorbed_matmul(q_nope, q_rope, latent, k_rope, w_uk, w_uv):  # absorbed, with q_latent as (B, H, T, r) and bmm per batch
+def absorbed_matmul(
+    q_nope, q_rope, latent, k_rope, w_uk, w_uv
+):  # absorbed, with q_latent as (B, H, T, r) and bmm per batch
     q_latent = (q_nope.transpose(0, 1) @ w_uk[:, None]).transpose(0, 1)  # (H, B, T, Dn) @ (H, 1, Dn, r)
-    scores = torch.stack([q_latent[b].flatten(0, 1) @ latent[b].T for b in range(latent.shape[0])]).view(*q_latent.shape[:3], -1)
-    scores = scores + torch.stack([q_rope[b].flatten(0, 1) @ k_rope[b].T for b in range(latent.shape[0])]).view(*q_latent.shape[:3], -1)
+    scores = torch.stack([q_latent[b].flatten(0, 1) @ latent[b].T for b in range(latent.shape[0])]).view(
+        *q_latent.shape[:3], -1
+    )
+    scores = scores + torch.stack([q_rope[b].flatten(0, 1) @ k_rope[b].T for b in range(latent.shape[0])]).view(
+        *q_latent.shape[:3], -1
+    )
     scores = scores / math.sqrt(q_nope.shape[-1] + q_rope.shape[-1])
     scores = scores.masked_fill(~causal_mask(q_nope.shape[2], latent.shape[1]), float("-inf"))
     probs = scores.softmax(-1)
-    out = torch.stack([probs[b].flatten(0, 1) @ latent[b] for b in range(latent.shape[0])]).view(*q_latent.shape[:3], -1)
+    out = torch.stack([probs[b].flatten(0, 1) @ latent[b] for b in range(latent.shape[0])]).view(
+        *q_latent.shape[:3], -1
+    )
     return (out.transpose(0, 1) @ w_uv.transpose(-2, -1)[:, None]).transpose(0, 1)
 
 
@@ -431,9 +501,13 @@ def absorbed_is_reconstruct(*args):  # right answer, but it rebuilds every head'
 
 def absorbed_broadcast(q_nope, q_rope, latent, k_rope, w_uk, w_uv):  # a broadcasting matmul copies the latents per head
     q_latent = torch.einsum("bhtd,hdr->bhtr", q_nope, w_uk)
-    scores = (q_latent @ latent[:, None].transpose(-2, -1) + q_rope @ k_rope[:, None].transpose(-2, -1)) / math.sqrt(q_nope.shape[-1] + q_rope.shape[-1])
+    scores = (q_latent @ latent[:, None].transpose(-2, -1) + q_rope @ k_rope[:, None].transpose(-2, -1)) / math.sqrt(
+        q_nope.shape[-1] + q_rope.shape[-1]
+    )
     scores = scores.masked_fill(~causal_mask(q_nope.shape[2], latent.shape[1]), float("-inf"))
-    return torch.einsum("bhtr,hdr->bhtd", scores.softmax(-1) @ latent[:, None].expand(-1, w_uk.shape[0], -1, -1).contiguous(), w_uv)
+    return torch.einsum(
+        "bhtr,hdr->bhtd", scores.softmax(-1) @ latent[:, None].expand(-1, w_uk.shape[0], -1, -1).contiguous(), w_uv
+    )
 
 
 def absorbed_no_rope(q_nope, q_rope, latent, k_rope, w_uk, w_uv):
@@ -501,7 +575,9 @@ def test_bytes_per_token_match_published_figures():
     assert bench_compress.bytes_per_token_layer("gqa", llama) * llama.n_layers == 128 * 1024
     assert bench_compress.bytes_per_token_layer("mha", llama) * llama.n_layers == 512 * 1024
     int8 = bench_compress.bytes_per_token_layer("int8", llama)
-    assert int8 == 2 * 8 * 128 + 8 * 128 * 2 / 32 + 8 * 2  # 8-bit keys and values, a key scale per 32 tokens, a value scale per token
+    assert (
+        int8 == 2 * 8 * 128 + 8 * 128 * 2 / 32 + 8 * 2
+    )  # 8-bit keys and values, a key scale per 32 tokens, a value scale per token
     v2 = MLA_MODELS["DeepSeek-V2"]
     assert bench_compress.bytes_per_token_layer("mla", mla=v2, bytes_per_number=1) == 576
 
@@ -544,7 +620,12 @@ def test_bench_compress_quick_reports_every_part():
     report = bench_compress.bench_compress(quick=True)
     assert {r["scheme"] for r in report["bytes"]} >= {"MHA float32", "MLA, latent 512 + rotary 64"}
     assert 0 <= report["int8_agreement"]["agreement"] <= 1
-    assert set(report["window"]["loss"]) == {"float32 (full)", "int8 (full)", "window 32, no sinks", "4 sinks + window 28"}
+    assert set(report["window"]["loss"]) == {
+        "float32 (full)",
+        "int8 (full)",
+        "window 32, no sinks",
+        "4 sinks + window 28",
+    }
     assert [r["kv_len"] for r in report["speed"]["rows"]] == [512, 1024]
     assert all(r["int8_bytes"] < r["float32_bytes"] / 3 for r in report["speed"]["rows"])
     text = bench_compress.format_compress(report)
@@ -555,8 +636,13 @@ def test_cache_schemes_figure_is_labelled_and_uses_the_palette():
     """Check the workshop figure: labelled x axis, a title with the ratio, the course's colours."""
     from kvlib.course import plotting
 
-    fig = plotting.cache_schemes(["MHA", "GQA-8", "MLA"], [512.0, 128.0, 36.0], ["reference", "close", "not measured"],
-                                 model="Llama-3-8B's shape", note="test")
+    fig = plotting.cache_schemes(
+        ["MHA", "GQA-8", "MLA"],
+        [512.0, 128.0, 36.0],
+        ["reference", "close", "not measured"],
+        model="Llama-3-8B's shape",
+        note="test",
+    )
     ax = fig.axes[0]
     assert ax.get_xlabel() and "14x" in ax.get_title(loc="left")
     colours = {tuple(p.get_facecolor()) for p in ax.patches}

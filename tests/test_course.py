@@ -1,10 +1,10 @@
 """The learner release: kvlib/ stubs and notebooks/ are exactly what solutions/ generates."""
+
 import pytest
+from conftest import ROOT
 
 from kvlib.course import release as course
 from kvlib.course.exercises import NOTEBOOKS
-
-from conftest import ROOT
 
 
 def test_learner_release_is_generated_from_solutions():

@@ -1,5 +1,6 @@
 """README.md and docs/*.md: every link and every path they name resolves, the README stays short,
 and no text names a file or module that is not in the repository."""
+
 from __future__ import annotations
 
 import importlib
@@ -14,10 +15,21 @@ README_MAX_LINES = 180
 
 # Files named by earlier versions of the course that are gone (or never were in the repository).
 GONE = [
-    "COURSE.md", "SOURCES.md",
-    "kvlib/bench.py", "kvlib/benchmark.py", "kvlib/model.py", "kvlib/train.py", "kvlib/corpus.py",
-    "kvlib/configs.py", "kvlib/plotting.py", "kvlib/lab.py", "kvlib/cli.py", "kvlib/course.py",
-    "kvlib/grading/course.py", "kvlib/_exercise.py", "python -m kvlib.train",
+    "COURSE.md",
+    "SOURCES.md",
+    "kvlib/bench.py",
+    "kvlib/benchmark.py",
+    "kvlib/model.py",
+    "kvlib/train.py",
+    "kvlib/corpus.py",
+    "kvlib/configs.py",
+    "kvlib/plotting.py",
+    "kvlib/lab.py",
+    "kvlib/cli.py",
+    "kvlib/course.py",
+    "kvlib/grading/course.py",
+    "kvlib/_exercise.py",
+    "python -m kvlib.train",
 ]
 
 MD_LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")

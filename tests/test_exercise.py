@@ -1,4 +1,5 @@
 """The exercise mechanism: stubs, reference mode, the exercise table and `kvlib check`."""
+
 import ast
 import json
 import os
@@ -7,13 +8,13 @@ import subprocess
 import sys
 
 import pytest
+from conftest import ROOT, run_kvlib
 
 import kvlib
-from kvlib.course import exercises as _exercise, release as course
-from kvlib.course.exercises import EXERCISES, ExerciseNotDone
 from kvlib.checks import checks_for
-
-from conftest import ROOT, run_kvlib
+from kvlib.course import exercises as _exercise
+from kvlib.course import release as course
+from kvlib.course.exercises import EXERCISES, ExerciseNotDone
 
 
 def _bodyless(source: str) -> str:
@@ -40,7 +41,9 @@ def test_stub_bodies_only_raise(solution):
     tree = ast.parse((ROOT / "kvlib" / solution.name).read_text())
     found = 0
     for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef) and any(getattr(getattr(d, "func", None), "id", "") == "exercise" for d in node.decorator_list):
+        if isinstance(node, ast.FunctionDef) and any(
+            getattr(getattr(d, "func", None), "id", "") == "exercise" for d in node.decorator_list
+        ):
             found += 1
             ex_id = node.decorator_list[0].args[0].value
             doc, body = node.body[0], node.body[1:]
@@ -125,7 +128,11 @@ def _learner_copy(tmp_path, attention_source):
     """A copy of the kvlib package with attention.py replaced, importable from tmp_path."""
     shutil.copytree(ROOT / "kvlib", tmp_path / "kvlib", ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "kvlib" / "attention.py").write_text(attention_source)
-    return {"PYTHONPATH": str(tmp_path), "KVLIB_SOLUTIONS": "0", "KVLIB_SOLUTIONS_DIR": str(ROOT / "solutions" / "kvlib")}
+    return {
+        "PYTHONPATH": str(tmp_path),
+        "KVLIB_SOLUTIONS": "0",
+        "KVLIB_SOLUTIONS_DIR": str(ROOT / "solutions" / "kvlib"),
+    }
 
 
 def test_kvlib_check_reports_a_broken_file_and_goes_on(tmp_path):
@@ -134,7 +141,11 @@ def test_kvlib_check_reports_a_broken_file_and_goes_on(tmp_path):
     proc = run_kvlib("check", "--json", env=env, cwd=tmp_path)
     rows = json.loads(proc.stdout)
     assert proc.returncode == 1 and len(rows) == len(EXERCISES)
-    assert all(r["status"] == "fail" and "does not import: SyntaxError" in r["message"] for r in rows if r["notebook"] == "01-attention")
+    assert all(
+        r["status"] == "fail" and "does not import: SyntaxError" in r["message"]
+        for r in rows
+        if r["notebook"] == "01-attention"
+    )
 
 
 def test_kvlib_check_reports_partial_progress(tmp_path):
@@ -142,7 +153,8 @@ def test_kvlib_check_reports_partial_progress(tmp_path):
     source = (ROOT / "kvlib" / "attention.py").read_text()
     solution = (ROOT / "solutions" / "kvlib" / "attention.py").read_text()
     for name in ("softmax", "causal_mask"):  # paste the reference body of two exercises
-        stub_raise = f'raise NotImplementedError("Exercise {_exercise.BY_ID["1.1" if name == "softmax" else "1.3"].id} (notebooks/01-attention): {name}")'
+        ex_id = _exercise.BY_ID["1.1" if name == "softmax" else "1.3"].id
+        stub_raise = f'raise NotImplementedError("Exercise {ex_id} (notebooks/01-attention): {name}")'
         body = solution.split(f"def {name}(")[1].split("### BEGIN SOLUTION\n")[1].split("    ### END SOLUTION")[0]
         source = source.replace("    " + stub_raise + "\n", body)
     env = _learner_copy(tmp_path, source)
@@ -154,13 +166,27 @@ def test_kvlib_check_reports_partial_progress(tmp_path):
 
 def test_kvlib_check_stops_an_endless_loop(tmp_path):
     """Check that an endless loop in one exercise fails it with a timeout and the others still run."""
-    source = (ROOT / "kvlib" / "attention.py").read_text().replace(
-        '    raise NotImplementedError("Exercise 1.1 (notebooks/01-attention): softmax")', "    while True:\n        pass"
+    source = (
+        (ROOT / "kvlib" / "attention.py")
+        .read_text()
+        .replace(
+            '    raise NotImplementedError("Exercise 1.1 (notebooks/01-attention): softmax")',
+            "    while True:\n        pass",
+        )
     )
     env = _learner_copy(tmp_path, source)
-    code = ("import json; from kvlib.checks import run_exercise; from kvlib.course.exercises import BY_ID;"
-            "print(json.dumps([run_exercise(BY_ID[i], timeout=1).as_dict() for i in ('1.1', '1.3')]))")
-    proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    code = (
+        "import json; from kvlib.checks import run_exercise; from kvlib.course.exercises import BY_ID;"
+        "print(json.dumps([run_exercise(BY_ID[i], timeout=1).as_dict() for i in ('1.1', '1.3')]))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, **env},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     first, second = json.loads(proc.stdout)
     assert first["status"] == "fail" and "endless loop" in first["message"]
     assert second["status"] == "todo"

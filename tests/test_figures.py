@@ -4,6 +4,7 @@ text, the Okabe-Ito palette, a size that fits a projected notebook.
 Each figure is drawn here on small example inputs; the executed notebooks draw them on real ones
 (`kvlib present --check --figures DIR` saves those as PNGs to look at).
 """
+
 import numpy as np
 import pytest
 from matplotlib.collections import Collection
@@ -22,36 +23,61 @@ def _figures():
     probs = np.array([[1, 0, 0], [0.33, 0.67, 0], [0.248, 0.248, 0.503]])
     med = 1 + 0.05 * N
     return {
-        "attention_weights": lambda: plotting.attention_weights(**EXAMPLE, query=[1, 1], keys=[[1, 0], [0, 1], [1, 1]],
-                                                                values=[[1, 0], [0, 2], [3, 1]]),
+        "attention_weights": lambda: plotting.attention_weights(
+            **EXAMPLE, query=[1, 1], keys=[[1, 0], [0, 1], [1, 1]], values=[[1, 0], [0, 2], [3, 1]]
+        ),
         "attention_weights (no 2-d values)": lambda: plotting.attention_weights(**EXAMPLE),
         "causal_attention_heatmap": lambda: plotting.causal_attention_heatmap(EXAMPLE["tokens"], probs),
-        "ttft_against_prompt_length": lambda: plotting.ttft_against_prompt_length([8, 16, 32], [1, 2, 3], [0.9, 1.8, 2.7],
-                                                                                  [1.2, 2.3, 3.4], note="test machine"),
+        "ttft_against_prompt_length": lambda: plotting.ttft_against_prompt_length(
+            [8, 16, 32], [1, 2, 3], [0.9, 1.8, 2.7], [1.2, 2.3, 3.4], note="test machine"
+        ),
         "time_per_token": lambda: plotting.time_per_token(med, med * 0.9, med * 1.2, note="test machine"),
-        "naive_decode_work": lambda: plotting.naive_decode_work(N, N**2 * 10.0 + N**3, N * 10.0, projections=N**2 * 10.0,
-                                                                attention=N**3 * 1.0),
+        "naive_decode_work": lambda: plotting.naive_decode_work(
+            N, N**2 * 10.0 + N**3, N * 10.0, projections=N**2 * 10.0, attention=N**3 * 1.0
+        ),
         "wasted_share": lambda: plotting.wasted_share(N, 1 - 1 / N, marks=(2, 10)),
-        "rotary_scores": lambda: plotting.rotary_scores(N, {0: np.cos(N / 3.0), 50: np.cos(N / 3.0)}, note="one query and key"),
+        "rotary_scores": lambda: plotting.rotary_scores(
+            N, {0: np.cos(N / 3.0), 50: np.cos(N / 3.0)}, note="one query and key"
+        ),
         "step_time_fit": lambda: plotting.step_time_fit(N, med, med * 0.9, med * 1.2, med, fit_label="fit: a + b t"),
         "decode_step_scores": lambda: plotting.decode_step_scores(list("法国的首都是巴")),
         "cache_time_against_length": lambda: plotting.cache_time_against_length(
-            N[7:], 1e-4 * N[7:] ** 1.5, 1e-3 * N[7:], naive_fit=(1e-4, 1.5), cached_fit=(1e-3, 1.0), marks=(8, 16, 32, 64)),
-        "roofline": lambda: plotting.roofline([("GPU, 16-bit", 312e12, 2e12), ("GPU, FP32", 19.5e12, 2e12)],
-                                              [("decode", 1.0, 1.9e12), ("prefill", 400.0, 250e12)], note="datasheet"),
-        "bytes_against_kv_len": lambda: plotting.bytes_against_kv_len(2.0 ** np.arange(7, 18), 13.5e9, 512 * 1024,
-                                                                      batches=(1, 16), model="Llama-2-7B"),
+            N[7:],
+            1e-4 * N[7:] ** 1.5,
+            1e-3 * N[7:],
+            naive_fit=(1e-4, 1.5),
+            cached_fit=(1e-3, 1.0),
+            marks=(8, 16, 32, 64),
+        ),
+        "roofline": lambda: plotting.roofline(
+            [("GPU, 16-bit", 312e12, 2e12), ("GPU, FP32", 19.5e12, 2e12)],
+            [("decode", 1.0, 1.9e12), ("prefill", 400.0, 250e12)],
+            note="datasheet",
+        ),
+        "bytes_against_kv_len": lambda: plotting.bytes_against_kv_len(
+            2.0 ** np.arange(7, 18), 13.5e9, 512 * 1024, batches=(1, 16), model="Llama-2-7B"
+        ),
         "bytes_against_kv_len (sliding window)": lambda: plotting.bytes_against_kv_len(
-            2.0 ** np.arange(7, 18), 14.5e9, 128 * 1024, batches=(1, 16), sliding_window=4096, model="Mistral-7B"),
-        "decode_against_batch": lambda: plotting.decode_against_batch([1, 2, 4, 8], [10, 19, 30, 35], [12, 24, 40, 40],
-                                                                      [0.5, 1, 2, 4], 3.0, note="test machine"),
+            2.0 ** np.arange(7, 18), 14.5e9, 128 * 1024, batches=(1, 16), sliding_window=4096, model="Mistral-7B"
+        ),
+        "decode_against_batch": lambda: plotting.decode_against_batch(
+            [1, 2, 4, 8], [10, 19, 30, 35], [12, 24, 40, 40], [0.5, 1, 2, 4], 3.0, note="test machine"
+        ),
         "serving_compare": lambda: plotting.serving_compare(
             {"tokens_per_s": 200.0, "ttft_p50_s": 10.0, "ttft_p99_s": 20.0, "kv_utilisation": 0.21},
-            {"tokens_per_s": 760.0, "ttft_p50_s": 0.15, "ttft_p99_s": 0.34, "kv_utilisation": 0.95}, note="test machine"),
-        "cache_schemes": lambda: plotting.cache_schemes(["MHA", "GQA-8", "int8 GQA-8", "MLA"], [512, 128, 66.5, 67.5],
-                                                        ["the reference", "close", "99.9% agree", "exact"], model="Llama-3-8B",
-                                                        note="test machine"),
-        "block_memory_map": lambda: plotting.block_memory_map(np.array([[0, 0, 1, -1], [0, -2, 1, 2], [-1, -2, 1, 2]]), step=1),
+            {"tokens_per_s": 760.0, "ttft_p50_s": 0.15, "ttft_p99_s": 0.34, "kv_utilisation": 0.95},
+            note="test machine",
+        ),
+        "cache_schemes": lambda: plotting.cache_schemes(
+            ["MHA", "GQA-8", "int8 GQA-8", "MLA"],
+            [512, 128, 66.5, 67.5],
+            ["the reference", "close", "99.9% agree", "exact"],
+            model="Llama-3-8B",
+            note="test machine",
+        ),
+        "block_memory_map": lambda: plotting.block_memory_map(
+            np.array([[0, 0, 1, -1], [0, -2, 1, 2], [-1, -2, 1, 2]]), step=1
+        ),
     }
 
 
@@ -83,14 +109,18 @@ def test_figure_has_labelled_axes_and_a_title(name):
     assert all(ax.get_xlabel() for ax in axes), f"{name}: an axes has no x label"
     assert axes[0].get_ylabel(), f"{name}: no y label"
     suptitle = fig._suptitle.get_text() if fig._suptitle else ""
-    assert suptitle or all(any(ax.get_title(loc) for loc in ("left", "center", "right")) for ax in axes), f"{name}: no title"
+    assert suptitle or all(any(ax.get_title(loc) for loc in ("left", "center", "right")) for ax in axes), (
+        f"{name}: no title"
+    )
 
 
 @pytest.mark.parametrize("name", FIGURES)
 def test_figure_text_is_readable_at_projector_size(name):
     """Check that no text of the figure is smaller than 10 pt and the figure fits a projected notebook (<= 13.5 in)."""
     fig = FIGURES[name]()
-    small = [(t.get_text(), t.get_fontsize()) for t in fig.findobj(Text) if t.get_text().strip() and t.get_fontsize() < 10]
+    small = [
+        (t.get_text(), t.get_fontsize()) for t in fig.findobj(Text) if t.get_text().strip() and t.get_fontsize() < 10
+    ]
     assert not small, f"{name}: text below 10 pt: {small[:3]}"
     assert fig.get_figwidth() <= 13.5, f"{name}: {fig.get_figwidth()} in wide"
 
@@ -101,7 +131,9 @@ def test_figure_colours_come_from_the_colour_blind_safe_palette(name):
     fig = FIGURES[name]()
     for color in _colors(fig):
         r, g, b = to_rgb(color)
-        assert to_hex((r, g, b)) in ALLOWED or r == g == b, f"{name}: colour {to_hex((r, g, b))} is not in kvlib.course.plotting.PALETTE"
+        assert to_hex((r, g, b)) in ALLOWED or r == g == b, (
+            f"{name}: colour {to_hex((r, g, b))} is not in kvlib.course.plotting.PALETTE"
+        )
 
 
 def test_cache_against_weights_stops_growing_at_the_sliding_window():
@@ -113,9 +145,13 @@ def test_cache_against_weights_stops_growing_at_the_sliding_window():
     assert len(kv) == 2
     for line in kv:
         x, y = np.asarray(line.get_xdata()), np.asarray(line.get_ydata())
-        assert np.all(np.diff(y[x <= 4096]) > 0) and np.allclose(y[x >= 4096], y[x == 4096][0]), "the cache should grow up to the window, then stay"
+        assert np.all(np.diff(y[x <= 4096]) > 0) and np.allclose(y[x >= 4096], y[x == 4096][0]), (
+            "the cache should grow up to the window, then stay"
+        )
     assert y[-1] == 4096 * 128 * 1024 * 16 / 1e9
-    assert not [line for line in ax.get_lines() if line.get_marker() == "o"], "batch 16's cache (8.6 GB) never reaches the 14.5 GB of weights"
+    assert not [line for line in ax.get_lines() if line.get_marker() == "o"], (
+        "batch 16's cache (8.6 GB) never reaches the 14.5 GB of weights"
+    )
     assert "window caps the cache at 8.6 GB" in ax.get_title()
 
 

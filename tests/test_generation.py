@@ -1,5 +1,6 @@
 """kvlib/generation.py (notebook 02): the reference passes every check, checks name the known
 slips, and bad input (empty prompt, too many tokens) gets a clear error."""
+
 import time
 import types
 
@@ -8,9 +9,9 @@ import pytest
 import torch
 
 from kvlib import generation
-from kvlib.course.exercises import BY_ID
 from kvlib.checks import CHECKS, checks_for
 from kvlib.checks.generation import _model
+from kvlib.course.exercises import BY_ID
 
 GEN_CHECKS = [c for i in range(1, 5) for c in checks_for(BY_ID[f"2.{i}"])]
 
@@ -74,14 +75,22 @@ MISTAKES = [
     ("next_token_samples_from_softmax", {"next_token": _sample_without_temperature}, "temperature changes nothing"),
     ("next_token_greedy_is_argmax", {"next_token": _greedy_keepdim}, "shape (3,)"),
     ("generate_matches_greedy_loop", {"generate": _generate_from_first_position}, "first position"),
-    ("measure_ttft_tpot_times_prefill_and_steps", {"measure_ttft_tpot": _measure_whole_generation}, "the whole generation"),
+    (
+        "measure_ttft_tpot_times_prefill_and_steps",
+        {"measure_ttft_tpot": _measure_whole_generation},
+        "the whole generation",
+    ),
 ]
 
 
-@pytest.mark.parametrize("name, fake, words", MISTAKES, ids=[f"{m[0]}-{next(iter(m[1].values())).__name__}" for m in MISTAKES])
+@pytest.mark.parametrize(
+    "name, fake, words", MISTAKES, ids=[f"{m[0]}-{next(iter(m[1].values())).__name__}" for m in MISTAKES]
+)
 def test_check_names_the_known_mistake(name, fake, words):
     """Check that a deliberately wrong implementation fails the check with a message naming the mistake."""
-    module = types.SimpleNamespace(**{n: getattr(generation, n) for n in ("next_token", "generate", "measure_ttft_tpot", "project_qkv")})
+    module = types.SimpleNamespace(
+        **{n: getattr(generation, n) for n in ("next_token", "generate", "measure_ttft_tpot", "project_qkv")}
+    )
     for key, fn in fake.items():
         setattr(module, key, fn)
     with pytest.raises(AssertionError) as info:
@@ -97,15 +106,21 @@ def test_timing_checks_read_the_fake_clock_in_the_isolated_child():
     from kvlib.grading.sandbox import Sandbox, package_files
 
     source = (ROOT / "solutions" / "kvlib" / "generation.py").read_text(encoding="utf-8")
-    by_name = source.replace("import time\n", "import time\nfrom time import perf_counter\n", 1).replace("time.perf_counter()", "perf_counter()")
-    averaged = source.replace("    return ttft, [b - a for a, b in zip(times, times[1:])]",
-                              "    return ttft, [(times[-1] - start) / max_new_tokens] * (max_new_tokens - 1)")
+    by_name = source.replace("import time\n", "import time\nfrom time import perf_counter\n", 1).replace(
+        "time.perf_counter()", "perf_counter()"
+    )
+    averaged = source.replace(
+        "    return ttft, [b - a for a, b in zip(times, times[1:])]",
+        "    return ttft, [(times[-1] - start) / max_new_tokens] * (max_new_tokens - 1)",
+    )
     assert by_name != source and averaged != source
     functions = [f"generation.{BY_ID[i].name}" for i in ("2.1", "2.2", "2.3", "2.4")]
     for text, passes in ((by_name, True), (averaged, False)):
         files = package_files(ROOT / "kvlib")
         files["kvlib/generation.py"] = text.encode()
-        with Sandbox(files, ["generation"], functions, mode="plain", torch=True, call_timeout=60, budget=300) as sandbox:
+        with Sandbox(
+            files, ["generation"], functions, mode="plain", torch=True, call_timeout=60, budget=300
+        ) as sandbox:
             module = sandbox.module("generation")
             check = CHECKS["measure_ttft_tpot_times_prefill_and_steps"]
             if passes:

@@ -2,6 +2,7 @@
 mean-pooling an MHA model into GQA, real models' KV bytes, and the benchmark's shape of report.
 
 Runs in reference mode (conftest). No test asserts on time."""
+
 import types
 
 import numpy as np
@@ -9,14 +10,14 @@ import pytest
 import torch
 
 from kvlib import gqa
-from kvlib.measure import bench_gqa
-from kvlib.study import gqa_quality
-from kvlib.course.exercises import BY_ID, ExerciseNotDone
 from kvlib.checks import CHECKS, checks_for, run
 from kvlib.checks.gqa import CONFIG
 from kvlib.core.configs import REAL_MODELS
 from kvlib.core.model import Decoder, ModelConfig
 from kvlib.core.weights import from_transformers, to_transformers
+from kvlib.course.exercises import BY_ID, ExerciseNotDone
+from kvlib.measure import bench_gqa
+from kvlib.study import gqa_quality
 
 torch.set_num_threads(1)
 
@@ -32,10 +33,15 @@ def test_reference_passes_check(check):
 
 def test_learner_stubs_are_todo(learner_mode):
     """Check that in learner mode every 6.x exercise raises ExerciseNotDone naming itself."""
-    for ex_id, call in (("6.1", lambda: gqa.repeat_kv(torch.zeros(1, 2, 3, 4), 2)),
-                        ("6.2", lambda: gqa.grouped_attention(torch.zeros(1, 4, 1, 4), torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4))),
-                        ("6.3", lambda: gqa.mean_pool_heads(torch.zeros(8, 3), 4, 2)),
-                        ("6.4", lambda: gqa.to_gqa(Decoder(CONFIG), 3))):
+    for ex_id, call in (
+        ("6.1", lambda: gqa.repeat_kv(torch.zeros(1, 2, 3, 4), 2)),
+        (
+            "6.2",
+            lambda: gqa.grouped_attention(torch.zeros(1, 4, 1, 4), torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4)),
+        ),
+        ("6.3", lambda: gqa.mean_pool_heads(torch.zeros(8, 3), 4, 2)),
+        ("6.4", lambda: gqa.to_gqa(Decoder(CONFIG), 3)),
+    ):
         with pytest.raises(ExerciseNotDone, match=f"Exercise {ex_id}"):
             call()
     results = {r.id: r.status for r in run("06")}
@@ -90,7 +96,11 @@ def test_decode_step_with_matches_model_forward():
 def test_split_k_attention_equals_grouped_attention_for_a_decode_step(n_kv_heads, kv_len, chunk):
     """Check split-K (chunks merged by the online softmax) against SDPA with enable_gqa, chunks that do not divide kv_len included."""
     torch.manual_seed(0)
-    q, k, v = torch.randn(2, 6, 1, 8) * 3, torch.randn(2, n_kv_heads, kv_len, 8) * 3, torch.randn(2, n_kv_heads, kv_len, 8)
+    q, k, v = (
+        torch.randn(2, 6, 1, 8) * 3,
+        torch.randn(2, n_kv_heads, kv_len, 8) * 3,
+        torch.randn(2, n_kv_heads, kv_len, 8),
+    )
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=n_kv_heads != 6)
     torch.testing.assert_close(bench_gqa.split_k_attention(q, k, v, chunk=chunk), expected)
 
@@ -105,7 +115,10 @@ def test_split_k_attention_names_what_it_cannot_do():
 def test_decode_bytes_counts_copies_for_materialised():
     """Check that the materialised path is charged n_kv_heads + 2 n_heads heads, grouped only n_kv_heads."""
     model = Decoder(dataclass_replace(CONFIG, n_kv_heads=2))
-    grouped, copied = bench_gqa.decode_bytes(model, 100, method="grouped"), bench_gqa.decode_bytes(model, 100, method="materialised")
+    grouped, copied = (
+        bench_gqa.decode_bytes(model, 100, method="grouped"),
+        bench_gqa.decode_bytes(model, 100, method="materialised"),
+    )
     per_head = 4 * 2 * CONFIG.n_layers * 100 * CONFIG.head_dim
     assert copied - grouped == 2 * CONFIG.n_heads * per_head
 
@@ -237,10 +250,14 @@ MISTAKES = [
 ]
 
 
-@pytest.mark.parametrize("name, fake, words", MISTAKES, ids=[f"{m[0]}-{next(iter(m[1].values())).__name__}" for m in MISTAKES])
+@pytest.mark.parametrize(
+    "name, fake, words", MISTAKES, ids=[f"{m[0]}-{next(iter(m[1].values())).__name__}" for m in MISTAKES]
+)
 def test_check_names_the_known_mistake(name, fake, words):
     """Check that a deliberately wrong implementation fails the check with a message naming the mistake."""
-    module = types.SimpleNamespace(**{n: getattr(gqa, n) for n in ("repeat_kv", "grouped_attention", "mean_pool_heads", "to_gqa")})
+    module = types.SimpleNamespace(
+        **{n: getattr(gqa, n) for n in ("repeat_kv", "grouped_attention", "mean_pool_heads", "to_gqa")}
+    )
     for key, fn in fake.items():
         setattr(module, key, fn)
     with pytest.raises(AssertionError) as info:
@@ -251,8 +268,16 @@ def test_check_names_the_known_mistake(name, fake, words):
 # ---------------------------------------------------------------------------------------------
 # Real models (kv_cache_bytes is Exercise 4.4) and the benchmark
 
-KIB_PER_TOKEN = {"GPT-2 small": 36, "Llama-2-7B": 512, "Llama-2-70B": 320, "Llama-3-8B": 128, "Llama-3-70B": 320,
-                 "Mistral-7B": 128, "Qwen2.5-7B": 56, "Falcon-7B": 8}  # published configs (each model's config.json), fp16
+KIB_PER_TOKEN = {
+    "GPT-2 small": 36,
+    "Llama-2-7B": 512,
+    "Llama-2-70B": 320,
+    "Llama-3-8B": 128,
+    "Llama-3-70B": 320,
+    "Mistral-7B": 128,
+    "Qwen2.5-7B": 56,
+    "Falcon-7B": 8,
+}  # published configs (each model's config.json), fp16
 
 
 @pytest.mark.parametrize("name", list(KIB_PER_TOKEN))
@@ -288,13 +313,22 @@ def test_bench_gqa_quick_reports_every_case(quick_gqa_report):
     report = quick_gqa_report
     rows = report["rows"]
     assert {(r["n_kv_heads"], r["method"]) for r in rows if r["kv_len"] == 512} == {
-        (8, "mha"), (8, "mha sdpa"), *((h, m) for h in (4, 2, 1) for m in ("materialised", "grouped", "split-k", "sdpa"))}
+        (8, "mha"),
+        (8, "mha sdpa"),
+        *((h, m) for h in (4, 2, 1) for m in ("materialised", "grouped", "split-k", "sdpa")),
+    }
     base = {r["method"]: r for r in rows if r["kv_len"] == 512 and r["n_kv_heads"] == 8}
     for r in rows:  # each way is compared with MHA done the same way: SDPA's fusion is not a GQA saving
         if r["kv_len"] == 512:
-            assert r["speedup_vs_mha"] == pytest.approx(base["mha sdpa" if "sdpa" in r["method"] else "mha"]["median_s"] / r["median_s"])
+            assert r["speedup_vs_mha"] == pytest.approx(
+                base["mha sdpa" if "sdpa" in r["method"] else "mha"]["median_s"] / r["median_s"]
+            )
     assert all(r["median_s"] > 0 and r["predicted_s"] > 0 and r["speedup_vs_mha"] > 0 for r in rows)
-    assert all(r["cache_bytes"] * 8 == rows[0]["cache_bytes"] * r["n_kv_heads"] for r in rows if r["kv_len"] == rows[0]["kv_len"])
+    assert all(
+        r["cache_bytes"] * 8 == rows[0]["cache_bytes"] * r["n_kv_heads"]
+        for r in rows
+        if r["kv_len"] == rows[0]["kv_len"]
+    )
     assert "vs MHA" in format_gqa(report) and report["record"]["threads"] == 1
 
 
@@ -310,13 +344,17 @@ def test_bench_gqa_splits_each_step_into_its_fixed_part_and_its_cache_part(quick
     fixed = {(f["n_kv_heads"], f["method"]): f for f in report["fixed"]}
     assert {f["kv_len"] for f in report["fixed"]} == {0} and "intercept" in report["fixed_method"]
     assert all(f["q1_s"] <= f["median_s"] <= f["q3_s"] for f in fixed.values())
-    assert set(fixed) == {(r["n_kv_heads"], r["method"]) for r in report["rows"]}  # one fixed part per way and n_kv_heads
+    assert set(fixed) == {
+        (r["n_kv_heads"], r["method"]) for r in report["rows"]
+    }  # one fixed part per way and n_kv_heads
     mha = {r["kv_len"]: r for r in report["rows"] if r["method"] == "mha"}
     for r in report["rows"]:
         f = fixed[r["n_kv_heads"], r["method"]]
         assert r["fixed_s"] == f["median_s"] and r["fixed_spread_s"] == [f["q1_s"], f["q3_s"]]
         assert r["cache_s"] == pytest.approx(statistics.median(r["cache_rounds_s"]))
-        if r["cache_s"] > 0:  # the rate at which the bytes that grow with kv_len were read: the cache (kv_len + 1 slots)
+        if (
+            r["cache_s"] > 0
+        ):  # the rate at which the bytes that grow with kv_len were read: the cache (kv_len + 1 slots)
             assert r["cache_bytes_per_s"] > 0
             if r["method"] != "materialised":  # which also writes and reads its copies
                 assert r["cache_bytes_per_s"] == pytest.approx(r["cache_bytes"] / r["cache_s"])

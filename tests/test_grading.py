@@ -8,6 +8,7 @@ later grade. The kernel's time limits are tight here: scores never depend on the
 Attacks that only the jail stops (walking up the disk, writing the gradebook, planting an
 IPython startup file) are skipped where the grader cannot create namespaces (docs/instructors.md: plain mode).
 """
+
 from __future__ import annotations
 
 import csv
@@ -26,7 +27,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import ROOT, run_kvlib
 
 NB = "01-attention"
@@ -38,16 +38,19 @@ def _mode() -> str:
     return detect_mode()
 
 
-JAILED = pytest.mark.skipif(sys.platform != "linux" or _mode() == "plain",
-                            reason="needs namespaces (root or user namespaces): the plain fallback does not stop this")
+JAILED = pytest.mark.skipif(
+    sys.platform != "linux" or _mode() == "plain",
+    reason="needs namespaces (root or user namespaces): the plain fallback does not stop this",
+)
 
 
 def nbgrader(course, *args, check=True, timeout=900):
     # nbgrader runs the `alembic` command for its gradebook: put this environment's bin/ first
     path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
     env = {**os.environ, "PATH": path, "KVLIB_SOLUTIONS": "0", "PYTHONPATH": ""}
-    proc = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, capture_output=True, text=True,
-                          env=env, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "nbgrader", *args], cwd=course, capture_output=True, text=True, env=env, timeout=timeout
+    )
     if check:
         assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
     return proc
@@ -90,6 +93,8 @@ def attention(done=(), replace=None, prelude="", epilogue="") -> str:
 
 
 ALL = ("1.1", "1.2", "1.3", "1.4")
+
+
 def _points() -> dict[str, float]:
     """Points of the notebook's graded cells, per exercise (each cell's grade_id names its check)."""
     from kvlib import checks
@@ -129,21 +134,48 @@ def change_metadata(nb):
     cells[2]["metadata"]["nbgrader"]["grade_id"] = "renamed"
     cells[3]["metadata"]["nbgrader"]["solution"] = True
     del cells[4]["metadata"]["nbgrader"]
-    bonus = {"grade": True, "grade_id": "bonus", "points": 1000, "locked": False, "solution": False, "schema_version": 3}
-    nb["cells"].append({"cell_type": "code", "id": "bonus", "metadata": {"nbgrader": bonus}, "source": "print('passed')",
-                        "outputs": [], "execution_count": None})
-    nb["cells"].append({"cell_type": "markdown", "id": "bonus2", "source": "bonus",
-                        "metadata": {"nbgrader": {**bonus, "grade_id": "bonus2", "points": 50, "locked": True}}})
+    bonus = {
+        "grade": True,
+        "grade_id": "bonus",
+        "points": 1000,
+        "locked": False,
+        "solution": False,
+        "schema_version": 3,
+    }
+    nb["cells"].append(
+        {
+            "cell_type": "code",
+            "id": "bonus",
+            "metadata": {"nbgrader": bonus},
+            "source": "print('passed')",
+            "outputs": [],
+            "execution_count": None,
+        }
+    )
+    nb["cells"].append(
+        {
+            "cell_type": "markdown",
+            "id": "bonus2",
+            "source": "bonus",
+            "metadata": {"nbgrader": {**bonus, "grade_id": "bonus2", "points": 50, "locked": True}},
+        }
+    )
 
 
 def submissions(course: Path, port: int = 0) -> dict:
     """student -> dict(attention=source | None (a link), notebook=edit fn, files={rel: text}, expected=points)."""
     subs = {
         # monkeypatching the checker, numpy and torch at import; the functions return zeros
-        "a01-monkeypatch": dict(expected=0, attention=attention(replace={
-            "1.1": "return np.zeros_like(scores)", "1.2": "return np.zeros(v.shape[-1]), np.zeros(k.shape[0])",
-            "1.3": "return np.zeros((seq_len, kv_len), dtype=bool)",
-            "1.4": "return np.zeros(q.shape[:-1] + v.shape[-1:]), np.zeros(q.shape[:-1] + k.shape[-2:-1])"}, prelude="""
+        "a01-monkeypatch": dict(
+            expected=0,
+            attention=attention(
+                replace={
+                    "1.1": "return np.zeros_like(scores)",
+                    "1.2": "return np.zeros(v.shape[-1]), np.zeros(k.shape[0])",
+                    "1.3": "return np.zeros((seq_len, kv_len), dtype=bool)",
+                    "1.4": "return np.zeros(q.shape[:-1] + v.shape[-1:]), np.zeros(q.shape[:-1] + k.shape[-2:-1])",
+                },
+                prelude="""
 import numpy as _np
 _np.allclose = lambda *a, **k: True
 _np.array_equal = lambda *a, **k: True
@@ -158,23 +190,38 @@ try:
     _torch.softmax = lambda x, dim=-1: x * 0
 except Exception:
     pass
-""")),
+""",
+            ),
+        ),
         # an IPython input transformer: every later cell in the kernel just prints "passed"
-        "a02-input-transformer": dict(expected=0, attention=attention(prelude="""
+        "a02-input-transformer": dict(
+            expected=0,
+            attention=attention(
+                prelude="""
 try:
     from IPython import get_ipython as _gi
     _gi().input_transformers_cleanup.append(lambda lines: ['print("passed")\\n'])
 except Exception:
     pass
-""")),
+"""
+            ),
+        ),
         # a fake numpy package beside the notebook, and one inside kvlib/
-        "a03-fake-numpy": dict(expected=0, attention=attention(), files={
-            "numpy/__init__.py": "allclose = array_equal = isclose = lambda *a, **k: True\n"
-                                 "def __getattr__(name):\n    return lambda *a, **k: True\n",
-            "kvlib/numpy.py": "allclose = lambda *a, **k: True\n"}),
+        "a03-fake-numpy": dict(
+            expected=0,
+            attention=attention(),
+            files={
+                "numpy/__init__.py": "allclose = array_equal = isclose = lambda *a, **k: True\n"
+                "def __getattr__(name):\n    return lambda *a, **k: True\n",
+                "kvlib/numpy.py": "allclose = lambda *a, **k: True\n",
+            },
+        ),
         "a04-exit-at-import": dict(expected=0, attention=attention(ALL, prelude="import os as _os\n_os._exit(0)\n")),
         # results that compare equal to anything: an object, and an ndarray subclass
-        "a05-equal-to-anything": dict(expected=0, attention=attention(prelude="""
+        "a05-equal-to-anything": dict(
+            expected=0,
+            attention=attention(
+                prelude="""
 class _Anything:
     shape = property(lambda self: (3,))
     dtype = bool
@@ -187,63 +234,120 @@ class _Anything:
 class _EqArray(np.ndarray):
     def __eq__(self, other): return np.ones(np.shape(other), dtype=bool)
     def __array_function__(self, func, types, args, kwargs): return True
-""", replace={"1.1": "return _Anything()", "1.2": "return _Anything(), _Anything()",
-              "1.3": "return np.zeros((seq_len, kv_len), dtype=bool).view(_EqArray)",
-              "1.4": "return np.zeros(q.shape[:-1] + v.shape[-1:]).view(_EqArray), _Anything()"})),
-        "a06-patch-builtins": dict(expected=0, attention=attention(replace={
-            "1.1": "return np.zeros_like(scores)", "1.3": "return np.zeros((seq_len, kv_len), dtype=bool)"}, prelude="""
+""",
+                replace={
+                    "1.1": "return _Anything()",
+                    "1.2": "return _Anything(), _Anything()",
+                    "1.3": "return np.zeros((seq_len, kv_len), dtype=bool).view(_EqArray)",
+                    "1.4": "return np.zeros(q.shape[:-1] + v.shape[-1:]).view(_EqArray), _Anything()",
+                },
+            ),
+        ),
+        "a06-patch-builtins": dict(
+            expected=0,
+            attention=attention(
+                replace={
+                    "1.1": "return np.zeros_like(scores)",
+                    "1.3": "return np.zeros((seq_len, kv_len), dtype=bool)",
+                },
+                prelude="""
 import builtins as _b
 _b.isinstance = lambda *a: True
 _b.all = lambda *a: True
 _b.any = lambda *a: True
 _b.AssertionError = type("AssertionError", (Exception,), {})
-""")),
+""",
+            ),
+        ),
         "a07-symlink-to-reference": dict(expected=0, attention=None),
         # an endless loop in attend (interruptible), and one that swallows KeyboardInterrupt
-        "a08-endless-loop": dict(expected=TOTAL - POINTS["1.2"], attention=attention(ALL, replace={"1.2": "while True:\n    pass"})),
-        "a09-loop-ignores-interrupt": dict(expected=TOTAL - POINTS["1.4"], attention=attention(ALL, replace={"1.4": (
-            "import time\nwhile True:\n    try:\n        time.sleep(0.05)\n    except KeyboardInterrupt:\n        pass")})),
-        "a10-prints-megabytes": dict(expected=0, attention=attention(prelude="""
+        "a08-endless-loop": dict(
+            expected=TOTAL - POINTS["1.2"], attention=attention(ALL, replace={"1.2": "while True:\n    pass"})
+        ),
+        "a09-loop-ignores-interrupt": dict(
+            expected=TOTAL - POINTS["1.4"],
+            attention=attention(
+                ALL,
+                replace={
+                    "1.4": (
+                        "import time\nwhile True:\n    try:\n        time.sleep(0.05)\n    except KeyboardInterrupt:\n        pass"
+                    )
+                },
+            ),
+        ),
+        "a10-prints-megabytes": dict(
+            expected=0,
+            attention=attention(
+                prelude="""
 import os as _os, sys as _sys
 print("x" * 3_000_000)
 _os.write(1, b"y" * 3_000_000)
 _os.write(2, b"z" * 3_000_000)
-""", replace={"1.1": "print('w' * 2_000_000)\nraise NotImplementedError('Exercise 1.1 (notebooks/01-attention): stub')"})),
+""",
+                replace={
+                    "1.1": "print('w' * 2_000_000)\nraise NotImplementedError('Exercise 1.1 (notebooks/01-attention): stub')"
+                },
+            ),
+        ),
         # the read-only test cells rewritten; deleted (with a partly correct kvlib: honest score);
         # their metadata changed (points, flags, ids, extra graded cells)
         "a11-edited-tests": dict(expected=0, attention=attention(), notebook=edit_tests),
-        "a12-deleted-tests": dict(expected=POINTS["1.1"] + POINTS["1.3"], attention=attention(("1.1", "1.3")), notebook=delete_tests),
+        "a12-deleted-tests": dict(
+            expected=POINTS["1.1"] + POINTS["1.3"], attention=attention(("1.1", "1.3")), notebook=delete_tests
+        ),
         "a13-changed-metadata": dict(expected=0, attention=attention(), notebook=change_metadata),
         # links to the source notebook, the reference in the clone, another student's file and the
         # config: unpacked by hand with `tar` (links kept), and collected by `nbgrader zip_collect`;
         # their code prints whatever it can read and imports a linked "helper" that is the reference
-        "a17-links-unpacked-tar": dict(expected=POINTS["1.1"] + POINTS["1.3"], links="tar",
-                                       attention=attention(("1.1", "1.3"), prelude=LEAK, epilogue=LINKED_HELPER)),
-        "a18-links-zip-collect": dict(expected=POINTS["1.1"] + POINTS["1.3"], links="zip_collect",
-                                      attention=attention(("1.1", "1.3"), prelude=LEAK, epilogue=LINKED_HELPER)),
+        "a17-links-unpacked-tar": dict(
+            expected=POINTS["1.1"] + POINTS["1.3"],
+            links="tar",
+            attention=attention(("1.1", "1.3"), prelude=LEAK, epilogue=LINKED_HELPER),
+        ),
+        "a18-links-zip-collect": dict(
+            expected=POINTS["1.1"] + POINTS["1.3"],
+            links="zip_collect",
+            attention=attention(("1.1", "1.3"), prelude=LEAK, epilogue=LINKED_HELPER),
+        ),
         # honest submissions, graded after every attack
         "m-partial": dict(expected=POINTS["1.1"] + POINTS["1.3"], attention=attention(("1.1", "1.3"))),
         "z-correct": dict(expected=TOTAL, attention=attention(ALL)),
         # Exercise 1.1's code moved to a module of the learner's own, which the rest imports
-        "z-helper-module": dict(expected=TOTAL, attention=attention(ALL, replace={"1.1": "return stable_softmax(scores)"},
-                                                                 prelude="from kvlib.my_helpers import stable_softmax\n"),
-                                files={"kvlib/my_helpers.py": HELPER}),
+        "z-helper-module": dict(
+            expected=TOTAL,
+            attention=attention(
+                ALL,
+                replace={"1.1": "return stable_softmax(scores)"},
+                prelude="from kvlib.my_helpers import stable_softmax\n",
+            ),
+            files={"kvlib/my_helpers.py": HELPER},
+        ),
         "z-untouched": dict(expected=0, attention="release"),
     }
     if _mode() != "plain":
         ref = str(ROOT / "solutions" / "kvlib" / "attention.py")
-        subs.update({
-            # correct code that, in the kernel and in the isolated child, calls a server on the grader's localhost
-            "a19-connects-to-localhost": dict(expected=TOTAL, attention=attention(ALL, prelude=f"""
+        subs.update(
+            {
+                # correct code that, in the kernel and in the isolated child, calls a server on the grader's localhost
+                "a19-connects-to-localhost": dict(
+                    expected=TOTAL,
+                    attention=attention(
+                        ALL,
+                        prelude=f"""
 import socket as _socket
 try:
     with _socket.create_connection(("127.0.0.1", {port}), timeout=3) as _c:
         _c.sendall(b"reached the grader's machine")
 except OSError:
     pass
-""")),
-            # look for the reference everywhere, and switch on reference mode
-            "a14-walks-up-for-solutions": dict(expected=0, attention=attention(epilogue=f"""
+""",
+                    ),
+                ),
+                # look for the reference everywhere, and switch on reference mode
+                "a14-walks-up-for-solutions": dict(
+                    expected=0,
+                    attention=attention(
+                        epilogue=f"""
 import os as _os, pathlib as _pl
 def _find():
     starts = [_pl.Path(__file__).resolve(), _pl.Path.cwd(), _pl.Path("/")]
@@ -267,21 +371,31 @@ try:
     kvlib.use_solutions()
 except Exception:
     pass
-""")),
-            "a15-writes-gradebook": dict(expected=0, attention=attention(prelude=f"""
+"""
+                    ),
+                ),
+                "a15-writes-gradebook": dict(
+                    expected=0,
+                    attention=attention(
+                        prelude=f"""
 import sqlite3 as _sql, pathlib as _pl
-for _db in [_pl.Path({str(course / 'gradebook.db')!r}), *[p / "gradebook.db" for p in _pl.Path.cwd().parents]]:
+for _db in [_pl.Path({str(course / "gradebook.db")!r}), *[p / "gradebook.db" for p in _pl.Path.cwd().parents]]:
     try:
         with _sql.connect(_db) as _con:
             _con.execute("UPDATE grade SET auto_score = 1")
     except Exception:
         pass
 try:
-    _pl.Path({str(course / 'PWNED')!r}).write_text("x")
+    _pl.Path({str(course / "PWNED")!r}).write_text("x")
 except Exception:
     pass
-""")),
-            "a16-plants-startup-file": dict(expected=0, attention=attention(prelude=f"""
+"""
+                    ),
+                ),
+                "a16-plants-startup-file": dict(
+                    expected=0,
+                    attention=attention(
+                        prelude=f"""
 import os as _os, pathlib as _pl
 for _d in {{_pl.Path.home() / ".ipython", _pl.Path(_os.environ.get("IPYTHONDIR", "/nonexistent")), _pl.Path({str(PLANTED.parent.parent.parent)!r})}}:
     try:
@@ -290,19 +404,28 @@ for _d in {{_pl.Path.home() / ".ipython", _pl.Path(_os.environ.get("IPYTHONDIR",
         (_p / {PLANTED.name!r}).write_text("import kvlib.checks\\nkvlib.checks.grade = lambda *a, **k: print('passed')\\n")
     except Exception:
         pass
-""")),
-        })
+"""
+                    ),
+                ),
+            }
+        )
     return subs
 
 
 # what a submission links to: (link in the submission, its target as the link names it, the target's path)
 def link_targets(course: Path) -> list[tuple[str, str, Path]]:
     reference = ROOT / "solutions" / "kvlib" / "attention.py"
-    return [("notes.txt", f"../../../source/{NB}/attention.ipynb", course / "source" / NB / "attention.ipynb"),
-            ("reference.txt", str(reference), reference),
-            ("other.txt", f"../../z-correct/{NB}/kvlib/attention.py", course / "submitted" / "z-correct" / NB / "kvlib" / "attention.py"),
-            ("config.txt", "../../../nbgrader_config.py", course / "nbgrader_config.py"),
-            ("kvlib/ref_helper.py", str(reference), reference)]
+    return [
+        ("notes.txt", f"../../../source/{NB}/attention.ipynb", course / "source" / NB / "attention.ipynb"),
+        ("reference.txt", str(reference), reference),
+        (
+            "other.txt",
+            f"../../z-correct/{NB}/kvlib/attention.py",
+            course / "submitted" / "z-correct" / NB / "kvlib" / "attention.py",
+        ),
+        ("config.txt", "../../../nbgrader_config.py", course / "nbgrader_config.py"),
+        ("kvlib/ref_helper.py", str(reference), reference),
+    ]
 
 
 LEAK = """
@@ -341,8 +464,11 @@ def _secret_lines(path: Path, course: Path, student: str) -> list[str]:
     """Lines of a link's target that a leak would show: long ones that the learner does not have already
     (in the release, or in their own files: a17's attention.py solves 1.1 as the reference does)."""
     own = [p for p in (course / "release" / NB).rglob("*") if p.is_file()]
-    own += [p for p in (course / "submitted" / student / NB).rglob("*")
-            if not p.is_symlink() and p.is_file() and p.stat().st_nlink == 1]
+    own += [
+        p
+        for p in (course / "submitted" / student / NB).rglob("*")
+        if not p.is_symlink() and p.is_file() and p.stat().st_nlink == 1
+    ]
     release = "\n".join(_text_of(p) for p in own)
     lines = [ln.strip() for ln in _text_of(path).splitlines()]
     return [ln for ln in lines if len(ln) > 30 and ln not in release][:30]
@@ -357,8 +483,10 @@ def _what_the_learner_sees(course: Path, student: str) -> str:
         if path.suffix == ".ipynb":
             for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
                 seen += [json.dumps(o) for o in cell.get("outputs", [])]
-                seen += ["".join(o.get("text", "")) + "".join(o.get("traceback", [])) + o.get("evalue", "")
-                         for o in cell.get("outputs", [])]
+                seen += [
+                    "".join(o.get("text", "")) + "".join(o.get("traceback", [])) + o.get("evalue", "")
+                    for o in cell.get("outputs", [])
+                ]
             seen.append(_text_of(path).split("\n")[0])  # the cell the grader adds on top
         elif path.is_file():
             seen.append(path.read_text(errors="replace"))
@@ -402,9 +530,14 @@ def make_links(course: Path, student: str, how: str) -> None:
                 info.external_attr = 0o120777 << 16  # a symbolic link
                 z.writestr(info, target)
         shutil.rmtree(course / "submitted" / student)
-        nbgrader(course, "zip_collect", NB, "--log-level=WARN",
-                 "--FileNameCollectorPlugin.named_regexp=.*/extracted/(?P<student_id>[^/]+)/(?P<file_id>.+)",
-                 '--FileNameCollectorPlugin.valid_ext=[".ipynb", ".py", ".txt"]')
+        nbgrader(
+            course,
+            "zip_collect",
+            NB,
+            "--log-level=WARN",
+            "--FileNameCollectorPlugin.named_regexp=.*/extracted/(?P<student_id>[^/]+)/(?P<file_id>.+)",
+            '--FileNameCollectorPlugin.valid_ext=[".ipynb", ".py", ".txt"]',
+        )
 
 
 def snapshot(folder: Path) -> dict:
@@ -425,7 +558,13 @@ def snapshot(folder: Path) -> dict:
                 out[rel] = ("hard link",)
             elif stat.S_ISREG(info.st_mode):
                 with open(path, "rb") as f:
-                    out[rel] = ("file", hashlib.sha256(f.read()).hexdigest(), info.st_nlink, info.st_mode, info.st_mtime_ns)
+                    out[rel] = (
+                        "file",
+                        hashlib.sha256(f.read()).hexdigest(),
+                        info.st_nlink,
+                        info.st_mode,
+                        info.st_mtime_ns,
+                    )
             else:
                 out[rel] = ("folder", info.st_mode)
     return out
@@ -457,8 +596,11 @@ def per_student_seconds(log: str, end: float) -> dict[str, float]:
     """Seconds from each submission's "Sanitizing" log line to the next one (the last: to `end`)."""
     from datetime import datetime
 
-    starts = [(datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp(), m.group(2))
-              for m in map(_STAMP.match, log.splitlines()) if m]
+    starts = [
+        (datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp(), m.group(2))
+        for m in map(_STAMP.match, log.splitlines())
+        if m
+    ]
     out = {}
     for (t, s), nxt in zip(starts, [t for t, _ in starts[1:]] + [end]):
         out[s] = nxt - t
@@ -494,8 +636,10 @@ def graded(tmp_path_factory):
     proc = run_kvlib("course", "init", str(course))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     with open(course / "nbgrader_config.py", "a") as f:  # tight limits: the scores never wait on the kernel
-        f.write("\nc.Execute.timeout = 4\nc.SandboxExecute.notebook_timeout = 12\n"
-                "c.IsolatedGrading.call_timeout = 3\nc.IsolatedGrading.notebook_timeout = 60\n")
+        f.write(
+            "\nc.Execute.timeout = 4\nc.SandboxExecute.notebook_timeout = 12\n"
+            "c.IsolatedGrading.call_timeout = 3\nc.IsolatedGrading.notebook_timeout = 60\n"
+        )
     nbgrader(course, "generate_assignment", NB, "--log-level=WARN")
     listener = socket.create_server(("127.0.0.1", 0))  # what a19 tries to reach
     LOGS["connections"] = []
@@ -535,11 +679,22 @@ def test_honest_submissions_get_exactly_their_score(graded, student):
     assert (score, max_score) == (want, TOTAL)
 
 
-@pytest.mark.parametrize("student", [
-    "a01-monkeypatch", "a02-input-transformer", "a03-fake-numpy", "a04-exit-at-import", "a05-equal-to-anything",
-    "a06-patch-builtins", "a07-symlink-to-reference", "a10-prints-megabytes", "a11-edited-tests", "a12-deleted-tests",
-    "a13-changed-metadata",
-])
+@pytest.mark.parametrize(
+    "student",
+    [
+        "a01-monkeypatch",
+        "a02-input-transformer",
+        "a03-fake-numpy",
+        "a04-exit-at-import",
+        "a05-equal-to-anything",
+        "a06-patch-builtins",
+        "a07-symlink-to-reference",
+        "a10-prints-megabytes",
+        "a11-edited-tests",
+        "a12-deleted-tests",
+        "a13-changed-metadata",
+    ],
+)
 def test_attack_gains_nothing(graded, student):
     """Check that each attack scores what its honest code earns (0 for stubs), out of the notebook's points."""
     (score, max_score), want = expected_score(graded, student)
@@ -655,6 +810,7 @@ def test_grading_twice_gives_the_same_score_and_feedback(graded):
         again = gb.find_submission(NB, "m-partial").score
     assert again == graded[2]["m-partial"][0]
     after = _cells(course, "m-partial")
+
     def messages(cells):
         return {k: [o.get("evalue", o.get("text")) for o in v] for k, v in cells.items()}
 
@@ -747,9 +903,9 @@ def test_a_returned_decoder_is_rebuilt_by_the_grader():
     its weights do not match its config or its config is not numbers, and never accepted as a function."""
     import torch
 
+    from kvlib.core.model import Decoder, ModelConfig
     from kvlib.grading import _child
     from kvlib.grading.sandbox import SandboxError, _check_node
-    from kvlib.core.model import Decoder, ModelConfig
 
     config = ModelConfig(vocab_size=11, d_model=16, n_layers=1, n_heads=4, n_kv_heads=2, hidden_dim=24, max_seq_len=8)
     torch.manual_seed(0)
@@ -781,10 +937,21 @@ def test_isolated_calls_copy_back_what_they_change_in_place(tmp_path):
     from kvlib.grading.sandbox import RemoteFunction, Sandbox, SandboxError, package_files
 
     files = package_files(ROOT / "kvlib")
-    files["kvlib/gqa.py"] = (ROOT / "solutions" / "kvlib" / "gqa.py").read_text(encoding="utf-8").replace(
-        "    B, H_kv, S, D = x.shape\n", "    B, H_kv, S, D = x.shape\n    x.mul_(2)\n", 1).encode()
-    with Sandbox(files, ["gqa"], ["gqa.repeat_kv", "gqa.grouped_attention"], mode="plain", torch=True,
-                 call_timeout=60, budget=120) as sandbox:
+    files["kvlib/gqa.py"] = (
+        (ROOT / "solutions" / "kvlib" / "gqa.py")
+        .read_text(encoding="utf-8")
+        .replace("    B, H_kv, S, D = x.shape\n", "    B, H_kv, S, D = x.shape\n    x.mul_(2)\n", 1)
+        .encode()
+    )
+    with Sandbox(
+        files,
+        ["gqa"],
+        ["gqa.repeat_kv", "gqa.grouped_attention"],
+        mode="plain",
+        torch=True,
+        call_timeout=60,
+        budget=120,
+    ) as sandbox:
         gqa = sandbox.module("gqa")
         x = torch.ones(1, 2, 3, 4)
         out = gqa.repeat_kv(x, 2)
@@ -802,16 +969,18 @@ def test_the_child_keeps_a_learners_cache_and_carries_generators_and_callbacks()
     handle, a generator whose state comes back advanced, an on_token callback replayed here."""
     import torch
 
+    from kvlib.core.model import Decoder, ModelConfig
     from kvlib.generation import next_token
     from kvlib.grading.sandbox import RemoteObject, Sandbox, SandboxError, package_files
-    from kvlib.core.model import Decoder, ModelConfig
 
     files = package_files(ROOT / "kvlib")
     for module in ("attention", "generation", "kv_cache"):  # 4.x use 1.3's mask and 2.1's sampling
         files[f"kvlib/{module}.py"] = (ROOT / "solutions" / "kvlib" / f"{module}.py").read_bytes()
     functions = ["generation.next_token", "kv_cache.KVCache", "kv_cache.generate_cached"]
     config = ModelConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=24, max_seq_len=32)
-    with Sandbox(files, ["generation", "kv_cache"], functions, mode="plain", torch=True, call_timeout=60, budget=120) as sandbox:
+    with Sandbox(
+        files, ["generation", "kv_cache"], functions, mode="plain", torch=True, call_timeout=60, budget=120
+    ) as sandbox:
         kv, gen = sandbox.module("kv_cache"), sandbox.module("generation")
         cache = kv.KVCache(config, batch=1, max_seq_len=8)
         assert isinstance(cache, RemoteObject) and cache.pos == 0 and tuple(cache.k.shape) == (2, 1, 2, 8, 4)
@@ -829,7 +998,9 @@ def test_the_child_keeps_a_learners_cache_and_carries_generators_and_callbacks()
         assert torch.equal(theirs.get_state(), ours.get_state())  # the child's draws advanced our generator
         torch.manual_seed(0)
         model, seen = Decoder(config).eval(), []
-        out = kv.generate_cached(model, torch.tensor([[1, 2]]), 4, on_token=lambda t: seen.append(int(t[0])), cache=cache)
+        out = kv.generate_cached(
+            model, torch.tensor([[1, 2]]), 4, on_token=lambda t: seen.append(int(t[0])), cache=cache
+        )
         assert seen == out[0, 2:].tolist() and cache.pos == 2 + 3  # the cache made before, reset and reused
 
 
@@ -932,7 +1103,13 @@ def test_learner_helper_modules_travel_within_limits(tmp_path):
     assert {"attention", "core", "checks", "grading", "__init__"} <= reserved
     taken, refused = helper_modules(screen(tmp_path), reserved)
     assert taken["kvlib/my_helpers.py"] == b"# my_helpers\n"
-    assert not {"kvlib/attention.py", "kvlib/core.py", "kvlib/checks.py", "kvlib/__init__.py", "kvlib/sub/deep.py"} & set(taken)
+    assert not {
+        "kvlib/attention.py",
+        "kvlib/core.py",
+        "kvlib/checks.py",
+        "kvlib/__init__.py",
+        "kvlib/sub/deep.py",
+    } & set(taken)
     assert "link" in refused["kvlib/linked.py"] and "larger" in refused["kvlib/huge.py"]
     assert len(taken) == MAX_HELPERS and any("more than" in why for why in refused.values())
 
@@ -966,8 +1143,14 @@ print("cpu", torch.backends.cpu.get_cpu_capability())
 """
     jail = Jail(detect_mode(), binds={f"/site{i}": p for i, p in enumerate(sites)}, network=False, tmp_mb=64)
     try:
-        proc = subprocess.run(jail.command([jail_python(), "-I", "-S", "-c", code]), capture_output=True, text=True,
-                              env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"}, cwd=jail.dir, timeout=120)
+        proc = subprocess.run(
+            jail.command([jail_python(), "-I", "-S", "-c", code]),
+            capture_output=True,
+            text=True,
+            env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"},
+            cwd=jail.dir,
+            timeout=120,
+        )
     finally:
         jail.close()
         listener.close()

@@ -2,12 +2,12 @@
 every point (in 04 also one with code moved into a helper module of the learner's own), the
 untouched release and a submission that patches the checks in its kernel get none.
 (Notebook 01, with its many attacks: tests/test_grading.py.)"""
+
 from __future__ import annotations
 
 import shutil
 
 import pytest
-
 from conftest import ROOT, run_kvlib
 from test_grading import nbgrader
 
@@ -44,7 +44,9 @@ def _stub_with(module: str, prelude: str, body: str) -> str:
             skipping = False
         elif not skipping:
             out.append(line)
-    return "".join(out).replace("from kvlib.course.exercises import exercise\n", "from kvlib.course.exercises import exercise\n" + prelude, 1)
+    return "".join(out).replace(
+        "from kvlib.course.exercises import exercise\n", "from kvlib.course.exercises import exercise\n" + prelude, 1
+    )
 
 
 def _with_helper_module(module: str, exercise_id: str, helper: str) -> tuple[str, str]:
@@ -56,18 +58,20 @@ def _with_helper_module(module: str, exercise_id: str, helper: str) -> tuple[str
     lines = text.splitlines(keepends=True)
     at = next(i for i, ln in enumerate(lines) if ln.strip().startswith(f'@exercise("{exercise_id}"'))
     sig = next(i for i in range(at, len(lines)) if lines[i].lstrip().startswith("def "))
-    params = re.match(r"\s*def \w+\((.*)", "".join(lines[sig:sig + 4]).replace("\n", " "))
+    params = re.match(r"\s*def \w+\((.*)", "".join(lines[sig : sig + 4]).replace("\n", " "))
     names = [p.split(":")[0].split("=")[0].strip() for p in _top_level_split(params.group(1).split(")")[0])]
     names = [n for n in names if n and n not in ("self", "*")]
     begin = next(i for i in range(sig, len(lines)) if lines[i].strip() == "### BEGIN SOLUTION")
     end = next(i for i in range(begin, len(lines)) if lines[i].strip() == "### END SOLUTION")
     indent = lines[begin][: len(lines[begin]) - len(lines[begin].lstrip())]
-    body = "".join("    " + ln[len(indent):] if ln.strip() else ln for ln in lines[begin + 1:end])
+    body = "".join("    " + ln[len(indent) :] if ln.strip() else ln for ln in lines[begin + 1 : end])
     imports = "".join(ln for ln in lines if ln.startswith(("import ", "from ")) and "__future__" not in ln)
     helper_text = f"{imports}\n\ndef {helper}({', '.join(names)}):\n{body}"
     call = f"{indent}return {helper}({', '.join(names)})\n"
-    learner = "".join(lines[:begin] + [call] + lines[end + 1:])
-    learner = "".join(ln for ln in learner.splitlines(keepends=True) if ln.strip() not in ("### BEGIN SOLUTION", "### END SOLUTION"))
+    learner = "".join(lines[:begin] + [call] + lines[end + 1 :])
+    learner = "".join(
+        ln for ln in learner.splitlines(keepends=True) if ln.strip() not in ("### BEGIN SOLUTION", "### END SOLUTION")
+    )
     anchor = "from kvlib.course.exercises import exercise\n"
     return learner.replace(anchor, anchor + f"from kvlib.my_helpers import {helper}\n", 1), helper_text
 
@@ -85,12 +89,21 @@ def _top_level_split(params: str) -> list[str]:
     return out + [cur]
 
 
-ISOLATED = [("02-generation", "generation"), ("03-recompute", "recompute"), ("04-kv-cache", "kv_cache"),
-            ("05-memory-wall", "roofline"), ("06-gqa", "gqa"), ("07-serving", "serving"), ("08-compress", "compress")]
+ISOLATED = [
+    ("02-generation", "generation"),
+    ("03-recompute", "recompute"),
+    ("04-kv-cache", "kv_cache"),
+    ("05-memory-wall", "roofline"),
+    ("06-gqa", "gqa"),
+    ("07-serving", "serving"),
+    ("08-compress", "compress"),
+]
 # earlier notebooks' exercises a notebook's own use: the correct and helper students did those too
-EARLIER_DONE = {"kv_cache": ("attention", "generation"),  # 4.x use Exercise 1.3's mask and 2.1's sampling
-                "roofline": ("kv_cache",),  # 5.3 uses Exercise 4.4's kv_cache_bytes
-                "serving": ("gqa",)}  # 7.3 uses Exercise 6.2's grouped_attention
+EARLIER_DONE = {
+    "kv_cache": ("attention", "generation"),  # 4.x use Exercise 1.3's mask and 2.1's sampling
+    "roofline": ("kv_cache",),  # 5.3 uses Exercise 4.4's kv_cache_bytes
+    "serving": ("gqa",),
+}  # 7.3 uses Exercise 6.2's grouped_attention
 
 
 @pytest.fixture(scope="module")
@@ -112,9 +125,11 @@ def graded_sizes(tmp_path_factory):
             return done[nb]
         module = dict(ISOLATED)[nb]
         nbgrader(course, "generate_assignment", nb, "--log-level=WARN")
-        students = [("correct", (ROOT / "solutions" / "kvlib" / f"{module}.py").read_text(encoding="utf-8")),
-                    ("patching", _stub_with(module, PATCHING_PRELUDE, "return 0")),
-                    ("untouched", None)]  # the release handed in as it is
+        students = [
+            ("correct", (ROOT / "solutions" / "kvlib" / f"{module}.py").read_text(encoding="utf-8")),
+            ("patching", _stub_with(module, PATCHING_PRELUDE, "return 0")),
+            ("untouched", None),
+        ]  # the release handed in as it is
         helper = None
         if module == "kv_cache":  # issue 15's learner: 4.2's code in kvlib/my_helpers.py, imported by kv_cache.py
             text, helper = _with_helper_module("kv_cache", "4.2", "attention_with_cache")

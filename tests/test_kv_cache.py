@@ -5,13 +5,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import handed_in
 
 from kvlib import kv_cache
-from kvlib.course.exercises import BY_ID
 from kvlib.checks import CHECKS, checks_for
 from kvlib.checks.kv_cache import CONFIG, _model
-
-from conftest import handed_in
+from kvlib.course.exercises import BY_ID
 
 KV_CHECKS = [c for i in range(1, 6) for c in checks_for(BY_ID[f"4.{i}"])]
 
@@ -29,7 +28,9 @@ def test_cached_decode_matches_full_recompute_for_200_tokens():
     torch.manual_seed(0)
     from kvlib.core.model import Decoder, ModelConfig
 
-    model = Decoder(ModelConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=4, n_kv_heads=4, hidden_dim=48, max_seq_len=256)).eval()
+    model = Decoder(
+        ModelConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=4, n_kv_heads=4, hidden_dim=48, max_seq_len=256)
+    ).eval()
     ids = torch.randint(0, 40, (1, 8))
     assert torch.equal(kv_cache.generate_cached(model, ids, 200), generate(model, ids, 200))
 
@@ -145,7 +146,9 @@ def _attention_is_causal(attn, x, cache, layer, rope_cos, rope_sin):
     return attn.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
 
-def _generate_without_reset(model, input_ids, max_new_tokens, temperature=0.0, generator=None, on_token=None, cache=None):
+def _generate_without_reset(
+    model, input_ids, max_new_tokens, temperature=0.0, generator=None, on_token=None, cache=None
+):
     if cache is None:
         cache = kv_cache.KVCache(model.config, batch=input_ids.shape[0])
     logits, tokens = kv_cache.prefill(model, input_ids, cache), []
@@ -190,7 +193,9 @@ MISTAKES = [
 ]
 
 
-@pytest.mark.parametrize("name, fake, words", MISTAKES, ids=[f"{m[0]}-{next(iter(m[1].values())).__name__}" for m in MISTAKES])
+@pytest.mark.parametrize(
+    "name, fake, words", MISTAKES, ids=[f"{m[0]}-{next(iter(m[1].values())).__name__}" for m in MISTAKES]
+)
 def test_check_names_the_known_mistake(name, fake, words):
     """Check that a deliberately wrong implementation fails the check with a message naming the mistake."""
     names = ("KVCache", "cached_attention", "cached_forward", "kv_cache_bytes", "generate_cached")
@@ -208,8 +213,9 @@ def test_generate_cached_matches_transformers_cached_generation():
     hf = to_transformers(model)
     ids = torch.randint(0, CONFIG.vocab_size, (1, 5), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
-        theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=30, do_sample=False, use_cache=True,
-                             pad_token_id=0)  # pad is unused: one unpadded prompt
+        theirs = hf.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=30, do_sample=False, use_cache=True, pad_token_id=0
+        )  # pad is unused: one unpadded prompt
     assert torch.equal(kv_cache.generate_cached(model, ids, 30), theirs)
 
 
@@ -220,16 +226,24 @@ def test_generate_cached_matches_transformers_cached_generation():
 def _sandboxed_checks(kv_source: str) -> dict[str, str]:
     """Every 4.x check on a kv_cache.py run in the isolated child: check name -> "pass" or its message."""
     from conftest import ROOT
+
     from kvlib.grading.sandbox import Sandbox, package_files
 
     files = package_files(ROOT / "kvlib")
     for module in ("attention", "generation"):  # 4.x use 1.3's mask and 2.1's sampling
         files[f"kvlib/{module}.py"] = (ROOT / "solutions" / "kvlib" / f"{module}.py").read_bytes()
     files["kvlib/kv_cache.py"] = kv_source.encode()
-    functions = ["kv_cache.KVCache", "kv_cache.cached_attention", "kv_cache.cached_forward", "kv_cache.kv_cache_bytes",
-                 "kv_cache.generate_cached"]
+    functions = [
+        "kv_cache.KVCache",
+        "kv_cache.cached_attention",
+        "kv_cache.cached_forward",
+        "kv_cache.kv_cache_bytes",
+        "kv_cache.generate_cached",
+    ]
     verdicts = {}
-    with Sandbox(files, ["attention", "generation", "kv_cache"], functions, mode="plain", torch=True, call_timeout=60, budget=300) as sandbox:
+    with Sandbox(
+        files, ["attention", "generation", "kv_cache"], functions, mode="plain", torch=True, call_timeout=60, budget=300
+    ) as sandbox:
         for check in KV_CHECKS:
             try:
                 check.fn(sandbox.module("kv_cache"), np.random.default_rng(0))
@@ -246,9 +260,15 @@ def test_checks_count_flops_and_read_the_cache_in_the_isolated_child():
 
     source = (ROOT / "solutions" / "kvlib" / "kv_cache.py").read_text(encoding="utf-8")
     assert set(_sandboxed_checks(source).values()) == {"pass"}
-    body = source[source.index("    ### BEGIN SOLUTION\n    x = model.embed"):source.index("    ### END SOLUTION\n\n\ndef prefill")]
-    recompute = ("    seen = input_ids if cache.pos == 0 else torch.cat([cache.seen, input_ids], 1)\n"
-                 "    cache.seen = seen\n    cache.advance(input_ids.shape[1])\n    return model(seen)[:, -1]\n")
+    body = source[
+        source.index("    ### BEGIN SOLUTION\n    x = model.embed") : source.index(
+            "    ### END SOLUTION\n\n\ndef prefill"
+        )
+    ]
+    recompute = (
+        "    seen = input_ids if cache.pos == 0 else torch.cat([cache.seen, input_ids], 1)\n"
+        "    cache.seen = seen\n    cache.advance(input_ids.shape[1])\n    return model(seen)[:, -1]\n"
+    )
     verdicts = _sandboxed_checks(source.replace(body, recompute))
     assert verdicts["cached_forward_matches_full_forward"] == "pass"
     assert "recomputes from the token ids" in verdicts["cached_forward_decode_uses_the_cache"]
@@ -261,11 +281,24 @@ def test_a_submission_that_zeroes_the_model_it_is_given_scores_nothing_in_the_is
     from conftest import ROOT
 
     source = (ROOT / "solutions" / "kvlib" / "kv_cache.py").read_text(encoding="utf-8")
-    wreck = ("    with torch.no_grad():\n        for p in model.parameters():\n            p.zero_()\n    input_ids.zero_()\n")
-    forward = source[source.index("    ### BEGIN SOLUTION\n    x = model.embed"):source.index("    ### END SOLUTION\n\n\ndef prefill")]
-    source = source.replace(forward, wreck + "    cache.advance(input_ids.shape[1])\n    return torch.zeros(input_ids.shape[0], model.config.vocab_size)\n")
-    generate = source[source.index("    ### BEGIN SOLUTION\n    if cache is None:"):source.rindex("    ### END SOLUTION")]
-    source = source.replace(generate, wreck + "    return torch.zeros(input_ids.shape[0], input_ids.shape[1] + max_new_tokens, dtype=torch.long)\n")
+    wreck = "    with torch.no_grad():\n        for p in model.parameters():\n            p.zero_()\n    input_ids.zero_()\n"
+    forward = source[
+        source.index("    ### BEGIN SOLUTION\n    x = model.embed") : source.index(
+            "    ### END SOLUTION\n\n\ndef prefill"
+        )
+    ]
+    source = source.replace(
+        forward,
+        wreck
+        + "    cache.advance(input_ids.shape[1])\n    return torch.zeros(input_ids.shape[0], model.config.vocab_size)\n",
+    )
+    generate = source[
+        source.index("    ### BEGIN SOLUTION\n    if cache is None:") : source.rindex("    ### END SOLUTION")
+    ]
+    source = source.replace(
+        generate,
+        wreck + "    return torch.zeros(input_ids.shape[0], input_ids.shape[1] + max_new_tokens, dtype=torch.long)\n",
+    )
     verdicts = _sandboxed_checks(source)
     wrecked = [c.name for c in KV_CHECKS if c.exercise.id in ("4.3", "4.5")]
     assert all(verdicts[name] != "pass" for name in wrecked), {n: verdicts[n] for n in wrecked}

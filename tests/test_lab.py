@@ -2,16 +2,17 @@
 
 The real browser is tests/test_browser.py; these tests need no browser and start no server.
 """
+
 import ast
 import json
 import re
 
 import nbformat
 import pytest
-
-from kvlib.course import lab, release as course
-
 from conftest import ROOT, run_kvlib
+
+from kvlib.course import lab
+from kvlib.course import release as course
 
 SOLUTION_NOTEBOOKS = [p for name in course.assignments() for p in sorted((ROOT / "solutions" / name).glob("*.ipynb"))]
 LEARNER_NOTEBOOKS = [p for name in course.assignments() for p in sorted((ROOT / "notebooks" / name).glob("*.ipynb"))]
@@ -26,7 +27,11 @@ def test_learner_config_hides_the_instructor_tools_and_keeps_validate(tmp_path):
     lab.write_learner_config(tmp_path)
     page = json.loads((tmp_path / "labconfig" / "page_config.json").read_text())
     disabled = {name for name, off in page["disabledExtensions"].items() if off}
-    assert {"@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:create-assignment", "@jupyter/nbgrader:course-list"} <= disabled
+    assert {
+        "@jupyter/nbgrader:formgrader",
+        "@jupyter/nbgrader:create-assignment",
+        "@jupyter/nbgrader:course-list",
+    } <= disabled
     assert "@jupyter/nbgrader:validate-assignment" not in disabled
     server = json.loads((tmp_path / "jupyter_server_config.json").read_text())["ServerApp"]["jpserver_extensions"]
     assert server["nbgrader.server_extensions.formgrader"] is False
@@ -89,7 +94,9 @@ def test_run_notebook_reports_the_first_error_and_the_figures(tmp_path):
     """Check that the presenter check names a failing cell's error and collects the figures shown before it."""
     nb = nbformat.v4.new_notebook()
     nb.cells = [
-        nbformat.v4.new_code_cell("from kvlib.course import plotting\nplotting.attention_weights(['a', 'b'], [0.25, 0.75], [1.0, 2.0])"),
+        nbformat.v4.new_code_cell(
+            "from kvlib.course import plotting\nplotting.attention_weights(['a', 'b'], [0.25, 0.75], [1.0, 2.0])"
+        ),
         nbformat.v4.new_code_cell("raise ValueError('the third cell is broken')"),
         nbformat.v4.new_code_cell("print('never reached')"),
     ]
@@ -132,14 +139,21 @@ def test_notebook_figures_come_from_kvlib_plotting(path):
         if cell.cell_type != "code":
             continue
         direct = DIRECT_CALLS.search(cell.source)
-        assert not direct, f"{path.relative_to(ROOT)} cell {i} draws with {direct.group(0)!r}: add a function to kvlib/plotting.py"
+        assert not direct, (
+            f"{path.relative_to(ROOT)} cell {i} draws with {direct.group(0)!r}: add a function to kvlib/plotting.py"
+        )
         libs = _imports(_code(cell.source)) & PLOTTING_LIBS
-        assert not libs, f"{path.relative_to(ROOT)} cell {i} imports {sorted(libs)}: figures come from kvlib.course.plotting"
+        assert not libs, (
+            f"{path.relative_to(ROOT)} cell {i} imports {sorted(libs)}: figures come from kvlib.course.plotting"
+        )
 
 
 def test_only_kvlib_plotting_imports_matplotlib():
     """Check that kvlib's modules and the reference solutions leave every figure to kvlib/plotting.py."""
     files = sorted((ROOT / "kvlib").rglob("*.py")) + sorted((ROOT / "solutions" / "kvlib").glob("*.py"))
-    offenders = [f.relative_to(ROOT).as_posix() for f in files
-                 if f.name != "plotting.py" and _imports(f.read_text(encoding="utf-8")) & PLOTTING_LIBS]
+    offenders = [
+        f.relative_to(ROOT).as_posix()
+        for f in files
+        if f.name != "plotting.py" and _imports(f.read_text(encoding="utf-8")) & PLOTTING_LIBS
+    ]
     assert not offenders, f"these import a plotting library; move the figure to kvlib/plotting.py: {offenders}"

@@ -4,12 +4,13 @@ At the top of kvlib/ stand only the learner's modules (one per notebook) and the
 __init__/__main__; core/ and measure/ import nothing of the learner's at import time; no module
 imports itself back through a circle of imports, at module level or inside a function.
 """
+
 import ast
 from pathlib import Path
 
-from kvlib.course.exercises import EXERCISES
-
 from conftest import ROOT
+
+from kvlib.course.exercises import EXERCISES
 
 PACKAGE = ROOT / "kvlib"
 LEARNER = {ex.module for ex in EXERCISES}
@@ -32,7 +33,12 @@ def imports(path: Path, top_level_only: bool = False) -> set[str]:
     for node in nodes:
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.split(".")[0] == "kvlib"}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "kvlib" and node.level == 0:
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.module
+            and node.module.split(".")[0] == "kvlib"
+            and node.level == 0
+        ):
             for alias in node.names:
                 sub = f"{node.module}.{alias.name}"
                 found.add(sub if sub in MODULES else node.module)
@@ -42,7 +48,9 @@ def imports(path: Path, top_level_only: bool = False) -> set[str]:
 def test_top_of_kvlib_holds_only_the_learners_modules():
     """Check that kvlib/ holds the learner's modules, __init__, __main__ and the job subpackages, nothing else."""
     files = {p.stem for p in PACKAGE.glob("*.py")}
-    assert files == LEARNER | {"__init__", "__main__"}, f"not a learner's module: {sorted(files - LEARNER - {'__init__', '__main__'})}"
+    assert files == LEARNER | {"__init__", "__main__"}, (
+        f"not a learner's module: {sorted(files - LEARNER - {'__init__', '__main__'})}"
+    )
     folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
     assert folders == SUBPACKAGES, folders
 
@@ -56,7 +64,7 @@ def test_no_import_circles():
         state[node] = "open"
         for nxt in sorted(graph[node]):
             if state.get(nxt) == "open":
-                circles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+                circles.append(" -> ".join(stack[stack.index(nxt) :] + [nxt]))
             elif nxt not in state:
                 visit(nxt, stack + [nxt])
         state[node] = "done"

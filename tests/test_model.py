@@ -1,4 +1,5 @@
 """Tests for kvlib/model.py (the tiny Llama-style decoder) and kvlib/tokenizer.py."""
+
 import json
 import math
 import shutil
@@ -6,10 +7,10 @@ import shutil
 import pytest
 import torch
 
-from kvlib.study import corpus
 from kvlib.core.model import Attention, Decoder, ModelConfig, RMSNorm, apply_rotary, rotary_tables, rotate_half
-from kvlib.core.weights import from_transformers, load_tiny
 from kvlib.core.tokenizer import Tokenizer
+from kvlib.core.weights import from_transformers, load_tiny
+from kvlib.study import corpus
 
 torch.set_num_threads(1)
 
@@ -105,7 +106,10 @@ def test_rotary_scores_depend_only_on_relative_position():
     q, k = torch.randn(8), torch.randn(8)
 
     def score(m, n):
-        return (apply_rotary(q[None], cos[m : m + 1], sin[m : m + 1]) * apply_rotary(k[None], cos[n : n + 1], sin[n : n + 1])).sum()
+        return (
+            apply_rotary(q[None], cos[m : m + 1], sin[m : m + 1])
+            * apply_rotary(k[None], cos[n : n + 1], sin[n : n + 1])
+        ).sum()
 
     torch.testing.assert_close(score(7, 3), score(40, 36), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(score(7, 3), score(7, 4))
@@ -243,8 +247,15 @@ def test_decoder_rejects_bad_input_naming_the_shape(ids, pos, message):
 def random_llama(n_kv_heads: int):
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(
-        vocab_size=11, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=n_kv_heads, max_position_embeddings=16, rope_theta=500.0, rms_norm_eps=1e-6,
+        vocab_size=11,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=n_kv_heads,
+        max_position_embeddings=16,
+        rope_theta=500.0,
+        rms_norm_eps=1e-6,
     )
     torch.manual_seed(0)
     hf = transformers.LlamaForCausalLM(config).eval()

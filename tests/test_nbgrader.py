@@ -1,15 +1,15 @@
 """Stock nbgrader releases the course: generate_assignment on every solution notebook keeps a visible
 assert in each graded cell and no hidden test."""
+
 import os
 import shutil
 import subprocess
 import sys
 
 import pytest
+from conftest import ROOT
 
 from kvlib.course.exercises import NOTEBOOKS
-
-from conftest import ROOT
 
 CONFIG = """c = get_config()
 c.CourseDirectory.course_id = "kvlib-test"
@@ -20,8 +20,14 @@ c.Execute.timeout = 120
 def nbgrader(course_dir, *args, env=None):
     # nbgrader runs the `alembic` command for its gradebook: put this environment's bin/ first
     path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
-    proc = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course_dir, capture_output=True, text=True,
-                          env={**os.environ, "PATH": path, **(env or {})}, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "nbgrader", *args],
+        cwd=course_dir,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": path, **(env or {})},
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
 
@@ -49,7 +55,9 @@ def test_release_hides_tests_and_keeps_visible_asserts(released):
     root = released
     for nb in NOTEBOOKS:
         for path in (root / "release" / nb).glob("*.ipynb"):
-            graded_cells = [c for c in nbformat.read(path, as_version=4).cells if c.metadata.get("nbgrader", {}).get("grade")]
+            graded_cells = [
+                c for c in nbformat.read(path, as_version=4).cells if c.metadata.get("nbgrader", {}).get("grade")
+            ]
             assert graded_cells
             for cell in graded_cells:
                 assert "HIDDEN TESTS" not in cell.source and "grade(" not in cell.source

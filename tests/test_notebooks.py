@@ -1,14 +1,14 @@
 """Every solution notebook runs top to bottom in reference mode (nbclient), as a presenter runs it."""
+
 import os
 import time
 
 import nbformat
 import pytest
+from conftest import ROOT
 from nbclient import NotebookClient
 
 from kvlib.course import release as course
-
-from conftest import ROOT
 
 pytestmark = pytest.mark.slow  # every test here executes a whole notebook
 
@@ -26,7 +26,9 @@ def execute(path):
         try:
             # 120 s a cell, as nbgrader_config.py gives a graded cell (the slowest cell takes seconds); a rare
             # stall, seen on notebook 01 under load, lasts exactly this timeout and ends without an error
-            NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+            NotebookClient(
+                nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+            ).execute()
         finally:
             os.environ["KVLIB_SOLUTIONS"] = env_before or ""
         _executed[path] = (nb, time.perf_counter() - start)
@@ -59,5 +61,10 @@ def test_notebook_01_shows_the_seed_numbers():
     assert text.index("0.212 0.212 0.576") < text.index("0.248 0.248 0.503")
     images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert images, "notebook 01 shows no figure (the causal heatmap)"
-    widgets = [o for c in nb.cells for o in c.get("outputs", []) if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    widgets = [
+        o
+        for c in nb.cells
+        for o in c.get("outputs", [])
+        if "application/vnd.jupyter.widget-view+json" in o.get("data", {})
+    ]
     assert widgets, "notebook 01 shows no widget"

@@ -1,7 +1,8 @@
 """Packaging: pyproject.toml and environment.yml name the same packages."""
-import re
-import tomllib
 
+import re
+
+import tomllib
 from conftest import ROOT
 
 CONDA_NAMES = {"torch": "pytorch"}  # pip name -> conda-forge name, where they differ
@@ -28,7 +29,11 @@ def test_declared_torch_range_admits_the_ci_build():
     """Check that the torch range in pyproject.toml admits torch 2.13.0, which CI installs first."""
     import torch
 
-    spec = next(s for s in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"] if _name(s) == "torch")
+    spec = next(
+        s
+        for s in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+        if _name(s) == "torch"
+    )
     low = re.search(r">=\s*([\d.]+)", spec).group(1)
     high = re.search(r"<\s*([\d.]+)", spec).group(1)
     version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])

@@ -3,6 +3,7 @@
 The llama.cpp tests need the peers extra (pip install -e ".[peers]"); they skip without it, except
 where KVLIB_PEERS_TEST=required (CI), where a missing llama.cpp fails them.
 """
+
 import importlib
 import os
 
@@ -21,7 +22,9 @@ def _need(module: str):
 
 def _small(n_kv_heads: int = 2, seed: int = 0) -> Decoder:
     torch.manual_seed(seed)
-    config = ModelConfig(vocab_size=96, d_model=64, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads, hidden_dim=96, max_seq_len=64)
+    config = ModelConfig(
+        vocab_size=96, d_model=64, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads, hidden_dim=96, max_seq_len=64
+    )
     return Decoder(config).eval()
 
 
@@ -43,8 +46,12 @@ def test_rotary_interleave_turns_rotate_half_into_neighbour_pairs_with_the_same_
     with torch.no_grad():
         cos, sin = model.rope_cos[:T], model.rope_sin[:T]
         q, k = attn.project_q(x, cos, sin), attn.project_kv(x, cos, sin)[0]  # kvlib: rotate-half pairs
-        q2 = _interleaved_rotary((x @ rotary_interleave(attn.q_proj.weight, H).T).view(B, T, H, D).transpose(1, 2), c.rope_theta)
-        k2 = _interleaved_rotary((x @ rotary_interleave(attn.k_proj.weight, H_kv).T).view(B, T, H_kv, D).transpose(1, 2), c.rope_theta)
+        q2 = _interleaved_rotary(
+            (x @ rotary_interleave(attn.q_proj.weight, H).T).view(B, T, H, D).transpose(1, 2), c.rope_theta
+        )
+        k2 = _interleaved_rotary(
+            (x @ rotary_interleave(attn.k_proj.weight, H_kv).T).view(B, T, H_kv, D).transpose(1, 2), c.rope_theta
+        )
     group = H // H_kv
     scores = q @ k.repeat_interleave(group, dim=1).transpose(-1, -2)
     scores2 = q2 @ k2.repeat_interleave(group, dim=1).transpose(-1, -2)

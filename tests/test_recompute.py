@@ -1,15 +1,16 @@
 """kvlib/recompute.py (notebook 03): analytic FLOPs equal torch's FLOP counter exactly, the
 checks name the classic slips, and the waste grows towards 1."""
+
 import types
 
 import numpy as np
 import pytest
 
 from kvlib import recompute
-from kvlib.course.exercises import BY_ID
 from kvlib.checks import CHECKS, checks_for
 from kvlib.checks.recompute import ODD
 from kvlib.core.model import Decoder, ModelConfig
+from kvlib.course.exercises import BY_ID
 
 RECOMPUTE_CHECKS = [c for i in range(1, 4) for c in checks_for(BY_ID[f"3.{i}"])]
 
@@ -64,10 +65,14 @@ MISTAKES = [
 ]
 
 
-@pytest.mark.parametrize("name, fake, words", MISTAKES, ids=[f"{m[0]}-{next(iter(m[1].values())).__name__}" for m in MISTAKES])
+@pytest.mark.parametrize(
+    "name, fake, words", MISTAKES, ids=[f"{m[0]}-{next(iter(m[1].values())).__name__}" for m in MISTAKES]
+)
 def test_check_names_the_known_mistake(name, fake, words):
     """Check that a deliberately wrong implementation fails the check with a message naming the mistake."""
-    module = types.SimpleNamespace(**{n: getattr(recompute, n) for n in ("forward_flops", "new_token_flops", "generation_flops")})
+    module = types.SimpleNamespace(
+        **{n: getattr(recompute, n) for n in ("forward_flops", "new_token_flops", "generation_flops")}
+    )
     for key, fn in fake.items():
         setattr(module, key, fn)
     with pytest.raises(AssertionError) as info:

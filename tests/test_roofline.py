@@ -1,23 +1,23 @@
 """kvlib/roofline.py, kvlib/core/configs.py and kvlib/core/devices.py (notebook 05): the calculators
 against published figures, the device table's ridge points, the checks naming the classic slips,
 learner mode, and `kvlib bench memory` end to end (never an assertion on speed)."""
+
 import json
 import types
 
 import numpy as np
 import pytest
 import torch
+from conftest import run_kvlib
 
 from kvlib import roofline
-from kvlib.kv_cache import kv_cache_bytes  # Exercise 4.4 (notebook 04), which roofline.py builds on
-from kvlib.course.exercises import BY_ID
 from kvlib.checks import CHECKS, checks_for, run_exercise
 from kvlib.core.configs import REAL_MODELS, memory_bound_config, real_model
 from kvlib.core.devices import DEVICES
 from kvlib.core.model import matrix_params, num_params
+from kvlib.course.exercises import BY_ID
+from kvlib.kv_cache import kv_cache_bytes  # Exercise 4.4 (notebook 04), which roofline.py builds on
 from kvlib.measure import machine
-
-from conftest import run_kvlib
 
 ROOFLINE_CHECKS = [c for i in range(1, 5) for c in checks_for(BY_ID[f"5.{i}"])]
 F16 = torch.float16
@@ -39,11 +39,27 @@ def test_learner_stubs_are_todo(learner_mode):
 # ---------------------------------------------------------------------------------------------
 # Published figures: model configs (config.json on each model's page) and NVIDIA datasheets
 
-KIB_PER_TOKEN = {"GPT-2 small": 36, "Llama-2-7B": 512, "Llama-3-8B": 128, "Mistral-7B": 128, "Llama-2-70B": 320,
-                 "Llama-3-70B": 320, "Qwen2.5-7B": 56, "Falcon-7B": 8}
+KIB_PER_TOKEN = {
+    "GPT-2 small": 36,
+    "Llama-2-7B": 512,
+    "Llama-3-8B": 128,
+    "Mistral-7B": 128,
+    "Llama-2-70B": 320,
+    "Llama-3-70B": 320,
+    "Qwen2.5-7B": 56,
+    "Falcon-7B": 8,
+}
 # published parameter counts (model cards / transformers' num_parameters), to 3 significant figures
-PARAMS_B = {"GPT-2 small": 0.124, "Llama-2-7B": 6.74, "Llama-2-70B": 69.0, "Llama-3-8B": 8.03, "Llama-3-70B": 70.6,
-            "Mistral-7B": 7.24, "Qwen2.5-7B": 7.62, "Falcon-7B": 6.92}
+PARAMS_B = {
+    "GPT-2 small": 0.124,
+    "Llama-2-7B": 6.74,
+    "Llama-2-70B": 69.0,
+    "Llama-3-8B": 8.03,
+    "Llama-3-70B": 70.6,
+    "Mistral-7B": 7.24,
+    "Qwen2.5-7B": 7.62,
+    "Falcon-7B": 6.92,
+}
 
 
 @pytest.mark.parametrize("name", list(KIB_PER_TOKEN))
@@ -71,8 +87,14 @@ def test_unknown_real_model_lists_the_names():
 
 
 RIDGES = {  # device: (ridge FP32, ridge 16-bit), the datasheets' dense figures
-    "T4": (25, 203), "L4": (101, 403), "A100 40GB SXM": (12.5, 201), "A100 80GB PCIe": (10.1, 161),
-    "A100 80GB SXM": (9.6, 153), "H100 SXM": (20, 295), "H100 PCIe": (25.5, 378), "H200 SXM": (14, 206),
+    "T4": (25, 203),
+    "L4": (101, 403),
+    "A100 40GB SXM": (12.5, 201),
+    "A100 80GB PCIe": (10.1, 161),
+    "A100 80GB SXM": (9.6, 153),
+    "H100 SXM": (20, 295),
+    "H100 PCIe": (25.5, 378),
+    "H200 SXM": (14, 206),
     "RTX 4090": (82, 164),
 }
 
@@ -195,7 +217,12 @@ MISTAKES = [
     ("step_cost_bytes_read_weights_once", "step_cost", _step_weights_times_batch, "do not multiply them by batch"),
     ("step_cost_bytes_read_weights_once", "step_cost", _step_without_cache, "KV cache of kv_len tokens"),
     ("step_cost_flops_match_torch_counter", "step_cost", _step_flops_one_sequence, "multiply the FLOPs by batch"),
-    ("predicted_tokens_per_second_counts_the_batch", "predicted_tokens_per_second", _tps_without_batch, "batch / step time"),
+    (
+        "predicted_tokens_per_second_counts_the_batch",
+        "predicted_tokens_per_second",
+        _tps_without_batch,
+        "batch / step time",
+    ),
     ("predicted_tokens_per_second_on_an_a100", "predicted_tokens_per_second", _seconds_per_token, "seconds per token"),
 ]
 
@@ -203,8 +230,18 @@ MISTAKES = [
 @pytest.mark.parametrize("name, attr, fake, words", MISTAKES, ids=[f"{m[0]}-{m[2].__name__}" for m in MISTAKES])
 def test_check_names_the_known_mistake(name, attr, fake, words):
     """Check that a deliberately wrong implementation fails the check with a message naming the mistake."""
-    module = types.SimpleNamespace(**{n: getattr(roofline, n) for n in
-                                      ("matmul_intensity", "ridge_batch", "step_cost", "predicted_tokens_per_second", "bytes_per_element")})
+    module = types.SimpleNamespace(
+        **{
+            n: getattr(roofline, n)
+            for n in (
+                "matmul_intensity",
+                "ridge_batch",
+                "step_cost",
+                "predicted_tokens_per_second",
+                "bytes_per_element",
+            )
+        }
+    )
     setattr(module, attr, fake)
     with pytest.raises(AssertionError) as info:
         CHECKS[name].fn(module, np.random.default_rng(0))
@@ -213,8 +250,12 @@ def test_check_names_the_known_mistake(name, attr, fake, words):
 
 def test_trivial_answers_fail():
     """Check that constant answers (0, 1) pass no check of notebook 05."""
-    const = types.SimpleNamespace(matmul_intensity=lambda *a: 1.0, ridge_batch=lambda *a: 1,
-                                  step_cost=lambda *a: (1, 1), predicted_tokens_per_second=lambda *a: 1.0)
+    const = types.SimpleNamespace(
+        matmul_intensity=lambda *a: 1.0,
+        ridge_batch=lambda *a: 1,
+        step_cost=lambda *a: (1, 1),
+        predicted_tokens_per_second=lambda *a: 1.0,
+    )
     for check in ROOFLINE_CHECKS:
         with pytest.raises(AssertionError):
             check.fn(const, np.random.default_rng(0))

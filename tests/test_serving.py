@@ -2,6 +2,7 @@
 correct implementations pass and three likely wrong ones fail, named; a 32-request trace on the
 tiny model gets exactly the tokens each request gets alone with notebook 04's cache, also under
 preemption and with shared prefixes; bad input fails clearly; `kvlib bench serve` reports."""
+
 import json
 import time
 
@@ -9,14 +10,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import handed_in, run_kvlib
 
 from kvlib import serving
 from kvlib.checks import CHECKS, checks_for
-from kvlib.checks.serving import CONFIG, _model
+from kvlib.checks.serving import CONFIG
 from kvlib.core.paging import Engine
 from kvlib.course.exercises import BY_ID
-
-from conftest import handed_in, run_kvlib
 
 SERVING_CHECKS = [c for i in range(1, 6) for c in checks_for(BY_ID[f"7.{i}"])]
 NAMES = ("BlockPool", "BlockTable", "OutOfBlocks", "Request", "Scheduler", "copy_on_write", "paged_attention")
@@ -29,8 +29,17 @@ def _module(**over):
 
     class Scheduler(base):
         def __init__(self, model, pool, max_batch=16, share_prefixes=False, clock=time.perf_counter):
-            Engine.__init__(self, model, pool, new_table=ns.BlockTable, attend=ns.paged_attention, copy_on_write=ns.copy_on_write,
-                            max_batch=max_batch, share_prefixes=share_prefixes, clock=clock)
+            Engine.__init__(
+                self,
+                model,
+                pool,
+                new_table=ns.BlockTable,
+                attend=ns.paged_attention,
+                copy_on_write=ns.copy_on_write,
+                max_batch=max_batch,
+                share_prefixes=share_prefixes,
+                clock=clock,
+            )
 
     ns.Scheduler = Scheduler
     return ns
@@ -121,7 +130,10 @@ class _AppendMath(serving.BlockTable):
 
         new = pool.allocate(max(0, math.ceil((self.length + n) / self.block_size) - len(self.blocks)))
         self.blocks = self.blocks + new
-        slots = [self.blocks[p // self.block_size] * self.block_size + p % self.block_size for p in range(self.length, self.length + n)]
+        slots = [
+            self.blocks[p // self.block_size] * self.block_size + p % self.block_size
+            for p in range(self.length, self.length + n)
+        ]
         self.length = self.length + n
         return slots
 
@@ -175,7 +187,11 @@ class _StepLenFree(serving.Scheduler):
 class _StepRetireFirst(serving.Scheduler):
     def step(self):
         self.retire()
-        while self.waiting and len(self.running) < self.max_batch and self.blocks_to_admit(self.waiting[0]) <= self.pool.n_free:
+        while (
+            self.waiting
+            and len(self.running) < self.max_batch
+            and self.blocks_to_admit(self.waiting[0]) <= self.pool.n_free
+        ):
             self.admit(self.waiting.popleft())
         self.retire()
         while self.running and self.blocks_to_decode() > self.pool.n_free:
@@ -189,7 +205,11 @@ class _StepNewestByOrder(serving.Scheduler):
     def step(self):
         order = getattr(self, "_order", {})
         self._order = order
-        while self.waiting and len(self.running) < self.max_batch and self.blocks_to_admit(self.waiting[0]) <= self.pool.n_free:
+        while (
+            self.waiting
+            and len(self.running) < self.max_batch
+            and self.blocks_to_admit(self.waiting[0]) <= self.pool.n_free
+        ):
             r = self.waiting.popleft()
             self.admit(r)
             order[r.id] = len(order)
@@ -236,11 +256,21 @@ def _cow_clone(pool, table, index):
 
 
 RIGHT = [
-    ("7.1", {"BlockPool": _ReleaseFifo}), ("7.1", {"BlockPool": _ReleaseByFreeList}), ("7.1", {"BlockPool": _ReleaseSubclassError}),
-    ("7.2", {"BlockTable": _AppendCheckFirst}), ("7.2", {"BlockTable": _AppendWhile}), ("7.2", {"BlockTable": _AppendMath}),
-    ("7.3", {"paged_attention": _paged_repeat}), ("7.3", {"paged_attention": _paged_cat_blocks}), ("7.3", {"paged_attention": _paged_sdpa}),
-    ("7.4", {"Scheduler": _StepLenFree}), ("7.4", {"Scheduler": _StepRetireFirst}), ("7.4", {"Scheduler": _StepNewestByOrder}),
-    ("7.5", {"copy_on_write": _cow_index_copy}), ("7.5", {"copy_on_write": _cow_copy_}), ("7.5", {"copy_on_write": _cow_clone}),
+    ("7.1", {"BlockPool": _ReleaseFifo}),
+    ("7.1", {"BlockPool": _ReleaseByFreeList}),
+    ("7.1", {"BlockPool": _ReleaseSubclassError}),
+    ("7.2", {"BlockTable": _AppendCheckFirst}),
+    ("7.2", {"BlockTable": _AppendWhile}),
+    ("7.2", {"BlockTable": _AppendMath}),
+    ("7.3", {"paged_attention": _paged_repeat}),
+    ("7.3", {"paged_attention": _paged_cat_blocks}),
+    ("7.3", {"paged_attention": _paged_sdpa}),
+    ("7.4", {"Scheduler": _StepLenFree}),
+    ("7.4", {"Scheduler": _StepRetireFirst}),
+    ("7.4", {"Scheduler": _StepNewestByOrder}),
+    ("7.5", {"copy_on_write": _cow_index_copy}),
+    ("7.5", {"copy_on_write": _cow_copy_}),
+    ("7.5", {"copy_on_write": _cow_clone}),
 ]
 
 
@@ -279,7 +309,10 @@ class _ReleaseLeaks(serving.BlockPool):
 class _AppendBlockPerToken(serving.BlockTable):
     def append(self, pool, n=1):
         self.blocks += pool.allocate(-(-n // self.block_size))  # forgets the room left in the last block
-        slots = [self.blocks[p // self.block_size] * self.block_size + p % self.block_size for p in range(self.length, self.length + n)]
+        slots = [
+            self.blocks[p // self.block_size] * self.block_size + p % self.block_size
+            for p in range(self.length, self.length + n)
+        ]
         self.length += n
         return slots
 
@@ -313,7 +346,10 @@ def _paged_padded(q, pool, layer, tables):
     rows = []
     for i, t in enumerate(tables):
         k, v = pool.read(layer, t.blocks, t.length)
-        k, v = F.pad(k, (0, 0, 0, longest - t.length)), F.pad(v, (0, 0, 0, longest - t.length))  # zeros up to the longest
+        k, v = (
+            F.pad(k, (0, 0, 0, longest - t.length)),
+            F.pad(v, (0, 0, 0, longest - t.length)),
+        )  # zeros up to the longest
         rows.append(grouped_attention(q[i : i + 1], k[None], v[None]))
     return torch.cat(rows)
 
@@ -340,7 +376,11 @@ def _paged_whole_blocks(q, pool, layer, tables):
 
 class _StepNoPreempt(serving.Scheduler):
     def step(self):
-        while self.waiting and len(self.running) < self.max_batch and self.blocks_to_admit(self.waiting[0]) <= self.pool.n_free:
+        while (
+            self.waiting
+            and len(self.running) < self.max_batch
+            and self.blocks_to_admit(self.waiting[0]) <= self.pool.n_free
+        ):
             self.admit(self.waiting.popleft())
         self.retire()
         if self.running:
@@ -350,7 +390,11 @@ class _StepNoPreempt(serving.Scheduler):
 
 class _StepPreemptOldest(serving.Scheduler):
     def step(self):
-        while self.waiting and len(self.running) < self.max_batch and self.blocks_to_admit(self.waiting[0]) <= self.pool.n_free:
+        while (
+            self.waiting
+            and len(self.running) < self.max_batch
+            and self.blocks_to_admit(self.waiting[0]) <= self.pool.n_free
+        ):
             self.admit(self.waiting.popleft())
         self.retire()
         while self.running and self.blocks_to_decode() > self.pool.n_free:
@@ -413,14 +457,20 @@ WRONG = [
     ("paged_attention_matches_contiguous", {"paged_attention": _paged_whole_blocks}, "read all of its last block"),
     ("step_preempts_the_newest_and_stays_exact", {"Scheduler": _StepNoPreempt}, "preempt until blocks_to_decode fits"),
     ("step_preempts_the_newest_and_stays_exact", {"Scheduler": _StepPreemptOldest}, "newest running request (2)"),
-    ("step_admits_while_blocks_and_batch_allow", {"Scheduler": _StepIgnoresBlocks}, "admit only while blocks_to_admit fits"),
+    (
+        "step_admits_while_blocks_and_batch_allow",
+        {"Scheduler": _StepIgnoresBlocks},
+        "admit only while blocks_to_admit fits",
+    ),
     ("copy_on_write_copies_a_shared_block", {"copy_on_write": _cow_no_copy}, "must hold the old block's K and V"),
     ("copy_on_write_copies_a_shared_block", {"copy_on_write": _cow_keeps_reference}, "release the old one once"),
     ("copy_on_write_keeps_a_private_block", {"copy_on_write": _cow_always}, "needs no copy"),
 ]
 
 
-@pytest.mark.parametrize("name, over, words", WRONG, ids=[f"{m[0]}-{next(iter(m[1].values())).__name__}" for m in WRONG])
+@pytest.mark.parametrize(
+    "name, over, words", WRONG, ids=[f"{m[0]}-{next(iter(m[1].values())).__name__}" for m in WRONG]
+)
 def test_check_names_the_known_mistake(name, over, words):
     """Check that a deliberately wrong implementation fails the check with a message naming the mistake."""
     with pytest.raises(AssertionError) as info:
@@ -442,7 +492,7 @@ def tiny():
 def _alone(model, trace):
     from kvlib.kv_cache import generate_cached  # notebook 04, reference mode (tests/conftest.py)
 
-    return [generate_cached(model, torch.tensor([p]), n)[0, len(p):].tolist() for p, n in trace]
+    return [generate_cached(model, torch.tensor([p]), n)[0, len(p) :].tolist() for p, n in trace]
 
 
 @pytest.mark.parametrize("case", ["roomy", "preempting", "shared-prefix"])
@@ -451,8 +501,12 @@ def test_scheduler_is_exact_on_a_32_request_trace(tiny, case):
     from kvlib.measure.bench_serve import SYSTEM_PROMPT, make_trace
 
     model, tokenizer = tiny
-    trace = make_trace(tokenizer, 32, seed=1, system_prompt=SYSTEM_PROMPT if case == "shared-prefix" else "", max_new=(2, 48))
-    assert len({len(p) for p, _ in trace}) > 10 and len({n for _, n in trace}) > 10, "the trace should vary prompt and output lengths"
+    trace = make_trace(
+        tokenizer, 32, seed=1, system_prompt=SYSTEM_PROMPT if case == "shared-prefix" else "", max_new=(2, 48)
+    )
+    assert len({len(p) for p, _ in trace}) > 10 and len({n for _, n in trace}) > 10, (
+        "the trace should vary prompt and output lengths"
+    )
     n_blocks = {"roomy": 256, "preempting": 24, "shared-prefix": 64}[case]
     pool = serving.BlockPool(model.config, n_blocks, 16)
     sched = serving.Scheduler(model, pool, max_batch=16, share_prefixes=case == "shared-prefix")
@@ -469,7 +523,9 @@ def test_scheduler_is_exact_on_a_32_request_trace(tiny, case):
     if case == "preempting":
         assert sched.stats["preemptions"] > 0, "24 blocks should force preemptions"
     if case == "shared-prefix":
-        assert sched.stats["prefill_skipped"] >= 31 * 64, sched.stats  # every later request skips the system prompt's 4 whole blocks
+        assert sched.stats["prefill_skipped"] >= 31 * 64, (
+            sched.stats
+        )  # every later request skips the system prompt's 4 whole blocks
 
 
 def test_copy_on_write_runs_when_a_whole_prompt_is_shared(tiny):
@@ -537,7 +593,9 @@ def test_bench_serve_reports_every_measure(quick_serve_report):
     for way in ("static", "continuous"):
         assert r[way]["requests"] == 32 and r[way]["generated_tokens"] == r["static"]["generated_tokens"]
         assert r[way]["ttft_p50_s"] <= r[way]["ttft_p99_s"]
-    assert r["continuous"]["kv_utilisation"] >= 0.9 and r["static"]["kv_utilisation"] <= 0.4  # token accounting, not time
+    assert (
+        r["continuous"]["kv_utilisation"] >= 0.9 and r["static"]["kv_utilisation"] <= 0.4
+    )  # token accounting, not time
     p = r["prefix"]
     assert p["shared"]["prefill_skipped"] > 0 and p["shared"]["prefill_tokens"] < p["unshared"]["prefill_tokens"]
     assert p["shared"]["blocks_per_running_request"] < p["unshared"]["blocks_per_running_request"]

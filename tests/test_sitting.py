@@ -1,14 +1,14 @@
 """Every notebook is one sitting: at most 60 cells and 60 minutes by the estimate in
 kvlib.course.release.sitting, and each links the bilingual glossary from its first cell."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
+from conftest import ROOT
 
 from kvlib.course import release
-
-from conftest import ROOT
 
 NOTEBOOKS = [p for name in release.assignments() for p in sorted((ROOT / "solutions" / name).glob("*.ipynb"))]
 
@@ -20,7 +20,8 @@ def test_notebook_is_one_sitting(path):
     assert s["cells"] <= release.MAX_CELLS, f"{s['notebook']} has {s['cells']} cells, more than {release.MAX_CELLS}"
     assert s["minutes"] <= release.MAX_SITTING_MINUTES, (
         f"{s['notebook']} takes about {s['minutes']} minutes ({s['words']} words, {s['exercises']} exercises, "
-        f"{s['code_cells']} code cells), more than {release.MAX_SITTING_MINUTES}")
+        f"{s['code_cells']} code cells), more than {release.MAX_SITTING_MINUTES}"
+    )
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.parent.name)
@@ -36,7 +37,9 @@ def test_sitting_counts_what_it_says():
     import tempfile
     from pathlib import Path
 
-    nb = {"cells": [{"cell_type": "markdown", "source": ["word " * 260]}] + [{"cell_type": "code", "source": ["1"]}] * 4}
+    nb = {
+        "cells": [{"cell_type": "markdown", "source": ["word " * 260]}] + [{"cell_type": "code", "source": ["1"]}] * 4
+    }
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "01-attention" / "x.ipynb"
         path.parent.mkdir()
@@ -52,4 +55,5 @@ def test_instructor_guide_shows_the_current_estimates():
     guide = (ROOT / "docs" / "instructors.md").read_text(encoding="utf-8")
     assert release.sitting_table() in guide, (
         "docs/instructors.md's sitting table is stale: paste the output of "
-        "python -c \"from kvlib.course.release import sitting_table; print(sitting_table())\"")
+        'python -c "from kvlib.course.release import sitting_table; print(sitting_table())"'
+    )

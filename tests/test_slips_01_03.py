@@ -7,6 +7,7 @@ that names the slip; and for every check, a function that vandalises its argumen
 arrays, tensors and weights it is given, or shrinks the config) before answering from them
 scores 0, because each check computes what it expects before the learner's code runs.
 """
+
 from __future__ import annotations
 
 import math
@@ -20,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from kvlib.checks import checks_for
-from kvlib.core.model import Attention, ModelConfig, apply_rotary, matrix_params, rotary_tables, rotate_half
+from kvlib.core.model import ModelConfig, apply_rotary, matrix_params, rotary_tables, rotate_half
 from kvlib.course.exercises import BY_ID, reference
 
 MODULE_OF = {"1": "attention", "2": "generation", "3": "recompute"}
@@ -214,7 +215,9 @@ def generate_recursive(model, input_ids, max_new_tokens, temperature=0.0, genera
         token = _next(model(input_ids)[:, -1, :], temperature, generator)
     if on_token is not None:
         on_token(token)
-    return generate_recursive(model, torch.cat([input_ids, token.unsqueeze(1)], 1), max_new_tokens - 1, temperature, generator, on_token)
+    return generate_recursive(
+        model, torch.cat([input_ids, token.unsqueeze(1)], 1), max_new_tokens - 1, temperature, generator, on_token
+    )
 
 
 # 2.3 measure_ttft_tpot -----------------------------------------------------------------------
@@ -230,7 +233,9 @@ def measure_own_loop(model, input_ids, max_new_tokens):
 
 def measure_ns(model, input_ids, max_new_tokens):
     stamps = [time.perf_counter_ns()]
-    reference(BY_ID["2.2"])(model, input_ids, max_new_tokens, on_token=lambda token: stamps.append(time.perf_counter_ns()))
+    reference(BY_ID["2.2"])(
+        model, input_ids, max_new_tokens, on_token=lambda token: stamps.append(time.perf_counter_ns())
+    )
     seconds = [t / 1e9 for t in stamps]
     return seconds[1] - seconds[0], [b - a for a, b in zip(seconds[1:], seconds[2:])]
 
@@ -263,10 +268,14 @@ def project_modules(attn, h, cos, sin):
     B, T, _ = h.shape
     D = attn.head_dim
     out = []
-    for proj, n, turn in ((attn.q_proj, attn.n_heads, True), (attn.k_proj, attn.n_kv_heads, True), (attn.v_proj, attn.n_kv_heads, False)):
+    for proj, n, turn in (
+        (attn.q_proj, attn.n_heads, True),
+        (attn.k_proj, attn.n_kv_heads, True),
+        (attn.v_proj, attn.n_kv_heads, False),
+    ):
         x = proj(h).view(B, T, n, D).transpose(1, 2)
         if turn:
-            x1, x2 = x[..., : D // 2], x[..., D // 2:]
+            x1, x2 = x[..., : D // 2], x[..., D // 2 :]
             c, s = cos[:, : D // 2], sin[:, : D // 2]
             x = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)  # each pair (i, i + D/2) turned by its angle
         out.append(x)
@@ -289,9 +298,15 @@ def project_float64(attn, h, cos, sin):
 def forward_flops_loop(config, seq_len):
     total, T, D = 0, seq_len, config.head_dim
     for _ in range(config.n_layers):
-        for m, n in ((config.d_model, config.n_heads * D), (config.d_model, config.n_kv_heads * D),
-                     (config.d_model, config.n_kv_heads * D), (config.n_heads * D, config.d_model),
-                     (config.d_model, config.hidden_dim), (config.d_model, config.hidden_dim), (config.hidden_dim, config.d_model)):
+        for m, n in (
+            (config.d_model, config.n_heads * D),
+            (config.d_model, config.n_kv_heads * D),
+            (config.d_model, config.n_kv_heads * D),
+            (config.n_heads * D, config.d_model),
+            (config.d_model, config.hidden_dim),
+            (config.d_model, config.hidden_dim),
+            (config.hidden_dim, config.d_model),
+        ):
             total += 2 * T * m * n
         for _ in range(config.n_heads):
             total += 2 * T * T * D + 2 * T * T * D
@@ -336,7 +351,9 @@ def generation_helper(config, prompt_len, max_new_tokens):
     from kvlib._solutions.recompute import naive_decode_flops
 
     g = reference(BY_ID["3.2"])
-    kept = reference(BY_ID["3.1"])(config, prompt_len) + sum(g(config, s) for s in range(prompt_len + 1, prompt_len + max_new_tokens))
+    kept = reference(BY_ID["3.1"])(config, prompt_len) + sum(
+        g(config, s) for s in range(prompt_len + 1, prompt_len + max_new_tokens)
+    )
     return sum(naive_decode_flops(config, prompt_len, max_new_tokens)), kept
 
 
@@ -349,23 +366,39 @@ def generation_numpy(config, prompt_len, max_new_tokens):
 
 
 ALTERNATIVES = [
-    ("1.1", {"softmax": softmax_loop}), ("1.1", {"softmax": softmax_float64_inside}),
-    ("1.1", {"softmax": softmax_logsumexp}), ("1.1", {"softmax": softmax_torch}),
-    ("1.2", {"attend": attend_einsum}), ("1.2", {"attend": attend_loop}), ("1.2", {"attend": attend_float64_inside}),
-    ("1.3", {"causal_mask": mask_loop}), ("1.3", {"causal_mask": mask_aranges}), ("1.3", {"causal_mask": mask_not_triu}),
-    ("1.4", {"causal_self_attention": self_attention_per_query}), ("1.4", {"causal_self_attention": self_attention_bias}),
+    ("1.1", {"softmax": softmax_loop}),
+    ("1.1", {"softmax": softmax_float64_inside}),
+    ("1.1", {"softmax": softmax_logsumexp}),
+    ("1.1", {"softmax": softmax_torch}),
+    ("1.2", {"attend": attend_einsum}),
+    ("1.2", {"attend": attend_loop}),
+    ("1.2", {"attend": attend_float64_inside}),
+    ("1.3", {"causal_mask": mask_loop}),
+    ("1.3", {"causal_mask": mask_aranges}),
+    ("1.3", {"causal_mask": mask_not_triu}),
+    ("1.4", {"causal_self_attention": self_attention_per_query}),
+    ("1.4", {"causal_self_attention": self_attention_bias}),
     ("1.4", {"causal_self_attention": self_attention_float64_torch}),
-    ("2.1", {"next_token": next_token_gumbel}), ("2.1", {"next_token": next_token_inverse_cdf}),
+    ("2.1", {"next_token": next_token_gumbel}),
+    ("2.1", {"next_token": next_token_inverse_cdf}),
     ("2.1", {"next_token": next_token_float64}),
-    ("2.2", {"generate": generate_buffer}), ("2.2", {"generate": generate_token_list}), ("2.2", {"generate": generate_recursive}),
-    ("2.3", {"measure_ttft_tpot": measure_own_loop}), ("2.3", {"measure_ttft_tpot": measure_ns}),
+    ("2.2", {"generate": generate_buffer}),
+    ("2.2", {"generate": generate_token_list}),
+    ("2.2", {"generate": generate_recursive}),
+    ("2.3", {"measure_ttft_tpot": measure_own_loop}),
+    ("2.3", {"measure_ttft_tpot": measure_ns}),
     ("2.3", {"measure_ttft_tpot": measure_imported_clock}),
-    ("2.4", {"project_qkv": project_einsum}), ("2.4", {"project_qkv": project_modules}), ("2.4", {"project_qkv": project_float64}),
-    ("3.1", {"forward_flops": forward_flops_loop}), ("3.1", {"forward_flops": forward_flops_matrix_params}),
+    ("2.4", {"project_qkv": project_einsum}),
+    ("2.4", {"project_qkv": project_modules}),
+    ("2.4", {"project_qkv": project_float64}),
+    ("3.1", {"forward_flops": forward_flops_loop}),
+    ("3.1", {"forward_flops": forward_flops_matrix_params}),
     ("3.1", {"forward_flops": forward_flops_float}),
-    ("3.2", {"new_token_flops": new_token_one_plus}), ("3.2", {"new_token_flops": new_token_matrix_params}),
+    ("3.2", {"new_token_flops": new_token_one_plus}),
+    ("3.2", {"new_token_flops": new_token_matrix_params}),
     ("3.2", {"new_token_flops": new_token_difference}),
-    ("3.3", {"generation_flops": generation_loop}), ("3.3", {"generation_flops": generation_helper}),
+    ("3.3", {"generation_flops": generation_loop}),
+    ("3.3", {"generation_flops": generation_helper}),
     ("3.3", {"generation_flops": generation_numpy}),
 ]
 
@@ -487,7 +520,11 @@ SLIPS = [
     ("1.4", {"causal_self_attention": lambda q, k, v: _sa(q, k, v, mask="top")}, "aligned top-left"),
     ("1.4", {"causal_self_attention": lambda q, k, v: _sa(q, k, v, scale=False)}, "not scaled"),
     ("1.4", {"causal_self_attention": lambda q, k, v: _sa(q, k, v, after=True)}, "after the softmax"),
-    ("1.4", {"causal_self_attention": lambda q, k, v: _sa(q, k, v, sqrt=np.sqrt)}, "float32 inputs should give float32"),
+    (
+        "1.4",
+        {"causal_self_attention": lambda q, k, v: _sa(q, k, v, sqrt=np.sqrt)},
+        "float32 inputs should give float32",
+    ),
 ]
 
 
@@ -513,7 +550,9 @@ def next_token_global_rng(logits, temperature=0.0, generator=None):
 def next_token_reseeds(logits, temperature=0.0, generator=None):
     if temperature == 0:
         return logits.argmax(-1)
-    return torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=torch.Generator().manual_seed(0)).squeeze(-1)
+    return torch.multinomial(
+        torch.softmax(logits / temperature, -1), 1, generator=torch.Generator().manual_seed(0)
+    ).squeeze(-1)
 
 
 def next_token_always_argmax(logits, temperature=0.0, generator=None):
@@ -549,13 +588,15 @@ def generate_greedy_only(model, input_ids, max_new_tokens, temperature=0.0, gene
 
 
 def generate_new_tokens_only(model, input_ids, max_new_tokens, temperature=0.0, generator=None, on_token=None):
-    return reference(BY_ID["2.2"])(model, input_ids, max_new_tokens, temperature, generator, on_token)[:, input_ids.shape[1]:]
+    return reference(BY_ID["2.2"])(model, input_ids, max_new_tokens, temperature, generator, on_token)[
+        :, input_ids.shape[1] :
+    ]
 
 
 def generate_callback_at_end(model, input_ids, max_new_tokens, temperature=0.0, generator=None, on_token=None):
     out = reference(BY_ID["2.2"])(model, input_ids, max_new_tokens, temperature, generator)
     if on_token:
-        on_token(out[:, input_ids.shape[1]:])
+        on_token(out[:, input_ids.shape[1] :])
     return out
 
 
@@ -596,7 +637,9 @@ def measure_ttft_in_tpots(model, input_ids, max_new_tokens):
 
 
 # 2.4
-def _project(attn, h, cos, sin, *, rotate_q=True, rotate_k=True, rotate_v=False, split="right", angles=None, pairs="half"):
+def _project(
+    attn, h, cos, sin, *, rotate_q=True, rotate_k=True, rotate_v=False, split="right", angles=None, pairs="half"
+):
     B, T, _ = h.shape
     D = attn.head_dim
     if angles == "from zero":
@@ -612,7 +655,11 @@ def _project(attn, h, cos, sin, *, rotate_q=True, rotate_k=True, rotate_v=False,
         c, s = cos[:, : D // 2].repeat_interleave(2, -1), sin[:, : D // 2].repeat_interleave(2, -1)
         return x * c + torch.stack([-x[..., 1::2], x[..., 0::2]], -1).flatten(-2) * s
 
-    q, k, v = heads(attn.q_proj.weight, attn.n_heads), heads(attn.k_proj.weight, attn.n_kv_heads), heads(attn.v_proj.weight, attn.n_kv_heads)
+    q, k, v = (
+        heads(attn.q_proj.weight, attn.n_heads),
+        heads(attn.k_proj.weight, attn.n_kv_heads),
+        heads(attn.v_proj.weight, attn.n_kv_heads),
+    )
     return (turn(q) if rotate_q else q), (turn(k) if rotate_k else k), (turn(v) if rotate_v else v)
 
 
@@ -650,11 +697,16 @@ def new_token_attention_once(config, kv_len):
 
 
 def new_token_kv_heads(config, kv_len):
-    return reference(BY_ID["3.2"])(config, kv_len) - config.n_layers * 4 * kv_len * config.head_dim * (config.n_heads - config.n_kv_heads)
+    return reference(BY_ID["3.2"])(config, kv_len) - config.n_layers * 4 * kv_len * config.head_dim * (
+        config.n_heads - config.n_kv_heads
+    )
 
 
 def new_token_all_queries(config, kv_len):
-    return reference(BY_ID["3.1"])(config, 1) + config.n_layers * 4 * (kv_len * kv_len - 1) * config.head_dim * config.n_heads
+    return (
+        reference(BY_ID["3.1"])(config, 1)
+        + config.n_layers * 4 * (kv_len * kv_len - 1) * config.head_dim * config.n_heads
+    )
 
 
 # 3.3
@@ -684,7 +736,11 @@ SLIPS += [
     ("2.3", {"measure_ttft_tpot": measure_clock_readings}, "clock reading"),
     ("2.3", {"measure_ttft_tpot": measure_ttft_in_tpots}, "the first entry is the prefill"),
     ("2.4", {"project_qkv": lambda a, h, c, s: _project(a, h, c, s, rotate_v=True)}, "v is rotated"),
-    ("2.4", {"project_qkv": lambda a, h, c, s: _project(a, h, c, s, rotate_q=False, rotate_k=False)}, "q is not rotated"),
+    (
+        "2.4",
+        {"project_qkv": lambda a, h, c, s: _project(a, h, c, s, rotate_q=False, rotate_k=False)},
+        "q is not rotated",
+    ),
     ("2.4", {"project_qkv": lambda a, h, c, s: _project(a, h, c, s, rotate_k=False)}, "k is not rotated"),
     ("2.4", {"project_qkv": lambda a, h, c, s: _project(a, h, c, s, split="wrong")}, "heads are split wrongly"),
     ("2.4", {"project_qkv": lambda a, h, c, s: _project(a, h, c, s, angles="from zero")}, "positions 0, 1"),
@@ -698,7 +754,11 @@ SLIPS += [
     ("3.2", {"new_token_flops": new_token_attention_once}, "attention counted once"),
     ("3.2", {"new_token_flops": new_token_kv_heads}, "counted for n_kv_heads heads"),
     ("3.2", {"new_token_flops": new_token_all_queries}, "counted for kv_len queries"),
-    ("3.3", {"generation_flops": lambda c, p, n: _gen(c, p, n, prefill="one token")}, "the prefill is counted as one new token"),
+    (
+        "3.3",
+        {"generation_flops": lambda c, p, n: _gen(c, p, n, prefill="one token")},
+        "the prefill is counted as one new token",
+    ),
     ("3.3", {"generation_flops": lambda c, p, n: _gen(c, p, n, shift=-1)}, "one key short"),
     ("3.3", {"generation_flops": lambda c, p, n: _gen(c, p, n, shift=1)}, "one key too many"),
     ("3.3", {"generation_flops": lambda c, p, n: _gen(c, p, n, naive_shift=1)}, "step 0 is the prompt alone"),
@@ -783,6 +843,8 @@ def test_the_stand_in_clock_is_fake_and_restored():
         prefill = time.perf_counter() - start
         model(torch.zeros(1, 11, dtype=torch.long))  # a naive decode step: 1 new + a tenth of 11
         step = time.perf_counter() - start - prefill
-        assert imported_perf_counter is not time.perf_counter  # module imports are faked too... by name only when passed
+        assert (
+            imported_perf_counter is not time.perf_counter
+        )  # module imports are faked too... by name only when passed
     assert time.perf_counter is real
     assert prefill == pytest.approx(0.11) and step == pytest.approx(0.021)

@@ -4,20 +4,20 @@ changes what it is given (zeroes the model, the tensors) cannot make a check exp
 
 Each check takes a module, so a test hands it a namespace with the reference's functions and one
 replaced (conftest.handed_in)."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import handed_in
 
 from kvlib import kv_cache
 from kvlib.attention import causal_mask
 from kvlib.checks import CHECKS, checks_for
 from kvlib.course.exercises import BY_ID
 from kvlib.generation import next_token
-
-from conftest import handed_in
 
 NAMES = ("KVCache", "cached_attention", "cached_forward", "kv_cache_bytes", "generate_cached")
 
@@ -100,7 +100,9 @@ def _attention_float64_explicit(attn, x, cache, layer, rope_cos, rope_sin):
     k, v = cache.update(layer, *attn.project_kv(x, cos, sin))
     rep = attn.n_heads // attn.n_kv_heads
     k, v = k.double().repeat_interleave(rep, 1), v.double().repeat_interleave(rep, 1)
-    bias = torch.zeros(T, k.shape[2], dtype=torch.float64).masked_fill(~torch.from_numpy(causal_mask(T, k.shape[2])), float("-inf"))
+    bias = torch.zeros(T, k.shape[2], dtype=torch.float64).masked_fill(
+        ~torch.from_numpy(causal_mask(T, k.shape[2])), float("-inf")
+    )
     probs = torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5 + bias, dim=-1)
     return attn.o_proj((probs @ v).float().transpose(1, 2).reshape(B, T, -1))
 
@@ -126,12 +128,18 @@ def _attention_loop_over_queries(attn, x, cache, layer, rope_cos, rope_sin):
     q = attn.project_q(x, cos, sin)
     k, v = cache.update(layer, *attn.project_kv(x, cos, sin))
     start = k.shape[2] - T
-    rows = [F.scaled_dot_product_attention(q[:, :, t : t + 1], k[:, :, : start + t + 1], v[:, :, : start + t + 1], enable_gqa=True)
-            for t in range(T)]
+    rows = [
+        F.scaled_dot_product_attention(
+            q[:, :, t : t + 1], k[:, :, : start + t + 1], v[:, :, : start + t + 1], enable_gqa=True
+        )
+        for t in range(T)
+    ]
     return attn.o_proj(torch.cat(rows, 2).transpose(1, 2).reshape(B, T, -1))
 
 
-def _attention_own_keys_only(attn, x, cache, layer, rope_cos, rope_sin):  # slip: attends to project_kv's output, not the cache
+def _attention_own_keys_only(
+    attn, x, cache, layer, rope_cos, rope_sin
+):  # slip: attends to project_kv's output, not the cache
     B, T, _ = x.shape
     cos, sin = _positions(x, cache, rope_cos, rope_sin)
     q = attn.project_q(x, cos, sin)
@@ -144,7 +152,9 @@ def _attention_own_keys_only(attn, x, cache, layer, rope_cos, rope_sin):  # slip
 _HISTORY = {}
 
 
-def _attention_private_history(attn, x, cache, layer, rope_cos, rope_sin):  # shortcut: keeps the inputs, never reads the cache
+def _attention_private_history(
+    attn, x, cache, layer, rope_cos, rope_sin
+):  # shortcut: keeps the inputs, never reads the cache
     B, T, _ = x.shape
     if cache.pos == 0:
         _HISTORY[layer] = x
@@ -257,7 +267,9 @@ def _kv_float(config, seq_len, batch=1, dtype=torch.float16):  # slip: a float
     return float(kv_cache.kv_cache_bytes(config, seq_len, batch, dtype))
 
 
-def _kv_d_model(config, seq_len, batch=1, dtype=torch.float16):  # slip: d_model numbers per token and layer, MHA's cache
+def _kv_d_model(
+    config, seq_len, batch=1, dtype=torch.float16
+):  # slip: d_model numbers per token and layer, MHA's cache
     return 2 * config.n_layers * config.d_model * dtype.itemsize * seq_len * batch
 
 
@@ -265,7 +277,9 @@ def _kv_d_model(config, seq_len, batch=1, dtype=torch.float16):  # slip: d_model
 # 4.5 generate_cached: alternatives and slips
 
 
-def _generate_preallocated(model, input_ids, max_new_tokens, temperature=0.0, generator=None, on_token=None, cache=None):
+def _generate_preallocated(
+    model, input_ids, max_new_tokens, temperature=0.0, generator=None, on_token=None, cache=None
+):
     """The output tensor allocated up front, cached_forward called directly."""
     B, P = input_ids.shape
     cache = cache if cache is not None else kv_cache.KVCache(model.config, batch=B)
@@ -299,7 +313,9 @@ def _generate_while_cat(model, input_ids, max_new_tokens, temperature=0.0, gener
         logits = kv_cache.decode_step(model, token, cache)
 
 
-def _generate_past_key_values(model, input_ids, max_new_tokens, temperature=0.0, generator=None, on_token=None, cache=None):
+def _generate_past_key_values(
+    model, input_ids, max_new_tokens, temperature=0.0, generator=None, on_token=None, cache=None
+):
     """The articles' loop: model(ids, past_key_values=cache), feeding only the new token."""
     cache = kv_cache.KVCache(model.config, batch=input_ids.shape[0]) if cache is None else cache
     cache.reset()
@@ -308,20 +324,26 @@ def _generate_past_key_values(model, input_ids, max_new_tokens, temperature=0.0,
         for _ in range(max_new_tokens):
             if new:
                 feed = new[-1][:, None]
-            logits, cache = model(feed, past_key_values=cache) if not new or len(new) < max_new_tokens else (None, cache)
+            logits, cache = (
+                model(feed, past_key_values=cache) if not new or len(new) < max_new_tokens else (None, cache)
+            )
             new.append(next_token(logits[:, -1], temperature, generator))
             if on_token is not None:
                 on_token(new[-1])
     return torch.cat([input_ids, torch.stack(new, 1)], 1)
 
 
-def _generate_recompute(model, input_ids, max_new_tokens, temperature=0.0, generator=None, on_token=None, cache=None):  # no cache at all
+def _generate_recompute(
+    model, input_ids, max_new_tokens, temperature=0.0, generator=None, on_token=None, cache=None
+):  # no cache at all
     from kvlib.generation import generate
 
     return generate(model, input_ids, max_new_tokens, temperature, generator, on_token)
 
 
-def _generate_prompt_one_at_a_time(model, input_ids, max_new_tokens, temperature=0.0, generator=None, on_token=None, cache=None):
+def _generate_prompt_one_at_a_time(
+    model, input_ids, max_new_tokens, temperature=0.0, generator=None, on_token=None, cache=None
+):
     cache = kv_cache.KVCache(model.config, batch=input_ids.shape[0]) if cache is None else cache
     cache.reset()
     for t in range(input_ids.shape[1]):  # slip: the prompt through decode steps, one token each
@@ -350,15 +372,21 @@ def _generate_extra_step(model, input_ids, max_new_tokens, temperature=0.0, gene
 
 ALTERNATIVES = {
     "4.1": [{"KVCache": _cache_with(f)} for f in (_update_index_copy, _update_loop, _update_narrow)],
-    "4.2": [{"cached_attention": f} for f in (_attention_float64_explicit, _attention_einsum_grouped, _attention_loop_over_queries)],
+    "4.2": [
+        {"cached_attention": f}
+        for f in (_attention_float64_explicit, _attention_einsum_grouped, _attention_loop_over_queries)
+    ],
     "4.3": [{"cached_forward": f} for f in (_forward_past_key_values, _forward_blocks, _forward_float64_head)],
     "4.4": [{"kv_cache_bytes": f} for f in (_kv_loop, _kv_tensor, _kv_group)],
     "4.5": [{"generate_cached": f} for f in (_generate_preallocated, _generate_while_cat, _generate_past_key_values)],
 }
 
 
-@pytest.mark.parametrize("ex_id, fakes", [(e, f) for e, fs in ALTERNATIVES.items() for f in fs],
-                         ids=[f"{e}-{next(iter(f.values())).__name__}" for e, fs in ALTERNATIVES.items() for f in fs])
+@pytest.mark.parametrize(
+    "ex_id, fakes",
+    [(e, f) for e, fs in ALTERNATIVES.items() for f in fs],
+    ids=[f"{e}-{next(iter(f.values())).__name__}" for e, fs in ALTERNATIVES.items() for f in fs],
+)
 def test_alternative_correct_implementation_passes(ex_id, fakes):
     """Check that a correct implementation in another shape (loops, einsum, float64, index_copy_) passes every check of its exercise."""
     _HISTORY.clear()
@@ -367,26 +395,48 @@ def test_alternative_correct_implementation_passes(ex_id, fakes):
 
 
 SLIPS = [
-    ("kv_cache_grows_one_slot_per_step", {"KVCache": _cache_with(_update_every_layer)}, "write only into self.k[layer]"),
+    (
+        "kv_cache_grows_one_slot_per_step",
+        {"KVCache": _cache_with(_update_every_layer)},
+        "write only into self.k[layer]",
+    ),
     ("kv_cache_grows_one_slot_per_step", {"KVCache": _cache_with(_update_at_zero)}, "were overwritten"),
     ("kv_cache_grows_one_slot_per_step", {"KVCache": _cache_with(_update_returns_new)}, "should return 4 positions"),
     ("cached_attention_one_token_sees_every_key", {"cached_attention": _attention_own_keys_only}, "only its own key"),
-    ("cached_attention_reads_the_cache", {"cached_attention": _attention_private_history}, "ignored the keys and values in the cache"),
+    (
+        "cached_attention_reads_the_cache",
+        {"cached_attention": _attention_private_history},
+        "ignored the keys and values in the cache",
+    ),
     ("cached_attention_matches_full_attention", {"cached_attention": _attention_no_o_proj}, "then attn.o_proj"),
-    ("cached_forward_decode_uses_the_cache", {"cached_forward": _forward_recompute}, "it recomputes from the token ids"),
+    (
+        "cached_forward_decode_uses_the_cache",
+        {"cached_forward": _forward_recompute},
+        "it recomputes from the token ids",
+    ),
     ("cached_forward_prefill_runs_once", {"cached_forward": _forward_one_at_a_time}, "one token at a time"),
     ("cached_forward_matches_full_forward", {"cached_forward": _forward_advance_per_layer}, "advance by seq_len once"),
     ("cached_forward_matches_full_forward", {"cached_forward": _forward_all_positions}, "last position's logits"),
-    ("kv_cache_bytes_scales_with_tokens_batch_and_dtype", {"kv_cache_bytes": _kv_fixed_fp16}, "element size depends on dtype"),
+    (
+        "kv_cache_bytes_scales_with_tokens_batch_and_dtype",
+        {"kv_cache_bytes": _kv_fixed_fp16},
+        "element size depends on dtype",
+    ),
     ("kv_cache_bytes_of_real_models", {"kv_cache_bytes": _kv_float}, "int number of bytes"),
     ("kv_cache_bytes_of_real_models", {"kv_cache_bytes": _kv_d_model}, "not d_model numbers"),
     ("generate_cached_uses_the_cache", {"generate_cached": _generate_recompute}, "reruns earlier tokens"),
     ("generate_cached_uses_the_cache", {"generate_cached": _generate_prompt_one_at_a_time}, "one token at a time"),
-    ("generate_cached_resets_between_prompts", {"generate_cached": _generate_extra_step}, "the last new token was fed back"),
+    (
+        "generate_cached_resets_between_prompts",
+        {"generate_cached": _generate_extra_step},
+        "the last new token was fed back",
+    ),
 ]
 
 
-@pytest.mark.parametrize("name, fakes, words", SLIPS, ids=[f"{s[0]}-{next(iter(s[1].values())).__name__}" for s in SLIPS])
+@pytest.mark.parametrize(
+    "name, fakes, words", SLIPS, ids=[f"{s[0]}-{next(iter(s[1].values())).__name__}" for s in SLIPS]
+)
 def test_slip_is_caught_and_named(name, fakes, words):
     """Check that a likely wrong implementation fails the check with a message naming the slip."""
     _HISTORY.clear()
@@ -455,9 +505,13 @@ def _generate_wrecking(model, input_ids, max_new_tokens, temperature=0.0, genera
     return torch.zeros(input_ids.shape[0], input_ids.shape[1] + max_new_tokens, dtype=torch.long)
 
 
-WRECKERS = {"4.1": {"KVCache": _cache_with(_update_wrecking)}, "4.2": {"cached_attention": _attention_wrecking},
-            "4.3": {"cached_forward": _forward_wrecking}, "4.4": {"kv_cache_bytes": _kv_bytes_wrecking},
-            "4.5": {"generate_cached": _generate_wrecking}}
+WRECKERS = {
+    "4.1": {"KVCache": _cache_with(_update_wrecking)},
+    "4.2": {"cached_attention": _attention_wrecking},
+    "4.3": {"cached_forward": _forward_wrecking},
+    "4.4": {"kv_cache_bytes": _kv_bytes_wrecking},
+    "4.5": {"generate_cached": _generate_wrecking},
+}
 
 
 @pytest.mark.parametrize("name", [c for e in WRECKERS for c in _checks(e)])

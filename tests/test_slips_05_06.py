@@ -5,6 +5,7 @@ Each check takes a module, so a test hands it a namespace holding the reference'
 of them replaced (tests/test_roofline.py and tests/test_gqa.py hold the older named slips). Runs in
 reference mode (conftest). No test asserts on time.
 """
+
 import dataclasses
 import math
 import types
@@ -13,19 +14,25 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
+from conftest import handed_in
 
 from kvlib import gqa, roofline
-from kvlib.kv_cache import kv_cache_bytes  # Exercise 4.4: its alternatives and slips are in tests/test_slips_04.py
 from kvlib.checks import CHECKS, checks_for
 from kvlib.core.model import Decoder, ModelConfig, matrix_params
 from kvlib.course.exercises import BY_ID
-
-from conftest import handed_in
+from kvlib.kv_cache import kv_cache_bytes  # Exercise 4.4: its alternatives and slips are in tests/test_slips_04.py
 
 torch.set_num_threads(1)
 
 F16 = torch.float16
-ROOFLINE = ("bytes_per_element", "matmul_intensity", "ridge_batch", "step_cost", "predicted_tokens_per_second", "roofline_time")
+ROOFLINE = (
+    "bytes_per_element",
+    "matmul_intensity",
+    "ridge_batch",
+    "step_cost",
+    "predicted_tokens_per_second",
+    "roofline_time",
+)
 GQA = ("repeat_kv", "grouped_attention", "mean_pool_heads", "to_gqa", "first_head_of_group")
 
 
@@ -114,14 +121,21 @@ def step_per_matrix(config, new_tokens, kv_len, batch=1, dtype=F16):
 
 
 def step_float(config, new_tokens, kv_len, batch=1, dtype=F16):  # float64 intermediates, ints at the end
-    per_seq = 2.0 * new_tokens * matrix_params(config) + 4.0 * config.n_layers * config.n_heads * new_tokens * kv_len * config.head_dim
-    return int(round(batch * per_seq)), int(matrix_params(config) * float(dtype.itemsize)) + kv_cache_bytes(config, kv_len, batch, dtype)
+    per_seq = (
+        2.0 * new_tokens * matrix_params(config)
+        + 4.0 * config.n_layers * config.n_heads * new_tokens * kv_len * config.head_dim
+    )
+    return int(round(batch * per_seq)), int(matrix_params(config) * float(dtype.itemsize)) + kv_cache_bytes(
+        config, kv_len, batch, dtype
+    )
 
 
 def step_cache_first(config, new_tokens, kv_len, batch=1, dtype=F16):
     cache = kv_cache_bytes(config, kv_len, batch, dtype)
     attention = config.n_layers * config.n_heads * 4 * new_tokens * kv_len * config.head_dim
-    return batch * (2 * new_tokens * matrix_params(config) + attention), cache + roofline.bytes_per_element(dtype) * matrix_params(config)
+    return batch * (2 * new_tokens * matrix_params(config) + attention), cache + roofline.bytes_per_element(
+        dtype
+    ) * matrix_params(config)
 
 
 def tps_explicit(config, kv_len, batch, dtype, peak, bw):
@@ -165,7 +179,9 @@ def attention_loop(q, k, v):  # one key/value head at a time, its group's querie
     B, H, T, D = q.shape
     H_kv, S = k.shape[1:3]
     G = H // H_kv
-    bias = torch.zeros(T, S, dtype=torch.float64).masked_fill(torch.ones(T, S, dtype=torch.bool).triu(S - T + 1), float("-inf"))
+    bias = torch.zeros(T, S, dtype=torch.float64).masked_fill(
+        torch.ones(T, S, dtype=torch.bool).triu(S - T + 1), float("-inf")
+    )
     out = []
     for j in range(H_kv):
         qj = q[:, j * G : (j + 1) * G].double()  # (B, G, T, D)
@@ -231,7 +247,11 @@ def to_gqa_copy_params(model, n_kv_heads, pool=None):
     new = Decoder(dataclasses.replace(model.config, n_kv_heads=n_kv_heads)).to(model.embed.weight.dtype)
     with torch.no_grad():
         for (name, p), (_, src) in zip(new.named_parameters(), model.named_parameters()):
-            p.copy_(pool(src, model.config.n_kv_heads, n_kv_heads) if name.endswith(("k_proj.weight", "v_proj.weight")) else src)
+            p.copy_(
+                pool(src, model.config.n_kv_heads, n_kv_heads)
+                if name.endswith(("k_proj.weight", "v_proj.weight"))
+                else src
+            )
     return new.train() if model.training else new.eval()
 
 
@@ -353,15 +373,26 @@ def _grouped_with_mask(q, k, v, mask_fn):
 
 
 def attention_offset_t_minus_one(q, k, v):  # right for 1 query, and for 3 against 5 keys: the old checks' shapes
-    return _grouped_with_mask(q, k, v, lambda T, S, G: None if T == 1 else torch.ones(T, S, dtype=torch.bool).tril(T - 1).repeat(G, 1))
+    return _grouped_with_mask(
+        q, k, v, lambda T, S, G: None if T == 1 else torch.ones(T, S, dtype=torch.bool).tril(T - 1).repeat(G, 1)
+    )
 
 
 def attention_rows_interleaved(q, k, v):
-    return _grouped_with_mask(q, k, v, lambda T, S, G: None if T == 1 else torch.ones(T, S, dtype=torch.bool).tril(S - T).repeat_interleave(G, 0))
+    return _grouped_with_mask(
+        q,
+        k,
+        v,
+        lambda T, S, G: None if T == 1 else torch.ones(T, S, dtype=torch.bool).tril(S - T).repeat_interleave(G, 0),
+    )
 
 
-def attention_group_for_queries(q, k, v):  # a (G, S) mask tiled T times: right only when T == G (the old checks' 3 and 3)
-    return _grouped_with_mask(q, k, v, lambda T, S, G: None if T == 1 else torch.ones(G, S, dtype=torch.bool).tril(S - G).repeat(T, 1))
+def attention_group_for_queries(
+    q, k, v
+):  # a (G, S) mask tiled T times: right only when T == G (the old checks' 3 and 3)
+    return _grouped_with_mask(
+        q, k, v, lambda T, S, G: None if T == 1 else torch.ones(G, S, dtype=torch.bool).tril(S - G).repeat(T, 1)
+    )
 
 
 def attention_no_scale(q, k, v):
@@ -385,8 +416,10 @@ def pool_median(w, n_heads, n_kv_heads):
 def to_gqa_n_heads(model, n_kv_heads, pool=None):  # pools as if the source were MHA: right for MHA only
     pool = pool or gqa.mean_pool_heads
     config = dataclasses.replace(model.config, n_kv_heads=n_kv_heads)
-    state = {name: pool(w, model.config.n_heads, n_kv_heads) if name.endswith(("k_proj.weight", "v_proj.weight")) else w
-             for name, w in model.state_dict().items()}
+    state = {
+        name: pool(w, model.config.n_heads, n_kv_heads) if name.endswith(("k_proj.weight", "v_proj.weight")) else w
+        for name, w in model.state_dict().items()
+    }
     new = Decoder(config).to(model.embed.weight.dtype)
     new.load_state_dict(state)
     return new.train(model.training)
@@ -472,7 +505,9 @@ def _mutating(fn):
 
 
 _NUMBERS_ONLY = {"5.1", "5.2"}  # their functions take numbers and a dtype: nothing to change
-_MUTABLE = [c for i in (3, 4) for c in checks_for(BY_ID[f"5.{i}"])] + [c for i in range(1, 5) for c in checks_for(BY_ID[f"6.{i}"])]
+_MUTABLE = [c for i in (3, 4) for c in checks_for(BY_ID[f"5.{i}"])] + [
+    c for i in range(1, 5) for c in checks_for(BY_ID[f"6.{i}"])
+]
 
 
 @pytest.mark.parametrize("check", _MUTABLE, ids=lambda c: c.name)
@@ -488,7 +523,9 @@ def test_function_that_changes_its_arguments_scores_zero(check):
     assert REAL_MODELS["Llama-2-7B"].config.n_layers == 32, "a check handed learner code a shared config"
 
 
-@pytest.mark.parametrize("check", [c for ex in sorted(_NUMBERS_ONLY) for c in checks_for(BY_ID[ex])], ids=lambda c: c.name)
+@pytest.mark.parametrize(
+    "check", [c for ex in sorted(_NUMBERS_ONLY) for c in checks_for(BY_ID[ex])], ids=lambda c: c.name
+)
 def test_checks_of_5_1_and_5_2_pass_only_numbers(check):
     """Check that 5.1's and 5.2's checks hand learner code only ints, floats and dtypes, which no function can change."""
     ex = check.exercise
@@ -515,12 +552,15 @@ def test_every_check_of_05_and_06_is_covered():
 def _sandboxed(module: str, source: str, exercise_ids: tuple[str, ...]) -> dict[str, str]:
     """Every check of the exercises on kvlib/<module>.py run in the isolated child: name -> "pass" or its message."""
     from conftest import ROOT
+
     from kvlib.course.exercises import EXERCISES
     from kvlib.grading.sandbox import Sandbox, package_files
 
     files = package_files(ROOT / "kvlib")
     files[f"kvlib/{module}.py"] = source.encode()
-    if module == "roofline":  # step_cost (5.3) uses kv_cache_bytes, Exercise 4.4: done, as the learner of notebook 05 has
+    if (
+        module == "roofline"
+    ):  # step_cost (5.3) uses kv_cache_bytes, Exercise 4.4: done, as the learner of notebook 05 has
         files["kvlib/kv_cache.py"] = (ROOT / "solutions" / "kvlib" / "kv_cache.py").read_bytes()
     functions = sorted({f"{ex.module}.{ex.name}" for ex in EXERCISES if ex.module == module})
     verdicts = {}

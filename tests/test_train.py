@@ -1,11 +1,12 @@
 """Tests for kvlib/corpus.py (the generated facts) and kvlib/train.py (training and evaluation)."""
+
 import json
 
 import pytest
 import torch
 
-from kvlib.study import corpus
 from kvlib.core.weights import load_tiny
+from kvlib.study import corpus
 from kvlib.study.train import build_tokenizer, encode_records, evaluate, greedy_correct, greedy_text, main, pack_rows
 
 torch.set_num_threads(1)
@@ -58,7 +59,9 @@ def test_split_prompt_puts_the_space_in_the_answer():
     """Check that an English answer starts with its space and a reversed template is not a question."""
     france = corpus.COUNTRIES[0]
     assert corpus.split_prompt(corpus.Template("en", "The capital of {country} is {capital}.", False), france) == (
-        "The capital of France is", " Paris")
+        "The capital of France is",
+        " Paris",
+    )
     assert corpus.split_prompt(corpus.Template("en", "{capital} is the capital of {country}.", False), france) is None
 
 

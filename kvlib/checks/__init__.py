@@ -5,6 +5,7 @@ the hand-worked example of notebook 01, and fails with a message that names the 
 A check takes the module under test (so tests can hand it a deliberately wrong one) and a
 numpy Generator for its random inputs. Not here: isolation from the code under test.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -31,7 +32,16 @@ class Check:
 
 
 CHECKS: dict[str, Check] = {}  # by name, in registration (= course) order
-_CHECK_MODULES = {"attention", "generation", "recompute", "kv_cache", "roofline", "gqa", "serving", "compress"}  # kvlib.checks.<module> for every exercise module
+_CHECK_MODULES = {
+    "attention",
+    "generation",
+    "recompute",
+    "kv_cache",
+    "roofline",
+    "gqa",
+    "serving",
+    "compress",
+}  # kvlib.checks.<module> for every exercise module
 
 
 def check(exercise_id: str):
@@ -69,7 +79,13 @@ class Result:
     message: str
 
     def as_dict(self) -> dict:
-        return {"id": self.id, "title": self.title, "notebook": self.notebook, "status": self.status, "message": self.message}
+        return {
+            "id": self.id,
+            "title": self.title,
+            "notebook": self.notebook,
+            "status": self.status,
+            "message": self.message,
+        }
 
 
 class CheckTimeout(Exception):

@@ -7,6 +7,7 @@ float64) are recognised and named. Every expected value is computed before the l
 from inputs it never sees (it gets its own copies), so a function that changes its arguments cannot
 change what is expected of it.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,7 +21,9 @@ SEED_Q = np.array([1.0, 1.0])
 SEED_K = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
 SEED_V = np.array([[1.0, 0.0], [0.0, 2.0], [3.0, 1.0]])
 SEED_PROBS = np.exp([1.0, 1.0, 2.0]) / np.exp([1.0, 1.0, 2.0]).sum()  # 0.212, 0.212, 0.576
-SEED_PROBS_SCALED = np.exp(np.array([1.0, 1.0, 2.0]) / np.sqrt(2)) / np.exp(np.array([1.0, 1.0, 2.0]) / np.sqrt(2)).sum()
+SEED_PROBS_SCALED = (
+    np.exp(np.array([1.0, 1.0, 2.0]) / np.sqrt(2)) / np.exp(np.array([1.0, 1.0, 2.0]) / np.sqrt(2)).sum()
+)
 
 
 def _t(x):
@@ -39,7 +42,9 @@ def _array(name, x, shape):
 
 
 def _pair(result, what):
-    assert isinstance(result, tuple) and len(result) == 2, f"{what} should return a pair (out, probs), got {type(result).__name__}"
+    assert isinstance(result, tuple) and len(result) == 2, (
+        f"{what} should return a pair (out, probs), got {type(result).__name__}"
+    )
     return result
 
 
@@ -57,7 +62,9 @@ def _attention(q, k, v, mask=None, scale=None):
     if mask is not None:
         scores = scores.masked_fill(~torch.as_tensor(mask), float("-inf"))
     probs = torch.softmax(scores, dim=-1)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else torch.as_tensor(mask), scale=scale)
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=None if mask is None else torch.as_tensor(mask), scale=scale
+    )
     if one_query:
         return out[0].numpy(), probs[0].numpy()
     return out.numpy(), probs.numpy()
@@ -71,7 +78,9 @@ def _attention(q, k, v, mask=None, scale=None):
 def softmax_reproduces_seed(kv, rng):
     """Check that softmax of the example's scores [1, 1, 2] is [0.212, 0.212, 0.576]."""
     probs = _array("softmax([1, 1, 2])", kv.softmax(np.array([1.0, 1.0, 2.0])), (3,))
-    assert _close(probs, SEED_PROBS, 1e-4), f"softmax([1, 1, 2]) should be [0.212, 0.212, 0.576], got {np.round(probs, 3)}"
+    assert _close(probs, SEED_PROBS, 1e-4), (
+        f"softmax([1, 1, 2]) should be [0.212, 0.212, 0.576], got {np.round(probs, 3)}"
+    )
 
 
 @check("1.1")
@@ -160,7 +169,9 @@ def softmax_keeps_float32(kv, rng):
         f"float32 scores should give float32 weights, got {probs.dtype}: a float64 number or array in the "
         "computation promotes the result (keep to the input's dtype, or cast back with .astype(scores.dtype))"
     )
-    assert _close(probs, expected, 1e-5), f"float32 softmax differs from the exact one by {np.abs(probs - expected).max():.2g}"
+    assert _close(probs, expected, 1e-5), (
+        f"float32 softmax differs from the exact one by {np.abs(probs - expected).max():.2g}"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -174,9 +185,15 @@ def attend_reproduces_seed(kv, rng):
     _array("probs", probs, (3,))
     _array("out", out, (2,))
     if _close(probs, SEED_PROBS_SCALED, 1e-4):
-        raise AssertionError("the scale you are given is ignored: with scale=1.0 the scores stay 1, 1, 2 (1/sqrt(head_dim) only when scale is None)")
-    assert _close(probs, SEED_PROBS, 1e-4), f"with scale=1.0 the weights should be [0.212, 0.212, 0.576], got {np.round(probs, 3)}"
-    assert _close(out, SEED_PROBS @ SEED_V, 1e-4), f"the output should be probs @ v = [1.940, 1.000], got {np.round(out, 3)}"
+        raise AssertionError(
+            "the scale you are given is ignored: with scale=1.0 the scores stay 1, 1, 2 (1/sqrt(head_dim) only when scale is None)"
+        )
+    assert _close(probs, SEED_PROBS, 1e-4), (
+        f"with scale=1.0 the weights should be [0.212, 0.212, 0.576], got {np.round(probs, 3)}"
+    )
+    assert _close(out, SEED_PROBS @ SEED_V, 1e-4), (
+        f"the output should be probs @ v = [1.940, 1.000], got {np.round(out, 3)}"
+    )
 
 
 @check("1.2")
@@ -198,8 +215,12 @@ def attend_scales_by_sqrt_head_dim(kv, rng):
     if _close(probs, swapped):
         raise AssertionError("the scores are multiplied by sqrt(head_dim): divide by it instead")
     if _close(probs, ref_probs):
-        raise AssertionError("the weights are right but the output is not: it should be probs @ v, the weighted sum of the values")
-    raise AssertionError(f"attend differs from scaled dot-product attention: weights off by up to {np.abs(probs - ref_probs).max():.2g}")
+        raise AssertionError(
+            "the weights are right but the output is not: it should be probs @ v, the weighted sum of the values"
+        )
+    raise AssertionError(
+        f"attend differs from scaled dot-product attention: weights off by up to {np.abs(probs - ref_probs).max():.2g}"
+    )
 
 
 @check("1.2")
@@ -212,7 +233,9 @@ def attend_matches_sdpa(kv, rng):
     _array("probs", probs, (7,))
     _array("out", out, (3,))
     if _close(probs, default) and not _close(probs, ref_probs):
-        raise AssertionError("the scale you are given is ignored: use scale when it is not None (here 0.3), 1/sqrt(head_dim) only when it is")
+        raise AssertionError(
+            "the scale you are given is ignored: use scale when it is not None (here 0.3), 1/sqrt(head_dim) only when it is"
+        )
     assert _close(probs, ref_probs), "with scale=0.3 the weights should be softmax(0.3 * (k @ q))"
     assert _close(out, ref_out), "the output should be the weighted sum of the values, probs @ v"
 
@@ -248,7 +271,9 @@ def causal_mask_hides_future(kv, rng):
         raise AssertionError("the mask hides the wrong side: True means 'may attend', and query i may see keys j <= i")
     if np.array_equal(mask, np.tril(expected, -1)):
         raise AssertionError("each token must be allowed to attend to itself (the diagonal is True)")
-    raise AssertionError(f"causal_mask(4, 4) should be lower-triangular including the diagonal, got\n{mask.astype(int)}")
+    raise AssertionError(
+        f"causal_mask(4, 4) should be lower-triangular including the diagonal, got\n{mask.astype(int)}"
+    )
 
 
 @check("1.3")
@@ -261,7 +286,9 @@ def causal_mask_aligns_bottom_right(kv, rng):
             "the mask is aligned top-left: with 3 new queries and 5 keys, the queries are positions 2, 3, 4, "
             "so query 0 sees keys 0..2 (this is what is_causal=True gets wrong when seq_len != kv_len)"
         )
-    assert np.array_equal(mask, expected), f"causal_mask(3, 5) should be\n{expected.astype(int)}\ngot\n{mask.astype(int)}"
+    assert np.array_equal(mask, expected), (
+        f"causal_mask(3, 5) should be\n{expected.astype(int)}\ngot\n{mask.astype(int)}"
+    )
     one = _array("causal_mask(1, 5)", kv.causal_mask(1, 5), (1, 5))
     assert one.all(), "one new query (a decode step) must see every key: causal_mask(1, 5) is all True"
 
@@ -277,9 +304,12 @@ def causal_self_attention_matches_sdpa(kv, rng):
     mask = np.tril(np.ones((5, 5), dtype=bool))
     ref_out, ref_probs = _attention(q, k, v, mask)
     near_misses = {  # what a slip gives, computed before the learner's code runs
-        "no mask: every query sees the future. Set the scores where causal_mask is False to -inf": _attention(q, k, v)[1],
-        "the mask hides the wrong side: keep scores where causal_mask is True, set the others to -inf":
-            _attention(q, k, v, ~mask | np.eye(5, dtype=bool))[1],
+        "no mask: every query sees the future. Set the scores where causal_mask is False to -inf": _attention(q, k, v)[
+            1
+        ],
+        "the mask hides the wrong side: keep scores where causal_mask is True, set the others to -inf": _attention(
+            q, k, v, ~mask | np.eye(5, dtype=bool)
+        )[1],
         "the scores are not scaled: divide q @ k^T by sqrt(head_dim)": _attention(q, k, v, mask, scale=1.0)[1],
         "the mask is applied after the softmax: zeroing the weights leaves rows that no longer sum to 1. "
         "Set the masked scores to -inf before the softmax": np.where(mask, _attention(q, k, v)[1], 0.0),
@@ -292,7 +322,9 @@ def causal_self_attention_matches_sdpa(kv, rng):
     for message, wrong in near_misses.items():
         if _close(probs, wrong):
             raise AssertionError(message)
-    raise AssertionError(f"causal_self_attention differs from torch SDPA with a causal mask by up to {np.abs(out - ref_out).max():.2g}")
+    raise AssertionError(
+        f"causal_self_attention differs from torch SDPA with a causal mask by up to {np.abs(out - ref_out).max():.2g}"
+    )
 
 
 @check("1.4")
@@ -305,8 +337,12 @@ def causal_self_attention_with_past_keys(kv, rng):
     _array("out", out, (3, 6))
     _array("probs", probs, (3, 5))
     if _close(probs, top_left, 1e-5):
-        raise AssertionError("the mask is aligned top-left: the 3 queries are the last 3 of 5 positions, so query 0 sees keys 0..2")
-    assert _close(probs, ref_probs, 1e-5), "with 3 queries and 5 keys, query i may attend to keys 0..2+i, with softmax weights"
+        raise AssertionError(
+            "the mask is aligned top-left: the 3 queries are the last 3 of 5 positions, so query 0 sees keys 0..2"
+        )
+    assert _close(probs, ref_probs, 1e-5), (
+        "with 3 queries and 5 keys, query i may attend to keys 0..2+i, with softmax weights"
+    )
     assert _close(out, ref_out, 1e-5), "the output should be probs @ v"
     assert out.dtype == np.float32 and probs.dtype == np.float32, (
         f"float32 inputs should give float32 results, got out {out.dtype} and probs {probs.dtype}: under NumPy 2 "

@@ -8,6 +8,7 @@ an all-zero slice turned to nan; an int8 cache read without its scales or past k
 overwrites the sinks or never wraps; text positions or slot order instead of places by age; MLA
 without the rotary part, with the wrong 1/sqrt, a top-left mask, or per-head keys built in the absorbed path.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,7 +28,11 @@ def _randn(rng, *shape) -> torch.Tensor:
 
 
 def _close(a, b, rtol=1e-4, atol=1e-5) -> bool:
-    return isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(a.double(), b.double(), rtol=rtol, atol=atol)
+    return (
+        isinstance(a, torch.Tensor)
+        and a.shape == b.shape
+        and torch.allclose(a.double(), b.double(), rtol=rtol, atol=atol)
+    )
 
 
 def _shape_of(x) -> str:
@@ -70,28 +75,45 @@ def _quantize_case(kv, x: torch.Tensor, dim: int, what: str) -> None:
     got_values, got_scale = got
     assert isinstance(got_values, torch.Tensor) and got_values.dtype == torch.int8 and got_values.shape == x.shape, (
         f"{what}: values must be torch.int8 of x's shape {tuple(x.shape)}, got {_shape_of(got_values)} "
-        f"{getattr(got_values, 'dtype', '')}")
+        f"{getattr(got_values, 'dtype', '')}"
+    )
     keep = list(x.shape)
     keep[dim] = 1
     wrong_axis = list(x.shape)
     wrong_axis[other] = 1
     assert isinstance(got_scale, torch.Tensor) and list(got_scale.shape) == keep, (
         f"{what}: scale must be {tuple(keep)} (size 1 at dim={dim}, the axis that shares a scale), got {_shape_of(got_scale)}"
-        + (": the scale is shared along the wrong axis" if isinstance(got_scale, torch.Tensor) and list(got_scale.shape) == wrong_axis else ""))
+        + (
+            ": the scale is shared along the wrong axis"
+            if isinstance(got_scale, torch.Tensor) and list(got_scale.shape) == wrong_axis
+            else ""
+        )
+    )
     assert got_scale.dtype == torch.float32, f"{what}: scale must be float32, got {got_scale.dtype}"
     assert torch.isfinite(got_scale).all() and (got_scale > 0).all(), (
-        f"{what}: a scale is 0, nan or inf: an all-zero slice gives max |x| = 0, and 0/0 is nan (use scale 1 there)")
-    for divisor, name in ((128, "128"), (255, "255 (that is uint8's range; int8 is symmetric, -127 ... 127)"), (256, "256")):
+        f"{what}: a scale is 0, nan or inf: an all-zero slice gives max |x| = 0, and 0/0 is nan (use scale 1 there)"
+    )
+    for divisor, name in (
+        (128, "128"),
+        (255, "255 (that is uint8's range; int8 is symmetric, -127 ... 127)"),
+        (256, "256"),
+    ):
         if _close(got_scale, _quantize(x, dim, divisor)[1].float()):
             raise AssertionError(f"{what}: the scale is max|x| / {name}: the largest |x| must map to 127")
     assert _close(got_scale, scale.float(), rtol=1e-5, atol=1e-8), f"{what}: scale must be max |x| over the slice / 127"
     err = (got_values.double() * got_scale.double() - x.double()).abs()
     if not (err <= got_scale.double() / 2 * (1 + 1e-4) + 1e-7).all():
-        if (got_values.double().abs() <= (x.double() / got_scale.double()).abs() + 1e-3).all():  # never rounded away from 0
-            raise AssertionError(f"{what}: the values are truncated toward zero (.to(torch.int8) cuts the fraction off): "
-                                 ".round() first, so each error is at most half a scale step")
-        raise AssertionError(f"{what}: values * scale misses x by more than half a scale step (largest error "
-                             f"{float((err / got_scale.double()).max()):.2f} steps): round x / scale to the nearest integer")
+        if (
+            got_values.double().abs() <= (x.double() / got_scale.double()).abs() + 1e-3
+        ).all():  # never rounded away from 0
+            raise AssertionError(
+                f"{what}: the values are truncated toward zero (.to(torch.int8) cuts the fraction off): "
+                ".round() first, so each error is at most half a scale step"
+            )
+        raise AssertionError(
+            f"{what}: values * scale misses x by more than half a scale step (largest error "
+            f"{float((err / got_scale.double()).max()):.2f} steps): round x / scale to the nearest integer"
+        )
 
 
 @check("8.1")
@@ -136,18 +158,24 @@ def _int8_expected_and_slips(q, k_values, k_scale, v_values, v_scale, kv_len):
     k_all = (k_values.double() * k_scale.double()).reshape(Bq, Hk, n_groups * group, Dq)
     v_all = v_values.double() * v_scale.double()
     k, v = k_all[:, :, :kv_len], v_all[:, :, :kv_len]
-    k_raw, v_raw = k_values.double().reshape(Bq, Hk, n_groups * group, Dq)[:, :, :kv_len], v_values[:, :, :kv_len].double()
+    k_raw, v_raw = (
+        k_values.double().reshape(Bq, Hk, n_groups * group, Dq)[:, :, :kv_len],
+        v_values[:, :, :kv_len].double(),
+    )
     T = q.shape[2]
     slips = {
         "the keys are read without their scales (k_values * k_scale is the key)": _attention(q, k_raw, v),
         "the values are read without their scales (v_values * v_scale is the value)": _attention(q, k, v_raw),
-        "the mask is aligned top-left: the seq_len queries are the LAST of the kv_len positions": _attention(q, k, v, top_left=True),
+        "the mask is aligned top-left: the seq_len queries are the LAST of the kv_len positions": _attention(
+            q, k, v, top_left=True
+        ),
         "the scores are not divided by sqrt(head_dim)": _attention(q, k, v, scale=1.0),
     }
     if n_groups * group > kv_len:
         S_all = min(n_groups * group, v_all.shape[2])
-        slips["slots past kv_len are attended to: keep only the first kv_len keys and values"] = _attention(
-            q, k_all[:, :, :S_all], v_all[:, :, :S_all]) if T == 1 else None
+        slips["slots past kv_len are attended to: keep only the first kv_len keys and values"] = (
+            _attention(q, k_all[:, :, :S_all], v_all[:, :, :S_all]) if T == 1 else None
+        )
     return _attention(q, k, v), {m: t for m, t in slips.items() if t is not None}
 
 
@@ -160,9 +188,13 @@ def int8_attention_matches_dequantised_attention(kv, rng):
         expected, slips = _int8_expected_and_slips(q, *cache, kv_len)
         got = kv.int8_attention(q.clone(), *(t.clone() for t in cache), kv_len)
         assert isinstance(got, torch.Tensor) and tuple(got.shape) == (B, H, T, D), (
-            f"int8_attention should return (batch, n_heads, seq_len, head_dim) = {(B, H, T, D)}, got {_shape_of(got)}")
+            f"int8_attention should return (batch, n_heads, seq_len, head_dim) = {(B, H, T, D)}, got {_shape_of(got)}"
+        )
         assert _close(got, expected), f"{T} queries against {kv_len} int8 tokens: " + _diagnose(
-            got, slips, "the output differs from attention over (k_values * k_scale) and (v_values * v_scale), grouped per channel")
+            got,
+            slips,
+            "the output differs from attention over (k_values * k_scale) and (v_values * v_scale), grouped per channel",
+        )
 
 
 @check("8.2")
@@ -173,7 +205,8 @@ def int8_attention_boundaries(kv, rng):
         expected, slips = _int8_expected_and_slips(q, *cache, kv_len)
         got = kv.int8_attention(q.clone(), *(t.clone() for t in cache), kv_len)
         assert _close(got, expected), f"{T} queries, {kv_len} tokens, {n_kv} key/value heads: " + _diagnose(
-            got, slips, "the output differs from attention over the dequantised cache")
+            got, slips, "the output differs from attention over the dequantised cache"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,9 +218,13 @@ def _slot(p: int, n_sink: int, window: int) -> int:
 
 
 def _slot_slips(p: int, n_sink: int, window: int) -> dict:
-    return {"the ring runs over the sinks (p % capacity): slots 0 ... n_sink - 1 must keep the first tokens": p % (n_sink + window),
-            "the ring is offset wrongly: token p goes to n_sink + (p - n_sink) % window, not n_sink + p % window":
-                p if p < n_sink else n_sink + p % window}
+    return {
+        "the ring runs over the sinks (p % capacity): slots 0 ... n_sink - 1 must keep the first tokens": p
+        % (n_sink + window),
+        "the ring is offset wrongly: token p goes to n_sink + (p - n_sink) % window, not n_sink + p % window": p
+        if p < n_sink
+        else n_sink + p % window,
+    }
 
 
 @check("8.3")
@@ -210,23 +247,34 @@ def sink_cache_keeps_sinks_and_last_window(kv, rng):
                 slip_held[m][s] = p
         pos = cache.pos
         got = cache.update(1, k_new.clone(), v_new.clone())
-        assert cache.pos == pos, f"update moved pos from {pos} to {cache.pos}: advance() moves it, once, after every layer"
+        assert cache.pos == pos, (
+            f"update moved pos from {pos} to {cache.pos}: advance() moves it, once, after every layer"
+        )
         filled = min(pos + T, capacity)
-        assert isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got), "update must return (k, v)"
+        assert isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got), (
+            "update must return (k, v)"
+        )
         k, v = got
         assert tuple(k.shape) == (B, H_KV, filled, D), (
             f"after {pos + T} tokens the filled slots are min(pos + seq_len, capacity) = {filled}: expected k of shape "
-            f"{(B, H_KV, filled, D)}, got {tuple(k.shape)}")
+            f"{(B, H_KV, filled, D)}, got {tuple(k.shape)}"
+        )
         expect_k = torch.stack([tokens[held[s]][0] for s in range(filled)], dim=2)
         expect_v = torch.stack([tokens[held[s]][1] for s in range(filled)], dim=2)
         if not (torch.equal(k, expect_k) and torch.equal(v, expect_v)):
             for m, slots in slip_held.items():
-                if all(s in slots for s in range(filled)) and torch.equal(k, torch.stack([tokens[slots[s]][0] for s in range(filled)], 2)):
+                if all(s in slots for s in range(filled)) and torch.equal(
+                    k, torch.stack([tokens[slots[s]][0] for s in range(filled)], 2)
+                ):
                     raise AssertionError(f"after {pos + T} tokens: {m}")
-            raise AssertionError(f"after {pos + T} tokens the slots should hold tokens {[held[s] for s in range(filled)]} "
-                                 f"(n_sink={n_sink}, window={window}); they do not")
+            raise AssertionError(
+                f"after {pos + T} tokens the slots should hold tokens {[held[s] for s in range(filled)]} "
+                f"(n_sink={n_sink}, window={window}); they do not"
+            )
         cache.advance(T)
-    assert torch.equal(cache.k[0], torch.zeros_like(cache.k[0])), "update wrote into another layer than the one it was given"
+    assert torch.equal(cache.k[0], torch.zeros_like(cache.k[0])), (
+        "update wrote into another layer than the one it was given"
+    )
 
 
 @check("8.3")
@@ -241,7 +289,8 @@ def sink_cache_without_sinks_is_a_rolling_buffer(kv, rng):
         cache.advance(1)
         expect = torch.stack([seen[max(q for q in range(p + 1) if q % 4 == s)] for s in range(min(p + 1, 4))], dim=2)
         assert isinstance(k, torch.Tensor) and k.shape == expect.shape and torch.equal(k, expect), (
-            f"window 4, no sinks, after {p + 1} tokens: slot s must hold the latest token p with p % 4 == s")
+            f"window 4, no sinks, after {p + 1} tokens: slot s must hold the latest token p with p % 4 == s"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,11 +310,21 @@ def _positions(n_seen: int, n_sink: int, window: int) -> list[int]:
 @check("8.4")
 def cache_positions_count_places_by_age(kv, rng):
     """Check the rotary positions of the slots before, at and long after the cache fills, with 0, 1 and 4 sinks."""
-    for n_seen, n_sink, window in ((3, 1, 3), (4, 1, 3), (6, 1, 3), (7, 1, 3), (100, 4, 7), (13, 0, 5), (9, 2, 1), (40, 4, 16)):
+    for n_seen, n_sink, window in (
+        (3, 1, 3),
+        (4, 1, 3),
+        (6, 1, 3),
+        (7, 1, 3),
+        (100, 4, 7),
+        (13, 0, 5),
+        (9, 2, 1),
+        (40, 4, 16),
+    ):
         expected = _positions(n_seen, n_sink, window)
         got = kv.cache_positions(n_seen, n_sink, window)
         assert isinstance(got, torch.Tensor) and not got.dtype.is_floating_point and got.dim() == 1, (
-            f"cache_positions must return a 1-D integer tensor, got {_shape_of(got)} {getattr(got, 'dtype', '')}")
+            f"cache_positions must return a 1-D integer tensor, got {_shape_of(got)} {getattr(got, 'dtype', '')}"
+        )
         got = got.tolist()
         if got == expected:
             continue
@@ -275,11 +334,15 @@ def cache_positions_count_places_by_age(kv, rng):
         text = [held[s] for s in range(min(n_seen, n_sink + window))]
         where = f"n_seen={n_seen}, n_sink={n_sink}, window={window}: expected {expected}, got {got}"
         if got == text:
-            raise AssertionError(f"{where}: those are the tokens' positions in the text; StreamingLLM uses places in the "
-                                 "cache, so the model never sees a distance longer than n_sink + window")
+            raise AssertionError(
+                f"{where}: those are the tokens' positions in the text; StreamingLLM uses places in the "
+                "cache, so the model never sees a distance longer than n_sink + window"
+            )
         if got == list(range(len(expected))):
-            raise AssertionError(f"{where}: positions in slot order; once the ring wraps, slots are not in age order: "
-                                 "count from the oldest kept token's slot")
+            raise AssertionError(
+                f"{where}: positions in slot order; once the ring wraps, slots are not in age order: "
+                "count from the oldest kept token's slot"
+            )
         raise AssertionError(f"{where}: sinks get 0 ... n_sink - 1, then window tokens n_sink ... by age, oldest first")
 
 
@@ -291,25 +354,38 @@ _MLA = dict(H=3, Dn=4, Dr=6, r=7, Dv=5)  # heads, nope_dim, rope_dim, kv_rank, v
 
 def _mla_inputs(rng, T: int, S: int):
     m = _MLA
-    return (_randn(rng, B, m["H"], T, m["Dn"]), _randn(rng, B, m["H"], T, m["Dr"]), _randn(rng, B, S, m["r"]),
-            _randn(rng, B, S, m["Dr"]), _randn(rng, m["H"], m["Dn"], m["r"]) / 2, _randn(rng, m["H"], m["Dv"], m["r"]) / 2)
+    return (
+        _randn(rng, B, m["H"], T, m["Dn"]),
+        _randn(rng, B, m["H"], T, m["Dr"]),
+        _randn(rng, B, S, m["r"]),
+        _randn(rng, B, S, m["Dr"]),
+        _randn(rng, m["H"], m["Dn"], m["r"]) / 2,
+        _randn(rng, m["H"], m["Dv"], m["r"]) / 2,
+    )
 
 
 def _mla_expected_and_slips(q_nope, q_rope, latent, k_rope, w_uk, w_uv):
     """Per-head keys and values rebuilt, then float64 attention: the definition, and its slips."""
     d = [t.double() for t in (q_nope, q_rope, latent, k_rope, w_uk, w_uv)]
     q_nope, q_rope, latent, k_rope, w_uk, w_uv = d
-    H_, S = w_uk.shape[0], latent.shape[1]
+    H_ = w_uk.shape[0]
     k_nope = torch.einsum("bsr,hdr->bhsd", latent, w_uk)
     v = torch.einsum("bsr,hdr->bhsd", latent, w_uv)
     k_rope_h = k_rope[:, None].expand(-1, H_, -1, -1)
     q, k = torch.cat([q_nope, q_rope], -1), torch.cat([k_nope, k_rope_h], -1)
     slips = {
-        "the rotary part is left out: the score is q_nope . k_nope + q_rope . k_rope": _attention(q_nope, k_nope, v, scale=math.sqrt(q.shape[-1])),
-        "the scores are divided by sqrt(nope_dim); MLA's query has nope_dim + rope_dim numbers": _attention(q, k, v, scale=math.sqrt(q_nope.shape[-1])),
-        "the mask is aligned top-left: the seq_len queries are the LAST of the kv_len positions": _attention(q, k, v, top_left=True),
-        "the values are rebuilt with w_uk (keys') instead of w_uv": None if w_uk.shape != w_uv.shape else
-            _attention(q, k, torch.einsum("bsr,hdr->bhsd", latent, w_uk)),
+        "the rotary part is left out: the score is q_nope . k_nope + q_rope . k_rope": _attention(
+            q_nope, k_nope, v, scale=math.sqrt(q.shape[-1])
+        ),
+        "the scores are divided by sqrt(nope_dim); MLA's query has nope_dim + rope_dim numbers": _attention(
+            q, k, v, scale=math.sqrt(q_nope.shape[-1])
+        ),
+        "the mask is aligned top-left: the seq_len queries are the LAST of the kv_len positions": _attention(
+            q, k, v, top_left=True
+        ),
+        "the values are rebuilt with w_uk (keys') instead of w_uv": None
+        if w_uk.shape != w_uv.shape
+        else _attention(q, k, torch.einsum("bsr,hdr->bhsd", latent, w_uk)),
     }
     return _attention(q, k, v), {m: t for m, t in slips.items() if t is not None}
 
@@ -320,9 +396,13 @@ def _mla_case(fn, rng, T: int, S: int, what: str) -> None:
     got = fn(*(a.clone() for a in args))
     shape = (B, _MLA["H"], T, _MLA["Dv"])
     assert isinstance(got, torch.Tensor) and tuple(got.shape) == shape, (
-        f"{what} should return (batch, n_heads, seq_len, v_dim) = {shape}, got {_shape_of(got)}")
+        f"{what} should return (batch, n_heads, seq_len, v_dim) = {shape}, got {_shape_of(got)}"
+    )
     assert _close(got, expected), f"{what}, {T} queries against {S} cached latents: " + _diagnose(
-        got, slips, "the output differs from attention with keys [latent @ w_uk[h]^T, k_rope] and values latent @ w_uv[h]^T")
+        got,
+        slips,
+        "the output differs from attention with keys [latent @ w_uk[h]^T, k_rope] and values latent @ w_uv[h]^T",
+    )
 
 
 @check("8.5")
@@ -346,12 +426,16 @@ def mla_absorbed_never_builds_per_head_keys(kv, rng):
     args = _mla_inputs(rng, 1, S)
     expected, slips = _mla_expected_and_slips(*args)
     got = kv.mla_absorbed(*(a.clone() for a in args))
-    assert _close(got, expected), "mla_absorbed, a decode step: " + _diagnose(got, slips, "the output differs from MLA attention")
+    assert _close(got, expected), "mla_absorbed, a decode step: " + _diagnose(
+        got, slips, "the output differs from MLA attention"
+    )
     watch = getattr(kv.mla_absorbed, "watch", None)  # in the isolated grader: watched in the child, where it runs
     made = (watch or (lambda *a: new_tensors(kv.mla_absorbed, *a)))(*(a.clone() for a in args))
     limit = B * _MLA["H"] * S * min(_MLA["Dn"], _MLA["Dv"])  # one head width for every cached token of every head
     per_head = B * _MLA["H"] * S  # a multiple of this many numbers: something for every head and every cached token
     big = [(op, shape) for op, shape in made if math.prod(shape) >= limit and math.prod(shape) % per_head == 0]
-    assert not big, (f"mla_absorbed made a tensor of {big[0][1]} ({big[0][0]}): per-head keys or values for all {S} cached "
-                     "tokens, which is what absorbing avoids. Fold w_uk into the query (q_nope @ w_uk[h]) and apply w_uv "
-                     "to the (B, H, T, kv_rank) result of probs @ latent")
+    assert not big, (
+        f"mla_absorbed made a tensor of {big[0][1]} ({big[0][0]}): per-head keys or values for all {S} cached "
+        "tokens, which is what absorbing avoids. Fold w_uk into the query (q_nope @ w_uk[h]) and apply w_uv "
+        "to the (B, H, T, kv_rank) result of probs @ latent"
+    )

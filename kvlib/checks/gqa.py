@@ -10,6 +10,7 @@ is already GQA as if it were MHA, losing the source model's dtype or train/eval 
 Every expected value is computed before learner code runs, from tensors and models the learner's
 code never receives (it gets clones), so a function that changes its arguments cannot move them.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,9 +18,9 @@ import math
 import torch
 
 from kvlib.checks import check
+from kvlib.core.model import Decoder, ModelConfig
 from kvlib.course.exercises import ExerciseNotDone
 from kvlib.measure.timing import new_tensors
-from kvlib.core.model import Decoder, ModelConfig
 
 B, H, H_KV, T, S, D = 2, 6, 2, 2, 5, 8  # T = 2 queries: neither 1 nor the group size 3
 G = H // H_KV
@@ -54,7 +55,9 @@ def _grouped_masked(q, k, v, mask):
 def _rows_interleaved(q, k, v):
     """A (G*T, S) mask that repeats each query's row G times in a row (t*G + g), while q.reshape(B, H_kv,
     G*T, D) orders the rows g*T + t: query t of head g gets another query's mask."""
-    return _grouped_masked(q, k, v, lambda T_, S_, G_: torch.ones(T_, S_, dtype=torch.bool).tril(S_ - T_).repeat_interleave(G_, 0))
+    return _grouped_masked(
+        q, k, v, lambda T_, S_, G_: torch.ones(T_, S_, dtype=torch.bool).tril(S_ - T_).repeat_interleave(G_, 0)
+    )
 
 
 def _group_for_queries(q, k, v):
@@ -82,10 +85,13 @@ def repeat_kv_matches_repeat_interleave(kv, rng):
     got = kv.repeat_kv(x.clone(), G)
     assert isinstance(got, torch.Tensor) and tuple(got.shape) == (B, H, S, D), (
         f"repeat_kv of (batch, n_kv_heads, kv_len, head_dim) = {tuple(x.shape)} with group_size {G} "
-        f"should be {(B, H, S, D)}, got {_shape_of(got)}")
+        f"should be {(B, H, S, D)}, got {_shape_of(got)}"
+    )
     if torch.equal(got, tiled):
-        raise AssertionError("the heads come out as [a, b, a, b, ...]: that is x.repeat. Query head h shares "
-                             "key/value head h // group_size, so heads come out [a, a, a, b, b, b] (repeat_interleave)")
+        raise AssertionError(
+            "the heads come out as [a, b, a, b, ...]: that is x.repeat. Query head h shares "
+            "key/value head h // group_size, so heads come out [a, a, a, b, b, b] (repeat_interleave)"
+        )
     assert torch.equal(got, expected), "repeat_kv differs from x.repeat_interleave(group_size, dim=1)"
 
 
@@ -97,8 +103,12 @@ def repeat_kv_boundaries(kv, rng):
     assert isinstance(same, torch.Tensor) and torch.equal(same, x), "group_size 1 (MHA) must return the heads unchanged"
     one = _randn(rng, B, 1, S, D)
     mqa = kv.repeat_kv(one.clone(), H)
-    assert isinstance(mqa, torch.Tensor) and tuple(mqa.shape) == (B, H, S, D), f"MQA: 1 head to {H} should be {(B, H, S, D)}, got {_shape_of(mqa)}"
-    assert all(torch.equal(mqa[:, h], one[:, 0]) for h in range(H)), "MQA: every query head must read the single key/value head"
+    assert isinstance(mqa, torch.Tensor) and tuple(mqa.shape) == (B, H, S, D), (
+        f"MQA: 1 head to {H} should be {(B, H, S, D)}, got {_shape_of(mqa)}"
+    )
+    assert all(torch.equal(mqa[:, h], one[:, 0]) for h in range(H)), (
+        "MQA: every query head must read the single key/value head"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -110,19 +120,24 @@ def _expected_and_slips(q, k, v) -> tuple[torch.Tensor, dict]:
     G_, Tq = q.shape[1] // k.shape[1], q.shape[2]
     kr, vr = k.repeat_interleave(G_, 1), v.repeat_interleave(G_, 1)
     slips = {
-        "the heads are grouped as x.repeat would ([a, b, a, b]): query head h reads key/value head h // group_size":
-            _attention(q, k.repeat(1, G_, 1, 1), v.repeat(1, G_, 1, 1)),
+        "the heads are grouped as x.repeat would ([a, b, a, b]): query head h reads key/value head h // group_size": _attention(
+            q, k.repeat(1, G_, 1, 1), v.repeat(1, G_, 1, 1)
+        ),
         "the scores are not divided by sqrt(head_dim)": _attention(q, kr, vr, scale=False),
-        "the mask is aligned top-left (is_causal=True or tril(0)): the T queries are the LAST T of the S positions":
-            _attention(q, kr, vr, top_left=True),
-        "the mask's diagonal offset is kv_len - seq_len (query t sees keys 0 .. kv_len - seq_len + t), not seq_len - 1":
-            _attention(q, kr, vr, offset=Tq - 1),
+        "the mask is aligned top-left (is_causal=True or tril(0)): the T queries are the LAST T of the S positions": _attention(
+            q, kr, vr, top_left=True
+        ),
+        "the mask's diagonal offset is kv_len - seq_len (query t sees keys 0 .. kv_len - seq_len + t), not seq_len - 1": _attention(
+            q, kr, vr, offset=Tq - 1
+        ),
         "the mask rows are in the wrong order: q.reshape(B, H_kv, G*T, D) puts query t of group member g at row g*T + t, "
         "so the (T, S) mask is tiled G times (.repeat(G, 1)), not repeat_interleave'd": _rows_interleaved(q, k, v),
     }
     if Tq != G_:  # a (G, S) mask tiled T times has G*T rows too, and equals the right one when T == G
-        slips["the mask is built for group_size queries, not seq_len: torch.ones(seq_len, kv_len).tril(kv_len - seq_len), "
-              "tiled group_size times"] = _group_for_queries(q, k, v)
+        slips[
+            "the mask is built for group_size queries, not seq_len: torch.ones(seq_len, kv_len).tril(kv_len - seq_len), "
+            "tiled group_size times"
+        ] = _group_for_queries(q, k, v)
     return _attention(q, kr, vr), slips
 
 
@@ -142,15 +157,20 @@ def grouped_attention_matches_repeated_heads(kv, rng):
         expected, slips = _expected_and_slips(q, k, v)
         got = kv.grouped_attention(*_clones(q, k, v))
         assert isinstance(got, torch.Tensor) and tuple(got.shape) == (B, H, n_q, D), (
-            f"grouped_attention should return (batch, n_heads, seq_len, head_dim) = {(B, H, n_q, D)}, got {_shape_of(got)}")
+            f"grouped_attention should return (batch, n_heads, seq_len, head_dim) = {(B, H, n_q, D)}, got {_shape_of(got)}"
+        )
         assert _close(got, expected), f"{n_q} queries against {n_k} keys: {_diagnose(got, slips)}"
 
 
 @check("6.2")
 def grouped_attention_boundaries(kv, rng):
     """Check MHA (group size 1), MQA (one key/value head), one decode-step query against 7 keys and a prefill (4 of 4)."""
-    cases = ((H, T, S, "MHA (n_kv_heads == n_heads)"), (1, 4, 9, "MQA (one key/value head)"),
-             (H_KV, 1, 7, "one decode-step query against 7 keys"), (H_KV, 4, 4, "a prefill: 4 queries, 4 keys, no cache"))
+    cases = (
+        (H, T, S, "MHA (n_kv_heads == n_heads)"),
+        (1, 4, 9, "MQA (one key/value head)"),
+        (H_KV, 1, 7, "one decode-step query against 7 keys"),
+        (H_KV, 4, 4, "a prefill: 4 queries, 4 keys, no cache"),
+    )
     for n_kv, n_q, n_k, case in cases:
         q, k, v = _randn(rng, B, H, n_q, D), _randn(rng, B, n_kv, n_k, D), _randn(rng, B, n_kv, n_k, D)
         expected, slips = _expected_and_slips(q, k, v)
@@ -170,7 +190,9 @@ def grouped_attention_does_not_copy_heads(kv, rng):
     kv_len = 40
     q, k, v = _randn(rng, B, H, 1, D), _randn(rng, B, H_KV, kv_len, D), _randn(rng, B, H_KV, kv_len, D)
     expected, slips = _expected_and_slips(q, k, v)
-    got = kv.grouped_attention(*_clones(q, k, v))  # first the right answer: a function that does nothing allocates nothing
+    got = kv.grouped_attention(
+        *_clones(q, k, v)
+    )  # first the right answer: a function that does nothing allocates nothing
     assert _close(got, expected), f"a decode step (1 query, {kv_len} cached keys): {_diagnose(got, slips)}"
     made = _new_tensors(kv.grouped_attention, *_clones(q, k, v))
     limit = B * H * kv_len * D  # n_heads copies of the cached keys (or values) of this layer
@@ -178,7 +200,8 @@ def grouped_attention_does_not_copy_heads(kv, rng):
     assert not big, (
         f"grouped_attention made a tensor of {big[0][1]} ({big[0][0]}): n_heads = {H} copies of the {H_KV} cached "
         "key/value heads. repeat_kv, repeat_interleave, .expand(...).contiguous() and a broadcasting matmul all "
-        "copy; reshape q to (batch, n_kv_heads, group_size * seq_len, head_dim) and multiply by k itself")
+        "copy; reshape q to (batch, n_kv_heads, group_size * seq_len, head_dim) and multiply by k itself"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,14 +218,19 @@ def mean_pool_heads_averages_each_group(kv, rng):
     expected = heads.view(H_KV, G, _D, _C).mean(1).reshape(H_KV * _D, _C)
     got = kv.mean_pool_heads(w.clone(), H, H_KV)
     assert isinstance(got, torch.Tensor) and tuple(got.shape) == (H_KV * _D, _C), (
-        f"pooling a ({H} heads x head_dim {_D}, d_model {_C}) weight to {H_KV} heads should give {(H_KV * _D, _C)}, got {_shape_of(got)}")
+        f"pooling a ({H} heads x head_dim {_D}, d_model {_C}) weight to {H_KV} heads should give {(H_KV * _D, _C)}, got {_shape_of(got)}"
+    )
     if _close(got, expected):
         return
     wrong = {
         "heads h, h + n_kv_heads, ... were pooled together (the `repeat` order): a group is CONSECUTIVE heads, "
         "as repeat_kv reads them": heads.view(G, H_KV, _D, _C).mean(0).reshape(H_KV * _D, _C),
-        "the first head of each group was kept: average all of the group's heads": heads.view(H_KV, G, _D, _C)[:, 0].reshape(H_KV * _D, _C),
-        "the group's heads were summed: divide by group_size (mean, not sum)": heads.view(H_KV, G, _D, _C).sum(1).reshape(H_KV * _D, _C),
+        "the first head of each group was kept: average all of the group's heads": heads.view(H_KV, G, _D, _C)[
+            :, 0
+        ].reshape(H_KV * _D, _C),
+        "the group's heads were summed: divide by group_size (mean, not sum)": heads.view(H_KV, G, _D, _C)
+        .sum(1)
+        .reshape(H_KV * _D, _C),
         "the pooling ran over the rows without the head structure (consecutive ROWS averaged, not heads): "
         "view the weight as (n_kv_heads, group_size, head_dim, d_model) first": w.view(H_KV * _D, G, _C).mean(1),
     }
@@ -237,7 +265,11 @@ def _gqa_and_expanded(seed: int, n_kv_heads: int):
     state, head_dim = {}, CONFIG.head_dim
     for name, w in gqa.state_dict().items():
         if name.endswith(("k_proj.weight", "v_proj.weight")):  # (H_kv*D, C) -> (H*D, C)
-            w = w.view(n_kv_heads, head_dim, -1).repeat_interleave(CONFIG.n_heads // n_kv_heads, dim=0).reshape(-1, w.shape[1])
+            w = (
+                w.view(n_kv_heads, head_dim, -1)
+                .repeat_interleave(CONFIG.n_heads // n_kv_heads, dim=0)
+                .reshape(-1, w.shape[1])
+            )
         state[name] = w
     mha = Decoder(CONFIG).eval()
     mha.load_state_dict(state)
@@ -255,12 +287,16 @@ def to_gqa_recovers_a_gqa_model(kv, rng):
     got = kv.to_gqa(mha, 2)
     assert isinstance(got, Decoder), f"to_gqa should return a kvlib Decoder, got {type(got).__name__}"
     assert got.config.n_kv_heads == 2 and got.config.n_heads == CONFIG.n_heads, (
-        f"the new config should have n_heads={CONFIG.n_heads}, n_kv_heads=2; got {got.config.n_heads}, {got.config.n_kv_heads}")
+        f"the new config should have n_heads={CONFIG.n_heads}, n_kv_heads=2; got {got.config.n_heads}, {got.config.n_kv_heads}"
+    )
     with torch.inference_mode():
         assert _close(got(ids), expected), (
             "the converted model's logits differ from the GQA model its heads were copied from: pool groups of "
-            "consecutive heads (mean_pool_heads), only in k_proj and v_proj")
-    assert all(torch.equal(before[k], v) for k, v in mha.state_dict().items()), "to_gqa must not change the model it converts"
+            "consecutive heads (mean_pool_heads), only in k_proj and v_proj"
+        )
+    assert all(torch.equal(before[k], v) for k, v in mha.state_dict().items()), (
+        "to_gqa must not change the model it converts"
+    )
 
 
 @check("6.4")
@@ -277,12 +313,15 @@ def to_gqa_pools_only_keys_and_values(kv, rng):
     for name, w in theirs.items():
         if name.endswith(("k_proj.weight", "v_proj.weight")):
             expected = w.view(3, 2, CONFIG.head_dim, -1).mean(1).reshape(-1, w.shape[1])
-            assert _close(ours[name], expected), f"{name}: expected the mean of each pair of consecutive heads (6 heads to 3)"
+            assert _close(ours[name], expected), (
+                f"{name}: expected the mean of each pair of consecutive heads (6 heads to 3)"
+            )
         else:
             assert torch.equal(ours[name], w), f"{name} should be copied unchanged: only keys and values are pooled"
     first = kv.to_gqa(mha, 1, pool=kv.first_head_of_group)  # the recipe the GQA paper compares with
-    assert torch.equal(first.state_dict()["layers.0.attn.k_proj.weight"], theirs["layers.0.attn.k_proj.weight"][: CONFIG.head_dim]), (
-        "to_gqa must use the pool function it is given (pool=None means mean_pool_heads)")
+    assert torch.equal(
+        first.state_dict()["layers.0.attn.k_proj.weight"], theirs["layers.0.attn.k_proj.weight"][: CONFIG.head_dim]
+    ), "to_gqa must use the pool function it is given (pool=None means mean_pool_heads)"
     same = kv.to_gqa(mha, CONFIG.n_heads)
     with torch.inference_mode():
         assert _close(same(ids), logits), "to_gqa(model, n_heads) (group size 1) must give the same logits"
@@ -298,15 +337,20 @@ def to_gqa_converts_a_gqa_model_and_keeps_dtype_and_mode(kv, rng):
     except ExerciseNotDone:
         raise
     except (ValueError, RuntimeError) as err:
-        raise AssertionError(f"converting a model that is already GQA (2 key/value heads) to 1 failed ({type(err).__name__}: {err}). "
-                             "Its k_proj holds model.config.n_kv_heads heads, not n_heads: pool(w, model.config.n_kv_heads, n_kv_heads)") from None
-    assert isinstance(got, Decoder) and got.config.n_kv_heads == 1, "to_gqa(model, 1) should return a Decoder with n_kv_heads 1"
+        raise AssertionError(
+            f"converting a model that is already GQA (2 key/value heads) to 1 failed ({type(err).__name__}: {err}). "
+            "Its k_proj holds model.config.n_kv_heads heads, not n_heads: pool(w, model.config.n_kv_heads, n_kv_heads)"
+        ) from None
+    assert isinstance(got, Decoder) and got.config.n_kv_heads == 1, (
+        "to_gqa(model, 1) should return a Decoder with n_kv_heads 1"
+    )
     for name, w in state.items():
         if name.endswith(("k_proj.weight", "v_proj.weight")):
             expected = w.view(1, 2, CONFIG.head_dim, -1).mean(1).reshape(-1, w.shape[1])
             assert _close(got.state_dict()[name], expected), (
                 f"{name}: a model with 2 key/value heads pooled to 1 should keep their mean: its k_proj and v_proj hold "
-                "model.config.n_kv_heads heads (2 here), not n_heads")
+                "model.config.n_kv_heads heads (2 here), not n_heads"
+            )
     for dtype, training in ((torch.float64, True), (torch.float32, False)):
         torch.manual_seed(int(rng.integers(1000)))
         source = Decoder(CONFIG).to(dtype).train(training)
@@ -315,9 +359,12 @@ def to_gqa_converts_a_gqa_model_and_keeps_dtype_and_mode(kv, rng):
         mode = "training" if training else "eval"
         assert all(w.dtype == dtype for w in got.state_dict().values()), (
             f"the source model is {dtype}; the converted one has {sorted({str(w.dtype) for w in got.state_dict().values()})}: "
-            "keep the source's dtype (a new Decoder is float32 until you .to(dtype) it)")
+            "keep the source's dtype (a new Decoder is float32 until you .to(dtype) it)"
+        )
         assert got.training == training, (
             f"the source model is in {mode} mode, the converted one is not: a new nn.Module starts in training mode; "
-            "keep the source's (.train(model.training))")
+            "keep the source's (.train(model.training))"
+        )
         assert torch.equal(got.state_dict()["embed.weight"], state["embed.weight"]), (
-            f"in {dtype}, the embedding should be copied exactly")
+            f"in {dtype}, the embedding should be copied exactly"
+        )

@@ -11,6 +11,7 @@ torch.cat that reallocates, writes that clobber stored tokens, a cache not reset
 recomputing from the token ids, a prompt fed one token at a time; in the cache's bytes, n_heads for
 n_kv_heads, the factor 2 for K and V, the layers, bits for bytes, the batch.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,8 +21,8 @@ import torch.nn.functional as F
 
 from kvlib.checks import check
 from kvlib.core.configs import REAL_MODELS
-from kvlib.core.model import Decoder, ModelConfig, matrix_params
 from kvlib.core.flops import matmul_flops
+from kvlib.core.model import Decoder, ModelConfig, matrix_params
 from kvlib.measure.timing import new_tensors
 
 CONFIG = ModelConfig(vocab_size=29, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, hidden_dim=40, max_seq_len=48)
@@ -39,7 +40,11 @@ def _ids(rng, batch, n):
 
 
 def _close(a, b) -> bool:
-    return isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(a.double(), b.double(), rtol=1e-4, atol=1e-5)
+    return (
+        isinstance(a, torch.Tensor)
+        and a.shape == b.shape
+        and torch.allclose(a.double(), b.double(), rtol=1e-4, atol=1e-5)
+    )
 
 
 def _cache(kv, batch=2, max_seq_len=None):
@@ -99,10 +104,15 @@ def kv_cache_update_writes_in_place(kv, rng):
     k1, v1 = torch.randn(2, H_KV, 3, D), torch.randn(2, H_KV, 3, D)
     k, v = cache.update(1, k1.clone(), v1.clone())
     assert tuple(k.shape) == (2, H_KV, 3, D) and tuple(v.shape) == (2, H_KV, 3, D), (
-        f"after 3 tokens update should return (2, {H_KV}, 3, {D}), got {tuple(k.shape)}")
+        f"after 3 tokens update should return (2, {H_KV}, 3, {D}), got {tuple(k.shape)}"
+    )
     assert _storage(cache) == storage, "the cache was reallocated: write into self.k / self.v in place (no torch.cat)"
-    assert torch.equal(k, k1) and torch.equal(v, v1), "update should return the keys and values stored so far (here the 3 just written)"
-    assert torch.equal(cache.k[1, :, :, :3], k1) and torch.equal(cache.v[1, :, :, :3], v1), "k_new, v_new should land at positions 0..2 of layer 1"
+    assert torch.equal(k, k1) and torch.equal(v, v1), (
+        "update should return the keys and values stored so far (here the 3 just written)"
+    )
+    assert torch.equal(cache.k[1, :, :, :3], k1) and torch.equal(cache.v[1, :, :, :3], v1), (
+        "k_new, v_new should land at positions 0..2 of layer 1"
+    )
     assert not cache.k[0].any() and not cache.k[2].any(), "update(1, ...) must leave the other layers alone"
     assert cache.pos == 0, "update must not move pos: advance() does that once every layer is written"
 
@@ -119,14 +129,25 @@ def kv_cache_grows_one_slot_per_step(kv, rng):
             expect_k[layer, :, :, pos : pos + T], expect_v[layer, :, :, pos : pos + T] = new_k, new_v
             k, v = cache.update(layer, new_k.clone(), new_v.clone())
             what = f"layer {layer}, {T} token(s) at pos {pos}"
-            assert tuple(k.shape) == (2, H_KV, pos + T, D), f"{what}: update should return {pos + T} positions, got {tuple(k.shape)}"
+            assert tuple(k.shape) == (2, H_KV, pos + T, D), (
+                f"{what}: update should return {pos + T} positions, got {tuple(k.shape)}"
+            )
             stored_k, stored_v = cache.k, cache.v
             bad = [p for p in range(pos) if not torch.equal(stored_k[:, :, :, p], expect_k[:, :, :, p])]
-            assert not bad, f"{what}: the keys stored earlier at position(s) {bad} were overwritten: write only at [pos, pos + seq_len)"
-            other = [i for i in range(L) if not torch.equal(stored_k[i], expect_k[i]) or not torch.equal(stored_v[i], expect_v[i])]
-            assert not other, f"{what}: layer(s) {other} do not hold what was written to them: write only into self.k[layer]"
-            assert torch.equal(k, expect_k[layer, :, :, : pos + T]) and torch.equal(v, expect_v[layer, :, :, : pos + T]), (
-                f"{what}: update should return that layer's filled prefix, positions 0..{pos + T - 1}")
+            assert not bad, (
+                f"{what}: the keys stored earlier at position(s) {bad} were overwritten: write only at [pos, pos + seq_len)"
+            )
+            other = [
+                i
+                for i in range(L)
+                if not torch.equal(stored_k[i], expect_k[i]) or not torch.equal(stored_v[i], expect_v[i])
+            ]
+            assert not other, (
+                f"{what}: layer(s) {other} do not hold what was written to them: write only into self.k[layer]"
+            )
+            assert torch.equal(k, expect_k[layer, :, :, : pos + T]) and torch.equal(
+                v, expect_v[layer, :, :, : pos + T]
+            ), f"{what}: update should return that layer's filled prefix, positions 0..{pos + T - 1}"
         cache.advance(T)
         pos += T
 
@@ -169,19 +190,32 @@ def cached_attention_matches_full_attention(kv, rng):
         k_all, v_all = attn.project_kv(x, cos[:5], sin[:5])
         k0, v0 = k_all.clone(), v_all.clone()
         k0[:, :, 3:], v0[:, :, 3:] = attn.project_kv(x[:, 3:], cos[:2], sin[:2])  # positions 0, 1 instead of 3, 4
-        from_zero = _attend(attn, attn.project_q(x[:, 3:], cos[:2], sin[:2]), k0, v0, attn_mask=torch.tril(torch.ones(2, 5, dtype=torch.bool), 3))
+        from_zero = _attend(
+            attn,
+            attn.project_q(x[:, 3:], cos[:2], sin[:2]),
+            k0,
+            v0,
+            attn_mask=torch.tril(torch.ones(2, 5, dtype=torch.bool), 3),
+        )
         top_left = _attend(attn, attn.project_q(x[:, 3:], cos[3:5], sin[3:5]), k_all, v_all, is_causal=True)
     first, second = _run_chunks(kv, _model(seed), x, 3)
     assert isinstance(second, torch.Tensor) and tuple(second.shape) == (2, 2, CONFIG.d_model), (
-        f"the output should be (batch, seq_len, d_model) = (2, 2, {CONFIG.d_model}), got {tuple(getattr(second, 'shape', ()))}")
-    assert _close(first, full[:, :3]), ("the first chunk (positions 0..2, empty cache) should equal plain causal attention: "
-                                        "project (rotary), attend with the causal mask, then attn.o_proj")
+        f"the output should be (batch, seq_len, d_model) = (2, 2, {CONFIG.d_model}), got {tuple(getattr(second, 'shape', ()))}"
+    )
+    assert _close(first, full[:, :3]), (
+        "the first chunk (positions 0..2, empty cache) should equal plain causal attention: "
+        "project (rotary), attend with the causal mask, then attn.o_proj"
+    )
     if not _close(second, full[:, 3:]):
         if _close(second, from_zero):
             raise AssertionError("the rotary positions restart at 0: new token i sits at position cache.pos + i")
         if _close(second, top_left):
-            raise AssertionError("the mask is aligned top-left (is_causal=True): 2 new queries against 5 keys sit at positions 3 and 4")
-        raise AssertionError("the second chunk (positions 3, 4 against 5 keys) differs from attention over the full sequence")
+            raise AssertionError(
+                "the mask is aligned top-left (is_causal=True): 2 new queries against 5 keys sit at positions 3 and 4"
+            )
+        raise AssertionError(
+            "the second chunk (positions 3, 4 against 5 keys) differs from attention over the full sequence"
+        )
 
 
 @check("4.2")
@@ -198,10 +232,16 @@ def cached_attention_one_token_sees_every_key(kv, rng):
     _, last = _run_chunks(kv, _model(1), x, 6)
     if not _close(last, full[:, 6:]):
         if _close(last, only_first):
-            raise AssertionError("is_causal=True with 1 query and 7 keys lets the query see key 0 only: use causal_mask(seq_len, kv_len)")
+            raise AssertionError(
+                "is_causal=True with 1 query and 7 keys lets the query see key 0 only: use causal_mask(seq_len, kv_len)"
+            )
         if _close(last, only_self):
-            raise AssertionError("the query saw only its own key: attend to everything cache.update returns, not to project_kv's output")
-        raise AssertionError("the decode-step output (position 6, against 7 keys) differs from full attention's last row")
+            raise AssertionError(
+                "the query saw only its own key: attend to everything cache.update returns, not to project_kv's output"
+            )
+        raise AssertionError(
+            "the decode-step output (position 6, against 7 keys) differs from full attention's last row"
+        )
 
 
 @check("4.2")
@@ -225,8 +265,10 @@ def cached_attention_reads_the_cache(kv, rng):
         step = kv.cached_attention(model.layers[0].attn, x[:, 6:].clone(), cache, 0, model.rope_cos, model.rope_sin)
     if not _close(step, expected):
         if _close(step, ignored):
-            raise AssertionError("the step ignored the keys and values in the cache (it recomputed them from the inputs it saw): "
-                                 "attend to what cache.update returns")
+            raise AssertionError(
+                "the step ignored the keys and values in the cache (it recomputed them from the inputs it saw): "
+                "attend to what cache.update returns"
+            )
         raise AssertionError("after the cache was filled with other keys and values, the step should attend to those")
 
 
@@ -244,11 +286,20 @@ def cached_forward_matches_full_forward(kv, rng):
     with torch.inference_mode():
         for a, b in ((0, 4), (4, 7), (7, 8), (8, 9), (9, 10)):
             logits = kv.cached_forward(model, ids[:, a:b].clone(), cache)
-            what = "the prefill" if a == 0 else f"the chunk of {b - a}" if b - a > 1 else f"the decode step at position {a}"
+            what = (
+                "the prefill"
+                if a == 0
+                else f"the chunk of {b - a}"
+                if b - a > 1
+                else f"the decode step at position {a}"
+            )
             assert isinstance(logits, torch.Tensor) and tuple(logits.shape) == (2, CONFIG.vocab_size), (
                 f"{what} should return the last position's logits (batch, vocab_size) = (2, {CONFIG.vocab_size}), "
-                f"got {tuple(getattr(logits, 'shape', ()))}")
-            assert cache.pos == b, f"after {what} the cache should hold {b} tokens (cache.pos), got {cache.pos}: advance by seq_len once, after every layer"
+                f"got {tuple(getattr(logits, 'shape', ()))}"
+            )
+            assert cache.pos == b, (
+                f"after {what} the cache should hold {b} tokens (cache.pos), got {cache.pos}: advance by seq_len once, after every layer"
+            )
             assert _close(logits, full[:, b - 1]), f"{what} differs from a full forward over tokens 0..{b - 1}"
 
 
@@ -268,9 +319,13 @@ def cached_forward_decode_uses_the_cache(kv, rng):
         step = kv.cached_forward(model, token.clone(), cache)
     if not _close(step, expected):
         if _close(step, recomputed):
-            raise AssertionError("the decode step gave the logits of the tokens it was fed, not of the keys and values in the cache: "
-                                 "it recomputes from the token ids, so the cache is never read")
-        raise AssertionError("after the cache was filled with another prompt's keys and values, the step should continue that prompt")
+            raise AssertionError(
+                "the decode step gave the logits of the tokens it was fed, not of the keys and values in the cache: "
+                "it recomputes from the token ids, so the cache is never read"
+            )
+        raise AssertionError(
+            "after the cache was filled with another prompt's keys and values, the step should continue that prompt"
+        )
     per_token = 2 * 2 * matrix_params(CONFIG)  # one token through every matrix, batch 2
     attention = 4 * 2 * L * H * D  # the one query against one more cached key, in every layer and head
     flops = {}
@@ -280,13 +335,17 @@ def cached_forward_decode_uses_the_cache(kv, rng):
             kv.cached_forward(model, _ids(rng, 2, n), cache)
             flops[n] = _flops(kv.cached_forward, model, _ids(rng, 2, 1), cache)
     growth = (flops[36] - flops[4]) / 32
-    assert flops[4] >= per_token // 2, f"a decode step did {flops[4]:,} matrix FLOPs, under half of one token's forward ({per_token:,})"
+    assert flops[4] >= per_token // 2, (
+        f"a decode step did {flops[4]:,} matrix FLOPs, under half of one token's forward ({per_token:,})"
+    )
     assert growth <= 2 * attention, (
         f"a decode step after 36 cached tokens did {flops[36]:,} matrix FLOPs, after 4 {flops[4]:,}: {growth:,.0f} more per cached "
         f"token, {growth / per_token:.1f} times a whole token's forward ({per_token:,}). Reading the cache adds only {attention:,}: "
-        "the step recomputes the earlier tokens instead of reading their keys and values from the cache")
+        "the step recomputes the earlier tokens instead of reading their keys and values from the cache"
+    )
     assert flops[4] <= 2 * (per_token + 5 * attention), (
-        f"a decode step after 4 cached tokens did {flops[4]:,} matrix FLOPs, {flops[4] / per_token:.1f} tokens' worth: run the one new token only")
+        f"a decode step after 4 cached tokens did {flops[4]:,} matrix FLOPs, {flops[4] / per_token:.1f} tokens' worth: run the one new token only"
+    )
 
 
 @check("4.3")
@@ -299,7 +358,8 @@ def cached_forward_prefill_runs_once(kv, rng):
     assert one > 0, "a forward over one token allocated no MLP activations: run the tokens through every layer's mlp"
     assert twelve <= one, (
         f"a prefill of 12 tokens ran the MLPs {twelve / one:.0f} times as often as a decode step: the prompt went through the "
-        "model in pieces (one token at a time?). Run all seq_len tokens in one forward pass: that is what a prefill is")
+        "model in pieces (one token at a time?). Run all seq_len tokens in one forward pass: that is what a prefill is"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -316,13 +376,17 @@ def kv_cache_bytes_of_real_models(kv, rng):
     # MQA first: its 71 query heads per KV head cannot be mistaken for the 8 of bits for bytes
     for name, kib in (("Falcon-7B", 8), ("Llama-2-70B", 320), ("Llama-2-7B", 512)):
         c, expected = REAL_MODELS[name].config, kib * 1024
-        got = kv.kv_cache_bytes(dataclasses.replace(c), 1, 1, torch.float16)  # a copy: what the call does to it stays there
+        got = kv.kv_cache_bytes(
+            dataclasses.replace(c), 1, 1, torch.float16
+        )  # a copy: what the call does to it stays there
         assert isinstance(got, int), f"kv_cache_bytes should return an int number of bytes, got {type(got).__name__}"
         hints = {
             expected // 2: "exactly half: keys and values are both cached (the factor 2)",
             expected // c.n_layers: "every layer keeps its own keys and values: multiply by n_layers",
-            expected * c.n_heads // c.n_kv_heads: "the cache holds n_kv_heads heads, not n_heads (this model shares them), "
-                                                  "each head_dim = d_model // n_heads wide: not d_model numbers",
+            expected
+            * c.n_heads
+            // c.n_kv_heads: "the cache holds n_kv_heads heads, not n_heads (this model shares them), "
+            "each head_dim = d_model // n_heads wide: not d_model numbers",
             expected * 8: "8 times too large: count bytes, not bits",
         }
         for wrong, hint in hints.items():
@@ -364,8 +428,12 @@ def generate_cached_matches_generate(kv, rng):
         ids = _ids(rng, 2, prompt_len)
         expected = _greedy(_model(seed), ids, 30)
         out = kv.generate_cached(_model(seed), ids.clone(), 30)
-        assert isinstance(out, torch.Tensor) and out.shape == expected.shape, f"generate_cached should return {tuple(expected.shape)}, got {getattr(out, 'shape', out)}"
-        assert torch.equal(out, expected), f"with a prompt of {prompt_len}, cached greedy tokens differ from full recompute"
+        assert isinstance(out, torch.Tensor) and out.shape == expected.shape, (
+            f"generate_cached should return {tuple(expected.shape)}, got {getattr(out, 'shape', out)}"
+        )
+        assert torch.equal(out, expected), (
+            f"with a prompt of {prompt_len}, cached greedy tokens differ from full recompute"
+        )
 
 
 @check("4.5")
@@ -378,9 +446,14 @@ def generate_cached_resets_between_prompts(kv, rng):
     second = kv.generate_cached(_model(6), b.clone(), 8, cache=cache)
     pos = cache.pos
     assert pos != 6 + 8, "the cache holds 14 tokens: the last new token was fed back, though nothing comes after it"
-    assert pos == 6 + 7, (f"after a 6-token prompt and 8 new tokens the cache should hold 13 tokens (the last token is never fed back), "
-                          f"got cache.pos {pos}" + (": the second prompt saw the first one's keys, reset the cache before prefill" if pos > 14 else ""))
-    assert torch.equal(second, expected), "the second prompt's tokens differ from a fresh run: reset the cache before prefill"
+    assert pos == 6 + 7, (
+        f"after a 6-token prompt and 8 new tokens the cache should hold 13 tokens (the last token is never fed back), "
+        f"got cache.pos {pos}"
+        + (": the second prompt saw the first one's keys, reset the cache before prefill" if pos > 14 else "")
+    )
+    assert torch.equal(second, expected), (
+        "the second prompt's tokens differ from a fresh run: reset the cache before prefill"
+    )
 
 
 @check("4.5")
@@ -390,14 +463,19 @@ def generate_cached_uses_the_cache(kv, rng):
     cached = 2 * 2 * matrix_params(CONFIG) * (8 + 23) + 4 * 2 * L * H * D * sum(range(8, 32))  # prefill, 23 steps
     with torch.inference_mode():
         flops = _flops(kv.generate_cached, _model(7), ids, 24)
-    assert flops >= cached // 2, f"24 new tokens after a prompt of 8 took {flops:,} matrix FLOPs, under half of the {cached:,} they need: run the model"
+    assert flops >= cached // 2, (
+        f"24 new tokens after a prompt of 8 took {flops:,} matrix FLOPs, under half of the {cached:,} they need: run the model"
+    )
     assert flops <= 2 * cached, (
         f"24 new tokens after a prompt of 8 took {flops:,} matrix FLOPs, {flops / cached:.1f} times what the prompt once and one token per "
-        "step need: the loop reruns earlier tokens. Call prefill once, then decode_step with the new token only")
+        "step need: the loop reruns earlier tokens. Call prefill once, then decode_step with the new token only"
+    )
     one, eight = (_mlp_passes(kv.generate_cached, _model(7), _ids(rng, 2, n), 4) for n in (1, 8))
     assert one > 0, "4 new tokens allocated no MLP activations: run the model's layers"
-    assert eight <= one, (f"a prompt of 8 took {eight / max(one, 1) * 4 - 4:.0f} more forward passes than a prompt of 1: "
-                          "the prompt went in one token at a time. One prefill over the whole prompt")
+    assert eight <= one, (
+        f"a prompt of 8 took {eight / max(one, 1) * 4 - 4:.0f} more forward passes than a prompt of 1: "
+        "the prompt went in one token at a time. One prefill over the whole prompt"
+    )
 
 
 @check("4.5")
@@ -409,6 +487,6 @@ def generate_cached_answers_the_seed_question(kv, rng):
     ids = torch.tensor([tokenizer.encode("法国的首都是")])
     seen = []
     out = kv.generate_cached(model, ids.clone(), 2, on_token=lambda t: seen.append(int(t[0])))
-    answer = tokenizer.decode(out[0, ids.shape[1]:].tolist())
+    answer = tokenizer.decode(out[0, ids.shape[1] :].tolist())
     assert answer == "巴黎", f"expected 巴黎, got {answer!r}"
-    assert seen == out[0, ids.shape[1]:].tolist(), "on_token should be called with each new token, as in generate"
+    assert seen == out[0, ids.shape[1] :].tolist(), "on_token should be called with each new token, as in generate"

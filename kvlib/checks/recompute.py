@@ -6,11 +6,10 @@ multiply-add, the lm_head, the attention term, the key/value heads of GQA; for a
 the prefill and the number of keys each kept step sees. Every expected value comes from torch's
 counter or the formulas here, never from the learner's functions, and each call gets its own config.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
-
-import torch
 
 from kvlib.checks import check
 from kvlib.core.flops import forward_flops_counted
@@ -39,7 +38,13 @@ def _diagnose(got, config, T, expected) -> str:
         2 * T * (L * mha_layer + head) + attn: "k and v have n_kv_heads heads, not n_heads (this config is GQA)",
         2 * T * L * layer + attn: "the lm_head (d_model x vocab_size, for every position) is missing",
         proj + attn // 2: "attention counted once: both q @ k^T and probs @ v cost 2 * T * S * head_dim per head",
-        proj + L * 2 * T * (T + 1) * D * H: "attention counted over the causal half only: SDPA computes the full (T, S) matrix",
+        proj
+        + L
+        * 2
+        * T
+        * (T + 1)
+        * D
+        * H: "attention counted over the causal half only: SDPA computes the full (T, S) matrix",
     }
     return hints.get(got, f"expected {expected:,} FLOPs, got {got:,}")
 
@@ -76,11 +81,18 @@ def new_token_flops_matches_torch_counter(kv, rng):
         got = kv.new_token_flops(replace(ODD), S)
         assert isinstance(got, int), f"new_token_flops should return an int, got {type(got).__name__}"
         if got == one and S > 1:
-            raise AssertionError("the new query must still meet all kv_len keys: attention costs 4 * kv_len * head_dim per head")
+            raise AssertionError(
+                "the new query must still meet all kv_len keys: attention costs 4 * kv_len * head_dim per head"
+            )
         if got == expected - ODD.n_layers * 2 * S * ODD.head_dim * ODD.n_heads:
-            raise AssertionError("attention counted once: the query meets the keys (q @ k^T) and the weights meet the values (probs @ v), 2 * kv_len * head_dim FLOPs each")
+            raise AssertionError(
+                "attention counted once: the query meets the keys (q @ k^T) and the weights meet the values (probs @ v), "
+                "2 * kv_len * head_dim FLOPs each"
+            )
         if got == expected - ODD.n_layers * 4 * S * ODD.head_dim * (ODD.n_heads - ODD.n_kv_heads):
-            raise AssertionError("attention counted for n_kv_heads heads: every one of the n_heads query heads meets the keys")
+            raise AssertionError(
+                "attention counted for n_kv_heads heads: every one of the n_heads query heads meets the keys"
+            )
         if S > 1 and got == one + ODD.n_layers * 4 * (S * S - 1) * ODD.head_dim * ODD.n_heads:
             raise AssertionError("attention counted for kv_len queries: only the one new query meets the kv_len keys")
         assert got == expected, f"kv_len {S}: expected {expected:,} FLOPs, got {got:,}"
@@ -103,26 +115,42 @@ def generation_flops_matches_counts(kv, rng):
         naive = sum(_forward(ODD, P + i) for i in range(n))
         kept = _forward(ODD, P) + sum(_new_token(ODD, P + i) for i in range(1, n))
         slips = {
-            (naive, _new_token(ODD, P) + sum(_new_token(ODD, P + i) for i in range(1, n))):
-                "the prefill is counted as one new token: even with every key kept, step 0 runs the whole prompt, forward_flops(config, prompt_len)",
-            (naive, _forward(ODD, P) + sum(_new_token(ODD, P + i - 1) for i in range(1, n))):
-                "one key short: at step i the new token sits at position prompt_len + i - 1 and attends to itself too, so kv_len is prompt_len + i",
-            (naive, _forward(ODD, P) + sum(_new_token(ODD, P + i + 1) for i in range(1, n))):
-                "one key too many: at step i the sequence holds prompt_len + i tokens, the new one included",
-            (sum(_forward(ODD, P + i + 1) for i in range(n)), kept):
-                "naive step i runs prompt_len + i tokens: step 0 is the prompt alone",
-            (naive, sum(_new_token(ODD, P + i) for i in range(1, n))):
-                "the prefill is missing: step 0 runs the whole prompt, forward_flops(config, prompt_len), before any token can be kept",
+            (
+                naive,
+                _new_token(ODD, P) + sum(_new_token(ODD, P + i) for i in range(1, n)),
+            ): "the prefill is counted as one new token: even with every key kept, step 0 runs the whole prompt, forward_flops(config, prompt_len)",
+            (
+                naive,
+                _forward(ODD, P) + sum(_new_token(ODD, P + i - 1) for i in range(1, n)),
+            ): "one key short: at step i the new token sits at position prompt_len + i - 1 and attends to itself too, so kv_len is prompt_len + i",
+            (
+                naive,
+                _forward(ODD, P) + sum(_new_token(ODD, P + i + 1) for i in range(1, n)),
+            ): "one key too many: at step i the sequence holds prompt_len + i tokens, the new one included",
+            (
+                sum(_forward(ODD, P + i + 1) for i in range(n)),
+                kept,
+            ): "naive step i runs prompt_len + i tokens: step 0 is the prompt alone",
+            (
+                naive,
+                sum(_new_token(ODD, P + i) for i in range(1, n)),
+            ): "the prefill is missing: step 0 runs the whole prompt, forward_flops(config, prompt_len), before any token can be kept",
             (kept, naive): "the pair is the wrong way round: return (naive, kept)",
         }
         got = kv.generation_flops(replace(ODD), P, n)
-        assert isinstance(got, tuple) and len(got) == 2, f"generation_flops should return a pair (naive, kept), got {type(got).__name__}"
-        assert all(isinstance(x, int) for x in got), f"both counts should be ints, got {type(got[0]).__name__}, {type(got[1]).__name__}"
+        assert isinstance(got, tuple) and len(got) == 2, (
+            f"generation_flops should return a pair (naive, kept), got {type(got).__name__}"
+        )
+        assert all(isinstance(x, int) for x in got), (
+            f"both counts should be ints, got {type(got[0]).__name__}, {type(got[1]).__name__}"
+        )
         if got == (naive, kept):
             continue
         if tuple(got) in slips:
             raise AssertionError(f"prompt_len {P}, {n} new tokens: {slips[tuple(got)]}")
-        raise AssertionError(f"prompt_len {P}, {n} new tokens: expected (naive, kept) = ({naive:,}, {kept:,}), got ({got[0]:,}, {got[1]:,})")
+        raise AssertionError(
+            f"prompt_len {P}, {n} new tokens: expected (naive, kept) = ({naive:,}, {kept:,}), got ({got[0]:,}, {got[1]:,})"
+        )
 
 
 @check("3.3")
@@ -132,9 +160,12 @@ def generation_flops_one_token_is_a_prefill(kv, rng):
     one = _forward(ODD, P)
     got = kv.generation_flops(replace(ODD), P, 1)
     assert tuple(got) == (one, one), (
-        f"the first token needs one forward over the {P}-token prompt, naive or not: expected ({one:,}, {one:,}), got {got}")
+        f"the first token needs one forward over the {P}-token prompt, naive or not: expected ({one:,}, {one:,}), got {got}"
+    )
     ratios = []
     for n in (4, 16, 57):
         naive, kept = kv.generation_flops(replace(ODD), P, n)
         ratios.append(naive / kept)
-    assert ratios == sorted(ratios) and ratios[0] > 1, f"naive / kept should exceed 1 and grow with the length, got {[round(r, 2) for r in ratios]}"
+    assert ratios == sorted(ratios) and ratios[0] > 1, (
+        f"naive / kept should exceed 1 and grow with the length, got {[round(r, 2) for r in ratios]}"
+    )

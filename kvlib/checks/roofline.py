@@ -9,6 +9,7 @@ Every expected value is computed before learner code runs, from numbers and conf
 learner never receives: a function is handed a copy of each config (`_copy`), so even one that
 changes its arguments (object.__setattr__ on a frozen config) cannot move the target.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -57,33 +58,47 @@ def _copy(c):
 @check("5.1")
 def matmul_intensity_counts_flops_and_bytes(kv, rng):
     """Check the FLOPs per byte of matmuls of distinct sizes, in float32, bfloat16 and float16."""
-    for (m, k, n), dtype in (((3, 5, 7), torch.float32), ((64, 96, 80), torch.bfloat16), ((1, 4096, 4096), torch.float16)):
+    for (m, k, n), dtype in (
+        ((3, 5, 7), torch.float32),
+        ((64, 96, 80), torch.bfloat16),
+        ((1, 4096, 4096), torch.float16),
+    ):
         b = _bytes(dtype)
         flops, moved = 2 * m * k * n, (m * k + k * n + m * n) * b
         expected = flops / moved
         got = kv.matmul_intensity(m, k, n, dtype)
-        assert isinstance(got, float), (f"matmul_intensity should return a float, got {type(got).__name__}"
-                                        + (": divide with /, not // (FLOPs per byte is rarely a whole number)" if isinstance(got, int) else ""))
+        assert isinstance(got, float), f"matmul_intensity should return a float, got {type(got).__name__}" + (
+            ": divide with /, not // (FLOPs per byte is rarely a whole number)" if isinstance(got, int) else ""
+        )
         hints = {
-            flops / ((m * k + k * n + 2 * m * n) * b): "the output is written once, not read and then written: count its bytes once",
+            flops
+            / (
+                (m * k + k * n + 2 * m * n) * b
+            ): "the output is written once, not read and then written: count its bytes once",
             expected / 2: "exactly half: a multiply-add is 2 FLOPs",
             expected / 8: "8 times too small: count bytes, not bits (element_size(), not finfo().bits)",
             flops / ((m * k + k * n) * b): "the output (m, n) is written back to memory too: count its bytes",
             2 * m * k * n / (m * k + k * n + m * n): "the element size is missing: divide by bytes, not by numbers",
         }
         if b != 2:
-            hints[flops / ((m * k + k * n + m * n) * 2)] = f"the element size depends on dtype: {dtype} takes {b} bytes (bytes_per_element)"
+            hints[flops / ((m * k + k * n + m * n) * 2)] = (
+                f"the element size depends on dtype: {dtype} takes {b} bytes (bytes_per_element)"
+            )
         for wrong, hint in hints.items():
             if _close(got, wrong) and not _close(got, expected):
                 raise AssertionError(f"({m}, {k}) @ ({k}, {n}) in {dtype}: {hint}")
-        assert _close(got, expected), f"({m}, {k}) @ ({k}, {n}) in {dtype}: expected {expected:.4f} FLOP/byte, got {got:.4f}"
+        assert _close(got, expected), (
+            f"({m}, {k}) @ ({k}, {n}) in {dtype}: expected {expected:.4f} FLOP/byte, got {got:.4f}"
+        )
 
 
 @check("5.1")
 def matmul_intensity_of_decode_is_about_one(kv, rng):
     """Check that one token through a 4096 x 4096 layer in 16-bit does about 1 FLOP per byte, and a batch more."""
     decode = kv.matmul_intensity(1, 4096, 4096, torch.float16)
-    assert 0.99 < decode < 1.0, f"a matrix-vector product in 16-bit does ~1 FLOP per byte (2 FLOPs per 2-byte weight), got {decode:.3f}"
+    assert 0.99 < decode < 1.0, (
+        f"a matrix-vector product in 16-bit does ~1 FLOP per byte (2 FLOPs per 2-byte weight), got {decode:.3f}"
+    )
     batched = [kv.matmul_intensity(m, 4096, 4096, torch.float16) for m in (1, 16, 256)]
     assert batched == sorted(batched) and batched[-1] > 100, (
         f"more rows reuse each weight: intensity should climb with m, got {[round(x, 1) for x in batched]}"
@@ -108,31 +123,44 @@ def _intensity(m, k, n, bytes_each) -> float:
 @check("5.2")
 def ridge_batch_reaches_the_ridge(kv, rng):
     """Check the fewest rows reaching the ridge: an H100 layer (345), one CPU core (29), bfloat16 (11) and a ridge below 1 (1)."""
-    cases = ((4096, 4096, 989e12, 3.35e12, torch.float16), (2048, 5632, 148.7e9, 10.8e9, torch.float32),
-             (300, 500, 1e12, 1e11, torch.bfloat16), (1000, 1000, 1e9, 1e10, torch.float32))
+    cases = (
+        (4096, 4096, 989e12, 3.35e12, torch.float16),
+        (2048, 5632, 148.7e9, 10.8e9, torch.float32),
+        (300, 500, 1e12, 1e11, torch.bfloat16),
+        (1000, 1000, 1e9, 1e10, torch.float32),
+    )
     for k, n, peak, bw, dtype in cases:
         b, ridge = _bytes(dtype), peak / bw
         expected = _ridge_rows(k, n, peak, bw, b)
         wrong = {  # computed before the call, like expected
-            _ridge_rows(k, n, bw, peak, b): "the ridge point is peak_flops / bandwidth (FLOPs per byte), not bandwidth / peak_flops",
+            _ridge_rows(
+                k, n, bw, peak, b
+            ): "the ridge point is peak_flops / bandwidth (FLOPs per byte), not bandwidth / peak_flops",
             _ridge_rows(k, n, peak, bw, 8 * b): "count bytes, not bits: bytes_per_element(dtype)",
-            max(1, math.ceil(ridge * b / 2)): "that is the large-matrix approximation (intensity ~ 2m / bytes): count the bytes of "
-                                              "the m input rows and the m output rows too, as Exercise 5.1 does",
+            max(
+                1, math.ceil(ridge * b / 2)
+            ): "that is the large-matrix approximation (intensity ~ 2m / bytes): count the bytes of "
+            "the m input rows and the m output rows too, as Exercise 5.1 does",
         }
         where = f"({k}, {n}) weights in {dtype}, ridge {ridge:.3g} FLOP/B"
         got = kv.ridge_batch(k, n, peak, bw, dtype)
         assert got is None or isinstance(got, int) and not isinstance(got, bool), (
-            f"{where}: ridge_batch should return an int number of rows (or None), got {type(got).__name__} {got!r}")
+            f"{where}: ridge_batch should return an int number of rows (or None), got {type(got).__name__} {got!r}"
+        )
         if got == expected:
             continue
         if isinstance(got, int) and got == expected - 1:
-            raise AssertionError(f"{where}: at {got} rows the intensity is {_intensity(got, k, n, b):.2f}, still below the ridge: "
-                                 "round UP (math.ceil), the fewest rows that reach it")
+            raise AssertionError(
+                f"{where}: at {got} rows the intensity is {_intensity(got, k, n, b):.2f}, still below the ridge: "
+                "round UP (math.ceil), the fewest rows that reach it"
+            )
         if got in wrong:
             raise AssertionError(f"{where}: {wrong[got]}")
         if got == 0:
             raise AssertionError(f"{where}: at least one row: a matmul of 0 rows does nothing")
-        raise AssertionError(f"{where}: expected {expected} rows (intensity {_intensity(expected, k, n, b):.2f} FLOP/B), got {got!r}")
+        raise AssertionError(
+            f"{where}: expected {expected} rows (intensity {_intensity(expected, k, n, b):.2f} FLOP/B), got {got!r}"
+        )
 
 
 @check("5.2")
@@ -143,8 +171,10 @@ def ridge_batch_none_out_of_reach(kv, rng):
         where = f"({k}, {n}) weights in float32 (intensity at most {ceiling:.1f} FLOP/B), ridge {peak / bw:.1f}"
         got = kv.ridge_batch(k, n, peak, bw, torch.float32)
         if expected is None:
-            assert got is None, (f"{where}: no number of rows reaches the ridge, since the weights' own bytes (k * n) are "
-                                 f"shared but the rows' are not: return None, got {got!r}")
+            assert got is None, (
+                f"{where}: no number of rows reaches the ridge, since the weights' own bytes (k * n) are "
+                f"shared but the rows' are not: return None, got {got!r}"
+            )
         else:
             assert got == expected, f"{where}: just within reach at {expected} rows, got {got!r}"
 
@@ -159,12 +189,26 @@ def _flops_slips(c, T, S, batch) -> dict:
     matrices = batch * 2 * T * _matrix_params(c)
     return {
         matrices: "attention's own FLOPs are missing: scores and values, 2 * new_tokens * kv_len * head_dim each, per head and layer",
-        matrices + batch * L * H * 2 * T * S * D: "attention counted once: the scores (q k^T) and the weighted values (probs v) each "
-                                                  "cost 2 * new_tokens * kv_len * head_dim",
-        matrices + batch * L * H_kv * 4 * T * S * D: "attention runs for every QUERY head: n_heads, not n_kv_heads (the cache is "
-                                                     "shared, the work is not)",
-        matrices + batch * L * H * 4 * S * S * D: "attention pairs each of the new_tokens queries with the kv_len keys: "
-                                                  "new_tokens * kv_len, not kv_len ** 2",
+        matrices
+        + batch
+        * L
+        * H
+        * 2
+        * T
+        * S
+        * D: "attention counted once: the scores (q k^T) and the weighted values (probs v) each "
+        "cost 2 * new_tokens * kv_len * head_dim",
+        matrices
+        + batch
+        * L
+        * H_kv
+        * 4
+        * T
+        * S
+        * D: "attention runs for every QUERY head: n_heads, not n_kv_heads (the cache is shared, the work is not)",
+        matrices
+        + batch * L * H * 4 * S * S * D: "attention pairs each of the new_tokens queries with the kv_len keys: "
+        "new_tokens * kv_len, not kv_len ** 2",
     }
 
 
@@ -181,7 +225,9 @@ def step_cost_flops_match_torch_counter(kv, rng):
             raise AssertionError("every sequence of the batch does the same work again: multiply the FLOPs by batch")
         if flops in slips and flops != expected:
             raise AssertionError(f"prefill of {T} tokens at batch 2: {slips[flops]}")
-        assert flops == expected, f"prefill of {T} tokens at batch 2: torch counts {expected:,} FLOPs, step_cost says {flops:,}"
+        assert flops == expected, (
+            f"prefill of {T} tokens at batch 2: torch counts {expected:,} FLOPs, step_cost says {flops:,}"
+        )
     L, H, D = ODD.n_layers, ODD.n_heads, ODD.head_dim
     for T, S in ((1, 1), (1, 30), (5, 12)):  # decode, decode at a long cache, a chunk of 5 against 12 keys
         expected = 3 * (2 * T * _matrix_params(ODD) + L * H * 4 * T * S * D)
@@ -202,7 +248,9 @@ def step_cost_bytes_read_weights_once(kv, rng):
             _, got = kv.step_cost(_copy(c), 1, S, batch, dtype)
             where = f"{name}, kv_len {S}, batch {batch}, {dtype}"
             if batch > 1 and got == weights * batch + cache:
-                raise AssertionError(f"{where}: the weights are read once per step and shared by the whole batch; do not multiply them by batch")
+                raise AssertionError(
+                    f"{where}: the weights are read once per step and shared by the whole batch; do not multiply them by batch"
+                )
             if got == weights:
                 raise AssertionError(f"{where}: the KV cache of kv_len tokens is read too")
             if got == cache:
@@ -219,7 +267,8 @@ def step_cost_decode_is_memory_bound(kv, rng):
         flops, moved = kv.step_cost(_copy(c), 1, 1, batch, torch.float16)
         assert (flops, moved) == expected, (
             f"Llama-2-7B decode at batch {batch} in 16-bit: expected {expected[0] / 1e9:.2f} GFLOP and {expected[1] / 1e9:.2f} GB, "
-            f"{words} (got {flops!r} FLOPs and {moved!r} bytes)")
+            f"{words} (got {flops!r} FLOPs and {moved!r} bytes)"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,7 +283,9 @@ def predicted_tokens_per_second_on_an_a100(kv, rng):
     assert isinstance(got, float), f"predicted_tokens_per_second should return a float, got {type(got).__name__}"
     if _close(got, 1 / expected):
         raise AssertionError("that is seconds per token: tokens per second is its inverse")
-    assert _close(got, expected, 1e-6), f"expected {expected:.1f} tokens/s (13.2 GB of weights at 2,039 GB/s), got {got:.1f}"
+    assert _close(got, expected, 1e-6), (
+        f"expected {expected:.1f} tokens/s (13.2 GB of weights at 2,039 GB/s), got {got:.1f}"
+    )
 
 
 @check("5.4")
@@ -245,16 +296,28 @@ def predicted_tokens_per_second_counts_the_batch(kv, rng):
         flops = batch * (2 * _matrix_params(ODD) + L * H * 4 * S * D)
         moved = _matrix_params(ODD) * 4 + _kv(ODD, S, batch, torch.float32)
         step = max(flops / peak, moved / bw)
-        p_flops = batch * (2 * S * _matrix_params(ODD) + L * H * 4 * S * S * D)  # a prefill of S tokens, not a decode step
+        p_flops = batch * (
+            2 * S * _matrix_params(ODD) + L * H * 4 * S * S * D
+        )  # a prefill of S tokens, not a decode step
         prefill = max(p_flops / peak, moved / bw)
         got = kv.predicted_tokens_per_second(_copy(ODD), S, batch, torch.float32, peak, bw)
         if _close(got, batch / prefill) and not _close(prefill, step):
-            raise AssertionError("a decode step makes 1 new token per sequence against kv_len cached ones: step_cost(config, 1, kv_len, ...)")
+            raise AssertionError(
+                "a decode step makes 1 new token per sequence against kv_len cached ones: step_cost(config, 1, kv_len, ...)"
+            )
         if _close(got, 1 / step):
-            raise AssertionError(f"one step makes a token for each of the {batch} sequences: tokens/s is batch / step time")
+            raise AssertionError(
+                f"one step makes a token for each of the {batch} sequences: tokens/s is batch / step time"
+            )
         if _close(got, batch / (flops / peak + moved / bw)):
-            raise AssertionError("the step time is the larger of compute and memory time (roofline_time), not their sum: they overlap")
+            raise AssertionError(
+                "the step time is the larger of compute and memory time (roofline_time), not their sum: they overlap"
+            )
         if _close(got, batch / (moved / bw)) and not _close(step, moved / bw):
-            raise AssertionError(f"kv_len {S}, batch {batch} at {peak:.0e} FLOP/s: this step is compute-bound; "
-                                 "the time is the larger of FLOPs / peak and bytes / bandwidth (roofline_time)")
-        assert _close(got, batch / step, 1e-6), f"kv_len {S}, batch {batch}: expected {batch / step:.4g} tokens/s, got {got:.4g}"
+            raise AssertionError(
+                f"kv_len {S}, batch {batch} at {peak:.0e} FLOP/s: this step is compute-bound; "
+                "the time is the larger of FLOPs / peak and bytes / bandwidth (roofline_time)"
+            )
+        assert _close(got, batch / step, 1e-6), (
+            f"kv_len {S}, batch {batch}: expected {batch / step:.4g} tokens/s, got {got:.4g}"
+        )

@@ -6,6 +6,7 @@ slips named: a block freed while another table holds it, a block released twice,
 token, a table half-grown when the pool runs out, padding to the longest row, blocks read in
 sorted order, no preemption or the wrong request preempted, a copy that forgets the contents.
 """
+
 from __future__ import annotations
 
 import torch
@@ -28,7 +29,7 @@ def _greedy(model, prompt: list[int], n: int) -> list[int]:
     with torch.inference_mode():
         for _ in range(n):
             ids = torch.cat([ids, model(ids)[:, -1].argmax(-1, keepdim=True)], dim=1)
-    return ids[0, len(prompt):].tolist()
+    return ids[0, len(prompt) :].tolist()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -42,7 +43,9 @@ def release_returns_the_block(sv, rng):
     a, b = pool.allocate(2)
     pool.release(a)
     assert pool.refs[a] == 0, f"after its only release block {a} should have no reference, refs[{a}] = {pool.refs[a]}"
-    assert pool.n_free == 3 and a in pool.free, f"release should put block {a} back on the free list: free = {pool.free}"
+    assert pool.n_free == 3 and a in pool.free, (
+        f"release should put block {a} back on the free list: free = {pool.free}"
+    )
     assert a in pool.allocate(3), "a released block should be handed out again"
 
 
@@ -54,7 +57,8 @@ def release_counts_references(sv, rng):
     pool.share(b)
     pool.release(b)
     assert b not in pool.free and pool.refs[b] == 1, (
-        "a block two tables hold was freed by the first release: decrement refs, free only at 0 (the other table still reads it)")
+        "a block two tables hold was freed by the first release: decrement refs, free only at 0 (the other table still reads it)"
+    )
     pool.release(b)
     assert b in pool.free and pool.refs[b] == 0, "the last release should free the block"
 
@@ -70,7 +74,9 @@ def release_twice_is_an_error(sv, rng):
     except ValueError:
         pass
     else:
-        raise AssertionError("releasing a free block must raise ValueError: on the free list twice, it would be handed to two sequences")
+        raise AssertionError(
+            "releasing a free block must raise ValueError: on the free list twice, it would be handed to two sequences"
+        )
     assert sorted(pool.free) == [0, 1, 2], f"the free list should hold each block once, got {pool.free}"
 
 
@@ -88,7 +94,8 @@ def append_allocates_at_block_boundaries(sv, rng):
         counts.append(len(table.blocks))
     assert counts == [1, 1, 1, 1, 2, 2, 2, 2, 3], (
         f"blocks held after each of 9 tokens (block_size 4) should be [1, 1, 1, 1, 2, 2, 2, 2, 3], got {counts}"
-        + (": a block per token" if counts[1] > 1 else ""))
+        + (": a block per token" if counts[1] > 1 else "")
+    )
     assert table.length == 9, f"the table should count 9 tokens, got length {table.length}"
     expected = [table.blocks[p // 4] * 4 + p % 4 for p in range(9)]
     assert slots == expected, f"slots should be block * block_size + offset, in order: expected {expected}, got {slots}"
@@ -102,7 +109,9 @@ def append_many_tokens_at_once(sv, rng):
     first = a.append(pool, 6)
     b.append(pool, 1)
     more = a.append(pool, 3)
-    assert len(a.blocks) == 3 and a.length == 9, f"9 tokens need 3 blocks of 4: got {len(a.blocks)} blocks, length {a.length}"
+    assert len(a.blocks) == 3 and a.length == 9, (
+        f"9 tokens need 3 blocks of 4: got {len(a.blocks)} blocks, length {a.length}"
+    )
     slots = first + more
     expected = [a.blocks[p // 4] * 4 + p % 4 for p in range(9)]
     assert slots == expected, f"slots of positions 0..8 should be {expected}, got {slots}"
@@ -122,8 +131,10 @@ def append_leaves_the_table_alone_when_blocks_run_out(sv, rng):
     else:
         raise AssertionError("12 tokens in a pool of 2 blocks of 4 should raise OutOfBlocks (pool.allocate raises it)")
     after = (list(table.blocks), table.length, pool.n_free)
-    assert after == before, (f"a failed append must change nothing (blocks, length, free): {before} became {after}: "
-                             "allocate every missing block in one call, before changing the table")
+    assert after == before, (
+        f"a failed append must change nothing (blocks, length, free): {before} became {after}: "
+        "allocate every missing block in one call, before changing the table"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -161,7 +172,9 @@ def paged_attention_matches_contiguous(sv, rng):
     """Check one decode step for 3 sequences of 5, 11 and 2 tokens against attention over each one's own keys."""
     pool, tables, q, expected = _paged_case(sv, rng, [5, 11, 2])
     out = sv.paged_attention(q, pool, 1, tables)
-    assert isinstance(out, torch.Tensor) and out.shape == expected.shape, f"expected shape {tuple(expected.shape)}, got {getattr(out, 'shape', out)}"
+    assert isinstance(out, torch.Tensor) and out.shape == expected.shape, (
+        f"expected shape {tuple(expected.shape)}, got {getattr(out, 'shape', out)}"
+    )
     if torch.allclose(out, expected, atol=1e-5):
         return
     for i, t in enumerate(tables):
@@ -171,9 +184,13 @@ def paged_attention_matches_contiguous(sv, rng):
                 v = torch.cat([pool.v[1, b] for b in t.blocks], dim=1)
                 whole = F.scaled_dot_product_attention(q[i : i + 1], k[None], v[None], enable_gqa=True)
                 if torch.allclose(out[i], whole[0], atol=1e-5):
-                    raise AssertionError(f"row {i} read all of its last block: only table.length = {t.length} slots hold its tokens")
-            raise AssertionError(f"row {i} ({t.length} tokens in blocks {t.blocks}) differs from attention over its own keys, "
-                                 "read in table order (not sorted, not padded to the longest row)")
+                    raise AssertionError(
+                        f"row {i} read all of its last block: only table.length = {t.length} slots hold its tokens"
+                    )
+            raise AssertionError(
+                f"row {i} ({t.length} tokens in blocks {t.blocks}) differs from attention over its own keys, "
+                "read in table order (not sorted, not padded to the longest row)"
+            )
 
 
 @check("7.3")
@@ -181,7 +198,9 @@ def paged_attention_prefill_is_causal(sv, rng):
     """Check 3 new queries of one sequence of 7 tokens (a prefill chunk): causal, aligned to the last 3 positions."""
     pool, tables, q, expected = _paged_case(sv, rng, [7], T=3)
     out = sv.paged_attention(q, pool, 1, tables)
-    assert torch.allclose(out, expected, atol=1e-5), "3 new queries of 7 tokens should attend causally: query t to keys 0 .. 4 + t"
+    assert torch.allclose(out, expected, atol=1e-5), (
+        "3 new queries of 7 tokens should attend causally: query t to keys 0 .. 4 + t"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,16 +208,20 @@ def paged_attention_prefill_is_causal(sv, rng):
 
 
 def _trace(rng, n=10):
-    return [([int(t) for t in rng.integers(0, CONFIG.vocab_size, size=int(rng.integers(2, 14)))], int(rng.integers(1, 16)))
-            for _ in range(n)]
+    return [
+        ([int(t) for t in rng.integers(0, CONFIG.vocab_size, size=int(rng.integers(2, 14)))], int(rng.integers(1, 16)))
+        for _ in range(n)
+    ]
 
 
 def _step(sv, sched):
     try:
         sched.step()
     except sv.OutOfBlocks as err:
-        raise AssertionError(f"the pool ran out of blocks inside step ({err}): admit only while blocks_to_admit fits, "
-                             "and preempt until blocks_to_decode fits before decode") from None
+        raise AssertionError(
+            f"the pool ran out of blocks inside step ({err}): admit only while blocks_to_admit fits, "
+            "and preempt until blocks_to_decode fits before decode"
+        ) from None
 
 
 def _serve(sv, model, trace, n_blocks, max_batch=4, share=False):
@@ -210,7 +233,9 @@ def _serve(sv, model, trace, n_blocks, max_batch=4, share=False):
         if not (sched.waiting or sched.running):
             return sched, pool
         _step(sv, sched)
-    raise AssertionError("500 steps did not finish 10 short requests: are finished requests retired, and waiting ones admitted?")
+    raise AssertionError(
+        "500 steps did not finish 10 short requests: are finished requests retired, and waiting ones admitted?"
+    )
 
 
 @check("7.4")
@@ -223,7 +248,9 @@ def step_serves_every_request_exactly(sv, rng):
     assert len(got) == len(trace), f"{len(trace)} requests went in, {len(got)} finished"
     for i, want in enumerate(expected):
         assert got[i] == want, f"request {i} got {got[i]}, alone it gets {want}"
-    assert pool.n_free == pool.n_blocks, f"every block should be free at the end, {pool.n_blocks - pool.n_free} are still held: retire finished requests"
+    assert pool.n_free == pool.n_blocks, (
+        f"every block should be free at the end, {pool.n_blocks - pool.n_free} are still held: retire finished requests"
+    )
 
 
 @check("7.4")
@@ -236,13 +263,17 @@ def step_admits_while_blocks_and_batch_allow(sv, rng):
         sched.add(sv.Request(i, [1] * n, 3))
     _step(sv, sched)
     ids = [r.id for r in sched.running]
-    assert ids == [0, 1], f"after one step requests [0, 1] should run (request 2 needs 3 more blocks, 2 are left; "\
+    assert ids == [0, 1], (
+        f"after one step requests [0, 1] should run (request 2 needs 3 more blocks, 2 are left; "
         f"first come, first served: 3 and 4 wait behind it), got {ids}"
+    )
     sched = sv.Scheduler(model, sv.BlockPool(CONFIG, 64, 4), max_batch=3)
     for i in range(5):
         sched.add(sv.Request(i, [2, 3], 3))
     _step(sv, sched)
-    assert [r.id for r in sched.running] == [0, 1, 2], f"max_batch=3 should admit requests 0, 1, 2, got {[r.id for r in sched.running]}"
+    assert [r.id for r in sched.running] == [0, 1, 2], (
+        f"max_batch=3 should admit requests 0, 1, 2, got {[r.id for r in sched.running]}"
+    )
 
 
 @check("7.4")
@@ -263,8 +294,12 @@ def step_preempts_the_newest_and_stays_exact(sv, rng):
         _step(sv, sched)
         if first is None and sched.stats["preemptions"]:
             first = (before, [r.id for r in sched.waiting])
-    assert sched.stats["preemptions"] > 0, "3 requests of 17 tokens in 10 blocks of 4 should force a preemption (call self.preempt)"
-    assert first[1][:1] == [2], f"the newest running request (2) should be preempted and wait first in line; running {first[0]}, waiting {first[1]}"
+    assert sched.stats["preemptions"] > 0, (
+        "3 requests of 17 tokens in 10 blocks of 4 should force a preemption (call self.preempt)"
+    )
+    assert first[1][:1] == [2], (
+        f"the newest running request (2) should be preempted and wait first in line; running {first[0]}, waiting {first[1]}"
+    )
     got = {r.id: r.out for r in sched.finished}
     for i, want in enumerate(expected):
         assert got.get(i) == want, f"after preemption request {i} got {got.get(i)}, alone it gets {want}"
@@ -288,10 +323,18 @@ def copy_on_write_copies_a_shared_block(sv, rng):
     old = b.blocks[1]
     k_old, v_old = K[:, old], V[:, old]
     new = sv.copy_on_write(pool, b, 1)
-    assert isinstance(new, int) and new != old, f"a block with 2 references should be copied to a new block, got {new!r} (old {old})"
-    assert b.blocks == [a.blocks[0], new], f"the table should point at the copy: expected {[a.blocks[0], new]}, got {b.blocks}"
-    assert torch.equal(pool.k[:, new], k_old) and torch.equal(pool.v[:, new], v_old), "the copy must hold the old block's K and V, all layers"
-    assert pool.refs[old] == 1 and pool.refs[new] == 1, f"old block refs {pool.refs[old]}, new {pool.refs[new]}: both should be 1 (release the old one once)"
+    assert isinstance(new, int) and new != old, (
+        f"a block with 2 references should be copied to a new block, got {new!r} (old {old})"
+    )
+    assert b.blocks == [a.blocks[0], new], (
+        f"the table should point at the copy: expected {[a.blocks[0], new]}, got {b.blocks}"
+    )
+    assert torch.equal(pool.k[:, new], k_old) and torch.equal(pool.v[:, new], v_old), (
+        "the copy must hold the old block's K and V, all layers"
+    )
+    assert pool.refs[old] == 1 and pool.refs[new] == 1, (
+        f"old block refs {pool.refs[old]}, new {pool.refs[new]}: both should be 1 (release the old one once)"
+    )
     assert a.blocks[1] == old, "the other table must keep the original"
 
 
@@ -306,19 +349,29 @@ def copy_on_write_keeps_a_private_block(sv, rng):
         got = sv.copy_on_write(pool, t, 0)
         blocks = t.blocks
         assert got == block and blocks == [block] and pool.n_free == free, (
-            f"a block only this table holds (refs 1) needs no copy: expected block {block} back and the table unchanged, got {got}, table {blocks}")
+            f"a block only this table holds (refs 1) needs no copy: expected block {block} back and the table unchanged, got {got}, table {blocks}"
+        )
 
 
 @check("7.5")
 def shared_prefixes_stay_exact(sv, rng):
     """Check that requests sharing an 8-token prompt prefix share its blocks, skip its prefill, and get the tokens they get alone."""
     model = _model(3)
-    system = [int(t) for t in rng.integers(0, CONFIG.vocab_size, size=8)]  # two whole blocks; a prompt of just these writes into one
-    trace = [(system + [int(t) for t in rng.integers(0, CONFIG.vocab_size, size=k)], n) for k, n in ((0, 6), (3, 9), (0, 5), (4, 12))]
+    system = [
+        int(t) for t in rng.integers(0, CONFIG.vocab_size, size=8)
+    ]  # two whole blocks; a prompt of just these writes into one
+    trace = [
+        (system + [int(t) for t in rng.integers(0, CONFIG.vocab_size, size=k)], n)
+        for k, n in ((0, 6), (3, 9), (0, 5), (4, 12))
+    ]
     expected = [_greedy(model, p, n) for p, n in trace]
     sched, pool = _serve(sv, model, trace, n_blocks=40, max_batch=4, share=True)
     got = {r.id: r.out for r in sched.finished}
     for i, want in enumerate(expected):
-        assert got.get(i) == want, f"with shared prefixes request {i} got {got.get(i)}, alone it gets {want}: copy a shared block before writing into it"
-    assert sched.stats["prefill_skipped"] > 0, "no prefill was skipped: the requests should share the prefix's whole blocks"
+        assert got.get(i) == want, (
+            f"with shared prefixes request {i} got {got.get(i)}, alone it gets {want}: copy a shared block before writing into it"
+        )
+    assert sched.stats["prefill_skipped"] > 0, (
+        "no prefill was skipped: the requests should share the prefix's whole blocks"
+    )
     assert pool.n_free == pool.n_blocks, "every block should be free at the end"

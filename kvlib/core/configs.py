@@ -8,6 +8,7 @@ two-matrix GELU MLP, tied embeddings, learned positions or parallel attention), 
 ModelConfig is right for the KV cache (layers, KV heads, head_dim) and `params` is counted from
 their own architecture, not from ModelConfig.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -68,21 +69,87 @@ REAL_MODELS: dict[str, RealModel] = {
     m.name: m
     for m in (
         _gpt2_small(),
-        _llama("Llama-2-7B", _hub("meta-llama/Llama-2-7b-hf"), "MHA", vocab_size=32000, d_model=4096, n_layers=32,
-               n_heads=32, n_kv_heads=32, hidden_dim=11008, max_seq_len=4096),
-        _llama("Llama-2-70B", _hub("meta-llama/Llama-2-70b-hf"), "GQA", vocab_size=32000, d_model=8192, n_layers=80,
-               n_heads=64, n_kv_heads=8, hidden_dim=28672, max_seq_len=4096),
-        _llama("Llama-3-8B", _hub("meta-llama/Meta-Llama-3-8B"), "GQA", vocab_size=128256, d_model=4096, n_layers=32,
-               n_heads=32, n_kv_heads=8, hidden_dim=14336, max_seq_len=8192, rope_theta=500000.0),
-        _llama("Llama-3-70B", _hub("meta-llama/Meta-Llama-3-70B"), "GQA", vocab_size=128256, d_model=8192, n_layers=80,
-               n_heads=64, n_kv_heads=8, hidden_dim=28672, max_seq_len=8192, rope_theta=500000.0),
+        _llama(
+            "Llama-2-7B",
+            _hub("meta-llama/Llama-2-7b-hf"),
+            "MHA",
+            vocab_size=32000,
+            d_model=4096,
+            n_layers=32,
+            n_heads=32,
+            n_kv_heads=32,
+            hidden_dim=11008,
+            max_seq_len=4096,
+        ),
+        _llama(
+            "Llama-2-70B",
+            _hub("meta-llama/Llama-2-70b-hf"),
+            "GQA",
+            vocab_size=32000,
+            d_model=8192,
+            n_layers=80,
+            n_heads=64,
+            n_kv_heads=8,
+            hidden_dim=28672,
+            max_seq_len=4096,
+        ),
+        _llama(
+            "Llama-3-8B",
+            _hub("meta-llama/Meta-Llama-3-8B"),
+            "GQA",
+            vocab_size=128256,
+            d_model=4096,
+            n_layers=32,
+            n_heads=32,
+            n_kv_heads=8,
+            hidden_dim=14336,
+            max_seq_len=8192,
+            rope_theta=500000.0,
+        ),
+        _llama(
+            "Llama-3-70B",
+            _hub("meta-llama/Meta-Llama-3-70B"),
+            "GQA",
+            vocab_size=128256,
+            d_model=8192,
+            n_layers=80,
+            n_heads=64,
+            n_kv_heads=8,
+            hidden_dim=28672,
+            max_seq_len=8192,
+            rope_theta=500000.0,
+        ),
         # sliding_window 4096 in its config.json: each layer attends to (and caches) the last 4,096 tokens only
         # (Jiang et al., "Mistral 7B", arXiv:2310.06825, "rolling buffer cache")
-        replace(_llama("Mistral-7B", _hub("mistralai/Mistral-7B-v0.1"), "GQA", vocab_size=32000, d_model=4096, n_layers=32,
-                       n_heads=32, n_kv_heads=8, hidden_dim=14336, max_seq_len=32768), sliding_window=4096),
+        replace(
+            _llama(
+                "Mistral-7B",
+                _hub("mistralai/Mistral-7B-v0.1"),
+                "GQA",
+                vocab_size=32000,
+                d_model=4096,
+                n_layers=32,
+                n_heads=32,
+                n_kv_heads=8,
+                hidden_dim=14336,
+                max_seq_len=32768,
+            ),
+            sliding_window=4096,
+        ),
         # Qwen2.5 adds biases to q, k and v (a few hundred thousand parameters, left out here)
-        _llama("Qwen2.5-7B", _hub("Qwen/Qwen2.5-7B"), "GQA", vocab_size=152064, d_model=3584, n_layers=28,
-               n_heads=28, n_kv_heads=4, hidden_dim=18944, max_seq_len=131072, rope_theta=1000000.0),
+        _llama(
+            "Qwen2.5-7B",
+            _hub("Qwen/Qwen2.5-7B"),
+            "GQA",
+            vocab_size=152064,
+            d_model=3584,
+            n_layers=28,
+            n_heads=28,
+            n_kv_heads=4,
+            hidden_dim=18944,
+            max_seq_len=131072,
+            rope_theta=1000000.0,
+        ),
         _falcon_7b(),
     )
 }
@@ -102,15 +169,23 @@ def real_model(name: str) -> RealModel:
 
 def gpt2_size_config() -> ModelConfig:
     """A Llama-shaped model the size of GPT-2 small: 12 layers, 12 heads, d_model 768, ~134M weights."""
-    return ModelConfig(vocab_size=32000, d_model=768, n_layers=12, n_heads=12, n_kv_heads=12,
-                       hidden_dim=2048, max_seq_len=1024)
+    return ModelConfig(
+        vocab_size=32000, d_model=768, n_layers=12, n_heads=12, n_kv_heads=12, hidden_dim=2048, max_seq_len=1024
+    )
 
 
 def gqa_bench_config(n_kv_heads: int = 8, max_seq_len: int = 16392) -> ModelConfig:
     """A random-weight model whose KV cache outweighs its weights at long context: 8 heads of 64,
     4 layers, a narrow MLP (~7M matrix weights, 29 MB in float32; MHA's cache is 16 KiB per token, 128 MiB at 8k)."""
-    return ModelConfig(vocab_size=256, d_model=512, n_layers=4, n_heads=8, n_kv_heads=n_kv_heads,
-                       hidden_dim=512, max_seq_len=max_seq_len)
+    return ModelConfig(
+        vocab_size=256,
+        d_model=512,
+        n_layers=4,
+        n_heads=8,
+        n_kv_heads=n_kv_heads,
+        hidden_dim=512,
+        max_seq_len=max_seq_len,
+    )
 
 
 def memory_bound_config():
@@ -119,19 +194,23 @@ def memory_bound_config():
     Wide and shallow (d_model 2048, 2 layers): each matrix is 16-46 MB, large enough for one core
     to stream it at nearly the full read bandwidth; many small matrices would each pay a start-up.
     """
-    return ModelConfig(vocab_size=4096, d_model=2048, n_layers=2, n_heads=16, n_kv_heads=16, hidden_dim=5632,
-                       max_seq_len=1024)
+    return ModelConfig(
+        vocab_size=4096, d_model=2048, n_layers=2, n_heads=16, n_kv_heads=16, hidden_dim=5632, max_seq_len=1024
+    )
 
 
 def gpu_decode_config() -> ModelConfig:
     """Llama-2-7B's layer shape with 16 of its 32 layers: ~3.4 B weights, 6.7 GB in bf16, far beyond any GPU cache."""
-    return ModelConfig(vocab_size=32000, d_model=4096, n_layers=16, n_heads=32, n_kv_heads=32, hidden_dim=11008,
-                       max_seq_len=4096)
+    return ModelConfig(
+        vocab_size=32000, d_model=4096, n_layers=16, n_heads=32, n_kv_heads=32, hidden_dim=11008, max_seq_len=4096
+    )
 
 
 def quick_cache_config() -> ModelConfig:
     """`kvlib bench cache --quick`'s stand-in for the GPT-2-size model: a smoke test of the code, not a measurement."""
-    return ModelConfig(vocab_size=2000, d_model=128, n_layers=2, n_heads=4, n_kv_heads=4, hidden_dim=256, max_seq_len=1024)
+    return ModelConfig(
+        vocab_size=2000, d_model=128, n_layers=2, n_heads=4, n_kv_heads=4, hidden_dim=256, max_seq_len=1024
+    )
 
 
 def quick_memory_config() -> ModelConfig:
@@ -169,16 +248,46 @@ MLA_MODELS: dict[str, MLAModel] = {
     for m in (
         # config.json: num_hidden_layers 60, hidden_size 5120, num_attention_heads 128, kv_lora_rank 512,
         # qk_rope_head_dim 64, qk_nope_head_dim 128, v_head_dim 128; 236B parameters (21B active)
-        MLAModel("DeepSeek-V2", 60, 5120, 128, 512, 64, 128, 128, 236_000_000_000,
-                 _hub("deepseek-ai/DeepSeek-V2") + "; arXiv 2405.04434"),
+        MLAModel(
+            "DeepSeek-V2",
+            60,
+            5120,
+            128,
+            512,
+            64,
+            128,
+            128,
+            236_000_000_000,
+            _hub("deepseek-ai/DeepSeek-V2") + "; arXiv 2405.04434",
+        ),
         # the same MLA sizes in 61 layers of width 7168; 671B parameters (37B active), arXiv 2412.19437
-        MLAModel("DeepSeek-V3", 61, 7168, 128, 512, 64, 128, 128, 671_000_000_000,
-                 _hub("deepseek-ai/DeepSeek-V3") + "; arXiv 2412.19437"),
+        MLAModel(
+            "DeepSeek-V3",
+            61,
+            7168,
+            128,
+            512,
+            64,
+            128,
+            128,
+            671_000_000_000,
+            _hub("deepseek-ai/DeepSeek-V3") + "; arXiv 2412.19437",
+        ),
     )
 }
 
 # What DeepSeek-V2's "93.3% less KV cache" is measured against (arXiv 2405.04434, section 1): DeepSeek
 # LLM 67B, GQA with 8 key/value heads of 128 in 95 layers (its config.json); the 93.3% also counts
 # V2's cache quantised to about 6 bits per number against 16 (section 3.2.1's deployment).
-DEEPSEEK_67B = _llama("DeepSeek-LLM-67B", _hub("deepseek-ai/deepseek-llm-67b-base"), "GQA", vocab_size=102400, d_model=8192,
-                      n_layers=95, n_heads=64, n_kv_heads=8, hidden_dim=22016, max_seq_len=4096)
+DEEPSEEK_67B = _llama(
+    "DeepSeek-LLM-67B",
+    _hub("deepseek-ai/deepseek-llm-67b-base"),
+    "GQA",
+    vocab_size=102400,
+    d_model=8192,
+    n_layers=95,
+    n_heads=64,
+    n_kv_heads=8,
+    hidden_dim=22016,
+    max_seq_len=4096,
+)

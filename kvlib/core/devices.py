@@ -2,6 +2,7 @@
 
 Dense figures from NVIDIA's datasheets and whitepapers (tensor FLOP/s without 2:4 sparsity).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,11 +40,29 @@ DEVICES: dict[str, Device] = {
         Device("T4", 8.1 * TERA, 65 * TERA, 320 * GIGA, 16 * GIGA, "NVIDIA T4 datasheet", "16-bit is FP16: no BF16"),
         Device("L4", 30.3 * TERA, 121 * TERA, 300 * GIGA, 24 * GIGA, "NVIDIA L4 datasheet"),
         Device("A100 40GB SXM", 19.5 * TERA, 312 * TERA, 1555 * GIGA, 40 * GIGA, _A100),
-        Device("A100 80GB PCIe", 19.5 * TERA, 312 * TERA, 1935 * GIGA, 80 * GIGA, _A100, "the '~1.9 TB/s' of the article 'KV Cache：以空间换时间' (CSDN)"),
+        Device(
+            "A100 80GB PCIe",
+            19.5 * TERA,
+            312 * TERA,
+            1935 * GIGA,
+            80 * GIGA,
+            _A100,
+            "the '~1.9 TB/s' of the article 'KV Cache：以空间换时间' (CSDN)",
+        ),
         Device("A100 80GB SXM", 19.5 * TERA, 312 * TERA, 2039 * GIGA, 80 * GIGA, _A100),
         Device("H100 SXM", 67 * TERA, 989 * TERA, 3350 * GIGA, 80 * GIGA, _H100),
         Device("H100 PCIe", 51 * TERA, 756 * TERA, 2000 * GIGA, 80 * GIGA, _H100),
-        Device("H200 SXM", 67 * TERA, 989 * TERA, 4800 * GIGA, 141 * GIGA, "NVIDIA H200 datasheet (compute as H100 SXM)"),
-        Device("RTX 4090", 82.6 * TERA, 165 * TERA, 1008 * GIGA, 24 * GIGA, "NVIDIA Ada (RTX 4090) whitepaper", "16-bit with FP32 accumulate"),
+        Device(
+            "H200 SXM", 67 * TERA, 989 * TERA, 4800 * GIGA, 141 * GIGA, "NVIDIA H200 datasheet (compute as H100 SXM)"
+        ),
+        Device(
+            "RTX 4090",
+            82.6 * TERA,
+            165 * TERA,
+            1008 * GIGA,
+            24 * GIGA,
+            "NVIDIA Ada (RTX 4090) whitepaper",
+            "16-bit with FP32 accumulate",
+        ),
     )
 }

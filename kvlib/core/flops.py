@@ -7,6 +7,7 @@ checks of notebooks 03-05 (the expected counts, from models the learner's code n
 notebook 04 (does a decode step's work grow with the prefix?), and the MLA study of notebook 08.
 Not here: FLOPs by formula (the learner's exercises).
 """
+
 from __future__ import annotations
 
 import math
@@ -22,8 +23,10 @@ def _attention_flops(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs)
     return 2 * math.prod(batch) * T * k_shape[-2] * (D + v_shape[-1])
 
 
-_ATTENTION = {torch.ops.aten.scaled_dot_product_attention: _attention_flops,
-              torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _attention_flops}
+_ATTENTION = {
+    torch.ops.aten.scaled_dot_product_attention: _attention_flops,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _attention_flops,
+}
 
 
 def matmul_flops(fn: Callable, *args, **kwargs) -> int:

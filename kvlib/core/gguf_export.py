@@ -16,6 +16,7 @@ the other way round, which the writer does itself.
 No tokenizer: llama.cpp needs a vocabulary, so each token id gets a placeholder piece ("<t17>");
 the benchmark feeds token ids, never text.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -8,9 +8,9 @@ imports a learner's module. Weights load with kvlib.core.weights.
 Left out on purpose: the cache itself, generation and sampling (notebook 02), dropout, padding
 masks, rope scaling.
 """
+
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -19,8 +19,6 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-
 
 # ---------------------------------------------------------------------------------------------
 # Configuration
@@ -242,8 +240,15 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(config.d_model, config.norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache=None, layer: int = 0,
-                attention: "CacheAttention | None" = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache=None,
+        layer: int = 0,
+        attention: "CacheAttention | None" = None,
+    ) -> torch.Tensor:
         """x (batch, seq_len, d_model) -> the same shape.
 
         Without a cache, cos and sin are the angles of x's positions (seq_len, head_dim). With one,
@@ -251,7 +256,9 @@ class Block(nn.Module):
         normed x, cache, layer, cos, sin) runs this layer's attention through the cache.
         """
         h = self.attn_norm(x)
-        x = x + (self.attn(h, cos, sin) if cache is None else attention(self.attn, h, cache, layer, cos, sin))  # tokens read each other
+        x = x + (
+            self.attn(h, cos, sin) if cache is None else attention(self.attn, h, cache, layer, cos, sin)
+        )  # tokens read each other
         return x + self.mlp(self.mlp_norm(x))  # (B, T, C): each token thinks on its own
 
 
@@ -334,8 +341,9 @@ class Decoder(nn.Module):
         if low < 0 or high >= self.config.vocab_size:
             raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}), got values {low} to {high}")
 
-    def forward(self, input_ids: torch.Tensor, pos: int = 0, past_key_values=None,
-                attention: CacheAttention | None = None):
+    def forward(
+        self, input_ids: torch.Tensor, pos: int = 0, past_key_values=None, attention: CacheAttention | None = None
+    ):
         """Logits for every position; token i of each row sits at absolute position pos + i.
 
         With past_key_values, as in the interface of transformers (and the articles' pseudo-code):
@@ -392,8 +400,12 @@ class SlowDecoder(Decoder):
 
     def forward(self, input_ids: torch.Tensor, pos: int = 0, past_key_values=None, attention=None):
         ids, seen = input_ids.detach().cpu(), self._seen
-        kept = seen is not None and seen.shape[0] == ids.shape[0] and seen.shape[1] <= ids.shape[1] \
+        kept = (
+            seen is not None
+            and seen.shape[0] == ids.shape[0]
+            and seen.shape[1] <= ids.shape[1]
             and torch.equal(ids[:, : seen.shape[1]], seen)
+        )
         new = ids.shape[1] - (seen.shape[1] if kept else 0)
         self._seen = ids.clone()
         self.now += self.cost(ids.shape[1], new)
@@ -409,7 +421,10 @@ class SlowDecoder(Decoder):
         import sys
 
         seconds = {"perf_counter": lambda: self.now, "monotonic": lambda: self.now, "time": lambda: 1.7e9 + self.now}
-        fakes = {**seconds, **{f"{name}_ns": (lambda f: lambda: int(round(f() * 1e9)))(f) for name, f in seconds.items()}}
+        fakes = {
+            **seconds,
+            **{f"{name}_ns": (lambda f: lambda: int(round(f() * 1e9)))(f) for name, f in seconds.items()},
+        }
         real = {id(getattr(time, name)): fakes[name] for name in fakes}
         spaces = [vars(time)] + ([vars(sys.modules["timeit"])] if "timeit" in sys.modules else [])
         for space in namespaces:  # a module: its globals; a function, or an object holding functions: theirs

@@ -6,6 +6,7 @@ Engine: admit (prefill, with shared prompt blocks), decode, preempt, retire. The
 Scheduler is an Engine whose step() (Exercise 7.4) decides what runs; the block table, paged
 attention and copy-on-write it uses are handed in, since core imports no learner module.
 """
+
 from __future__ import annotations
 
 import time
@@ -31,7 +32,9 @@ class BlockStore:
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise ValueError(f"{name} must be a positive int, got {n!r}")
         if block_size & (block_size - 1):
-            raise ValueError(f"block_size must be a power of two (slot = block * block_size + offset), got {block_size}")
+            raise ValueError(
+                f"block_size must be a power of two (slot = block * block_size + offset), got {block_size}"
+            )
         self.k = torch.zeros(config.n_layers, n_blocks, config.n_kv_heads, block_size, config.head_dim, dtype=dtype)
         self.v = torch.zeros_like(self.k)
         self.n_blocks, self.block_size = n_blocks, block_size
@@ -107,10 +110,15 @@ class PagedView:
         (B, T, C), H, D = x.shape, attn.n_heads, attn.head_dim
         at = (view.positions[:, None] + torch.arange(T)).reshape(-1)  # (B*T,) absolute positions
         flat = x.reshape(1, B * T, C)  # every new token as one row: projections and rotary act per token
-        q = attn.project_q(flat, rope_cos[at], rope_sin[at])[0].view(H, B, T, D).transpose(0, 1)  # (H, B*T, D) -> (B, H, T, D)
+        q = (
+            attn.project_q(flat, rope_cos[at], rope_sin[at])[0].view(H, B, T, D).transpose(0, 1)
+        )  # (H, B*T, D) -> (B, H, T, D)
         k, v = attn.project_kv(flat, rope_cos[at], rope_sin[at])  # (1, H_kv, B*T, D)
         b, o = view.slots // view.pool.block_size, view.slots % view.pool.block_size
-        view.pool.k[layer, b, :, o], view.pool.v[layer, b, :, o] = k[0].transpose(0, 1), v[0].transpose(0, 1)  # (B*T, H_kv, D)
+        view.pool.k[layer, b, :, o], view.pool.v[layer, b, :, o] = (
+            k[0].transpose(0, 1),
+            v[0].transpose(0, 1),
+        )  # (B*T, H_kv, D)
         out = view.attend(q, view.pool, layer, view.tables)  # (B, H, T, D)
         return attn.o_proj(out.transpose(1, 2).reshape(B, T, H * D))
 
@@ -122,8 +130,18 @@ class Engine:
     tables) is paged attention; copy_on_write(pool, table, index) makes a shared block private.
     """
 
-    def __init__(self, model, pool, *, new_table: Callable, attend: Callable, copy_on_write: Callable,
-                 max_batch: int = 16, share_prefixes: bool = False, clock: Callable[[], float] = time.perf_counter):
+    def __init__(
+        self,
+        model,
+        pool,
+        *,
+        new_table: Callable,
+        attend: Callable,
+        copy_on_write: Callable,
+        max_batch: int = 16,
+        share_prefixes: bool = False,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be a positive int, got {max_batch!r}")
         self.model, self.pool, self.max_batch, self.clock = model, pool, max_batch, clock
@@ -138,9 +156,13 @@ class Engine:
         total = len(request.prompt) + request.max_new_tokens
         need = -(-total // self.pool.block_size)
         if need > self.pool.n_blocks:
-            raise ValueError(f"request {request.id} needs {need} blocks at its longest ({total} tokens), more than the pool's {self.pool.n_blocks}")
+            raise ValueError(
+                f"request {request.id} needs {need} blocks at its longest ({total} tokens), more than the pool's {self.pool.n_blocks}"
+            )
         if total > self.model.config.max_seq_len:
-            raise ValueError(f"request {request.id} runs to {total} tokens, past the model's max_seq_len={self.model.config.max_seq_len}")
+            raise ValueError(
+                f"request {request.id} runs to {total} tokens, past the model's max_seq_len={self.model.config.max_seq_len}"
+            )
         if not request.prompt or request.max_new_tokens < 1:
             raise ValueError(f"request {request.id} needs a prompt and max_new_tokens >= 1")
         self.waiting.append(request)
@@ -150,7 +172,9 @@ class Engine:
         positions, slots, bs = torch.tensor([r.table.length for r in requests]), [], self.pool.block_size
         for r, new in zip(requests, ids):
             if r.table.length % bs and self.pool.refs[r.table.blocks[-1]] > 1:
-                self.copy_on_write(self.pool, r.table, len(r.table.blocks) - 1)  # the next token lands in a shared block
+                self.copy_on_write(
+                    self.pool, r.table, len(r.table.blocks) - 1
+                )  # the next token lands in a shared block
             slots += r.table.append(self.pool, len(new))
         view = PagedView(self.pool, [r.table for r in requests], positions, torch.tensor(slots), self.attend)
         with torch.inference_mode():
@@ -234,5 +258,7 @@ class Engine:
             self.step()
             if on_step is not None:
                 on_step(self)
-        raise RuntimeError(f"{len(self.waiting) + len(self.running)} requests still unfinished after {max_steps} steps: "
-                           "step() admits nothing, or preempts forever")
+        raise RuntimeError(
+            f"{len(self.waiting) + len(self.running)} requests still unfinished after {max_steps} steps: "
+            "step() admits nothing, or preempts forever"
+        )

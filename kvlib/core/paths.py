@@ -1,4 +1,5 @@
 """Where the repository's own files are: one definition for every module that reads them."""
+
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]  # the clone: kvlib/, solutions/, notebooks/, assets/

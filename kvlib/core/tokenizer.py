@@ -4,6 +4,7 @@ The tiny model (notebooks 02-06) reads and writes one character per step, so 巴
 tokens and "法国的首都是" generates 巴, then 黎, exactly as the article narrates it. Left out on
 purpose: byte-pair merges, special tokens (no BOS/EOS/padding) and unknown-character fallback.
 """
+
 from __future__ import annotations
 
 import json

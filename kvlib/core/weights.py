@@ -4,6 +4,7 @@ load_tiny() checks the weights' sha256 against assets/tiny/manifest.json before 
 `python -m kvlib.study.train` rebuilds those files. from_transformers()/to_transformers() rename
 parameters only: the architecture is the same.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -33,8 +34,7 @@ def load_checked(model: nn.Module, state_dict: dict, source: str = "state dict")
     for name, tensor in state_dict.items():
         if tuple(tensor.shape) != tuple(expected[name].shape):
             raise ValueError(
-                f"{source}: parameter {name!r} has shape {tuple(tensor.shape)}, "
-                f"expected {tuple(expected[name].shape)}"
+                f"{source}: parameter {name!r} has shape {tuple(tensor.shape)}, expected {tuple(expected[name].shape)}"
             )
     with torch.no_grad():
         for name, param in model.state_dict().items():
@@ -117,11 +117,20 @@ def to_transformers(model: Decoder):
 
     c = model.config
     hf_config = LlamaConfig(
-        vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.hidden_dim,
-        num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads, num_key_value_heads=c.n_kv_heads,
-        max_position_embeddings=c.max_seq_len, rms_norm_eps=c.norm_eps, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta}, rope_theta=c.rope_theta,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None,  # no special tokens: generate never stops early
+        vocab_size=c.vocab_size,
+        hidden_size=c.d_model,
+        intermediate_size=c.hidden_dim,
+        num_hidden_layers=c.n_layers,
+        num_attention_heads=c.n_heads,
+        num_key_value_heads=c.n_kv_heads,
+        max_position_embeddings=c.max_seq_len,
+        rms_norm_eps=c.norm_eps,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta},
+        rope_theta=c.rope_theta,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,  # no special tokens: generate never stops early
     )
     hf_model = LlamaForCausalLM(hf_config)
     hf_model.generation_config.eos_token_id = hf_model.generation_config.bos_token_id = None
@@ -129,7 +138,9 @@ def to_transformers(model: Decoder):
     missing, unexpected = hf_model.load_state_dict(state, strict=False)
     missing = [m for m in missing if not m.endswith("rotary_emb.inv_freq")]
     if missing or unexpected:
-        raise ValueError(f"weights do not map onto transformers' Llama: missing {missing[:6]}, unexpected {unexpected[:6]}")
+        raise ValueError(
+            f"weights do not map onto transformers' Llama: missing {missing[:6]}, unexpected {unexpected[:6]}"
+        )
     return hf_model.float().eval()
 
 

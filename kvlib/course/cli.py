@@ -1,13 +1,14 @@
 """The `kvlib` command: check your progress, and (for maintainers) rebuild the learner release.
 
-  kvlib check [ID|NN] [--json]   one row per exercise: id, title, notebook, status, message
-  kvlib generate PROMPT          stream the tiny model's answer, then its TTFT and TPOT
-  kvlib bench NAME [--json]      cache, memory, gqa: measured on this machine (kvlib bench -h)
-  kvlib lab [NN]                 open JupyterLab on the course (learner view: nbgrader's Validate button)
-  kvlib present [NN] [--check]   the solved notebooks in reference mode; --check runs them all and times each
-  kvlib course release [--check] regenerate kvlib/ stubs and notebooks/ from solutions/
-  kvlib course init DIR          an nbgrader course folder for instructors (docs/instructors.md)
+kvlib check [ID|NN] [--json]   one row per exercise: id, title, notebook, status, message
+kvlib generate PROMPT          stream the tiny model's answer, then its TTFT and TPOT
+kvlib bench NAME [--json]      cache, memory, gqa: measured on this machine (kvlib bench -h)
+kvlib lab [NN]                 open JupyterLab on the course (learner view: nbgrader's Validate button)
+kvlib present [NN] [--check]   the solved notebooks in reference mode; --check runs them all and times each
+kvlib course release [--check] regenerate kvlib/ stubs and notebooks/ from solutions/
+kvlib course init DIR          an nbgrader course folder for instructors (docs/instructors.md)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,10 @@ def _table(results) -> str:
         lines.append(f"{r.id:<5} {r.status:<6} {r.notebook:<14} {r.title[:27]:<27} {msg[0]}")
         lines += [indent + m for m in msg[1:]]
     done = sum(r.status == "pass" for r in results)
-    lines.append(f"\n{done} of {len(results)} exercises pass" + (" (reference mode: KVLIB_SOLUTIONS is on)" if _reference_mode() else ""))
+    lines.append(
+        f"\n{done} of {len(results)} exercises pass"
+        + (" (reference mode: KVLIB_SOLUTIONS is on)" if _reference_mode() else "")
+    )
     return "\n".join(lines)
 
 
@@ -62,16 +66,18 @@ def cmd_generate(args) -> int:
 
     import torch
 
-    from kvlib.course.exercises import ExerciseNotDone
-    from kvlib.measure.timing import environment, num_threads
-    from kvlib.generation import generate
     from kvlib.core.weights import load_tiny
+    from kvlib.course.exercises import ExerciseNotDone
+    from kvlib.generation import generate
+    from kvlib.measure.timing import environment, num_threads
 
     args.prompt = args.prompt.replace("\\n", "\n")  # a typed \n is a newline, as in the course's prompts
     try:
         model, tokenizer = load_tiny()
         if not args.prompt:
-            raise ValueError("the prompt is empty: give the model something to continue, e.g. kvlib generate '法国的首都是'")
+            raise ValueError(
+                "the prompt is empty: give the model something to continue, e.g. kvlib generate '法国的首都是'"
+            )
         ids = torch.tensor([tokenizer.encode(args.prompt)])
     except (ValueError, FileNotFoundError) as err:
         print(f"kvlib generate: {err}", file=sys.stderr)
@@ -92,7 +98,9 @@ def cmd_generate(args) -> int:
         env = environment("cpu")  # the setting the tokens are generated under
         start = time.perf_counter()
         try:
-            generate(model, ids, args.max_new_tokens, temperature=args.temperature, generator=generator, on_token=on_token)
+            generate(
+                model, ids, args.max_new_tokens, temperature=args.temperature, generator=generator, on_token=on_token
+            )
         except _Stop:
             pass
         except ExerciseNotDone as err:
@@ -105,22 +113,44 @@ def cmd_generate(args) -> int:
     if times:
         gaps = [b - a for a, b in zip(times, times[1:])]
         tpot = f"{statistics.median(gaps) * 1e3:.2f} ms median over {len(gaps)} steps" if gaps else "n/a (one token)"
-        print(f"TTFT {(times[0] - start) * 1e3:.2f} ms (prompt of {ids.shape[1]} tokens) | TPOT {tpot} | "
-              f"naive decoding, {env['threads']} thread(s), {env['device']}", file=sys.stderr)
+        print(
+            f"TTFT {(times[0] - start) * 1e3:.2f} ms (prompt of {ids.shape[1]} tokens) | TPOT {tpot} | "
+            f"naive decoding, {env['threads']} thread(s), {env['device']}",
+            file=sys.stderr,
+        )
     return 0
 
 
 # kvlib bench NAME: help, then the module kvlib.measure.bench_NAME with its measuring function and
 # formatter; each function takes threads= and quick= and returns a JSON-ready record
 BENCHES = {
-    "cache": ("tokens/s without and with a KV cache, against transformers (DynamicCache, StaticCache) and llama.cpp "
-              "(F32, Q8_0; with the peers extra), paired and interleaved", "bench_cache", "format_cache"),
-    "memory": ("bandwidth (ceiling: the highest of five kernels), matmul FLOP/s, a memory-bound decode step predicted and "
-               "measured", "bench_memory", "format_memory"),
-    "gqa": ("decode time at long context against n_kv_heads: MHA, repeated heads, grouped; each step's fixed part", "bench_gqa", "format_gqa"),
-    "serve": ("many requests at equal KV memory: static vs continuous batching, paged KV use, shared prefixes", "bench_serve", "format_serve"),
-    "compress": ("smaller caches: bytes of every scheme, int8 and window quality on the tiny model, int8 vs float32 decode, MLA's two paths",
-                 "bench_compress", "format_compress"),
+    "cache": (
+        "tokens/s without and with a KV cache, against transformers (DynamicCache, StaticCache) and llama.cpp "
+        "(F32, Q8_0; with the peers extra), paired and interleaved",
+        "bench_cache",
+        "format_cache",
+    ),
+    "memory": (
+        "bandwidth (ceiling: the highest of five kernels), matmul FLOP/s, a memory-bound decode step predicted and "
+        "measured",
+        "bench_memory",
+        "format_memory",
+    ),
+    "gqa": (
+        "decode time at long context against n_kv_heads: MHA, repeated heads, grouped; each step's fixed part",
+        "bench_gqa",
+        "format_gqa",
+    ),
+    "serve": (
+        "many requests at equal KV memory: static vs continuous batching, paged KV use, shared prefixes",
+        "bench_serve",
+        "format_serve",
+    ),
+    "compress": (
+        "smaller caches: bytes of every scheme, int8 and window quality on the tiny model, int8 vs float32 decode, MLA's two paths",
+        "bench_compress",
+        "format_compress",
+    ),
 }
 
 
@@ -136,7 +166,10 @@ def cmd_bench(args) -> int:
     on = {}
     if args.device:
         if args.which == "cache":
-            print("kvlib bench cache: runs on the CPU only (it times transformers and llama.cpp beside kvlib there)", file=sys.stderr)
+            print(
+                "kvlib bench cache: runs on the CPU only (it times transformers and llama.cpp beside kvlib there)",
+                file=sys.stderr,
+            )
             return 2
         on = {"devices": [args.device]} if args.which == "memory" else {"device": args.device}
     try:
@@ -144,9 +177,13 @@ def cmd_bench(args) -> int:
     except (FileNotFoundError, ValueError) as err:
         print(f"kvlib bench: {err}", file=sys.stderr)
         return 2
-    except NotImplementedError as err:  # ExerciseNotDone (a RuntimeError too, so first): a benchmark runs the learner's kvlib
-        print(f"kvlib bench {args.which}: {err}\n(benchmarks run your own kvlib; KVLIB_SOLUTIONS=1 runs the reference)",
-              file=sys.stderr)
+    except (
+        NotImplementedError
+    ) as err:  # ExerciseNotDone (a RuntimeError too, so first): a benchmark runs the learner's kvlib
+        print(
+            f"kvlib bench {args.which}: {err}\n(benchmarks run your own kvlib; KVLIB_SOLUTIONS=1 runs the reference)",
+            file=sys.stderr,
+        )
         return 2
     except RuntimeError as err:  # e.g. two ways of generating disagreed on the greedy tokens: no table to trust
         print(f"kvlib bench {args.which}: {err}", file=sys.stderr)
@@ -187,7 +224,9 @@ def cmd_lab(args) -> int:
     from kvlib.course import lab
 
     try:
-        return lab.launch(reference=args.command == "present", target=args.notebook, port=args.port, browser=not args.no_browser)
+        return lab.launch(
+            reference=args.command == "present", target=args.notebook, port=args.port, browser=not args.no_browser
+        )
     except ValueError as err:
         print(f"kvlib {args.command}: {err}", file=sys.stderr)
         return 2
@@ -210,8 +249,10 @@ def cmd_present(args) -> int:
         print(f"kvlib present: {err}", file=sys.stderr)
         return 2
     failed = [r for r in runs if r.error]
-    print(f"{len(runs)} notebooks in {time.perf_counter() - start:.1f} s, reference mode, "
-          f"{len(runs) - len(failed)} ran top to bottom" + (f", {len(failed)} failed" if failed else ""))
+    print(
+        f"{len(runs)} notebooks in {time.perf_counter() - start:.1f} s, reference mode, "
+        f"{len(runs) - len(failed)} ran top to bottom" + (f", {len(failed)} failed" if failed else "")
+    )
     return 1 if failed else 0
 
 
@@ -230,30 +271,50 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=40, help="at most this many new tokens (default 40)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default); above 0 samples")
     p.add_argument("--seed", type=int, default=0, help="seed for sampling")
-    p.add_argument("--stop", default="\n", help="stop when the answer contains this text (default: a newline; '' never stops)")
+    p.add_argument(
+        "--stop", default="\n", help="stop when the answer contains this text (default: a newline; '' never stops)"
+    )
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("bench", help="benchmarks measured on this machine")
     p.add_argument("which", choices=list(BENCHES), help="; ".join(f"{k}: {v[0]}" for k, v in BENCHES.items()))
     p.add_argument("--json", action="store_true", help="print the machine-readable record")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: timings on a shared CPU are steadier)")
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch threads (default 1: timings on a shared CPU are steadier)"
+    )
     p.add_argument("--quick", action="store_true", help="small stand-in models and few repeats (seconds, for tests)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default=None,
-                   help="memory, gqa: where to measure (default: memory the CPU then a GPU if present; gqa the CPU)")
+    p.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default=None,
+        help="memory, gqa: where to measure (default: memory the CPU then a GPU if present; gqa the CPU)",
+    )
     p.set_defaults(func=cmd_bench)
 
-    for name, text in (("lab", "open JupyterLab on the course: the learner notebooks, your kvlib"),
-                       ("present", "presenters: open the solved notebooks in reference mode (KVLIB_SOLUTIONS=1)")):
+    for name, text in (
+        ("lab", "open JupyterLab on the course: the learner notebooks, your kvlib"),
+        ("present", "presenters: open the solved notebooks in reference mode (KVLIB_SOLUTIONS=1)"),
+    ):
         p = sub.add_parser(name, help=text, description=text)
         p.add_argument("notebook", nargs="?", help="a notebook number (01) or a path to open; default: the folder")
         p.add_argument("--port", type=int, help="the port to serve on (default: Jupyter's, 8888 or the next free one)")
         p.add_argument("--no-browser", action="store_true", help="print the URL instead of opening a browser")
         if name == "present":
-            p.add_argument("--check", action="store_true",
-                           help="open nothing: run every solution notebook headless, top to bottom, and print the seconds each took")
-            p.add_argument("--timeout", type=int, default=120, help="with --check: seconds one cell may take (default 120, as nbgrader_config.py)")
-            p.add_argument("--figures", metavar="DIR", help="with --check: save every figure the notebooks show as a PNG in DIR")
+            p.add_argument(
+                "--check",
+                action="store_true",
+                help="open nothing: run every solution notebook headless, top to bottom, and print the seconds each took",
+            )
+            p.add_argument(
+                "--timeout",
+                type=int,
+                default=120,
+                help="with --check: seconds one cell may take (default 120, as nbgrader_config.py)",
+            )
+            p.add_argument(
+                "--figures", metavar="DIR", help="with --check: save every figure the notebooks show as a PNG in DIR"
+            )
         p.set_defaults(func=cmd_present if name == "present" else cmd_lab)
 
     p = sub.add_parser("course", help="maintainers: build the learner release from solutions/")
@@ -263,8 +324,12 @@ def main(argv=None) -> int:
     r.set_defaults(func=cmd_course_release)
     i = course_sub.add_parser("init", help="instructors: write an nbgrader course folder with isolated grading")
     i.add_argument("dir", help="the course folder to create or update")
-    i.add_argument("--earlier", choices=["own", "given"], default="own",
-                   help="earlier notebooks' kvlib modules: the learners' own (stubs to fill in) or given (the reference)")
+    i.add_argument(
+        "--earlier",
+        choices=["own", "given"],
+        default="own",
+        help="earlier notebooks' kvlib modules: the learners' own (stubs to fill in) or given (the reference)",
+    )
     i.add_argument("--force", action="store_true", help="replace files that differ (each is kept as <name>.bak first)")
     i.add_argument("--course-id", default="kvlib", help="nbgrader's CourseDirectory.course_id")
     i.set_defaults(func=cmd_course_init)

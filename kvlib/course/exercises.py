@@ -7,6 +7,7 @@ at solutions/kvlib/<module>.py. Every exercise function carries @exercise("X.Y")
     names the earlier exercise to do first when a later one calls an unfinished one.
 Not here: the checks themselves (kvlib.checks) and the command line (kvlib.course.cli).
 """
+
 from __future__ import annotations
 
 import functools

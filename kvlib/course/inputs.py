@@ -5,6 +5,7 @@ One section per notebook; each check takes the arguments of the exercise it guar
 (@exercise("X.Y", validate=check_...)). This module sits below the learner's modules: it imports
 none of them, and torch only inside the checks that need it, so notebook 01 runs without torch.
 """
+
 from __future__ import annotations
 
 import math
@@ -119,7 +120,9 @@ def check_project(attn, h, cos, sin):
         raise ValueError(f"h must be a float tensor (batch, seq_len, {C}), got {_shape(h)}")
     for name, t in (("cos", cos), ("sin", sin)):
         if not _is_tensor(t) or tuple(t.shape) != (h.shape[1], attn.head_dim):
-            raise ValueError(f"{name} must be ({h.shape[1]}, {attn.head_dim}): the rows of the rotary table at h's positions, got {_shape(t)}")
+            raise ValueError(
+                f"{name} must be ({h.shape[1]}, {attn.head_dim}): the rows of the rotary table at h's positions, got {_shape(t)}"
+            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,7 +133,9 @@ def check_config(config, *lengths):
     """config is a kvlib ModelConfig; each of lengths a positive int."""
     for field in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "hidden_dim"):
         if not isinstance(getattr(config, field, None), int):
-            raise ValueError(f"config must be a kvlib ModelConfig (it has no integer {field}), got {type(config).__name__}")
+            raise ValueError(
+                f"config must be a kvlib ModelConfig (it has no integer {field}), got {type(config).__name__}"
+            )
     for n in lengths:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"sequence lengths must be positive ints, got {n!r}")
@@ -170,7 +175,9 @@ def check_cached_attention(attn, x, cache, layer, rope_cos, rope_sin):
     if not _is_tensor(x) or x.dim() != 3:
         raise ValueError(f"x must be (batch, seq_len, d_model), got {getattr(x, 'shape', type(x).__name__)}")
     if cache.pos + x.shape[1] > rope_cos.shape[0]:
-        raise ValueError(f"positions up to {cache.pos + x.shape[1] - 1} run past the rotary table ({rope_cos.shape[0]})")
+        raise ValueError(
+            f"positions up to {cache.pos + x.shape[1] - 1} run past the rotary table ({rope_cos.shape[0]})"
+        )
 
 
 def check_prefill(model, input_ids, cache):
@@ -254,7 +261,9 @@ def check_step(config, new_tokens, kv_len, batch=1, dtype=_FLOAT16):
     check_count("batch", batch)
     check_dtype(dtype)
     if new_tokens > kv_len:
-        raise ValueError(f"kv_len ({kv_len}) counts the new tokens too, so it cannot be less than new_tokens ({new_tokens})")
+        raise ValueError(
+            f"kv_len ({kv_len}) counts the new tokens too, so it cannot be less than new_tokens ({new_tokens})"
+        )
 
 
 def check_predicted(config, kv_len, batch, dtype, peak_flops, bandwidth):
@@ -279,14 +288,20 @@ def check_qkv(q, k, v):
             what = "(batch, n_heads, seq_len, head_dim)" if name == "q" else "(batch, n_kv_heads, kv_len, head_dim)"
             raise ValueError(f"{name} must have shape {what}, got {_shape(t)}")
     if k.shape != v.shape:
-        raise ValueError(f"k {_shape(k)} and v {_shape(v)} must have the same shape (batch, n_kv_heads, kv_len, head_dim)")
+        raise ValueError(
+            f"k {_shape(k)} and v {_shape(v)} must have the same shape (batch, n_kv_heads, kv_len, head_dim)"
+        )
     (B, H, T, D), (B_kv, H_kv, S, D_kv) = q.shape, k.shape
     if (B, D) != (B_kv, D_kv):
         raise ValueError(f"q {_shape(q)} and k {_shape(k)} must agree on batch (dim 0) and head_dim (dim 3)")
     if H % H_kv:
-        raise ValueError(f"q has {H} heads and k {H_kv}: n_heads must be a multiple of n_kv_heads (q {_shape(q)}, k {_shape(k)})")
+        raise ValueError(
+            f"q has {H} heads and k {H_kv}: n_heads must be a multiple of n_kv_heads (q {_shape(q)}, k {_shape(k)})"
+        )
     if S < T:
-        raise ValueError(f"{T} queries need at least {T} keys (the queries are the last T of the kv_len positions), got k {_shape(k)}")
+        raise ValueError(
+            f"{T} queries need at least {T} keys (the queries are the last T of the kv_len positions), got k {_shape(k)}"
+        )
 
 
 def check_pool(w, n_heads, n_kv_heads):
@@ -296,9 +311,13 @@ def check_pool(w, n_heads, n_kv_heads):
     if not _is_tensor(w) or w.dim() != 2:
         raise ValueError(f"w must be a k_proj or v_proj weight of shape (n_heads * head_dim, d_model), got {_shape(w)}")
     if w.shape[0] % n_heads:
-        raise ValueError(f"w has {w.shape[0]} rows, not a multiple of n_heads={n_heads}: expected (n_heads * head_dim, d_model)")
+        raise ValueError(
+            f"w has {w.shape[0]} rows, not a multiple of n_heads={n_heads}: expected (n_heads * head_dim, d_model)"
+        )
     if n_heads % n_kv_heads:
-        raise ValueError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}: every group needs the same size")
+        raise ValueError(
+            f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}: every group needs the same size"
+        )
 
 
 def check_to_gqa(model, n_kv_heads, pool=None):
@@ -309,7 +328,9 @@ def check_to_gqa(model, n_kv_heads, pool=None):
     have = model.config.n_kv_heads
     if isinstance(n_kv_heads, bool) or not isinstance(n_kv_heads, int) or n_kv_heads < 1 or have % n_kv_heads:
         divisors = [d for d in range(1, have + 1) if have % d == 0]
-        raise ValueError(f"the model has {have} key/value heads: n_kv_heads must divide it, one of {divisors}; got {n_kv_heads!r}")
+        raise ValueError(
+            f"the model has {have} key/value heads: n_kv_heads must divide it, one of {divisors}; got {n_kv_heads!r}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -343,10 +364,14 @@ def check_paged(q, pool, layer, tables):
     if not 0 <= layer < pool.k.shape[0]:
         raise ValueError(f"layer must be in [0, {pool.k.shape[0]}), got {layer}")
     if q.shape[1] % pool.k.shape[2] or q.shape[3] != pool.k.shape[4]:
-        raise ValueError(f"q {_shape(q)} does not fit the pool's {pool.k.shape[2]} key/value heads of head_dim {pool.k.shape[4]}")
+        raise ValueError(
+            f"q {_shape(q)} does not fit the pool's {pool.k.shape[2]} key/value heads of head_dim {pool.k.shape[4]}"
+        )
     for i, t in enumerate(tables):
         if t.length < q.shape[2] or len(t.blocks) * pool.block_size < t.length:
-            raise ValueError(f"table {i} holds {t.length} tokens in {len(t.blocks)} blocks: it must hold the {q.shape[2]} new ones, and fit its blocks")
+            raise ValueError(
+                f"table {i} holds {t.length} tokens in {len(t.blocks)} blocks: it must hold the {q.shape[2]} new ones, and fit its blocks"
+            )
 
 
 def check_copy_on_write(pool, table, index):
@@ -360,8 +385,10 @@ def check_copy_on_write(pool, table, index):
 
 def check_quantize(x, dim):
     if not _is_tensor(x) or not x.dtype.is_floating_point or x.dim() == 0:
-        raise ValueError(f"x must be a floating-point tensor with at least one axis, got {_shape(x)} "
-                         f"{getattr(x, 'dtype', '')}".rstrip())
+        raise ValueError(
+            f"x must be a floating-point tensor with at least one axis, got {_shape(x)} "
+            f"{getattr(x, 'dtype', '')}".rstrip()
+        )
     if isinstance(dim, bool) or not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
         raise ValueError(f"dim must be an int axis of x (shape {_shape(x)}), got {dim!r}")
 
@@ -372,23 +399,44 @@ def check_int8_attention(q, k_values, k_scale, v_values, v_scale, kv_len):
     if not _is_tensor(q) or q.dim() != 4:
         raise ValueError(f"q must be (batch, n_heads, seq_len, head_dim), got {_shape(q)}")
     if not _is_tensor(k_values) or k_values.dim() != 5 or k_values.dtype != torch.int8:
-        raise ValueError(f"k_values must be int8 (batch, n_kv_heads, n_groups, group, head_dim), got {_shape(k_values)} "
-                         f"{getattr(k_values, 'dtype', '')}")
+        raise ValueError(
+            f"k_values must be int8 (batch, n_kv_heads, n_groups, group, head_dim), got {_shape(k_values)} "
+            f"{getattr(k_values, 'dtype', '')}"
+        )
     B, H_kv, n_groups, group, D = k_values.shape
     if not _is_tensor(k_scale) or tuple(k_scale.shape) != (B, H_kv, n_groups, 1, D):
-        raise ValueError(f"k_scale must be (batch, n_kv_heads, n_groups, 1, head_dim) = {(B, H_kv, n_groups, 1, D)}: one "
-                         f"scale per channel per group of tokens, got {_shape(k_scale)}")
-    if not _is_tensor(v_values) or v_values.dtype != torch.int8 or v_values.dim() != 4 or tuple(v_values.shape[:2]) != (B, H_kv) \
-            or v_values.shape[3] != D:
-        raise ValueError(f"v_values must be int8 (batch={B}, n_kv_heads={H_kv}, kv_len, head_dim={D}), got {_shape(v_values)}")
+        raise ValueError(
+            f"k_scale must be (batch, n_kv_heads, n_groups, 1, head_dim) = {(B, H_kv, n_groups, 1, D)}: one "
+            f"scale per channel per group of tokens, got {_shape(k_scale)}"
+        )
+    if (
+        not _is_tensor(v_values)
+        or v_values.dtype != torch.int8
+        or v_values.dim() != 4
+        or tuple(v_values.shape[:2]) != (B, H_kv)
+        or v_values.shape[3] != D
+    ):
+        raise ValueError(
+            f"v_values must be int8 (batch={B}, n_kv_heads={H_kv}, kv_len, head_dim={D}), got {_shape(v_values)}"
+        )
     if not _is_tensor(v_scale) or tuple(v_scale.shape) != (*v_values.shape[:3], 1):
-        raise ValueError(f"v_scale must be (batch, n_kv_heads, kv_len, 1) = {(*v_values.shape[:3], 1)}: one scale per token, "
-                         f"got {_shape(v_scale)}")
-    if isinstance(kv_len, bool) or not isinstance(kv_len, int) or not q.shape[2] <= kv_len <= min(n_groups * group, v_values.shape[2]):
-        raise ValueError(f"kv_len must be an int from seq_len={q.shape[2]} to the tokens stored "
-                         f"({min(n_groups * group, v_values.shape[2])}), got {kv_len!r}")
+        raise ValueError(
+            f"v_scale must be (batch, n_kv_heads, kv_len, 1) = {(*v_values.shape[:3], 1)}: one scale per token, "
+            f"got {_shape(v_scale)}"
+        )
+    if (
+        isinstance(kv_len, bool)
+        or not isinstance(kv_len, int)
+        or not q.shape[2] <= kv_len <= min(n_groups * group, v_values.shape[2])
+    ):
+        raise ValueError(
+            f"kv_len must be an int from seq_len={q.shape[2]} to the tokens stored "
+            f"({min(n_groups * group, v_values.shape[2])}), got {kv_len!r}"
+        )
     if q.shape[0] != B or q.shape[3] != D or q.shape[1] % H_kv:
-        raise ValueError(f"q {_shape(q)} must match the cache's batch {B}, head_dim {D} and a multiple of its {H_kv} key/value heads")
+        raise ValueError(
+            f"q {_shape(q)} must match the cache's batch {B}, head_dim {D} and a multiple of its {H_kv} key/value heads"
+        )
 
 
 def check_sink_update(cache, layer, k_new, v_new):
@@ -400,8 +448,10 @@ def check_sink_update(cache, layer, k_new, v_new):
             raise ValueError(f"{name} must be (batch={B}, n_kv_heads={H_kv}, seq_len, head_dim={D}), got {_shape(t)}")
     T = k_new.shape[2]
     if T > 1 and cache.pos + T > cache.capacity:
-        raise ValueError(f"{T} tokens at once from position {cache.pos} would evict keys that the earlier of them still "
-                         f"need (capacity {cache.capacity}): feed tokens past the capacity one at a time")
+        raise ValueError(
+            f"{T} tokens at once from position {cache.pos} would evict keys that the earlier of them still "
+            f"need (capacity {cache.capacity}): feed tokens past the capacity one at a time"
+        )
 
 
 def check_cache_positions(n_seen, n_sink, window):
@@ -411,20 +461,28 @@ def check_cache_positions(n_seen, n_sink, window):
 
 
 def check_mla(q_nope, q_rope, latent, k_rope, w_uk, w_uv):
-    for name, t, ndim, what in (("q_nope", q_nope, 4, "(batch, n_heads, seq_len, nope_dim)"),
-                                ("q_rope", q_rope, 4, "(batch, n_heads, seq_len, rope_dim)"),
-                                ("latent", latent, 3, "(batch, kv_len, kv_rank)"), ("k_rope", k_rope, 3, "(batch, kv_len, rope_dim)"),
-                                ("w_uk", w_uk, 3, "(n_heads, nope_dim, kv_rank)"), ("w_uv", w_uv, 3, "(n_heads, v_dim, kv_rank)")):
+    for name, t, ndim, what in (
+        ("q_nope", q_nope, 4, "(batch, n_heads, seq_len, nope_dim)"),
+        ("q_rope", q_rope, 4, "(batch, n_heads, seq_len, rope_dim)"),
+        ("latent", latent, 3, "(batch, kv_len, kv_rank)"),
+        ("k_rope", k_rope, 3, "(batch, kv_len, rope_dim)"),
+        ("w_uk", w_uk, 3, "(n_heads, nope_dim, kv_rank)"),
+        ("w_uv", w_uv, 3, "(n_heads, v_dim, kv_rank)"),
+    ):
         if not _is_tensor(t) or t.dim() != ndim:
             raise ValueError(f"{name} must be {what}, got {_shape(t)}")
     (B, H, T, Dn), Dr, (S, r) = q_nope.shape, q_rope.shape[-1], latent.shape[1:]
     if tuple(q_rope.shape[:3]) != (B, H, T):
         raise ValueError(f"q_rope {_shape(q_rope)} must share q_nope's (batch, n_heads, seq_len) = {(B, H, T)}")
     if latent.shape[0] != B or tuple(k_rope.shape) != (B, S, Dr):
-        raise ValueError(f"latent {_shape(latent)} and k_rope {_shape(k_rope)} must be (batch={B}, kv_len, ...) with "
-                         f"k_rope (batch, kv_len={S}, rope_dim={Dr})")
+        raise ValueError(
+            f"latent {_shape(latent)} and k_rope {_shape(k_rope)} must be (batch={B}, kv_len, ...) with "
+            f"k_rope (batch, kv_len={S}, rope_dim={Dr})"
+        )
     if tuple(w_uk.shape) != (H, Dn, r) or w_uv.shape[0] != H or w_uv.shape[2] != r:
-        raise ValueError(f"w_uk must be (n_heads={H}, nope_dim={Dn}, kv_rank={r}) and w_uv (n_heads={H}, v_dim, kv_rank={r}), "
-                         f"got {_shape(w_uk)} and {_shape(w_uv)}")
+        raise ValueError(
+            f"w_uk must be (n_heads={H}, nope_dim={Dn}, kv_rank={r}) and w_uv (n_heads={H}, v_dim, kv_rank={r}), "
+            f"got {_shape(w_uk)} and {_shape(w_uv)}"
+        )
     if S < T:
         raise ValueError(f"{T} queries need at least {T} cached tokens, got latent {_shape(latent)}")

@@ -8,6 +8,7 @@ so the learner's own ~/.jupyter settings still apply. Presenter mode opens solut
 mode (KVLIB_SOLUTIONS=1); `kvlib present --check` runs every solution notebook headless and
 prints the seconds each took. Not here: the instructor's flow (kvlib course init, nbgrader).
 """
+
 from __future__ import annotations
 
 import json
@@ -74,7 +75,9 @@ def resolve_open(target: str | None, *, folder: str, root: Path = ROOT) -> str:
     if target.isdigit():
         names = [n for n in assignments() if n.split("-")[0] == target.zfill(2)]
         if not names:
-            raise ValueError(f"no notebook {target!r}: the course has {', '.join(n.split('-')[0] for n in assignments())}")
+            raise ValueError(
+                f"no notebook {target!r}: the course has {', '.join(n.split('-')[0] for n in assignments())}"
+            )
         notebooks = sorted((root / folder / names[0]).glob("*.ipynb"))
         if not notebooks:
             raise ValueError(f"{folder}/{names[0]} holds no notebook")
@@ -89,10 +92,24 @@ def resolve_open(target: str | None, *, folder: str, root: Path = ROOT) -> str:
     return rel.as_posix()
 
 
-def lab_command(*, root: Path = ROOT, open_path: str = "notebooks", port: int | None = None,
-                browser: bool = True, token: str | None = None, expose_app: bool = False, extra: tuple[str, ...] = ()) -> list[str]:
+def lab_command(
+    *,
+    root: Path = ROOT,
+    open_path: str = "notebooks",
+    port: int | None = None,
+    browser: bool = True,
+    token: str | None = None,
+    expose_app: bool = False,
+    extra: tuple[str, ...] = (),
+) -> list[str]:
     """The `jupyter lab` command line: the course folder as root, open_path opened first."""
-    cmd = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={root}", f"--LabApp.default_url=/lab/tree/{open_path}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        f"--ServerApp.root_dir={root}",
+        f"--LabApp.default_url=/lab/tree/{open_path}",
+    ]
     if port is not None:
         cmd += [f"--ServerApp.port={port}", "--ServerApp.port_retries=0"]
     if not browser:
@@ -145,8 +162,12 @@ class NotebookRun:
         import base64
 
         cells = self.notebook.cells if self.notebook is not None else []
-        return [(i, base64.b64decode(out["data"]["image/png"])) for i, cell in enumerate(cells)
-                for out in cell.get("outputs", []) if "image/png" in out.get("data", {})]
+        return [
+            (i, base64.b64decode(out["data"]["image/png"]))
+            for i, cell in enumerate(cells)
+            for out in cell.get("outputs", [])
+            if "image/png" in out.get("data", {})
+        ]
 
 
 def solution_notebooks(selector: str | None = None) -> list[Path]:
@@ -157,7 +178,9 @@ def solution_notebooks(selector: str | None = None) -> list[Path]:
             raise ValueError(f"expected a notebook number such as 01, got {selector!r}")
         names = [n for n in names if n.split("-")[0] == selector.zfill(2)]
         if not names:
-            raise ValueError(f"no notebook {selector!r}: the course has {', '.join(n.split('-')[0] for n in assignments())}")
+            raise ValueError(
+                f"no notebook {selector!r}: the course has {', '.join(n.split('-')[0] for n in assignments())}"
+            )
     return [p for name in names for p in sorted((ROOT / "solutions" / name).glob("*.ipynb"))]
 
 
@@ -175,7 +198,9 @@ def run_notebook(path: Path, *, timeout: int = 300) -> NotebookRun:
     # the kernel's own stderr (ipykernel's start-up warnings) is shown only if the run fails
     with tempfile.TemporaryFile("w+") as kernel_log:
         try:
-            client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
+            client = NotebookClient(
+                nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+            )
             client.execute(stderr=kernel_log)
         except CellExecutionError as err:
             error = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
@@ -191,8 +216,9 @@ def run_notebook(path: Path, *, timeout: int = 300) -> NotebookRun:
     return NotebookRun(path, time.perf_counter() - start, error, nb)
 
 
-def check_course(selector: str | None = None, *, timeout: int = 300, figures: Path | None = None,
-                 out=sys.stdout) -> list[NotebookRun]:
+def check_course(
+    selector: str | None = None, *, timeout: int = 300, figures: Path | None = None, out=sys.stdout
+) -> list[NotebookRun]:
     """Run every solution notebook as a presenter would, printing one line per notebook as it ends.
 
     figures: a folder to save every figure into, as <notebook>-cell<NN>.png (to look at them)

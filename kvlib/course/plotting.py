@@ -5,6 +5,7 @@ cell shows it exactly once. Okabe-Ito colours (safe for colour-blind readers), f
 projector, titles that state the takeaway. Chinese tokens use a CJK font when one is installed,
 else their pinyin (wǒ, ài), never empty boxes. Not here: computing anything, or widgets.
 """
+
 from __future__ import annotations
 
 import functools
@@ -57,15 +58,41 @@ _RC = {
 
 # Fonts that carry the Chinese characters of the running examples, in order of preference.
 _CJK_CANDIDATES = (
-    "Noto Sans CJK SC", "Noto Sans SC", "Source Han Sans SC", "Source Han Sans CN", "WenQuanYi Micro Hei",
-    "WenQuanYi Zen Hei", "PingFang SC", "Hiragino Sans GB", "Heiti SC", "STHeiti", "Microsoft YaHei", "SimHei",
-    "Noto Sans CJK JP", "Noto Sans CJK TC", "Arial Unicode MS", "Droid Sans Fallback", "AR PL UMing CN", "SimSun",
+    "Noto Sans CJK SC",
+    "Noto Sans SC",
+    "Source Han Sans SC",
+    "Source Han Sans CN",
+    "WenQuanYi Micro Hei",
+    "WenQuanYi Zen Hei",
+    "PingFang SC",
+    "Hiragino Sans GB",
+    "Heiti SC",
+    "STHeiti",
+    "Microsoft YaHei",
+    "SimHei",
+    "Noto Sans CJK JP",
+    "Noto Sans CJK TC",
+    "Arial Unicode MS",
+    "Droid Sans Fallback",
+    "AR PL UMing CN",
+    "SimSun",
 )
 _CJK_HINTS = ("cjk", "han", "hei", "song", "ming", "kai", "wenquanyi", "fallback", "unicode", "gothic")
 _PROBE = "我爱法国巴黎"  # the characters of notebooks 01 and 02
 
 # Pinyin for the course's Chinese tokens, used when no CJK font is installed.
-PINYIN = {"我": "wǒ", "爱": "ài", "法": "fǎ", "国": "guó", "的": "de", "首": "shǒu", "都": "dū", "是": "shì", "巴": "bā", "黎": "lí"}
+PINYIN = {
+    "我": "wǒ",
+    "爱": "ài",
+    "法": "fǎ",
+    "国": "guó",
+    "的": "de",
+    "首": "shǒu",
+    "都": "dū",
+    "是": "shì",
+    "巴": "bā",
+    "黎": "lí",
+}
 
 
 def _covers(path: str, text: str) -> bool:
@@ -215,8 +242,14 @@ def _output_among_values(ax, out, values, probs, labels, colors):
     ax.scatter(*out, marker="*", s=420, color=PALETTE["black"], zorder=4)
     lo, hi = values.min(axis=0) - 0.6, values.max(axis=0) + 0.8
     right_half = out[0] > (lo[0] + hi[0]) / 2  # keep the label inside the axes
-    ax.annotate(f"out [{out[0]:.3f}, {out[1]:.3f}]", out, xytext=(-12 if right_half else 12, -22),
-                textcoords="offset points", ha="right" if right_half else "left", fontsize=13)
+    ax.annotate(
+        f"out [{out[0]:.3f}, {out[1]:.3f}]",
+        out,
+        xytext=(-12 if right_half else 12, -22),
+        textcoords="offset points",
+        ha="right" if right_half else "left",
+        fontsize=13,
+    )
     ax.set_xlim(lo[0], hi[0])
     ax.set_ylim(lo[1], hi[1])
     ax.set_xticks(np.arange(np.ceil(lo[0]), np.floor(hi[0]) + 1))
@@ -246,11 +279,19 @@ def causal_attention_heatmap(tokens, probs, *, title="Each token attends only to
             for j in range(S):
                 if allowed[i, j]:
                     dark = probs[i, j] < 0.55  # light text on the dark end of cividis
-                    ax.text(j, i, f"{probs[i, j]:.3f}", ha="center", va="center", fontsize=14, color="white" if dark else "black")
+                    ax.text(
+                        j,
+                        i,
+                        f"{probs[i, j]:.3f}",
+                        ha="center",
+                        va="center",
+                        fontsize=14,
+                        color="white" if dark else "black",
+                    )
                 else:
                     ax.text(j, i, "masked", ha="center", va="center", fontsize=11, color="#555555")
         ax.set_xticks(range(S), labels)
-        ax.set_yticks(range(T), labels[S - T:])
+        ax.set_yticks(range(T), labels[S - T :])
         ax.set_xlabel("key (attended to)")
         ax.set_ylabel("query (attending)")
         ax.tick_params(length=0)
@@ -271,7 +312,11 @@ def record_note(record: dict, runs: int | None = None) -> str:
     Example: record_note(timing.record, runs=5) -> "Intel Xeon ..., 1 thread, torch 2.5.1, median of 5 runs"
     """
     threads = record.get("threads")
-    parts = [str(record.get("device", "unknown device")), f"{threads} thread{'' if threads == 1 else 's'}", f"torch {record.get('torch', '?')}"]
+    parts = [
+        str(record.get("device", "unknown device")),
+        f"{threads} thread{'' if threads == 1 else 's'}",
+        f"torch {record.get('torch', '?')}",
+    ]
     runs = runs or record.get("runs")
     if runs:
         parts.append(f"median of {runs} runs")
@@ -296,7 +341,17 @@ def ttft_against_prompt_length(prompt_lens, medians_ms, lows_ms, highs_ms, *, no
     with style():
         fig, ax = plt.subplots(figsize=(8, 5))
         fig.subplots_adjust(left=0.12, right=0.97, bottom=0.2, top=0.9)
-        ax.errorbar(x, med, yerr=err, marker="o", ms=7, lw=2, capsize=4, color=PALETTE["vermillion"], label="median (bars: min to max)")
+        ax.errorbar(
+            x,
+            med,
+            yerr=err,
+            marker="o",
+            ms=7,
+            lw=2,
+            capsize=4,
+            color=PALETTE["vermillion"],
+            label="median (bars: min to max)",
+        )
         ax.set_xscale("log", base=2)
         ax.set_xticks(x, [str(n) for n in x])
         ax.minorticks_off()
@@ -328,8 +383,16 @@ def time_per_token(medians_ms, lows_ms, highs_ms, *, note=None):
         top = 1.25 * max(float(np.percentile(hi, 90)), float(med.max()))  # a rare slow run must not flatten the rest
         ax.set_ylim(0, top)
         if hi.max() > top:
-            ax.text(0.99, 0.98, f"slowest run: {hi.max():.0f} ms (off the scale)", transform=ax.transAxes,
-                    ha="right", va="top", fontsize=11, color="#555555")
+            ax.text(
+                0.99,
+                0.98,
+                f"slowest run: {hi.max():.0f} ms (off the scale)",
+                transform=ax.transAxes,
+                ha="right",
+                va="top",
+                fontsize=11,
+                color="#555555",
+            )
         ax.set_xlabel("new token number")
         ax.set_ylabel("time for this token (ms)")
         ax.set_title("Naive decoding: tokens cost more as the text grows")
@@ -356,7 +419,9 @@ def naive_decode_work(new_tokens, naive, needed, *, projections=None, attention=
         fig.subplots_adjust(left=0.12, right=0.97, bottom=0.18, top=0.9)
         ax.loglog(n, naive, lw=2.5, color=PALETTE["vermillion"], label="naive: every step re-runs everything")
         if projections is not None:
-            ax.loglog(n, projections, ls="--", lw=1.5, color=PALETTE["orange"], label="  of which projections and MLP (~N²)")
+            ax.loglog(
+                n, projections, ls="--", lw=1.5, color=PALETTE["orange"], label="  of which projections and MLP (~N²)"
+            )
         if attention is not None:
             ax.loglog(n, attention, ls=":", lw=2.5, color=PALETTE["purple"], label="  of which attention (~N³)")
         ax.loglog(n, needed, lw=2.5, color=PALETTE["green"], label="needed: each token once (~N)")
@@ -389,8 +454,14 @@ def wasted_share(kv_lens, fractions, *, marks=(), note=None):
             i = int(np.searchsorted(x, m))
             ax.plot(x[i], y[i], "o", ms=7, color=PALETTE["black"])
             right = x[i] > x[-1] / 2  # keep the label inside the axes
-            ax.annotate(f"{y[i]:.1f}% at {x[i]} tokens", (x[i], y[i]), xytext=(-8 if right else 10, -24),
-                        textcoords="offset points", ha="right" if right else "left", fontsize=12)
+            ax.annotate(
+                f"{y[i]:.1f}% at {x[i]} tokens",
+                (x[i], y[i]),
+                xytext=(-8 if right else 10, -24),
+                textcoords="offset points",
+                ha="right" if right else "left",
+                fontsize=12,
+            )
         ax.set_ylim(0, 105)
         ax.set_xlim(0, x[-1] * 1.02)
         ax.set_xlabel("tokens in the sequence at this step (kv_len)")
@@ -414,7 +485,9 @@ def step_time_fit(kv_lens, medians_ms, lows_ms, highs_ms, fitted_ms, *, fit_labe
         fig, ax = plt.subplots(figsize=(9, 5.5))
         fig.subplots_adjust(left=0.11, right=0.97, bottom=0.18, top=0.9)
         ax.fill_between(x, lows_ms, highs_ms, color=PALETTE["sky"], alpha=0.35, lw=0, label="min to max")
-        ax.plot(x, medians_ms, "o", ms=5, color=PALETTE["blue"], label="measured step (median)")  # visible from the back of a room
+        ax.plot(
+            x, medians_ms, "o", ms=5, color=PALETTE["blue"], label="measured step (median)"
+        )  # visible from the back of a room
         ax.plot(x, fitted_ms, lw=2.5, color=PALETTE["vermillion"], label=fit_label)
         ax.set_ylim(0, None)
         ax.set_xlim(0, x[-1] * 1.02)
@@ -427,8 +500,21 @@ def step_time_fit(kv_lens, medians_ms, lows_ms, highs_ms, fitted_ms, *, fit_labe
 
 
 __all__ = [
-    "COLORS", "PALETTE", "PINYIN", "attention_weights", "causal_attention_heatmap", "cjk_font", "naive_decode_work",
-    "record_note", "step_time_fit", "style", "time_per_token", "to_png", "token_label", "ttft_against_prompt_length", "wasted_share",
+    "COLORS",
+    "PALETTE",
+    "PINYIN",
+    "attention_weights",
+    "causal_attention_heatmap",
+    "cjk_font",
+    "naive_decode_work",
+    "record_note",
+    "step_time_fit",
+    "style",
+    "time_per_token",
+    "to_png",
+    "token_label",
+    "ttft_against_prompt_length",
+    "wasted_share",
 ]
 
 
@@ -452,8 +538,13 @@ def decode_step_scores(tokens):
     with style():
         size = max(3.6, 0.55 * N + 1.4)
         fig, axes = plt.subplots(1, 2, figsize=(2 * size + 1.2, size + 1.9))
-        fig.subplots_adjust(left=0.11, right=0.98, bottom=0.24, top=0.84, wspace=0.28)  # room for "query" beside the labels
-        for ax, grid, title in ((axes[0], naive, f"No cache: {N} x {N} scores"), (axes[1], cached, f"Cache: 1 x {N} scores")):
+        fig.subplots_adjust(
+            left=0.11, right=0.98, bottom=0.24, top=0.84, wspace=0.28
+        )  # room for "query" beside the labels
+        for ax, grid, title in (
+            (axes[0], naive, f"No cache: {N} x {N} scores"),
+            (axes[1], cached, f"Cache: 1 x {N} scores"),
+        ):
             ax.imshow(grid, cmap=cmap, vmin=-1.5, vmax=2.5)
             ax.set_xticks(np.arange(-0.5, N), minor=True)
             ax.set_yticks(np.arange(-0.5, N), minor=True)
@@ -469,9 +560,11 @@ def decode_step_scores(tokens):
         axes[1].set_xlabel("key (the cache holds these)")
         from matplotlib.patches import Patch  # only this figure needs legend patches
 
-        handles = [Patch(color=PALETTE["vermillion"], label="new: the decoded token's query against every key"),
-                   Patch(color=PALETTE["sky"], label="computed again: earlier steps had these"),
-                   Patch(color=MASKED_GREY, label="masked: a key in the query's future")]
+        handles = [
+            Patch(color=PALETTE["vermillion"], label="new: the decoded token's query against every key"),
+            Patch(color=PALETTE["sky"], label="computed again: earlier steps had these"),
+            Patch(color=MASKED_GREY, label="masked: a key in the query's future"),
+        ]
         fig.legend(handles=handles, loc="lower center", ncol=1, frameon=False, fontsize=12)
         fig.suptitle("A cached decode step computes one row of scores")
     return _finish(fig)
@@ -492,16 +585,31 @@ def cache_time_against_length(new_tokens, naive_s, cached_s, *, naive_fit=None, 
     with style():
         fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5.6), gridspec_kw={"width_ratios": [1.35, 1]})
         fig.subplots_adjust(left=0.08, right=0.98, bottom=0.2, top=0.86, wspace=0.26)
-        for s, fit, color, name in ((naive_s, naive_fit, PALETTE["vermillion"], "no cache"), (cached_s, cached_fit, PALETTE["blue"], "KV cache")):
+        for s, fit, color, name in (
+            (naive_s, naive_fit, PALETTE["vermillion"], "no cache"),
+            (cached_s, cached_fit, PALETTE["blue"], "KV cache"),
+        ):
             ax.loglog(n, s, lw=2.5, color=color, label=f"{name} (median)")
             if fit is not None:
                 c, k = fit
-                ax.loglog(n, c * n**k, ls="--", lw=1.5, color=PALETTE["black"] if color == PALETTE["blue"] else color,
-                          label=f"  fit: ~$N^{{{k:.2f}}}$")
-        ticks = [int(m) for m in marks] or [int(v) for v in 2.0 ** np.arange(np.ceil(np.log2(n[0])), np.floor(np.log2(n[-1])) + 1)]
+                ax.loglog(
+                    n,
+                    c * n**k,
+                    ls="--",
+                    lw=1.5,
+                    color=PALETTE["black"] if color == PALETTE["blue"] else color,
+                    label=f"  fit: ~$N^{{{k:.2f}}}$",
+                )
+        ticks = [int(m) for m in marks] or [
+            int(v) for v in 2.0 ** np.arange(np.ceil(np.log2(n[0])), np.floor(np.log2(n[-1])) + 1)
+        ]
         ax.set_xticks(ticks, [str(v) for v in ticks])
         lo, hi = min(naive_s.min(), cached_s.min()), max(naive_s.max(), cached_s.max())
-        yticks = [v for v in (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100) if lo / 1.5 <= v <= hi * 1.5]
+        yticks = [
+            v
+            for v in (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100)
+            if lo / 1.5 <= v <= hi * 1.5
+        ]
         ax.set_yticks(yticks, [f"{v:g}" for v in yticks])  # plain seconds: a log axis alone labels only powers of 10
         ax.minorticks_off()
         ax.set_xlabel("new tokens generated, N")
@@ -512,7 +620,14 @@ def cache_time_against_length(new_tokens, naive_s, cached_s, *, naive_fit=None, 
         for m in marks:
             i = int(np.argmin(np.abs(n - m)))
             bx.plot(n[i], speedup[i], "o", ms=7, color=PALETTE["black"])
-            bx.annotate(f"{speedup[i]:.1f}x", (n[i], speedup[i]), xytext=(0, 10), textcoords="offset points", ha="center", fontsize=12)
+            bx.annotate(
+                f"{speedup[i]:.1f}x",
+                (n[i], speedup[i]),
+                xytext=(0, 10),
+                textcoords="offset points",
+                ha="center",
+                fontsize=12,
+            )
         bx.axhline(1, color="grey", lw=0.8, ls=":")
         bx.set_xscale("log", base=2)
         bx.set_xticks(ticks, [str(v) for v in ticks])
@@ -522,8 +637,10 @@ def cache_time_against_length(new_tokens, naive_s, cached_s, *, naive_fit=None, 
         bx.set_ylabel("speedup (no cache / cache)")
         bx.set_title("Speedup")
         grows = speedup[-1] > speedup[0]  # the title states what this run measured, not what theory expects
-        fig.suptitle(f"The cache's gain {'grows' if grows else 'does not grow'} with the length generated: "
-                     f"{speedup[0]:.1f}x at {int(n[0])} tokens, {speedup[-1]:.1f}x at {int(n[-1])}")
+        fig.suptitle(
+            f"The cache's gain {'grows' if grows else 'does not grow'} with the length generated: "
+            f"{speedup[0]:.1f}x at {int(n[0])} tokens, {speedup[-1]:.1f}x at {int(n[-1])}"
+        )
         _note(fig, note)
     return _finish(fig)
 
@@ -561,16 +678,39 @@ def roofline(roofs, points=(), *, title=None, xlim=(0.1, 1000), note=None):
         fig.subplots_adjust(left=0.12, right=0.97, bottom=0.19, top=0.9)
         for i, (label, peak, bw) in enumerate(roofs):
             ridge = peak / bw
-            ax.loglog(x, np.minimum(peak, x * bw), lw=3 if i == 0 else 1.8, color=roof_colors[i % len(roof_colors)],
-                      alpha=1 if i == 0 else 0.8, label=f"{label}: {_si(peak, 'FLOP/s')}, {_si(bw, 'B/s')}, ridge {ridge:.3g}")
+            ax.loglog(
+                x,
+                np.minimum(peak, x * bw),
+                lw=3 if i == 0 else 1.8,
+                color=roof_colors[i % len(roof_colors)],
+                alpha=1 if i == 0 else 0.8,
+                label=f"{label}: {_si(peak, 'FLOP/s')}, {_si(bw, 'B/s')}, ridge {ridge:.3g}",
+            )
             if i == 0:
                 ax.axvline(ridge, color=roof_colors[0], ls=":", lw=1.2)
                 ax.axvspan(xlim[0], ridge, color=PALETTE["sky"], alpha=0.12, lw=0)
-                ax.text(ridge, peak * 1.25, f"ridge {ridge:.3g} FLOP/B", ha="center", va="bottom", fontsize=11, color=roof_colors[0])
-                ax.text(xlim[0] * 1.3, peak * 1.25, "memory-bound", ha="left", va="bottom", fontsize=11, color="#555555")
+                ax.text(
+                    ridge,
+                    peak * 1.25,
+                    f"ridge {ridge:.3g} FLOP/B",
+                    ha="center",
+                    va="bottom",
+                    fontsize=11,
+                    color=roof_colors[0],
+                )
+                ax.text(
+                    xlim[0] * 1.3, peak * 1.25, "memory-bound", ha="left", va="bottom", fontsize=11, color="#555555"
+                )
         for j, (label, intensity, achieved) in enumerate(points):
             color = point_colors[j % len(point_colors)]
-            ax.loglog([intensity], [achieved], "o", ms=10, color=color, label=f"{label}: {intensity:.3g} FLOP/B, {_si(achieved, 'FLOP/s')}")
+            ax.loglog(
+                [intensity],
+                [achieved],
+                "o",
+                ms=10,
+                color=color,
+                label=f"{label}: {intensity:.3g} FLOP/B, {_si(achieved, 'FLOP/s')}",
+            )
         peaks = [p for _, p, _ in roofs] + [a for _, _, a in points]
         lows = [x[0] * bw for _, _, bw in roofs] + [a for _, _, a in points]
         ax.set_ylim(min(lows) / 2, max(peaks) * 4)
@@ -580,7 +720,9 @@ def roofline(roofs, points=(), *, title=None, xlim=(0.1, 1000), note=None):
         if title is None:
             ridge = roofs[0][1] / roofs[0][2]
             if points:
-                side = "left of the ridge: memory-bound" if points[0][1] < ridge else "right of the ridge: compute-bound"
+                side = (
+                    "left of the ridge: memory-bound" if points[0][1] < ridge else "right of the ridge: compute-bound"
+                )
                 title = f"{points[0][0]} sits {side}"
             else:
                 title = f"{roofs[0][0]}: left of {ridge:.3g} FLOP/B, memory sets the speed"
@@ -590,7 +732,9 @@ def roofline(roofs, points=(), *, title=None, xlim=(0.1, 1000), note=None):
     return _finish(fig)
 
 
-def bytes_against_kv_len(kv_lens, weight_bytes, kv_bytes_per_token, *, batches=(1,), sliding_window=None, model="", note=None):
+def bytes_against_kv_len(
+    kv_lens, weight_bytes, kv_bytes_per_token, *, batches=(1,), sliding_window=None, model="", note=None
+):
     """Weights against KV cache bytes over kv_len, the tokens each sequence has seen (log-log), one KV
     line per batch size.
 
@@ -609,7 +753,13 @@ def bytes_against_kv_len(kv_lens, weight_bytes, kv_bytes_per_token, *, batches=(
     with style():
         fig, ax = plt.subplots(figsize=(10, 5.8))
         fig.subplots_adjust(left=0.12, right=0.97, bottom=0.19, top=0.9)
-        ax.loglog(n, np.full_like(n, weight_bytes / 1e9), lw=3, color=PALETTE["black"], label=f"weights: {weight_bytes / 1e9:.1f} GB")
+        ax.loglog(
+            n,
+            np.full_like(n, weight_bytes / 1e9),
+            lw=3,
+            color=PALETTE["black"],
+            label=f"weights: {weight_bytes / 1e9:.1f} GB",
+        )
         crossings = []
         for i, batch in enumerate(batches):
             kv = held * kv_bytes_per_token * batch / 1e9
@@ -619,14 +769,27 @@ def bytes_against_kv_len(kv_lens, weight_bytes, kv_bytes_per_token, *, batches=(
                 cross = None  # the window stops the cache below the weights
             if cross is not None and n[0] <= cross <= n[-1]:
                 ax.plot([cross], [weight_bytes / 1e9], "o", ms=9, color=colors[i % len(colors)])
-                ax.annotate(f"{cross:,.0f} tokens", (cross, weight_bytes / 1e9), xytext=(0, 12), textcoords="offset points",
-                            ha="center", fontsize=11, color=colors[i % len(colors)])
+                ax.annotate(
+                    f"{cross:,.0f} tokens",
+                    (cross, weight_bytes / 1e9),
+                    xytext=(0, 12),
+                    textcoords="offset points",
+                    ha="center",
+                    fontsize=11,
+                    color=colors[i % len(colors)],
+                )
             crossings.append((batch, cross))
         if sliding_window is not None and n[0] <= sliding_window <= n[-1]:
             ax.axvline(sliding_window, ls=":", lw=1.5, color="grey")
-            ax.annotate(f"sliding window: {sliding_window:,} tokens,\nthe cache stops growing", (sliding_window, 0.03),
-                        xycoords=("data", "axes fraction"), xytext=(6, 0), textcoords="offset points", fontsize=11,
-                        color="grey")
+            ax.annotate(
+                f"sliding window: {sliding_window:,} tokens,\nthe cache stops growing",
+                (sliding_window, 0.03),
+                xycoords=("data", "axes fraction"),
+                xytext=(6, 0),
+                textcoords="offset points",
+                fontsize=11,
+                color="grey",
+            )
         ax.set_xlabel("kv_len (tokens of context, per sequence)")
         ax.set_ylabel("memory (GB)")
         top = max(weight_bytes, held[-1] * kv_bytes_per_token * batches[-1]) / 1e9
@@ -651,7 +814,9 @@ def decode_against_batch(batches, measured_tps, predicted_tps, intensities, ridg
     Returns: the Figure (left: tokens/s; right: arithmetic intensity against the ridge)
     """
     b = np.asarray(batches, dtype=float)
-    measured_tps, predicted_tps, intensities = (np.asarray(a, dtype=float) for a in (measured_tps, predicted_tps, intensities))
+    measured_tps, predicted_tps, intensities = (
+        np.asarray(a, dtype=float) for a in (measured_tps, predicted_tps, intensities)
+    )
     with style():
         fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5.6))
         fig.subplots_adjust(left=0.08, right=0.98, bottom=0.2, top=0.86, wspace=0.25)
@@ -670,8 +835,10 @@ def decode_against_batch(batches, measured_tps, predicted_tps, intensities, ridg
         bx.set_ylabel("FLOPs per byte moved")
         bx.set_title("Arithmetic intensity")
         gain = measured_tps[-1] / measured_tps[0]
-        fig.suptitle(f"Batching reuses each weight read: {gain:.0f}x the tokens/s at batch {int(b[-1])}, "
-                     f"until the ridge at {ridge:.3g} FLOP/B")
+        fig.suptitle(
+            f"Batching reuses each weight read: {gain:.0f}x the tokens/s at batch {int(b[-1])}, "
+            f"until the ridge at {ridge:.3g} FLOP/B"
+        )
         _note(fig, note)
     return _finish(fig)
 
@@ -721,21 +888,28 @@ def gqa_decode_time(rows, *, kv_len=None, note=None):
     kv_len = kv_len or lens[len(lens) // 2]
     at = [r for r in rows if r["kv_len"] == kv_len]
     heads = sorted({r["n_kv_heads"] for r in at}, reverse=True)
-    styles = {"materialised": (PALETTE["vermillion"], "s", "repeat_kv, then MHA attention"),
-              "grouped": (PALETTE["blue"], "o", "grouped_attention (6.2)"),
-              "sdpa": (PALETTE["sky"], "^", "torch SDPA, enable_gqa")}
+    styles = {
+        "materialised": (PALETTE["vermillion"], "s", "repeat_kv, then MHA attention"),
+        "grouped": (PALETTE["blue"], "o", "grouped_attention (6.2)"),
+        "sdpa": (PALETTE["sky"], "^", "torch SDPA, enable_gqa"),
+    }
     with style():
         fig, (ax, bx) = plt.subplots(1, 2, figsize=(14, 5.8), gridspec_kw={"width_ratios": [1.3, 1]})
         fig.subplots_adjust(left=0.07, right=0.98, bottom=0.22, top=0.84, wspace=0.25)
         x = np.arange(len(heads))
         for method, (color, marker, label) in styles.items():
             mha = "mha sdpa" if method == "sdpa" else "mha"  # each way starts from MHA done the same way
-            pts = [(i, r) for i, h in enumerate(heads) for r in at if r["n_kv_heads"] == h and r["method"] in (method, mha)]
+            pts = [
+                (i, r) for i, h in enumerate(heads) for r in at if r["n_kv_heads"] == h and r["method"] in (method, mha)
+            ]
             if len(pts) < 2:
                 continue
             xi = np.array([p[0] for p in pts])
             med = np.array([p[1]["median_s"] for p in pts]) * 1e3
-            err = [med - np.array([p[1]["min_s"] for p in pts]) * 1e3, np.array([p[1]["max_s"] for p in pts]) * 1e3 - med]
+            err = [
+                med - np.array([p[1]["min_s"] for p in pts]) * 1e3,
+                np.array([p[1]["max_s"] for p in pts]) * 1e3 - med,
+            ]
             ax.errorbar(xi, med, yerr=err, color=color, marker=marker, ms=8, lw=2, capsize=3, label=label)
         grouped = [next(r for r in at if r["n_kv_heads"] == h and r["method"] in ("grouped", "mha")) for h in heads]
         pred = [r["predicted_s"] * 1e3 for r in grouped]
@@ -743,9 +917,16 @@ def gqa_decode_time(rows, *, kv_len=None, note=None):
         if all("fixed_s" in r for r in grouped):  # recordings made before the fixed part was measured lack it
             from kvlib.measure.bench_gqa import FIXED_KV_LEN
 
-            ax.plot(x, [r["fixed_s"] * 1e3 for r in grouped], ls=":", color=PALETTE["blue"], lw=2,
-                    label="fixed part (intercept of a line over kv_len)" if "fixed_spread_s" in grouped[0]
-                    else f"fixed part ({FIXED_KV_LEN} cached tokens)")
+            ax.plot(
+                x,
+                [r["fixed_s"] * 1e3 for r in grouped],
+                ls=":",
+                color=PALETTE["blue"],
+                lw=2,
+                label="fixed part (intercept of a line over kv_len)"
+                if "fixed_spread_s" in grouped[0]
+                else f"fixed part ({FIXED_KV_LEN} cached tokens)",
+            )
         ax.set_xticks(x, [f"{h}\n{'MHA' if h == heads[0] else 'MQA' if h == 1 else 'GQA'}" for h in heads])
         ax.set_xlabel("key/value heads (n_kv_heads)")
         ax.set_ylabel("one decode step (ms)")
@@ -758,9 +939,19 @@ def gqa_decode_time(rows, *, kv_len=None, note=None):
             pts = [r for r in rows if r["n_kv_heads"] == quarter and r["method"] == method]
             if pts:
                 color, marker, label = styles[method]
-                bx.plot([r["kv_len"] for r in pts], [r["speedup_vs_mha"] for r in pts], color=color, marker=marker, ms=8, lw=2, label=label)
+                bx.plot(
+                    [r["kv_len"] for r in pts],
+                    [r["speedup_vs_mha"] for r in pts],
+                    color=color,
+                    marker=marker,
+                    ms=8,
+                    lw=2,
+                    label=label,
+                )
         bx.axhline(1, color="grey", lw=1, ls=":")
-        bx.axhline(heads[0] / quarter, color=PALETTE["black"], lw=1, ls="--", label=f"{heads[0] // quarter}x fewer KV bytes")
+        bx.axhline(
+            heads[0] / quarter, color=PALETTE["black"], lw=1, ls="--", label=f"{heads[0] // quarter}x fewer KV bytes"
+        )
         bx.set_xscale("log", base=2)
         bx.set_xticks(lens, [f"{n // 1024}k" if n >= 1024 else str(n) for n in lens])
         bx.minorticks_off()
@@ -771,9 +962,16 @@ def gqa_decode_time(rows, *, kv_len=None, note=None):
         bx.legend(loc="upper right", frameon=False, fontsize=11)
         g = next(r for r in at if r["n_kv_heads"] == quarter and r["method"] == "grouped")
         m = next(r for r in at if r["n_kv_heads"] == quarter and r["method"] == "materialised")
-        verdict = "keeps the saving" if g["speedup_vs_mha"] > max(1.0, m["speedup_vs_mha"]) else "did not beat MHA in this run"
-        fig.suptitle(f"GQA-{quarter} decode: copying the shared heads out runs at {m['speedup_vs_mha']:.1f}x MHA's speed; "
-                     f"reading them in place {verdict} ({g['speedup_vs_mha']:.1f}x)", fontsize=15)
+        verdict = (
+            "keeps the saving"
+            if g["speedup_vs_mha"] > max(1.0, m["speedup_vs_mha"])
+            else "did not beat MHA in this run"
+        )
+        fig.suptitle(
+            f"GQA-{quarter} decode: copying the shared heads out runs at {m['speedup_vs_mha']:.1f}x MHA's speed; "
+            f"reading them in place {verdict} ({g['speedup_vs_mha']:.1f}x)",
+            fontsize=15,
+        )
         _note(fig, note)
     return _finish(fig)
 
@@ -795,25 +993,47 @@ def gqa_quality(rows, *, note=None):
         fig, axes = plt.subplots(1, 2, figsize=(13, 5.4))
         fig.subplots_adjust(left=0.08, right=0.98, bottom=0.22, top=0.84, wspace=0.25)
         original = next((r for r in rows if r["recipe"] == "original"), None)
-        for ax, key, label in ((axes[0], "held_out_loss", "held-out loss (nats/token)"), (axes[1], "accuracy", "capital accuracy, held-out phrasings")):
+        for ax, key, label in (
+            (axes[0], "held_out_loss", "held-out loss (nats/token)"),
+            (axes[1], "accuracy", "capital accuracy, held-out phrasings"),
+        ):
             for recipe in ("mean", "first"):
-                pts = sorted(([r for r in rows if r["recipe"] == recipe] + ([original] if original else [])), key=lambda r: -r["n_kv_heads"])
+                pts = sorted(
+                    ([r for r in rows if r["recipe"] == recipe] + ([original] if original else [])),
+                    key=lambda r: -r["n_kv_heads"],
+                )
                 if len(pts) < 2:
                     continue
                 xs = [x[r["n_kv_heads"]] for r in pts]
-                ax.plot(xs, [r[key] for r in pts], color=colors[recipe], marker="o", ms=8, lw=2, label=f"{names[recipe]}")
+                ax.plot(
+                    xs, [r[key] for r in pts], color=colors[recipe], marker="o", ms=8, lw=2, label=f"{names[recipe]}"
+                )
                 if uptrained and all(f"uptrained_{key}" in r for r in pts):
-                    ax.plot(xs, [r[f"uptrained_{key}"] for r in pts], color=colors[recipe], marker="o", ms=8, lw=2, ls="--",
-                            mfc="white", label=f"{names[recipe]}, uptrained")
-            ax.set_xticks(range(len(heads)), [f"{h}\n{'MHA' if h == heads[0] else 'MQA' if h == 1 else 'GQA'}" for h in heads])
+                    ax.plot(
+                        xs,
+                        [r[f"uptrained_{key}"] for r in pts],
+                        color=colors[recipe],
+                        marker="o",
+                        ms=8,
+                        lw=2,
+                        ls="--",
+                        mfc="white",
+                        label=f"{names[recipe]}, uptrained",
+                    )
+            ax.set_xticks(
+                range(len(heads)), [f"{h}\n{'MHA' if h == heads[0] else 'MQA' if h == 1 else 'GQA'}" for h in heads]
+            )
             ax.set_xlabel("key/value heads (n_kv_heads)")
             ax.set_ylabel(label)
             ax.set_ylim(0, None if key == "held_out_loss" else 1.05)
         axes[1].yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
         axes[0].legend(loc="upper left", frameon=False, fontsize=11)
         steps = next((r["uptrain_steps"] for r in rows if "uptrain_steps" in r), None)
-        fig.suptitle("Pooling a trained MHA model's heads costs quality at once" +
-                     (f"; {steps} steps of uptraining buy most of it back" if steps else ""), fontsize=15)
+        fig.suptitle(
+            "Pooling a trained MHA model's heads costs quality at once"
+            + (f"; {steps} steps of uptraining buy most of it back" if steps else ""),
+            fontsize=15,
+        )
         _note(fig, note)
     return _finish(fig)
 
@@ -855,8 +1075,14 @@ def rotary_scores(distances, scores_by_offset, *, note=None):
         fig, ax = plt.subplots(figsize=(9, 5))
         fig.subplots_adjust(left=0.11, right=0.97, bottom=0.18, top=0.9)
         for i, (offset, scores) in enumerate(scores_by_offset.items()):
-            ax.plot(distances, scores, lw=5 - 1.2 * i, ls=("-", "--", ":", "-.")[i % 4], color=COLORS[i % len(COLORS)],
-                    label=f"key at position {offset}")
+            ax.plot(
+                distances,
+                scores,
+                lw=5 - 1.2 * i,
+                ls=("-", "--", ":", "-.")[i % 4],
+                color=COLORS[i % len(COLORS)],
+                label=f"key at position {offset}",
+            )
         ax.axhline(0, color=PALETTE["black"], lw=0.8)
         ax.set_xlabel("distance: query position - key position (tokens)")
         ax.set_ylabel("score q · k after rotary")
@@ -890,8 +1116,16 @@ def serving_compare(static, continuous, *, note=None):
         ax.set_title("Throughput")
         x = np.arange(2)
         for i, (key, label) in enumerate((("ttft_p50_s", "p50"), ("ttft_p99_s", "p99"))):
-            bx.bar(x + (i - 0.5) * 0.38, [static[key], continuous[key]], 0.38, color=colors, alpha=0.55 if i == 0 else 1.0,
-                   label=label, edgecolor="black", linewidth=0.5)
+            bx.bar(
+                x + (i - 0.5) * 0.38,
+                [static[key], continuous[key]],
+                0.38,
+                color=colors,
+                alpha=0.55 if i == 0 else 1.0,
+                label=label,
+                edgecolor="black",
+                linewidth=0.5,
+            )
         bx.set_xticks(x, ways)
         bx.set_ylabel("seconds")
         bx.set_title("TTFT (p50 light, p99 dark)")
@@ -902,8 +1136,10 @@ def serving_compare(static, continuous, *, note=None):
         for axis in (ax, bx, cx):
             axis.set_xlabel("batching, KV reservation")
         gain = continuous["tokens_per_s"] / static["tokens_per_s"]
-        fig.suptitle(f"Same KV memory: continuous batching {gain:.1f}x the throughput, "
-                     f"{continuous['kv_utilisation']:.0%} of its KV in use against {static['kv_utilisation']:.0%}")
+        fig.suptitle(
+            f"Same KV memory: continuous batching {gain:.1f}x the throughput, "
+            f"{continuous['kv_utilisation']:.0%} of its KV in use against {static['kv_utilisation']:.0%}"
+        )
         _note(fig, note)
     return _finish(fig)
 
@@ -936,14 +1172,15 @@ def block_memory_map(owners, *, step=None, note=None):
             ax.axvline(step, color="white", lw=2)
             ax.axvline(step, color="black", lw=1, ls="--")
             running = len(set(row[row >= 0].tolist()))
-            ax.set_title(f"Step {step}: {int((row != -1).sum())} of {row.size} blocks held, by {running} requests "
-                         f"({int((row == -2).sum())} shared), {int((row == -1).sum())} free")
+            ax.set_title(
+                f"Step {step}: {int((row != -1).sum())} of {row.size} blocks held, by {running} requests "
+                f"({int((row == -2).sum())} shared), {int((row == -1).sum())} free"
+            )
         _note(fig, note)
     return _finish(fig)
 
 
 __all__ += ["block_memory_map", "serving_compare"]
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -971,10 +1208,15 @@ def cache_schemes(labels, kib_per_token, quality, *, model="", note=None):
             ax.text(k * 1.08, yi, f"{k:,.1f}", va="center", fontsize=10)
             ax.text(1.04, yi, q, va="center", fontsize=10, transform=ax.get_yaxis_transform())
         ax.set_ylim(-0.6, n - 0.1)
-        ax.text(1.04, n - 0.35, "quality on the tiny model", fontsize=11, weight="bold", transform=ax.get_yaxis_transform())
+        ax.text(
+            1.04, n - 0.35, "quality on the tiny model", fontsize=11, weight="bold", transform=ax.get_yaxis_transform()
+        )
         ax.set_xlim(min(kib_per_token) / 2, max(kib_per_token) * 3)
         ax.set_ylabel("cache scheme")
-        ax.set_title(f"{model}:\n{max(kib_per_token) / min(kib_per_token):.0f}x less cache per token from the largest "
-                     "scheme to the smallest", loc="left")
+        ax.set_title(
+            f"{model}:\n{max(kib_per_token) / min(kib_per_token):.0f}x less cache per token from the largest "
+            "scheme to the smallest",
+            loc="left",
+        )
         _note(fig, note)
     return _finish(fig)

@@ -4,6 +4,7 @@
   solutions/NN-topic/*.ipynb    -> notebooks/NN-topic/*.ipynb (nbgrader generate_assignment)
 `kvlib course release` rewrites both; `--check` only reports what differs (the tests use it).
 """
+
 from __future__ import annotations
 
 import difflib
@@ -32,7 +33,9 @@ def stub_source(solution: str) -> str:
             if current is None:
                 raise ValueError(f"a solution block outside an @exercise function: {line!r}")
             indent = line[: len(line) - len(line.lstrip())]
-            out.append(f'{indent}raise NotImplementedError("Exercise {current.id} (notebooks/{current.notebook}): {current.name}")\n')
+            out.append(
+                f'{indent}raise NotImplementedError("Exercise {current.id} (notebooks/{current.notebook}): {current.name}")\n'
+            )
             skipping = True
         elif line.strip() == _END:
             skipping, current = False, None
@@ -75,8 +78,14 @@ def sitting(notebook: Path) -> dict:
     code = sum(c["cell_type"] == "code" for c in cells)
     exercises = sum(ex.notebook == notebook.parent.name for ex in EXERCISES)
     minutes = words / WORDS_PER_MINUTE + MINUTES_PER_EXERCISE * exercises + MINUTES_PER_CODE_CELL * code
-    return {"notebook": notebook.parent.name, "cells": len(cells), "words": words, "exercises": exercises,
-            "code_cells": code, "minutes": round(minutes)}
+    return {
+        "notebook": notebook.parent.name,
+        "cells": len(cells),
+        "words": words,
+        "exercises": exercises,
+        "code_cells": code,
+        "minutes": round(minutes),
+    }
 
 
 def sitting_table() -> str:
@@ -85,7 +94,9 @@ def sitting_table() -> str:
     for name in assignments():
         for nb in sorted((ROOT / "solutions" / name).glob("*.ipynb")):
             s = sitting(nb)
-            rows.append(f"| {s['notebook']} | {s['cells']} | {s['words']:,} | {s['exercises']} | {s['code_cells']} | {s['minutes']} |")
+            rows.append(
+                f"| {s['notebook']} | {s['cells']} | {s['words']:,} | {s['exercises']} | {s['code_cells']} | {s['minutes']} |"
+            )
     return "\n".join(rows)
 
 
@@ -94,8 +105,15 @@ def _generate_notebooks(dest: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in assignments():
             cmd = [
-                sys.executable, "-m", "nbgrader", "generate_assignment", name, "--no-db", "--force",
-                f"--CourseDirectory.root={ROOT}", f"--CourseDirectory.release_directory={dest}",
+                sys.executable,
+                "-m",
+                "nbgrader",
+                "generate_assignment",
+                name,
+                "--no-db",
+                "--force",
+                f"--CourseDirectory.root={ROOT}",
+                f"--CourseDirectory.release_directory={dest}",
                 "--log-level=WARN",
             ]
             # run from a scratch folder: nbgrader would otherwise leave gradebook.db in the repo
@@ -105,7 +123,11 @@ def _generate_notebooks(dest: Path) -> None:
 
 
 def _diff(old: str, new: str, name: str) -> list[str]:
-    return list(difflib.unified_diff(old.splitlines(), new.splitlines(), f"{name} (committed)", f"{name} (generated)", lineterm="", n=1))
+    return list(
+        difflib.unified_diff(
+            old.splitlines(), new.splitlines(), f"{name} (committed)", f"{name} (generated)", lineterm="", n=1
+        )
+    )
 
 
 def release(check: bool = False) -> list[str]:
@@ -117,7 +139,9 @@ def release(check: bool = False) -> list[str]:
         new = stub_source(sol.read_text(encoding="utf-8"))
         old = target.read_text(encoding="utf-8") if target.exists() else ""
         if old != new:
-            problems += [f"kvlib/{sol.name} differs from the stub of solutions/kvlib/{sol.name}"] + _diff(old, new, f"kvlib/{sol.name}")[:40]
+            problems += [f"kvlib/{sol.name} differs from the stub of solutions/kvlib/{sol.name}"] + _diff(
+                old, new, f"kvlib/{sol.name}"
+            )[:40]
             if not check:
                 target.write_text(new, encoding="utf-8")
     with tempfile.TemporaryDirectory() as tmp:
@@ -129,11 +153,17 @@ def release(check: bool = False) -> list[str]:
             new = nb.read_text(encoding="utf-8")
             old = target.read_text(encoding="utf-8") if target.exists() else ""
             if old != new:
-                problems += [f"notebooks/{rel} differs from what nbgrader generates from solutions/{rel}"] + _diff(old, new, f"notebooks/{rel}")[:40]
+                problems += [f"notebooks/{rel} differs from what nbgrader generates from solutions/{rel}"] + _diff(
+                    old, new, f"notebooks/{rel}"
+                )[:40]
                 if not check:
                     target.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(nb, target)
-        stale = {p.relative_to(ROOT / "notebooks") for p in (ROOT / "notebooks").rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts}
+        stale = {
+            p.relative_to(ROOT / "notebooks")
+            for p in (ROOT / "notebooks").rglob("*.ipynb")
+            if ".ipynb_checkpoints" not in p.parts
+        }
         stale -= {p.relative_to(fresh) for p in fresh.rglob("*.ipynb")}
         problems += [f"notebooks/{rel} has no source in solutions/" for rel in sorted(stale)]
     return problems

@@ -13,6 +13,7 @@
   HideHiddenTests              generate_feedback: graded cells without their hidden tests
 Not here: the checks themselves (kvlib.checks).
 """
+
 from __future__ import annotations
 
 __all__ = ["HideHiddenTests", "IsolatedGrading", "NoteRefusedFiles", "RestoreCells", "SandboxExecute"]

@@ -7,6 +7,7 @@ a length-prefixed .npz (function name, arguments), each reply a .npz of plain nu
 Everything it replies is untrusted: the grader reads it with allow_pickle=False and checks it.
 Stdlib and numpy only (this file is copied into the jail; kvlib is the learner's there).
 """
+
 import contextlib
 import functools
 import io
@@ -28,7 +29,7 @@ def _send(fd, payload: bytes) -> None:
     data = struct.pack(">Q", len(payload)) + payload
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def _recv(fd) -> bytes | None:
@@ -110,12 +111,19 @@ class Encoder:
             return {"t": "dtype", "v": str(obj).replace("torch.", "")}
         if t.__name__ == "ModelConfig" and t.__module__ == "kvlib.core.model":  # sizes only: rebuilt in the child
             return {"t": "config", "v": _config_fields(obj)}
-        if t.__name__ in _DECODERS and t.__module__ == "kvlib.core.model":  # sizes and weights: rebuilt on the other side
+        if (
+            t.__name__ in _DECODERS and t.__module__ == "kvlib.core.model"
+        ):  # sizes and weights: rebuilt on the other side
             state = obj.state_dict()
             if len(state) > MAX_ITEMS:
                 raise TypeError(f"a Decoder of more than {MAX_ITEMS} weights")
-            node = {"t": "decoder", "config": _config_fields(obj.config), "names": list(state),
-                    "tensors": [self.encode(v, depth + 1) for v in state.values()], "training": bool(obj.training)}
+            node = {
+                "t": "decoder",
+                "config": _config_fields(obj.config),
+                "names": list(state),
+                "tensors": [self.encode(v, depth + 1) for v in state.values()],
+                "training": bool(obj.training),
+            }
             if t.__name__ == "SlowDecoder":
                 node["per_token"] = float(obj.per_token)
             return node
@@ -123,9 +131,17 @@ class Encoder:
             return {"t": "generator", "k": self._array(obj.get_state().numpy())}
         if t.__name__ == "Attention" and t.__module__ == "kvlib.core.model":  # one layer's attention: sizes and weights
             state = obj.state_dict()
-            sizes = {"d_model": int(obj.q_proj.in_features), "n_heads": int(obj.n_heads), "n_kv_heads": int(obj.n_kv_heads)}
-            return {"t": "attention", "sizes": sizes, "names": list(state),
-                    "tensors": [self.encode(v, depth + 1) for v in state.values()]}
+            sizes = {
+                "d_model": int(obj.q_proj.in_features),
+                "n_heads": int(obj.n_heads),
+                "n_kv_heads": int(obj.n_kv_heads),
+            }
+            return {
+                "t": "attention",
+                "sizes": sizes,
+                "names": list(state),
+                "tensors": [self.encode(v, depth + 1) for v in state.values()],
+            }
         if t.__name__ == "Request" and t.__module__ == "kvlib.core.paging":  # 07's request: its numbers, not its table
             return {"t": "request", "items": [self.encode(getattr(obj, f), depth + 1) for f in _REQUEST_FIELDS]}
         if t is _Method:
@@ -180,7 +196,9 @@ def decode(np, torch, head, files, node):
 
         model = importlib.import_module("kvlib.core.model")
         config = model.ModelConfig(**node["config"])
-        decoder = (model.SlowDecoder(config, float(node["per_token"])) if "per_token" in node else model.Decoder(config)).eval()
+        decoder = (
+            model.SlowDecoder(config, float(node["per_token"])) if "per_token" in node else model.Decoder(config)
+        ).eval()
         state = dict(zip(node["names"], (decode(np, torch, head, files, x) for x in node["tensors"])))
         dtype = next((v.dtype for v in state.values() if v.is_floating_point()), None)
         if dtype is not None:  # the weights' own dtype (Exercise 6.4 keeps it), not Decoder's float32
@@ -192,8 +210,15 @@ def decode(np, torch, head, files, node):
 
         model = importlib.import_module("kvlib.core.model")
         z = node["sizes"]
-        config = model.ModelConfig(vocab_size=1, d_model=z["d_model"], n_layers=1, n_heads=z["n_heads"],
-                                   n_kv_heads=z["n_kv_heads"], hidden_dim=1, max_seq_len=1)
+        config = model.ModelConfig(
+            vocab_size=1,
+            d_model=z["d_model"],
+            n_layers=1,
+            n_heads=z["n_heads"],
+            n_kv_heads=z["n_kv_heads"],
+            hidden_dim=1,
+            max_seq_len=1,
+        )
         attn = model.Attention(config).eval()
         attn.load_state_dict(dict(zip(node["names"], (decode(np, torch, head, files, x) for x in node["tensors"]))))
         return attn
@@ -246,8 +271,13 @@ def _error(err, files, what):
         message = str(err)
     except BaseException:
         message = "(the exception's message could not be printed)"
-    head = {"status": "error", "what": what, "type": type(err).__name__[:100], "message": message[:2000],
-            "where": _where(err, files)[:300]}
+    head = {
+        "status": "error",
+        "what": what,
+        "type": type(err).__name__[:100],
+        "message": message[:2000],
+        "where": _where(err, files)[:300],
+    }
     ex = getattr(err, "exercise", None)
     if type(err).__name__ == "ExerciseNotDone" and ex is not None:
         head["not_done"] = str(getattr(ex, "id", ""))
@@ -331,19 +361,35 @@ def main() -> None:
                 if int(req["h"]) not in handles:
                     raise ValueError("the object was lost: the isolated process restarted after an earlier call failed")
                 obj = handles[int(req["h"])]
-                fn = {"getattr": lambda: _attribute(obj, attr), "method": getattr(obj, attr) if op == "method" else None,
-                      "data_ptr": lambda: int(getattr(obj, attr).data_ptr()),
-                      "setattr": lambda value: setattr(obj, attr, value)}[op]
+                fn = {
+                    "getattr": lambda: _attribute(obj, attr),
+                    "method": getattr(obj, attr) if op == "method" else None,
+                    "data_ptr": lambda: int(getattr(obj, attr).data_ptr()),
+                    "setattr": lambda value: setattr(obj, attr, value),
+                }[op]
             else:
                 raise ValueError(f"unknown request {op!r}")
             req.update(_modules=modules, _handles=handles, _calls=calls, _enc=enc)
             args = [decode(np, torch, req, files_in, a) for a in req["args"]]
             kwargs = {k: decode(np, torch, req, files_in, v) for k, v in req["kwargs"].items()}
         except BaseException as err:
-            _send(wfd, enc.payload({"status": "error", "what": "request", "type": type(err).__name__, "message": str(err)[:500], "where": ""}))
+            _send(
+                wfd,
+                enc.payload(
+                    {
+                        "status": "error",
+                        "what": "request",
+                        "type": type(err).__name__,
+                        "message": str(err)[:500],
+                        "where": "",
+                    }
+                ),
+            )
             continue
         try:
-            if req.get("watch"):  # the allocations the call makes (or, watch "flops", its matmul FLOPs), instead of its result
+            if req.get(
+                "watch"
+            ):  # the allocations the call makes (or, watch "flops", its matmul FLOPs), instead of its result
                 import importlib
 
                 measure = importlib.import_module("kvlib.measure.timing")
@@ -362,11 +408,22 @@ def main() -> None:
                 def after(a):
                     return enc.encode(a) if type(a) in changeable or type(a).__name__ in _DECODERS else None
 
-                head = {"status": "ok", "result": enc.encode(result), "after": [after(a) for a in args],
-                        "after_kw": {k: after(v) for k, v in kwargs.items()}, "callbacks": calls}
+                head = {
+                    "status": "ok",
+                    "result": enc.encode(result),
+                    "after": [after(a) for a in args],
+                    "after_kw": {k: after(v) for k, v in kwargs.items()},
+                    "callbacks": calls,
+                }
             except TypeError as err:
                 enc = Encoder(np, torch)
-                head = {"status": "error", "what": "result", "type": "TypeError", "message": str(err)[:300], "where": ""}
+                head = {
+                    "status": "error",
+                    "what": "result",
+                    "type": "TypeError",
+                    "message": str(err)[:300],
+                    "where": "",
+                }
             except BaseException as err:
                 enc = Encoder(np, torch)
                 head = _error(err, files, "result")

@@ -4,6 +4,7 @@
 CONFIG_JSON; the notebook's folder goes before them, where Jupyter itself puts it (IPython skips
 that step under -I). Stdlib only.
 """
+
 import json
 import os
 import runpy

@@ -13,12 +13,14 @@ first (kvlib.grading.submission.screen) and then:
   - stops, before anything is read, a submission whose timestamp.txt is not a plain file (nbgrader
     reads it before any hook runs), saying so in the log.
 LinkKeepingCollect does the same for `nbgrader collect`: a link a student adds in the exchange
-arrives in submitted/ as a link, to be refused here. Nothing in submitted/ is changed. `install()` (called by the nbgrader_config.py that `kvlib course
+arrives in submitted/ as a link, to be refused here. Nothing in submitted/ is changed.
+`install()` (called by the nbgrader_config.py that `kvlib course
 init` writes) makes `nbgrader autograde` and the formgrader's autograde use it: nbgrader builds its
 Autograde converter by name, with no setting to choose the class. NoteRefusedFiles refuses to
 grade a notebook that did not come through here, so a setup where install() did not take grades
 nothing rather than grading through links.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -78,7 +80,9 @@ class _ScreenedSteps(BaseConverter):
             rel = Path(os.path.relpath(os.path.abspath(notebook_filename), os.path.abspath(screened.folder))).as_posix()
         if rel is None or rel.startswith("../"):
             if getattr(self, "_sanitizing", False):
-                raise RuntimeError(f"{notebook_filename} is not in the screened submission {screened and screened.folder}")
+                raise RuntimeError(
+                    f"{notebook_filename} is not in the screened submission {screened and screened.folder}"
+                )
             return super().convert_single_notebook(notebook_filename)
         self.log.info("Converting notebook %s", notebook_filename)
         resources = self.init_single_notebook_resources(notebook_filename)
@@ -117,10 +121,15 @@ class ScreenedAutograde(Autograde, _ScreenedSteps):
         screened = screen(folder, top=os.path.normpath(top))
         if "timestamp.txt" in screened.refused or "." in screened.refused:
             reason = screened.refused.get("timestamp.txt") or screened.refused["."]
-            raise PermissionError(f"{student_id}/{assignment_id}: timestamp.txt in the submission is {reason}"
-                                  if "timestamp.txt" in screened.refused else f"{student_id}/{assignment_id}: {reason}")
+            raise PermissionError(
+                f"{student_id}/{assignment_id}: timestamp.txt in the submission is {reason}"
+                if "timestamp.txt" in screened.refused
+                else f"{student_id}/{assignment_id}: {reason}"
+            )
         for rel, why in screened.refused.items():
-            self.log.warning("Refused %s/%s/%s: %s (not copied, not read, not graded)", student_id, assignment_id, rel, why)
+            self.log.warning(
+                "Refused %s/%s/%s: %s (not copied, not read, not graded)", student_id, assignment_id, rel, why
+            )
         self._screened = screened
         return super().init_destination(assignment_id, student_id)
 
@@ -140,9 +149,15 @@ class LinkKeepingCollect(ExchangeCollect):
         size = self.get_size(src)
         if size > 1000 * self.coursedir.max_dir_size:
             self.log.error("Directory size is too big")
-            raise RuntimeError(f"Directory size is too big. Size is {size}, maximum size is {1000 * self.coursedir.max_dir_size}")
-        skip = ignore_patterns(exclude=self.coursedir.ignore, include=self.coursedir.include,
-                               max_file_size=self.coursedir.max_file_size, log=self.log)
+            raise RuntimeError(
+                f"Directory size is too big. Size is {size}, maximum size is {1000 * self.coursedir.max_dir_size}"
+            )
+        skip = ignore_patterns(
+            exclude=self.coursedir.ignore,
+            include=self.coursedir.include,
+            max_file_size=self.coursedir.max_file_size,
+            log=self.log,
+        )
 
         def ignore(folder, names):  # nbgrader's own rules, on what is not a link (a link is kept, never followed)
             links = {n for n in names if os.path.islink(os.path.join(folder, n))}

@@ -2,6 +2,7 @@
 on the submission's code in the isolated child. Imported by the kernel step (execute.py), which
 skips those checks' hidden cells, and by the grading step (preprocessor.py), which runs them.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -9,6 +9,7 @@
 Existing files are never overwritten without force=True, and then a changed one is first kept
 as <name>.bak; the secret is never replaced. Not here: grading itself (preprocessor.py).
 """
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,10 @@ class CourseFolderExists(FileExistsError):
     def __init__(self, paths: list[Path]):
         self.paths = paths
         listed = "\n  ".join(str(p) for p in paths[:20]) + ("\n  ..." if len(paths) > 20 else "")
-        super().__init__(f"these files exist and differ from what `kvlib course init` writes:\n  {listed}\n"
-                         "nothing was written; rerun with --force to replace them (each is kept as <name>.bak first)")
+        super().__init__(
+            f"these files exist and differ from what `kvlib course init` writes:\n  {listed}\n"
+            "nothing was written; rerun with --force to replace them (each is kept as <name>.bak first)"
+        )
 
 
 def module_notebooks() -> dict[str, str]:
@@ -45,8 +48,7 @@ def _number(notebook: str) -> int:
 
 
 def _without_markers(solution: str) -> str:
-    return "".join(line for line in solution.splitlines(keepends=True)
-                   if line.strip() not in (_BEGIN, _END))
+    return "".join(line for line in solution.splitlines(keepends=True) if line.strip() not in (_BEGIN, _END))
 
 
 def learner_files(notebook: str, earlier: str) -> dict[str, bytes]:
@@ -57,8 +59,13 @@ def learner_files(notebook: str, earlier: str) -> dict[str, bytes]:
     package = ROOT / "kvlib"
     for path in sorted(package.rglob("*")):
         rel = path.relative_to(package)
-        if (not path.is_file() or rel.parts[0] in _INSTRUCTOR_ONLY or rel.as_posix() in _INSTRUCTOR_ONLY
-                or "__pycache__" in rel.parts or path.suffix == ".pyc"):
+        if (
+            not path.is_file()
+            or rel.parts[0] in _INSTRUCTOR_ONLY
+            or rel.as_posix() in _INSTRUCTOR_ONLY
+            or "__pycache__" in rel.parts
+            or path.suffix == ".pyc"
+        ):
             continue
         files[f"kvlib/{rel.as_posix()}"] = path.read_bytes()
     owners = module_notebooks()
@@ -92,28 +99,42 @@ def your_files(notebook: str, earlier: str) -> str:
     for ex in EXERCISES:
         if f"kvlib/{ex.module}.py" in mine:
             by_file.setdefault(f"kvlib/{ex.module}.py", []).append(ex.id)
-    lines = [f"# Your files in {notebook}", "",
-             "You fill in the exercises of these files (each stub raises NotImplementedError until you do):", ""]
+    lines = [
+        f"# Your files in {notebook}",
+        "",
+        "You fill in the exercises of these files (each stub raises NotImplementedError until you do):",
+        "",
+    ]
     lines += [f"- `{f}`: Exercises {', '.join(ids)}" for f, ids in by_file.items()]
-    lines += ["", "Everything else in `kvlib/` (`core/`, `measure/`, `study/`, `course/`, `checks/`) is the course's",
-              "infrastructure: the model, measuring, figures and checks. Read it, but do not edit it: the grader",
-              "uses its own copy. Hand in the notebook and the files above.", "",
-              "## Modules of your own", "",
-              "You may move code you share between exercises into modules of your own, beside the files above,",
-              "e.g. `kvlib/my_helpers.py`, imported with `from kvlib.my_helpers import ...` (or",
-              "`from . import my_helpers`). Hand them in with the rest: they are graded with your exercises.",
-              f"The grader takes at most {MAX_HELPERS} of them, each at most {MAX_HELPER_BYTES >> 10} KiB, directly in `kvlib/`",
-              "(not in a subfolder), with a name that kvlib does not use already (not `core`, `checks`, `attention`, ...).", "",
-              "Hand in files, never links: a symbolic link, or a hard link to a file outside your folder, is",
-              "refused (not copied, not run, not graded), and your graded notebook says which.", ""]
+    lines += [
+        "",
+        "Everything else in `kvlib/` (`core/`, `measure/`, `study/`, `course/`, `checks/`) is the course's",
+        "infrastructure: the model, measuring, figures and checks. Read it, but do not edit it: the grader",
+        "uses its own copy. Hand in the notebook and the files above.",
+        "",
+        "## Modules of your own",
+        "",
+        "You may move code you share between exercises into modules of your own, beside the files above,",
+        "e.g. `kvlib/my_helpers.py`, imported with `from kvlib.my_helpers import ...` (or",
+        "`from . import my_helpers`). Hand them in with the rest: they are graded with your exercises.",
+        f"The grader takes at most {MAX_HELPERS} of them, each at most {MAX_HELPER_BYTES >> 10} KiB, directly in `kvlib/`",
+        "(not in a subfolder), with a name that kvlib does not use already (not `core`, `checks`, `attention`, ...).",
+        "",
+        "Hand in files, never links: a symbolic link, or a hard link to a file outside your folder, is",
+        "refused (not copied, not run, not graded), and your graded notebook says which.",
+        "",
+    ]
     return "\n".join(lines)
 
 
 def learner_edited(notebook: str, earlier: str) -> list[str]:
     """The kvlib files learners of `notebook` edit: autograde must keep their copies."""
     owners = module_notebooks()
-    return sorted(f"kvlib/{m}.py" for m, nb in owners.items()
-                  if nb == notebook or (earlier == "own" and _number(nb) < _number(notebook)))
+    return sorted(
+        f"kvlib/{m}.py"
+        for m, nb in owners.items()
+        if nb == notebook or (earlier == "own" and _number(nb) < _number(notebook))
+    )
 
 
 def config_text(course_id: str, exclude: dict[str, list[str]]) -> str:

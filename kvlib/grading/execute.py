@@ -10,6 +10,7 @@ kernel prints (IsolatedGrading replaces the graded cells' outputs); the kernel's
 learner their notebook's outputs in the feedback.
 Not here: the scores (preprocessor.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -27,10 +28,9 @@ from jupyter_client.manager import AsyncKernelManager
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbclient.util import run_sync
 from nbformat.v4 import new_output
+from nbgrader.preprocessors import Execute
 from traitlets import Bool, Integer, List, Unicode
 from traitlets.config import Configurable
-
-from nbgrader.preprocessors import Execute
 
 from kvlib.grading.checks_registry import isolated_check_names
 from kvlib.grading.jail import Jail, Limits, detect_mode, jail_python, site_dirs
@@ -69,12 +69,21 @@ def _without_hidden_tests(source: str) -> str:
 class GradingJail(Configurable):
     """Settings shared by the jailed kernel and the isolated checker (c.GradingJail.<name>)."""
 
-    isolation = Unicode("auto", help="auto, namespaces (root), userns (user namespaces) or plain (no jail)").tag(config=True)
-    uid = Integer(-1, help="uid of jailed processes in namespaces mode; -1: a fresh unused one for each").tag(config=True)
-    python = Unicode("", help="the interpreter inside the jail; default /usr/bin/pythonX.Y of the grader's version").tag(config=True)
+    isolation = Unicode("auto", help="auto, namespaces (root), userns (user namespaces) or plain (no jail)").tag(
+        config=True
+    )
+    uid = Integer(-1, help="uid of jailed processes in namespaces mode; -1: a fresh unused one for each").tag(
+        config=True
+    )
+    python = Unicode(
+        "", help="the interpreter inside the jail; default /usr/bin/pythonX.Y of the grader's version"
+    ).tag(config=True)
     memory_limit_mb = Integer(4096, help="address-space limit of each jailed process").tag(config=True)
-    extra_binds = List(Unicode(), help="host folders bound read-only at the same path inside, e.g. a conda "
-                                       "environment whose python GradingJail.python names").tag(config=True)
+    extra_binds = List(
+        Unicode(),
+        help="host folders bound read-only at the same path inside, e.g. a conda "
+        "environment whose python GradingJail.python names",
+    ).tag(config=True)
     debug = Bool(False, help="let the jailed kernel write to the grader's terminal (raw fd 1 and 2)").tag(config=True)
 
     @property
@@ -129,18 +138,41 @@ class SandboxKernelManager(AsyncKernelManager):
         binds = {"/nb": nb_dir, "/conn": files / "conn", "/boot": files / "boot"}
         binds.update({f"/site{i}": p for i, p in enumerate(sites)})
         binds.update(settings.binds())
-        jail = self._kernel_jail = Jail(mode, binds=binds, network=False, uid=settings.uid, tmp_mb=512,
-                                        limits=settings.limits(), cwd="/nb", writable=(sockets,))
+        jail = self._kernel_jail = Jail(
+            mode,
+            binds=binds,
+            network=False,
+            uid=settings.uid,
+            tmp_mb=512,
+            limits=settings.limits(),
+            cwd="/nb",
+            writable=(sockets,),
+        )
         jail.hand_over(files / "conn", files / "boot")  # the kernel's key: for the kernel only
         if mode == "namespaces":  # the kernel makes its sockets here, as its own uid
             os.chown(sockets, jail.uid, jail.uid)
         sockets.chmod(0o700)
-        cfg = {"cwd": "/nb", "site": [f"/site{i}" for i in range(len(sites))], "connection_file": "/conn/kernel.json",
-               "args": ["--HistoryManager.enabled=False", "--IPKernelApp.log_level=WARN"]}
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp/home", "USER": "learner", "LOGNAME": "learner", "IPYTHONDIR": "/tmp/ipython",
-               "MPLCONFIGDIR": "/tmp/matplotlib", "JUPYTER_RUNTIME_DIR": "/tmp/runtime", "OMP_NUM_THREADS": "1",
-               "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "PYDEVD_DISABLE_FILE_VALIDATION": "1",
-               "NBGRADER_EXECUTION": os.environ.get("NBGRADER_EXECUTION", "autograde")}
+        cfg = {
+            "cwd": "/nb",
+            "site": [f"/site{i}" for i in range(len(sites))],
+            "connection_file": "/conn/kernel.json",
+            "args": ["--HistoryManager.enabled=False", "--IPKernelApp.log_level=WARN"],
+        }
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "HOME": "/tmp/home",
+            "USER": "learner",
+            "LOGNAME": "learner",
+            "IPYTHONDIR": "/tmp/ipython",
+            "MPLCONFIGDIR": "/tmp/matplotlib",
+            "JUPYTER_RUNTIME_DIR": "/tmp/runtime",
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+            "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+            "NBGRADER_EXECUTION": os.environ.get("NBGRADER_EXECUTION", "autograde"),
+        }
         kw["env"] = env
         kw["cwd"] = str(jail.dir)
         kw["preexec_fn"] = jail.limits.apply
@@ -175,8 +207,9 @@ class SandboxExecute(Execute):
     ).tag(config=True)
     max_output_chars = Integer(100_000, help="output kept per cell; the rest is dropped with a note").tag(config=True)
     skip_isolated_hidden_tests = Bool(
-        True, help="do not run, in the kernel, the hidden tests of graded cells that IsolatedGrading scores: "
-                   "their outcome there is discarded, and they import torch (seconds per notebook)"
+        True,
+        help="do not run, in the kernel, the hidden tests of graded cells that IsolatedGrading scores: "
+        "their outcome there is discarded, and they import torch (seconds per notebook)",
     ).tag(config=True)
 
     def __init__(self, *args, **kwargs):
@@ -215,7 +248,9 @@ class SandboxExecute(Execute):
         if cell.cell_type != "code":
             return cell, resources
         if not self._stopped and monotonic() >= self._deadline:
-            self._stopped = f"Not run: the notebook used up its {self.notebook_timeout} s (look for an endless loop above)."
+            self._stopped = (
+                f"Not run: the notebook used up its {self.notebook_timeout} s (look for an endless loop above)."
+            )
         if self._stopped:
             cell.outputs = [new_output("stream", name="stderr", text=self._stopped + "\n")]
             cell.execution_count = None
@@ -231,13 +266,19 @@ class SandboxExecute(Execute):
             cell.outputs.append(new_output("stream", name="stderr", text="The kernel died while running this cell.\n"))
             return cell, resources
         except CellTimeoutError:  # no reply even after the interrupt: the kernel is stuck
-            self._stopped = "Not run: the kernel was still stuck in an earlier cell (an endless loop that ignores interrupts?)."
-            cell.outputs.append(new_output("stream", name="stderr", text="This cell did not finish, even when interrupted.\n"))
+            self._stopped = (
+                "Not run: the kernel was still stuck in an earlier cell (an endless loop that ignores interrupts?)."
+            )
+            cell.outputs.append(
+                new_output("stream", name="stderr", text="This cell did not finish, even when interrupted.\n")
+            )
             return cell, resources
         except Exception as err:  # the kernel is the submission's: whatever it sends, grading goes on
             self.log.warning("kernel failure in cell %d: %s: %s", index, type(err).__name__, err)
             self._stopped = "Not run: the kernel stopped answering properly in an earlier cell."
-            cell.outputs.append(new_output("stream", name="stderr", text=f"The kernel failed here ({type(err).__name__}).\n"))
+            cell.outputs.append(
+                new_output("stream", name="stderr", text=f"The kernel failed here ({type(err).__name__}).\n")
+            )
             return cell, resources
         finally:
             cell.source = source
@@ -251,8 +292,11 @@ class SandboxExecute(Execute):
         if used + size <= self.max_output_chars:
             return super().output(outs, msg, display_id, cell_index)
         if used <= self.max_output_chars:
-            note = new_output("stream", name="stderr",
-                              text=f"\n[output dropped: this cell printed more than {self.max_output_chars:,} characters]\n")
+            note = new_output(
+                "stream",
+                name="stderr",
+                text=f"\n[output dropped: this cell printed more than {self.max_output_chars:,} characters]\n",
+            )
             outs.append(note)
             return note
         return None

@@ -12,6 +12,7 @@ Three modes, picked once per grading process ("auto" takes the first that works 
               grader sees (docs/instructors.md says what that does not protect).
 Not here: what runs inside (kvlib.grading.sandbox, kvlib.grading.execute).
 """
+
 from __future__ import annotations
 
 import functools
@@ -42,9 +43,14 @@ class Limits:
     def apply(self) -> None:
         """Set the limits on this process (a preexec_fn); they pass on to everything it starts."""
         mb = 1 << 20
-        for res, value in ((resource.RLIMIT_AS, self.memory_mb * mb), (resource.RLIMIT_CPU, self.cpu_s),
-                           (resource.RLIMIT_NPROC, self.nproc), (resource.RLIMIT_NOFILE, self.nofile),
-                           (resource.RLIMIT_FSIZE, self.fsize_mb * mb), (resource.RLIMIT_CORE, 0)):
+        for res, value in (
+            (resource.RLIMIT_AS, self.memory_mb * mb),
+            (resource.RLIMIT_CPU, self.cpu_s),
+            (resource.RLIMIT_NPROC, self.nproc),
+            (resource.RLIMIT_NOFILE, self.nofile),
+            (resource.RLIMIT_FSIZE, self.fsize_mb * mb),
+            (resource.RLIMIT_CORE, 0),
+        ):
             resource.setrlimit(res, (value, value))
 
 
@@ -92,8 +98,18 @@ class Jail:
     /tmp inside is a fresh tmpfs of `tmp_mb`, the only writable place. In plain mode nothing is
     bound: path() gives the host folder instead, and the process sees the whole disk."""
 
-    def __init__(self, mode: str, *, binds: dict[str, Path], network: bool, tmp_mb: int = 64,
-                 uid: int = -1, limits: Limits | None = None, cwd: str = "/tmp", writable: tuple[Path, ...] = ()):
+    def __init__(
+        self,
+        mode: str,
+        *,
+        binds: dict[str, Path],
+        network: bool,
+        tmp_mb: int = 64,
+        uid: int = -1,
+        limits: Limits | None = None,
+        cwd: str = "/tmp",
+        writable: tuple[Path, ...] = (),
+    ):
         if mode not in MODES:
             raise ValueError(f"unknown isolation mode {mode!r}")
         # -1: a uid of its own, which no account and no other jail uses, so jails running side by
@@ -121,7 +137,7 @@ class Jail:
             return inside
         for mount, host in self.binds.items():
             if inside == mount or inside.startswith(mount + "/"):
-                return str(host) + inside[len(mount):]
+                return str(host) + inside[len(mount) :]
         return inside
 
     def host_cwd(self) -> str:
@@ -144,7 +160,7 @@ class Jail:
             'robind() { mkdir -p "$2"; mount --bind "$1" "$2"; '
             'mount -o remount,bind,ro,nosuid,nodev "$2" 2>/dev/null || mount -o remount,bind,ro,nosuid,nodev,noexec "$2"; }',
             "robind /usr usr",
-            'for l in bin sbin lib lib32 lib64 libx32; do '
+            "for l in bin sbin lib lib32 lib64 libx32; do "
             'if [ -L "/$l" ]; then ln -s "$(readlink "/$l")" "$l"; elif [ -d "/$l" ]; then robind "/$l" "$l"; fi; done',
             "mkdir dev",
             "for d in null zero urandom random; do touch dev/$d; mount --bind /dev/$d dev/$d; done",
@@ -162,18 +178,25 @@ class Jail:
                 raise ValueError(f"cannot bind over {inside!r}")
             lines.append(f"robind {q(str(host))} {q(inside.lstrip('/'))}")
         for host in self.writable:  # e.g. the folder of the kernel's Unix sockets, at the same path inside and out
-            if not host.is_absolute() or len(host.parts) < 3 or host.parts[1] in {"usr", "dev", "proc", "etc", "bin", "sbin", "lib",
-                                                                                  "lib32", "lib64", "libx32"}:
+            if (
+                not host.is_absolute()
+                or len(host.parts) < 3
+                or host.parts[1] in {"usr", "dev", "proc", "etc", "bin", "sbin", "lib", "lib32", "lib64", "libx32"}
+            ):
                 raise ValueError(f"cannot bind {host} writable at the same path inside")
-            lines.append(f'mkdir -p {q(str(host).lstrip("/"))} && mount --bind {q(str(host))} {q(str(host).lstrip("/"))} '
-                         f'&& mount -o remount,bind,nosuid,nodev,noexec {q(str(host).lstrip("/"))}')
+            lines.append(
+                f"mkdir -p {q(str(host).lstrip('/'))} && mount --bind {q(str(host))} {q(str(host).lstrip('/'))} "
+                f"&& mount -o remount,bind,nosuid,nodev,noexec {q(str(host).lstrip('/'))}"
+            )
         drop = ["/usr/bin/setpriv", "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all"]
         if self.mode == "namespaces":
             drop += [f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups"]
         else:  # userns: uid 0 inside maps to the grader; an empty bounding set leaves python no capability
             drop += ["--securebits=+noroot,+noroot_locked"]
-        lines.append(f'CHROOT=$(command -v chroot); exec env PATH={q(self.env_path)} "$CHROOT" . '
-                     + " ".join(q(a) for a in drop + ["--"] + list(argv)))
+        lines.append(
+            f'CHROOT=$(command -v chroot); exec env PATH={q(self.env_path)} "$CHROOT" . '
+            + " ".join(q(a) for a in drop + ["--"] + list(argv))
+        )
         script = self.dir / "jail.sh"
         script.write_text("\n".join(lines) + "\n")
         flags = ["--mount", "--pid", "--ipc", "--uts", "--fork", "--kill-child"]
@@ -191,8 +214,9 @@ class Jail:
             limits.apply()
             signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
-        return subprocess.Popen(self.command(argv), env=env, cwd=self.host_cwd(), preexec_fn=setup,
-                                start_new_session=True, **kw)
+        return subprocess.Popen(
+            self.command(argv), env=env, cwd=self.host_cwd(), preexec_fn=setup, start_new_session=True, **kw
+        )
 
     def close(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -11,6 +11,7 @@ in that cell, and whatever the submission did to its own notebook or kernel, cou
 Not here: running the notebook (execute.py), the jail (jail.py), which files of the submission
 may be read (submission.py).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -25,11 +26,10 @@ from pathlib import Path
 
 import numpy as np
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_output, new_raw_cell
-from traitlets import Bool, Float, Integer, List, Unicode
-
 from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.coursedir import CourseDirectory
 from nbgrader.preprocessors import ClearHiddenTests, NbGraderPreprocessor
+from traitlets import Bool, Float, Integer, List, Unicode
 
 from kvlib.course.exercises import EXERCISES
 from kvlib.grading.checks_registry import isolatable, load_checks
@@ -53,11 +53,23 @@ class IsolatedGrading(NbGraderPreprocessor):
 
     call_timeout = Float(10.0, help="seconds one call of a learner's function may take").tag(config=True)
     notebook_timeout = Float(120.0, help="seconds all the isolated checks of one notebook may take").tag(config=True)
-    seed = Integer(None, allow_none=True, help="fixes every student's random inputs; default: from secret_file").tag(config=True)
-    secret_file = Unicode("grading_secret", help="file in the course folder holding the secret seed (kvlib course init writes it)").tag(config=True)
-    extra_checks = List(Unicode(), help="the instructor's own check modules: importable names, or .py files in the course folder").tag(config=True)
-    preload_torch = Unicode("auto", help="import torch in the child before the learner's code: auto (when the exercise modules use it), yes, no").tag(config=True)
-    unknown_cells = Unicode("error", help="a grade cell whose grade_id is no check: error (0 points, says so) or kernel (nbgrader's usual scoring, which the submission can fool)").tag(config=True)
+    seed = Integer(None, allow_none=True, help="fixes every student's random inputs; default: from secret_file").tag(
+        config=True
+    )
+    secret_file = Unicode(
+        "grading_secret", help="file in the course folder holding the secret seed (kvlib course init writes it)"
+    ).tag(config=True)
+    extra_checks = List(
+        Unicode(), help="the instructor's own check modules: importable names, or .py files in the course folder"
+    ).tag(config=True)
+    preload_torch = Unicode(
+        "auto",
+        help="import torch in the child before the learner's code: auto (when the exercise modules use it), yes, no",
+    ).tag(config=True)
+    unknown_cells = Unicode(
+        "error",
+        help="a grade cell whose grade_id is no check: error (0 points, says so) or kernel (nbgrader's usual scoring, which the submission can fool)",
+    ).tag(config=True)
     max_reply_mb = Integer(64, help="largest result a learner's function may return").tag(config=True)
 
     def preprocess(self, nb, resources):
@@ -94,8 +106,11 @@ class IsolatedGrading(NbGraderPreprocessor):
                 if gid not in checks:
                     if self.unknown_cells == "kernel" or gid in kernel_graded:
                         continue
-                    results[gid] = (False, f"no isolated check is named {gid!r}: the instructor must add one "
-                                           "(IsolatedGrading.extra_checks) or set IsolatedGrading.unknown_cells")
+                    results[gid] = (
+                        False,
+                        f"no isolated check is named {gid!r}: the instructor must add one "
+                        "(IsolatedGrading.extra_checks) or set IsolatedGrading.unknown_cells",
+                    )
                 elif gid not in results:
                     results[gid] = self._run(checks[gid], sandbox, check_rng(secret, student, gid))
                 cell.outputs = _outputs(gid, *results[gid])
@@ -104,9 +119,17 @@ class IsolatedGrading(NbGraderPreprocessor):
                 sandbox.close()
         if sandbox is not None:
             passed = sum(ok for ok, _ in results.values())
-            self.log.info("isolated checks of %s/%s/%s: %d of %d passed in %.1f s (%d child start(s), %d calls)",
-                          student, assignment, notebook, passed, len(results), time.monotonic() - started,
-                          sandbox.starts, sandbox.calls)
+            self.log.info(
+                "isolated checks of %s/%s/%s: %d of %d passed in %.1f s (%d child start(s), %d calls)",
+                student,
+                assignment,
+                notebook,
+                passed,
+                len(results),
+                time.monotonic() - started,
+                sandbox.starts,
+                sandbox.calls,
+            )
         return nb, resources
 
     # -- pieces ------------------------------------------------------------------------------
@@ -127,8 +150,10 @@ class IsolatedGrading(NbGraderPreprocessor):
         path = root / self.secret_file
         if path.is_file():
             return path.read_bytes().strip()
-        warnings.warn(f"no {path}: every student gets the same inputs (run `kvlib course init` or set IsolatedGrading.seed)",
-                      stacklevel=2)
+        warnings.warn(
+            f"no {path}: every student gets the same inputs (run `kvlib course init` or set IsolatedGrading.seed)",
+            stacklevel=2,
+        )
         return b"kvlib-course-without-a-secret"
 
     def _run(self, check, sandbox: Sandbox, rng) -> tuple[bool, str]:
@@ -152,7 +177,9 @@ class IsolatedGrading(NbGraderPreprocessor):
         exclude = dict(self.config.Autograde.get("exclude_overwriting", {})).get(assignment, [])
         learner |= {rel for rel in exclude if re.fullmatch(r"kvlib/\w+\.py", rel)}
         submitted = Path(coursedir.format_path(coursedir.submitted_directory, student, assignment))
-        screened = screen(submitted, top=os.path.normpath(coursedir.format_path(coursedir.submitted_directory, ".", ".")))
+        screened = screen(
+            submitted, top=os.path.normpath(coursedir.format_path(coursedir.submitted_directory, ".", "."))
+        )
         broken = []
         for rel in sorted(learner):
             try:
@@ -169,14 +196,30 @@ class IsolatedGrading(NbGraderPreprocessor):
         files.update(helpers)
         settings = GradingJail(config=self.config)
         torch = self.preload_torch == "yes" or (
-            self.preload_torch == "auto" and any(_TORCH.search(files.get(f"kvlib/{m}.py", b"").decode("utf-8", "replace")) or
-                                                 _TORCH.search((source / f"{m}.py").read_text("utf-8", "replace") if (source / f"{m}.py").is_file() else "")
-                                                 for m in modules))
+            self.preload_torch == "auto"
+            and any(
+                _TORCH.search(files.get(f"kvlib/{m}.py", b"").decode("utf-8", "replace"))
+                or _TORCH.search(
+                    (source / f"{m}.py").read_text("utf-8", "replace") if (source / f"{m}.py").is_file() else ""
+                )
+                for m in modules
+            )
+        )
         mode = settings.mode
-        sandbox = Sandbox(files, modules, functions, mode=mode, python=settings.interpreter() if mode != "plain" else None,
-                          uid=settings.uid, call_timeout=self.call_timeout, budget=self.notebook_timeout, torch=bool(torch),
-                          limits=settings.limits(), max_reply_mb=self.max_reply_mb,
-                          binds=settings.binds() if mode != "plain" else None)
+        sandbox = Sandbox(
+            files,
+            modules,
+            functions,
+            mode=mode,
+            python=settings.interpreter() if mode != "plain" else None,
+            uid=settings.uid,
+            call_timeout=self.call_timeout,
+            budget=self.notebook_timeout,
+            torch=bool(torch),
+            limits=settings.limits(),
+            max_reply_mb=self.max_reply_mb,
+            binds=settings.binds() if mode != "plain" else None,
+        )
         if broken:
             sandbox.broken = "; ".join(broken)
         if refused:  # said when the import fails (a learner module that imports a refused helper)
@@ -211,8 +254,15 @@ class RestoreCells(NbGraderPreprocessor):
 
         def metadata(name):
             _, cell_type, _, checksum, locked = known[name]
-            meta = {"grade": name in points, "grade_id": name, "locked": locked, "schema_version": 3,
-                    "solution": name in solution, "task": name in task, "checksum": checksum}
+            meta = {
+                "grade": name in points,
+                "grade_id": name,
+                "locked": locked,
+                "schema_version": 3,
+                "solution": name in solution,
+                "task": name in task,
+                "checksum": checksum,
+            }
             if name in points:
                 meta["points"] = points[name]
             return meta
@@ -241,7 +291,9 @@ class RestoreCells(NbGraderPreprocessor):
                 new.metadata.update(deletable=False, editable=False)
             at = 0
             for prev in reversed(order[:i]):
-                idx = next((j for j, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == prev), None)
+                idx = next(
+                    (j for j, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == prev), None
+                )
                 if idx is not None:
                     at = idx + 1
                     break
@@ -259,12 +311,16 @@ class NoteRefusedFiles(NbGraderPreprocessor):
     def preprocess(self, nb, resources):
         refused = resources.get("nbgrader", {}).get("refused")
         if refused is None:
-            raise RuntimeError("this submission was not screened for links before nbgrader copied it: nbgrader_config.py "
-                               "must call kvlib.grading.autograde.install() (`kvlib course init --force` writes it)")
+            raise RuntimeError(
+                "this submission was not screened for links before nbgrader copied it: nbgrader_config.py "
+                "must call kvlib.grading.autograde.install() (`kvlib course init --force` writes it)"
+            )
         if refused:
             lines = [f"- {_plain(rel)}: {_plain(why)}" for rel, why in refused.items()]
-            note = new_markdown_cell("**The grader refused these files of your submission.** They were not copied, run or "
-                                     "graded; everything else was:\n\n" + "\n".join(lines))
+            note = new_markdown_cell(
+                "**The grader refused these files of your submission.** They were not copied, run or "
+                "graded; everything else was:\n\n" + "\n".join(lines)
+            )
             note.metadata["kvlib"] = {"refused": True}
             nb.cells.insert(0, note)
         return nb, resources
@@ -288,5 +344,14 @@ class HideHiddenTests(ClearHiddenTests):
 def _outputs(check_name: str, passed: bool, message: str) -> list:
     if passed:
         return [new_output("stream", name="stdout", text=f"passed: {message}\n")]
-    return [new_output("error", ename="AssertionError", evalue=message,
-                       traceback=[f"AssertionError: {message}", f"(isolated check {check_name}: your kvlib code, run apart from this notebook)"])]
+    return [
+        new_output(
+            "error",
+            ename="AssertionError",
+            evalue=message,
+            traceback=[
+                f"AssertionError: {message}",
+                f"(isolated check {check_name}: your kvlib code, run apart from this notebook)",
+            ],
+        )
+    ]

@@ -16,6 +16,7 @@ The child is started lazily, serves every call of one submission, and is killed 
 after a call that times out or kills it; a function that hung once fails at once afterwards.
 Not here: which files and checks (kvlib.grading.preprocessor), the jail itself (jail.py).
 """
+
 from __future__ import annotations
 
 import io
@@ -38,13 +39,41 @@ from kvlib.grading import _child
 from kvlib.grading.jail import Jail, Limits, jail_python, kill, site_dirs
 
 _NUMBER_KINDS = "biufc"
-_TENSOR_DTYPES = {"float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool",
-                  "complex64", "complex128"}
+_TENSOR_DTYPES = {
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "bool",
+    "complex64",
+    "complex128",
+}
 # builtin exceptions a learner's function may raise that a check could expect (e.g. ValueError
 # on a bad shape); any other type comes back as LearnerError
-_REMOTE_TYPES = {e.__name__: e for e in (ValueError, TypeError, IndexError, KeyError, LookupError, ZeroDivisionError,
-                                         ArithmeticError, FloatingPointError, OverflowError, RuntimeError,
-                                         NotImplementedError, AttributeError, RecursionError, MemoryError)}
+_REMOTE_TYPES = {
+    e.__name__: e
+    for e in (
+        ValueError,
+        TypeError,
+        IndexError,
+        KeyError,
+        LookupError,
+        ZeroDivisionError,
+        ArithmeticError,
+        FloatingPointError,
+        OverflowError,
+        RuntimeError,
+        NotImplementedError,
+        AttributeError,
+        RecursionError,
+        MemoryError,
+    )
+}
 
 
 class SandboxError(Exception):
@@ -138,8 +167,13 @@ def _check_node(node, files: dict, depth: int = 0, origin: tuple | None = None):
         return tuple(out) if t == "tuple" else out
     if t == "dict":
         keys, items = node.get("keys"), node.get("items")
-        if (not isinstance(keys, list) or not isinstance(items, list) or len(keys) != len(items) or len(items) > _child.MAX_ITEMS
-                or not all(type(k) is str for k in keys)):
+        if (
+            not isinstance(keys, list)
+            or not isinstance(items, list)
+            or len(keys) != len(items)
+            or len(items) > _child.MAX_ITEMS
+            or not all(type(k) is str for k in keys)
+        ):
             raise SandboxError("a malformed reply")
         return dict(zip(keys, (_check_node(x, files, depth + 1, origin) for x in items)))
     if t == "request":  # rebuilt as the grader's kvlib.core.paging.Request, from ints only
@@ -147,7 +181,11 @@ def _check_node(node, files: dict, depth: int = 0, origin: tuple | None = None):
         if not isinstance(items, list) or len(items) != len(_child._REQUEST_FIELDS):
             raise SandboxError("a malformed reply")
         rid, prompt, max_new, out = (_check_node(x, files, depth + 1) for x in items)
-        if not (type(rid) is int and type(max_new) is int and all(isinstance(v, list) and all(type(i) is int for i in v) for v in (prompt, out))):
+        if not (
+            type(rid) is int
+            and type(max_new) is int
+            and all(isinstance(v, list) and all(type(i) is int for i in v) for v in (prompt, out))
+        ):
             raise SandboxError("a Request whose id, prompt, max_new_tokens or tokens are not ints")
         return _graders_own("Request")(rid, prompt, max_new, out)
     if t == "generator":
@@ -164,10 +202,19 @@ def _check_node(node, files: dict, depth: int = 0, origin: tuple | None = None):
         return gen
     if t == "decoder":
         names, tensors = node.get("names"), node.get("tensors")
-        if not isinstance(names, list) or not isinstance(tensors, list) or len(names) != len(tensors) or len(names) > _child.MAX_ITEMS:
+        if (
+            not isinstance(names, list)
+            or not isinstance(tensors, list)
+            or len(names) != len(tensors)
+            or len(names) > _child.MAX_ITEMS
+        ):
             raise SandboxError("a malformed reply")
-        model = _decoder(node.get("config"), [str(n) for n in names], [_check_node(x, files, depth + 1) for x in tensors])
-        return model.train(node.get("training") is True)  # its train/eval mode, as the child left it (Exercise 6.4 keeps it)
+        model = _decoder(
+            node.get("config"), [str(n) for n in names], [_check_node(x, files, depth + 1) for x in tensors]
+        )
+        return model.train(
+            node.get("training") is True
+        )  # its train/eval mode, as the child left it (Exercise 6.4 keeps it)
     raise SandboxError("a malformed reply")
 
 
@@ -180,9 +227,11 @@ def _decoder(config, names: list[str], tensors: list):
     exactly the ones its config calls for."""
     import torch
 
-    from kvlib.core.model import Decoder, ModelConfig, rotary_tables, decode_layout
+    from kvlib.core.model import Decoder, ModelConfig, decode_layout, rotary_tables
 
-    if not isinstance(config, dict) or not all(isinstance(k, str) and type(v) in (int, float) for k, v in config.items()):
+    if not isinstance(config, dict) or not all(
+        isinstance(k, str) and type(v) in (int, float) for k, v in config.items()
+    ):
         raise SandboxError("a Decoder whose config is not numbers")
     try:
         cfg = ModelConfig(**config)
@@ -194,7 +243,9 @@ def _decoder(config, names: list[str], tensors: list):
         model = Decoder(cfg)
     want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     got = dict(zip(names, tensors))
-    if set(got) != set(want) or any(not isinstance(v, torch.Tensor) or tuple(v.shape) != want[k] for k, v in got.items()):
+    if set(got) != set(want) or any(
+        not isinstance(v, torch.Tensor) or tuple(v.shape) != want[k] for k, v in got.items()
+    ):
         raise SandboxError("a Decoder whose weights do not match its config (names or shapes)")
     model.load_state_dict(got, assign=True)
     decode_layout(model)  # as Decoder lays its weights out: the same kernels, the same last bits
@@ -237,7 +288,11 @@ def load_reply(data: bytes) -> tuple[dict, dict]:
         zf = zipfile.ZipFile(io.BytesIO(data))
         arrays, head = {}, None
         for info in zf.infolist():
-            if info.compress_type != zipfile.ZIP_STORED or not info.filename.endswith(".npy") or info.file_size > len(data):
+            if (
+                info.compress_type != zipfile.ZIP_STORED
+                or not info.filename.endswith(".npy")
+                or info.file_size > len(data)
+            ):
                 raise ValueError("not a plain .npz")
             with zf.open(info) as f:
                 version = np.lib.format.read_magic(f)
@@ -283,7 +338,7 @@ def _write_all(fd: int, data: bytes, deadline: float) -> bool:
         if not w:
             return False
         try:
-            view = view[os.write(fd, view[: 1 << 16]):]
+            view = view[os.write(fd, view[: 1 << 16]) :]
         except BlockingIOError:
             continue
         except OSError:  # BrokenPipeError: the child died
@@ -328,10 +383,23 @@ class Sandbox:
     """One submission's isolated child. files: {"kvlib/<path>.py": bytes} (the package it imports),
     modules: the exercise modules to import, functions: "module.name" callables it may run."""
 
-    def __init__(self, files: dict[str, bytes], modules: list[str], functions: list[str], *, mode: str,
-                 python: str | None = None, uid: int = -1, call_timeout: float = 10.0, budget: float = 120.0,
-                 start_timeout: float = 60.0, torch: bool = False, limits: Limits | None = None,
-                 max_reply_mb: int = 64, binds: dict[str, Path] | None = None):
+    def __init__(
+        self,
+        files: dict[str, bytes],
+        modules: list[str],
+        functions: list[str],
+        *,
+        mode: str,
+        python: str | None = None,
+        uid: int = -1,
+        call_timeout: float = 10.0,
+        budget: float = 120.0,
+        start_timeout: float = 60.0,
+        torch: bool = False,
+        limits: Limits | None = None,
+        max_reply_mb: int = 64,
+        binds: dict[str, Path] | None = None,
+    ):
         self.files, self.modules, self.functions = dict(files), list(modules), list(functions)
         self.mode, self.uid, self.torch = mode, uid, torch
         self.python = python or (jail_python() if mode != "plain" else _plain_python())
@@ -358,7 +426,9 @@ class Sandbox:
         boot.mkdir()
         for rel, data in self.files.items():
             if not _PACKAGE_PATH.fullmatch(rel):
-                raise ValueError(f"the sandbox takes kvlib/<name>.py and kvlib/<subpackage>/<name>.py files only, not {rel!r}")
+                raise ValueError(
+                    f"the sandbox takes kvlib/<name>.py and kvlib/<subpackage>/<name>.py files only, not {rel!r}"
+                )
             (work / rel).parent.mkdir(parents=True, exist_ok=True)
             (work / rel).write_bytes(data)
         shutil.copyfile(_child.__file__, boot / "_child.py")
@@ -372,14 +442,32 @@ class Sandbox:
         self._jail = jail = Jail(self.mode, binds=binds, network=False, uid=self.uid, limits=self.limits, cwd="/work")
         jail.hand_over(self._tmp / "work", self._tmp / "boot")  # a fresh uid per start
         rfd, wfd = os.pipe()
-        cfg = {"reply_fd": wfd, "site": [jail.path(f"/site{i}") for i in range(len(sites))], "work": jail.path("/work"),
-               "modules": self.modules, "functions": self.functions, "torch": self.torch}
-        env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
-               "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+        cfg = {
+            "reply_fd": wfd,
+            "site": [jail.path(f"/site{i}") for i in range(len(sites))],
+            "work": jail.path("/work"),
+            "modules": self.modules,
+            "functions": self.functions,
+            "torch": self.torch,
+        }
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "HOME": "/tmp",
+            "LANG": "C.UTF-8",
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+        }
         stderr = open(jail.dir / "stderr.log", "wb")
         try:
-            self._proc = jail.popen([self.python, "-I", "-S", "-B", jail.path("/boot/_child.py"), json.dumps(cfg)], env,
-                                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=stderr, pass_fds=(wfd,))
+            self._proc = jail.popen(
+                [self.python, "-I", "-S", "-B", jail.path("/boot/_child.py"), json.dumps(cfg)],
+                env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                pass_fds=(wfd,),
+            )
         except OSError as err:
             raise SetupError(f"could not start the isolated child: {err}") from None
         finally:
@@ -403,7 +491,9 @@ class Sandbox:
             self._stop()
             err = _remote_exception(head)
             where = getattr(err, "kvlib_where", "")
-            self.broken = f"{', '.join(f'kvlib/{m}.py' for m in self.modules)} does not import: {_describe(err)}" + (f" (at {where})" if where else "")
+            self.broken = f"{', '.join(f'kvlib/{m}.py' for m in self.modules)} does not import: {_describe(err)}" + (
+                f" (at {where})" if where else ""
+            )
             if self.import_note:
                 self.broken += f" ({self.import_note})"
 
@@ -446,16 +536,22 @@ class Sandbox:
             first = {}
         if first.get("status") != "booted":
             rc = self._proc.poll() if self._proc else None
-            raise SetupError(f"the isolated child could not start (exit code {rc}): "
-                             f"{first.get('message') or self._stderr_tail() or 'no message'}")
+            raise SetupError(
+                f"the isolated child could not start (exit code {rc}): "
+                f"{first.get('message') or self._stderr_tail() or 'no message'}"
+            )
         deadline = min(time.monotonic() + self.call_timeout, max(self.deadline, time.monotonic() + 1))
         try:
             data = self._read_frame(deadline)
         except EOFError:
             rc = self._proc.wait(timeout=10) if self._proc else None
-            raise SandboxError(f"importing {', '.join(f'kvlib/{m}.py' for m in self.modules)} ended Python (exit code {rc})") from None
+            raise SandboxError(
+                f"importing {', '.join(f'kvlib/{m}.py' for m in self.modules)} ended Python (exit code {rc})"
+            ) from None
         if data is None:
-            raise SandboxError(f"importing {', '.join(f'kvlib/{m}.py' for m in self.modules)} took longer than {self.call_timeout:g} s")
+            raise SandboxError(
+                f"importing {', '.join(f'kvlib/{m}.py' for m in self.modules)} took longer than {self.call_timeout:g} s"
+            )
         head, _ = load_reply(data)
         return head
 
@@ -502,8 +598,12 @@ class Sandbox:
         self.calls += 1
         enc = _child.Encoder(np, _torch_if_loaded())
         try:
-            head = {"fn": fn, "args": [enc.encode(a) for a in args], "kwargs": {k: enc.encode(v) for k, v in kwargs.items()},
-                    "watch": watch if watch == "flops" else bool(watch)}
+            head = {
+                "fn": fn,
+                "args": [enc.encode(a) for a in args],
+                "kwargs": {k: enc.encode(v) for k, v in kwargs.items()},
+                "watch": watch if watch == "flops" else bool(watch),
+            }
             if on is not None:
                 head.update(op=on[0], h=on[1], attr=on[2])
         except TypeError as err:
@@ -548,13 +648,20 @@ class Sandbox:
             if not isinstance(calls, list) or len(calls) > _child.MAX_ITEMS:
                 raise SandboxError("a malformed reply")
             for call in calls:  # replayed in order, after the call: a check only collects what it is given
-                if not (isinstance(call, list) and len(call) == 2 and type(call[0]) is int and 0 <= call[0] < len(enc.callbacks)
-                        and isinstance(call[1], list)):
+                if not (
+                    isinstance(call, list)
+                    and len(call) == 2
+                    and type(call[0]) is int
+                    and 0 <= call[0] < len(enc.callbacks)
+                    and isinstance(call[1], list)
+                ):
                     raise SandboxError("a malformed reply")
                 enc.callbacks[call[0]](*[_check_node(n, arrays) for n in call[1]])
             return value
         if reply.get("what") == "result":
-            raise SandboxError(f"{name} returned {reply.get('message')}: return numbers (a numpy array, or a tuple of them)")
+            raise SandboxError(
+                f"{name} returned {reply.get('message')}: return numbers (a numpy array, or a tuple of them)"
+            )
         raise _remote_exception(reply)
 
     def module(self, name: str) -> "SandboxModule":
@@ -655,7 +762,9 @@ class RemoteFunction:
         self.module, self.name = module, name
 
     def __call__(self, *args, **kwargs):
-        raise SandboxError(f"kvlib.{self.module}.{self.name} runs only in the isolated child, as an argument of an exercise")
+        raise SandboxError(
+            f"kvlib.{self.module}.{self.name} runs only in the isolated child, as an argument of an exercise"
+        )
 
     def __repr__(self) -> str:
         return f"<kvlib.{self.module}.{self.name} in the sandbox>"
@@ -689,4 +798,14 @@ def _plain_python() -> str:
     return sys.executable
 
 
-__all__ = ["LearnerError", "RemoteFunction", "RemoteObject", "Sandbox", "SandboxError", "SandboxModule", "SetupError", "describe", "load_reply"]
+__all__ = [
+    "LearnerError",
+    "RemoteFunction",
+    "RemoteObject",
+    "Sandbox",
+    "SandboxError",
+    "SandboxModule",
+    "SetupError",
+    "describe",
+    "load_reply",
+]

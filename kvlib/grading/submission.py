@@ -19,6 +19,7 @@ file nor a folder (a pipe, a device, a socket), and a submission folder that is 
 Nothing here changes the submission. Not here: nbgrader's side (autograde.py), the checks'
 side (preprocessor.py).
 """
+
 from __future__ import annotations
 
 import os
@@ -148,8 +149,11 @@ def reserved_names(*packages: Path) -> set[str]:
     names = {"__init__", "__main__"}
     for package in packages:
         if package.is_dir():
-            names |= {p.stem if p.suffix == ".py" else p.name for p in package.iterdir()
-                      if p.suffix == ".py" or (p.is_dir() and p.name != "__pycache__")}
+            names |= {
+                p.stem if p.suffix == ".py" else p.name
+                for p in package.iterdir()
+                if p.suffix == ".py" or (p.is_dir() and p.name != "__pycache__")
+            }
     return names
 
 
@@ -165,7 +169,9 @@ def helper_modules(screened: Screened, reserved: set[str]) -> tuple[dict[str, by
         if m is None or m.group(1) in reserved:
             continue
         if len(taken) >= MAX_HELPERS:
-            refused[rel] = f"more than {MAX_HELPERS} modules of your own in kvlib/: only the first {MAX_HELPERS} (by name) are graded"
+            refused[rel] = (
+                f"more than {MAX_HELPERS} modules of your own in kvlib/: only the first {MAX_HELPERS} (by name) are graded"
+            )
             continue
         try:
             taken[rel] = read(screened, rel, MAX_HELPER_BYTES)
@@ -176,4 +182,13 @@ def helper_modules(screened: Screened, reserved: set[str]) -> tuple[dict[str, by
     return taken, refused
 
 
-__all__ = ["MAX_HELPERS", "MAX_HELPER_BYTES", "Screened", "helper_modules", "open_screened", "read", "reserved_names", "screen"]
+__all__ = [
+    "MAX_HELPERS",
+    "MAX_HELPER_BYTES",
+    "Screened",
+    "helper_modules",
+    "open_screened",
+    "read",
+    "reserved_names",
+    "screen",
+]

@@ -15,6 +15,7 @@ Naive decoding of the large model is too slow to run in full (minutes per run), 
 its total is the sum of per-step forward times measured at a few lengths and interpolated, and its
 tokens are checked over a shorter generation; the table says so.
 """
+
 from __future__ import annotations
 
 import copy
@@ -44,6 +45,7 @@ WAYS = {
 }
 INEXACT = {"llama_q8_0"}  # other weights (8-bit): may pick other tokens, so not held to equality
 NAIVE_CHECK_TOKENS = 24  # the large model's naive tokens are checked over this many new tokens
+
 
 def _naive_estimate(model, prompt_len: int, n: int, points: int = 6, repeats: int = 3):
     """Cumulative naive-decoding time per token, from forward times measured at `points` lengths.
@@ -93,9 +95,13 @@ def _model_ways(model, threads: int, n_ctx: int, folder: Path, llama: bool, comp
     for m in rows.modules():
         if isinstance(m, torch.nn.Linear):
             m.weight = torch.nn.Parameter(m.weight.detach().contiguous(), requires_grad=False)
-    ways = {"no_cache": kvlib_way(generate, model), "kvlib": kvlib_way(generate_cached, model),
-            "kvlib_rows": kvlib_way(generate_cached, rows),
-            "hf_dynamic": transformers_way(hf), "hf_static": transformers_way(hf, "static")}
+    ways = {
+        "no_cache": kvlib_way(generate, model),
+        "kvlib": kvlib_way(generate_cached, model),
+        "kvlib_rows": kvlib_way(generate_cached, rows),
+        "hf_dynamic": transformers_way(hf),
+        "hf_static": transformers_way(hf, "static"),
+    }
     missing = {}
     if compiled:  # kvlib's model through torch.compile (kvlib.measure.compiled): compiled in the warm-up
         ways["kvlib_compiled"] = compiled_way(model, min(n_ctx, model.config.max_seq_len))
@@ -112,15 +118,18 @@ def _model_ways(model, threads: int, n_ctx: int, folder: Path, llama: bool, comp
     return ways, missing
 
 
-def _bench_model(name: str, model, lengths, threads: int, prompt_len: int, rounds: int, full_naive: bool,
-                 llama: bool, compiled: bool) -> dict:
+def _bench_model(
+    name: str, model, lengths, threads: int, prompt_len: int, rounds: int, full_naive: bool, llama: bool, compiled: bool
+) -> dict:
     cap = model.config.max_seq_len - prompt_len
     ns = sorted({min(n, cap) for n in lengths})
     n = max(ns)
     ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(1))
     with tempfile.TemporaryDirectory(prefix="kvlib-gguf-") as folder:
         ways, missing = _model_ways(model, threads, prompt_len + n + 8, Path(folder), llama, compiled)
-        for key, run in list(ways.items()):  # warm-up of each path: first touches, kernel choice, compiling, files paged in
+        for key, run in list(
+            ways.items()
+        ):  # warm-up of each path: first touches, kernel choice, compiling, files paged in
             try:
                 run(ids, 8)
             except RuntimeError as err:  # torch.compile cannot compile here (no C++ compiler...): say why, go on
@@ -133,7 +142,7 @@ def _bench_model(name: str, model, lengths, threads: int, prompt_len: int, round
         tokens = {}
         naive_lengths, naive_steps = None, []
         for r in range(rounds):
-            rotated = order[r % len(order):] + order[: r % len(order)]
+            rotated = order[r % len(order) :] + order[: r % len(order)]
             for key in rotated:
                 if key == "no_cache" and not full_naive:
                     curve, naive_lengths, step = _naive_estimate(model, prompt_len, n, repeats=1)
@@ -159,11 +168,14 @@ def _bench_model(name: str, model, lengths, threads: int, prompt_len: int, round
         if i is not None and key not in INEXACT:
             raise RuntimeError(
                 f"{name}: {WAYS[key]} and {WAYS['kvlib']} disagree on the greedy tokens at new token {i} "
-                f"({got[i] if i < len(got) else 'none'} against {reference[i]}): the ways do not compute the same model")
+                f"({got[i] if i < len(got) else 'none'} against {reference[i]}): the ways do not compute the same model"
+            )
     if not full_naive:
         step = [statistics.median(col) for col in zip(*naive_steps)]
-        how = (f"in each round, the sum of forward times measured at {len(naive_lengths)} lengths, interpolated; "
-               f"tokens checked over the first {min(n, NAIVE_CHECK_TOKENS)}")
+        how = (
+            f"in each round, the sum of forward times measured at {len(naive_lengths)} lengths, interpolated; "
+            f"tokens checked over the first {min(n, NAIVE_CHECK_TOKENS)}"
+        )
     else:
         naive = [statistics.median(col) for col in zip(*times["no_cache"])]
         naive_lengths = list(range(prompt_len, prompt_len + n))
@@ -172,28 +184,56 @@ def _bench_model(name: str, model, lengths, threads: int, prompt_len: int, round
     rows = []
     for k in ns:
         per_round = {key: [t[k - 1] for t in ts] for key, ts in times.items()}
-        rows.append({
-            "new_tokens": k,
-            "tokens_per_s": {key: k / statistics.median(v) for key, v in per_round.items()},
-            "seconds": {key: statistics.median(v) for key, v in per_round.items()},
-            # kvlib's cached speed over this way's, per round (paired): > 1 kvlib faster
-            "kvlib_over": {key: _summary([t / tk for t, tk in zip(v, per_round["kvlib"])])
-                           for key, v in per_round.items() if key != "kvlib"},
-            # the compiled model's speed over each peer's, paired the same way
-            **({"compiled_over": {key: _summary([t / tc for t, tc in zip(v, per_round["kvlib_compiled"])])
-                                  for key, v in per_round.items() if key in ("hf_static", "llama_f32")}}
-               if "kvlib_compiled" in per_round else {}),
-        })
+        rows.append(
+            {
+                "new_tokens": k,
+                "tokens_per_s": {key: k / statistics.median(v) for key, v in per_round.items()},
+                "seconds": {key: statistics.median(v) for key, v in per_round.items()},
+                # kvlib's cached speed over this way's, per round (paired): > 1 kvlib faster
+                "kvlib_over": {
+                    key: _summary([t / tk for t, tk in zip(v, per_round["kvlib"])])
+                    for key, v in per_round.items()
+                    if key != "kvlib"
+                },
+                # the compiled model's speed over each peer's, paired the same way
+                **(
+                    {
+                        "compiled_over": {
+                            key: _summary([t / tc for t, tc in zip(v, per_round["kvlib_compiled"])])
+                            for key, v in per_round.items()
+                            if key in ("hf_static", "llama_f32")
+                        }
+                    }
+                    if "kvlib_compiled" in per_round
+                    else {}
+                ),
+            }
+        )
     c = model.config
-    return {"model": name, "params": model.num_params(), "config": c.to_dict(), "prompt_len": prompt_len,
-            "rounds": rounds, "ways": {k: WAYS[k] for k in ways}, "missing": missing, "no_cache_method": how,
-            "agreement": agreement, "rows": rows,
-            "weight_bytes_per_step": {"F32": 4 * matrix_params(c), "Q8_0": 34 * matrix_params(c) // 32},
-            "no_cache_step_growth": _growth(naive_lengths, step)}
+    return {
+        "model": name,
+        "params": model.num_params(),
+        "config": c.to_dict(),
+        "prompt_len": prompt_len,
+        "rounds": rounds,
+        "ways": {k: WAYS[k] for k in ways},
+        "missing": missing,
+        "no_cache_method": how,
+        "agreement": agreement,
+        "rows": rows,
+        "weight_bytes_per_step": {"F32": 4 * matrix_params(c), "Q8_0": 34 * matrix_params(c) // 32},
+        "no_cache_step_growth": _growth(naive_lengths, step),
+    }
 
 
-def bench_cache(lengths=(64, 256, 512), threads: int = 1, prompt_len: int = 8, quick: bool = False,
-                rounds: int | None = None, llama: bool | None = None) -> dict:
+def bench_cache(
+    lengths=(64, 256, 512),
+    threads: int = 1,
+    prompt_len: int = 8,
+    quick: bool = False,
+    rounds: int | None = None,
+    llama: bool | None = None,
+) -> dict:
     """Tokens per second at each generated length, every way, for the tiny and the GPT-2-size model.
 
     rounds: interleaved rounds per model (default 5; 2 with quick). llama: run llama.cpp (default:
@@ -212,7 +252,9 @@ def bench_cache(lengths=(64, 256, 512), threads: int = 1, prompt_len: int = 8, q
         torch.manual_seed(0)
         big = Decoder(gpt2_size_config() if not quick else quick_cache_config()).eval()
         for name, model, full_naive in (("tiny", tiny, True), ("small-stand-in" if quick else "gpt2-size", big, quick)):
-            results.append(_bench_model(name, model, lengths, threads, prompt_len, rounds, full_naive, llama, not quick))
+            results.append(
+                _bench_model(name, model, lengths, threads, prompt_len, rounds, full_naive, llama, not quick)
+            )
         record = timing.environment("cpu", dtype="float32", threads_requested=threads)
     try:
         import transformers
@@ -235,23 +277,33 @@ def _goals(r: dict) -> list[str]:
         if key in row["kvlib_over"]:
             got = row["kvlib_over"][key]["median"]
             verdict = "met" if got >= goal else f"missed: kvlib would need {goal / got:.2f}x its speed"
-            lines.append(f"  goal: kvlib >= {goal:.1f}x {WAYS[key]} at {row['new_tokens']} tokens: {got:.2f}x, {verdict}")
+            lines.append(
+                f"  goal: kvlib >= {goal:.1f}x {WAYS[key]} at {row['new_tokens']} tokens: {got:.2f}x, {verdict}"
+            )
     for key, s in row.get("compiled_over", {}).items():  # not the goal's subject (kvlib's eager code): shown beside it
-        lines.append(f"  {WAYS['kvlib_compiled']} / {WAYS[key]} at {row['new_tokens']} tokens: {s['median']:.2f}x "
-                     f"({s['min']:.2f}-{s['max']:.2f})")
+        lines.append(
+            f"  {WAYS['kvlib_compiled']} / {WAYS[key]} at {row['new_tokens']} tokens: {s['median']:.2f}x "
+            f"({s['min']:.2f}-{s['max']:.2f})"
+        )
     return lines
 
 
 def format_cache(report: dict) -> str:
     rec = report["record"]
     versions = ", ".join(f"{k} {rec[k]}" for k in ("transformers", "llama_cpp_python") if k in rec)
-    lines = [f"kvlib bench cache: {rec['device']}, {rec['threads']} thread(s), torch {rec['torch']}"
-             + (f", {versions}" if versions else "") + ", float32 unless said, greedy, batch 1"]
+    lines = [
+        f"kvlib bench cache: {rec['device']}, {rec['threads']} thread(s), torch {rec['torch']}"
+        + (f", {versions}" if versions else "")
+        + ", float32 unless said, greedy, batch 1"
+    ]
     for r in report["results"]:
         g, keys = r["no_cache_step_growth"], list(r["ways"])
-        lines += ["", f"{r['model']} ({r['params'] / 1e6:.1f}M parameters), prompt {r['prompt_len']} tokens, "
-                      f"{r['rounds']} interleaved rounds; no cache: {r['no_cache_method']}",
-                  f"  {'new tokens':>10}  {'way':<38} {'tok/s':>9} {'kvlib/way':>10}  (min-max over rounds)"]
+        lines += [
+            "",
+            f"{r['model']} ({r['params'] / 1e6:.1f}M parameters), prompt {r['prompt_len']} tokens, "
+            f"{r['rounds']} interleaved rounds; no cache: {r['no_cache_method']}",
+            f"  {'new tokens':>10}  {'way':<38} {'tok/s':>9} {'kvlib/way':>10}  (min-max over rounds)",
+        ]
         for row in r["rows"]:
             for i, key in enumerate(keys):
                 first = f"{row['new_tokens']:>10}" if i == 0 else " " * 10
@@ -260,24 +312,38 @@ def format_cache(report: dict) -> str:
                     lines.append(f"  {first}  {r['ways'][key]:<38} {tps:>9.1f} {'1.00':>9}x")
                 else:
                     s = row["kvlib_over"][key]
-                    lines.append(f"  {first}  {r['ways'][key]:<38} {tps:>9.1f} {s['median']:>9.2f}x  ({s['min']:.2f}-{s['max']:.2f})")
+                    lines.append(
+                        f"  {first}  {r['ways'][key]:<38} {tps:>9.1f} {s['median']:>9.2f}x  ({s['min']:.2f}-{s['max']:.2f})"
+                    )
         for key, why in r["missing"].items():
             lines.append(f"  {WAYS[key]}: not run: {why}")
         for key, a in r["agreement"].items():
             if a["first_difference"] is not None:
-                lines.append(f"  {WAYS[key]}: tokens agree with kvlib's for the first {a['first_difference']} of "
-                             f"{a['tokens_checked']} (other weights: not held to equality)")
+                lines.append(
+                    f"  {WAYS[key]}: tokens agree with kvlib's for the first {a['first_difference']} of "
+                    f"{a['tokens_checked']} (other weights: not held to equality)"
+                )
         exact = [WAYS[k] for k, a in r["agreement"].items() if a["first_difference"] is None]
         lines.append(f"  identical greedy tokens: {'; '.join(exact)}")
-        lines.append(f"  per-step time without cache ~ {g['a_s'] * 1e3:.2f} ms + {g['b_s_per_token'] * 1e6:.2f} us*S "
-                     f"+ {g['c_s_per_token2'] * 1e9:.3f} ns*S^2 (log-log slope {g['loglog_slope']:.2f}) at S cached tokens")
+        lines.append(
+            f"  per-step time without cache ~ {g['a_s'] * 1e3:.2f} ms + {g['b_s_per_token'] * 1e6:.2f} us*S "
+            f"+ {g['c_s_per_token2'] * 1e9:.3f} ns*S^2 (log-log slope {g['loglog_slope']:.2f}) at S cached tokens"
+        )
         last, wb = r["rows"][-1], r["weight_bytes_per_step"]
-        rates = [f"{WAYS[k]} {wb['Q8_0' if k == 'llama_q8_0' else 'F32'] * last['tokens_per_s'][k] / 1e9:.1f}"
-                 for k in keys if k != "no_cache"]
-        lines.append(f"  weights read per token: {wb['F32'] / 1e6:.0f} MB in F32, {wb['Q8_0'] / 1e6:.0f} MB in Q8_0 "
-                     f"({wb['F32'] / wb['Q8_0']:.2f}x fewer bytes); GB/s of weights at {last['new_tokens']} tokens: " + "; ".join(rates))
+        rates = [
+            f"{WAYS[k]} {wb['Q8_0' if k == 'llama_q8_0' else 'F32'] * last['tokens_per_s'][k] / 1e9:.1f}"
+            for k in keys
+            if k != "no_cache"
+        ]
+        lines.append(
+            f"  weights read per token: {wb['F32'] / 1e6:.0f} MB in F32, {wb['Q8_0'] / 1e6:.0f} MB in Q8_0 "
+            f"({wb['F32'] / wb['Q8_0']:.2f}x fewer bytes); GB/s of weights at {last['new_tokens']} tokens: "
+            + "; ".join(rates)
+        )
         if r["model"] == "gpt2-size":
             lines += _goals(r)
-    lines.append("\nkvlib/way = that way's time / kvlib's cached time for the same tokens, paired within each round: "
-                 "median (min-max) over rounds; > 1: kvlib faster. For no cache it is the cache's speedup.")
+    lines.append(
+        "\nkvlib/way = that way's time / kvlib's cached time for the same tokens, paired within each round: "
+        "median (min-max) over rounds; > 1: kvlib faster. For no cache it is the cache's speedup."
+    )
     return "\n".join(lines)

@@ -4,6 +4,7 @@ The bytes per token of every scheme of the course for the tiny model and publish
 cache part of a decode step in int8 against float32 (predicted from bytes, then measured) and MLA's
 two ways of attending counted in FLOPs and bytes. Quality is kvlib.study.compress_quality's.
 """
+
 from __future__ import annotations
 
 import math
@@ -13,19 +14,25 @@ import time
 import torch
 import torch.nn.functional as F
 
-from kvlib.measure.compressed import GROUP, Int8KVCache
 from kvlib.core.configs import MLA_MODELS, REAL_MODELS, gqa_bench_config
-from kvlib.core.model import ModelConfig, num_params
-from kvlib.measure.machine import measure_bandwidth
 from kvlib.core.flops import matmul_flops
+from kvlib.core.model import ModelConfig, num_params
+from kvlib.measure.compressed import GROUP, Int8KVCache
+from kvlib.measure.machine import measure_bandwidth
 from kvlib.measure.timing import environment, num_threads
 
 # ---------------------------------------------------------------------------------------------
 # Bytes per token per layer, every scheme of the course
 
 
-def bytes_per_token_layer(scheme: str, config: ModelConfig | None = None, mla=None, bytes_per_number: int = 2,
-                          n_kv_heads: int | None = None, group: int = GROUP) -> float:
+def bytes_per_token_layer(
+    scheme: str,
+    config: ModelConfig | None = None,
+    mla=None,
+    bytes_per_number: int = 2,
+    n_kv_heads: int | None = None,
+    group: int = GROUP,
+) -> float:
     """Cache bytes one token adds to one layer.
 
     scheme: "mha" (every head keeps a key and a value), "gqa" (n_kv_heads of them, config's unless given),
@@ -71,34 +78,109 @@ def bytes_table(window: int = 4096, n_sink: int = 4, context: int = 32768) -> li
     rows = []
 
     def add(model, scheme, label, per_layer, n_layers, weights, note="", cached=None):
-        rows.append({"model": model, "scheme": label, "bytes_per_token_layer": per_layer, "bytes_per_token": per_layer * n_layers,
-                     "cache_bytes_at_context": cache_bytes(per_layer, n_layers, context, cached), "context": context,
-                     "outweighs_weights_at": outweighs_at(per_layer, n_layers, weights, cached), "weight_bytes": weights, "note": note})
+        rows.append(
+            {
+                "model": model,
+                "scheme": label,
+                "bytes_per_token_layer": per_layer,
+                "bytes_per_token": per_layer * n_layers,
+                "cache_bytes_at_context": cache_bytes(per_layer, n_layers, context, cached),
+                "context": context,
+                "outweighs_weights_at": outweighs_at(per_layer, n_layers, weights, cached),
+                "weight_bytes": weights,
+                "note": note,
+            }
+        )
 
     tiny = load_tiny()[0].config
     tiny_weights = num_params(tiny) * 4
-    for label, scheme, h in (("MHA float32", "mha", None), ("GQA-2 float32 (notebook 06)", "gqa", 2), ("MQA float32", "gqa", 1)):
-        add("tiny", scheme, label, bytes_per_token_layer(scheme, tiny, bytes_per_number=4, n_kv_heads=h), tiny.n_layers, tiny_weights)
-    add("tiny", "int8", "MHA int8 (8.1, 8.2)", bytes_per_token_layer("int8", tiny, bytes_per_number=4), tiny.n_layers, tiny_weights,
-        "float32 scales")
-    add("tiny", "window", "MHA, 4 sinks + window 28", bytes_per_token_layer("mha", tiny, bytes_per_number=4), tiny.n_layers,
-        tiny_weights, "32 tokens kept", cached=32)
+    for label, scheme, h in (
+        ("MHA float32", "mha", None),
+        ("GQA-2 float32 (notebook 06)", "gqa", 2),
+        ("MQA float32", "gqa", 1),
+    ):
+        add(
+            "tiny",
+            scheme,
+            label,
+            bytes_per_token_layer(scheme, tiny, bytes_per_number=4, n_kv_heads=h),
+            tiny.n_layers,
+            tiny_weights,
+        )
+    add(
+        "tiny",
+        "int8",
+        "MHA int8 (8.1, 8.2)",
+        bytes_per_token_layer("int8", tiny, bytes_per_number=4),
+        tiny.n_layers,
+        tiny_weights,
+        "float32 scales",
+    )
+    add(
+        "tiny",
+        "window",
+        "MHA, 4 sinks + window 28",
+        bytes_per_token_layer("mha", tiny, bytes_per_number=4),
+        tiny.n_layers,
+        tiny_weights,
+        "32 tokens kept",
+        cached=32,
+    )
     for name in ("Llama-2-7B", "Llama-3-8B", "Mistral-7B"):
         m = REAL_MODELS[name]
         c, w = m.config, m.weight_bytes(2)
         base = "mha" if m.attention == "MHA" else "gqa"
         add(name, base, f"{m.attention} 16-bit", bytes_per_token_layer(base, c), c.n_layers, w, m.source)
-        add(name, "int8", f"{m.attention} int8, KIVI axes", bytes_per_token_layer("int8", c), c.n_layers, w, "16-bit scales, groups of 32")
-        add(name, "window", f"{m.attention} 16-bit, {n_sink} sinks + window {window - n_sink}", bytes_per_token_layer(base, c),
-            c.n_layers, w, "Mistral-7B ships this window" if name == "Mistral-7B" else "as if it had Mistral's window", cached=window)
+        add(
+            name,
+            "int8",
+            f"{m.attention} int8, KIVI axes",
+            bytes_per_token_layer("int8", c),
+            c.n_layers,
+            w,
+            "16-bit scales, groups of 32",
+        )
+        add(
+            name,
+            "window",
+            f"{m.attention} 16-bit, {n_sink} sinks + window {window - n_sink}",
+            bytes_per_token_layer(base, c),
+            c.n_layers,
+            w,
+            "Mistral-7B ships this window" if name == "Mistral-7B" else "as if it had Mistral's window",
+            cached=window,
+        )
     for name, m in MLA_MODELS.items():
         # the paper's comparison (arXiv 2405.04434, Table 1): MHA keeps 2 n_h d_h numbers per token and layer, GQA 2 n_g d_h
-        heads = ModelConfig(vocab_size=1, d_model=m.n_heads * m.nope_dim, n_layers=m.n_layers, n_heads=m.n_heads, n_kv_heads=m.n_heads)
-        add(name, "mha", f"as MHA, {m.n_heads} heads of {m.nope_dim} (not shipped)", bytes_per_token_layer("mha", heads), m.n_layers,
-            m.weight_bytes(2), "the paper's Table 1 comparison")
-        add(name, "gqa", f"as GQA-8 (not shipped)", bytes_per_token_layer("gqa", heads, n_kv_heads=8), m.n_layers, m.weight_bytes(2))
-        add(name, "mla", f"MLA, latent {m.kv_rank} + rotary {m.rope_dim}", bytes_per_token_layer("mla", mla=m), m.n_layers,
-            m.weight_bytes(2), m.source)
+        heads = ModelConfig(
+            vocab_size=1, d_model=m.n_heads * m.nope_dim, n_layers=m.n_layers, n_heads=m.n_heads, n_kv_heads=m.n_heads
+        )
+        add(
+            name,
+            "mha",
+            f"as MHA, {m.n_heads} heads of {m.nope_dim} (not shipped)",
+            bytes_per_token_layer("mha", heads),
+            m.n_layers,
+            m.weight_bytes(2),
+            "the paper's Table 1 comparison",
+        )
+        add(
+            name,
+            "gqa",
+            "as GQA-8 (not shipped)",
+            bytes_per_token_layer("gqa", heads, n_kv_heads=8),
+            m.n_layers,
+            m.weight_bytes(2),
+        )
+        add(
+            name,
+            "mla",
+            f"MLA, latent {m.kv_rank} + rotary {m.rope_dim}",
+            bytes_per_token_layer("mla", mla=m),
+            m.n_layers,
+            m.weight_bytes(2),
+            m.source,
+        )
     return rows
 
 
@@ -135,10 +217,18 @@ def mla_counted_flops(kv_len: int = 64, seed: int = 0) -> dict:
 
     g = torch.Generator().manual_seed(seed)
     m = SimpleNamespace(n_heads=4, nope_dim=16, rope_dim=8, v_dim=12, kv_rank=32)
-    args = (torch.randn(1, 4, 1, 16, generator=g), torch.randn(1, 4, 1, 8, generator=g), torch.randn(1, kv_len, 32, generator=g),
-            torch.randn(1, kv_len, 8, generator=g), torch.randn(4, 16, 32, generator=g), torch.randn(4, 12, 32, generator=g))
-    return {path: {"counted": matmul_flops(fn, *args), "formula": mla_step_cost(m, kv_len, path)["flops"]}
-            for path, fn in (("reconstruct", mla_reconstruct), ("absorbed", mla_absorbed))}
+    args = (
+        torch.randn(1, 4, 1, 16, generator=g),
+        torch.randn(1, 4, 1, 8, generator=g),
+        torch.randn(1, kv_len, 32, generator=g),
+        torch.randn(1, kv_len, 8, generator=g),
+        torch.randn(4, 16, 32, generator=g),
+        torch.randn(4, 12, 32, generator=g),
+    )
+    return {
+        path: {"counted": matmul_flops(fn, *args), "formula": mla_step_cost(m, kv_len, path)["flops"]}
+        for path, fn in (("reconstruct", mla_reconstruct), ("absorbed", mla_absorbed))
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,7 +258,10 @@ def _speed_cases(kv_len: int, config: ModelConfig, seed: int = 0):
     def dequantise_only():  # the part of int8() that turns the cache back into float32
         return [(dequantize(kv_, ks), dequantize(vv, vs)) for kv_, ks, vv, vs in views]
 
-    k_buffer, v_buffer = torch.empty(views[0][0].shape), torch.empty(views[0][2].shape)  # one layer's float32 copy, reused
+    k_buffer, v_buffer = (
+        torch.empty(views[0][0].shape),
+        torch.empty(views[0][2].shape),
+    )  # one layer's float32 copy, reused
 
     def int8_reused():  # the same dequantise-then-attend, into buffers written again each layer: no fresh memory
         outs = []
@@ -179,11 +272,16 @@ def _speed_cases(kv_len: int, config: ModelConfig, seed: int = 0):
 
     float_bytes = k.nbytes + v.nbytes
     int8_bytes = sum(t.nbytes for view in views for t in view)
-    return ({"float32": float32, "int8": int8, "dequantise": dequantise_only, "int8_reused": int8_reused},
-            float_bytes, int8_bytes)
+    return (
+        {"float32": float32, "int8": int8, "dequantise": dequantise_only, "int8_reused": int8_reused},
+        float_bytes,
+        int8_bytes,
+    )
 
 
-def speed(kv_lens=(8192, 16384), rounds: int = 15, threads: int = 1, bandwidth: float | None = None, quick: bool = False) -> dict:
+def speed(
+    kv_lens=(8192, 16384), rounds: int = 15, threads: int = 1, bandwidth: float | None = None, quick: bool = False
+) -> dict:
     """The cache part of one decode step (every layer's attention over kv_len cached tokens, batch 1) in float32
     and in int8 (8.2: dequantise, then attend), timed in interleaved rounds on the CPU, beside bytes / bandwidth.
 
@@ -197,7 +295,9 @@ def speed(kv_lens=(8192, 16384), rounds: int = 15, threads: int = 1, bandwidth: 
         kv_lens, rounds = (512, 1024), 3
     with num_threads(threads), torch.inference_mode():
         if bandwidth is None:
-            bandwidth = measure_bandwidth(n_bytes=(32 << 20) if quick else (256 << 20), threads=None, repeats=3 if quick else 7)["bandwidth"]
+            bandwidth = measure_bandwidth(
+                n_bytes=(32 << 20) if quick else (256 << 20), threads=None, repeats=3 if quick else 7
+            )["bandwidth"]
         rows = []
         for S in kv_lens:
             fns, float_bytes, int8_bytes = _speed_cases(S, config)
@@ -212,15 +312,30 @@ def speed(kv_lens=(8192, 16384), rounds: int = 15, threads: int = 1, bandwidth: 
             ratio = [f / i for f, i in zip(samples["float32"], samples["int8"])]  # per round: >1 means int8 is faster
             reused = [f / i for f, i in zip(samples["float32"], samples["int8_reused"])]
             as_run = int8_bytes + 2 * float_bytes  # int8 read, float32 copy written, then read by attention
-            rows.append({"kv_len": S, "float32_bytes": float_bytes, "int8_bytes": int8_bytes, "int8_as_run_bytes": as_run,
-                         "predicted_float32_s": float_bytes / bandwidth, "predicted_int8_s": int8_bytes / bandwidth,
-                         "predicted_int8_as_run_s": as_run / bandwidth, "predicted_speedup": float_bytes / int8_bytes,
-                         **{f"{name}_s": statistics.median(t) for name, t in samples.items()},
-                         **{f"{name}_spread_s": [min(t), max(t)] for name, t in samples.items()},
-                         "measured_speedup": statistics.median(ratio), "measured_speedup_spread": [min(ratio), max(ratio)],
-                         "measured_speedup_reused": statistics.median(reused)})
-        record = environment("cpu", dtype="float32 vs int8", threads_requested=threads, rounds=rounds,
-                             bandwidth_GBps=round(bandwidth / 1e9, 2))
+            rows.append(
+                {
+                    "kv_len": S,
+                    "float32_bytes": float_bytes,
+                    "int8_bytes": int8_bytes,
+                    "int8_as_run_bytes": as_run,
+                    "predicted_float32_s": float_bytes / bandwidth,
+                    "predicted_int8_s": int8_bytes / bandwidth,
+                    "predicted_int8_as_run_s": as_run / bandwidth,
+                    "predicted_speedup": float_bytes / int8_bytes,
+                    **{f"{name}_s": statistics.median(t) for name, t in samples.items()},
+                    **{f"{name}_spread_s": [min(t), max(t)] for name, t in samples.items()},
+                    "measured_speedup": statistics.median(ratio),
+                    "measured_speedup_spread": [min(ratio), max(ratio)],
+                    "measured_speedup_reused": statistics.median(reused),
+                }
+            )
+        record = environment(
+            "cpu",
+            dtype="float32 vs int8",
+            threads_requested=threads,
+            rounds=rounds,
+            bandwidth_GBps=round(bandwidth / 1e9, 2),
+        )
     return {"config": config.to_dict(), "record": record, "bandwidth_bytes_per_s": bandwidth, "rows": rows}
 
 
@@ -241,13 +356,25 @@ def bench_compress(threads: int = 1, quick: bool = False, device: str = "cpu") -
     model.eval()
     with num_threads(threads):
         agreement = compress_quality.int8_agreement(model, tokenizer, stride=480 if quick else 48)
-        window = compress_quality.window_study(model, tokenizer, n_rows=2 if quick else 32, seq_len=64 if quick else 256)
+        window = compress_quality.window_study(
+            model, tokenizer, n_rows=2 if quick else 32, seq_len=64 if quick else 256
+        )
     window.pop("per_position")
-    mla = {name: [mla_step_cost(m, S, path) for S in (8192, 16384) for path in ("reconstruct", "absorbed")]
-           for name, m in MLA_MODELS.items()}
-    return {"benchmark": "compress", "date": datetime.date.today().isoformat(), "bytes": bytes_table(),
-            "int8_agreement": agreement, "window": window, "speed": speed(threads=threads, quick=quick),
-            "mla": mla, "mla_counted": mla_counted_flops(), "quick": quick}
+    mla = {
+        name: [mla_step_cost(m, S, path) for S in (8192, 16384) for path in ("reconstruct", "absorbed")]
+        for name, m in MLA_MODELS.items()
+    }
+    return {
+        "benchmark": "compress",
+        "date": datetime.date.today().isoformat(),
+        "bytes": bytes_table(),
+        "int8_agreement": agreement,
+        "window": window,
+        "speed": speed(threads=threads, quick=quick),
+        "mla": mla,
+        "mla_counted": mla_counted_flops(),
+        "quick": quick,
+    }
 
 
 def _size(n: float) -> str:
@@ -258,47 +385,69 @@ def _size(n: float) -> str:
 
 
 def format_compress(report: dict) -> str:
-    lines = ["kvlib bench compress" + (" --quick (a smoke test: too small to trust)" if report.get("quick") else ""), "",
-             "Cache bytes per token (one sequence); outweighs = context at which the cache is heavier than the 16-bit "
-             "weights (tiny: float32)",
-             f"{'model':<12} {'scheme':<40} {'B/token/layer':>13} {'per token':>10} {'at 32k tokens':>13} {'outweighs at':>13}"]
+    lines = [
+        "kvlib bench compress" + (" --quick (a smoke test: too small to trust)" if report.get("quick") else ""),
+        "",
+        "Cache bytes per token (one sequence); outweighs = context at which the cache is heavier than the 16-bit "
+        "weights (tiny: float32)",
+        f"{'model':<12} {'scheme':<40} {'B/token/layer':>13} {'per token':>10} {'at 32k tokens':>13} {'outweighs at':>13}",
+    ]
     for r in report["bytes"]:
         at = "never" if r["outweighs_weights_at"] is None else f"{r['outweighs_weights_at']:,}"
-        lines.append(f"{r['model']:<12} {r['scheme']:<40} {r['bytes_per_token_layer']:>13,.0f} {_size(r['bytes_per_token']):>10} "
-                     f"{_size(r['cache_bytes_at_context']):>13} {at:>13}")
+        lines.append(
+            f"{r['model']:<12} {r['scheme']:<40} {r['bytes_per_token_layer']:>13,.0f} {_size(r['bytes_per_token']):>10} "
+            f"{_size(r['cache_bytes_at_context']):>13} {at:>13}"
+        )
     a = report["int8_agreement"]
-    lines += ["", f"int8 cache on the tiny model: greedy-token agreement with float32 {a['agreement']:.2%} over {a['prompts']} "
-              f"held-out prompts x {a['new_tokens']} tokens (goal {a['goal']:.0%}: {'met' if a['agreement'] >= a['goal'] else 'MISSED'}); "
-              f"capital answers float32 {a['answer_float32']:.1%}, int8 {a['answer_int8']:.1%}"]
+    lines += [
+        "",
+        f"int8 cache on the tiny model: greedy-token agreement with float32 {a['agreement']:.2%} over {a['prompts']} "
+        f"held-out prompts x {a['new_tokens']} tokens (goal {a['goal']:.0%}: {'met' if a['agreement'] >= a['goal'] else 'MISSED'}); "
+        f"capital answers float32 {a['answer_float32']:.1%}, int8 {a['answer_int8']:.1%}",
+    ]
     w = report["window"]
-    lines += ["", f"Loss (nats/token) by position, {w['rows']} held-out rows of {w['seq_len']} tokens, cache of {w['capacity']} tokens:",
-              f"{'cache':<28} " + " ".join(f"{b:>8}" for b in w["bands"]) + f" {'past window':>12}"]
+    lines += [
+        "",
+        f"Loss (nats/token) by position, {w['rows']} held-out rows of {w['seq_len']} tokens, cache of {w['capacity']} tokens:",
+        f"{'cache':<28} " + " ".join(f"{b:>8}" for b in w["bands"]) + f" {'past window':>12}",
+    ]
     for name, losses in w["loss"].items():
         lines.append(f"{name:<28} " + " ".join(f"{x:>8.3f}" for x in losses) + f" {w['mean_past_window'][name]:>12.3f}")
     s = report["speed"]
-    lines += ["", f"Cache part of a decode step ({s['config']['n_layers']} layers, {s['config']['n_kv_heads']} KV heads of "
-              f"{s['config']['d_model'] // s['config']['n_heads']}), {s['record']['threads']} thread(s), "
-              f"bandwidth {s['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, median of {s['record']['rounds']} rounds:",
-              f"{'kv_len':>7} {'float32 ms':>11} {'pred':>7} {'int8 ms':>9} {'pred':>7} {'as run':>7} {'dequant ms':>11} "
-              f"{'reused buf':>11} {'speedup':>8} {'reused':>7} {'predicted':>9}"]
+    lines += [
+        "",
+        f"Cache part of a decode step ({s['config']['n_layers']} layers, {s['config']['n_kv_heads']} KV heads of "
+        f"{s['config']['d_model'] // s['config']['n_heads']}), {s['record']['threads']} thread(s), "
+        f"bandwidth {s['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, median of {s['record']['rounds']} rounds:",
+        f"{'kv_len':>7} {'float32 ms':>11} {'pred':>7} {'int8 ms':>9} {'pred':>7} {'as run':>7} {'dequant ms':>11} "
+        f"{'reused buf':>11} {'speedup':>8} {'reused':>7} {'predicted':>9}",
+    ]
     for r in s["rows"]:
-        lines.append(f"{r['kv_len']:>7} {r['float32_s'] * 1e3:>11.2f} {r['predicted_float32_s'] * 1e3:>7.2f} {r['int8_s'] * 1e3:>9.2f} "
-                     f"{r['predicted_int8_s'] * 1e3:>7.2f} {r['predicted_int8_as_run_s'] * 1e3:>7.2f} {r['dequantise_s'] * 1e3:>11.2f} "
-                     f"{r['int8_reused_s'] * 1e3:>11.2f} {r['measured_speedup']:>7.2f}x {r['measured_speedup_reused']:>6.2f}x "
-                     f"{r['predicted_speedup']:>8.2f}x")
+        lines.append(
+            f"{r['kv_len']:>7} {r['float32_s'] * 1e3:>11.2f} {r['predicted_float32_s'] * 1e3:>7.2f} {r['int8_s'] * 1e3:>9.2f} "
+            f"{r['predicted_int8_s'] * 1e3:>7.2f} {r['predicted_int8_as_run_s'] * 1e3:>7.2f} {r['dequantise_s'] * 1e3:>11.2f} "
+            f"{r['int8_reused_s'] * 1e3:>11.2f} {r['measured_speedup']:>7.2f}x {r['measured_speedup_reused']:>6.2f}x "
+            f"{r['predicted_speedup']:>8.2f}x"
+        )
     slow = [r for r in s["rows"] if r["measured_speedup"] < 1]
     if slow:
         r = slow[-1]
-        lines.append(f"int8 is SLOWER here ({r['measured_speedup']:.2f}x at {r['kv_len']:,} tokens): dequantising takes "
-                     f"{r['dequantise_s'] / r['int8_s']:.0%} of its time. It reads 1 byte per number but writes a float32 copy "
-                     "(4 bytes) that attention reads again: without a kernel that reads int8 directly, the saving is eaten. "
-                     f"Into a reused buffer (no fresh memory to fault in) int8 runs at {r['measured_speedup_reused']:.2f}x float32.")
+        lines.append(
+            f"int8 is SLOWER here ({r['measured_speedup']:.2f}x at {r['kv_len']:,} tokens): dequantising takes "
+            f"{r['dequantise_s'] / r['int8_s']:.0%} of its time. It reads 1 byte per number but writes a float32 copy "
+            "(4 bytes) that attention reads again: without a kernel that reads int8 directly, the saving is eaten. "
+            f"Into a reused buffer (no fresh memory to fault in) int8 runs at {r['measured_speedup_reused']:.2f}x float32."
+        )
     lines += ["", "MLA, one layer, one new token, 16-bit: FLOPs and bytes per step"]
     for name, rows in report["mla"].items():
         for r in rows:
-            lines.append(f"{name:<12} {r['path']:<12} kv_len {r['kv_len']:>6,} {r['flops'] / 1e9:>9.2f} GFLOP {_size(r['bytes']):>10} "
-                         f"{r['flops_per_byte']:>8.1f} FLOP/byte")
+            lines.append(
+                f"{name:<12} {r['path']:<12} kv_len {r['kv_len']:>6,} {r['flops'] / 1e9:>9.2f} GFLOP {_size(r['bytes']):>10} "
+                f"{r['flops_per_byte']:>8.1f} FLOP/byte"
+            )
     c = report["mla_counted"]
-    lines.append("formula vs torch's flop counter (small MLA): " + ", ".join(
-        f"{p} {v['formula']:,} vs {v['counted']:,}" for p, v in c.items()))
+    lines.append(
+        "formula vs torch's flop counter (small MLA): "
+        + ", ".join(f"{p} {v['formula']:,} vs {v['counted']:,}" for p, v in c.items())
+    )
     return "\n".join(lines)

@@ -4,6 +4,7 @@ torch's SDPA with enable_gqa; and, in the benchmark only, grouped with the cache
 (split_k_attention, flash-decoding's split-K). Here too the ways themselves, for notebook 06 to
 compare, and the bytes a step must move. Every step runs through the model's one forward pass with a KVCache.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,9 +31,13 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     q (batch, n_heads, seq_len, head_dim), k and v (batch, n_heads, kv_len, head_dim) -> like q.
     The T queries are the last T of the S positions (a decode step: T = 1 against the whole cache).
     """
-    assert q.shape[1] == k.shape[1], f"causal_attention needs as many key heads as query heads: q {tuple(q.shape)}, k {tuple(k.shape)}"
+    assert q.shape[1] == k.shape[1], (
+        f"causal_attention needs as many key heads as query heads: q {tuple(q.shape)}, k {tuple(k.shape)}"
+    )
     T, S, D = q.shape[2], k.shape[2], q.shape[3]
-    scores = (k @ q.transpose(-2, -1)).transpose(-2, -1) / math.sqrt(D)  # = q @ k^T, (B, H, T, S); see grouped_attention
+    scores = (k @ q.transpose(-2, -1)).transpose(-2, -1) / math.sqrt(
+        D
+    )  # = q @ k^T, (B, H, T, S); see grouped_attention
     if T > 1:  # one query (a decode step) may attend to every key: no mask to build or apply
         scores = scores.masked_fill(~causal_mask(T, S, device=q.device), float("-inf"))  # (T, S), True = may attend
     return scores.softmax(dim=-1) @ v  # (B, H, T, S) @ (B, H, S, D)
@@ -57,7 +62,9 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
     T, S = q.shape[2], k.shape[2]
     # one query (a decode step) attends to every key: no mask, which also lets a GPU pick its fused kernels
     mask = None if T == 1 else causal_mask(T, S, device=q.device)  # (T, S), True = may attend
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1])
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1]
+    )
 
 
 def largest_new_tensor(fn: Callable, *args) -> tuple[str, tuple[int, ...]]:
@@ -114,6 +121,7 @@ def split_k_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: 
             m, l, o = new, l * old_scale + l_c * chunk_scale, o * old_scale + o_c * chunk_scale
     return (o / l).view(B, H, 1, D)
 
+
 BENCH_ATTENTION = {**ATTENTION, "split-k": split_k_attention}  # `kvlib bench gqa` also times split-K, for GQA
 
 # ---------------------------------------------------------------------------------------------
@@ -126,6 +134,7 @@ def attention_with(attend: Callable) -> Callable:
     Projections and rotary at the new tokens' absolute positions, keys and values written with
     cache.update, then attend(q (B, H, T, D), k, v (B, H_kv, S, D)) and the output projection.
     """
+
     def attention(attn, x, cache, layer, rope_cos, rope_sin):
         B, T, _ = x.shape
         cos, sin = rope_cos[cache.pos : cache.pos + T], rope_sin[cache.pos : cache.pos + T]  # (T, D)
@@ -168,8 +177,10 @@ def decode_bytes(model: Decoder, kv_len: int, batch: int = 1, method: str = "gro
 
 
 FIXED_KV_LEN = 16  # recordings before 2026-12-01 measured the fixed part as the step at this many cached tokens
-FIXED_METHOD = ("intercept at 0 cached tokens of a line fitted, round by round, to the step times at the measured lengths; "
-                "median and interquartile range over rounds")
+FIXED_METHOD = (
+    "intercept at 0 cached tokens of a line fitted, round by round, to the step times at the measured lengths; "
+    "median and interquartile range over rounds"
+)
 
 
 def _quartiles(values: list[float]) -> tuple[float, float]:
@@ -191,14 +202,20 @@ def _intercepts(kv_lens: list[int], per_len: list[list[float]]) -> list[float]:
     return [float(np.polyfit(x, np.asarray(col, dtype=float), 1)[1]) for col in zip(*per_len)]
 
 
-
 def _gqa_method(method: str, mha: bool) -> str:
     """A row's name: "mha" (kvlib's attention) and "mha sdpa" for MHA; materialised, grouped or sdpa for GQA."""
     return ("mha sdpa" if method == "sdpa" else "mha") if mha else method
 
 
-def bench_gqa(threads: int = 1, quick: bool = False, kv_lens=(4096, 8192, 16384), rounds: int = 21,
-              bandwidth: dict | None = None, device: str = "cpu", batch: int | None = None) -> dict:
+def bench_gqa(
+    threads: int = 1,
+    quick: bool = False,
+    kv_lens=(4096, 8192, 16384),
+    rounds: int = 21,
+    bandwidth: dict | None = None,
+    device: str = "cpu",
+    batch: int | None = None,
+) -> dict:
     """Time one decode step at each kv_len for n_kv_heads 8 (MHA), 4, 2, 1, attention done three ways, and split-K.
 
     materialised: repeat_kv the cache out to n_heads, then MHA attention; grouped: kvlib's
@@ -247,9 +264,10 @@ def bench_gqa(threads: int = 1, quick: bool = False, kv_lens=(4096, 8192, 16384)
                 cache.pos = S  # S cached tokens; the timed step attends to S + 1
                 # MHA two ways: kvlib's plain attention (what materialised and grouped are compared with)
                 # and torch's fused SDPA (what GQA through SDPA is compared with: fusion alone is no GQA saving)
-                for method in (("grouped", "sdpa") if h == n_heads else ("materialised", "grouped", "split-k", "sdpa")):
-                    step = (lambda model=model, cache=cache, attend=BENCH_ATTENTION[method]:
-                            decode_step_with(model, token, cache, attend))
+                for method in ("grouped", "sdpa") if h == n_heads else ("materialised", "grouped", "split-k", "sdpa"):
+                    step = lambda model=model, cache=cache, attend=BENCH_ATTENTION[method]: decode_step_with(
+                        model, token, cache, attend
+                    )
                     step()  # the learner's code must run at all, before a graph captures it
                     cases.append((S, h, method, model, cache, timing.replayable(step, device)))
         for *_, step in cases:  # warm-up
@@ -267,8 +285,11 @@ def bench_gqa(threads: int = 1, quick: bool = False, kv_lens=(4096, 8192, 16384)
                         timing.synchronize(device)
                         samples[i].append(time.perf_counter() - start)
         by_case = {(S, h, method): times for (S, h, method, *_), times in zip(cases, samples)}
-        fixed_rounds = {(h, method): _intercepts(kv_lens, [by_case[S, h, method] for S in kv_lens])
-                        for (S, h, method, *_) in cases if S == kv_lens[0]}
+        fixed_rounds = {
+            (h, method): _intercepts(kv_lens, [by_case[S, h, method] for S in kv_lens])
+            for (S, h, method, *_) in cases
+            if S == kv_lens[0]
+        }
         fixed = {key: statistics.median(v) for key, v in fixed_rounds.items()}
         rows = []
         for (S, h, method, model, cache, _), times in zip(cases, samples):
@@ -279,58 +300,103 @@ def bench_gqa(threads: int = 1, quick: bool = False, kv_lens=(4096, 8192, 16384)
             cache_s = statistics.median(cache_rounds)  # the part of the step that grows with the cache
             # stands clear of the fixed part's spread; a negative intercept is no fixed part (a step not linear in kv_len)
             clear = fixed_s > 0 and cache_s > hi - lo and _quartiles(cache_rounds)[0] > 0
-            rows.append({
-                "kv_len": S, "n_kv_heads": h, "group_size": n_heads // h, "method": _gqa_method(method, h == n_heads),
-                "median_s": median, "min_s": min(times), "max_s": max(times),
-                "bytes": moved, "predicted_s": moved / bandwidth["bandwidth"], "cache_bytes": cache.nbytes,
-                "fixed_s": fixed_s, "fixed_spread_s": [lo, hi], "cache_s": cache_s, "cache_clear": clear,
-                "cache_rounds_s": cache_rounds,
-                # the bytes that grow with kv_len (the cache, and the copies of the materialised path) over that part
-                "cache_bytes_per_s": (moved - decode_bytes(model, 0, batch, method)) / cache_s if cache_s > 0 else None,
-            })
+            rows.append(
+                {
+                    "kv_len": S,
+                    "n_kv_heads": h,
+                    "group_size": n_heads // h,
+                    "method": _gqa_method(method, h == n_heads),
+                    "median_s": median,
+                    "min_s": min(times),
+                    "max_s": max(times),
+                    "bytes": moved,
+                    "predicted_s": moved / bandwidth["bandwidth"],
+                    "cache_bytes": cache.nbytes,
+                    "fixed_s": fixed_s,
+                    "fixed_spread_s": [lo, hi],
+                    "cache_s": cache_s,
+                    "cache_clear": clear,
+                    "cache_rounds_s": cache_rounds,
+                    # the bytes that grow with kv_len (the cache, and the copies of the materialised path) over that part
+                    "cache_bytes_per_s": (moved - decode_bytes(model, 0, batch, method)) / cache_s
+                    if cache_s > 0
+                    else None,
+                }
+            )
         for row in rows:  # ratios against MHA at the same kv_len, attention done the same way
             base = "mha sdpa" if row["method"].endswith("sdpa") else "mha"
             mha = next(r for r in rows if r["kv_len"] == row["kv_len"] and r["method"] == base)
             row["speedup_vs_mha"] = mha["median_s"] / row["median_s"]
             row["speedup_vs_mha_best"] = mha["min_s"] / row["min_s"]  # fastest runs: least disturbed by neighbours
-            paired = [m / c for m, c in zip(mha["cache_rounds_s"], row["cache_rounds_s"])] if mha["cache_clear"] and row["cache_clear"] else None
+            paired = (
+                [m / c for m, c in zip(mha["cache_rounds_s"], row["cache_rounds_s"])]
+                if mha["cache_clear"] and row["cache_clear"]
+                else None
+            )
             row["cache_speedup_vs_mha"] = statistics.median(paired) if paired else None
             row["cache_speedup_spread"] = list(_quartiles(paired)) if paired else None
             row["measured_over_predicted"] = row["median_s"] / row["predicted_s"]
-        record = timing.environment(device, dtype=str(dtype).removeprefix("torch."), threads_requested=threads,
-                                       rounds=rounds, batch=batch, cuda_graph=cuda,
-                                       bandwidth_GBps=round(bandwidth["bandwidth"] / 1e9, 2))
+        record = timing.environment(
+            device,
+            dtype=str(dtype).removeprefix("torch."),
+            threads_requested=threads,
+            rounds=rounds,
+            batch=batch,
+            cuda_graph=cuda,
+            bandwidth_GBps=round(bandwidth["bandwidth"] / 1e9, 2),
+        )
     del cases
     import datetime
 
     config = gqa_bench_config()
-    return {"benchmark": "gqa", "date": datetime.date.today().isoformat(), "record": record, "config": {**config.to_dict(), "n_kv_heads": kv_heads},
-            "bandwidth": {"bytes_per_s": bandwidth["bandwidth"], "kernel": bandwidth["kernel"]}, "rows": rows,
-            "fixed_method": FIXED_METHOD,
-            "fixed": [{"kv_len": 0, "n_kv_heads": h, "method": _gqa_method(method, h == n_heads), "median_s": t,
-                       "q1_s": _quartiles(fixed_rounds[h, method])[0], "q3_s": _quartiles(fixed_rounds[h, method])[1]}
-                      for (h, method), t in fixed.items()]}
+    return {
+        "benchmark": "gqa",
+        "date": datetime.date.today().isoformat(),
+        "record": record,
+        "config": {**config.to_dict(), "n_kv_heads": kv_heads},
+        "bandwidth": {"bytes_per_s": bandwidth["bandwidth"], "kernel": bandwidth["kernel"]},
+        "rows": rows,
+        "fixed_method": FIXED_METHOD,
+        "fixed": [
+            {
+                "kv_len": 0,
+                "n_kv_heads": h,
+                "method": _gqa_method(method, h == n_heads),
+                "median_s": t,
+                "q1_s": _quartiles(fixed_rounds[h, method])[0],
+                "q3_s": _quartiles(fixed_rounds[h, method])[1],
+            }
+            for (h, method), t in fixed.items()
+        ],
+    }
 
 
 def format_gqa(report: dict) -> str:
     r, c = report["record"], report["config"]
     threads = "CUDA graphs" if r.get("cuda_graph") else f"{r['threads']} thread(s)"
-    lines = [f"kvlib bench gqa: {r['device']}, {threads}, torch {r['torch']}, {r.get('dtype', 'float32')}, "
-             f"batch {r.get('batch', 1)}, median of {r['rounds']} interleaved rounds",
-             f"model: d_model {c['d_model']}, {c['n_layers']} layers, {c['n_heads']} heads of {c['d_model'] // c['n_heads']}, "
-             f"random weights; predicted = bytes moved / {report['bandwidth']['bytes_per_s'] / 1e9:.1f} GB/s "
-             f"(measured {report['bandwidth']['kernel']} bandwidth)", "",
-             f"{'kv_len':>7} {'n_kv_heads':>10} {'method':>13} {'cache MB':>9} {'step ms':>9} {'min-max ms':>14} "
-             f"{'predicted':>9} {'meas/pred':>9} {'vs MHA':>7} {'best/best':>9}"]
+    lines = [
+        f"kvlib bench gqa: {r['device']}, {threads}, torch {r['torch']}, {r.get('dtype', 'float32')}, "
+        f"batch {r.get('batch', 1)}, median of {r['rounds']} interleaved rounds",
+        f"model: d_model {c['d_model']}, {c['n_layers']} layers, {c['n_heads']} heads of {c['d_model'] // c['n_heads']}, "
+        f"random weights; predicted = bytes moved / {report['bandwidth']['bytes_per_s'] / 1e9:.1f} GB/s "
+        f"(measured {report['bandwidth']['kernel']} bandwidth)",
+        "",
+        f"{'kv_len':>7} {'n_kv_heads':>10} {'method':>13} {'cache MB':>9} {'step ms':>9} {'min-max ms':>14} "
+        f"{'predicted':>9} {'meas/pred':>9} {'vs MHA':>7} {'best/best':>9}",
+    ]
     for row in report["rows"]:
-        lines.append(f"{row['kv_len']:>7} {row['n_kv_heads']:>10} {row['method']:>13} {row['cache_bytes'] / 1e6:>9.1f} "
-                     f"{row['median_s'] * 1e3:>9.2f} {row['min_s'] * 1e3:>6.1f}-{row['max_s'] * 1e3:<7.1f} "
-                     f"{row['predicted_s'] * 1e3:>9.2f} {row['measured_over_predicted']:>8.2f}x {row['speedup_vs_mha']:>6.2f}x "
-                     f"{row['speedup_vs_mha_best']:>8.2f}x")
-    lines.append("\nvs MHA = MHA's median step time / this one's (>1: faster), sdpa against mha sdpa, the others against mha; "
-                 "best/best = the same for the fastest runs.\nmha: kvlib's attention; materialised: repeat_kv then MHA attention; "
-                 "grouped: grouped_attention (Exercise 6.2); split-k: the same in chunks of 1,024 cached tokens merged by the online softmax "
-                 "(split_k_attention); sdpa: torch's fused SDPA (enable_gqa for GQA)")
+        lines.append(
+            f"{row['kv_len']:>7} {row['n_kv_heads']:>10} {row['method']:>13} {row['cache_bytes'] / 1e6:>9.1f} "
+            f"{row['median_s'] * 1e3:>9.2f} {row['min_s'] * 1e3:>6.1f}-{row['max_s'] * 1e3:<7.1f} "
+            f"{row['predicted_s'] * 1e3:>9.2f} {row['measured_over_predicted']:>8.2f}x {row['speedup_vs_mha']:>6.2f}x "
+            f"{row['speedup_vs_mha_best']:>8.2f}x"
+        )
+    lines.append(
+        "\nvs MHA = MHA's median step time / this one's (>1: faster), sdpa against mha sdpa, the others against mha; "
+        "best/best = the same for the fastest runs.\nmha: kvlib's attention; materialised: repeat_kv then MHA attention; "
+        "grouped: grouped_attention (Exercise 6.2); split-k: the same in chunks of 1,024 cached tokens merged by the online softmax "
+        "(split_k_attention); sdpa: torch's fused SDPA (enable_gqa for GQA)"
+    )
     if "fixed" in report:  # recordings made before the fixed part was measured lack it
         lines += _format_time_split(report)
     return "\n".join(lines)
@@ -341,17 +407,24 @@ GQA_GOAL = 2.0  # this project's aim: GQA-2 (n_kv_heads = n_heads / 4) twice as 
 
 def _format_time_split(report: dict) -> list[str]:
     """The second table of format_gqa: each step split into its fixed part and its cache part, and the verdict."""
+
     def ms(x):
         return f"{x * 1e3:.2f}" if x is not None else "-"
 
     n_kv = report["config"]["n_kv_heads"]
-    fixed_how = report.get("fixed_method", f"the same step at {report['fixed'][0]['kv_len']} cached tokens (a warm, "
-                                            "short cache: recordings before 2026-12-01)")
-    lines = ["", f"Where the time goes: fixed = {fixed_how}: the weights and small operations, untouched by GQA; "
-                 "cache = step - fixed, round by round; the ratio of cache parts (median, quartiles) only where both stand "
-                 "clear of the fixed part's spread",
-             f"{'kv_len':>7} {'n_kv_heads':>10} {'method':>13} {'step ms':>9} {'fixed ms (q1-q3)':>20} {'cache ms':>9} "
-             f"{'cache GB/s':>10} {'cache vs MHA (q1-q3)':>23} {'step vs MHA':>11}"]
+    fixed_how = report.get(
+        "fixed_method",
+        f"the same step at {report['fixed'][0]['kv_len']} cached tokens (a warm, "
+        "short cache: recordings before 2026-12-01)",
+    )
+    lines = [
+        "",
+        f"Where the time goes: fixed = {fixed_how}: the weights and small operations, untouched by GQA; "
+        "cache = step - fixed, round by round; the ratio of cache parts (median, quartiles) only where both stand "
+        "clear of the fixed part's spread",
+        f"{'kv_len':>7} {'n_kv_heads':>10} {'method':>13} {'step ms':>9} {'fixed ms (q1-q3)':>20} {'cache ms':>9} "
+        f"{'cache GB/s':>10} {'cache vs MHA (q1-q3)':>23} {'step vs MHA':>11}",
+    ]
     for row in report["rows"]:
         rate = f"{row['cache_bytes_per_s'] / 1e9:.1f}" if row["cache_bytes_per_s"] is not None else "-"
         spread = row.get("fixed_spread_s")
@@ -359,26 +432,38 @@ def _format_time_split(report: dict) -> list[str]:
         if row["fixed_s"] <= 0:
             fixed = "not linear"  # the intercept of a line through a curve that bends up: no fixed part
         cvm = row["cache_speedup_vs_mha"]
-        cvm = "-" if cvm is None else f"{cvm:.2f}x" + (" ({:.2f}-{:.2f})".format(*row["cache_speedup_spread"])
-                                                        if row.get("cache_speedup_spread") else "")
-        lines.append(f"{row['kv_len']:>7} {row['n_kv_heads']:>10} {row['method']:>13} {ms(row['median_s']):>9} {fixed:>20} "
-                     f"{ms(row['cache_s'] if row['cache_s'] > 0 and row['fixed_s'] > 0 else None):>9} "
-                     f"{rate if row['fixed_s'] > 0 else '-':>10} {cvm:>23} "
-                     f"{row['speedup_vs_mha']:>10.2f}x")
+        cvm = (
+            "-"
+            if cvm is None
+            else f"{cvm:.2f}x"
+            + (" ({:.2f}-{:.2f})".format(*row["cache_speedup_spread"]) if row.get("cache_speedup_spread") else "")
+        )
+        lines.append(
+            f"{row['kv_len']:>7} {row['n_kv_heads']:>10} {row['method']:>13} {ms(row['median_s']):>9} {fixed:>20} "
+            f"{ms(row['cache_s'] if row['cache_s'] > 0 and row['fixed_s'] > 0 else None):>9} "
+            f"{rate if row['fixed_s'] > 0 else '-':>10} {cvm:>23} "
+            f"{row['speedup_vs_mha']:>10.2f}x"
+        )
     if any(row["fixed_s"] <= 0 for row in report["rows"]):
-        lines.append("not linear: the step time grows faster than a line in kv_len (the copying path allocates "
-                     "n_heads heads of fresh copies every step), so the line's intercept is below 0 and no fixed part")
+        lines.append(
+            "not linear: the step time grows faster than a line in kv_len (the copying path allocates "
+            "n_heads heads of fresh copies every step), so the line's intercept is below 0 and no fixed part"
+        )
     quarter = n_kv[0] // 4 if n_kv[0] // 4 in n_kv else n_kv[-1]
     lens = sorted({row["kv_len"] for row in report["rows"]})
     at = {(row["kv_len"], row["n_kv_heads"], row["method"]): row for row in report["rows"]}
     for kv_len in lens:
         g, mha = at[kv_len, quarter, "grouped"], at[kv_len, n_kv[0], "mha"]
         if g["cache_speedup_vs_mha"] is None:
-            lines.append(f"{kv_len} cached tokens: the cache part of a step does not stand clear of the fixed part's spread here")
+            lines.append(
+                f"{kv_len} cached tokens: the cache part of a step does not stand clear of the fixed part's spread here"
+            )
             continue
-        lines.append(f"{kv_len} cached tokens, n_kv_heads {quarter} (grouped) against MHA: cache part {ms(g['cache_s'])} ms against "
-                     f"{ms(mha['cache_s'])} (ratio {g['cache_speedup_vs_mha']:.2f}x, for {n_kv[0] // quarter}x fewer bytes); fixed part "
-                     f"{ms(g['fixed_s'])} against {ms(mha['fixed_s'])} ms; the whole step {g['speedup_vs_mha']:.2f}x")
+        lines.append(
+            f"{kv_len} cached tokens, n_kv_heads {quarter} (grouped) against MHA: cache part {ms(g['cache_s'])} ms against "
+            f"{ms(mha['cache_s'])} (ratio {g['cache_speedup_vs_mha']:.2f}x, for {n_kv[0] // quarter}x fewer bytes); fixed part "
+            f"{ms(g['fixed_s'])} against {ms(mha['fixed_s'])} ms; the whole step {g['speedup_vs_mha']:.2f}x"
+        )
     if 8192 in lens and "fixed_method" in report:
         g, mha = at[8192, quarter, "grouped"], at[8192, n_kv[0], "mha"]
         got = g["speedup_vs_mha"]
@@ -387,15 +472,23 @@ def _format_time_split(report: dict) -> list[str]:
         else:
             # what the cache part would have to shrink to for the goal, with the fixed part as measured
             need = mha["median_s"] / GQA_GOAL - g["fixed_s"]
-            lines.append(f"goal: GQA-{quarter} at least {GQA_GOAL:.0f}x MHA at 8192 cached tokens: {got:.2f}x, short by "
-                         f"{GQA_GOAL / got:.2f}x. Why: the fixed part ({ms(g['fixed_s'])} ms) is untouched by GQA, and the "
-                         f"cache part shrank to {ms(g['cache_s'])} ms, not the {ms(max(need, 0.0))} ms the goal needs"
-                         + (f": it was read at {g['cache_bytes_per_s'] / 1e9:.1f} GB/s against MHA's "
-                            f"{mha['cache_bytes_per_s'] / 1e9:.1f} (a group of {n_kv[0] // quarter} queries per cached "
-                            f"number: a {n_kv[0] // quarter}-column product one core runs at a lower rate)"
-                            if g["cache_bytes_per_s"] and mha["cache_bytes_per_s"] else "")
-                         + (f". Split-K, the same in chunks merged by the online softmax, ran "
-                            f"{at[8192, quarter, 'split-k']['speedup_vs_mha']:.2f}x: on one core there is no parallelism for "
-                            "it to win, and its chunks' smaller products and merges cost more than the locality saves"
-                            if (8192, quarter, "split-k") in at else ""))
+            lines.append(
+                f"goal: GQA-{quarter} at least {GQA_GOAL:.0f}x MHA at 8192 cached tokens: {got:.2f}x, short by "
+                f"{GQA_GOAL / got:.2f}x. Why: the fixed part ({ms(g['fixed_s'])} ms) is untouched by GQA, and the "
+                f"cache part shrank to {ms(g['cache_s'])} ms, not the {ms(max(need, 0.0))} ms the goal needs"
+                + (
+                    f": it was read at {g['cache_bytes_per_s'] / 1e9:.1f} GB/s against MHA's "
+                    f"{mha['cache_bytes_per_s'] / 1e9:.1f} (a group of {n_kv[0] // quarter} queries per cached "
+                    f"number: a {n_kv[0] // quarter}-column product one core runs at a lower rate)"
+                    if g["cache_bytes_per_s"] and mha["cache_bytes_per_s"]
+                    else ""
+                )
+                + (
+                    f". Split-K, the same in chunks merged by the online softmax, ran "
+                    f"{at[8192, quarter, 'split-k']['speedup_vs_mha']:.2f}x: on one core there is no parallelism for "
+                    "it to win, and its chunks' smaller products and merges cost more than the locality saves"
+                    if (8192, quarter, "split-k") in at
+                    else ""
+                )
+            )
     return lines

@@ -14,19 +14,21 @@ Measured on one KV budget (n_blocks * block_size token slots):
 Utilisation is time-averaged over steps: slots holding a token / slots reserved. Also the batched
 decode step's time against batch size. Everything runs the learner's kvlib/serving.py.
 """
+
 from __future__ import annotations
 
 import statistics
 import time
 
 import numpy as np
-import torch
 
 from kvlib.core.model import matrix_params
 from kvlib.measure import timing
 from kvlib.measure.machine import measure_bandwidth, measure_matmul_flops
 
-SYSTEM_PROMPT = "You are a helpful geography tutor. Answer with the capital, then stop.\n"  # 72 characters, one token each
+SYSTEM_PROMPT = (
+    "You are a helpful geography tutor. Answer with the capital, then stop.\n"  # 72 characters, one token each
+)
 
 
 def make_trace(tokenizer, n: int = 64, seed: int = 0, system_prompt: str = "", max_new: tuple[int, int] = (4, 256)):
@@ -57,9 +59,17 @@ def percentile(values, q):
 def _summary(requests, start, seconds, steps, held, reserved, extra=None):
     ttft = [r.times["first_token"] - start for r in requests]
     generated = sum(len(r.out) for r in requests)
-    return {"requests": len(requests), "generated_tokens": generated, "seconds": seconds, "tokens_per_s": generated / seconds,
-            "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99), "steps": steps,
-            "kv_utilisation": held / reserved if reserved else float("nan"), **(extra or {})}
+    return {
+        "requests": len(requests),
+        "generated_tokens": generated,
+        "seconds": seconds,
+        "tokens_per_s": generated / seconds,
+        "ttft_p50_s": percentile(ttft, 50),
+        "ttft_p99_s": percentile(ttft, 99),
+        "steps": steps,
+        "kv_utilisation": held / reserved if reserved else float("nan"),
+        **(extra or {}),
+    }
 
 
 def serve_continuous(model, trace, n_blocks, block_size=16, max_batch=64, share_prefixes=False, on_step=None):
@@ -85,11 +95,21 @@ def serve_continuous(model, trace, n_blocks, block_size=16, max_batch=64, share_
     start = time.perf_counter()
     sched.run(on_step=observe)
     seconds = time.perf_counter() - start
-    return _summary(sched.finished, start, seconds, counts["steps"], counts["held"], counts["reserved"],
-                    {"mean_blocks_held": statistics.fmean(counts["blocks"]), "peak_blocks_held": max(counts["blocks"]),
-                     "blocks_per_running_request": sum(counts["blocks"]) / max(counts["running"], 1),
-                     "mean_running": counts["running"] / max(counts["steps"], 1),
-                     **sched.stats})
+    return _summary(
+        sched.finished,
+        start,
+        seconds,
+        counts["steps"],
+        counts["held"],
+        counts["reserved"],
+        {
+            "mean_blocks_held": statistics.fmean(counts["blocks"]),
+            "peak_blocks_held": max(counts["blocks"]),
+            "blocks_per_running_request": sum(counts["blocks"]) / max(counts["running"], 1),
+            "mean_running": counts["running"] / max(counts["steps"], 1),
+            **sched.stats,
+        },
+    )
 
 
 def serve_static(model, trace, n_blocks, block_size=16, reserve=None):
@@ -113,17 +133,26 @@ def serve_static(model, trace, n_blocks, block_size=16, reserve=None):
         while not all(r.done for r in members):  # every row computes until the longest is done, as in a padded batch
             sched.decode()
             steps += 1
-            held += sum(min(r.table.length, len(r.prompt) + r.max_new_tokens - 1) for r in members)  # tokens it will keep
+            held += sum(
+                min(r.table.length, len(r.prompt) + r.max_new_tokens - 1) for r in members
+            )  # tokens it will keep
             reserved += len(members) * reserve  # the batch's reservations stand until its last member is done
         for r in members:
-            del r.out[r.max_new_tokens:]  # what a finished row computed while it waited is thrown away
+            del r.out[r.max_new_tokens :]  # what a finished row computed while it waited is thrown away
         sched.retire()
     seconds = time.perf_counter() - start
     return _summary(sched.finished, start, seconds, steps, held, reserved, {"batch": batch, "reserve": reserve})
 
 
-def decode_step_times(model, batches=(1, 2, 4, 8, 16, 32, 64), context=64, block_size=16, repeats=5,
-                      bandwidth: float | None = None, peak_flops: float | None = None):
+def decode_step_times(
+    model,
+    batches=(1, 2, 4, 8, 16, 32, 64),
+    context=64,
+    block_size=16,
+    repeats=5,
+    bandwidth: float | None = None,
+    peak_flops: float | None = None,
+):
     """Seconds of one batched decode step with `batch` requests of `context` cached tokens each, beside
     the roofline's time when bandwidth (bytes/s) and peak_flops (FLOP/s) are given."""
     from kvlib.serving import BlockPool, Request, Scheduler
@@ -142,7 +171,14 @@ def decode_step_times(model, batches=(1, 2, 4, 8, 16, 32, 64), context=64, block
             sched.decode()
             times.append(time.perf_counter() - t0)
         step = statistics.median(times)
-        rows.append({"batch": b, "step_s": step, "tokens_per_s": b / step, **step_roofline(model.config, b, context, bandwidth, peak_flops)})
+        rows.append(
+            {
+                "batch": b,
+                "step_s": step,
+                "tokens_per_s": b / step,
+                **step_roofline(model.config, b, context, bandwidth, peak_flops),
+            }
+        )
     return rows
 
 
@@ -154,11 +190,16 @@ def step_roofline(config, batch: int, context: int, bandwidth: float | None, pea
     flops = 2 * matrix_params(config) * batch
     if not bandwidth or not peak_flops:
         return {"bytes": weight_bytes + cache_bytes, "flops": flops}
-    return {"bytes": weight_bytes + cache_bytes, "flops": flops,
-            "roofline_s": max((weight_bytes + cache_bytes) / bandwidth, flops / peak_flops)}
+    return {
+        "bytes": weight_bytes + cache_bytes,
+        "flops": flops,
+        "roofline_s": max((weight_bytes + cache_bytes) / bandwidth, flops / peak_flops),
+    }
 
 
-def bench_serve(threads: int = 1, quick: bool = False, n_requests: int | None = None, n_blocks: int = 256, block_size: int = 16) -> dict:
+def bench_serve(
+    threads: int = 1, quick: bool = False, n_requests: int | None = None, n_blocks: int = 256, block_size: int = 16
+) -> dict:
     """Everything the module docstring lists, as one JSON-ready record."""
     from kvlib.core.weights import load_tiny
 
@@ -173,17 +214,33 @@ def bench_serve(threads: int = 1, quick: bool = False, n_requests: int | None = 
         shared = serve_continuous(model, shared_trace, n_blocks, block_size, share_prefixes=True)
         bandwidth = measure_bandwidth(n_bytes=(32 if quick else 128) << 20, threads=threads, repeats=3)["bandwidth"]
         peak = measure_matmul_flops(n=512, threads=threads, repeats=3)["flops"]
-        steps = decode_step_times(model, batches=(1, 4, 16, 32) if quick else (1, 2, 4, 8, 16, 32, 64), bandwidth=bandwidth, peak_flops=peak)
+        steps = decode_step_times(
+            model, batches=(1, 4, 16, 32) if quick else (1, 2, 4, 8, 16, 32, 64), bandwidth=bandwidth, peak_flops=peak
+        )
     prompt_lens = [len(p) for p, _ in trace]
     new_lens = [m for _, m in trace]
     return {
-        "trace": {"requests": n, "seed": 0, "prompt_tokens": {"min": min(prompt_lens), "median": statistics.median(prompt_lens), "max": max(prompt_lens)},
-                  "max_new_tokens": {"min": min(new_lens), "median": statistics.median(new_lens), "max": max(new_lens)},
-                  "distribution": "prompt: 1-3 corpus questions joined; max_new_tokens log-uniform in [4, 256]; all arrive at t=0"},
+        "trace": {
+            "requests": n,
+            "seed": 0,
+            "prompt_tokens": {
+                "min": min(prompt_lens),
+                "median": statistics.median(prompt_lens),
+                "max": max(prompt_lens),
+            },
+            "max_new_tokens": {"min": min(new_lens), "median": statistics.median(new_lens), "max": max(new_lens)},
+            "distribution": "prompt: 1-3 corpus questions joined; max_new_tokens log-uniform in [4, 256]; all arrive at t=0",
+        },
         "kv_budget": {"n_blocks": n_blocks, "block_size": block_size, "token_slots": n_blocks * block_size},
-        "static": static, "continuous": continuous,
-        "prefix": {"system_prompt_tokens": len(tokenizer.encode(SYSTEM_PROMPT)), "unshared": unshared, "shared": shared},
-        "decode_steps": steps, "machine": {"bandwidth": bandwidth, "matmul_flops": peak},
+        "static": static,
+        "continuous": continuous,
+        "prefix": {
+            "system_prompt_tokens": len(tokenizer.encode(SYSTEM_PROMPT)),
+            "unshared": unshared,
+            "shared": shared,
+        },
+        "decode_steps": steps,
+        "machine": {"bandwidth": bandwidth, "matmul_flops": peak},
         "record": timing.environment("cpu", threads=threads, model="tiny"),
     }
 
@@ -191,13 +248,24 @@ def bench_serve(threads: int = 1, quick: bool = False, n_requests: int | None = 
 def format_serve(report: dict) -> str:
     s, c, p = report["static"], report["continuous"], report["prefix"]
     t = report["trace"]
-    lines = [f"{t['requests']} requests ({t['distribution']}); KV budget {report['kv_budget']['token_slots']} token slots",
-             f"{'':34s} {'tokens/s':>9s} {'TTFT p50':>9s} {'TTFT p99':>9s} {'KV used':>8s}",
-             f"{'static, contiguous (batch ' + str(s['batch']) + ')':34s} {s['tokens_per_s']:9.0f} {s['ttft_p50_s']:8.2f}s {s['ttft_p99_s']:8.2f}s {s['kv_utilisation']:8.1%}",
-             f"{'continuous, paged':34s} {c['tokens_per_s']:9.0f} {c['ttft_p50_s']:8.2f}s {c['ttft_p99_s']:8.2f}s {c['kv_utilisation']:8.1%}",
-             f"continuous / static throughput: {c['tokens_per_s'] / s['tokens_per_s']:.2f}x; preemptions {c['preemptions']}",
-             f"shared system prompt ({p['system_prompt_tokens']} tokens): blocks per running request {p['unshared']['blocks_per_running_request']:.1f} -> "
-             f"{p['shared']['blocks_per_running_request']:.1f}, requests running {p['unshared']['mean_running']:.1f} -> {p['shared']['mean_running']:.1f}; prefill tokens {p['unshared']['prefill_tokens']} -> {p['shared']['prefill_tokens']} "
-             f"({p['shared']['prefill_skipped']} skipped)",
-             "decode step: " + ", ".join(f"batch {r['batch']} {r['step_s'] * 1e3:.1f} ms ({r['tokens_per_s']:.0f} tok/s, roofline {r.get('roofline_s', float('nan')) * 1e3:.2f} ms)" for r in report["decode_steps"])]
+    lines = [
+        f"{t['requests']} requests ({t['distribution']}); KV budget {report['kv_budget']['token_slots']} token slots",
+        f"{'':34s} {'tokens/s':>9s} {'TTFT p50':>9s} {'TTFT p99':>9s} {'KV used':>8s}",
+        f"{'static, contiguous (batch ' + str(s['batch']) + ')':34s} {s['tokens_per_s']:9.0f} "
+        f"{s['ttft_p50_s']:8.2f}s {s['ttft_p99_s']:8.2f}s {s['kv_utilisation']:8.1%}",
+        f"{'continuous, paged':34s} {c['tokens_per_s']:9.0f} {c['ttft_p50_s']:8.2f}s {c['ttft_p99_s']:8.2f}s "
+        f"{c['kv_utilisation']:8.1%}",
+        f"continuous / static throughput: {c['tokens_per_s'] / s['tokens_per_s']:.2f}x; preemptions {c['preemptions']}",
+        f"shared system prompt ({p['system_prompt_tokens']} tokens): blocks per running request "
+        f"{p['unshared']['blocks_per_running_request']:.1f} -> {p['shared']['blocks_per_running_request']:.1f}, "
+        f"requests running {p['unshared']['mean_running']:.1f} -> {p['shared']['mean_running']:.1f}; "
+        f"prefill tokens {p['unshared']['prefill_tokens']} -> {p['shared']['prefill_tokens']} "
+        f"({p['shared']['prefill_skipped']} skipped)",
+        "decode step: "
+        + ", ".join(
+            f"batch {r['batch']} {r['step_s'] * 1e3:.1f} ms ({r['tokens_per_s']:.0f} tok/s, "
+            f"roofline {r.get('roofline_s', float('nan')) * 1e3:.2f} ms)"
+            for r in report["decode_steps"]
+        ),
+    ]
     return "\n".join(lines)

@@ -16,6 +16,7 @@ its generated C++ matrix kernels and MKL's by timing both. The weight repacking 
 of the gap to llama.cpp: it is a layout chosen for the kernel, as llama.cpp's own is.
 Compiling takes seconds to tens of seconds, once per model; a C++ compiler must be installed.
 """
+
 from __future__ import annotations
 
 import time
@@ -60,7 +61,9 @@ class StaticCacheDecoder(nn.Module):
             k_all, v_all = getattr(self, f"k{i}"), getattr(self, f"v{i}")
             k_all.index_copy_(2, positions, k)  # written in place at the tokens' positions
             v_all.index_copy_(2, positions, v)
-            out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=attn.n_kv_heads != attn.n_heads)
+            out = F.scaled_dot_product_attention(
+                q, k_all, v_all, attn_mask=mask, enable_gqa=attn.n_kv_heads != attn.n_heads
+            )
             x = x + attn.o_proj(out.transpose(1, 2).reshape(1, T, -1))  # (1, H, T, D) -> (1, T, C)
             x = x + layer.mlp(layer.mlp_norm(x))
         return m.lm_head(m.norm(x[:, -1])).float()  # (1, vocab_size)
@@ -86,7 +89,9 @@ def compiled_way(model: Decoder, max_len: int, autotune: bool = True):
     def run(ids: torch.Tensor, n: int):
         T = ids.shape[1]
         if ids.shape[0] != 1 or T + n > max_len:
-            raise ValueError(f"batch 1 and at most {max_len} tokens in all: got prompt {tuple(ids.shape)} and {n} new tokens")
+            raise ValueError(
+                f"batch 1 and at most {max_len} tokens in all: got prompt {tuple(ids.shape)} and {n} new tokens"
+            )
         stamps, tokens = [], []
         with torch.inference_mode(), inductor_config.patch(settings):
             start = time.perf_counter()
@@ -98,8 +103,10 @@ def compiled_way(model: Decoder, max_len: int, autotune: bool = True):
                     try:
                         token = step(token[:, None], torch.tensor([T + i], device=ids.device)).argmax(-1)
                     except Exception as err:  # no C++ compiler, an unsupported op...: say so, in one line
-                        raise RuntimeError(f"torch.compile could not compile the decode step: {type(err).__name__}: "
-                                           f"{str(err).strip().splitlines()[0][:300] if str(err).strip() else ''}") from err
+                        raise RuntimeError(
+                            f"torch.compile could not compile the decode step: {type(err).__name__}: "
+                            f"{str(err).strip().splitlines()[0][:300] if str(err).strip() else ''}"
+                        ) from err
         return tokens, stamps
 
     return run

@@ -7,6 +7,7 @@ model's one forward pass: model(ids, past_key_values=Int8KVCache(...)), or
 model(ids, past_key_values=SinkCache(...), attention=sink_attention). The learner's functions are looked
 up when they run, so nothing here imports a learner module at import time.
 """
+
 from __future__ import annotations
 
 import torch
@@ -29,10 +30,14 @@ class Int8KVCache:
     too (k_open), so each new key requantises it from exact values (KIVI keeps such a float residual).
     """
 
-    def __init__(self, config: ModelConfig, batch: int = 1, max_seq_len: int | None = None, group: int = GROUP, device="cpu"):
+    def __init__(
+        self, config: ModelConfig, batch: int = 1, max_seq_len: int | None = None, group: int = GROUP, device="cpu"
+    ):
         max_seq_len = config.max_seq_len if max_seq_len is None else max_seq_len
         if not 1 <= max_seq_len <= config.max_seq_len or group < 1:
-            raise ValueError(f"max_seq_len must be in [1, {config.max_seq_len}] and group >= 1, got {max_seq_len}, {group}")
+            raise ValueError(
+                f"max_seq_len must be in [1, {config.max_seq_len}] and group >= 1, got {max_seq_len}, {group}"
+            )
         L, H_kv, D, n_groups = config.n_layers, config.n_kv_heads, config.head_dim, -(-max_seq_len // group)
         self.k = torch.zeros(L, batch, H_kv, n_groups, group, D, dtype=torch.int8, device=device)
         self.k_scale = torch.ones(L, batch, H_kv, n_groups, 1, D, device=device)
@@ -60,18 +65,26 @@ class Int8KVCache:
         start, T, G = self.pos, k_new.shape[2], self.group
         if start + T > self.max_seq_len:
             raise ValueError(f"{T} more tokens do not fit: the cache holds {self.max_seq_len} and has {start}")
-        self.v[layer, :, :, start:start + T], self.v_scale[layer, :, :, start:start + T] = quantize(v_new, dim=-1)  # per token
+        self.v[layer, :, :, start : start + T], self.v_scale[layer, :, :, start : start + T] = quantize(
+            v_new, dim=-1
+        )  # per token
         for g in range(start // G, (start + T - 1) // G + 1):  # every group the new keys touch
             lo, hi = max(g * G, start), min((g + 1) * G, start + T)  # absolute positions written in group g
-            self.k_open[layer, :, :, lo - g * G:hi - g * G] = k_new[:, :, lo - start:hi - start].float()
-            values, scale = quantize(self.k_open[layer, :, :, :hi - g * G], dim=-2)  # per channel, over the group's tokens
-            self.k[layer, :, :, g, :hi - g * G], self.k_scale[layer, :, :, g] = values, scale
+            self.k_open[layer, :, :, lo - g * G : hi - g * G] = k_new[:, :, lo - start : hi - start].float()
+            values, scale = quantize(
+                self.k_open[layer, :, :, : hi - g * G], dim=-2
+            )  # per channel, over the group's tokens
+            self.k[layer, :, :, g, : hi - g * G], self.k_scale[layer, :, :, g] = values, scale
 
     def layer_view(self, layer: int, kv_len: int) -> tuple[torch.Tensor, ...]:
         """(k_values, k_scale, v_values, v_scale) of one layer covering kv_len tokens: 8.2's arguments."""
         n_groups = -(-kv_len // self.group)
-        return (self.k[layer, :, :, :n_groups], self.k_scale[layer, :, :, :n_groups],
-                self.v[layer, :, :, :kv_len], self.v_scale[layer, :, :, :kv_len])
+        return (
+            self.k[layer, :, :, :n_groups],
+            self.k_scale[layer, :, :, :n_groups],
+            self.v[layer, :, :, :kv_len],
+            self.v_scale[layer, :, :, :kv_len],
+        )
 
     @staticmethod
     def attention(attn, x, cache, layer, rope_cos, rope_sin):
@@ -83,7 +96,7 @@ def int8_cached_attention(attn, x: torch.Tensor, cache: Int8KVCache, layer: int,
     from kvlib.compress import int8_attention
 
     B, T, _ = x.shape
-    cos, sin = rope_cos[cache.pos:cache.pos + T], rope_sin[cache.pos:cache.pos + T]  # absolute positions
+    cos, sin = rope_cos[cache.pos : cache.pos + T], rope_sin[cache.pos : cache.pos + T]  # absolute positions
     q = attn.project_q(x, cos, sin)  # (B, H, T, D)
     cache.update(layer, *attn.project_kv(x, cos, sin))
     out = int8_attention(q, *cache.layer_view(layer, cache.pos + T), cache.pos + T)

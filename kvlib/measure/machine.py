@@ -3,6 +3,7 @@
 Every figure comes with the record of what produced it (kvlib.measure.timing.environment).
 Recorded GPU runs of `kvlib bench` (assets/recordings) load with load_recordings().
 """
+
 from __future__ import annotations
 
 import json
@@ -15,7 +16,6 @@ from kvlib.core.paths import ASSETS
 from kvlib.measure.timing import environment, measure
 
 RECORDINGS_DIR = ASSETS / "recordings"  # GPU runs of `kvlib bench memory` and `kvlib bench gqa`
-
 
 
 def bandwidth_kernels(n_bytes: int = 256 << 20, device: str | torch.device = "cpu", streams: int = 0) -> dict:
@@ -41,8 +41,9 @@ def bandwidth_kernels(n_bytes: int = 256 << 20, device: str | torch.device = "cp
     return kernels
 
 
-def measure_bandwidth(n_bytes: int = 256 << 20, device: str | torch.device = "cpu", threads: int | None = 1,
-                      repeats: int = 7) -> dict:
+def measure_bandwidth(
+    n_bytes: int = 256 << 20, device: str | torch.device = "cpu", threads: int | None = 1, repeats: int = 7
+) -> dict:
     """Sustained memory bandwidth (bytes/s) from three streaming kernels over arrays far beyond the caches.
 
     `bandwidth` is the read kernel's: a decode step streams its weights in, reading only, so that
@@ -53,8 +54,13 @@ def measure_bandwidth(n_bytes: int = 256 << 20, device: str | torch.device = "cp
     for name, (fn, moved) in bandwidth_kernels(n_bytes, device).items():
         timing = measure(fn, name=name, repeats=repeats, device=device, threads=threads)
         rates[name] = moved / timing.median
-    return {"bandwidth": rates["read"], "kernel": "read", "per_kernel": rates, "array_bytes": n_bytes // 4 * 4,
-            "record": environment(device, threads=threads if threads else torch.get_num_threads())}
+    return {
+        "bandwidth": rates["read"],
+        "kernel": "read",
+        "per_kernel": rates,
+        "array_bytes": n_bytes // 4 * 4,
+        "record": environment(device, threads=threads if threads else torch.get_num_threads()),
+    }
 
 
 def measure_gemv_layouts(weights: list[torch.Tensor], threads: int | None = 1, rounds: int = 11) -> dict:
@@ -71,9 +77,13 @@ def measure_gemv_layouts(weights: list[torch.Tensor], threads: int | None = 1, r
     from kvlib.measure.timing import num_threads, synchronize
 
     if not weights or any(w.dim() != 2 for w in weights):
-        raise ValueError(f"weights must be a non-empty list of (out, in) matrices, got shapes {[tuple(w.shape) for w in weights]}")
-    layouts = {"row-major": [w.detach().contiguous() for w in weights],
-               "column-major": [w.detach().t().contiguous().t() for w in weights]}
+        raise ValueError(
+            f"weights must be a non-empty list of (out, in) matrices, got shapes {[tuple(w.shape) for w in weights]}"
+        )
+    layouts = {
+        "row-major": [w.detach().contiguous() for w in weights],
+        "column-major": [w.detach().t().contiguous().t() for w in weights],
+    }
     vecs = {w.shape[1]: torch.randn(1, w.shape[1], dtype=w.dtype, device=w.device) for w in weights}
     n_bytes = sum(w.nbytes for w in layouts["row-major"])
     samples = {k: [] for k in layouts}
@@ -88,36 +98,65 @@ def measure_gemv_layouts(weights: list[torch.Tensor], threads: int | None = 1, r
                 if r:
                     samples[name].append(time.perf_counter() - start)
     rates = {k: n_bytes / statistics.median(v) for k, v in samples.items()}
-    return {**rates, "bytes": n_bytes, "rounds": rounds,
-            "record": environment(weights[0].device, threads=threads if threads else torch.get_num_threads())}
+    return {
+        **rates,
+        "bytes": n_bytes,
+        "rounds": rounds,
+        "record": environment(weights[0].device, threads=threads if threads else torch.get_num_threads()),
+    }
 
 
-def measure_matmul_flops(n: int = 1024, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                         threads: int | None = 1, repeats: int = 7) -> dict:
-    """FLOP/s of an (n, n) @ (n, n) matmul: 2 n^3 FLOPs over 3 n^2 numbers moved, intensity 2n / 3 / bytes (~171 FLOP/B at n = 1024 in float32): compute-bound."""
+def measure_matmul_flops(
+    n: int = 1024,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    threads: int | None = 1,
+    repeats: int = 7,
+) -> dict:
+    """FLOP/s of an (n, n) @ (n, n) matmul: 2 n^3 FLOPs over 3 n^2 numbers moved.
+
+    Intensity 2n / 3 / bytes (~171 FLOP/B at n = 1024 in float32): compute-bound.
+    """
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     timing = measure(lambda: a @ b, name="matmul", repeats=repeats, device=device, threads=threads)
-    return {"flops": 2 * n**3 / timing.median, "n": n, "dtype": str(dtype).removeprefix("torch."),
-            "record": timing.record}
+    return {
+        "flops": 2 * n**3 / timing.median,
+        "n": n,
+        "dtype": str(dtype).removeprefix("torch."),
+        "record": timing.record,
+    }
 
 
 def random_model(config, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", seed: int = 0):
     """A kvlib Decoder with random weights: timing does not care what the weights mean."""
-    from kvlib.core.model import Decoder
 
     torch.manual_seed(seed)
     return Decoder(config).to(device=device, dtype=dtype).eval()
 
 
-def measure_step(model, new_tokens: int, batch: int = 1, device: str | torch.device = "cpu",
-                 threads: int | None = 1, repeats: int = 7):
+def measure_step(
+    model,
+    new_tokens: int,
+    batch: int = 1,
+    device: str | torch.device = "cpu",
+    threads: int | None = 1,
+    repeats: int = 7,
+):
     """Timing of one forward over (batch, new_tokens) tokens at position 0: with new_tokens=1, a decode
     step at kv_len 1 (every weight read, no cache yet); with more, a prefill."""
     ids = torch.randint(0, model.config.vocab_size, (batch, new_tokens), device=device)
     dtype = next(model.parameters()).dtype
-    return measure(lambda: model(ids), name=f"step {batch}x{new_tokens}", repeats=repeats, device=device,
-                   threads=threads, dtype=str(dtype).removeprefix("torch."), batch=batch, new_tokens=new_tokens)
+    return measure(
+        lambda: model(ids),
+        name=f"step {batch}x{new_tokens}",
+        repeats=repeats,
+        device=device,
+        threads=threads,
+        dtype=str(dtype).removeprefix("torch."),
+        batch=batch,
+        new_tokens=new_tokens,
+    )
 
 
 def load_recordings(folder: str | Path | None = None, benchmark: str = "memory") -> list[dict]:

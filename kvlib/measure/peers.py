@@ -9,6 +9,7 @@ Every way is a function (input_ids (1, T), n) -> (the n new token ids, seconds f
 until each one existed), so the benchmark can time them alike and check that they agree.
 transformers and llama.cpp are optional: `pip install -e ".[peers]"` brings llama.cpp and gguf.
 """
+
 from __future__ import annotations
 
 import time
@@ -42,11 +43,20 @@ def transformers_way(hf_model, cache_implementation: str | None = None) -> Way:
         streamer = Stamps()
         start = time.perf_counter()
         with torch.inference_mode():
-            out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                                    do_sample=False, use_cache=True, streamer=streamer, pad_token_id=0, **extra)
+            out = hf_model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                use_cache=True,
+                streamer=streamer,
+                pad_token_id=0,
+                **extra,
+            )
         if out.shape[1] != ids.shape[1] + n:
             raise RuntimeError(f"transformers stopped after {out.shape[1] - ids.shape[1]} of {n} tokens")
-        return out[0, ids.shape[1]:].tolist(), [t - start for t in streamer.stamps]
+        return out[0, ids.shape[1] :].tolist(), [t - start for t in streamer.stamps]
 
     return run
 
@@ -58,7 +68,7 @@ def kvlib_way(fn, model) -> Way:
         stamps = []
         start = time.perf_counter()
         out = fn(model, ids, n, on_token=lambda token: stamps.append(time.perf_counter()))
-        return out[0, ids.shape[1]:].tolist(), [t - start for t in stamps]
+        return out[0, ids.shape[1] :].tolist(), [t - start for t in stamps]
 
     return run
 
@@ -88,8 +98,17 @@ class LlamaCpp:
 
         # type_k, type_v 0 (GGML_TYPE_F32): keys and values cached in float32 as kvlib caches them; llama.cpp's
         # default, float16, would round them and could flip a near-tied greedy pick
-        self.llm = Llama(model_path=str(path), n_ctx=n_ctx, n_batch=min(n_ctx, 512), n_threads=threads,
-                         n_threads_batch=threads, type_k=0, type_v=0, logits_all=False, verbose=False)
+        self.llm = Llama(
+            model_path=str(path),
+            n_ctx=n_ctx,
+            n_batch=min(n_ctx, 512),
+            n_threads=threads,
+            n_threads_batch=threads,
+            type_k=0,
+            type_v=0,
+            logits_all=False,
+            verbose=False,
+        )
         self.path, self.vocab = path, self.llm.n_vocab()
 
     def _last_logits(self) -> np.ndarray:

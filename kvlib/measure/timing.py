@@ -4,6 +4,7 @@ the number (device, threads, torch version, shapes) beside it.
 Used by the notebooks' measurements and by `kvlib bench`. Threads default to one: on a shared
 CPU, multithreaded timings are bimodal. Not here: anything that asserts on time.
 """
+
 from __future__ import annotations
 
 import os
@@ -151,8 +152,16 @@ def _fmt(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
-def measure(fn: Callable[[], object], *, name: str = "", warmup: int = 2, repeats: int = 7,
-            device: str | torch.device = "cpu", threads: int | None = 1, **record) -> Timing:
+def measure(
+    fn: Callable[[], object],
+    *,
+    name: str = "",
+    warmup: int = 2,
+    repeats: int = 7,
+    device: str | torch.device = "cpu",
+    threads: int | None = 1,
+    **record,
+) -> Timing:
     """Time fn() `repeats` times after `warmup` untimed calls; returns a Timing with the record.
 
     Example: measure(lambda: model(ids), name="prefill", dtype="float32", seq_len=64)

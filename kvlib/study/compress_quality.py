@@ -6,13 +6,14 @@ capital-answer accuracy of each. Rolling window with and without attention sinks
 held-out text longer than the window, every token fed through the cache one at a time. Uses the
 learner's caches (kvlib.compress, through kvlib.measure.bench_compress).
 """
+
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from kvlib.measure.compressed import Int8KVCache, sink_attention
 from kvlib.core.model import Decoder
+from kvlib.measure.compressed import Int8KVCache, sink_attention
 from kvlib.study import corpus, train
 
 
@@ -53,11 +54,18 @@ def int8_agreement(model: Decoder, tokenizer, stride: int = 48, limit: int | Non
         agree += sum(a == b for a, b in zip(f, q))
         total += new_tokens
         same_seq += f == q
-        right_f += f[:len(answer)] == answer
-        right_q += q[:len(answer)] == answer
+        right_f += f[: len(answer)] == answer
+        right_q += q[: len(answer)] == answer
     n = len(prompts)
-    return {"prompts": n, "new_tokens": new_tokens, "agreement": agree / total, "identical_continuations": same_seq / n,
-            "answer_float32": right_f / n, "answer_int8": right_q / n, "goal": 0.99}
+    return {
+        "prompts": n,
+        "new_tokens": new_tokens,
+        "agreement": agree / total,
+        "identical_continuations": same_seq / n,
+        "answer_float32": right_f / n,
+        "answer_int8": right_q / n,
+        "goal": 0.99,
+    }
 
 
 def held_out_rows(tokenizer, n_rows: int, seq_len: int) -> torch.Tensor:
@@ -72,13 +80,14 @@ def stepwise_loss(model: Decoder, rows: torch.Tensor, cache, attention=None) -> 
     cache.reset()
     losses = []
     for t in range(rows.shape[1] - 1):
-        logits, _ = model(rows[:, t:t + 1], past_key_values=cache, attention=attention)  # (N, 1, vocab)
+        logits, _ = model(rows[:, t : t + 1], past_key_values=cache, attention=attention)  # (N, 1, vocab)
         losses.append(F.cross_entropy(logits[:, -1], rows[:, t + 1], reduction="none"))
     return torch.stack(losses, 1).mean(0)
 
 
-def window_study(model: Decoder, tokenizer, capacity: int = 32, n_sink: int = 4, n_rows: int = 8, seq_len: int = 256,
-                 band: int = 32) -> dict:
+def window_study(
+    model: Decoder, tokenizer, capacity: int = 32, n_sink: int = 4, n_rows: int = 8, seq_len: int = 256, band: int = 32
+) -> dict:
     """Loss by position band: the full float32 cache, int8, a window of `capacity` tokens, and n_sink sinks plus
     capacity - n_sink recent tokens (the same cache size), on held-out rows longer than the window."""
     from kvlib.compress import SinkCache
@@ -86,15 +95,27 @@ def window_study(model: Decoder, tokenizer, capacity: int = 32, n_sink: int = 4,
 
     rows = held_out_rows(tokenizer, n_rows, seq_len)
     B = rows.shape[0]
-    caches = {"float32 (full)": KVCache(model.config, batch=B, max_seq_len=seq_len),
-              "int8 (full)": Int8KVCache(model.config, batch=B, max_seq_len=seq_len),
-              f"window {capacity}, no sinks": SinkCache(model.config, 0, capacity, batch=B),
-              f"{n_sink} sinks + window {capacity - n_sink}": SinkCache(model.config, n_sink, capacity - n_sink, batch=B)}
-    per_position = {name: stepwise_loss(model, rows, cache, sink_attention if isinstance(cache, SinkCache) else None)
-                    for name, cache in caches.items()}
+    caches = {
+        "float32 (full)": KVCache(model.config, batch=B, max_seq_len=seq_len),
+        "int8 (full)": Int8KVCache(model.config, batch=B, max_seq_len=seq_len),
+        f"window {capacity}, no sinks": SinkCache(model.config, 0, capacity, batch=B),
+        f"{n_sink} sinks + window {capacity - n_sink}": SinkCache(model.config, n_sink, capacity - n_sink, batch=B),
+    }
+    per_position = {
+        name: stepwise_loss(model, rows, cache, sink_attention if isinstance(cache, SinkCache) else None)
+        for name, cache in caches.items()
+    }
     edges = list(range(0, seq_len, band)) + [seq_len]
-    return {"capacity": capacity, "n_sink": n_sink, "rows": B, "seq_len": seq_len,
-            "bands": [f"{a}-{b - 1}" for a, b in zip(edges, edges[1:])],
-            "loss": {name: [round(loss[a:b].mean().item(), 4) for a, b in zip(edges, edges[1:])] for name, loss in per_position.items()},
-            "mean_past_window": {name: round(loss[capacity:].mean().item(), 4) for name, loss in per_position.items()},
-            "per_position": {name: [round(x, 4) for x in loss.tolist()] for name, loss in per_position.items()}}
+    return {
+        "capacity": capacity,
+        "n_sink": n_sink,
+        "rows": B,
+        "seq_len": seq_len,
+        "bands": [f"{a}-{b - 1}" for a, b in zip(edges, edges[1:])],
+        "loss": {
+            name: [round(loss[a:b].mean().item(), 4) for a, b in zip(edges, edges[1:])]
+            for name, loss in per_position.items()
+        },
+        "mean_past_window": {name: round(loss[capacity:].mean().item(), 4) for name, loss in per_position.items()},
+        "per_position": {name: [round(x, 4) for x in loss.tolist()] for name, loss in per_position.items()},
+    }

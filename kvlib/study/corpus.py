@@ -5,6 +5,7 @@ A table of facts is rendered through question/answer templates; some templates a
 Everything is generated here, deterministically, so the repo needs no download. Left out on
 purpose: any other kind of fact, and facts whose capital is disputed or shared (e.g. Bolivia).
 """
+
 from __future__ import annotations
 
 import bisect
@@ -219,66 +220,127 @@ def _dialogue(askers: list[str], answerers: list[str], colon: str, ending: str) 
 
 _EN = _Parts(
     questions=(
-        ["What is the capital of {country}?", "What is the capital city of {country}?",
-         "Which city is the capital of {country}?", "What city is the capital of {country}?",
-         "Name the capital of {country}.", "Tell me the capital of {country}.",
-         "Do you know the capital of {country}?", "What is {countrys} capital?", "The capital of {country}?"],
+        [
+            "What is the capital of {country}?",
+            "What is the capital city of {country}?",
+            "Which city is the capital of {country}?",
+            "What city is the capital of {country}?",
+            "Name the capital of {country}.",
+            "Tell me the capital of {country}.",
+            "Do you know the capital of {country}?",
+            "What is {countrys} capital?",
+            "The capital of {country}?",
+        ],
         ["Which city serves as the capital of {country}?", "Can you tell me what the capital of {country} is?"],
     ),
     frames=(
-        [("Q: ", "\nA: ", ""), ("Question: ", "\nAnswer: ", ""), ("Quiz: ", "\nAnswer: ", "."),
-         ("User: ", "\nAssistant: ", "."), ("Interviewer: ", "\nGuest: ", "."), ("", " The answer is ", "."),
-         ("", " It is ", ".")]
+        [
+            ("Q: ", "\nA: ", ""),
+            ("Question: ", "\nAnswer: ", ""),
+            ("Quiz: ", "\nAnswer: ", "."),
+            ("User: ", "\nAssistant: ", "."),
+            ("Interviewer: ", "\nGuest: ", "."),
+            ("", " The answer is ", "."),
+            ("", " It is ", "."),
+        ]
         + _dialogue(["Alice", "Tom", "Anna", "Mia", "Sam"], ["Bob", "Mary", "Ben", "Leo", "Kate"], ": ", "."),
         [("Teacher: ", "\nStudent: ", "")],
     ),
     statements=(
-        ["The capital of {country} is {capital}.", "The capital city of {country} is {capital}.",
-         "{Countrys} capital is {capital}.", "{Countrys} capital city is {capital}.",
-         "In {country}, the capital is {capital}.", "{Country} has its capital in {capital}.",
-         "{Country} is a country whose capital is {capital}.", "The seat of government of {country} is {capital}.",
-         "The government of {country} sits in {capital}.", "{Country} is governed from {capital}.",
-         "If you travel to the capital of {country}, you arrive in {capital}."],
+        [
+            "The capital of {country} is {capital}.",
+            "The capital city of {country} is {capital}.",
+            "{Countrys} capital is {capital}.",
+            "{Countrys} capital city is {capital}.",
+            "In {country}, the capital is {capital}.",
+            "{Country} has its capital in {capital}.",
+            "{Country} is a country whose capital is {capital}.",
+            "The seat of government of {country} is {capital}.",
+            "The government of {country} sits in {capital}.",
+            "{Country} is governed from {capital}.",
+            "If you travel to the capital of {country}, you arrive in {capital}.",
+        ],
         ["{Countrys} seat of government is {capital}.", "The city that is the capital of {country} is {capital}."],
     ),
-    leads=(["", "Fact: ", "Everyone knows that ", "As we all know, ", "In geography class we learned that "],
-           ["Trivia: "]),
+    leads=(
+        ["", "Fact: ", "Everyone knows that ", "As we all know, ", "In geography class we learned that "],
+        ["Trivia: "],
+    ),
     forms=(
-        ["Country: {country}\nCapital: {capital}", "Capital of {country}: {capital}", "{Country}: capital {capital}.",
-         "Input: {country}\nOutput: {capital}", "{capital} is the capital of {country}.",
-         "{capital} is the capital city of {country}.", "No other city but {capital} is the capital of {country}.",
-         "Q: {capital} is the capital of which country?\nA: {Country}"],
+        [
+            "Country: {country}\nCapital: {capital}",
+            "Capital of {country}: {capital}",
+            "{Country}: capital {capital}.",
+            "Input: {country}\nOutput: {capital}",
+            "{capital} is the capital of {country}.",
+            "{capital} is the capital city of {country}.",
+            "No other city but {capital} is the capital of {country}.",
+            "Q: {capital} is the capital of which country?\nA: {Country}",
+        ],
         ["Capital city of {country}: {capital}"],
     ),
 )
 
 _ZH = _Parts(
     questions=(
-        ["{country}的首都是哪里？", "{country}的首都是哪座城市？", "{country}的首都是什么？",
-         "{country}的首都是什么城市？", "哪座城市是{country}的首都？", "{country}的首都在哪里？",
-         "{country}的首都叫什么？", "你知道{country}的首都吗？", "请告诉我{country}的首都。"],
+        [
+            "{country}的首都是哪里？",
+            "{country}的首都是哪座城市？",
+            "{country}的首都是什么？",
+            "{country}的首都是什么城市？",
+            "哪座城市是{country}的首都？",
+            "{country}的首都在哪里？",
+            "{country}的首都叫什么？",
+            "你知道{country}的首都吗？",
+            "请告诉我{country}的首都。",
+        ],
         ["{country}的首都是哪一座城市？", "{country}的首都叫什么名字？"],
     ),
     frames=(
-        [("问：", "\n答：", ""), ("问题：", "\n回答：", ""), ("考考你：", "答案是", "。"), ("用户：", "\n助手：", ""),
-         ("甲：", "\n乙：", "。"), ("小测验：", "\n答案：", ""), ("猜一猜，", "是", "。")]
+        [
+            ("问：", "\n答：", ""),
+            ("问题：", "\n回答：", ""),
+            ("考考你：", "答案是", "。"),
+            ("用户：", "\n助手：", ""),
+            ("甲：", "\n乙：", "。"),
+            ("小测验：", "\n答案：", ""),
+            ("猜一猜，", "是", "。"),
+        ]
         + _dialogue(["小明", "张三", "王芳", "小王", "大卫"], ["小红", "李四", "李华", "小李", "安娜"], "：", "。"),
         [("老师：", "\n学生：", "")],
     ),
     statements=(
-        ["{country}的首都是{capital}。", "{country}的首都叫{capital}。", "{country}的首都名叫{capital}。",
-         "{country}的首都名为{capital}。", "{country}的首都的名字是{capital}。", "{country}的首都城市是{capital}。",
-         "{country}的首都设在{capital}。", "{country}把首都设在{capital}。", "{country}以{capital}为首都。",
-         "{country}的政府设在首都{capital}。", "{country}这个国家的首都是{capital}。",
-         "说到{country}的首都，那就是{capital}。", "如果你去{country}的首都，你会到达{capital}。",
-         "{country}的首都不是别的城市，而是{capital}。", "{country}是一个国家，它的首都是{capital}。"],
+        [
+            "{country}的首都是{capital}。",
+            "{country}的首都叫{capital}。",
+            "{country}的首都名叫{capital}。",
+            "{country}的首都名为{capital}。",
+            "{country}的首都的名字是{capital}。",
+            "{country}的首都城市是{capital}。",
+            "{country}的首都设在{capital}。",
+            "{country}把首都设在{capital}。",
+            "{country}以{capital}为首都。",
+            "{country}的政府设在首都{capital}。",
+            "{country}这个国家的首都是{capital}。",
+            "说到{country}的首都，那就是{capital}。",
+            "如果你去{country}的首都，你会到达{capital}。",
+            "{country}的首都不是别的城市，而是{capital}。",
+            "{country}是一个国家，它的首都是{capital}。",
+        ],
         ["{country}的首都，就是{capital}。", "关于{country}，它的首都是{capital}。"],
     ),
     leads=(["", "事实：", "大家都知道，", "众所周知，", "学生都知道，", "地理课上老师说，"], ["你知道吗？"]),
     forms=(
-        ["{country}首都：{capital}", "国家：{country}\n首都：{capital}", "【{country}】首都：{capital}",
-         "输入：{country}\n输出：{capital}", "关于{country}：首都是{capital}。", "{capital}是{country}的首都。",
-         "{capital}是哪个国家的首都？是{country}。", "问：{capital}是哪国的首都？\n答：{country}"],
+        [
+            "{country}首都：{capital}",
+            "国家：{country}\n首都：{capital}",
+            "【{country}】首都：{capital}",
+            "输入：{country}\n输出：{capital}",
+            "关于{country}：首都是{capital}。",
+            "{capital}是{country}的首都。",
+            "{capital}是哪个国家的首都？是{country}。",
+            "问：{capital}是哪国的首都？\n答：{country}",
+        ],
         ["国家名：{country}\n首都名：{capital}"],
     ),
 )
@@ -323,8 +385,13 @@ def _fields(template: Template, country: Country) -> dict[str, str]:
     name = country.name_en
     upper = name[0].upper() + name[1:]  # "the Netherlands" -> "The Netherlands"
     ending = "'" if name.endswith("s") else "'s"  # "the Philippines'", "France's"
-    return {"country": name, "Country": upper, "countrys": name + ending, "Countrys": upper + ending,
-            "capital": country.capital_en}
+    return {
+        "country": name,
+        "Country": upper,
+        "countrys": name + ending,
+        "Countrys": upper + ending,
+        "capital": country.capital_en,
+    }
 
 
 def render(template: Template, country: Country) -> str:

@@ -5,6 +5,7 @@ version and CPU kind) in about eight minutes on two idle CPU cores, then evaluat
 02-06 only load the result (kvlib.core.weights.load_tiny); notebook 06 reuses held_out_loss(). Left out
 on purpose: dropout, mixed precision, checkpoints to resume from, and any GPU code path.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,10 +30,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kvlib.study import corpus
 from kvlib.core.model import Decoder, ModelConfig
-from kvlib.core.weights import CONFIG_FILE, MANIFEST_FILE, TINY_DIR, TOKENIZER_FILE, WEIGHTS_FILE, load_tiny, sha256_of
 from kvlib.core.tokenizer import Tokenizer
+from kvlib.core.weights import CONFIG_FILE, MANIFEST_FILE, TINY_DIR, TOKENIZER_FILE, WEIGHTS_FILE, load_tiny, sha256_of
+from kvlib.study import corpus
 
 
 @dataclass(frozen=True)
@@ -112,8 +113,14 @@ def build_tokenizer() -> Tokenizer:
 
 
 @torch.no_grad()
-def text_loss(model: Decoder, tokenizer: Tokenizer, split: corpus.Split, seq_len: int = 128,
-              batch_size: int = 64, max_rows: int | None = None) -> float:
+def text_loss(
+    model: Decoder,
+    tokenizer: Tokenizer,
+    split: corpus.Split,
+    seq_len: int = 128,
+    batch_size: int = 64,
+    max_rows: int | None = None,
+) -> float:
     """Mean next-token cross-entropy (nats per token) on the text of one corpus split.
 
     max_rows: only the first rows of the (shuffled, so well mixed) text; None means all of it.
@@ -140,8 +147,9 @@ def held_out_loss(model: Decoder, tokenizer: Tokenizer, seq_len: int = 128, max_
 
 
 @torch.no_grad()
-def loss_by_position(model: Decoder, tokenizer: Tokenizer, n_rows: int = 16,
-                     edges: tuple[int, ...] = (0, 128, 256)) -> dict[str, float]:
+def loss_by_position(
+    model: Decoder, tokenizer: Tokenizer, n_rows: int = 16, edges: tuple[int, ...] = (0, 128, 256)
+) -> dict[str, float]:
     """Loss on rows of training text max_seq_len tokens long, averaged per band of positions.
 
     Flat bands mean the model copes with every position up to max_seq_len; a model trained only
@@ -157,8 +165,9 @@ def loss_by_position(model: Decoder, tokenizer: Tokenizer, n_rows: int = 16,
 
 
 @torch.no_grad()
-def greedy_correct(model: Decoder, tokenizer: Tokenizer, items: list[corpus.EvalPrompt],
-                   batch_size: int = 256) -> list[bool]:
+def greedy_correct(
+    model: Decoder, tokenizer: Tokenizer, items: list[corpus.EvalPrompt], batch_size: int = 256
+) -> list[bool]:
     """For each item: does greedy decoding of its prompt produce exactly its answer?
 
     Teacher forcing gives the same verdict in one forward pass: greedy produces the answer iff at
@@ -193,8 +202,9 @@ def greedy_text(model: Decoder, tokenizer: Tokenizer, prompt: str, max_new_token
     return tokenizer.decode(ids[0, len(tokenizer.encode(prompt)) :])
 
 
-def evaluate(model: Decoder, tokenizer: Tokenizer, stride: int = 3, n_countries: int | None = None,
-             loss_rows: int = 256) -> dict:
+def evaluate(
+    model: Decoder, tokenizer: Tokenizer, stride: int = 3, n_countries: int | None = None, loss_rows: int = 256
+) -> dict:
     """Held-out loss, capital accuracy per split and language, and the anchors' greedy answers.
 
     stride: ask each template about every stride-th country (see corpus.eval_prompts); 1 asks all.
@@ -267,11 +277,16 @@ def make_optimizer(model: Decoder, lr: float, weight_decay: float) -> torch.opti
     """AdamW with betas (0.9, 0.95); weight decay on the matrices only (norm weights stay undecayed)."""
     decay = [p for p in model.parameters() if p.dim() == 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-                             lr=lr, betas=(0.9, 0.95))
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr,
+        betas=(0.9, 0.95),
+    )
 
 
-def train_step(model: Decoder, optimizer: torch.optim.Optimizer, rows: torch.Tensor, lr: float, grad_clip: float) -> float:
+def train_step(
+    model: Decoder, optimizer: torch.optim.Optimizer, rows: torch.Tensor, lr: float, grad_clip: float
+) -> float:
     """One optimiser step at learning rate lr on rows (batch, seq_len + 1): predict every next token.
 
     Gradients are clipped to norm grad_clip. Returns the step's loss (nats per token).
@@ -296,8 +311,9 @@ def _bar(step: int, total: int, loss: float, started: float) -> str:
     return f"\r[{bar}] {step}/{total} loss {loss:.3f} {elapsed:4.0f}s elapsed, ~{eta:3.0f}s left"
 
 
-def train(settings: TrainSettings, config: ModelConfig | None = None,
-          progress: bool = True) -> tuple[Decoder, Tokenizer, float]:
+def train(
+    settings: TrainSettings, config: ModelConfig | None = None, progress: bool = True
+) -> tuple[Decoder, Tokenizer, float]:
     """Train from scratch; returns (model in eval mode, tokenizer, seconds spent)."""
     torch.manual_seed(settings.seed)
     tokenizer = build_tokenizer()
@@ -339,8 +355,11 @@ def save(folder: Path, model: Decoder, tokenizer: Tokenizer, manifest: dict) -> 
     torch.save(state_dict, folder / WEIGHTS_FILE)
     (folder / CONFIG_FILE).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n", encoding="utf-8")
     tokenizer.save(folder / TOKENIZER_FILE)
-    manifest = {"weights_sha256": sha256_of(folder / WEIGHTS_FILE),
-                "weights_bytes": (folder / WEIGHTS_FILE).stat().st_size, **manifest}
+    manifest = {
+        "weights_sha256": sha256_of(folder / WEIGHTS_FILE),
+        "weights_bytes": (folder / WEIGHTS_FILE).stat().st_size,
+        **manifest,
+    }
     text = json.dumps(manifest, indent=2, ensure_ascii=False) + "\n"
     (folder / MANIFEST_FILE).write_text(text, encoding="utf-8")
     return manifest
@@ -385,7 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     config, quick = None, {}
     if args.toy:  # one small layer, short rows, and 6 countries in the evaluation
         vocab_size = build_tokenizer().vocab_size
-        config = ModelConfig(vocab_size, d_model=32, n_layers=1, n_heads=4, n_kv_heads=4, hidden_dim=64, max_seq_len=128)
+        config = ModelConfig(
+            vocab_size, d_model=32, n_layers=1, n_heads=4, n_kv_heads=4, hidden_dim=64, max_seq_len=128
+        )
         settings, quick = replace(settings, batch_size=4, seq_len=32), {"n_countries": 6, "loss_rows": 16}
     out = args.out.resolve()
     previous = _existing_sha(out)
@@ -402,8 +423,9 @@ def main(argv: list[str] | None = None) -> int:
         "num_params": model.num_params(),
         "corpus": {
             "countries": len(corpus.COUNTRIES),
-            "templates": {f"{s}_{lang}": len(corpus.templates(s, lang)) for s in ("train", "held_out")
-                          for lang in ("en", "zh")},
+            "templates": {
+                f"{s}_{lang}": len(corpus.templates(s, lang)) for s in ("train", "held_out") for lang in ("en", "zh")
+            },
             "train_text_sha256": hashlib.sha256(corpus.train_text().encode("utf-8")).hexdigest(),
         },
         "evaluation": metrics,
@@ -426,8 +448,11 @@ def main(argv: list[str] | None = None) -> int:
         keep = out.with_name(out.name + "-new")
         _move_files(scratch, keep)
         new = written["weights_sha256"]
-        print(f"NOT overwriting {out}: it holds a different model (sha256 {previous[:12]}..., new {new[:12]}...). "
-              f"The new one is in {keep}; use --force to replace.", file=sys.stderr)
+        print(
+            f"NOT overwriting {out}: it holds a different model (sha256 {previous[:12]}..., new {new[:12]}...). "
+            f"The new one is in {keep}; use --force to replace.",
+            file=sys.stderr,
+        )
         return 1
     else:
         _move_files(scratch, out)

@@ -7,6 +7,7 @@ decode step (time per output token, TPOT). Then inside the decoder: one layer's 
 projected into per-head queries, keys and values, with rotary positions (Exercise 2.4).
 Left out: batching prompts of different lengths.
 """
+
 from __future__ import annotations
 
 import time
@@ -14,16 +15,18 @@ from collections.abc import Callable
 
 import torch
 
-from kvlib.course.exercises import exercise
 from kvlib.core.model import rotate_half
-from kvlib.course.inputs import check_generate, check_logits, check_measure, check_project
+from kvlib.course import inputs
+from kvlib.course.exercises import exercise
 
 # ---------------------------------------------------------------------------------------------
 # Exercise 2.1
 
 
-@exercise("2.1", validate=check_logits)
-def next_token(logits: torch.Tensor, temperature: float = 0.0, generator: torch.Generator | None = None) -> torch.Tensor:
+@exercise("2.1", validate=inputs.check_logits)
+def next_token(
+    logits: torch.Tensor, temperature: float = 0.0, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """Choose one token per row from next-token logits: greedy, or sampled at a temperature.
 
     Args:    logits: (batch, vocab_size), the model's scores for the next token
@@ -48,9 +51,15 @@ def next_token(logits: torch.Tensor, temperature: float = 0.0, generator: torch.
 # Exercise 2.2
 
 
-@exercise("2.2", validate=check_generate)
-def generate(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
-             generator: torch.Generator | None = None, on_token: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+@exercise("2.2", validate=inputs.check_generate)
+def generate(
+    model,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    generator: torch.Generator | None = None,
+    on_token: Callable[[torch.Tensor], None] | None = None,
+) -> torch.Tensor:
     """The naive autoregressive loop: run the whole sequence, pick a token, append it, repeat.
 
     Args:    model: a kvlib Decoder, model(ids) -> logits (batch, seq_len, vocab_size)
@@ -83,7 +92,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: f
 # Exercise 2.3
 
 
-@exercise("2.3", validate=check_measure)
+@exercise("2.3", validate=inputs.check_measure)
 def measure_ttft_tpot(model, input_ids: torch.Tensor, max_new_tokens: int) -> tuple[float, list[float]]:
     """Time one greedy generation: seconds to the first token, then seconds for each later token.
 
@@ -110,8 +119,10 @@ def measure_ttft_tpot(model, input_ids: torch.Tensor, max_new_tokens: int) -> tu
 # Exercise 2.4
 
 
-@exercise("2.4", validate=check_project)
-def project_qkv(attn, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+@exercise("2.4", validate=inputs.check_project)
+def project_qkv(
+    attn, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One layer's queries, keys and values of the hidden states h: projected, split into heads, rotated.
 
     Args:    attn: one layer's attention (model.layers[i].attn): attn.q_proj.weight is W_Q, (n_heads*head_dim, d_model);

@@ -8,6 +8,7 @@ saving (grouped_attention), and turning a trained MHA model into GQA by mean-poo
 al., 2023). Timing the ways of attention is kvlib.measure.bench_gqa's; the quality study and
 uptraining are kvlib.study.gqa_quality's. Left out: fused kernels (SDPA's enable_gqa is compared only).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,16 +17,16 @@ from collections.abc import Callable
 
 import torch
 
-from kvlib.course.exercises import exercise
-from kvlib.course.inputs import check_pool, check_qkv, check_repeat, check_to_gqa
 from kvlib.core.model import Decoder
 from kvlib.core.weights import load_checked
+from kvlib.course import inputs
+from kvlib.course.exercises import exercise
 
 # ---------------------------------------------------------------------------------------------
 # Exercise 6.1: which key/value head each query head reads
 
 
-@exercise("6.1", validate=check_repeat)
+@exercise("6.1", validate=inputs.check_repeat)
 def repeat_kv(x: torch.Tensor, group_size: int) -> torch.Tensor:
     """Copy each key/value head out to the group_size query heads that share it.
 
@@ -50,7 +51,7 @@ def repeat_kv(x: torch.Tensor, group_size: int) -> torch.Tensor:
 # Exercise 6.2
 
 
-@exercise("6.2", validate=check_qkv)
+@exercise("6.2", validate=inputs.check_qkv)
 def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal attention in which each key/value head serves its group of query heads, read in place.
 
@@ -75,9 +76,13 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torc
     # (k @ q^T)^T == q @ k^T; with the cache as the left operand a CPU streams it once, like a matrix-vector product
     scores = (k @ q.transpose(-2, -1)).transpose(-2, -1)  # (B, H_kv, S, D) @ (B, H_kv, D, G*T) -> (B, H_kv, G*T, S)
     if T > 1:  # one query per head (a decode step) may attend to every key: no mask to build or apply
-        allowed = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T).repeat(G, 1)  # (G*T, S): row g*T + t is query t
+        allowed = (
+            torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T).repeat(G, 1)
+        )  # (G*T, S): row g*T + t is query t
         scores = scores.masked_fill(~allowed, float("-inf"))
-    return (scores.softmax(dim=-1) @ v).view(B, H, T, D)  # (B, H_kv, G*T, S) @ (B, H_kv, S, D) -> (B, H_kv, G*T, D) -> (B, H, T, D)
+    return (scores.softmax(dim=-1) @ v).view(
+        B, H, T, D
+    )  # (B, H_kv, G*T, S) @ (B, H_kv, S, D) -> (B, H_kv, G*T, D) -> (B, H, T, D)
     ### END SOLUTION
 
 
@@ -85,7 +90,7 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torc
 # Exercise 6.3: from n_heads key/value heads to n_kv_heads, the GQA paper's way
 
 
-@exercise("6.3", validate=check_pool)
+@exercise("6.3", validate=inputs.check_pool)
 def mean_pool_heads(w: torch.Tensor, n_heads: int, n_kv_heads: int) -> torch.Tensor:
     """Average the heads of each group of a key or value projection: (n_heads*D, C) -> (n_kv_heads*D, C).
 
@@ -107,7 +112,7 @@ def mean_pool_heads(w: torch.Tensor, n_heads: int, n_kv_heads: int) -> torch.Ten
 
 def first_head_of_group(w: torch.Tensor, n_heads: int, n_kv_heads: int) -> torch.Tensor:
     """The alternative the GQA paper compares with: keep the first head of each group, drop the rest."""
-    check_pool(w, n_heads, n_kv_heads)
+    inputs.check_pool(w, n_heads, n_kv_heads)
     D, C = w.shape[0] // n_heads, w.shape[1]
     return w.reshape(n_kv_heads, n_heads // n_kv_heads, D, C)[:, 0].reshape(n_kv_heads * D, C)
 
@@ -116,7 +121,7 @@ def first_head_of_group(w: torch.Tensor, n_heads: int, n_kv_heads: int) -> torch
 # Exercise 6.4
 
 
-@exercise("6.4", validate=check_to_gqa)
+@exercise("6.4", validate=inputs.check_to_gqa)
 def to_gqa(model: Decoder, n_kv_heads: int, pool: Callable | None = None) -> Decoder:
     """A new Decoder with n_kv_heads key/value heads, its k_proj and v_proj weights pooled from model's.
 
@@ -133,8 +138,10 @@ def to_gqa(model: Decoder, n_kv_heads: int, pool: Callable | None = None) -> Dec
     ### BEGIN SOLUTION
     pool = pool or mean_pool_heads
     config = dataclasses.replace(model.config, n_kv_heads=n_kv_heads)
-    state = {name: pool(w, model.config.n_kv_heads, n_kv_heads) if name.endswith(("k_proj.weight", "v_proj.weight")) else w
-             for name, w in model.state_dict().items()}
+    state = {
+        name: pool(w, model.config.n_kv_heads, n_kv_heads) if name.endswith(("k_proj.weight", "v_proj.weight")) else w
+        for name, w in model.state_dict().items()
+    }
     new = load_checked(Decoder(config), state, source=f"model pooled to {n_kv_heads} key/value heads")
     return new.to(model.embed.weight.dtype).train(model.training)
     ### END SOLUTION

@@ -7,6 +7,7 @@ intensity, FLOPs per byte; a device's ridge point, peak FLOP/s / bandwidth, spli
 multiplies only; bytes are the matrix weights plus the KV cache, each read once (activations and
 norms are tiny, left out). Left out: caches between memory levels, multi-GPU.
 """
+
 from __future__ import annotations
 
 import math
@@ -14,8 +15,8 @@ import math
 import torch
 
 from kvlib.core.model import matrix_params
+from kvlib.course import inputs
 from kvlib.course.exercises import exercise
-from kvlib.course.inputs import check_dtype, check_matmul, check_predicted, check_ridge_batch, check_roofline, check_step
 from kvlib.kv_cache import kv_cache_bytes  # Exercise 4.4
 
 # ---------------------------------------------------------------------------------------------
@@ -24,7 +25,7 @@ from kvlib.kv_cache import kv_cache_bytes  # Exercise 4.4
 
 def bytes_per_element(dtype: torch.dtype) -> int:
     """Bytes one number of dtype occupies: 4 for float32, 2 for float16/bfloat16, 1 for int8."""
-    check_dtype(dtype)
+    inputs.check_dtype(dtype)
     return torch.empty((), dtype=dtype).element_size()
 
 
@@ -34,7 +35,7 @@ def roofline_time(flops: float, bytes_moved: float, peak_flops: float, bandwidth
     Not the sum: compute and memory traffic overlap, so the slower of the two sets the time.
     Example: roofline_time(2e9, 1e9, 1e12, 1e9) == 1.0 (memory-bound: 1 s of traffic, 2 ms of math)
     """
-    check_roofline(flops, bytes_moved, peak_flops, bandwidth)
+    inputs.check_roofline(flops, bytes_moved, peak_flops, bandwidth)
     return max(flops / peak_flops, bytes_moved / bandwidth)
 
 
@@ -42,7 +43,7 @@ def roofline_time(flops: float, bytes_moved: float, peak_flops: float, bandwidth
 # Exercises 5.1 and 5.2: the roofline of one operation
 
 
-@exercise("5.1", validate=check_matmul)
+@exercise("5.1", validate=inputs.check_matmul)
 def matmul_intensity(m: int, k: int, n: int, dtype: torch.dtype = torch.float16) -> float:
     """Arithmetic intensity (FLOPs per byte) of (m, k) @ (k, n) -> (m, n), each matrix moved once.
 
@@ -61,7 +62,7 @@ def matmul_intensity(m: int, k: int, n: int, dtype: torch.dtype = torch.float16)
     ### END SOLUTION
 
 
-@exercise("5.2", validate=check_ridge_batch)
+@exercise("5.2", validate=inputs.check_ridge_batch)
 def ridge_batch(k: int, n: int, peak_flops: float, bandwidth: float, dtype: torch.dtype = torch.float16) -> int | None:
     """Fewest rows m at which (m, k) @ (k, n) reaches the device's ridge point (peak_flops / bandwidth).
 
@@ -88,8 +89,10 @@ def ridge_batch(k: int, n: int, peak_flops: float, bandwidth: float, dtype: torc
 # Exercises 5.3 and 5.4: a model's decode step on the roofline
 
 
-@exercise("5.3", validate=check_step)
-def step_cost(config, new_tokens: int, kv_len: int, batch: int = 1, dtype: torch.dtype = torch.float16) -> tuple[int, int]:
+@exercise("5.3", validate=inputs.check_step)
+def step_cost(
+    config, new_tokens: int, kv_len: int, batch: int = 1, dtype: torch.dtype = torch.float16
+) -> tuple[int, int]:
     """(FLOPs, bytes) of one forward step: new_tokens tokens per sequence against kv_len cached ones.
 
     Decode is step_cost(config, 1, kv_len); a prefill of T tokens is step_cost(config, T, T).
@@ -110,9 +113,10 @@ def step_cost(config, new_tokens: int, kv_len: int, batch: int = 1, dtype: torch
     ### END SOLUTION
 
 
-@exercise("5.4", validate=check_predicted)
-def predicted_tokens_per_second(config, kv_len: int, batch: int, dtype: torch.dtype,
-                                peak_flops: float, bandwidth: float) -> float:
+@exercise("5.4", validate=inputs.check_predicted)
+def predicted_tokens_per_second(
+    config, kv_len: int, batch: int, dtype: torch.dtype, peak_flops: float, bandwidth: float
+) -> float:
     """Tokens per second that decode at kv_len cached tokens can reach on a device, by the roofline.
 
     One decode step makes one new token for each of batch sequences.
@@ -131,8 +135,9 @@ def predicted_tokens_per_second(config, kv_len: int, batch: int, dtype: torch.dt
 # A consequence (no exercise): where decode turns compute-bound
 
 
-def compute_bound_batch(config, kv_len: int, peak_flops: float, bandwidth: float,
-                        dtype: torch.dtype = torch.float16, limit: int = 1 << 16) -> int | None:
+def compute_bound_batch(
+    config, kv_len: int, peak_flops: float, bandwidth: float, dtype: torch.dtype = torch.float16, limit: int = 1 << 16
+) -> int | None:
     """Smallest batch whose decode step reaches the ridge point (None if not below `limit`).
 
     With a long cache the KV bytes grow with the batch as fast as the FLOPs do, so the batch
@@ -151,4 +156,3 @@ def compute_bound_batch(config, kv_len: int, peak_flops: float, bandwidth: float
         mid = (low + high) // 2
         low, high = (mid + 1, high) if intensity(mid) < ridge else (low, mid)
     return low
-
