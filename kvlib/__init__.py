@@ -7,9 +7,9 @@ Dimension key, used in every docstring, comment and plot of the course:
 
 At the top of the package stand only the learner's modules, one per notebook (attention,
 generation, recompute, kv_cache, roofline, gqa); everything else lives in a subpackage named for
-its job: core (the model and its weights), measure, study (corpus, training, the GQA study),
-course (exercises, release, command line, lab, figures), checks and grading. Modules are imported
-lazily, so that a learner's broken file cannot stop `kvlib check` from reporting on the others.
+its job: core (the model and its weights), course (exercises, input checks, figures), measure,
+study (corpus, training, the GQA study), checks, grading and app (command line, lab, release).
+Modules are imported lazily, so that a learner's broken file cannot stop `kvlib check` from reporting on the others.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ _SUBMODULES = {
     "course",
     "checks",
     "grading",
+    "app",
 }
 
 

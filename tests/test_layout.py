@@ -14,7 +14,7 @@ from kvlib.course.exercises import EXERCISES
 
 PACKAGE = ROOT / "kvlib"
 LEARNER = {ex.module for ex in EXERCISES}
-SUBPACKAGES = {"core", "measure", "study", "course", "checks", "grading"}
+SUBPACKAGES = {"core", "measure", "study", "course", "checks", "grading", "app"}
 
 
 def module_name(path: Path) -> str:

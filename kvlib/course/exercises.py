@@ -5,7 +5,7 @@ at solutions/kvlib/<module>.py. Every exercise function carries @exercise("X.Y")
   - in reference mode (KVLIB_SOLUTIONS=1, or use_solutions()) calls the reference instead,
   - turns a stub's NotImplementedError into ExerciseNotDone, which names the exercise, and
     names the earlier exercise to do first when a later one calls an unfinished one.
-Not here: the checks themselves (kvlib.checks) and the command line (kvlib.course.cli).
+Not here: the checks themselves (kvlib.checks) and the command line (kvlib.app.cli).
 """
 
 from __future__ import annotations
