@@ -9,17 +9,23 @@ function, marked as late binding; no module imports itself back through a circle
 """
 
 import ast
+import importlib
+import io
+import re
+import tokenize
 from pathlib import Path
 
+import pytest
 from conftest import ROOT
 
 from kvlib.course.exercises import EXERCISES
 
 PACKAGE = ROOT / "kvlib"
+TESTS = ROOT / "tests"
 LEARNER = {ex.module for ex in EXERCISES}
 SUBPACKAGES = {"core", "course", "variants", "study", "measure", "checks", "grading", "app"}
 # The floors, bottom up; "learner" is kvlib.<module> for every module of the exercise table. The
-# package's __init__ stands with course (every `import kvlib.x` runs it), its __main__ with app.
+# package's __init__ stands with course (every `import kvlib.<name>` runs it), its __main__ with app.
 LAYERS = ["core", "course", "learner", "variants", "study", "measure", "checks", "grading", "app"]
 # The floors that run the learner's code from outside it (the benchmarks and studies run what the
 # learner wrote): they import a learner module only inside a function, when it runs, marked thus.
@@ -49,7 +55,7 @@ MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if "__pycach
 
 
 def imports(path: Path, top_level_only: bool = False) -> set[str]:
-    """The kvlib modules a file imports: `from kvlib.x import y` counts kvlib.x.y when y is a module."""
+    """The kvlib modules a file imports: `from kvlib.<a> import <b>` counts kvlib.<a>.<b> when <b> is a module."""
     return {name for _, name, at_top in import_nodes(path) if at_top or not top_level_only}
 
 
@@ -204,3 +210,92 @@ def test_learner_modules_hold_little_more_than_their_exercises():
     the few helpers its notebook calls; input checks, measuring and studies live in the subpackages."""
     long = {m: n for m in LEARNER if (n := len((PACKAGE / f"{m}.py").read_text(encoding="utf-8").splitlines())) > 150}
     assert not long, f"learner modules over 150 lines: {long}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Maps that check themselves
+
+FILE_NAME = re.compile(r"(?<![\w/.<])([a-z_][a-z0-9_]*\.py)\b")
+KVLIB_PATH = re.compile(r"\bkvlib/(?:[\w]+/)*[\w]+\.py\b")
+DOTTED = re.compile(r"\bkvlib(?:\.[A-Za-z_]\w*)+")
+# Files named in docstrings and comments that are not kvlib's own: a learner's module of their own,
+# the example the course folder's note gives.
+NOT_KVLIB_FILES = {"kvlib/my_helpers.py"}
+# and modules: the name the reference solutions are loaded under (kvlib.course.exercises.reference_module)
+NOT_KVLIB_MODULES = {"kvlib._solutions"}
+SUBPACKAGE_INITS = sorted(PACKAGE.glob("*/__init__.py"))
+
+
+def docstrings_and_comments(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every docstring and comment of a Python file."""
+    text = path.read_text(encoding="utf-8")
+    out = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            doc = ast.get_docstring(node, clean=False)
+            if doc is not None:
+                out.append((node.body[0].lineno, doc))
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.COMMENT:
+            out.append((tok.start[0], tok.string))
+    return out
+
+
+def resolves(dotted: str) -> bool:
+    """Whether a dotted kvlib.<a>.<b> name is a module of the repository, or a name one of them defines."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        name = ".".join(parts[:i])
+        if name in MODULES:
+            rest = parts[i:]
+            if not rest:
+                return True
+            return hasattr(importlib.import_module(name), rest[0])
+    return False
+
+
+@pytest.mark.parametrize("init", SUBPACKAGE_INITS, ids=lambda p: p.parent.name)
+def test_subpackage_docstring_names_each_of_its_files(init):
+    """Check that each subpackage's __init__.py docstring is its map: it names every .py file beside it
+    (kvlib/checks/ may say `<module>.py` for the learner modules' checks) and no file that is not there."""
+    doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+    files = {p.name for p in init.parent.glob("*.py")} - {"__init__.py"}
+    named = set(FILE_NAME.findall(doc))
+    if init.parent.name == "checks" and "<module>.py" in doc:
+        named |= {f"{m}.py" for m in LEARNER}
+    where = init.relative_to(ROOT)
+    assert not files - named, f"{where}'s docstring does not name {sorted(files - named)}"
+    assert not named - files - {f"{m}.py" for m in LEARNER}, (
+        f"{where}'s docstring names {sorted(named - files)}, not there"
+    )
+
+
+def test_cli_docstring_names_every_command_and_benchmark(capsys):
+    """Check that the `kvlib` command's docstring (its map) names each subcommand and each `kvlib bench` NAME."""
+    from kvlib.app import cli  # noqa: PLC0415 (the layout tests import no command at collection)
+
+    with pytest.raises(SystemExit):
+        cli.main(["-h"])
+    commands = re.search(r"\{([\w,]+)\}", capsys.readouterr().out).group(1).split(",")
+    missing = [c for c in commands if f"kvlib {c}" not in cli.__doc__]
+    missing += [f"bench {b}" for b in cli.BENCHES if not re.search(rf"\b{b}\b", cli.__doc__.split("kvlib bench")[1])]
+    assert not missing, f"kvlib/app/cli.py's docstring does not name: {missing}"
+
+
+def test_docstrings_and_comments_name_only_files_and_modules_that_exist():
+    """Check that no docstring or comment in kvlib/, solutions/kvlib/ or tests/ names a kvlib file
+    (kvlib/<path>.py) or module (kvlib.<a>.<b>) that is not in the repository: a map left behind by a move."""
+    stale = []
+    sources = [*MODULES.values(), *sorted((ROOT / "solutions" / "kvlib").glob("*.py")), *sorted(TESTS.glob("*.py"))]
+    for path in sources:
+        for line, text in docstrings_and_comments(path):
+            for name in KVLIB_PATH.findall(text):
+                if not (ROOT / name).is_file() and name not in NOT_KVLIB_FILES:
+                    stale.append(f"{path.relative_to(ROOT)}:{line}: {name}")
+            for match in DOTTED.finditer(text):
+                name = match.group(0)
+                if text[match.end() : match.end() + 1] in ("<", "{") or name in NOT_KVLIB_MODULES:
+                    continue  # a placeholder: kvlib.measure.bench_<name>, kvlib.{module}
+                if not resolves(name):
+                    stale.append(f"{path.relative_to(ROOT)}:{line}: {name}")
+    assert not stale, "names of nothing:\n  " + "\n  ".join(stale)

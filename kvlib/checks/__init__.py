@@ -1,5 +1,7 @@
 """The checks behind `kvlib check`, the notebooks' graded cells and the tests.
 
+<module>.py  one per learner module of the exercise table (CHECK_MODULES): @check functions, one
+             property of one exercise each
 Each check tests one property of one exercise, compares against a library op (numpy, torch) or
 the hand-worked example of notebook 01, and fails with a message that names the likely mistake.
 A check takes the module under test (so tests can hand it a deliberately wrong one) and a
