@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import difflib
+import json
 import re
 import shutil
 import subprocess
@@ -16,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from kvlib.core.paths import ROOT
-from kvlib.course.exercises import BY_ID
+from kvlib.course.exercises import BY_ID, EXERCISES
 
 _DECORATOR = re.compile(r'^\s*@exercise\("(\d+\.\d+)"')
 # spelled in parts, so that a search for leaked solution blocks never flags this file
@@ -69,10 +70,6 @@ MAX_CELLS = 60
 
 def sitting(notebook: Path) -> dict:
     """Cells, markdown words, exercises, code cells and the estimated minutes of one solution notebook."""
-    import json
-
-    from kvlib.course.exercises import EXERCISES
-
     cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
     words = sum(len("".join(c["source"]).split()) for c in cells if c["cell_type"] == "markdown")
     code = sum(c["cell_type"] == "code" for c in cells)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvlib.course.exercises import BY_ID, EXERCISES, LEARNER_MODULES, Exercise, ExerciseNotDone
+from kvlib.course.exercises import BY_ID, EXERCISES, LEARNER_MODULES, Exercise, ExerciseNotDone, select
 
 
 @dataclass(frozen=True)
@@ -141,8 +141,6 @@ def run_exercise(ex: Exercise, *, seed: int = 0, timeout: float | None = 60) -> 
 
 
 def run(selector: str | None = None, **kwargs) -> list[Result]:
-    from kvlib.course.exercises import select
-
     return [run_exercise(ex, **kwargs) for ex in select(selector)]
 
 
