@@ -52,6 +52,55 @@ def run_kvlib(*args, env=None, cwd=ROOT, timeout=300):
     )
 
 
+# ---------------------------------------------------------------------------------------------
+# Grading (tests/grading/): shared by the attack suite, the jail test and the later notebooks' grading.
+# They live here, not in a tests/grading/conftest.py: a second module named conftest would be the one
+# that `from conftest import ...` finds in every test file.
+
+
+NB = "01-attention"  # the notebook the attack suite, the screening and the course-folder tests grade
+
+
+def grading_mode() -> str:
+    """The isolation the grader gets on this machine: a jail with namespaces, or plain (docs/instructors.md)."""
+    from kvlib.grading.jail import detect_mode
+
+    return detect_mode()
+
+
+JAILED = pytest.mark.skipif(
+    sys.platform != "linux" or grading_mode() == "plain",
+    reason="needs namespaces (root or user namespaces): the plain fallback does not stop this",
+)
+
+
+def accept_connections(listener, connections: list) -> None:
+    """Record the first bytes of each connection to `listener` until it closes: what a jailed attack sent."""
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:  # closed
+            return
+        with conn:
+            conn.settimeout(5)
+            try:
+                connections.append(conn.recv(100))
+            except OSError:
+                connections.append(b"")
+
+
+def nbgrader(course, *args, check=True, timeout=900):
+    # nbgrader runs the `alembic` command for its gradebook: put this environment's bin/ first
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    env = {**os.environ, "PATH": path, "KVLIB_SOLUTIONS": "0", "PYTHONPATH": ""}
+    proc = subprocess.run(
+        [sys.executable, "-m", "nbgrader", *args], cwd=course, capture_output=True, text=True, env=env, timeout=timeout
+    )
+    if check:
+        assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
+    return proc
+
+
 def handed_in(module, names, **replaced):
     """What a learner hands in, as a check sees it: `names` of a kvlib module (the reference, in
     reference mode), with some replaced by deliberately other implementations."""
