@@ -1,4 +1,4 @@
-"""kvlib/grading/course_folder.py: `kvlib course init` writes an nbgrader course folder and never
+"""kvlib/app/course_folder.py: `kvlib course init` writes an nbgrader course folder and never
 overwrites an instructor's file without --force."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from conftest import NB
 
 def test_course_init_never_overwrites_without_force(tmp_path):
     """Check that init refuses to change an instructor's file, and --force keeps a .bak of it."""
-    from kvlib.grading.course_folder import CourseFolderExists, init_course
+    from kvlib.app.course_folder import CourseFolderExists, init_course
 
     init_course(tmp_path)
     secret = (tmp_path / "grading_secret").read_text()
@@ -28,7 +28,7 @@ def test_course_init_lists_learner_files_and_earlier_modules(tmp_path):
     """Check exclude_overwriting, stubs for this notebook, and --earlier given/own for later ones."""
     from traitlets.config.loader import PyFileConfigLoader
 
-    from kvlib.grading.course_folder import init_course, learner_edited, learner_files, module_notebooks
+    from kvlib.app.course_folder import init_course, learner_edited, learner_files, module_notebooks
 
     init_course(tmp_path)
     config = PyFileConfigLoader("nbgrader_config.py", path=str(tmp_path)).load_config()

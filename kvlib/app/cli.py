@@ -2,7 +2,7 @@
 
 kvlib check [ID|NN] [--json]   one row per exercise: id, title, notebook, status, message
 kvlib generate PROMPT          stream the tiny model's answer, then its TTFT and TPOT
-kvlib bench NAME [--json]      cache, memory, gqa: measured on this machine (kvlib bench -h)
+kvlib bench NAME [--json]      cache, memory, gqa, serve, compress: measured on this machine (kvlib bench -h)
 kvlib lab [NN]                 open JupyterLab on the course (learner view: nbgrader's Validate button)
 kvlib present [NN] [--check]   the solved notebooks in reference mode; --check runs them all and times each
 kvlib course release [--check] regenerate kvlib/ stubs and notebooks/ from solutions/
@@ -121,7 +121,7 @@ def cmd_generate(args) -> int:
     return 0
 
 
-# kvlib bench NAME: help, then the module kvlib.measure.bench_NAME with its measuring function and
+# kvlib bench NAME: help, then the module kvlib.measure.bench_<name> with its measuring function and
 # formatter; each function takes threads= and quick= and returns a JSON-ready record
 BENCHES = {
     "cache": (
@@ -193,7 +193,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_course_release(args) -> int:
-    from kvlib.course import release as course
+    from kvlib.app import release as course
 
     problems = course.release(check=args.check)
     if problems:
@@ -208,7 +208,7 @@ def cmd_course_release(args) -> int:
 
 
 def cmd_course_init(args) -> int:
-    from kvlib.grading.course_folder import CourseFolderExists, init_course
+    from kvlib.app.course_folder import CourseFolderExists, init_course
 
     try:
         written = init_course(args.dir, earlier=args.earlier, force=args.force, course_id=args.course_id)
@@ -221,7 +221,7 @@ def cmd_course_init(args) -> int:
 
 
 def cmd_lab(args) -> int:
-    from kvlib.course import lab
+    from kvlib.app import lab
 
     try:
         return lab.launch(
@@ -240,7 +240,7 @@ def cmd_present(args) -> int:
         return cmd_lab(args)
     import time
 
-    from kvlib.course import lab
+    from kvlib.app import lab
 
     start = time.perf_counter()
     try:
