@@ -30,7 +30,8 @@ def test_reference_passes_check(check):
 
 
 def test_attend_reproduces_the_seed_numbers():
-    """Check the seed article's numbers: 21%, 21%, 58% and [1.940, 1.000]; scaled 0.248, 0.248, 0.503 and [1.759, 1.000]."""
+    """Check that attend reproduces the seed article's numbers: 21%, 21%, 58% and [1.940, 1.000]; scaled
+    0.248, 0.248, 0.503 and [1.759, 1.000]."""
     out, probs = attention.attend(SEED_Q, SEED_K, SEED_V, scale=1.0)
     np.testing.assert_allclose(probs, [0.2119, 0.2119, 0.5761], atol=1e-4)
     np.testing.assert_allclose(out, [1.9403, 1.0], atol=1e-4)

@@ -129,7 +129,8 @@ def test_sink_cache_equals_kv_cache_until_it_fills():
 
 
 def test_sink_attention_equals_attention_over_kept_tokens_at_cache_positions():
-    """Check the decode step after eviction: attention over [sinks, last window] as a fresh sequence at places 0 ... S-1."""
+    """Check that the decode step after eviction equals attention over [sinks, last window] as a fresh
+    sequence at places 0 ... S-1."""
     model = _tiny(n_kv_heads=6)
     attn, n_sink, window = model.layers[0].attn, 2, 4
     x = torch.randn(1, 11, 48)
@@ -576,7 +577,8 @@ def test_slip_is_rejected_naming_it(ex_id, replaced, words):
 
 
 def test_bytes_per_token_match_published_figures():
-    """Check Llama-3-8B's 128 KiB per token in 16-bit, int8 at about half, and DeepSeek-V2's 576 numbers per layer."""
+    """Check that bytes per token match the published figures: Llama-3-8B's 128 KiB in 16-bit, int8 at about
+    half, and DeepSeek-V2's 576 numbers per layer."""
     from kvlib.core.configs import MLA_MODELS, REAL_MODELS
 
     llama = REAL_MODELS["Llama-3-8B"].config
@@ -591,7 +593,8 @@ def test_bytes_per_token_match_published_figures():
 
 
 def test_mla_saving_against_deepseek_67b_is_the_papers_93_percent():
-    """Check DeepSeek-V2's "93.3% less KV cache" against DeepSeek 67B: latents at ~6 bits against 67B's GQA in 16-bit."""
+    """Check that MLA saves DeepSeek-V2's "93.3% less KV cache" against DeepSeek 67B: latents at ~6 bits
+    against 67B's GQA in 16-bit."""
     from kvlib.core.configs import DEEPSEEK_67B, MLA_MODELS
 
     v2, old = MLA_MODELS["DeepSeek-V2"], DEEPSEEK_67B.config
@@ -608,7 +611,7 @@ def test_window_cache_never_outweighs_small_windows():
 
 
 def test_mla_flop_formula_matches_torch_flop_counter():
-    """Check mla_step_cost's FLOPs against torch.utils.flop_counter on the reference 8.5 and 8.6."""
+    """Check that mla_step_cost's FLOPs equal torch.utils.flop_counter's on the reference 8.5 and 8.6."""
     for path, counts in bench_compress.mla_counted_flops().items():
         assert counts["counted"] == counts["formula"], (path, counts)
 
@@ -641,7 +644,7 @@ def test_bench_compress_quick_reports_every_part():
 
 
 def test_cache_schemes_figure_is_labelled_and_uses_the_palette():
-    """Check the workshop figure: labelled x axis, a title with the ratio, the course's colours."""
+    """Check that the workshop figure has a labelled x axis, a title with the ratio, and the course's colours."""
     from kvlib.course import plotting
 
     fig = plotting.cache_schemes(

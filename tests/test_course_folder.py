@@ -25,7 +25,8 @@ def test_course_init_never_overwrites_without_force(tmp_path):
 
 
 def test_course_init_lists_learner_files_and_earlier_modules(tmp_path):
-    """Check exclude_overwriting, stubs for this notebook, and --earlier given/own for later ones."""
+    """Check that the course folder lists the learner's files: exclude_overwriting, stubs for this notebook,
+    and --earlier given/own for later ones."""
     from traitlets.config.loader import PyFileConfigLoader
 
     from kvlib.app.course_folder import init_course, learner_edited, learner_files, module_notebooks

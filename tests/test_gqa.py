@@ -109,7 +109,8 @@ def test_decode_step_with_matches_model_forward():
 
 @pytest.mark.parametrize("n_kv_heads, kv_len, chunk", [(2, 37, 8), (1, 16, 16), (6, 5, 1024), (3, 64, 7)])
 def test_split_k_attention_equals_grouped_attention_for_a_decode_step(n_kv_heads, kv_len, chunk):
-    """Check split-K (chunks merged by the online softmax) against SDPA with enable_gqa, chunks that do not divide kv_len included."""
+    """Check that split-K (chunks merged by the online softmax) equals SDPA with enable_gqa, chunks that do
+    not divide kv_len included."""
     torch.manual_seed(0)
     q, k, v = (
         torch.randn(2, 6, 1, 8) * 3,
@@ -121,6 +122,7 @@ def test_split_k_attention_equals_grouped_attention_for_a_decode_step(n_kv_heads
 
 
 def test_split_k_attention_names_what_it_cannot_do():
+    """Check that split-K attention refuses, by name, more than one query per head and heads that do not group."""
     with pytest.raises(ValueError, match="one query per head"):
         bench_gqa.split_k_attention(torch.randn(1, 4, 3, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8))
     with pytest.raises(ValueError, match="multiple of n_kv_heads"):
@@ -593,7 +595,7 @@ KIB_PER_TOKEN = {
 
 @pytest.mark.parametrize("name", list(KIB_PER_TOKEN))
 def test_real_model_kv_bytes_per_token_match_published_figures(name):
-    """Check the table of notebook 06: fp16 KV bytes per token from each published config."""
+    """Check that notebook 06's table gives the fp16 KV bytes per token of each published config."""
 
     config = REAL_MODELS[name].config
     assert kv_cache_bytes(config, 1) == KIB_PER_TOKEN[name] * 1024
@@ -679,7 +681,8 @@ def test_bench_gqa_splits_each_step_into_its_fixed_part_and_its_cache_part(quick
 
 
 def test_uptraining_recording_shows_the_papers_ordering():
-    """Check the shipped recording: every conversion recorded, and after uptraining mean-pooling beats keeping the first head."""
+    """Check that the shipped recording holds every conversion, and after uptraining mean-pooling beats keeping
+    the first head."""
     recording = gqa_quality.load_uptraining_recording()
     assert recording is not None and recording["record"]["uptrain_steps"] == 100
     rows = {(r["n_kv_heads"], r["recipe"]): r for r in recording["rows"]}

@@ -84,8 +84,9 @@ def test_cached_forward_equals_the_models_own_cached_call():
 
 
 def test_llama_2_7b_on_80_gb_holds_30_sequences_of_4096_tokens():
-    """Check notebook 04's server sum with kv_cache_bytes: Llama-2-7B in float16 beside its weights on 80 GB holds
-    30 sequences of 4,096 tokens (3 of 32,768), and its cache is 512 KiB per token (the docstring's example)."""
+    """Check notebook 04's server sum with kv_cache_bytes: that Llama-2-7B in float16 beside its weights on
+    80 GB holds 30 sequences of 4,096 tokens (3 of 32,768), and its cache is 512 KiB per token (the docstring's
+    example)."""
     from kvlib.core.configs import real_model
     from kvlib.core.model import num_params
 
@@ -773,8 +774,9 @@ def test_checks_count_flops_and_read_the_cache_in_the_isolated_child():
 
 
 def test_a_submission_that_zeroes_the_model_it_is_given_scores_nothing_in_the_isolated_child():
-    """Check the attack of issue 15: a cached_forward and generate_cached that zero the model's weights and the ids they
-    are given (copied back into the grader's objects) and return zeros fail every check of 4.3 and 4.5."""
+    """Check that the attack of issue 15 scores nothing: a cached_forward and generate_cached that zero the
+    model's weights and the ids they are given (copied back into the grader's objects) and return zeros fail
+    every check of 4.3 and 4.5."""
     from conftest import ROOT
 
     source = (ROOT / "solutions" / "kvlib" / "kv_cache.py").read_text(encoding="utf-8")

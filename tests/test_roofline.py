@@ -79,24 +79,25 @@ PARAMS_B = {
 
 @pytest.mark.parametrize("name", list(KIB_PER_TOKEN))
 def test_kv_bytes_per_token_of_real_models(name):
-    """Check the KV cache per token in fp16 of each real configuration against its published config."""
+    """Check that the KV cache per token in fp16 of each real configuration matches its published config."""
     assert kv_cache_bytes(REAL_MODELS[name].config, 1, 1, F16) == KIB_PER_TOKEN[name] * 1024
 
 
 @pytest.mark.parametrize("name", list(PARAMS_B))
 def test_parameter_counts_match_published(name):
-    """Check each configuration's parameter count against the published one (to 0.5%)."""
+    """Check that each configuration's parameter count matches the published one (to 0.5%)."""
     assert REAL_MODELS[name].params / 1e9 == pytest.approx(PARAMS_B[name], rel=5e-3)
 
 
 def test_gpt2_and_falcon_counts_are_exact():
-    """Check the two non-Llama models' counts against the figures transformers reports exactly."""
+    """Check that the two non-Llama models' counts equal the figures transformers reports, exactly."""
     assert REAL_MODELS["GPT-2 small"].params == 124_439_808
     assert REAL_MODELS["Falcon-7B"].params == 6_921_720_704
     assert num_params(REAL_MODELS["Llama-2-7B"].config) == 6_738_415_616  # Llama-2-7b-hf num_parameters()
 
 
 def test_unknown_real_model_lists_the_names():
+    """Check that an unknown real model's name is a clear error listing the known names."""
     with pytest.raises(ValueError, match="known: GPT-2 small, Llama-2-7B"):
         real_model("Llama-9")
 
@@ -116,7 +117,7 @@ RIDGES = {  # device: (ridge FP32, ridge 16-bit), the datasheets' dense figures
 
 @pytest.mark.parametrize("name", list(RIDGES))
 def test_device_ridge_points(name):
-    """Check each device's FP32 and 16-bit ridge against the datasheets' dense figures (to 2%)."""
+    """Check that each device's FP32 and 16-bit ridge matches the datasheets' dense figures (to 2%)."""
     d = DEVICES[name]
     fp32, tensor = RIDGES[name]
     assert d.ridge(torch.float32) == pytest.approx(fp32, rel=0.02)
@@ -141,7 +142,8 @@ def test_mistral_caches_at_most_its_sliding_window():
 
 
 def test_ridge_batch_on_published_devices():
-    """Check the rows a 4096 x 4096 fp16 layer needs to reach the ridge: ~345 on an H100, ~166 on an A100 80GB SXM."""
+    """Check that a 4096 x 4096 fp16 layer needs ~345 rows to reach the ridge on an H100, ~166 on an A100 80GB
+    SXM."""
     for name, rows in (("H100 SXM", 345), ("A100 80GB SXM", 166)):
         d = DEVICES[name]
         assert roofline.ridge_batch(4096, 4096, d.tensor16_flops, d.bandwidth) == rows
@@ -149,12 +151,14 @@ def test_ridge_batch_on_published_devices():
 
 
 def test_roofline_time_takes_the_slower():
+    """Check that roofline_time is the slower of compute time and memory time."""
     assert roofline.roofline_time(2e9, 1e9, 1e12, 1e9) == 1.0
     assert roofline.roofline_time(8e12, 1e6, 2e12, 5e11) == 4.0
 
 
 def test_h100_decode_turns_compute_bound_near_295():
-    """Check the critical batch on an H100 in bf16 (~295), and that a 4k cache per sequence never gets there."""
+    """Check that decode on an H100 in bf16 turns compute-bound near a batch of 295, and that a 4k cache per
+    sequence never gets there."""
     h100, config = DEVICES["H100 SXM"], REAL_MODELS["Llama-2-7B"].config
     batch = roofline.compute_bound_batch(config, 1, h100.tensor16_flops, h100.bandwidth)
     assert 290 <= batch <= 305
@@ -571,6 +575,7 @@ def test_bad_input_is_a_clear_error():
 
 
 def test_measure_bandwidth_reports_three_kernels():
+    """Check that measure_bandwidth reports read, copy and triad, and takes read's rate, on one thread."""
     result = machine.measure_bandwidth(n_bytes=8 << 20, repeats=2)
     assert set(result["per_kernel"]) == {"read", "copy", "triad"}
     assert result["bandwidth"] == result["per_kernel"]["read"] > 0 and result["kernel"] == "read"
@@ -608,5 +613,6 @@ def test_bench_memory_quick_reports_prediction_and_measurement():
 
 
 def test_bench_memory_in_learner_mode_names_the_exercise():
+    """Check that `kvlib bench memory` in learner mode exits with 2, naming the 5.x exercise and KVLIB_SOLUTIONS=1."""
     proc = run_kvlib("bench", "memory", "--quick", env={"KVLIB_SOLUTIONS": "0"})
     assert proc.returncode == 2 and "Exercise 5." in proc.stderr and "KVLIB_SOLUTIONS=1" in proc.stderr

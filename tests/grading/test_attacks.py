@@ -630,8 +630,9 @@ def expected_score(graded, student):
 
 @pytest.mark.parametrize("student", ["z-correct", "z-untouched", "m-partial", "z-helper-module"])
 def test_honest_submissions_get_exactly_their_score(graded, student):
-    """Check correct -> full marks, untouched release -> 0, softmax and mask only -> their points, correct
-    with Exercise 1.1 in a module of the learner's own (kvlib/my_helpers.py) -> full marks, after every attack."""
+    """Check that honest submissions get exactly their score after every attack: correct -> full marks,
+    untouched release -> 0, softmax and mask only -> their points, correct with Exercise 1.1 in a module of the
+    learner's own (kvlib/my_helpers.py) -> full marks."""
     (score, max_score), want = expected_score(graded, student)
     assert (score, max_score) == (want, TOTAL)
 
@@ -661,7 +662,7 @@ def test_attack_gains_nothing(graded, student):
 @JAILED
 @pytest.mark.parametrize("student", ["a14-walks-up-for-solutions", "a15-writes-gradebook", "a16-plants-startup-file"])
 def test_jailed_attack_gains_nothing(graded, student):
-    """Check the attacks only the jail stops: no reference found, gradebook and home untouched."""
+    """Check that the attacks only the jail stops gain nothing: no reference found, gradebook and home untouched."""
     course = graded[0]
     (score, max_score), want = expected_score(graded, student)
     assert (score, max_score) == (want, TOTAL)
@@ -671,10 +672,11 @@ def test_jailed_attack_gains_nothing(graded, student):
 
 @pytest.mark.parametrize("student", ["a17-links-unpacked-tar", "a18-links-zip-collect"])
 def test_links_leak_nothing_and_the_rest_is_graded(graded, student):
-    """Check links to the source notebook, the reference, another student's file and nbgrader_config.py
-    (symbolic, and hard links, in a hand-unpacked tar; as zip_collect unpacks them): the code that
-    prints them finds nothing, the linked "helper" (the reference) earns nothing, the real files
-    earn their points, and no line of any target is in the graded folder or the feedback."""
+    """Check that links leak nothing and the rest is graded: links to the source notebook, the reference,
+    another student's file and nbgrader_config.py (symbolic, and hard links, in a hand-unpacked tar; as
+    zip_collect unpacks them): the code that prints them finds nothing, the linked "helper" (the reference)
+    earns nothing, the real files earn their points, and no line of any target is in the graded folder or the
+    feedback."""
     course = graded[0]
     (score, max_score), want = expected_score(graded, student)
     assert (score, max_score) == (want, TOTAL)
@@ -737,8 +739,8 @@ def _cells(course, student):
 
 
 def test_feedback_names_the_mistake(graded):
-    """Check the outputs the learner sees: "passed", the stub's message, the symlink refusal,
-    the endless loop; no graded cell keeps what the kernel printed."""
+    """Check that the outputs the learner sees name what happened: "passed", the stub's message, the symlink
+    refusal, the endless loop; no graded cell keeps what the kernel printed."""
     course = graded[0]
     partial = _cells(course, "m-partial")
     assert partial["softmax_is_stable"][0]["text"].startswith("passed:")
@@ -775,7 +777,7 @@ def test_grading_twice_gives_the_same_score_and_feedback(graded):
 
 
 def test_feedback_and_csv_export(graded):
-    """Check generate_feedback writes the learner's messages, and export gives the expected scores."""
+    """Check that generate_feedback writes the learner's messages, and export gives the expected scores."""
     course, subs = graded[0], graded[1]
     nbgrader(course, "generate_feedback", NB, "--student=m-partial", "--log-level=WARN")
     html = (course / "feedback" / "m-partial" / NB / "attention.html").read_text(encoding="utf-8")

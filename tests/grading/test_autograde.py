@@ -8,8 +8,9 @@ from conftest import NB, ROOT
 
 
 def test_collect_copies_links_as_links(tmp_path):
-    """Check the course's `nbgrader collect` step: a link a student put in their exchange folder arrives
-    in submitted/ as a link (which autograde then refuses), not as a copy of what it points to."""
+    """Check that the course's `nbgrader collect` step copies links as links: a link a student put in their
+    exchange folder arrives in submitted/ as a link (which autograde then refuses), not as a copy of what it
+    points to."""
     from nbgrader.coursedir import CourseDirectory
 
     from kvlib.grading.autograde import LinkKeepingCollect

@@ -148,8 +148,8 @@ def graded_sizes(tmp_path_factory):
 
 @pytest.mark.parametrize("nb", [nb for nb, _ in ISOLATED])
 def test_scores_come_from_the_isolated_child(graded_sizes, nb):
-    """Check correct -> full marks, the untouched release -> 0, and a submission that patches the checks
-    and grade() in its kernel -> 0: the scores of notebooks 02 to 08 come from the isolated child
+    """Check that the scores of notebooks 02 to 08 come from the isolated child: correct -> full marks, the
+    untouched release -> 0, and a submission that patches the checks and grade() in its kernel -> 0
     (notebook 01: tests/grading/test_attacks.py)."""
     scores = graded_sizes(nb)
     correct, max_score = scores["correct"]

@@ -11,9 +11,9 @@ from conftest import JAILED, accept_connections
 
 @JAILED
 def test_a_jail_has_no_network_and_no_host_paths(tmp_path):
-    """Check a jailed process directly: it cannot connect to a server on the grader's 127.0.0.1, finds
-    no /proc/self/mountinfo (which would list the host folders behind its binds), and torch still
-    finds the CPU's vector instructions in the /proc stand-in."""
+    """Check that a jailed process has no network and no host paths: it cannot connect to a server on the
+    grader's 127.0.0.1, finds no /proc/self/mountinfo (which would list the host folders behind its binds), and
+    torch still finds the CPU's vector instructions in the /proc stand-in."""
     from kvlib.grading.jail import Jail, detect_mode, jail_python, site_dirs
 
     listener = socket.create_server(("127.0.0.1", 0))

@@ -20,7 +20,7 @@ def _npz(**arrays) -> bytes:
 
 
 def test_replies_must_be_plain_numbers():
-    """Check the grader's reader refuses pickles, compressed members and headers that lie."""
+    """Check that the grader's reader refuses pickles, compressed members and headers that lie."""
     from kvlib.grading.sandbox import SandboxError, load_reply
 
     head = np.array(json.dumps({"status": "ok"}))
@@ -40,8 +40,8 @@ def test_replies_must_be_plain_numbers():
 
 
 def test_a_returned_decoder_is_rebuilt_by_the_grader():
-    """Check a Decoder in a reply: rebuilt by the grader's own kvlib.core.model from numbers, refused when
-    its weights do not match its config or its config is not numbers, and never accepted as a function."""
+    """Check that a Decoder in a reply is rebuilt by the grader's own kvlib.core.model from numbers, refused
+    when its weights do not match its config or its config is not numbers, and never accepted as a function."""
     import torch
 
     from kvlib.core.model import Decoder, ModelConfig
@@ -106,8 +106,8 @@ def test_isolated_calls_copy_back_what_they_change_in_place(tmp_path):
 
 
 def test_the_child_keeps_a_learners_cache_and_carries_generators_and_callbacks():
-    """Check the objects notebooks 02 and 04 pass: a KVCache made and used in the child through a
-    handle, a generator whose state comes back advanced, an on_token callback replayed here."""
+    """Check that the objects notebooks 02 and 04 pass work through the child: a KVCache made and used
+    there through a handle, a generator whose state comes back advanced, an on_token callback replayed here."""
     import torch
 
     from kvlib.core.model import Decoder, ModelConfig
@@ -146,9 +146,9 @@ def test_the_child_keeps_a_learners_cache_and_carries_generators_and_callbacks()
 
 
 def test_the_child_keeps_a_schedulers_pool_and_tables_and_carries_requests():
-    """Check the objects notebook 07 passes: a BlockPool, BlockTables and a Scheduler kept in the child,
-    attributes assigned there (pool.k = ...), Requests and the stats dict carried as numbers, and an
-    OutOfBlocks raised there raised here as kvlib.core.paging's own."""
+    """Check that the objects notebook 07 passes work through the child: a BlockPool, BlockTables and a
+    Scheduler kept there, attributes assigned there (pool.k = ...), Requests and the stats dict carried as
+    numbers, and an OutOfBlocks raised there raised here as kvlib.core.paging's own."""
     import torch
 
     from kvlib.core.model import Decoder, ModelConfig

@@ -10,9 +10,9 @@ from conftest import NB, ROOT
 
 
 def test_screening_refuses_links_and_reads_the_rest(tmp_path):
-    """Check the screening of a submission: symbolic links (to files and folders), hard links to a file
-    outside, a pipe and a linked submission folder are refused with the reason and never read; hard
-    links between two files of the submission, and everything else, are read."""
+    """Check that screening a submission refuses links and reads the rest: symbolic links (to files and
+    folders), hard links to a file outside, a pipe and a linked submission folder are refused with the reason
+    and never read; hard links between two files of the submission, and everything else, are read."""
     from kvlib.grading.submission import HARDLINK, LINKED_FOLDER, SPECIAL, SYMLINK, read, screen
 
     top = tmp_path / "submitted"
@@ -44,8 +44,8 @@ def test_screening_refuses_links_and_reads_the_rest(tmp_path):
 
 
 def test_learner_helper_modules_travel_within_limits(tmp_path):
-    """Check which of a learner's own kvlib/ modules go to the isolated child: their own names only
-    (never kvlib's), no links, no more than MAX_HELPERS, none over MAX_HELPER_BYTES."""
+    """Check that only a learner's own kvlib/ modules go to the isolated child, within limits: their own
+    names only (never kvlib's), no links, no more than MAX_HELPERS, none over MAX_HELPER_BYTES."""
     from kvlib.grading.submission import MAX_HELPER_BYTES, MAX_HELPERS, helper_modules, reserved_names, screen
 
     kvlib = tmp_path / "kvlib"
