@@ -84,8 +84,8 @@ def test_cached_forward_equals_the_models_own_cached_call():
 
 
 def test_llama_2_7b_on_80_gb_holds_30_sequences_of_4096_tokens():
-    """Check notebook 04's server sum with kv_cache_bytes: that Llama-2-7B in float16 beside its weights on
-    80 GB holds 30 sequences of 4,096 tokens (3 of 32,768), and its cache is 512 KiB per token (the docstring's
+    """Check that notebook 04's server sum with kv_cache_bytes holds: Llama-2-7B in float16 beside its
+    weights on 80 GB holds 30 sequences of 4,096 tokens (3 of 32,768), and its cache is 512 KiB per token (the docstring's
     example)."""
     from kvlib.core.configs import real_model
     from kvlib.core.model import num_params
