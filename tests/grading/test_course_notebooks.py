@@ -1,15 +1,14 @@
 """Notebooks 02 to 08 graded by nbgrader from a `kvlib course init` folder: a correct submission gets
 every point (in 04 also one with code moved into a helper module of the learner's own), the
 untouched release and a submission that patches the checks in its kernel get none.
-(Notebook 01, with its many attacks: tests/test_grading.py.)"""
+(Notebook 01, with its many attacks: tests/grading/test_attacks.py.)"""
 
 from __future__ import annotations
 
 import shutil
 
 import pytest
-from conftest import ROOT, run_kvlib
-from test_grading import nbgrader
+from conftest import ROOT, nbgrader, run_kvlib
 
 from kvlib.course.exercises import EXERCISES
 
@@ -91,7 +90,7 @@ def _top_level_split(params: str) -> list[str]:
     return out + [cur]
 
 
-# (notebook, module) from 02 on: every notebook of the exercise table but 01 (tests/test_grading.py)
+# (notebook, module) from 02 on: every notebook of the exercise table but 01 (tests/grading/test_attacks.py)
 ISOLATED = list(dict((ex.notebook, ex.module) for ex in EXERCISES).items())[1:]
 # earlier notebooks' exercises a notebook's own use: the correct and helper students did those too
 EARLIER_DONE = {
@@ -149,9 +148,9 @@ def graded_sizes(tmp_path_factory):
 
 @pytest.mark.parametrize("nb", [nb for nb, _ in ISOLATED])
 def test_scores_come_from_the_isolated_child(graded_sizes, nb):
-    """Check correct -> full marks, the untouched release -> 0, and a submission that patches the checks
-    and grade() in its kernel -> 0: the scores of notebooks 02 to 08 come from the isolated child
-    (notebook 01: tests/test_grading.py)."""
+    """Check that the scores of notebooks 02 to 08 come from the isolated child: correct -> full marks, the
+    untouched release -> 0, and a submission that patches the checks and grade() in its kernel -> 0
+    (notebook 01: tests/grading/test_attacks.py)."""
     scores = graded_sizes(nb)
     correct, max_score = scores["correct"]
     assert max_score > 0 and correct == max_score
