@@ -1,4 +1,4 @@
-"""kvlib lab / kvlib present (kvlib/lab.py), and that every figure of the course comes from kvlib.course.plotting.
+"""kvlib lab / kvlib present (kvlib/app/lab.py), and that every figure of the course comes from kvlib.course.plotting.
 
 The real browser is tests/test_browser.py; these tests need no browser and start no server.
 """
@@ -11,8 +11,8 @@ import nbformat
 import pytest
 from conftest import ROOT, run_kvlib
 
-from kvlib.course import lab
-from kvlib.course import release as course
+from kvlib.app import lab
+from kvlib.app import release as course
 
 SOLUTION_NOTEBOOKS = [p for name in course.assignments() for p in sorted((ROOT / "solutions" / name).glob("*.ipynb"))]
 LEARNER_NOTEBOOKS = [p for name in course.assignments() for p in sorted((ROOT / "notebooks" / name).glob("*.ipynb"))]

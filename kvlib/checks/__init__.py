@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvlib.course.exercises import BY_ID, EXERCISES, Exercise, ExerciseNotDone
+from kvlib.course.exercises import BY_ID, EXERCISES, LEARNER_MODULES, Exercise, ExerciseNotDone
 
 
 @dataclass(frozen=True)
@@ -32,16 +32,7 @@ class Check:
 
 
 CHECKS: dict[str, Check] = {}  # by name, in registration (= course) order
-_CHECK_MODULES = {
-    "attention",
-    "generation",
-    "recompute",
-    "kv_cache",
-    "roofline",
-    "gqa",
-    "serving",
-    "compress",
-}  # kvlib.checks.<module> for every exercise module
+CHECK_MODULES = LEARNER_MODULES  # kvlib.checks.<module> for every learner module of the exercise table
 
 
 def check(exercise_id: str):
@@ -57,7 +48,7 @@ def check(exercise_id: str):
 
 
 def _load_all() -> None:
-    for module in sorted(_CHECK_MODULES):
+    for module in CHECK_MODULES:
         importlib.import_module(f"kvlib.checks.{module}")
 
 

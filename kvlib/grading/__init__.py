@@ -1,6 +1,6 @@
 """Classroom grading with nbgrader that a submission's code cannot fool (docs/instructors.md).
 
-  kvlib course init DIR        an nbgrader course folder (kvlib.grading.course_folder)
+  kvlib course init DIR        an nbgrader course folder (kvlib.app.course_folder)
   IsolatedGrading              the autograde preprocessor: each graded cell's score comes from its
                                check, run here on numbers from an isolated child (preprocessor.py)
   RestoreCells                 sanitizing: the source's graded and locked cells back, whatever

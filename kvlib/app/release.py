@@ -20,7 +20,7 @@ from kvlib.course.exercises import BY_ID
 
 _DECORATOR = re.compile(r'^\s*@exercise\("(\d+\.\d+)"')
 # spelled in parts, so that a search for leaked solution blocks never flags this file
-_BEGIN, _END = "### BEGIN " + "SOLUTION", "### END " + "SOLUTION"
+BEGIN, END = "### BEGIN " + "SOLUTION", "### END " + "SOLUTION"
 
 
 def stub_source(solution: str) -> str:
@@ -29,7 +29,7 @@ def stub_source(solution: str) -> str:
     for line in solution.splitlines(keepends=True):
         if m := _DECORATOR.match(line):
             current = BY_ID[m.group(1)]
-        if line.strip() == _BEGIN:
+        if line.strip() == BEGIN:
             if current is None:
                 raise ValueError(f"a solution block outside an @exercise function: {line!r}")
             indent = line[: len(line) - len(line.lstrip())]
@@ -37,7 +37,7 @@ def stub_source(solution: str) -> str:
                 f'{indent}raise NotImplementedError("Exercise {current.id} (notebooks/{current.notebook}): {current.name}")\n'
             )
             skipping = True
-        elif line.strip() == _END:
+        elif line.strip() == END:
             skipping, current = False, None
         elif not skipping:
             out.append(line)

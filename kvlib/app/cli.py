@@ -193,7 +193,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_course_release(args) -> int:
-    from kvlib.course import release as course
+    from kvlib.app import release as course
 
     problems = course.release(check=args.check)
     if problems:
@@ -208,7 +208,7 @@ def cmd_course_release(args) -> int:
 
 
 def cmd_course_init(args) -> int:
-    from kvlib.grading.course_folder import CourseFolderExists, init_course
+    from kvlib.app.course_folder import CourseFolderExists, init_course
 
     try:
         written = init_course(args.dir, earlier=args.earlier, force=args.force, course_id=args.course_id)
@@ -221,7 +221,7 @@ def cmd_course_init(args) -> int:
 
 
 def cmd_lab(args) -> int:
-    from kvlib.course import lab
+    from kvlib.app import lab
 
     try:
         return lab.launch(
@@ -240,7 +240,7 @@ def cmd_present(args) -> int:
         return cmd_lab(args)
     import time
 
-    from kvlib.course import lab
+    from kvlib.app import lab
 
     start = time.perf_counter()
     try:

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvlib.course.release import ROOT, assignments
+from kvlib.app.release import ROOT, assignments
 
 # ---------------------------------------------------------------------------------------------
 # The learner view
