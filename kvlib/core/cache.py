@@ -74,6 +74,11 @@ class CacheBase:
     """
 
     tensors: tuple[str, ...] = ("k", "v")  # the attributes that hold the storage
+    # A ring (a rolling cache) has `capacity` token slots and reuses all but the first n_sink of them:
+    # once it has seen more than capacity tokens it has overwritten some, and truncate refuses to
+    # rewind to a position whose past it no longer holds. None: a slot for every position.
+    capacity: int | None = None
+    n_sink: int = 0
 
     def __init__(self, config, batch: int = 1, max_seq_len: int | None = None):
         max_seq_len = config.max_seq_len if max_seq_len is None else max_seq_len
@@ -109,11 +114,32 @@ class CacheBase:
 
         Example: cache.pos == 7; cache.truncate(5) -> cache.pos == 5, positions 0 ... 4 kept as they were
         """
+        self.check_truncate(pos)
+        self.pos = pos
+
+    def check_truncate(self, pos: int) -> None:
+        """ValueError unless pos is an int in [0, self.pos] whose past the cache still holds."""
         if isinstance(pos, bool) or not isinstance(pos, int) or not 0 <= pos <= self.pos:
             raise ValueError(
                 f"truncate to {pos!r}: a position in [0, {self.pos}] is needed (this cache holds {self.pos} tokens)"
             )
-        self.pos = pos
+        if self.capacity is not None and self.pos > self.capacity and self.n_sink < pos < self.pos:
+            raise ValueError(
+                f"a {type(self).__name__} at {self.pos} cannot rewind to {pos}: its ring of {self.capacity} slots has "
+                f"overwritten tokens {self.n_sink} ... {self.pos - self.capacity + self.n_sink - 1}, and tokens from "
+                f"{max(self.n_sink, pos - self.capacity + self.n_sink)} on would be needed again"
+            )
+
+    def key_positions(self, kv_len: int) -> torch.Tensor | None:
+        """None: keys are stored rotated at their own positions. A cache that stores them before rotary returns
+        the position to turn each filled slot's key at, once kv_len tokens went in (attention_through_cache)."""
+        return None
+
+    @staticmethod
+    def attention(attn, x: torch.Tensor, cache: CacheBase, layer: int, rope_cos, rope_sin) -> torch.Tensor:
+        """How model(ids, past_key_values=cache) runs a layer: attention_through_cache with causal SDPA."""
+        kept = cache.key_positions(cache.pos + x.shape[1])
+        return attention_through_cache(attn, x, cache, layer, rope_cos, rope_sin, key_positions=kept)
 
 
 # ---------------------------------------------------------------------------------------------
