@@ -8,15 +8,16 @@ layer it calls cache.advance(seq_len) once. Around a forward pass a caller may r
 the drafts the model rejected) and read nbytes (what it occupies).
 
   Cache            the contract as a typing.Protocol: isinstance(obj, Cache) checks an object has it all
-  CacheBase        pos, reset, advance (bounded by max_seq_len), truncate and nbytes for a cache that
-                   only writes its storage and update: notebook 04's KVCache, notebook 08's caches
+  CacheBase        pos, reset, advance (bounded by max_seq_len), truncate (a ring refuses to rewind past
+                   what it overwrote), nbytes and a default attention, for a cache that only writes its
+                   storage and update: notebook 04's KVCache, notebook 08's caches
   attention_through_cache  one layer's attention through any cache: rotary at the new tokens' positions,
                    project, update, attend, o_proj (the infrastructure's caches all use it)
 
 The caches that keep the contract: KVCache (kvlib/kv_cache.py, notebook 04), Int8KVCache
 (kvlib/variants/compressed.py) and SinkCache (kvlib/compress.py, notebook 08), PagedView
-(kvlib/core/paging.py, notebook 07). Left out: caches of several prompt lengths in one batch (the
-paged view handles those with one position per row), caches on several devices.
+(kvlib/core/paging.py, notebook 07: one position per row, the block tables own the tokens). Left
+out: a batch whose rows sit at different positions in one contiguous cache, caches across devices.
 """
 
 from __future__ import annotations
