@@ -187,14 +187,17 @@ def attention_through_cache(
     if positions is None:
         last = cache.pos + T if key_positions is None else int(key_positions.max()) + 1
         positions = torch.arange(last - T, last, device=x.device)  # (T,): new token i at last - T + i
-    at = positions.to(x.device).expand(B, T).reshape(-1)  # (B*T,): one row of angles per new token
-    flat = x.reshape(1, B * T, C)  # every new token as one row: projections and rotary act token by token
-    q = attn.project_q(flat, rope_cos[at], rope_sin[at])  # (1, H, B*T, D)
-    if key_positions is None:
-        k, v = attn.project_kv(flat, rope_cos[at], rope_sin[at])  # (1, H_kv, B*T, D), rotated
-    else:  # a turn by 0: stored as projected
-        k, v = attn.project_kv(flat, torch.ones_like(rope_cos[at]), torch.zeros_like(rope_sin[at]))
-    q, k, v = (t[0].unflatten(1, (B, T)).transpose(0, 1) for t in (q, k, v))  # (h, B*T, D) -> (B, h, T, D)
+    if positions.dim() == 2:  # a position per row and token: project every token as one row of a batch of 1
+        at = positions.to(x.device).reshape(-1)  # (B*T,)
+        flat = x.reshape(1, B * T, C)
+        q, k, v = attn.project_q(flat, rope_cos[at], rope_sin[at]), *attn.project_kv(flat, rope_cos[at], rope_sin[at])
+        q, k, v = (t[0].unflatten(1, (B, T)).transpose(0, 1) for t in (q, k, v))  # (h, B*T, D) -> (B, h, T, D)
+    else:  # every row at the same positions
+        cos, sin = rope_cos[positions], rope_sin[positions]  # (T, D)
+        q = attn.project_q(x, cos, sin)  # (B, H, T, D)
+        if key_positions is not None:  # a turn by 0: stored as projected, rotated when read
+            cos, sin = torch.ones_like(cos), torch.zeros_like(sin)
+        k, v = attn.project_kv(x, cos, sin)  # (B, H_kv, T, D)
     stored = cache.update(layer, k, v)
     if key_positions is not None:
         kept = key_positions.to(x.device)  # (S,)
