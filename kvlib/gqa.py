@@ -5,7 +5,7 @@ per group of group_size = n_heads // n_kv_heads. The cache, and the bytes a deco
 from it, shrink by group_size, but only if attention reads each shared head in place instead of
 copying it out to every query head. Here: the grouping (repeat_kv), attention that keeps the
 saving (grouped_attention), and turning a trained MHA model into GQA by mean-pooling (Ainslie et
-al., 2023). Timing the ways of attention is kvlib.measure.bench_gqa's; the quality study and
+al., 2023). The other ways: kvlib.variants.gqa_attention, timed by kvlib.measure.bench_gqa; the quality study and
 uptraining are kvlib.study.gqa_quality's. Left out: fused kernels (SDPA's enable_gqa is compared only).
 """
 
@@ -52,7 +52,7 @@ def repeat_kv(x: torch.Tensor, group_size: int) -> torch.Tensor:
 def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal attention in which each key/value head serves its group of query heads, read in place.
 
-    Equals causal_attention(q, repeat_kv(k, G), repeat_kv(v, G)) (kvlib.measure.bench_gqa), G = n_heads // n_kv_heads,
+    Equals causal_attention(q, repeat_kv(k, G), repeat_kv(v, G)) (kvlib.variants.gqa_attention), G = n_heads // n_kv_heads,
     and F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True), but never
     makes a tensor of n_heads keys or values. Mask: query t (the last T of S positions) may
     attend to key j iff j <= S - T + t; True = may attend.

@@ -21,7 +21,8 @@ from kvlib.checks.compress import CONFIG
 from kvlib.core.model import Decoder, ModelConfig, causal_mask
 from kvlib.course.exercises import BY_ID, ExerciseNotDone
 from kvlib.kv_cache import KVCache
-from kvlib.measure import bench_compress, compressed
+from kvlib.measure import bench_compress
+from kvlib.variants import compressed
 
 torch.set_num_threads(1)
 
@@ -123,7 +124,7 @@ def test_sink_cache_equals_kv_cache_until_it_fills():
         sink, full = compress.SinkCache(model.config, 2, 10, batch=2), KVCache(model.config, batch=2)
         for a, b in ((0, 5), (5, 6), (6, 7), (7, 12)):
             torch.testing.assert_close(
-                model(ids[:, a:b], past_key_values=sink, attention=compressed.sink_attention)[0],
+                model(ids[:, a:b], past_key_values=sink)[0],
                 model(ids[:, a:b], past_key_values=full)[0],
             )
 
@@ -137,7 +138,7 @@ def test_sink_attention_equals_attention_over_kept_tokens_at_cache_positions():
     cache = compress.SinkCache(model.config, n_sink, window)
     with torch.inference_mode():
         for t in range(11):
-            out = compressed.sink_attention(attn, x[:, t : t + 1], cache, 0, model.rope_cos, model.rope_sin)
+            out = cache.attention(attn, x[:, t : t + 1], cache, 0, model.rope_cos, model.rope_sin)
             cache.advance(1)
         kept = torch.cat([x[:, :n_sink], x[:, 11 - window :]], dim=1)  # the tokens the cache holds, oldest first
         expect = attn(kept, model.rope_cos[:6], model.rope_sin[:6])[:, -1:]  # the last one's output, places 0..5

@@ -33,6 +33,7 @@ from kvlib.course.exercises import BY_ID, ExerciseNotDone
 from kvlib.kv_cache import kv_cache_bytes
 from kvlib.measure import bench_gqa
 from kvlib.study import gqa_quality
+from kvlib.variants import gqa_attention
 
 torch.set_num_threads(1)
 
@@ -78,15 +79,15 @@ def test_repeat_kv_matches_repeat_interleave():
 def test_grouped_attention_equals_sdpa_enable_gqa(n_kv_heads):
     """Check that grouped_attention equals torch's SDPA with enable_gqa, and the materialised path, for T < S."""
     q, k, v = torch.randn(B, H, T, D), torch.randn(B, n_kv_heads, S, D), torch.randn(B, n_kv_heads, S, D)
-    expected = bench_gqa.sdpa_attention(q, k, v)
+    expected = gqa_attention.sdpa_attention(q, k, v)
     torch.testing.assert_close(gqa.grouped_attention(q, k, v), expected)
-    torch.testing.assert_close(bench_gqa.materialised_attention(q, k, v), expected)
+    torch.testing.assert_close(gqa_attention.materialised_attention(q, k, v), expected)
 
 
 def test_gqa_with_group_size_1_equals_mha():
     """Check that grouped attention with n_kv_heads == n_heads is plain causal MHA attention."""
     q, k, v = torch.randn(B, H, T, D), torch.randn(B, H, S, D), torch.randn(B, H, S, D)
-    torch.testing.assert_close(gqa.grouped_attention(q, k, v), bench_gqa.causal_attention(q, k, v))
+    torch.testing.assert_close(gqa.grouped_attention(q, k, v), gqa_attention.causal_attention(q, k, v))
 
 
 def test_decode_step_with_matches_model_forward():
@@ -99,7 +100,7 @@ def test_decode_step_with_matches_model_forward():
     ids = torch.randint(0, 23, (2, 6))
     with torch.inference_mode():
         full = model(ids)[:, -1]
-        for name, attend in bench_gqa.BENCH_ATTENTION.items():
+        for name, attend in gqa_attention.BENCH_ATTENTION.items():
             cache = KVCache(config, batch=2)
             for t in range(6):  # one token at a time from an empty cache; the step does not advance pos
                 logits = bench_gqa.decode_step_with(model, ids[:, t], cache, attend)
@@ -118,23 +119,23 @@ def test_split_k_attention_equals_grouped_attention_for_a_decode_step(n_kv_heads
         torch.randn(2, n_kv_heads, kv_len, 8),
     )
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=n_kv_heads != 6)
-    torch.testing.assert_close(bench_gqa.split_k_attention(q, k, v, chunk=chunk), expected)
+    torch.testing.assert_close(gqa_attention.split_k_attention(q, k, v, chunk=chunk), expected)
 
 
 def test_split_k_attention_names_what_it_cannot_do():
     """Check that split-K attention refuses, by name, more than one query per head and heads that do not group."""
     with pytest.raises(ValueError, match="one query per head"):
-        bench_gqa.split_k_attention(torch.randn(1, 4, 3, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8))
+        gqa_attention.split_k_attention(torch.randn(1, 4, 3, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8))
     with pytest.raises(ValueError, match="multiple of n_kv_heads"):
-        bench_gqa.split_k_attention(torch.randn(1, 4, 1, 8), torch.randn(1, 3, 5, 8), torch.randn(1, 3, 5, 8))
+        gqa_attention.split_k_attention(torch.randn(1, 4, 1, 8), torch.randn(1, 3, 5, 8), torch.randn(1, 3, 5, 8))
 
 
 def test_decode_bytes_counts_copies_for_materialised():
     """Check that the materialised path is charged n_kv_heads + 2 n_heads heads, grouped only n_kv_heads."""
     model = Decoder(dataclass_replace(CONFIG, n_kv_heads=2))
     grouped, copied = (
-        bench_gqa.decode_bytes(model, 100, method="grouped"),
-        bench_gqa.decode_bytes(model, 100, method="materialised"),
+        gqa_attention.decode_bytes(model, 100, method="grouped"),
+        gqa_attention.decode_bytes(model, 100, method="materialised"),
     )
     per_head = 4 * 2 * CONFIG.n_layers * 100 * CONFIG.head_dim
     assert copied - grouped == 2 * CONFIG.n_heads * per_head
@@ -356,11 +357,11 @@ def _repeat_not_interleave(x, group_size):
 
 def _attention_with_repeat(q, k, v):
     g = q.shape[1] // k.shape[1]
-    return bench_gqa.causal_attention(q, k.repeat(1, g, 1, 1), v.repeat(1, g, 1, 1))
+    return gqa_attention.causal_attention(q, k.repeat(1, g, 1, 1), v.repeat(1, g, 1, 1))
 
 
 def _attention_copying(q, k, v):
-    return bench_gqa.materialised_attention(q, k, v)
+    return gqa_attention.materialised_attention(q, k, v)
 
 
 def _attention_broadcast(q, k, v):

@@ -44,16 +44,7 @@ NOQA_REASONS = (
 # Imports against the order, each with its reason. The test fails on one not listed here, and on a
 # listed one that no import uses any more (delete it then); an entry naming a module that no longer
 # exists (it moved) is ignored.
-ALLOWED = {
-    ("kvlib.course.plotting", "kvlib.measure.bench_gqa"): (
-        "FIXED_KV_LEN, to label an old recording's fixed part; TODO: the cache-contract change moves "
-        "the constant to kvlib.core.configs, then delete this entry"
-    ),
-    ("kvlib.study.compress_quality", "kvlib.measure.compressed"): (
-        "notebook 08's int8 and window caches; TODO: the cache-contract change moves them to "
-        "kvlib/variants/, then this entry names a module that is gone"
-    ),
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def module_name(path: Path) -> str:

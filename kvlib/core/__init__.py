@@ -1,6 +1,7 @@
 """The model and its data, the bottom floor: it imports nothing else of kvlib.
 
 model.py        ModelConfig, the layers, Decoder: one forward pass, with or without a KV cache
+cache.py        the cache contract (Cache, CacheBase) and one layer's attention through any cache
 weights.py      the shipped tiny model (load_tiny), checked state dicts, transformers conversion
 tokenizer.py    the character tokenizer of the tiny model
 configs.py      every named configuration: published models (sizes only) and the benchmarks' own

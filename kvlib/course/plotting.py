@@ -21,6 +21,8 @@ from matplotlib.colors import ListedColormap
 from matplotlib.ft2font import FT2Font
 from matplotlib.patches import Patch
 
+from kvlib.core.configs import GQA_FIXED_KV_LEN
+
 # ---------------------------------------------------------------------------------------------
 # Style
 
@@ -914,8 +916,6 @@ def gqa_decode_time(rows, *, kv_len=None, note=None):
         pred = [r["predicted_s"] * 1e3 for r in grouped]
         ax.plot(x, pred, ls="--", color=PALETTE["black"], lw=1.5, label="roofline: bytes / bandwidth (grouped)")
         if all("fixed_s" in r for r in grouped):  # recordings made before the fixed part was measured lack it
-            from kvlib.measure.bench_gqa import FIXED_KV_LEN  # noqa: PLC0415 (against the floors: allowed in tests/test_layout.py)
-
             ax.plot(
                 x,
                 [r["fixed_s"] * 1e3 for r in grouped],
@@ -924,7 +924,7 @@ def gqa_decode_time(rows, *, kv_len=None, note=None):
                 lw=2,
                 label="fixed part (intercept of a line over kv_len)"
                 if "fixed_spread_s" in grouped[0]
-                else f"fixed part ({FIXED_KV_LEN} cached tokens)",
+                else f"fixed part ({GQA_FIXED_KV_LEN} cached tokens)",
             )
         ax.set_xticks(x, [f"{h}\n{'MHA' if h == heads[0] else 'MQA' if h == 1 else 'GQA'}" for h in heads])
         ax.set_xlabel("key/value heads (n_kv_heads)")

@@ -9,6 +9,5 @@ bench_gqa.py       `kvlib bench gqa` (notebook 06): a decode step at long contex
 bench_serve.py     `kvlib bench serve` (notebook 07): static against continuous batching at equal KV memory
 bench_compress.py  `kvlib bench compress` (notebook 08): the smaller caches, in bytes and in time
 compiled.py        kvlib's model decoding through torch.compile on a CPU (a way of `kvlib bench cache`)
-compressed.py      notebook 08's int8 and rolling caches as the model runs them
 peers.py           the engines `kvlib bench cache` compares kvlib with: transformers, llama.cpp
 """

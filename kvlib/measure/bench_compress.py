@@ -20,10 +20,10 @@ from kvlib.core.configs import MLA_MODELS, REAL_MODELS, gqa_bench_config
 from kvlib.core.flops import matmul_flops
 from kvlib.core.model import ModelConfig, num_params
 from kvlib.core.weights import load_tiny
-from kvlib.measure.compressed import GROUP, Int8KVCache
 from kvlib.measure.machine import measure_bandwidth
 from kvlib.measure.timing import environment, num_threads
 from kvlib.study import compress_quality
+from kvlib.variants.compressed import GROUP, Int8KVCache
 
 # ---------------------------------------------------------------------------------------------
 # Bytes per token per layer, every scheme of the course
@@ -77,7 +77,6 @@ def bytes_table(window: int = 4096, n_sink: int = 4, context: int = 32768) -> li
     and where one sequence's cache outweighs the weights. 16-bit numbers (scales too) unless stated;
     the tiny model in float32, as it runs here. Window rows: Mistral 7B's 4,096 (arXiv 2310.06825) with
     StreamingLLM's 4 sinks (arXiv 2309.17453)."""
-
     rows = []
 
     def add(model, scheme, label, per_layer, n_layers, weights, note="", cached=None):
@@ -346,7 +345,6 @@ def speed(
 
 def bench_compress(threads: int = 1, quick: bool = False, device: str = "cpu") -> dict:
     """Bytes of every scheme, the tiny model's quality with each cache, int8 against float32 timed, MLA's two paths counted."""
-
     if torch.device(device).type != "cpu":
         raise ValueError("kvlib bench compress runs on the CPU only: its speed question is one CPU thread's")
     model, tokenizer = load_tiny()

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from kvlib.core.model import Decoder
-from kvlib.measure.compressed import Int8KVCache, sink_attention
 from kvlib.study import corpus, train
+from kvlib.variants.compressed import Int8KVCache
 
 
 def _prompts(tokenizer, stride: int, limit: int | None) -> list[tuple[list[int], list[int]]]:
@@ -102,7 +102,7 @@ def window_study(
         f"{n_sink} sinks + window {capacity - n_sink}": SinkCache(model.config, n_sink, capacity - n_sink, batch=B),
     }
     per_position = {
-        name: stepwise_loss(model, rows, cache, sink_attention if isinstance(cache, SinkCache) else None)
+        name: stepwise_loss(model, rows, cache)  # each cache brings its own attention (kvlib.core.cache)
         for name, cache in caches.items()
     }
     edges = list(range(0, seq_len, band)) + [seq_len]

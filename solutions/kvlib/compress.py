@@ -1,11 +1,9 @@
 """Smaller caches (notebook 08-compress): int8 keys and values, a rolling window with sinks, MLA's latent cache.
 
-int8 (KIVI, arXiv 2402.02750): keys share a scale per channel over a group of tokens, values one per
-token. Rolling window (Mistral 7B, arXiv 2310.06825) with attention sinks (StreamingLLM, arXiv
-2309.17453): the first n_sink tokens stay, then the last `window`, re-rotated at their places in the
-cache. MLA (DeepSeek-V2, arXiv 2405.04434): one latent per token, attended two ways. The int8 cache,
-the rolling cache's attention: kvlib.measure.compressed; bytes and timing: kvlib.measure.bench_compress;
-quality: kvlib.study.compress_quality.
+int8 (KIVI, arXiv 2402.02750): per-channel key scales over a group of tokens, one value scale per token.
+Rolling window (Mistral 7B) with attention sinks (StreamingLLM, arXiv 2309.17453), re-rotated at their
+places in the cache. MLA (DeepSeek-V2, arXiv 2405.04434): one latent per token, attended two ways.
+Int8 cache: kvlib.variants.compressed; bytes, timing: kvlib.measure.bench_compress; quality: study.compress_quality
 """
 
 from __future__ import annotations
@@ -15,6 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from kvlib.core.cache import CacheBase
 from kvlib.core.model import causal_mask
 from kvlib.course import inputs
 from kvlib.course.exercises import exercise
@@ -81,31 +80,24 @@ def int8_attention(
 # A rolling cache: n_sink first tokens, then the last `window` in a ring
 
 
-class SinkCache:
+class SinkCache(CacheBase):
     """Keys (before rotary) and values of the first n_sink tokens and the last `window` ones, per layer.
 
     k, v: (n_layers, batch, n_kv_heads, capacity = n_sink + window, head_dim). Slots n_sink ... capacity - 1
     form a ring: a new token overwrites the oldest. pos counts every token seen. n_sink = 0: Mistral's buffer.
-    Run a model through it with model(ids, past_key_values=cache, attention=kvlib.measure.compressed.sink_attention).
+    The cache contract (kvlib/core/cache.py): model(ids, past_key_values=cache) runs through it; once the ring
+    has overwritten a token, truncate cannot rewind before it.
     """
 
     def __init__(self, config, n_sink: int, window: int, batch: int = 1, dtype=torch.float32, device="cpu"):
         inputs.check_cache_positions(1, n_sink, window)
-        self.n_layers, self.n_sink, self.window, self.capacity, self.pos = (
-            config.n_layers,
-            n_sink,
-            window,
-            n_sink + window,
-            0,
-        )
+        super().__init__(config, batch)  # pos = 0, up to the model's max_seq_len: the ring reuses its slots
+        self.n_sink, self.window, self.capacity = n_sink, window, n_sink + window
         shape = (config.n_layers, batch, config.n_kv_heads, self.capacity, config.head_dim)
         self.k, self.v = torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
 
-    def reset(self) -> None:
-        self.pos = 0
-
-    def advance(self, seq_len: int) -> None:
-        self.pos += seq_len
+    def key_positions(self, kv_len: int) -> torch.Tensor:  # keys stored unrotated, turned at places in the cache
+        return cache_positions(kv_len, self.n_sink, self.window)
 
     @exercise("8.3", validate=inputs.check_sink_update)
     def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
