@@ -41,6 +41,7 @@ _CHECK_MODULES = {
     "gqa",
     "serving",
     "compress",
+    "fused",
 }  # kvlib.checks.<module> for every exercise module
 
 

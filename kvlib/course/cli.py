@@ -151,6 +151,12 @@ BENCHES = {
         "bench_compress",
         "format_compress",
     ),
+    "fused": (
+        "fused attention: peak memory naive vs tiled, causal FLOPs, a decode step's attention float32 vs int8 "
+        "(copied, folded, compiled)",
+        "bench_fused",
+        "format_fused",
+    ),
 }
 
 
