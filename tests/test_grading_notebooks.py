@@ -23,7 +23,7 @@ except Exception:
 try:  # and should a check run in this process: make it pass, and grade() print "passed"
     import kvlib.checks as _checks
     _checks.grade = lambda *a, **k: print("passed")
-    for _name in ("generation", "recompute", "kv_cache", "roofline", "gqa", "serving", "compress"):
+    for _name in ("generation", "recompute", "kv_cache", "roofline", "gqa", "serving", "compress", "fused"):
         _mod = __import__(f"kvlib.checks.{_name}", fromlist=["x"])
         for _attr in dir(_mod):
             if not _attr.startswith("__") and callable(getattr(_mod, _attr)):
@@ -97,11 +97,13 @@ ISOLATED = [
     ("06-gqa", "gqa"),
     ("07-serving", "serving"),
     ("08-compress", "compress"),
+    ("09-fused", "fused"),
 ]
 # earlier notebooks' exercises a notebook's own use: the correct and helper students did those too
 EARLIER_DONE = {
     "kv_cache": ("attention", "generation"),  # 4.x use Exercise 1.3's mask and 2.1's sampling
     "roofline": ("kv_cache",),  # 5.3 uses Exercise 4.4's kv_cache_bytes
+    "fused": ("compress",),  # 9.4's cells compare with Exercise 8.2 over an Int8KVCache (8.1's quantize)
     "serving": ("gqa",),
 }  # 7.3 uses Exercise 6.2's grouped_attention
 

@@ -47,7 +47,17 @@ def load_checks(extra: list[str], root: Path) -> dict:
 # later notebook whose checks need something else is graded the usual nbgrader way, in the
 # (jailed) kernel, until it is added here: that keeps the gradebook, the secret and the solutions
 # out of reach but can be fooled by the submission's own code.
-PROXYABLE_MODULES = {"attention", "generation", "recompute", "kv_cache", "roofline", "gqa", "serving", "compress", "fused"}
+PROXYABLE_MODULES = {
+    "attention",
+    "generation",
+    "recompute",
+    "kv_cache",
+    "roofline",
+    "gqa",
+    "serving",
+    "compress",
+    "fused",
+}
 
 
 def isolatable(check) -> bool:

@@ -31,6 +31,7 @@ def online_softmax(chunks: list) -> torch.Tensor:
     Raises:  ValueError for an empty list, or a chunk whose scores and values disagree in shape.
     Example: online_softmax([(torch.tensor([1.0, 1.0]), torch.tensor([[1.0, 0.0], [0.0, 2.0]])),
                              (torch.tensor([2.0]), torch.tensor([[3.0, 1.0]]))]) -> tensor([1.9403, 1.0000])
+    Hints (reference solution: 14 lines): kvlib hint 9.1, or the notebook's collapsed block.
     """
     ### BEGIN SOLUTION
     running_max = running_sum = acc = None
@@ -67,6 +68,7 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tile: int
     Raises:  ValueError if tile is not a positive int, or k and v differ in shape, or seq_len > kv_len.
     Example: q = torch.randn(1, 2, 5, 8); k = v = torch.randn(1, 2, 5, 8); tiled_attention(q, k, v, 2).shape
              -> torch.Size([1, 2, 5, 8])
+    Hints (reference solution: 21 lines): kvlib hint 9.2, or the notebook's collapsed block.
     """
     ### BEGIN SOLUTION
     T, S, D = q.shape[2], k.shape[2], q.shape[3]
@@ -124,6 +126,7 @@ def merge_partials(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor
     Raises:  ValueError if outs and lses disagree in shape, or there is no chunk.
     Example: o1, l1 = chunk_partial(q, k[:, :, :4], v[:, :, :4]); o2, l2 = chunk_partial(q, k[:, :, 4:], v[:, :, 4:])
              merge_partials(torch.stack([o1, o2]), torch.stack([l1, l2]))[0] equals attention over all of k and v
+    Hints (reference solution: 4 lines): kvlib hint 9.3, or the notebook's collapsed block.
     """
     ### BEGIN SOLUTION
     lse = torch.logsumexp(lses, dim=0)  # (...): the log of the total sum, stable, -inf chunks ignored
@@ -164,6 +167,7 @@ def int8_folded_attention(
     Raises:  ValueError if q holds more than one query, or a scale is missing or of the wrong shape.
     Example: with 8.2's arguments and one query, (int8_folded_attention(*args) - int8_attention(*args)).abs().max()
              is below 1e-5
+    Hints (reference solution: 16 lines): kvlib hint 9.4, or the notebook's collapsed block.
     """
     ### BEGIN SOLUTION
     B, H_kv, n_groups, group, D = k_values.shape
