@@ -1,5 +1,5 @@
 import sys
 
-from kvlib.course.cli import main
+from kvlib.app.cli import main
 
 sys.exit(main())

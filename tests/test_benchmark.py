@@ -1,4 +1,4 @@
-"""kvlib/benchmark.py: the measuring helper counts its runs, restores threads and records its setting."""
+"""kvlib/measure/timing.py: the measuring helper counts its runs, restores threads and records its setting."""
 
 import pytest
 import torch

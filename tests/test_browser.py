@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from kvlib.course import lab
-from kvlib.course import release as course
+from kvlib.app import lab
+from kvlib.app import release as course
 
 ARTIFACTS = ROOT / "artifacts" / "browser"
 REQUIRED = os.environ.get("KVLIB_BROWSER_TEST") == "required"

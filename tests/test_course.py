@@ -3,7 +3,7 @@
 import pytest
 from conftest import ROOT
 
-from kvlib.course import release as course
+from kvlib.app import release as course
 from kvlib.course.exercises import NOTEBOOKS
 
 

@@ -11,9 +11,9 @@ import pytest
 from conftest import ROOT, run_kvlib
 
 import kvlib
+from kvlib.app import release as course
 from kvlib.checks import checks_for
 from kvlib.course import exercises as _exercise
-from kvlib.course import release as course
 from kvlib.course.exercises import EXERCISES, ExerciseNotDone
 
 

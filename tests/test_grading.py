@@ -838,7 +838,7 @@ def test_feedback_and_csv_export(graded):
 
 def test_course_init_never_overwrites_without_force(tmp_path):
     """Check that init refuses to change an instructor's file, and --force keeps a .bak of it."""
-    from kvlib.grading.course_folder import CourseFolderExists, init_course
+    from kvlib.app.course_folder import CourseFolderExists, init_course
 
     init_course(tmp_path)
     secret = (tmp_path / "grading_secret").read_text()
@@ -857,7 +857,7 @@ def test_course_init_lists_learner_files_and_earlier_modules(tmp_path):
     """Check exclude_overwriting, stubs for this notebook, and --earlier given/own for later ones."""
     from traitlets.config.loader import PyFileConfigLoader
 
-    from kvlib.grading.course_folder import init_course, learner_edited, learner_files, module_notebooks
+    from kvlib.app.course_folder import init_course, learner_edited, learner_files, module_notebooks
 
     init_course(tmp_path)
     config = PyFileConfigLoader("nbgrader_config.py", path=str(tmp_path)).load_config()

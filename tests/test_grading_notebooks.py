@@ -11,6 +11,8 @@ import pytest
 from conftest import ROOT, run_kvlib
 from test_grading import nbgrader
 
+from kvlib.course.exercises import EXERCISES
+
 pytestmark = pytest.mark.slow
 
 
@@ -23,7 +25,7 @@ except Exception:
 try:  # and should a check run in this process: make it pass, and grade() print "passed"
     import kvlib.checks as _checks
     _checks.grade = lambda *a, **k: print("passed")
-    for _name in ("generation", "recompute", "kv_cache", "roofline", "gqa", "serving", "compress", "fused"):
+    for _name in _checks.CHECK_MODULES:
         _mod = __import__(f"kvlib.checks.{_name}", fromlist=["x"])
         for _attr in dir(_mod):
             if not _attr.startswith("__") and callable(getattr(_mod, _attr)):
@@ -89,16 +91,8 @@ def _top_level_split(params: str) -> list[str]:
     return out + [cur]
 
 
-ISOLATED = [
-    ("02-generation", "generation"),
-    ("03-recompute", "recompute"),
-    ("04-kv-cache", "kv_cache"),
-    ("05-memory-wall", "roofline"),
-    ("06-gqa", "gqa"),
-    ("07-serving", "serving"),
-    ("08-compress", "compress"),
-    ("09-fused", "fused"),
-]
+# (notebook, module) from 02 on: every notebook of the exercise table but 01 (tests/test_grading.py)
+ISOLATED = list(dict((ex.notebook, ex.module) for ex in EXERCISES).items())[1:]
 # earlier notebooks' exercises a notebook's own use: the correct and helper students did those too
 EARLIER_DONE = {
     "kv_cache": ("attention", "generation"),  # 4.x use Exercise 1.3's mask and 2.1's sampling

@@ -1,4 +1,4 @@
-"""kvlib lab / kvlib present (kvlib/lab.py), and that every figure of the course comes from kvlib.course.plotting.
+"""kvlib lab / kvlib present (kvlib/app/lab.py), and that every figure of the course comes from kvlib.course.plotting.
 
 The real browser is tests/test_browser.py; these tests need no browser and start no server.
 """
@@ -11,8 +11,8 @@ import nbformat
 import pytest
 from conftest import ROOT, run_kvlib
 
-from kvlib.course import lab
-from kvlib.course import release as course
+from kvlib.app import lab
+from kvlib.app import release as course
 
 SOLUTION_NOTEBOOKS = [p for name in course.assignments() for p in sorted((ROOT / "solutions" / name).glob("*.ipynb"))]
 LEARNER_NOTEBOOKS = [p for name in course.assignments() for p in sorted((ROOT / "notebooks" / name).glob("*.ipynb"))]
@@ -140,7 +140,7 @@ def test_notebook_figures_come_from_kvlib_plotting(path):
             continue
         direct = DIRECT_CALLS.search(cell.source)
         assert not direct, (
-            f"{path.relative_to(ROOT)} cell {i} draws with {direct.group(0)!r}: add a function to kvlib/plotting.py"
+            f"{path.relative_to(ROOT)} cell {i} draws with {direct.group(0)!r}: add a function to kvlib/course/plotting.py"
         )
         libs = _imports(_code(cell.source)) & PLOTTING_LIBS
         assert not libs, (
@@ -149,11 +149,11 @@ def test_notebook_figures_come_from_kvlib_plotting(path):
 
 
 def test_only_kvlib_plotting_imports_matplotlib():
-    """Check that kvlib's modules and the reference solutions leave every figure to kvlib/plotting.py."""
+    """Check that kvlib's modules and the reference solutions leave every figure to kvlib/course/plotting.py."""
     files = sorted((ROOT / "kvlib").rglob("*.py")) + sorted((ROOT / "solutions" / "kvlib").glob("*.py"))
     offenders = [
         f.relative_to(ROOT).as_posix()
         for f in files
         if f.name != "plotting.py" and _imports(f.read_text(encoding="utf-8")) & PLOTTING_LIBS
     ]
-    assert not offenders, f"these import a plotting library; move the figure to kvlib/plotting.py: {offenders}"
+    assert not offenders, f"these import a plotting library; move the figure to kvlib/course/plotting.py: {offenders}"

@@ -1,4 +1,4 @@
-"""Tests for kvlib/model.py (the tiny Llama-style decoder) and kvlib/tokenizer.py."""
+"""Tests for kvlib/core/model.py (the tiny Llama-style decoder) and kvlib/core/tokenizer.py."""
 
 import json
 import math

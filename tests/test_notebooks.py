@@ -8,7 +8,7 @@ import pytest
 from conftest import ROOT
 from nbclient import NotebookClient
 
-from kvlib.course import release as course
+from kvlib.app import release as course
 
 pytestmark = pytest.mark.slow  # every test here executes a whole notebook
 

@@ -1,5 +1,5 @@
 """Every notebook is one sitting: at most 60 cells and 60 minutes by the estimate in
-kvlib.course.release.sitting, and each links the bilingual glossary from its first cell."""
+kvlib.app.release.sitting, and each links the bilingual glossary from its first cell."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import pytest
 from conftest import ROOT
 
-from kvlib.course import release
+from kvlib.app import release
 
 NOTEBOOKS = [p for name in release.assignments() for p in sorted((ROOT / "solutions" / name).glob("*.ipynb"))]
 
@@ -55,5 +55,5 @@ def test_instructor_guide_shows_the_current_estimates():
     guide = (ROOT / "docs" / "instructors.md").read_text(encoding="utf-8")
     assert release.sitting_table() in guide, (
         "docs/instructors.md's sitting table is stale: paste the output of "
-        'python -c "from kvlib.course.release import sitting_table; print(sitting_table())"'
+        'python -c "from kvlib.app.release import sitting_table; print(sitting_table())"'
     )

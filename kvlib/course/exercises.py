@@ -5,7 +5,7 @@ at solutions/kvlib/<module>.py. Every exercise function carries @exercise("X.Y")
   - in reference mode (KVLIB_SOLUTIONS=1, or use_solutions()) calls the reference instead,
   - turns a stub's NotImplementedError into ExerciseNotDone, which names the exercise, and
     names the earlier exercise to do first when a later one calls an unfinished one.
-Not here: the checks themselves (kvlib.checks) and the command line (kvlib.course.cli).
+Not here: the checks themselves (kvlib.checks) and the command line (kvlib.app.cli).
 """
 
 from __future__ import annotations
@@ -84,6 +84,7 @@ EXERCISES: tuple[Exercise, ...] = (
 )
 BY_ID = {ex.id: ex for ex in EXERCISES}
 NOTEBOOKS = tuple(dict.fromkeys(ex.notebook for ex in EXERCISES))
+LEARNER_MODULES = tuple(dict.fromkeys(ex.module for ex in EXERCISES))  # kvlib/<module>.py, in course order
 
 
 def select(selector: str | None = None) -> list[Exercise]:

@@ -2,7 +2,7 @@
 
 kvlib check [ID|NN] [--json]   one row per exercise: id, title, notebook, status, message
 kvlib generate PROMPT          stream the tiny model's answer, then its TTFT and TPOT
-kvlib bench NAME [--json]      cache, memory, gqa: measured on this machine (kvlib bench -h)
+kvlib bench NAME [--json]      cache, memory, gqa, serve, compress: measured on this machine (kvlib bench -h)
 kvlib lab [NN]                 open JupyterLab on the course (learner view: nbgrader's Validate button)
 kvlib present [NN] [--check]   the solved notebooks in reference mode; --check runs them all and times each
 kvlib course release [--check] regenerate kvlib/ stubs and notebooks/ from solutions/
@@ -12,10 +12,16 @@ kvlib course init DIR          an nbgrader course folder for instructors (docs/i
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import shutil
+import statistics
 import sys
 import textwrap
+import time
+
+from kvlib import checks
+from kvlib.course.exercises import ExerciseNotDone, solutions_enabled
 
 
 def _table(results) -> str:
@@ -36,14 +42,10 @@ def _table(results) -> str:
 
 
 def _reference_mode() -> bool:
-    from kvlib.course.exercises import solutions_enabled
-
     return solutions_enabled()
 
 
 def cmd_check(args) -> int:
-    from kvlib import checks
-
     try:
         results = checks.run(args.selector, seed=args.seed)
     except ValueError as err:
@@ -61,15 +63,11 @@ class _Stop(Exception):
 
 
 def cmd_generate(args) -> int:
-    import statistics
-    import time
+    import torch  # noqa: PLC0415 (start-up time: torch only for the commands that run a model)
 
-    import torch
-
-    from kvlib.core.weights import load_tiny
-    from kvlib.course.exercises import ExerciseNotDone
-    from kvlib.generation import generate
-    from kvlib.measure.timing import environment, num_threads
+    from kvlib.core.weights import load_tiny  # noqa: PLC0415 (start-up time: torch only for the commands that run a model)
+    from kvlib.generation import generate  # noqa: PLC0415 (late binding: runs the learner's code)
+    from kvlib.measure.timing import environment, num_threads  # noqa: PLC0415 (start-up time: torch only for the commands that run a model)
 
     args.prompt = args.prompt.replace("\\n", "\n")  # a typed \n is a newline, as in the course's prompts
     try:
@@ -121,7 +119,7 @@ def cmd_generate(args) -> int:
     return 0
 
 
-# kvlib bench NAME: help, then the module kvlib.measure.bench_NAME with its measuring function and
+# kvlib bench NAME: help, then the module kvlib.measure.bench_<name> with its measuring function and
 # formatter; each function takes threads= and quick= and returns a JSON-ready record
 BENCHES = {
     "cache": (
@@ -161,9 +159,6 @@ BENCHES = {
 
 
 def cmd_bench(args) -> int:
-    import importlib
-    import json
-
     if args.threads < 1:
         print("kvlib bench: --threads must be at least 1", file=sys.stderr)
         return 2
@@ -199,9 +194,9 @@ def cmd_bench(args) -> int:
 
 
 def cmd_course_release(args) -> int:
-    from kvlib.course import release as course
+    from kvlib.app import release  # noqa: PLC0415 (not in learners' folders: instructor only)
 
-    problems = course.release(check=args.check)
+    problems = release.release(check=args.check)
     if problems:
         print("\n".join(problems))
         if args.check:
@@ -214,7 +209,7 @@ def cmd_course_release(args) -> int:
 
 
 def cmd_course_init(args) -> int:
-    from kvlib.grading.course_folder import CourseFolderExists, init_course
+    from kvlib.app.course_folder import CourseFolderExists, init_course  # noqa: PLC0415 (not in learners' folders: instructor only)
 
     try:
         written = init_course(args.dir, earlier=args.earlier, force=args.force, course_id=args.course_id)
@@ -227,7 +222,7 @@ def cmd_course_init(args) -> int:
 
 
 def cmd_lab(args) -> int:
-    from kvlib.course import lab
+    from kvlib.app import lab  # noqa: PLC0415 (not in learners' folders: lab needs app/release.py)
 
     try:
         return lab.launch(
@@ -244,9 +239,7 @@ def cmd_present(args) -> int:
             print("kvlib present: --figures saves the figures of a --check run; add --check", file=sys.stderr)
             return 2
         return cmd_lab(args)
-    import time
-
-    from kvlib.course import lab
+    from kvlib.app import lab  # noqa: PLC0415 (not in learners' folders: lab needs app/release.py)
 
     start = time.perf_counter()
     try:

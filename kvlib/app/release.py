@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import difflib
+import json
 import re
 import shutil
 import subprocess
@@ -16,11 +17,11 @@ import tempfile
 from pathlib import Path
 
 from kvlib.core.paths import ROOT
-from kvlib.course.exercises import BY_ID
+from kvlib.course.exercises import BY_ID, EXERCISES
 
 _DECORATOR = re.compile(r'^\s*@exercise\("(\d+\.\d+)"')
 # spelled in parts, so that a search for leaked solution blocks never flags this file
-_BEGIN, _END = "### BEGIN " + "SOLUTION", "### END " + "SOLUTION"
+BEGIN, END = "### BEGIN " + "SOLUTION", "### END " + "SOLUTION"
 
 
 def stub_source(solution: str) -> str:
@@ -29,7 +30,7 @@ def stub_source(solution: str) -> str:
     for line in solution.splitlines(keepends=True):
         if m := _DECORATOR.match(line):
             current = BY_ID[m.group(1)]
-        if line.strip() == _BEGIN:
+        if line.strip() == BEGIN:
             if current is None:
                 raise ValueError(f"a solution block outside an @exercise function: {line!r}")
             indent = line[: len(line) - len(line.lstrip())]
@@ -37,7 +38,7 @@ def stub_source(solution: str) -> str:
                 f'{indent}raise NotImplementedError("Exercise {current.id} (notebooks/{current.notebook}): {current.name}")\n'
             )
             skipping = True
-        elif line.strip() == _END:
+        elif line.strip() == END:
             skipping, current = False, None
         elif not skipping:
             out.append(line)
@@ -69,10 +70,6 @@ MAX_CELLS = 60
 
 def sitting(notebook: Path) -> dict:
     """Cells, markdown words, exercises, code cells and the estimated minutes of one solution notebook."""
-    import json
-
-    from kvlib.course.exercises import EXERCISES
-
     cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
     words = sum(len("".join(c["source"]).split()) for c in cells if c["cell_type"] == "markdown")
     code = sum(c["cell_type"] == "code" for c in cells)

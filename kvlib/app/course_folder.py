@@ -17,12 +17,13 @@ import secrets
 import shutil
 from pathlib import Path
 
+from kvlib.app.release import BEGIN, END, ROOT, assignments, stub_source
 from kvlib.course.exercises import EXERCISES
-from kvlib.course.release import _BEGIN, _END, ROOT, assignments, stub_source
 from kvlib.grading.submission import MAX_HELPER_BYTES, MAX_HELPERS
 
 SECRET = "grading_secret"
-_INSTRUCTOR_ONLY = {"grading", "course/release.py"}  # kvlib parts learners do not get: the grader, the release tool
+# kvlib parts learners do not get: the grader, the release tool and this course-folder builder
+_INSTRUCTOR_ONLY = {"grading", "app/release.py", "app/course_folder.py"}
 
 
 class CourseFolderExists(FileExistsError):
@@ -48,7 +49,7 @@ def _number(notebook: str) -> int:
 
 
 def _without_markers(solution: str) -> str:
-    return "".join(line for line in solution.splitlines(keepends=True) if line.strip() not in (_BEGIN, _END))
+    return "".join(line for line in solution.splitlines(keepends=True) if line.strip() not in (BEGIN, END))
 
 
 def learner_files(notebook: str, earlier: str) -> dict[str, bytes]:
@@ -108,8 +109,8 @@ def your_files(notebook: str, earlier: str) -> str:
     lines += [f"- `{f}`: Exercises {', '.join(ids)}" for f, ids in by_file.items()]
     lines += [
         "",
-        "Everything else in `kvlib/` (`core/`, `measure/`, `study/`, `course/`, `checks/`) is the course's",
-        "infrastructure: the model, measuring, figures and checks. Read it, but do not edit it: the grader",
+        "Everything else in `kvlib/` (`core/`, `course/`, `measure/`, `study/`, `checks/`, `app/`) is the course's",
+        "infrastructure: the model, figures, measuring, checks and commands. Read it, but do not edit it: the grader",
         "uses its own copy. Hand in the notebook and the files above.",
         "",
         "## Modules of your own",

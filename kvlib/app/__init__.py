@@ -1,0 +1,9 @@
+"""The commands, the top floor: what a learner, a presenter or an instructor runs.
+
+cli.py            `kvlib check | generate | bench | course | lab | present` (`python -m kvlib`)
+lab.py            JupyterLab for learners and presenters; runs solution notebooks
+release.py        learner stubs and notebooks generated from solutions/ (`kvlib course release`)
+course_folder.py  an instructor's nbgrader course folder (`kvlib course init DIR`)
+Everything below stands without it: nothing in core, course, the learner modules, measure,
+study, checks or grading imports kvlib.app.
+"""
