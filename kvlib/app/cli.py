@@ -2,7 +2,7 @@
 
 kvlib check [ID|NN] [--json]   one row per exercise: id, title, notebook, status, message
 kvlib generate PROMPT          stream the tiny model's answer, then its TTFT and TPOT
-kvlib bench NAME [--json]      cache, memory, gqa, serve, compress: measured on this machine (kvlib bench -h)
+kvlib bench NAME [--json]      cache, memory, gqa, serve, compress, fused: measured on this machine (kvlib bench -h)
 kvlib lab [NN]                 open JupyterLab on the course (learner view: nbgrader's Validate button)
 kvlib present [NN] [--check]   the solved notebooks in reference mode; --check runs them all and times each
 kvlib course release [--check] regenerate kvlib/ stubs and notebooks/ from solutions/

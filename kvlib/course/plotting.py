@@ -1232,8 +1232,6 @@ def attention_tiles(kinds, *, tile: int, seq_len: int, kv_len: int, note=None):
              tile, seq_len, kv_len: the sizes the grid was made for   note: what produced it
     Returns: the Figure; its title gives the share of score numbers computed
     """
-    from matplotlib.patches import Patch  # legend patches for the three kinds
-
     kinds = np.asarray(kinds)
     cmap = ListedColormap([PALETTE["blue"], MASKED_GREY, PALETTE["orange"]])
     rows = np.minimum(tile, seq_len - tile * np.arange(kinds.shape[0]))[:, None]

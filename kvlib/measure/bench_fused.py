@@ -18,7 +18,9 @@ import time
 
 import numpy as np
 import torch
+import torch._inductor.config as inductor_config
 import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
 
 from kvlib.core.flops import matmul_flops
 from kvlib.core.model import ModelConfig
@@ -87,8 +89,6 @@ def peak_bytes(fn, *args) -> tuple[int, object]:
 
     Every allocation and free the CPU allocator reports while fn runs, summed in the order they happened.
     """
-    from torch.profiler import ProfilerActivity, profile
-
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         out = fn(*args)
     live = peak = 0
@@ -106,7 +106,7 @@ def _qkv(n: int, heads: int = 1, head_dim: int = 64, seed: int = 0):
 
 def peak_case(n: int, tile: int = 128, head_dim: int = 64) -> tuple[dict, dict, float]:
     """Peak memory of naive and tiled (9.2) causal attention at seq_len = kv_len = n; their largest difference."""
-    from kvlib.fused import tiled_attention
+    from kvlib.fused import tiled_attention  # noqa: PLC0415 (late binding: runs the learner's code)
 
     q, k, v = _qkv(n, head_dim=head_dim)
     naive_peak, naive_out = peak_bytes(naive_attention, q, k, v)
@@ -124,7 +124,7 @@ def _available_bytes() -> int:
 
 def memory_rows(lengths=(1024, 4096, 16384), tile: int = 128, rounds: int = 3) -> dict:
     """Peak memory and time of naive, tiled (9.2) and SDPA causal attention, one head of 64, per length."""
-    from kvlib.fused import tiled_attention
+    from kvlib.fused import tiled_attention  # noqa: PLC0415 (late binding: runs the learner's code)
 
     rows, skipped = [], []
     for n in lengths:
@@ -161,7 +161,7 @@ def memory_rows(lengths=(1024, 4096, 16384), tile: int = 128, rounds: int = 3) -
 
 def flop_rows(lengths=(1024, 4096), tile: int = 128) -> list[dict]:
     """Matmul FLOPs of the tiled causal loop (9.2), counted by torch, against the naive full count (counted too)."""
-    from kvlib.fused import tiled_attention
+    from kvlib.fused import tiled_attention  # noqa: PLC0415 (late binding: runs the learner's code)
 
     rows = []
     for n in lengths:
@@ -208,8 +208,8 @@ def _decode_config(kv_len: int) -> ModelConfig:
 
 
 def _decode_ways(kv_len: int, compiled=None, seed: int = 0):
-    from kvlib.compress import int8_attention
-    from kvlib.fused import int8_folded_attention
+    from kvlib.compress import int8_attention  # noqa: PLC0415 (late binding: runs the learner's code)
+    from kvlib.fused import int8_folded_attention  # noqa: PLC0415 (late binding: runs the learner's code)
 
     config = _decode_config(kv_len)
     g = torch.Generator().manual_seed(seed)
@@ -241,8 +241,6 @@ def _decode_ways(kv_len: int, compiled=None, seed: int = 0):
 
 def _kernel_times(fn, calls: int = 5) -> dict:
     """Mean seconds per call of each inductor kernel fn runs (torch.profiler), longest first."""
-    from torch.profiler import ProfilerActivity, profile
-
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(calls):
             fn()
@@ -256,8 +254,6 @@ def decode_rows(
     """Each way's median time over interleaved rounds, its bytes read, its share of the bandwidth ceiling."""
     compiled, compile_s, compile_error = None, None, None
     if compile_it:
-        import torch._inductor.config as inductor_config
-
         inductor_fn = torch.compile(folded_reduction, dynamic=False)
 
         def compiled(*args):  # inductor's kernels named in the profiler, so the step's time can be split by kernel
