@@ -2,7 +2,7 @@
 
 kvlib check [ID|NN] [--json]   one row per exercise: id, title, notebook, status, message
 kvlib generate PROMPT          stream the tiny model's answer, then its TTFT and TPOT
-kvlib bench NAME [--json]      cache, memory, gqa, serve, compress: measured on this machine (kvlib bench -h)
+kvlib bench NAME [--json]      cache, memory, gqa, serve, compress, fused: measured on this machine (kvlib bench -h)
 kvlib lab [NN]                 open JupyterLab on the course (learner view: nbgrader's Validate button)
 kvlib present [NN] [--check]   the solved notebooks in reference mode; --check runs them all and times each
 kvlib course release [--check] regenerate kvlib/ stubs and notebooks/ from solutions/
@@ -148,6 +148,12 @@ BENCHES = {
         "smaller caches: bytes of every scheme, int8 and window quality on the tiny model, int8 vs float32 decode, MLA's two paths",
         "bench_compress",
         "format_compress",
+    ),
+    "fused": (
+        "fused attention: peak memory naive vs tiled, causal FLOPs, a decode step's attention float32 vs int8 "
+        "(copied, folded, compiled)",
+        "bench_fused",
+        "format_fused",
     ),
 }
 

@@ -8,6 +8,7 @@ bench_memory.py    `kvlib bench memory` (notebook 05): bandwidth, FLOP/s, a deco
 bench_gqa.py       `kvlib bench gqa` (notebook 06): a decode step at long context against n_kv_heads
 bench_serve.py     `kvlib bench serve` (notebook 07): static against continuous batching at equal KV memory
 bench_compress.py  `kvlib bench compress` (notebook 08): the smaller caches, in bytes and in time
+bench_fused.py     `kvlib bench fused` (notebook 09): peak memory naive vs tiled, causal FLOPs, int8 decode 4 ways
 compiled.py        kvlib's model decoding through torch.compile on a CPU (a way of `kvlib bench cache`)
 peers.py           the engines `kvlib bench cache` compares kvlib with: transformers, llama.cpp
 """

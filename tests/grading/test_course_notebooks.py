@@ -96,6 +96,7 @@ ISOLATED = list(dict((ex.notebook, ex.module) for ex in EXERCISES).items())[1:]
 EARLIER_DONE = {
     "kv_cache": ("attention", "generation"),  # 4.x use Exercise 1.3's mask and 2.1's sampling
     "roofline": ("kv_cache",),  # 5.3 uses Exercise 4.4's kv_cache_bytes
+    "fused": ("compress",),  # 9.4's cells compare with Exercise 8.2 over an Int8KVCache (8.1's quantize)
     "serving": ("gqa",),
 }  # 7.3 uses Exercise 6.2's grouped_attention
 
