@@ -2,6 +2,7 @@
 
   solutions/kvlib/<module>.py   -> kvlib/<module>.py          (solution blocks become a raise)
   solutions/NN-topic/*.ipynb    -> notebooks/NN-topic/*.ipynb (nbgrader generate_assignment)
+  kvlib/course/hints/*.md       -> each exercise's collapsed hints block in solutions/NN-topic/*.ipynb
 `kvlib course release` rewrites both; `--check` only reports what differs (the tests use it).
 """
 
@@ -16,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from kvlib.core.paths import ROOT
+from kvlib.course import hints
 from kvlib.course.exercises import BY_ID
 
 _DECORATOR = re.compile(r'^\s*@exercise\("(\d+\.\d+)"')
@@ -133,7 +135,7 @@ def _diff(old: str, new: str, name: str) -> list[str]:
 def release(check: bool = False) -> list[str]:
     """Regenerate kvlib/ stubs and notebooks/ from solutions/. With check=True write nothing and
     return the differences (an empty list means the release is up to date)."""
-    problems: list[str] = []
+    problems: list[str] = hints.sync_solution_notebooks(check)  # the hint files -> the notebooks' hints blocks
     for sol in solution_modules():
         target = ROOT / "kvlib" / sol.name
         new = stub_source(sol.read_text(encoding="utf-8"))
