@@ -25,15 +25,17 @@ from kvlib.course.exercises import exercise
 
 @exercise("8.1", validate=inputs.check_quantize)
 def quantize(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric int8: x ~= values * scale, one float32 scale for each slice of x along `dim`.
+    """Symmetric int8: x ~= values * scale, with one float32 scale for each slice of x along `dim`.
 
-    dim is the axis that SHARES a scale: keys per channel use the token axis (dim=-2), values per
-    token the channel axis (dim=-1). scale = max |x| over the slice / 127, so the largest entry maps
-    to +-127; an all-zero slice gets scale 1. Rounded to nearest, never truncated.
-    Returns: values (x's shape, torch.int8), scale (x's shape with size 1 at dim, float32)
-    Example: quantize(torch.tensor([[1.0, -2.0]]), dim=-1) -> ([[64, -127]], [[2/127]])
-
-    Hints (reference solution: 3 lines): x.abs().amax(dim, keepdim=True); torch.where; .round().clamp(-127, 127).
+    dim is the axis that SHARES a scale: keys per channel share one over the token axis (dim=-2),
+    values per token one over the channel axis (dim=-1). The slice's largest |x| maps to +-127; an
+    all-zero slice gets scale 1. Values are rounded to nearest, never truncated.
+    Args:    x: float tensor of any shape;  dim: an axis of x
+    Returns: values: x's shape, torch.int8 in [-127, 127];  scale: x's shape with size 1 at dim, float32
+    Raises:  ValueError if x is not a float tensor or dim is not one of its axes
+    Example:
+        >>> values, scale = quantize(torch.tensor([[1.0, -2.0]]), dim=-1); values.tolist(), round(scale.item() * 127, 4)
+        ([[64, -127]], 2.0)
     """
     ### BEGIN SOLUTION
     scale = x.float().abs().amax(dim=dim, keepdim=True) / 127  # (..., 1, ...): the slice's largest |x| -> 127
@@ -58,14 +60,17 @@ def int8_attention(
 ) -> torch.Tensor:
     """Causal attention of q against the first kv_len tokens of an int8 cache (grouped heads as in 6.2).
 
-    Args:    q: (batch, n_heads, seq_len, head_dim), the last seq_len of the kv_len positions
-             k_values: int8 (batch, n_kv_heads, n_groups, group, head_dim); k_scale (batch, n_kv_heads, n_groups, 1, head_dim)
-             v_values: int8 (batch, n_kv_heads, >= kv_len, head_dim); v_scale (batch, n_kv_heads, >= kv_len, 1)
-    Returns: (batch, n_heads, seq_len, head_dim). Slots past kv_len hold nothing yet: never attend to them.
-
-    Hints (reference solution: 6 lines):
-      1. dequantize (above) the keys per group, then .reshape(B, H_kv, n_groups * group, D) and keep kv_len.
-      2. F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True); mask: causal_mask(T, kv_len) if T > 1.
+    Args:    q: (batch, n_heads, seq_len, head_dim) float32, the last seq_len of the kv_len positions
+             k_values: int8 (batch, n_kv_heads, n_groups, group, head_dim), token t in group t // group;
+             k_scale: (batch, n_kv_heads, n_groups, 1, head_dim), one scale per channel per group
+             v_values: int8 (batch, n_kv_heads, >= kv_len, head_dim); v_scale: (batch, n_kv_heads, >= kv_len, 1)
+             kv_len: tokens written, <= n_groups * group; slots past it hold nothing yet
+    Returns: (batch, n_heads, seq_len, head_dim) float32, equal to float attention on dequantize(values, scale)
+    Raises:  ValueError if the shapes or dtypes do not fit together or kv_len is out of range
+    Example:
+        >>> (kq, ks), (vq, vs) = quantize(torch.randn(1, 2, 2, 4, 16), dim=-2), quantize(torch.randn(1, 2, 8, 16), dim=-1)
+        >>> int8_attention(torch.randn(1, 4, 1, 16), kq, ks, vq, vs, kv_len=6).shape
+        torch.Size([1, 4, 1, 16])
     """
     ### BEGIN SOLUTION
     B, H_kv, n_groups, group, D = k_values.shape
@@ -111,12 +116,19 @@ class SinkCache:
     def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the seq_len new tokens (positions pos, pos + 1, ...) into their slots; return the filled slots.
 
-        Slot of token p: p while p < n_sink; after that n_sink + (p - n_sink) % window, so the ring
-        reuses the oldest window slot and never touches a sink. pos stays: advance() moves it.
-        Returns: k, v: (batch, n_kv_heads, min(pos + seq_len, capacity), head_dim), slot order, views.
-
-        Hints (reference solution: 5 lines): one slot index per new token (a list or LongTensor), then
-        self.k[layer, :, :, slots] = k_new writes them all.
+        Tokens 0 ... n_sink - 1 keep slots 0 ... n_sink - 1 for good. Every later token takes a window slot
+        (n_sink ... capacity - 1) in turn, the first past the sinks slot n_sink; once all are taken, each
+        new token overwrites the oldest window token. A sink is never overwritten. pos does not move:
+        advance() moves it.
+        Args:    layer: 0 <= layer < n_layers;  k_new, v_new: (batch, n_kv_heads, seq_len, head_dim), the cache's dtype
+        Returns: k, v: (batch, n_kv_heads, min(pos + seq_len, capacity), head_dim), in slot order, views of the storage
+        Raises:  ValueError if layer is out of range or a shape does not fit the cache
+        Example:
+            >>> from kvlib.core.model import ModelConfig; cache = SinkCache(ModelConfig(vocab_size=50), n_sink=1, window=2)
+            >>> for p in range(4):
+            ...     k, _ = cache.update(0, torch.full((1, 8, 1, 16), float(p)), torch.zeros(1, 8, 1, 16)); cache.advance(1)
+            >>> k[0, 0, :, 0].tolist()  # slot order: the sink, then the ring (token 3 overwrote token 1)
+            [0.0, 3.0, 2.0]
         """
         ### BEGIN SOLUTION
         T = k_new.shape[2]
@@ -136,13 +148,14 @@ def cache_positions(n_seen: int, n_sink: int, window: int) -> torch.Tensor:
     """Rotary position of the key in every filled slot, once n_seen tokens went through a SinkCache.
 
     StreamingLLM's rule: positions count places in the cache, not in the text, so the model never sees
-    a distance longer than the cache. Sinks are 0 ... n_sink - 1; window tokens n_sink ... by age,
-    oldest first, wherever the ring put them. Before the cache is full: 0 ... n_seen - 1.
-    Example: n_sink 1, window 3, n_seen 6: slots hold tokens [0, 4, 5, 3] -> positions [0, 2, 3, 1]
-    Returns: LongTensor (min(n_seen, n_sink + window),)
-
-    Hints (reference solution: 5 lines): the oldest kept token, n_seen - window, sits in slot
-    n_sink + (n_seen - window - n_sink) % window; count ring slots from there, modulo window.
+    a distance longer than the cache. Sinks are 0 ... n_sink - 1; the window tokens n_sink ... by age,
+    oldest first, wherever the ring put them (Exercise 8.3). Before the cache is full: 0 ... n_seen - 1.
+    Args:    n_seen: tokens written so far, >= 1;  n_sink >= 0, window >= 1: the SinkCache's sizes
+    Returns: LongTensor (min(n_seen, n_sink + window),), slot order
+    Raises:  ValueError if a size is out of range
+    Example:
+        >>> cache_positions(6, 1, 3).tolist()  # slots hold tokens [0, 4, 5, 3]
+        [0, 2, 3, 1]
     """
     ### BEGIN SOLUTION
     if n_seen <= n_sink + window:
@@ -161,13 +174,17 @@ def cache_positions(n_seen: int, n_sink: int, window: int) -> torch.Tensor:
 def mla_reconstruct(q_nope, q_rope, latent, k_rope, w_uk, w_uv) -> torch.Tensor:
     """MLA the direct way: rebuild every head's keys and values from the cached latents, then attend.
 
-    k_nope[h] = latent @ w_uk[h]^T, v[h] = latent @ w_uv[h]^T; score = (q_nope . k_nope + q_rope . k_rope)
-    / sqrt(nope_dim + rope_dim), k_rope shared by all heads; causal, queries the last seq_len positions.
-    Args: q_nope (B, H, T, Dn), q_rope (B, H, T, Dr) rotated; latent (B, S, r); k_rope (B, S, Dr) rotated;
-          w_uk (H, Dn, r), w_uv (H, Dv, r).   Returns: (B, H, T, Dv)
-
-    Hints (reference solution: 7 lines): torch.einsum("bsr,hdr->bhsd", latent, w_uk); k_rope[:, None]
-    broadcasts over heads; causal_mask(T, S) when T > 1.
+    Head h's keys are latent @ w_uk[h]^T (no rotary part), its values latent @ w_uv[h]^T; its score of
+    key s is (q_nope . k_nope + q_rope . k_rope[s]) / sqrt(Dn + Dr), with k_rope shared by all heads.
+    Causal: the queries are the last T of the S positions.
+    Args:    q_nope (B, H, T, Dn), q_rope (B, H, T, Dr) rotated;  latent (B, S, r);  k_rope (B, S, Dr) rotated;
+             w_uk (H, Dn, r), w_uv (H, Dv, r); one float dtype
+    Returns: (B, H, T, Dv)
+    Raises:  ValueError if the shapes do not fit together or T > S
+    Example:
+        >>> args = torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 2), torch.randn(1, 5, 3), torch.randn(1, 5, 2)
+        >>> mla_reconstruct(*args, torch.randn(2, 4, 3), torch.randn(2, 4, 3)).shape  # B 1, H 2, T 1, S 5, Dv 4
+        torch.Size([1, 2, 1, 4])
     """
     ### BEGIN SOLUTION
     T, S = q_nope.shape[2], latent.shape[1]
@@ -187,11 +204,16 @@ def mla_reconstruct(q_nope, q_rope, latent, k_rope, w_uk, w_uv) -> torch.Tensor:
 def mla_absorbed(q_nope, q_rope, latent, k_rope, w_uk, w_uv) -> torch.Tensor:
     """MLA as DeepSeek serves it: w_uk folded into the query, w_uv applied after, attention in latent space.
 
-    q_nope . (w_uk[h] c) = (w_uk[h]^T q_nope) . c, and sum_s p_s (w_uv[h] c_s) = w_uv[h] (sum_s p_s c_s):
-    no per-head key or value is ever built. Same arguments and result as mla_reconstruct (8.5).
-
-    Hints (reference solution: 7 lines): q_latent = einsum("bhtd,hdr->bhtr", q_nope, w_uk); einsum it with
-    latent (B, S, r), not latent[:, None] @ (a broadcasting matmul copies it per head); then w_uv per head.
+    The same arguments and result as mla_reconstruct (Exercise 8.5), using q_nope . (w_uk[h] c) =
+    (w_uk[h]^T q_nope) . c and sum_s p_s (w_uv[h] c_s) = w_uv[h] (sum_s p_s c_s): no per-head key or
+    value is ever built, and the latents are never copied out per head (the checks watch what it allocates).
+    Args:    as mla_reconstruct
+    Returns: (B, H, T, Dv), equal to mla_reconstruct's up to rounding
+    Raises:  ValueError if the shapes do not fit together or T > S
+    Example:
+        >>> args = [torch.randn(*s) for s in ((1, 2, 3, 4), (1, 2, 3, 2), (1, 5, 3), (1, 5, 2), (2, 4, 3), (2, 4, 3))]
+        >>> torch.allclose(mla_absorbed(*args), mla_reconstruct(*args), atol=1e-5)
+        True
     """
     ### BEGIN SOLUTION
     T, S = q_nope.shape[2], latent.shape[1]
