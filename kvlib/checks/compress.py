@@ -267,7 +267,9 @@ def sink_cache_keeps_sinks_and_last_window(kv, rng):
                     k, torch.stack([tokens[slots[s]][0] for s in range(filled)], 2)
                 ):
                     raise AssertionError(f"after {pos + T} tokens: {m}")
-            first = [i for i in range(filled) if torch.equal(k[:, :, i], tokens[n_sink][0])] if pos + T > n_sink else [0]
+            first = (
+                [i for i in range(filled) if torch.equal(k[:, :, i], tokens[n_sink][0])] if pos + T > n_sink else [0]
+            )
             if n_sink not in first:
                 raise AssertionError(
                     f"after {pos + T} tokens: the first token past the sinks (token {n_sink}) should sit in slot "
