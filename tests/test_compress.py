@@ -1,7 +1,9 @@
 """kvlib/compress.py (notebook 08): int8 keys and values, the rolling cache with sinks, MLA two ways; the
-caches through the model, other correct ways passing the checks, likely slips named, bad input, the
-bytes table and the benchmark's shape of report.
+caches through the model, bad input, the bytes table and the benchmark's shape of report.
 
+The check tests go under two names, built with conftest.handed_in: ALTERNATIVES
+(correct implementations in another shape, which pass every check of their exercise), SLIPS (likely
+wrong ones, which fail the check or exercise named, with a message naming the slip).
 Runs in reference mode (conftest). No test asserts on time."""
 
 import math
@@ -11,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import handed_in
+from conftest import case_ids, check_failures, handed_in
 
 from kvlib import compress
 from kvlib.checks import checks_for, run
@@ -127,7 +129,8 @@ def test_sink_cache_equals_kv_cache_until_it_fills():
 
 
 def test_sink_attention_equals_attention_over_kept_tokens_at_cache_positions():
-    """Check the decode step after eviction: attention over [sinks, last window] as a fresh sequence at places 0 ... S-1."""
+    """Check that the decode step after eviction equals attention over [sinks, last window] as a fresh
+    sequence at places 0 ... S-1."""
     model = _tiny(n_kv_heads=6)
     attn, n_sink, window = model.layers[0].attn, 2, 4
     x = torch.randn(1, 11, 48)
@@ -202,16 +205,11 @@ def _module(**replaced) -> types.SimpleNamespace:
 
 
 def _messages(ex_id: str, **replaced) -> list[str]:
-    out = []
-    for check in checks_for(BY_ID[ex_id]):
-        try:
-            check.fn(_module(**replaced), np.random.default_rng(0))
-            out.append("")
-        except AssertionError as err:
-            out.append(str(err) or "assertion")
-        except Exception as err:  # a crash in the code under test is a failure too
-            out.append(f"{type(err).__name__}: {err}")
-    return out
+    """The failure messages of the exercise's failing checks; a crash in the code under test is a failure too."""
+    return [
+        (str(err) or "assertion") if isinstance(err, AssertionError) else f"{type(err).__name__}: {err}"
+        for _, err in check_failures(ex_id, _module(**replaced))
+    ]
 
 
 def quantize_multiply(x, dim):  # multiply by 127 / max instead of dividing by max / 127
@@ -514,52 +512,63 @@ def absorbed_no_rope(q_nope, q_rope, latent, k_rope, w_uk, w_uv):
     return compress.mla_absorbed(q_nope, torch.zeros_like(q_rope), latent, k_rope, w_uk, w_uv)
 
 
-ALTERNATIVES = {
-    "8.1": ("quantize", [quantize_multiply, quantize_moved_axis, quantize_float64]),
-    "8.2": ("int8_attention", [int8_fold_scales, int8_einsum, int8_repeat]),
-    "8.3": ("SinkCache", [SinkTensorSlots, SinkLoop, SinkBranch]),
-    "8.4": ("cache_positions", [positions_loop, positions_argsort, positions_roll]),
-    "8.5": ("mla_reconstruct", [mla_concat_sdpa, mla_per_head, mla_float64]),
-    "8.6": ("mla_absorbed", [absorbed_matmul, absorbed_folded_rope, absorbed_float64]),
-}
-_ALT = [(ex, name, fn) for ex, (name, fns) in ALTERNATIVES.items() for fn in fns]
-
-
-@pytest.mark.parametrize("ex_id, name, fn", _ALT, ids=[f"{c[0]}-{c[2].__name__}" for c in _ALT])
-def test_other_correct_implementations_pass(ex_id, name, fn):
-    """Check that a correct implementation written another way passes every check of its exercise."""
-    failures = [m for m in _messages(ex_id, **{name: fn}) if m]
-    assert not failures, failures
-
-
-SLIPS = [
-    ("8.1", "quantize", quantize_transposed, "wrong axis"),
-    ("8.1", "quantize", quantize_truncate, "truncated toward zero"),
-    ("8.1", "quantize", quantize_255, "255"),
-    ("8.1", "quantize", quantize_nan_on_zeros, "0/0 is nan"),
-    ("8.2", "int8_attention", int8_no_scales, "without their scales"),
-    ("8.2", "int8_attention", int8_all_slots, "past kv_len"),
-    ("8.2", "int8_attention", int8_top_left, "top-left"),
-    ("8.3", "SinkCache", SinkOverSinks, "runs over the sinks"),
-    ("8.3", "SinkCache", SinkAdvances, "moved pos"),
-    ("8.3", "SinkCache", SinkWholeBuffer, "filled slots"),
-    ("8.4", "cache_positions", positions_text, "positions in the text"),
-    ("8.4", "cache_positions", positions_slot_order, "slot order"),
-    ("8.4", "cache_positions", positions_reversed, "by age, oldest first"),
-    ("8.5", "mla_reconstruct", mla_no_rope, "rotary part is left out"),
-    ("8.5", "mla_reconstruct", mla_nope_scale, "sqrt(nope_dim)"),
-    ("8.5", "mla_reconstruct", mla_top_left, "top-left"),
-    ("8.6", "mla_absorbed", absorbed_is_reconstruct, "per-head keys or values"),
-    ("8.6", "mla_absorbed", absorbed_broadcast, "per-head keys or values"),
-    ("8.6", "mla_absorbed", absorbed_no_rope, "rotary part is left out"),
+ALTERNATIVES = [
+    ("8.1", {"quantize": quantize_multiply}),
+    ("8.1", {"quantize": quantize_moved_axis}),
+    ("8.1", {"quantize": quantize_float64}),
+    ("8.2", {"int8_attention": int8_fold_scales}),
+    ("8.2", {"int8_attention": int8_einsum}),
+    ("8.2", {"int8_attention": int8_repeat}),
+    ("8.3", {"SinkCache": SinkTensorSlots}),
+    ("8.3", {"SinkCache": SinkLoop}),
+    ("8.3", {"SinkCache": SinkBranch}),
+    ("8.4", {"cache_positions": positions_loop}),
+    ("8.4", {"cache_positions": positions_argsort}),
+    ("8.4", {"cache_positions": positions_roll}),
+    ("8.5", {"mla_reconstruct": mla_concat_sdpa}),
+    ("8.5", {"mla_reconstruct": mla_per_head}),
+    ("8.5", {"mla_reconstruct": mla_float64}),
+    ("8.6", {"mla_absorbed": absorbed_matmul}),
+    ("8.6", {"mla_absorbed": absorbed_folded_rope}),
+    ("8.6", {"mla_absorbed": absorbed_float64}),
 ]
 
 
-@pytest.mark.parametrize("ex_id, name, fake, words", SLIPS, ids=[f"{s[0]}-{s[2].__name__}" for s in SLIPS])
-def test_check_names_the_known_mistake(ex_id, name, fake, words):
+@pytest.mark.parametrize("ex_id, replaced", ALTERNATIVES, ids=case_ids(ALTERNATIVES))
+def test_alternative_passes_every_check(ex_id, replaced):
+    """Check that a correct implementation written another way passes every check of its exercise."""
+    failures = _messages(ex_id, **replaced)
+    assert not failures, failures
+
+
+SLIPS = [  # (exercise, replaced function, words a failure must contain)
+    ("8.1", {"quantize": quantize_transposed}, "wrong axis"),
+    ("8.1", {"quantize": quantize_truncate}, "truncated toward zero"),
+    ("8.1", {"quantize": quantize_255}, "255"),
+    ("8.1", {"quantize": quantize_nan_on_zeros}, "0/0 is nan"),
+    ("8.2", {"int8_attention": int8_no_scales}, "without their scales"),
+    ("8.2", {"int8_attention": int8_all_slots}, "past kv_len"),
+    ("8.2", {"int8_attention": int8_top_left}, "top-left"),
+    ("8.3", {"SinkCache": SinkOverSinks}, "runs over the sinks"),
+    ("8.3", {"SinkCache": SinkAdvances}, "moved pos"),
+    ("8.3", {"SinkCache": SinkWholeBuffer}, "filled slots"),
+    ("8.4", {"cache_positions": positions_text}, "positions in the text"),
+    ("8.4", {"cache_positions": positions_slot_order}, "slot order"),
+    ("8.4", {"cache_positions": positions_reversed}, "by age, oldest first"),
+    ("8.5", {"mla_reconstruct": mla_no_rope}, "rotary part is left out"),
+    ("8.5", {"mla_reconstruct": mla_nope_scale}, "sqrt(nope_dim)"),
+    ("8.5", {"mla_reconstruct": mla_top_left}, "top-left"),
+    ("8.6", {"mla_absorbed": absorbed_is_reconstruct}, "per-head keys or values"),
+    ("8.6", {"mla_absorbed": absorbed_broadcast}, "per-head keys or values"),
+    ("8.6", {"mla_absorbed": absorbed_no_rope}, "rotary part is left out"),
+]
+
+
+@pytest.mark.parametrize("ex_id, replaced, words", SLIPS, ids=case_ids(SLIPS))
+def test_slip_is_rejected_naming_it(ex_id, replaced, words):
     """Check that a likely slip fails its exercise's checks with a message naming it."""
-    failures = [m for m in _messages(ex_id, **{name: fake}) if m]
-    assert failures, f"{fake.__name__} passed every check of {ex_id}"
+    failures = _messages(ex_id, **replaced)
+    assert failures, f"{next(iter(replaced.values())).__name__} passed every check of {ex_id}"
     assert any(words in m for m in failures), failures
 
 
@@ -568,7 +577,8 @@ def test_check_names_the_known_mistake(ex_id, name, fake, words):
 
 
 def test_bytes_per_token_match_published_figures():
-    """Check Llama-3-8B's 128 KiB per token in 16-bit, int8 at about half, and DeepSeek-V2's 576 numbers per layer."""
+    """Check that bytes per token match the published figures: Llama-3-8B's 128 KiB in 16-bit, int8 at about
+    half, and DeepSeek-V2's 576 numbers per layer."""
     from kvlib.core.configs import MLA_MODELS, REAL_MODELS
 
     llama = REAL_MODELS["Llama-3-8B"].config
@@ -583,7 +593,8 @@ def test_bytes_per_token_match_published_figures():
 
 
 def test_mla_saving_against_deepseek_67b_is_the_papers_93_percent():
-    """Check DeepSeek-V2's "93.3% less KV cache" against DeepSeek 67B: latents at ~6 bits against 67B's GQA in 16-bit."""
+    """Check that MLA saves DeepSeek-V2's "93.3% less KV cache" against DeepSeek 67B: latents at ~6 bits
+    against 67B's GQA in 16-bit."""
     from kvlib.core.configs import DEEPSEEK_67B, MLA_MODELS
 
     v2, old = MLA_MODELS["DeepSeek-V2"], DEEPSEEK_67B.config
@@ -600,7 +611,7 @@ def test_window_cache_never_outweighs_small_windows():
 
 
 def test_mla_flop_formula_matches_torch_flop_counter():
-    """Check mla_step_cost's FLOPs against torch.utils.flop_counter on the reference 8.5 and 8.6."""
+    """Check that mla_step_cost's FLOPs equal torch.utils.flop_counter's on the reference 8.5 and 8.6."""
     for path, counts in bench_compress.mla_counted_flops().items():
         assert counts["counted"] == counts["formula"], (path, counts)
 
@@ -633,7 +644,7 @@ def test_bench_compress_quick_reports_every_part():
 
 
 def test_cache_schemes_figure_is_labelled_and_uses_the_palette():
-    """Check the workshop figure: labelled x axis, a title with the ratio, the course's colours."""
+    """Check that the workshop figure has a labelled x axis, a title with the ratio, and the course's colours."""
     from kvlib.course import plotting
 
     fig = plotting.cache_schemes(

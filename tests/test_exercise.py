@@ -104,7 +104,8 @@ def test_unfinished_dependency_names_the_exercise_to_do_first(learner_mode):
 
 
 def test_kvlib_check_json_in_both_modes():
-    """Check `kvlib check --json`: every exercise passes in reference mode and is todo in learner mode."""
+    """Check that `kvlib check --json` reports every exercise passing in reference mode and todo in learner
+    mode."""
     ref = run_kvlib("check", "--json", env={"KVLIB_SOLUTIONS": "1"})
     assert ref.returncode == 0, ref.stderr
     rows = json.loads(ref.stdout)

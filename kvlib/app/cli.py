@@ -3,7 +3,7 @@
 kvlib check [ID|NN] [--json]   one row per exercise: id, title, notebook, status, message
 kvlib hint ID [--level N]      the next hint of one exercise, only when asked (--reset starts again)
 kvlib generate PROMPT          stream the tiny model's answer, then its TTFT and TPOT
-kvlib bench NAME [--json]      cache, memory, gqa: measured on this machine (kvlib bench -h)
+kvlib bench NAME [--json]      cache, memory, gqa, serve, compress: measured on this machine (kvlib bench -h)
 kvlib lab [NN]                 open JupyterLab on the course (learner view: nbgrader's Validate button)
 kvlib present [NN] [--check]   the solved notebooks in reference mode; --check runs them all and times each
 kvlib course release [--check] regenerate kvlib/ stubs and notebooks/ from solutions/
@@ -139,7 +139,7 @@ def cmd_generate(args) -> int:
     return 0
 
 
-# kvlib bench NAME: help, then the module kvlib.measure.bench_NAME with its measuring function and
+# kvlib bench NAME: help, then the module kvlib.measure.bench_<name> with its measuring function and
 # formatter; each function takes threads= and quick= and returns a JSON-ready record
 BENCHES = {
     "cache": (

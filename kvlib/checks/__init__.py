@@ -1,5 +1,7 @@
 """The checks behind `kvlib check`, the notebooks' graded cells and the tests.
 
+<module>.py  one per learner module of the exercise table (CHECK_MODULES): @check functions, one
+             property of one exercise each
 Each check tests one property of one exercise, compares against a library op (numpy, torch) or
 the hand-worked example of notebook 01, and fails with a message that names the likely mistake.
 A check takes the module under test (so tests can hand it a deliberately wrong one) and a
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvlib.course.exercises import BY_ID, EXERCISES, Exercise, ExerciseNotDone
+from kvlib.course.exercises import BY_ID, EXERCISES, LEARNER_MODULES, Exercise, ExerciseNotDone
 from kvlib.course.hints import stuck
 
 BY_NAME = {(ex.module, ex.name.split(".")[-1]): ex for ex in EXERCISES}  # (module, function) -> exercise
@@ -36,16 +38,7 @@ class Check:
 
 
 CHECKS: dict[str, Check] = {}  # by name, in registration (= course) order
-_CHECK_MODULES = {
-    "attention",
-    "generation",
-    "recompute",
-    "kv_cache",
-    "roofline",
-    "gqa",
-    "serving",
-    "compress",
-}  # kvlib.checks.<module> for every exercise module
+CHECK_MODULES = LEARNER_MODULES  # kvlib.checks.<module> for every learner module of the exercise table
 
 
 def check(exercise_id: str):
@@ -61,7 +54,7 @@ def check(exercise_id: str):
 
 
 def _load_all() -> None:
-    for module in sorted(_CHECK_MODULES):
+    for module in CHECK_MODULES:
         importlib.import_module(f"kvlib.checks.{module}")
 
 

@@ -80,6 +80,7 @@ EXERCISES: tuple[Exercise, ...] = (
 )
 BY_ID = {ex.id: ex for ex in EXERCISES}
 NOTEBOOKS = tuple(dict.fromkeys(ex.notebook for ex in EXERCISES))
+LEARNER_MODULES = tuple(dict.fromkeys(ex.module for ex in EXERCISES))  # kvlib/<module>.py, in course order
 
 
 def select(selector: str | None = None) -> list[Exercise]:

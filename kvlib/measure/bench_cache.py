@@ -85,8 +85,8 @@ def _summary(values: list[float]) -> dict:
 def _model_ways(model, threads: int, n_ctx: int, folder: Path, llama: bool, compiled: bool) -> tuple[dict, dict]:
     """way name -> run(ids, n) for one model, and what could not run (way -> why)."""
     from kvlib.core.weights import to_transformers
-    from kvlib.generation import generate
-    from kvlib.kv_cache import generate_cached
+    from kvlib.generation import generate  # noqa: PLC0415 (late binding: runs the learner's code)
+    from kvlib.kv_cache import generate_cached  # noqa: PLC0415 (late binding: runs the learner's code)
 
     hf = to_transformers(model)
     # the same model with every weight row after row in memory (nn.Linear's default) instead of the order

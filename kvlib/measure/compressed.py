@@ -60,7 +60,7 @@ class Int8KVCache:
 
     def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> None:
         """Quantise and store one layer's new keys and values (batch, n_kv_heads, seq_len, head_dim) at pos."""
-        from kvlib.compress import quantize
+        from kvlib.compress import quantize  # noqa: PLC0415 (late binding: runs the learner's code)
 
         start, T, G = self.pos, k_new.shape[2], self.group
         if start + T > self.max_seq_len:
@@ -93,7 +93,7 @@ class Int8KVCache:
 
 def int8_cached_attention(attn, x: torch.Tensor, cache: Int8KVCache, layer: int, rope_cos, rope_sin) -> torch.Tensor:
     """One layer's attention through an Int8KVCache: quantise the new keys and values, attend with 8.2."""
-    from kvlib.compress import int8_attention
+    from kvlib.compress import int8_attention  # noqa: PLC0415 (late binding: runs the learner's code)
 
     B, T, _ = x.shape
     cos, sin = rope_cos[cache.pos : cache.pos + T], rope_sin[cache.pos : cache.pos + T]  # absolute positions
@@ -109,7 +109,7 @@ def int8_cached_attention(attn, x: torch.Tensor, cache: Int8KVCache, layer: int,
 
 def sink_attention(attn, x: torch.Tensor, cache, layer: int, rope_cos, rope_sin) -> torch.Tensor:
     """One layer's attention through a SinkCache: keys stored unrotated, rotated at their cache positions (8.4)."""
-    from kvlib.compress import cache_positions
+    from kvlib.compress import cache_positions  # noqa: PLC0415 (late binding: runs the learner's code)
 
     B, T, _ = x.shape
     still = torch.ones(T, attn.head_dim, device=x.device), torch.zeros(T, attn.head_dim, device=x.device)  # rotate by 0

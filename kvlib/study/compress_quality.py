@@ -43,7 +43,7 @@ def int8_agreement(model: Decoder, tokenizer, stride: int = 48, limit: int | Non
     the float32 cache's, both fed the float32 cache's continuation. answer_*: the first tokens of the
     continuation spell the expected capital.
     """
-    from kvlib.kv_cache import KVCache  # the learner's (notebook 04), looked up when it runs
+    from kvlib.kv_cache import KVCache  # noqa: PLC0415 (late binding: runs the learner's code)
 
     agree = total = right_f = right_q = same_seq = 0
     prompts = _prompts(tokenizer, stride, limit)
@@ -90,8 +90,8 @@ def window_study(
 ) -> dict:
     """Loss by position band: the full float32 cache, int8, a window of `capacity` tokens, and n_sink sinks plus
     capacity - n_sink recent tokens (the same cache size), on held-out rows longer than the window."""
-    from kvlib.compress import SinkCache
-    from kvlib.kv_cache import KVCache
+    from kvlib.compress import SinkCache  # noqa: PLC0415 (late binding: runs the learner's code)
+    from kvlib.kv_cache import KVCache  # noqa: PLC0415 (late binding: runs the learner's code)
 
     rows = held_out_rows(tokenizer, n_rows, seq_len)
     B = rows.shape[0]
