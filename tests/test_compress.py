@@ -353,6 +353,24 @@ class SinkOverSinks(compress.SinkCache):
         return self.k[layer, :, :, :n], self.v[layer, :, :, :n]
 
 
+class SinkRingOffByOne(compress.SinkCache):  # the first token past the sinks lands in the ring's last slot
+    def update(self, layer, k_new, v_new):
+        slots = [
+            p if p < self.n_sink else self.n_sink + (p - self.n_sink - 1) % self.window
+            for p in range(self.pos, self.pos + k_new.shape[2])
+        ]
+        self.k[layer, :, :, slots], self.v[layer, :, :, slots] = k_new, v_new
+        n = min(self.pos + k_new.shape[2], self.capacity)
+        return self.k[layer, :, :, :n], self.v[layer, :, :, :n]
+
+
+def positions_oldest_off_by_one(n_seen, n_sink, window):
+    if n_seen <= n_sink + window:
+        return torch.arange(n_seen)
+    oldest = (n_seen - window - n_sink + 1) % window  # one slot past the oldest kept token
+    return torch.cat([torch.arange(n_sink), n_sink + (torch.arange(window) - oldest) % window])
+
+
 class SinkAdvances(compress.SinkCache):  # moves pos itself
     def update(self, layer, k_new, v_new):
         out = compress.SinkCache.update(self, layer, k_new, v_new)
@@ -561,6 +579,8 @@ SLIPS = [  # (exercise, replaced function, words a failure must contain)
     ("8.6", {"mla_absorbed": absorbed_is_reconstruct}, "per-head keys or values"),
     ("8.6", {"mla_absorbed": absorbed_broadcast}, "per-head keys or values"),
     ("8.6", {"mla_absorbed": absorbed_no_rope}, "rotary part is left out"),
+    ("8.3", {"SinkCache": SinkRingOffByOne}, "first token past the sinks"),
+    ("8.4", {"cache_positions": positions_oldest_off_by_one}, "count from the oldest kept token's slot"),
 ]
 
 
