@@ -15,7 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from kvlib.core.model import causal_mask
+from kvlib.core.model import causal_mask_tensor
 from kvlib.course import inputs
 from kvlib.course.exercises import exercise
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from kvlib.core.configs import gqa_bench_config
-from kvlib.core.model import Decoder, causal_mask, matrix_params
+from kvlib.core.model import Decoder, causal_mask_tensor, matrix_params
 from kvlib.measure import timing
 from kvlib.measure.machine import measure_bandwidth
 from kvlib.measure.timing import new_tensors
@@ -39,7 +39,9 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
         D
     )  # = q @ k^T, (B, H, T, S); see grouped_attention
     if T > 1:  # one query (a decode step) may attend to every key: no mask to build or apply
-        scores = scores.masked_fill(~causal_mask(T, S, device=q.device), float("-inf"))  # (T, S), True = may attend
+        scores = scores.masked_fill(
+            ~causal_mask_tensor(T, S, device=q.device), float("-inf")
+        )  # (T, S), True = may attend
     return scores.softmax(dim=-1) @ v  # (B, H, T, S) @ (B, H, S, D)
 
 
@@ -61,7 +63,7 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
     """The library's way, for comparison: scaled_dot_product_attention with enable_gqa (torch >= 2.5)."""
     T, S = q.shape[2], k.shape[2]
     # one query (a decode step) attends to every key: no mask, which also lets a GPU pick its fused kernels
-    mask = None if T == 1 else causal_mask(T, S, device=q.device)  # (T, S), True = may attend
+    mask = None if T == 1 else causal_mask_tensor(T, S, device=q.device)  # (T, S), True = may attend
     return torch.nn.functional.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1]
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kvlib.core.model import ModelConfig, apply_rotary, causal_mask
+from kvlib.core.model import ModelConfig, apply_rotary, causal_mask_tensor
 
 GROUP = 32  # tokens that share a key scale per channel: KIVI's group size (arXiv 2402.02750, section 4)
 
@@ -119,6 +119,6 @@ def sink_attention(attn, x: torch.Tensor, cache, layer: int, rope_cos, rope_sin)
     k = apply_rotary(k, rope_cos[positions], rope_sin[positions])
     newest = positions.max() - T + 1 + torch.arange(T, device=x.device)  # the new tokens' own places
     q = apply_rotary(q, rope_cos[newest], rope_sin[newest])
-    mask = None if T == 1 else causal_mask(T, k.shape[2], device=x.device)  # T > 1 only before any eviction
+    mask = None if T == 1 else causal_mask_tensor(T, k.shape[2], device=x.device)  # T > 1 only before any eviction
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=attn.n_kv_heads != attn.n_heads)
     return attn.o_proj(out.transpose(1, 2).reshape(B, T, -1))

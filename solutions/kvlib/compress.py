@@ -15,7 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from kvlib.core.model import causal_mask
+from kvlib.core.model import causal_mask_tensor
 from kvlib.course import inputs
 from kvlib.course.exercises import exercise
 
@@ -77,7 +77,7 @@ def int8_attention(
     k = dequantize(k_values, k_scale).reshape(B, H_kv, n_groups * group, D)[:, :, :kv_len]  # groups -> tokens
     v = dequantize(v_values[:, :, :kv_len], v_scale[:, :, :kv_len])  # (B, H_kv, S, D)
     T = q.shape[2]
-    mask = None if T == 1 else causal_mask(T, kv_len, device=q.device)  # (T, S), True = may attend
+    mask = None if T == 1 else causal_mask_tensor(T, kv_len, device=q.device)  # (T, S), True = may attend
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != H_kv)
     ### END SOLUTION
 
@@ -195,7 +195,7 @@ def mla_reconstruct(q_nope, q_rope, latent, k_rope, w_uk, w_uv) -> torch.Tensor:
     scores = q_nope @ k_nope.transpose(-2, -1) + q_rope @ k_rope[:, None].transpose(-2, -1)  # (B, H, T, S)
     scores = scores / math.sqrt(q_nope.shape[-1] + q_rope.shape[-1])
     if T > 1:
-        scores = scores.masked_fill(~causal_mask(T, S, device=scores.device), float("-inf"))
+        scores = scores.masked_fill(~causal_mask_tensor(T, S, device=scores.device), float("-inf"))
     return scores.softmax(dim=-1) @ v  # (B, H, T, S) @ (B, H, S, Dv)
     ### END SOLUTION
 
@@ -222,7 +222,7 @@ def mla_absorbed(q_nope, q_rope, latent, k_rope, w_uk, w_uv) -> torch.Tensor:
     scores = torch.einsum("bhtr,bsr->bhts", q_latent, latent) + torch.einsum("bhte,bse->bhts", q_rope, k_rope)
     scores = scores / math.sqrt(q_nope.shape[-1] + q_rope.shape[-1])
     if T > 1:
-        scores = scores.masked_fill(~causal_mask(T, S, device=scores.device), float("-inf"))
+        scores = scores.masked_fill(~causal_mask_tensor(T, S, device=scores.device), float("-inf"))
     out_latent = torch.einsum("bhts,bsr->bhtr", scores.softmax(dim=-1), latent)  # (B, H, T, r): latent space
     return torch.einsum("bhtr,hdr->bhtd", out_latent, w_uv)  # up-project once per query, not per token
     ### END SOLUTION
