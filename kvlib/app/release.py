@@ -76,6 +76,8 @@ def sitting(notebook: Path) -> dict:
     from kvlib.course.exercises import EXERCISES
 
     cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    # folded hints blocks are read on demand, inside an exercise's minutes, not in the sitting's text
+    cells = [c for c in cells if not str(c.get("id", "")).startswith("hints-")]
     words = sum(len("".join(c["source"]).split()) for c in cells if c["cell_type"] == "markdown")
     code = sum(c["cell_type"] == "code" for c in cells)
     exercises = sum(ex.notebook == notebook.parent.name for ex in EXERCISES)
