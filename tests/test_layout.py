@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
+from kvlib.app import cli
 from kvlib.course.exercises import EXERCISES
 
 PACKAGE = ROOT / "kvlib"
@@ -31,6 +32,15 @@ LAYERS = ["core", "course", "learner", "variants", "study", "measure", "checks",
 # learner wrote): they import a learner module only inside a function, when it runs, marked thus.
 LATE_BINDING_FLOORS = ("variants", "study", "measure")
 LATE_BINDING = "# noqa: PLC0415 (late binding"
+# Every deliberate import inside a function says why, in one form (pyproject.toml, [tool.ruff.lint]).
+NOQA_REASONS = (
+    "late binding",
+    "optional dependency",
+    "start-up time",
+    "not in learners' folders",
+    "isolated child",
+    "against the floors",
+)
 # Imports against the order, each with its reason. The test fails on one not listed here, and on a
 # listed one that no import uses any more (delete it then); an entry naming a module that no longer
 # exists (it moved) is ignored.
@@ -188,6 +198,20 @@ def test_floors_above_the_learner_import_its_modules_only_when_they_run():
     assert not bad, "learner modules imported by the floors above them:\n  " + "\n  ".join(bad)
 
 
+def test_every_import_inside_a_function_says_why_in_one_form():
+    """Check that every `# noqa: PLC0415` in kvlib/ and solutions/kvlib/ reads `(<reason>: <detail>)`,
+    the reason one of NOQA_REASONS."""
+    form = re.compile(r"# noqa: PLC0415 \((?:" + "|".join(map(re.escape, NOQA_REASONS)) + r"): [^)]+\)")
+    bad = []
+    for path in [*MODULES.values(), *sorted((ROOT / "solutions" / "kvlib").glob("*.py"))]:
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if "PLC0415" in line and not form.search(line):
+                bad.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
+    assert not bad, f"say why as `# noqa: PLC0415 (<reason>: <detail>)`, a reason of {NOQA_REASONS}:\n  " + "\n  ".join(
+        bad
+    )
+
+
 def test_core_imports_only_core():
     """Check that the bottom floor stands on its own: kvlib.core imports nothing else of kvlib."""
     for name, path in MODULES.items():
@@ -272,8 +296,6 @@ def test_subpackage_docstring_names_each_of_its_files(init):
 
 def test_cli_docstring_names_every_command_and_benchmark(capsys):
     """Check that the `kvlib` command's docstring (its map) names each subcommand and each `kvlib bench` NAME."""
-    from kvlib.app import cli  # noqa: PLC0415 (the layout tests import no command at collection)
-
     with pytest.raises(SystemExit):
         cli.main(["-h"])
     commands = re.search(r"\{([\w,]+)\}", capsys.readouterr().out).group(1).split(",")

@@ -13,10 +13,17 @@ kvlib course init DIR          an nbgrader course folder for instructors (docs/i
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import shutil
+import statistics
 import sys
 import textwrap
+import time
+
+from kvlib import checks
+from kvlib.course import hints
+from kvlib.course.exercises import ExerciseNotDone, solutions_enabled
 
 
 def _table(results) -> str:
@@ -37,14 +44,10 @@ def _table(results) -> str:
 
 
 def _reference_mode() -> bool:
-    from kvlib.course.exercises import solutions_enabled
-
     return solutions_enabled()
 
 
 def cmd_check(args) -> int:
-    from kvlib import checks
-
     try:
         results = checks.run(args.selector, seed=args.seed)
     except ValueError as err:
@@ -59,8 +62,6 @@ def cmd_check(args) -> int:
 
 def cmd_hint(args) -> int:
     """The next hint of one exercise (kvlib.course.hints: the levels seen are remembered per exercise)."""
-    from kvlib.course import hints
-
     try:
         if args.reset:
             hints.reset(args.exercise)
@@ -79,15 +80,11 @@ class _Stop(Exception):
 
 
 def cmd_generate(args) -> int:
-    import statistics
-    import time
+    import torch  # noqa: PLC0415 (start-up time: torch only for the commands that run a model)
 
-    import torch
-
-    from kvlib.core.weights import load_tiny
-    from kvlib.course.exercises import ExerciseNotDone
-    from kvlib.generation import generate
-    from kvlib.measure.timing import environment, num_threads
+    from kvlib.core.weights import load_tiny  # noqa: PLC0415 (start-up time: torch only for the commands that run a model)
+    from kvlib.generation import generate  # noqa: PLC0415 (late binding: runs the learner's code)
+    from kvlib.measure.timing import environment, num_threads  # noqa: PLC0415 (start-up time: torch only for the commands that run a model)
 
     args.prompt = args.prompt.replace("\\n", "\n")  # a typed \n is a newline, as in the course's prompts
     try:
@@ -173,9 +170,6 @@ BENCHES = {
 
 
 def cmd_bench(args) -> int:
-    import importlib
-    import json
-
     if args.threads < 1:
         print("kvlib bench: --threads must be at least 1", file=sys.stderr)
         return 2
@@ -211,9 +205,9 @@ def cmd_bench(args) -> int:
 
 
 def cmd_course_release(args) -> int:
-    from kvlib.app import release as course
+    from kvlib.app import release  # noqa: PLC0415 (not in learners' folders: instructor only)
 
-    problems = course.release(check=args.check)
+    problems = release.release(check=args.check)
     if problems:
         print("\n".join(problems))
         if args.check:
@@ -226,7 +220,7 @@ def cmd_course_release(args) -> int:
 
 
 def cmd_course_init(args) -> int:
-    from kvlib.app.course_folder import CourseFolderExists, init_course
+    from kvlib.app.course_folder import CourseFolderExists, init_course  # noqa: PLC0415 (not in learners' folders: instructor only)
 
     try:
         written = init_course(args.dir, earlier=args.earlier, force=args.force, course_id=args.course_id)
@@ -239,7 +233,7 @@ def cmd_course_init(args) -> int:
 
 
 def cmd_lab(args) -> int:
-    from kvlib.app import lab
+    from kvlib.app import lab  # noqa: PLC0415 (not in learners' folders: lab needs app/release.py)
 
     try:
         return lab.launch(
@@ -256,9 +250,7 @@ def cmd_present(args) -> int:
             print("kvlib present: --figures saves the figures of a --check run; add --check", file=sys.stderr)
             return 2
         return cmd_lab(args)
-    import time
-
-    from kvlib.app import lab
+    from kvlib.app import lab  # noqa: PLC0415 (not in learners' folders: lab needs app/release.py)
 
     start = time.perf_counter()
     try:

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import difflib
+import json
 import re
 import shutil
 import subprocess
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from kvlib.core.paths import ROOT
 from kvlib.course import hints
-from kvlib.course.exercises import BY_ID
+from kvlib.course.exercises import BY_ID, EXERCISES
 
 _DECORATOR = re.compile(r'^\s*@exercise\("(\d+\.\d+)"')
 # spelled in parts, so that a search for leaked solution blocks never flags this file
@@ -71,10 +72,6 @@ MAX_CELLS = 60
 
 def sitting(notebook: Path) -> dict:
     """Cells, markdown words, exercises, code cells and the estimated minutes of one solution notebook."""
-    import json
-
-    from kvlib.course.exercises import EXERCISES
-
     cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
     # folded hints blocks are read on demand, inside an exercise's minutes, not in the sitting's text
     cells = [c for c in cells if not str(c.get("id", "")).startswith("hints-")]

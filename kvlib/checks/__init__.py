@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvlib.course.exercises import BY_ID, EXERCISES, LEARNER_MODULES, Exercise, ExerciseNotDone
+from kvlib.course.exercises import BY_ID, EXERCISES, LEARNER_MODULES, Exercise, ExerciseNotDone, select
 from kvlib.course.hints import stuck
 
 BY_NAME = {(ex.module, ex.name.split(".")[-1]): ex for ex in EXERCISES}  # (module, function) -> exercise
@@ -205,8 +205,6 @@ def run_exercise(ex: Exercise, *, seed: int = 0, timeout: float | None = 60) -> 
 
 
 def run(selector: str | None = None, **kwargs) -> list[Result]:
-    from kvlib.course.exercises import select
-
     return [run_exercise(ex, **kwargs) for ex in select(selector)]
 
 

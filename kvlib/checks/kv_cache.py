@@ -23,6 +23,7 @@ from kvlib.checks import check
 from kvlib.core.configs import REAL_MODELS
 from kvlib.core.flops import matmul_flops
 from kvlib.core.model import Decoder, ModelConfig, matrix_params
+from kvlib.core.weights import load_tiny
 from kvlib.measure.timing import new_tensors
 
 CONFIG = ModelConfig(vocab_size=29, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, hidden_dim=40, max_seq_len=48)
@@ -522,8 +523,6 @@ def generate_cached_uses_the_cache(kv, rng):
 @check("4.5")
 def generate_cached_answers_the_seed_question(kv, rng):
     """Check that the shipped model with the cache continues 法国的首都是 with 巴黎, streaming each token."""
-    from kvlib.core.weights import load_tiny
-
     model, tokenizer = load_tiny()
     ids = torch.tensor([tokenizer.encode("法国的首都是")])
     seen = []

@@ -11,6 +11,7 @@ masks, rope scaling.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -419,8 +420,6 @@ class SlowDecoder(Decoder):
         namespaces: modules or functions whose globals imported a clock by name (from time import
         perf_counter) and should read the fake one too.
         """
-        import sys
-
         seconds = {"perf_counter": lambda: self.now, "monotonic": lambda: self.now, "time": lambda: 1.7e9 + self.now}
         fakes = {
             **seconds,

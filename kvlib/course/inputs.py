@@ -33,7 +33,7 @@ def positive_int(name: str, n) -> int:
 
 
 def _is_tensor(x) -> bool:
-    import torch  # here, not at the top: see the module docstring
+    import torch  # noqa: PLC0415 (start-up time: notebook 01 runs without torch)
 
     return isinstance(x, torch.Tensor)
 
@@ -210,7 +210,7 @@ _FLOAT16 = object()  # stands for the default dtype, torch.float16, without impo
 
 
 def check_dtype(dtype):
-    import torch
+    import torch  # noqa: PLC0415 (start-up time: notebook 01 runs without torch)
 
     if dtype is not _FLOAT16 and not isinstance(dtype, torch.dtype):
         raise ValueError(f"dtype must be a torch.dtype such as torch.float16, got {dtype!r}")
@@ -321,7 +321,7 @@ def check_pool(w, n_heads, n_kv_heads):
 
 
 def check_to_gqa(model, n_kv_heads, pool=None):
-    from kvlib.core.model import Decoder  # torch: imported here, not at the top
+    from kvlib.core.model import Decoder  # noqa: PLC0415 (start-up time: notebook 01 runs without torch)
 
     if not isinstance(model, Decoder):
         raise ValueError(f"model must be a kvlib Decoder, got a {type(model).__name__}")
@@ -394,7 +394,7 @@ def check_quantize(x, dim):
 
 
 def check_int8_attention(q, k_values, k_scale, v_values, v_scale, kv_len):
-    import torch
+    import torch  # noqa: PLC0415 (start-up time: notebook 01 runs without torch)
 
     if not _is_tensor(q) or q.dim() != 4:
         raise ValueError(f"q must be (batch, n_heads, seq_len, head_dim), got {_shape(q)}")

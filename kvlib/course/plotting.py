@@ -19,6 +19,7 @@ import numpy as np
 from matplotlib import font_manager
 from matplotlib.colors import ListedColormap
 from matplotlib.ft2font import FT2Font
+from matplotlib.patches import Patch
 
 # ---------------------------------------------------------------------------------------------
 # Style
@@ -558,8 +559,6 @@ def decode_step_scores(tokens):
         axes[0].set_ylabel("query")
         axes[0].set_xlabel("key")
         axes[1].set_xlabel("key (the cache holds these)")
-        from matplotlib.patches import Patch  # only this figure needs legend patches
-
         handles = [
             Patch(color=PALETTE["vermillion"], label="new: the decoded token's query against every key"),
             Patch(color=PALETTE["sky"], label="computed again: earlier steps had these"),
@@ -915,7 +914,7 @@ def gqa_decode_time(rows, *, kv_len=None, note=None):
         pred = [r["predicted_s"] * 1e3 for r in grouped]
         ax.plot(x, pred, ls="--", color=PALETTE["black"], lw=1.5, label="roofline: bytes / bandwidth (grouped)")
         if all("fixed_s" in r for r in grouped):  # recordings made before the fixed part was measured lack it
-            from kvlib.measure.bench_gqa import FIXED_KV_LEN
+            from kvlib.measure.bench_gqa import FIXED_KV_LEN  # noqa: PLC0415 (against the floors: allowed in tests/test_layout.py)
 
             ax.plot(
                 x,

@@ -22,15 +22,15 @@ __all__ = ["HideHiddenTests", "IsolatedGrading", "NoteRefusedFiles", "RestoreCel
 
 def __getattr__(name: str):
     if name == "IsolatedGrading":
-        from kvlib.grading.preprocessor import IsolatedGrading
+        from kvlib.grading.preprocessor import IsolatedGrading  # noqa: PLC0415 (start-up time: kvlib.grading's own modules import without nbgrader)
 
         return IsolatedGrading
     if name in ("RestoreCells", "NoteRefusedFiles", "HideHiddenTests"):
-        from kvlib.grading import preprocessor
+        from kvlib.grading import preprocessor  # noqa: PLC0415 (start-up time: kvlib.grading's own modules import without nbgrader)
 
         return getattr(preprocessor, name)
     if name == "SandboxExecute":
-        from kvlib.grading.execute import SandboxExecute
+        from kvlib.grading.execute import SandboxExecute  # noqa: PLC0415 (start-up time: kvlib.grading's own modules import without nbgrader)
 
         return SandboxExecute
     raise AttributeError(f"module 'kvlib.grading' has no attribute {name!r}")

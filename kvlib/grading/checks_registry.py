@@ -12,6 +12,7 @@ from pathlib import Path
 
 from nbgrader.coursedir import CourseDirectory
 
+from kvlib import checks
 from kvlib.course.exercises import LEARNER_MODULES
 
 _loaded_extras: set[str] = set()
@@ -20,8 +21,6 @@ _loaded_extras: set[str] = set()
 def load_checks(extra: list[str], root: Path) -> dict:
     """kvlib's checks plus the instructor's: module names, or .py files relative to the course
     folder, whose @check functions register themselves (kvlib.checks.check)."""
-    from kvlib import checks
-
     checks._load_all()
     for entry in extra:
         if entry in _loaded_extras:

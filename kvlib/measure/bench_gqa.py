@@ -7,6 +7,7 @@ compare, and the bytes a step must move. Every step runs through the model's one
 
 from __future__ import annotations
 
+import datetime
 import math
 import statistics
 import time
@@ -348,8 +349,6 @@ def bench_gqa(
             bandwidth_GBps=round(bandwidth["bandwidth"] / 1e9, 2),
         )
     del cases
-    import datetime
-
     config = gqa_bench_config()
     return {
         "benchmark": "gqa",

@@ -23,8 +23,10 @@ import time
 import numpy as np
 
 from kvlib.core.model import matrix_params
+from kvlib.core.weights import load_tiny
 from kvlib.measure import timing
 from kvlib.measure.machine import measure_bandwidth, measure_matmul_flops
+from kvlib.study.corpus import eval_prompts
 
 SYSTEM_PROMPT = (
     "You are a helpful geography tutor. Answer with the capital, then stop.\n"  # 72 characters, one token each
@@ -33,8 +35,6 @@ SYSTEM_PROMPT = (
 
 def make_trace(tokenizer, n: int = 64, seed: int = 0, system_prompt: str = "", max_new: tuple[int, int] = (4, 256)):
     """[(prompt ids, max_new_tokens)] of n requests drawn as the module docstring says."""
-    from kvlib.study.corpus import eval_prompts
-
     rng = np.random.default_rng(seed)
     questions = [p.prompt for p in eval_prompts("train", stride=7)]
     trace = []
@@ -201,8 +201,6 @@ def bench_serve(
     threads: int = 1, quick: bool = False, n_requests: int | None = None, n_blocks: int = 256, block_size: int = 16
 ) -> dict:
     """Everything the module docstring lists, as one JSON-ready record."""
-    from kvlib.core.weights import load_tiny
-
     model, tokenizer = load_tiny()
     n = n_requests or (32 if quick else 64)
     trace = make_trace(tokenizer, n)
