@@ -318,6 +318,12 @@ def _sa(q, k, v, *, mask="bottom", scale=True, after=False, sqrt=math.sqrt):
 
 
 # (check or exercise, replaced functions, words the failure must contain)
+def _self_attention_finite_fill(q, k, v):
+    scores = q @ k.swapaxes(-1, -2) / np.sqrt(q.shape[-1])
+    probs = attention.softmax(np.where(attention.causal_mask(q.shape[-2], k.shape[-2]), scores, -1e9))  # not -inf
+    return probs @ v, probs
+
+
 SLIPS = [
     ("softmax_is_stable", {"softmax": _softmax_no_max}, "Subtract each row's max"),
     ("softmax_matches_torch", {"softmax": _softmax_wrong_axis}, "over axis -2"),
@@ -352,6 +358,7 @@ SLIPS = [
         {"causal_self_attention": lambda q, k, v: _sa(q, k, v, sqrt=np.sqrt)},
         "float32 inputs should give float32",
     ),
+    ("causal_self_attention_matches_sdpa", {"causal_self_attention": _self_attention_finite_fill}, "a finite number"),
 ]
 
 

@@ -18,7 +18,7 @@ from conftest import case_ids, check_failures, handed_in
 from kvlib import compress
 from kvlib.checks import checks_for, run
 from kvlib.checks.compress import CONFIG
-from kvlib.core.model import Decoder, ModelConfig, causal_mask
+from kvlib.core.model import Decoder, ModelConfig, causal_mask_tensor
 from kvlib.course.exercises import BY_ID, ExerciseNotDone
 from kvlib.kv_cache import KVCache
 from kvlib.measure import bench_compress
@@ -275,7 +275,7 @@ def int8_fold_scales(
         dim=-1,
     )[..., :kv_len] / math.sqrt(D)  # (B, H_kv, G*T, S)
     if T > 1:
-        scores = scores.masked_fill(~causal_mask(T, kv_len).repeat(G, 1), float("-inf"))
+        scores = scores.masked_fill(~causal_mask_tensor(T, kv_len).repeat(G, 1), float("-inf"))
     probs = scores.softmax(-1) * v_scale[:, :, :kv_len].transpose(-2, -1)  # per-token value scale onto the weights
     return (probs @ v_values[:, :, :kv_len].float()).reshape(B, H, T, D)
 
@@ -285,7 +285,7 @@ def int8_einsum(q, k_values, k_scale, v_values, v_scale, kv_len):
     B, H, T, D = q.shape
     G = H // k.shape[1]
     scores = torch.einsum("bhgtd,bhsd->bhgts", q.reshape(B, -1, G, T, D), k) / D**0.5
-    scores = scores.masked_fill(~causal_mask(T, kv_len), float("-inf"))
+    scores = scores.masked_fill(~causal_mask_tensor(T, kv_len), float("-inf"))
     return torch.einsum("bhgts,bhsd->bhgtd", scores.softmax(-1), v).reshape(B, H, T, D)
 
 
@@ -293,7 +293,7 @@ def int8_repeat(q, k_values, k_scale, v_values, v_scale, kv_len):
     k, v = _dequantised(k_values, k_scale, v_values, v_scale, kv_len)
     G = q.shape[1] // k.shape[1]
     return F.scaled_dot_product_attention(
-        q, k.repeat_interleave(G, 1), v.repeat_interleave(G, 1), attn_mask=causal_mask(q.shape[2], kv_len)
+        q, k.repeat_interleave(G, 1), v.repeat_interleave(G, 1), attn_mask=causal_mask_tensor(q.shape[2], kv_len)
     )
 
 
@@ -352,6 +352,24 @@ class SinkOverSinks(compress.SinkCache):
         self.k[layer, :, :, slots], self.v[layer, :, :, slots] = k_new, v_new
         n = min(self.pos + k_new.shape[2], self.capacity)
         return self.k[layer, :, :, :n], self.v[layer, :, :, :n]
+
+
+class SinkRingOffByOne(compress.SinkCache):  # the first token past the sinks lands in the ring's last slot
+    def update(self, layer, k_new, v_new):
+        slots = [
+            p if p < self.n_sink else self.n_sink + (p - self.n_sink - 1) % self.window
+            for p in range(self.pos, self.pos + k_new.shape[2])
+        ]
+        self.k[layer, :, :, slots], self.v[layer, :, :, slots] = k_new, v_new
+        n = min(self.pos + k_new.shape[2], self.capacity)
+        return self.k[layer, :, :, :n], self.v[layer, :, :, :n]
+
+
+def positions_oldest_off_by_one(n_seen, n_sink, window):
+    if n_seen <= n_sink + window:
+        return torch.arange(n_seen)
+    oldest = (n_seen - window - n_sink + 1) % window  # one slot past the oldest kept token
+    return torch.cat([torch.arange(n_sink), n_sink + (torch.arange(window) - oldest) % window])
 
 
 class SinkAdvances(compress.SinkCache):  # moves pos itself
@@ -418,7 +436,7 @@ def mla_concat_sdpa(q_nope, q_rope, latent, k_rope, w_uk, w_uv):  # [nope, rope]
     v = torch.einsum("bsr,hdr->bhsd", latent, w_uv)
     T, S = q_nope.shape[2], latent.shape[1]
     return F.scaled_dot_product_attention(
-        torch.cat([q_nope, q_rope], -1), torch.cat([k_nope, k_r], -1), v, attn_mask=causal_mask(T, S)
+        torch.cat([q_nope, q_rope], -1), torch.cat([k_nope, k_r], -1), v, attn_mask=causal_mask_tensor(T, S)
     )
 
 
@@ -430,7 +448,7 @@ def mla_per_head(q_nope, q_rope, latent, k_rope, w_uk, w_uv):  # one head at a t
         scores = (q_nope[:, h] @ k.transpose(-2, -1) + q_rope[:, h] @ k_rope.transpose(-2, -1)) / math.sqrt(
             q_nope.shape[-1] + q_rope.shape[-1]
         )
-        scores = scores.masked_fill(~causal_mask(T, S), float("-inf"))
+        scores = scores.masked_fill(~causal_mask_tensor(T, S), float("-inf"))
         outs.append(scores.softmax(-1) @ v)
     return torch.stack(outs, 1)
 
@@ -450,7 +468,7 @@ def mla_nope_scale(q_nope, q_rope, latent, k_rope, w_uk, w_uv):
         torch.cat([q_nope, q_rope], -1),
         torch.cat([k_nope, k_r], -1),
         v,
-        attn_mask=causal_mask(q_nope.shape[2], latent.shape[1]),
+        attn_mask=causal_mask_tensor(q_nope.shape[2], latent.shape[1]),
         scale=q_nope.shape[-1] ** -0.5,
     )
 
@@ -474,7 +492,7 @@ def absorbed_matmul(
         *q_latent.shape[:3], -1
     )
     scores = scores / math.sqrt(q_nope.shape[-1] + q_rope.shape[-1])
-    scores = scores.masked_fill(~causal_mask(q_nope.shape[2], latent.shape[1]), float("-inf"))
+    scores = scores.masked_fill(~causal_mask_tensor(q_nope.shape[2], latent.shape[1]), float("-inf"))
     probs = scores.softmax(-1)
     out = torch.stack([probs[b].flatten(0, 1) @ latent[b] for b in range(latent.shape[0])]).view(
         *q_latent.shape[:3], -1
@@ -486,7 +504,7 @@ def absorbed_folded_rope(q_nope, q_rope, latent, k_rope, w_uk, w_uv):  # one ein
     q_cat = torch.cat([torch.einsum("bhtd,hdr->bhtr", q_nope, w_uk), q_rope], -1)  # (B, H, T, r + Dr)
     kv_cat = torch.cat([latent, k_rope], -1)  # (B, S, r + Dr): exactly what the cache holds
     scores = torch.einsum("bhtc,bsc->bhts", q_cat, kv_cat) / math.sqrt(q_nope.shape[-1] + q_rope.shape[-1])
-    scores = scores.masked_fill(~causal_mask(q_nope.shape[2], latent.shape[1]), float("-inf"))
+    scores = scores.masked_fill(~causal_mask_tensor(q_nope.shape[2], latent.shape[1]), float("-inf"))
     return torch.einsum("bhts,bsr,hdr->bhtd", scores.softmax(-1), latent, w_uv)
 
 
@@ -503,7 +521,7 @@ def absorbed_broadcast(q_nope, q_rope, latent, k_rope, w_uk, w_uv):  # a broadca
     scores = (q_latent @ latent[:, None].transpose(-2, -1) + q_rope @ k_rope[:, None].transpose(-2, -1)) / math.sqrt(
         q_nope.shape[-1] + q_rope.shape[-1]
     )
-    scores = scores.masked_fill(~causal_mask(q_nope.shape[2], latent.shape[1]), float("-inf"))
+    scores = scores.masked_fill(~causal_mask_tensor(q_nope.shape[2], latent.shape[1]), float("-inf"))
     return torch.einsum(
         "bhtr,hdr->bhtd", scores.softmax(-1) @ latent[:, None].expand(-1, w_uk.shape[0], -1, -1).contiguous(), w_uv
     )
@@ -562,6 +580,8 @@ SLIPS = [  # (exercise, replaced function, words a failure must contain)
     ("8.6", {"mla_absorbed": absorbed_is_reconstruct}, "per-head keys or values"),
     ("8.6", {"mla_absorbed": absorbed_broadcast}, "per-head keys or values"),
     ("8.6", {"mla_absorbed": absorbed_no_rope}, "rotary part is left out"),
+    ("8.3", {"SinkCache": SinkRingOffByOne}, "first token past the sinks"),
+    ("8.4", {"cache_positions": positions_oldest_off_by_one}, "count from the oldest kept token's slot"),
 ]
 
 

@@ -560,6 +560,19 @@ def test_alternative_passes_every_check(ex_id, fakes):
     assert not check_failures(ex_id, _module(**fakes))
 
 
+def _attention_without_mask(attn, x, cache, layer, rope_cos, rope_sin):
+    B, T, _ = x.shape
+    cos, sin = rope_cos[cache.pos : cache.pos + T], rope_sin[cache.pos : cache.pos + T]
+    q = attn.project_q(x, cos, sin)
+    k, v = cache.update(layer, *attn.project_kv(x, cos, sin))
+    out = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # the slip: no mask, even for a prefill
+    return attn.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+def _generate_greedy_only(model, input_ids, max_new_tokens, temperature=0.0, generator=None, on_token=None, cache=None):
+    return kv_cache.generate_cached(model, input_ids, max_new_tokens, on_token=on_token, cache=cache)  # drops sampling
+
+
 # (check, replaced pieces, words its failure must contain)
 SLIPS = [
     ("kv_cache_bytes_of_real_models", {"kv_cache_bytes": _kv_without_two}, "factor 2"),
@@ -609,6 +622,9 @@ SLIPS = [
         {"generate_cached": _generate_extra_step},
         "the last new token was fed back",
     ),
+    ("cached_attention_matches_full_attention", {"cached_attention": _attention_without_mask}, "without a causal mask"),
+    ("cached_forward_matches_full_forward", {"cached_forward": _forward_advance_per_layer}, "inside the layer loop"),
+    ("generate_cached_matches_generate", {"generate_cached": _generate_greedy_only}, "pass temperature and generator"),
 ]
 
 

@@ -175,6 +175,12 @@ def _prefill_as_one_token(config, prompt_len, max_new_tokens):
     return naive, sum(recompute.new_token_flops(config, prompt_len + i) for i in range(max_new_tokens))
 
 
+def _prefill_as_single_tokens(config, prompt_len, max_new_tokens):
+    naive, _ = recompute.generation_flops(config, prompt_len, max_new_tokens)
+    prefill = sum(recompute.new_token_flops(config, p) for p in range(1, prompt_len + 1))  # one token at a time
+    return naive, prefill + sum(recompute.new_token_flops(config, prompt_len + i) for i in range(1, max_new_tokens))
+
+
 # 3.1
 def forward_no_factor_two(config, seq_len):
     return reference(BY_ID["3.1"])(config, seq_len) // 2
@@ -248,6 +254,7 @@ SLIPS = [
     ("3.3", {"generation_flops": lambda c, p, n: _gen(c, p, n, naive_shift=1)}, "step 0 is the prompt alone"),
     ("3.3", {"generation_flops": lambda c, p, n: _gen(c, p, n, prefill="none")}, "the prefill is missing"),
     ("3.3", {"generation_flops": lambda c, p, n: _gen(c, p, n, swap=True)}, "wrong way round"),
+    ("generation_flops_matches_counts", {"generation_flops": _prefill_as_single_tokens}, "prompt_len single tokens"),
 ]
 
 

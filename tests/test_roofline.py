@@ -423,6 +423,11 @@ def step_attention_square(config, new_tokens, kv_len, batch=1, dtype=F16):
     return batch * (2 * new_tokens * matrix_params(config) + attention), moved
 
 
+def step_kv_of_batch_one(config, new_tokens, kv_len, batch=1, dtype=torch.float16):
+    flops, moved = roofline.step_cost(config, new_tokens, kv_len, batch, dtype)
+    return flops, moved - kv_cache_bytes(config, kv_len, batch, dtype) + kv_cache_bytes(config, kv_len, 1, dtype)
+
+
 def tps_summed(config, kv_len, batch, dtype, peak, bw):
     flops, moved = roofline.step_cost(config, 1, kv_len, batch, dtype)
     return batch / (flops / peak + moved / bw)
@@ -472,6 +477,8 @@ SLIPS = [
     ("5.4", {"predicted_tokens_per_second": tps_summed}, "not their sum"),
     ("5.4", {"predicted_tokens_per_second": tps_memory_only}, "compute-bound"),
     ("5.4", {"predicted_tokens_per_second": tps_prefill}, "step_cost(config, 1, kv_len"),
+    ("step_cost_bytes_read_weights_once", {"step_cost": step_kv_of_batch_one}, "those of batch 1"),
+    ("predicted_tokens_per_second_on_an_a100", {"predicted_tokens_per_second": tps_summed}, "adds the compute time"),
 ]
 
 

@@ -445,6 +445,53 @@ def _cow_always(pool, table, index):
     return new
 
 
+class _StepPolicy(serving.Scheduler):
+    """The reference step with one comparison or loop changed: the boundary slips of 7.4."""
+
+    admit_when_equal, preempt_when_equal, preempt_at_most_once, retire_after_prefill = True, False, False, True
+
+    def step(self):
+        def fits(need, free):
+            return need <= free if self.admit_when_equal else need < free
+
+        while (
+            self.waiting
+            and len(self.running) < self.max_batch
+            and fits(self.blocks_to_admit(self.waiting[0]), self.pool.n_free)
+        ):
+            self.admit(self.waiting.popleft())
+        if self.retire_after_prefill:
+            self.retire()
+        for _ in range(1 if self.preempt_at_most_once else len(self.running)):
+            short = (
+                self.blocks_to_decode() >= self.pool.n_free
+                if self.preempt_when_equal
+                else self.blocks_to_decode() > self.pool.n_free
+            )
+            if not (self.running and short):
+                break
+            self.preempt(self.running[-1])
+        if self.running and self.blocks_to_decode() <= self.pool.n_free:
+            self.decode()
+            self.retire()
+
+
+class _StepAdmitsStrictly(_StepPolicy):
+    admit_when_equal = False
+
+
+class _StepPreemptsWhenJustEnough(_StepPolicy):
+    preempt_when_equal = True
+
+
+class _StepPreemptsOnce(_StepPolicy):
+    preempt_at_most_once = True
+
+
+class _StepNoRetireAfterPrefill(_StepPolicy):
+    retire_after_prefill = False
+
+
 SLIPS = [  # (check, replaced pieces, words its failure must contain)
     ("release_counts_references", {"BlockPool": _ReleaseNoRefcount}, "other table still reads it"),
     ("release_twice_is_an_error", {"BlockPool": _ReleaseNoDoubleCheck}, "must raise ValueError"),
@@ -465,6 +512,10 @@ SLIPS = [  # (check, replaced pieces, words its failure must contain)
     ("copy_on_write_copies_a_shared_block", {"copy_on_write": _cow_no_copy}, "must hold the old block's K and V"),
     ("copy_on_write_copies_a_shared_block", {"copy_on_write": _cow_keeps_reference}, "release the old one once"),
     ("copy_on_write_keeps_a_private_block", {"copy_on_write": _cow_always}, "needs no copy"),
+    ("step_admits_while_blocks_and_batch_allow", {"Scheduler": _StepAdmitsStrictly}, "exactly the free blocks"),
+    ("step_preempts_the_newest_and_stays_exact", {"Scheduler": _StepPreemptsWhenJustEnough}, "that is enough"),
+    ("step_preempts_the_newest_and_stays_exact", {"Scheduler": _StepPreemptsOnce}, "keep preempting"),
+    ("step_serves_every_request_exactly", {"Scheduler": _StepNoRetireAfterPrefill}, "done right after its prefill"),
 ]
 
 

@@ -1,6 +1,7 @@
 """The `kvlib` command: check your progress, and (for maintainers) rebuild the learner release.
 
 kvlib check [ID|NN] [--json]   one row per exercise: id, title, notebook, status, message
+kvlib hint ID [--level N]      the next hint of one exercise, only when asked (--reset starts again)
 kvlib generate PROMPT          stream the tiny model's answer, then its TTFT and TPOT
 kvlib bench NAME [--json]      cache, memory, gqa, serve, compress, fused: measured on this machine (kvlib bench -h)
 kvlib lab [NN]                 open JupyterLab on the course (learner view: nbgrader's Validate button)
@@ -21,6 +22,7 @@ import textwrap
 import time
 
 from kvlib import checks
+from kvlib.course import hints
 from kvlib.course.exercises import ExerciseNotDone, solutions_enabled
 
 
@@ -56,6 +58,21 @@ def cmd_check(args) -> int:
     else:
         print(_table(results))
     return 0 if all(r.status == "pass" for r in results) else 1
+
+
+def cmd_hint(args) -> int:
+    """The next hint of one exercise (kvlib.course.hints: the levels seen are remembered per exercise)."""
+    try:
+        if args.reset:
+            hints.reset(args.exercise)
+            print(f"hints of {args.exercise} start again at 1 (kept in {hints.state_file()})")
+            if args.level is None:
+                return 0
+        print(hints.show(args.exercise, args.level))
+    except ValueError as err:  # an unknown id, a level out of range, a malformed hint file
+        print(f"kvlib hint: {err}", file=sys.stderr)
+        return 2
+    return 0
 
 
 class _Stop(Exception):
@@ -264,6 +281,14 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true", help="print a JSON list of {id, title, notebook, status, message}")
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser(
+        "hint", help="the next hint of one exercise (1.2): a nudge first, then the idea, then the last step"
+    )
+    p.add_argument("exercise", help="an exercise id, e.g. 1.2")
+    p.add_argument("--level", type=int, help="show hint N (1 is the nudge) instead of the next one")
+    p.add_argument("--reset", action="store_true", help="forget the hints seen of this exercise: the next is 1 again")
+    p.set_defaults(func=cmd_hint)
 
     p = sub.add_parser("generate", help="stream the tiny model's continuation of PROMPT, then TTFT and TPOT")
     p.add_argument("prompt", help='e.g. "法国的首都是" or "Q: What is the capital of France?\\nA:"')

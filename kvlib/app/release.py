@@ -2,6 +2,7 @@
 
   solutions/kvlib/<module>.py   -> kvlib/<module>.py          (solution blocks become a raise)
   solutions/NN-topic/*.ipynb    -> notebooks/NN-topic/*.ipynb (nbgrader generate_assignment)
+  kvlib/course/hints/*.md       -> each exercise's collapsed hints block in solutions/NN-topic/*.ipynb
 `kvlib course release` rewrites both; `--check` only reports what differs (the tests use it).
 """
 
@@ -17,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from kvlib.core.paths import ROOT
+from kvlib.course import hints
 from kvlib.course.exercises import BY_ID, EXERCISES
 
 _DECORATOR = re.compile(r'^\s*@exercise\("(\d+\.\d+)"')
@@ -71,6 +73,8 @@ MAX_CELLS = 60
 def sitting(notebook: Path) -> dict:
     """Cells, markdown words, exercises, code cells and the estimated minutes of one solution notebook."""
     cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    # folded hints blocks are read on demand, inside an exercise's minutes, not in the sitting's text
+    cells = [c for c in cells if not str(c.get("id", "")).startswith("hints-")]
     words = sum(len("".join(c["source"]).split()) for c in cells if c["cell_type"] == "markdown")
     code = sum(c["cell_type"] == "code" for c in cells)
     exercises = sum(ex.notebook == notebook.parent.name for ex in EXERCISES)
@@ -130,7 +134,7 @@ def _diff(old: str, new: str, name: str) -> list[str]:
 def release(check: bool = False) -> list[str]:
     """Regenerate kvlib/ stubs and notebooks/ from solutions/. With check=True write nothing and
     return the differences (an empty list means the release is up to date)."""
-    problems: list[str] = []
+    problems: list[str] = hints.sync_solution_notebooks(check)  # the hint files -> the notebooks' hints blocks
     for sol in solution_modules():
         target = ROOT / "kvlib" / sol.name
         new = stub_source(sol.read_text(encoding="utf-8"))

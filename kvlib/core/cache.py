@@ -28,7 +28,7 @@ from typing import Protocol, runtime_checkable
 import torch
 import torch.nn.functional as F
 
-from kvlib.core.model import apply_rotary, causal_mask
+from kvlib.core.model import apply_rotary, causal_mask_tensor
 
 
 @runtime_checkable
@@ -153,7 +153,7 @@ def causal_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Te
     One query per head (a decode step) attends to every key: no mask, a faster kernel. Returns (B, H, T, D).
     """
     T, S = q.shape[2], k.shape[2]
-    mask = None if T == 1 else causal_mask(T, S, device=q.device)  # (T, S), True = may attend; bottom-right
+    mask = None if T == 1 else causal_mask_tensor(T, S, device=q.device)  # (T, S), True = may attend; bottom-right
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1])
 
 

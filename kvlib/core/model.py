@@ -129,11 +129,12 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos.to(x.dtype) + rotate_half(x) * sin.to(x.dtype)  # (B, h, T, D) * (T, D) -> (B, h, T, D)
 
 
-def causal_mask(seq_len: int, kv_len: int, device=None) -> torch.Tensor:
+def causal_mask_tensor(seq_len: int, kv_len: int, device=None) -> torch.Tensor:
     """Boolean (seq_len, kv_len) mask; True where query i may attend to key j.
 
     Queries are the last seq_len of kv_len positions: row i allows j <= kv_len - seq_len + i.
-    The torch twin of Exercise 1.3, for the infrastructure. Example: causal_mask(2, 3) -> [[T, T, F], [T, T, T]]
+    The torch twin of Exercise 1.3 (kvlib.attention.causal_mask, numpy), for the infrastructure; a name of
+    its own, so a numpy mask is never handed to torch. Example: causal_mask_tensor(2, 3) -> [[T, T, F], [T, T, T]]
     """
     i = torch.arange(seq_len, device=device)[:, None]  # (T, 1)
     j = torch.arange(kv_len, device=device)[None, :]  # (1, S)
@@ -216,7 +217,7 @@ class Attention(nn.Module):
         assert (q.shape[1], k.shape[1]) == (self.n_heads, self.n_kv_heads), f"q {tuple(q.shape)}, k {tuple(k.shape)}"
         assert S >= T, f"{T} queries need at least {T} keys, got {S}"
         # an explicit bottom-right mask: is_causal=True would align top-left, wrong when S > T
-        mask = None if S == T else causal_mask(T, S, device=q.device)  # (T, S), True = may attend
+        mask = None if S == T else causal_mask_tensor(T, S, device=q.device)  # (T, S), True = may attend
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=self.n_kv_heads != self.n_heads
         )  # (B, H, T, D) @ (B, H_kv, D, S) -> (B, H, T, S) -> softmax @ (B, H_kv, S, D) -> (B, H, T, D)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 
 from kvlib.core.cache import causal_attend
-from kvlib.core.model import Decoder, causal_mask, matrix_params
+from kvlib.core.model import Decoder, causal_mask_tensor, matrix_params
 
 # ---------------------------------------------------------------------------------------------
 # Attention two ways: copy the shared heads out to every query head, or read them in place
@@ -34,7 +34,9 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     scores = (k @ q.transpose(-2, -1)).transpose(-2, -1)  # = q @ k^T, (B, H, T, S); see grouped_attention
     scores = scores / math.sqrt(D)
     if T > 1:  # one query (a decode step) may attend to every key: no mask to build or apply
-        scores = scores.masked_fill(~causal_mask(T, S, device=q.device), float("-inf"))  # (T, S), True = may attend
+        scores = scores.masked_fill(
+            ~causal_mask_tensor(T, S, device=q.device), float("-inf")
+        )  # (T, S), True = may attend
     return scores.softmax(dim=-1) @ v  # (B, H, T, S) @ (B, H, S, D)
 
 

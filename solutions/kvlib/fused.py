@@ -29,9 +29,10 @@ def online_softmax(chunks: list) -> torch.Tensor:
     Returns: (..., head_dim) float32, what softmax over the concatenated scores times the concatenated values
              gives, for scores of any size (1,000 included). No tensor as long as all the keys together is made.
     Raises:  ValueError for an empty list, or a chunk whose scores and values disagree in shape.
-    Example: online_softmax([(torch.tensor([1.0, 1.0]), torch.tensor([[1.0, 0.0], [0.0, 2.0]])),
-                             (torch.tensor([2.0]), torch.tensor([[3.0, 1.0]]))]) -> tensor([1.9403, 1.0000])
-    Hints (reference solution: 14 lines): kvlib hint 9.1, or the notebook's collapsed block.
+    Example:
+        >>> s1, v1 = torch.tensor([1.0, 1.0]), torch.tensor([[1.0, 0.0], [0.0, 2.0]])  # notebook 01's seed, in two chunks
+        >>> online_softmax([(s1, v1), (torch.tensor([2.0]), torch.tensor([[3.0, 1.0]]))])
+        tensor([1.9403, 1.0000])
     """
     ### BEGIN SOLUTION
     running_max = running_sum = acc = None
@@ -66,9 +67,10 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tile: int
              key is in every query's future are never computed; the matrix multiplies of the others are
              all the work (each computed tile costs 2 of them).
     Raises:  ValueError if tile is not a positive int, or k and v differ in shape, or seq_len > kv_len.
-    Example: q = torch.randn(1, 2, 5, 8); k = v = torch.randn(1, 2, 5, 8); tiled_attention(q, k, v, 2).shape
-             -> torch.Size([1, 2, 5, 8])
-    Hints (reference solution: 21 lines): kvlib hint 9.2, or the notebook's collapsed block.
+    Example:
+        >>> q, k, v = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+        >>> tiled_attention(q, k, v, tile=2).shape
+        torch.Size([1, 2, 5, 8])
     """
     ### BEGIN SOLUTION
     T, S, D = q.shape[2], k.shape[2], q.shape[3]
@@ -124,9 +126,12 @@ def merge_partials(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor
     Returns: out (..., head_dim), lse (...): what one attention over all the chunks' keys gives, so that a
              merged result can be merged again with others (in any grouping) and give the same answer.
     Raises:  ValueError if outs and lses disagree in shape, or there is no chunk.
-    Example: o1, l1 = chunk_partial(q, k[:, :, :4], v[:, :, :4]); o2, l2 = chunk_partial(q, k[:, :, 4:], v[:, :, 4:])
-             merge_partials(torch.stack([o1, o2]), torch.stack([l1, l2]))[0] equals attention over all of k and v
-    Hints (reference solution: 4 lines): kvlib hint 9.3, or the notebook's collapsed block.
+    Example:
+        >>> q, k, v = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
+        >>> (o1, l1), (o2, l2) = chunk_partial(q, k[:, :, :4], v[:, :, :4]), chunk_partial(q, k[:, :, 4:], v[:, :, 4:])
+        >>> out, lse = merge_partials(torch.stack([o1, o2]), torch.stack([l1, l2]))
+        >>> torch.allclose(out, chunk_partial(q, k, v)[0], atol=1e-6)
+        True
     """
     ### BEGIN SOLUTION
     lse = torch.logsumexp(lses, dim=0)  # (...): the log of the total sum, stable, -inf chunks ignored
@@ -149,14 +154,7 @@ def flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: int) 
 
 
 @exercise("9.4", validate=inputs.check_int8_folded)
-def int8_folded_attention(
-    q: torch.Tensor,
-    k_values: torch.Tensor,
-    k_scale: torch.Tensor,
-    v_values: torch.Tensor,
-    v_scale: torch.Tensor,
-    kv_len: int,
-) -> torch.Tensor:
+def int8_folded_attention(q, k_values, k_scale, v_values, v_scale, kv_len: int) -> torch.Tensor:
     """One decode query against the first kv_len tokens of notebook 08's int8 cache, with no dequantised copy.
 
     Args:    q: (batch, n_heads, 1, head_dim) float32; the cache as 8.2 takes it: k_values int8 (batch,
@@ -165,9 +163,12 @@ def int8_folded_attention(
     Returns: (batch, n_heads, 1, head_dim): 8.2's answer (to float32 rounding). It never allocates a float
              tensor holding half as many numbers as the cached keys (or values) or more.
     Raises:  ValueError if q holds more than one query, or a scale is missing or of the wrong shape.
-    Example: with 8.2's arguments and one query, (int8_folded_attention(*args) - int8_attention(*args)).abs().max()
-             is below 1e-5
-    Hints (reference solution: 16 lines): kvlib hint 9.4, or the notebook's collapsed block.
+    Example:
+        >>> from kvlib.compress import int8_attention, quantize
+        >>> (kq, ks), (vq, vs) = quantize(torch.randn(1, 2, 2, 4, 16), dim=-2), quantize(torch.randn(1, 2, 8, 16), dim=-1)
+        >>> q = torch.randn(1, 4, 1, 16)
+        >>> torch.allclose(int8_folded_attention(q, kq, ks, vq, vs, 6), int8_attention(q, kq, ks, vq, vs, 6), atol=1e-5)
+        True
     """
     ### BEGIN SOLUTION
     B, H_kv, n_groups, group, D = k_values.shape
