@@ -41,6 +41,7 @@ _CHECK_MODULES = {
     "gqa",
     "serving",
     "compress",
+    "speculative",
 }  # kvlib.checks.<module> for every exercise module
 
 

@@ -77,6 +77,10 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("8.4", "Positions inside the rolling cache", "08-compress", "compress", "cache_positions"),
     Exercise("8.5", "MLA by rebuilding keys and values", "08-compress", "compress", "mla_reconstruct"),
     Exercise("8.6", "MLA with absorbed weights", "08-compress", "compress", "mla_absorbed"),
+    Exercise("10.1", "Verify drafts in one pass", "10-speculative", "speculative", "verify_greedy"),
+    Exercise("10.2", "Greedy speculative decoding", "10-speculative", "speculative", "speculative_generate"),
+    Exercise("10.3", "Exact speculative sampling", "10-speculative", "speculative", "accept_sampled"),
+    Exercise("10.4", "Prompt lookup", "10-speculative", "speculative", "prompt_lookup"),
 )
 BY_ID = {ex.id: ex for ex in EXERCISES}
 NOTEBOOKS = tuple(dict.fromkeys(ex.notebook for ex in EXERCISES))
