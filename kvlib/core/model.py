@@ -2,8 +2,8 @@
 
 RMSNorm, rotary position embeddings, a SwiGLU MLP and attention in which n_heads query heads
 share n_kv_heads key/value heads, so GQA (notebook 06) is a config change. The forward pass is
-written once: with a cache (anything with pos, update and advance, such as notebook 04's KVCache)
-only the new tokens run, and the attention through the cache is a parameter, so nothing here
+written once: with a cache (one that keeps the contract of kvlib.core.cache, such as notebook 04's
+KVCache) only the new tokens run, and the attention through the cache is a parameter, so nothing here
 imports a learner's module. Weights load with kvlib.core.weights.
 Left out on purpose: the cache itself, generation and sampling (notebook 02), dropout, padding
 masks, rope scaling.
@@ -349,12 +349,18 @@ class Decoder(nn.Module):
         With past_key_values, as in the interface of transformers (and the articles' pseudo-code):
         only the new tokens run, at positions cache.pos + i, against every cached key; each layer
         writes its keys and values with cache.update, then cache.advance(seq_len), and
-        (logits, cache) is returned. attention is how a layer reads the cache (see CacheAttention);
-        None takes the cache's own `attention` (KVCache's is Exercise 4.2).
+        (logits, cache) is returned; the contract a cache keeps is written in kvlib.core.cache. attention
+        is how a layer reads the cache (see CacheAttention); None takes the cache's own `attention`
+        (KVCache's is Exercise 4.2).
         """
         cache = past_key_values
         if cache is not None:
-            pos, attention = cache.pos, attention or cache.attention
+            pos, attention = cache.pos, attention or getattr(cache, "attention", None)
+            if attention is None:
+                raise ValueError(
+                    f"a {type(cache).__name__} has no attention method: pass model(ids, past_key_values=cache, "
+                    "attention=...) (how a layer attends through it, see kvlib.core.cache)"
+                )
         self.check_input(input_ids, pos)
         T = input_ids.shape[1]
         if cache is None:

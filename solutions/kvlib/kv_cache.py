@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from kvlib.attention import causal_mask
+from kvlib.core.cache import CacheBase
 from kvlib.course import inputs
 from kvlib.course.exercises import exercise
 from kvlib.generation import next_token
@@ -21,46 +22,18 @@ from kvlib.generation import next_token
 # The cache (infrastructure, except update)
 
 
-class KVCache:
+class KVCache(CacheBase):
     """Keys and values of every layer, pre-allocated: k and v are (n_layers, batch, n_kv_heads, max_seq_len, head_dim).
 
     pos: tokens stored so far (the next token's position). Each layer writes with update(), then advance() once.
+    pos, reset, advance, truncate and nbytes come from CacheBase: the cache contract, kvlib/core/cache.py.
     """
 
-    def __init__(
-        self,
-        config,
-        batch: int = 1,
-        max_seq_len: int | None = None,
-        dtype: torch.dtype = torch.float32,
-        device: str | torch.device = "cpu",
-    ):
-        max_seq_len = config.max_seq_len if max_seq_len is None else max_seq_len
-        if not 1 <= max_seq_len <= config.max_seq_len:
-            raise ValueError(
-                f"max_seq_len must be in [1, {config.max_seq_len}] (the model's rotary table), got {max_seq_len}"
-            )
-        if batch < 1:
-            raise ValueError(f"batch must be at least 1, got {batch}")
-        shape = (config.n_layers, batch, config.n_kv_heads, max_seq_len, config.head_dim)
+    def __init__(self, config, batch: int = 1, max_seq_len: int | None = None, dtype=torch.float32, device="cpu"):
+        super().__init__(config, batch, max_seq_len)  # checks batch and max_seq_len; pos = 0
+        shape = (config.n_layers, batch, config.n_kv_heads, self.max_seq_len, config.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # written in place, never reallocated
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.n_layers, self.max_seq_len, self.pos = config.n_layers, max_seq_len, 0
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes the cache occupies (allocated, whether filled or not)."""
-        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
-
-    def reset(self) -> None:
-        """Forget every stored token: the next prompt starts at position 0."""
-        self.pos = 0
-
-    def advance(self, seq_len: int) -> None:
-        """Move pos past seq_len tokens that every layer has just written."""
-        if self.pos + seq_len > self.max_seq_len:
-            raise ValueError(f"advancing by {seq_len} from {self.pos} runs past max_seq_len={self.max_seq_len}")
-        self.pos += seq_len
 
     @staticmethod
     def attention(attn, x: torch.Tensor, cache: "KVCache", layer: int, rope_cos: torch.Tensor, rope_sin: torch.Tensor):
