@@ -151,6 +151,12 @@ BENCHES = {
         "bench_compress",
         "format_compress",
     ),
+    "spec": (
+        "speculative decoding: a drafter model and prompt lookup against gamma, alpha, tokens per pass beside the "
+        "formula, the cost ratio c, predicted and measured speedup, a forward's time against tokens fed at once",
+        "bench_spec",
+        "format_spec",
+    ),
 }
 
 

@@ -152,7 +152,11 @@ def _cache_diagnosis(cache, want_pos: int, hint: str) -> str | None:
         return None
     if cache.pos > want_pos:
         more = cache.pos - want_pos
-        why = "the first rejected draft is still in it (one too few rewound)" if more == 1 else "rejected drafts stay in it"
+        why = (
+            "the first rejected draft is still in it (one too few rewound)"
+            if more == 1
+            else "rejected drafts stay in it"
+        )
         return f"the cache holds {cache.pos} tokens, {want_pos} expected: {why}: truncate to the accepted ones{hint}"
     return (
         f"the cache holds {cache.pos} tokens, {want_pos} expected: it was rewound one too many"
@@ -257,7 +261,7 @@ def _generate_case(sp, decoder, prompt, n_new, gamma, spoil=True, eos=None):
         raise AssertionError(f"{label}: the model ran without the cache: prefill once, then verify through it{hint}")
     big = [t for t, _, _ in calls[1:] if t > gamma + 1]
     assert not big, f"{label}: a verify pass fed {big[0]} tokens, more than gamma + 1 = {gamma + 1}{hint}"
-    if len(calls) >= len(want) and passes < len(want):
+    if len(calls) >= len(want) and passes < len(want) and all(t == 1 for t, _, _ in calls[1:]):
         raise AssertionError(
             f"{label}: {len(calls)} forward passes for {len(want)} tokens: the drafts were never verified in one "
             f"pass; a speculative loop needs {passes} here (one prefill, one verify per round){hint}"
@@ -345,7 +349,8 @@ def accept_sampled_accepts_with_probability_min_1_p_over_q(sp, rng):
     if rate > 0.95:
         raise AssertionError(
             f"a draft with p = 0.3 and q = 0.8 was accepted {rate:.0%} of the time, min(1, p/q) = {want:.3f}: "
-            f"acceptance by rank or membership (top-k) is not exact; accept with probability min(1, p/q){hint}"
+            f"acceptance by rank or membership (top-k), or with the ratio upside down (q/p), is not exact; "
+            f"accept when u < p/q for one uniform u, with probability min(1, p/q){hint}"
         )
     assert abs(z) < 3.29, (  # two-sided, significance 0.001
         f"a draft with p = 0.3 and q = 0.8 was accepted {rate:.3f} of {trials} times, expected min(1, p/q) = "
