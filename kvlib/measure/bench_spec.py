@@ -29,11 +29,25 @@ class Counted:
     """The model, counting its forward passes and the tokens each fed."""
 
     def __init__(self, model):
-        self.model, self.config, self.fed = model, model.config, []
+        self.model, self.config, self.fed, self.at = model, model.config, [], []
 
     def __call__(self, ids, past_key_values=None):
         self.fed.append(ids.shape[1])
+        self.at.append(getattr(past_key_values, "pos", 0))
         return self.model(ids, past_key_values=past_key_values)
+
+    def acceptance(self, n_tokens: int) -> tuple[int, int, int]:
+        """(accepted, checked, drafted) over the verify passes of one finished run that returned n_tokens in all.
+
+        A pass keeps (the cache's growth) accepted + 1 tokens; its drafts are checked up to the first rejected
+        one, so alpha = accepted / checked is each draft's chance of being kept once the drafts before it were."""
+        ends = [*self.at[2:], n_tokens - 1]  # the cache's position after each verify pass
+        accepted = checked = drafted = 0
+        for fed, start, end in zip(self.fed[1:], self.at[1:], ends):
+            n = end - start - 1
+            accepted, drafted = accepted + n, drafted + fed - 1
+            checked += n + (n < fed - 1)  # a rejection was checked too
+        return accepted, checked, drafted
 
 
 def plain_greedy(model, input_ids: torch.Tensor, max_new_tokens: int, cache) -> torch.Tensor:
@@ -93,9 +107,79 @@ def paired_medians(fns: dict, rounds: int, repeats: int = 3) -> dict:
     }
 
 
+class NoisyOracle:
+    """A drafter with a chosen acceptance rate: it knows the model's greedy text and spoils each drafted token
+    with probability 1 - keep (fixed seed). Costs next to nothing, so c is about 0."""
+
+    vocab_size = None
+
+    def __init__(self, text: list[int], keep: float, seed: int = 0):
+        self.text, self.keep, self.rng = text, keep, torch.Generator().manual_seed(seed)
+
+    def propose(self, tokens: list[int], k: int) -> list[int]:
+        out = list(self.text[len(tokens) : len(tokens) + k])
+        spoil = torch.rand(len(out), generator=self.rng) >= self.keep
+        return [(t + 1) % 400 if bad else t for t, bad in zip(out, spoil.tolist())]
+
+
+class Tracing:
+    """Wraps a drafter and keeps every proposal as (tokens so far, drafts): what the widget shows."""
+
+    def __init__(self, drafter):
+        self.drafter, self.vocab_size, self.proposals = drafter, drafter.vocab_size, []
+
+    def propose(self, tokens: list[int], k: int) -> list[int]:
+        drafts = self.drafter.propose(tokens, k)
+        self.proposals.append((len(tokens), list(drafts[:k])))
+        return drafts
+
+
+def rounds_of(tracing: Tracing, output: list[int]) -> list[dict]:
+    """Each verify pass of a finished run: its drafts, how many were kept, the model's own token (ids)."""
+    out = []
+    for length, drafts in tracing.proposals:
+        n = 0
+        while n < len(drafts) and length + n < len(output) and drafts[n] == output[length + n]:
+            n += 1
+        if length + n < len(output):
+            out.append({"draft": drafts, "n_accepted": n, "next_token": output[length + n]})
+    return out
+
+
+def speedup_sweep(model, drafters: dict, input_ids: torch.Tensor, n_new: int, gammas, rounds: int = 3) -> dict:
+    """label -> {speedup: [median paired ratio per gamma], alpha, passes}: each drafter factory against plain cached
+    greedy decoding of the same prompt, plain and speculative timed one after the other in every round."""
+    from kvlib.kv_cache import KVCache  # noqa: PLC0415 (late binding: runs the learner's code)
+    from kvlib.speculative import speculative_generate  # noqa: PLC0415 (late binding: runs the learner's code)
+
+    cache = KVCache(model.config, max_seq_len=input_ids.shape[1] + n_new + max(gammas) + 1)
+    out = {}
+    for label, make in drafters.items():
+        ratios, drafted, accepted = {g: [] for g in gammas}, 0, 0
+        for _ in range(rounds):
+            for g in gammas:
+                start = time.perf_counter()
+                want = plain_greedy(model, input_ids, n_new, cache)
+                plain_s = time.perf_counter() - start
+                counted = Counted(model)
+                drafter = make()
+                start = time.perf_counter()
+                got = speculative_generate(counted, drafter, input_ids, n_new, g, cache=cache)
+                ratios[g].append(plain_s / (time.perf_counter() - start))
+                if not torch.equal(got, want):
+                    raise AssertionError(f"{label}, gamma {g}: speculative decoding changed the tokens")
+                a, checked, _ = counted.acceptance(got.shape[1])
+                accepted, drafted = accepted + a, drafted + checked
+        out[label] = {
+            "speedup": [statistics.median(ratios[g]) for g in gammas],
+            "alpha": accepted / drafted if drafted else 0.0,
+        }
+    return out
+
+
 def bench_spec(threads: int = 1, quick: bool = False, max_new_tokens: int | None = None) -> dict:
     from kvlib.kv_cache import KVCache  # noqa: PLC0415 (late binding: runs the learner's code)
-    from kvlib.speculative import LookupDrafter, ModelDrafter, speculative_generate  # noqa: PLC0415 (as above)
+    from kvlib.speculative import LookupDrafter, ModelDrafter, speculative_generate  # noqa: PLC0415 (late binding: runs the learner's code)
 
     model, tokenizer = load_tiny()
     draft_model, _ = load_draft()
@@ -109,7 +193,8 @@ def bench_spec(threads: int = 1, quick: bool = False, max_new_tokens: int | None
     }
     ways = {"model": lambda: ModelDrafter(draft_model, max_seq_len=512), "lookup": lambda: LookupDrafter(3)}
     results: dict = {
-        way: {g: {"ratios": [], "passes": 0, "tokens": 0, "drafted": 0, "accepted": 0} for g in gammas} for way in ways
+        way: {g: {"ratios": [], "passes": 0, "tokens": 0, "drafted": 0, "checked": 0, "accepted": 0} for g in gammas}
+        for way in ways
     }
     identical = True
     with num_threads(threads):
@@ -130,8 +215,12 @@ def bench_spec(threads: int = 1, quick: bool = False, max_new_tokens: int | None
                         r["ratios"].append(plain_s / spec_s)
                         r["passes"] += len(counted.fed)
                         r["tokens"] += n_new
-                        r["drafted"] += sum(f - 1 for f in counted.fed[1:])
-                        r["accepted"] += n_new - len(counted.fed)  # each pass makes one token of its own
+                        accepted, checked, drafted = counted.acceptance(got.shape[1])
+                        r["accepted"], r["checked"], r["drafted"] = (
+                            r["accepted"] + accepted,
+                            r["checked"] + checked,
+                            r["drafted"] + drafted,
+                        )
         # the cost ratio c: a draft step over a model step (decode, one token, at kv_len 32), paired per round
         text = list(range(400)) * 2
         steps = paired_medians(
@@ -153,7 +242,7 @@ def bench_spec(threads: int = 1, quick: bool = False, max_new_tokens: int | None
     for way, per_gamma in results.items():
         table[way] = []
         for g, r in per_gamma.items():
-            alpha = r["accepted"] / r["drafted"] if r["drafted"] else 0.0
+            alpha = r["accepted"] / r["checked"] if r["checked"] else 0.0
             table[way].append(
                 {
                     "gamma": g,
