@@ -408,3 +408,46 @@ def test_bench_spec_quick_reports_every_part():
     assert set(report["forward_by_tokens"]) == {1, 2, 4, 8, 16}
     assert set(report["goals"]) == {"model", "lookup"}
     assert "kvlib bench spec" in bench_spec.format_spec(report)
+
+
+# ---------------------------------------------------------------------------------------------
+# Grading: notebook 10's checks hand the learner objects of their own (a counting model, a cache, drafters
+# whose proposals they know), which cannot cross into the isolated child, so its checks run in the jailed
+# kernel, as nbgrader grades (kvlib.grading.checks_registry.PROXYABLE_MODULES leaves it out)
+
+
+@pytest.mark.slow
+def test_grading_notebook_10_gives_correct_full_marks_and_untouched_zero(tmp_path):
+    """Check that `nbgrader autograde` in a `kvlib course init` folder scores the reference in full and the release 0."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import ROOT, run_kvlib
+    from nbgrader.api import Gradebook
+
+    course, nb = tmp_path / "course", "10-speculative"
+    proc = run_kvlib("course", "init", str(course))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    env = {**os.environ, "PATH": path, "KVLIB_SOLUTIONS": "0", "PYTHONPATH": str(ROOT)}
+
+    def nbgrader(*args):
+        done = subprocess.run(
+            [sys.executable, "-m", "nbgrader", *args], cwd=course, capture_output=True, text=True, env=env, timeout=1500
+        )
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+
+    nbgrader("generate_assignment", nb, "--log-level=WARN")
+    for student in ("correct", "untouched"):
+        sub = course / "submitted" / student / nb
+        shutil.copytree(course / "release" / nb, sub)
+        if student == "correct":  # notebook 10 runs on notebook 04's cache (and so 01's mask, 02's sampling)
+            for module in ("speculative", "kv_cache", "attention", "generation"):
+                shutil.copy(ROOT / "solutions" / "kvlib" / f"{module}.py", sub / "kvlib" / f"{module}.py")
+    nbgrader("autograde", nb, "--log-level=WARN")
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        scores = {s.student.id: (s.score, s.max_score) for s in gb.assignment_submissions(nb)}
+    assert scores["correct"][1] == 8 and scores["correct"][0] == 8, scores
+    assert scores["untouched"][0] == 0, scores
