@@ -98,6 +98,22 @@ def _figures():
             ],
             note="test machine",
         ),
+        "speculative_speedup": lambda: plotting.speculative_speedup(
+            [1, 2, 4],
+            {
+                "drafter model": {"alpha": 0.7, "c": 0.1, "speedup": [1.2, 1.5, 1.6]},
+                "oracle": {"alpha": 0.9, "c": 0.0, "speedup": [1.8, 2.5, 3.0]},
+            },
+            note="test machine",
+        ),
+        "accepted_drafts": lambda: plotting.accepted_drafts(
+            [
+                {"draft": ["P", "a", "r"], "n_accepted": 0, "next_token": "巴"},
+                {"draft": ["a", "r", " "], "n_accepted": 3, "next_token": "\n"},
+            ],
+            gamma=3,
+            note="test machine",
+        ),
     }
 
 

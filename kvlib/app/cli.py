@@ -3,7 +3,7 @@
 kvlib check [ID|NN] [--json]   one row per exercise: id, title, notebook, status, message
 kvlib hint ID [--level N]      the next hint of one exercise, only when asked (--reset starts again)
 kvlib generate PROMPT          stream the tiny model's answer, then its TTFT and TPOT
-kvlib bench NAME [--json]      cache, memory, gqa, serve, compress, fused: measured on this machine (kvlib bench -h)
+kvlib bench NAME [--json]      cache, memory, gqa, serve, compress, fused, spec: measured here (kvlib bench -h)
 kvlib lab [NN]                 open JupyterLab on the course (learner view: nbgrader's Validate button)
 kvlib present [NN] [--check]   the solved notebooks in reference mode; --check runs them all and times each
 kvlib course release [--check] regenerate kvlib/ stubs and notebooks/ from solutions/
@@ -171,6 +171,12 @@ BENCHES = {
         "(copied, folded, compiled)",
         "bench_fused",
         "format_fused",
+    ),
+    "spec": (
+        "speculative decoding: a drafter model and prompt lookup against gamma, alpha, tokens per pass beside the "
+        "formula, the cost ratio c, predicted and measured speedup, a forward's time against tokens fed at once",
+        "bench_spec",
+        "format_spec",
     ),
 }
 

@@ -90,6 +90,7 @@ _ASSETS = {
     "tiny": 2,  # the trained tiny model runs everything from notebook 02 on
     "recordings": 5,  # GPU runs of `kvlib bench memory`, shown as recordings in notebook 05
     "gqa": 6,  # the recorded uptraining study of notebook 06
+    "draft": 10,  # notebook 10's drafter model
 }
 
 

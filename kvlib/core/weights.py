@@ -19,6 +19,7 @@ from kvlib.core.paths import ASSETS
 from kvlib.core.tokenizer import Tokenizer
 
 TINY_DIR = ASSETS / "tiny"  # where load_tiny() looks
+DRAFT_DIR = ASSETS / "draft"  # notebook 10's drafter: where load_draft() looks
 WEIGHTS_FILE, CONFIG_FILE = "model.pt", "config.json"  # fp16 state dict; ModelConfig as JSON
 TOKENIZER_FILE, MANIFEST_FILE = "tokenizer.json", "manifest.json"  # characters; sha256 + how it was made
 
@@ -159,7 +160,10 @@ def load_tiny(path: str | Path | None = None) -> tuple[Decoder, Tokenizer]:
     `python -m kvlib.study.train`, which reproduces them.
     """
     folder = Path(path) if path is not None else TINY_DIR
-    command = "python -m kvlib.study.train" + ("" if folder.resolve() == TINY_DIR else f" --out {folder}")
+    where = folder.resolve()
+    command = "python -m kvlib.study.train" + (
+        "" if where == TINY_DIR else " --preset draft" if where == DRAFT_DIR else f" --out {folder}"
+    )
     files = [folder / name for name in (WEIGHTS_FILE, CONFIG_FILE, TOKENIZER_FILE, MANIFEST_FILE)]
     missing = [f.name for f in files if not f.is_file()]
     if missing:
@@ -182,3 +186,12 @@ def load_tiny(path: str | Path | None = None) -> tuple[Decoder, Tokenizer]:
     state_dict = torch.load(folder / WEIGHTS_FILE, map_location="cpu", weights_only=True)
     model = load_checked(Decoder(config), state_dict, source=str(folder / WEIGHTS_FILE))
     return model.float().eval(), tokenizer
+
+
+def load_draft(path: str | Path | None = None) -> tuple[Decoder, Tokenizer]:
+    """Notebook 10's drafter (float32, eval mode) and its tokenizer, from assets/draft, checked as load_tiny checks.
+
+    A 1-layer model of width 64 trained on the tiny model's corpus with its tokenizer, by
+    `python -m kvlib.study.train --preset draft`.
+    """
+    return load_tiny(DRAFT_DIR if path is None else path)

@@ -81,6 +81,10 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("9.2", "Tiled attention, causal tiles skipped", "09-fused", "fused", "tiled_attention"),
     Exercise("9.3", "Merge partial attentions", "09-fused", "fused", "merge_partials"),
     Exercise("9.4", "int8 attention with folded scales", "09-fused", "fused", "int8_folded_attention"),
+    Exercise("10.1", "Verify drafts in one pass", "10-speculative", "speculative", "verify_greedy"),
+    Exercise("10.2", "Greedy speculative decoding", "10-speculative", "speculative", "speculative_generate"),
+    Exercise("10.3", "Exact speculative sampling", "10-speculative", "speculative", "accept_sampled"),
+    Exercise("10.4", "Prompt lookup", "10-speculative", "speculative", "prompt_lookup"),
 )
 BY_ID = {ex.id: ex for ex in EXERCISES}
 NOTEBOOKS = tuple(dict.fromkeys(ex.notebook for ex in EXERCISES))

@@ -565,3 +565,76 @@ def check_int8_folded(q, k_values, k_scale, v_values, v_scale, kv_len):
     check_int8_attention(q, k_values, k_scale, v_values, v_scale, kv_len)
     if q.shape[2] != 1:
         raise ValueError(f"int8_folded_attention is a decode step: q must hold one query, got {_shape(q)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Notebook 10: speculative decoding
+
+
+def _token_list(name, tokens, minimum=0):
+    if not isinstance(tokens, (list, tuple)) or not all(
+        isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in tokens
+    ):
+        raise ValueError(f"{name} must be a list of int token ids, got {type(tokens).__name__} {tokens!r:.80}")
+    if len(tokens) < minimum:
+        raise ValueError(f"{name} must hold at least {minimum} token(s), got {len(tokens)}")
+
+
+def _room(cache, needed: int, what: str):
+    free = cache.max_seq_len - cache.pos
+    if needed > free:
+        raise ValueError(
+            f"the cache has room for {free} more token(s) (pos {cache.pos}, max_seq_len {cache.max_seq_len}); "
+            f"{what} needs {needed}"
+        )
+
+
+def check_verify(model, cache, last_token, draft):
+    _token_list("last_token", [last_token], 1)
+    _token_list("draft", draft)
+    _room(cache, len(draft) + 1, f"a verify pass over last_token and {len(draft)} drafted token(s)")
+
+
+def check_speculative_generate(model, drafter, input_ids, max_new_tokens, gamma, eos_token=None, cache=None):
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+        raise ValueError(f"gamma (tokens drafted per pass) must be an int >= 1, got {gamma!r}")
+    check_count("max_new_tokens", max_new_tokens)
+    if not _is_tensor(input_ids) or input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
+        shape = tuple(input_ids.shape) if _is_tensor(input_ids) else type(input_ids).__name__
+        raise ValueError(f"input_ids must be one prompt of shape (1, seq_len), got {shape}")
+    vocab = getattr(drafter, "vocab_size", None)
+    if vocab is not None and vocab != model.config.vocab_size:
+        raise ValueError(
+            f"the drafter's vocabulary has {vocab} tokens, the model's {model.config.vocab_size}: "
+            "a drafter must share the model's tokenizer, or its ids mean other tokens"
+        )
+    if not callable(getattr(drafter, "propose", None)):
+        raise ValueError(f"drafter must have a propose(tokens, k) method, got {type(drafter).__name__}")
+    if cache is not None and input_ids.shape[1] + max_new_tokens > cache.max_seq_len:
+        raise ValueError(
+            f"the cache holds {cache.max_seq_len} tokens, but the prompt ({input_ids.shape[1]}) and "
+            f"max_new_tokens ({max_new_tokens}) need {input_ids.shape[1] + max_new_tokens}"
+        )
+
+
+def check_accept_sampled(p, q, draft, generator=None):
+    import torch  # noqa: PLC0415 (start-up time: notebook 01 runs without torch)
+
+    _token_list("draft", draft)
+    gamma = len(draft)
+    for name, x, rows in (("p", p, gamma + 1), ("q", q, gamma)):
+        if not _is_tensor(x) or not x.dtype.is_floating_point or x.dim() != 2 or x.shape[0] != rows:
+            got = f"{tuple(x.shape)} {x.dtype}" if _is_tensor(x) else type(x).__name__
+            raise ValueError(f"{name} must be a float tensor ({rows}, vocab) for {gamma} drafted tokens, got {got}")
+        if (x < 0).any() or not torch.allclose(x.sum(-1).double(), torch.ones(rows, dtype=torch.float64), atol=1e-4):
+            raise ValueError(f"each row of {name} must be a probability distribution (>= 0, summing to 1)")
+    if p.shape[1] != q.shape[1]:
+        raise ValueError(f"p and q must share one vocabulary, got {p.shape[1]} and {q.shape[1]} columns")
+    if any(not 0 <= t < p.shape[1] for t in draft):
+        raise ValueError(f"draft holds ids outside [0, {p.shape[1]}): {list(draft)}")
+
+
+def check_prompt_lookup(tokens, n, k):
+    _token_list("tokens", tokens)
+    check_count("n", n)
+    check_count("k", k)

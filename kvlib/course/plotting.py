@@ -1324,3 +1324,103 @@ def fused_memory(memory_rows, decode_rows, *, note=None):
         right.set_title("A decode step's attention: bytes read\n(labels: measured ms)", loc="left", fontsize=14)
         _note(fig, note)
     return _finish(fig)
+
+
+# ---------------------------------------------------------------------------------------------
+# Notebook 10: speculative decoding
+
+
+def speculative_speedup(gammas, measured, *, note=None):
+    """Measured speedup against gamma for a few drafters (markers), each beside the formula's curve (line).
+
+    Args:    gammas: the gamma of each measured point
+             measured: label -> dict(alpha=..., c=..., speedup=[one per gamma]); the curve is
+             (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)) with that drafter's measured alpha and c
+             note: what produced the numbers
+    Returns: the Figure
+    """
+    gammas = np.asarray(gammas)
+    fine = np.linspace(1, gammas.max(), 100)
+    best_label, best = max(((label, max(m["speedup"])) for label, m in measured.items()), key=lambda lb: lb[1])
+    best_gamma = gammas[int(np.argmax(measured[best_label]["speedup"]))]
+    with style():
+        fig, ax = plt.subplots(figsize=(10, 5.6))
+        fig.subplots_adjust(bottom=0.2 if note else 0.14, top=0.86, right=0.7)
+        for color, (label, m) in zip(COLORS, measured.items()):
+            a, c = min(m["alpha"], 0.999999), m["c"]
+            curve = (1 - a ** (fine + 1)) / ((1 - a) * (fine * c + 1))
+            ax.plot(fine, curve, color=color, lw=2, alpha=0.6)
+            ax.plot(gammas, m["speedup"], "o", color=color, ms=8, label=f"{label}\nalpha {m['alpha']:.2f}, c {c:.3f}")
+        ax.axhline(1, color=PALETTE["black"], lw=1, ls=":")
+        ax.set_xticks(gammas)
+        ax.set_xlabel("gamma (tokens drafted per model pass)")
+        ax.set_ylabel("speedup over plain greedy decoding (x)")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False)
+        ax.set_title(
+            f"Up to {best:.1f}x measured ({best_label}, gamma {best_gamma});\n"
+            "lines: the formula with each drafter's measured alpha and c",
+            loc="left",
+        )
+        _note(fig, note)
+    return _finish(fig)
+
+
+def accepted_drafts(rounds, *, gamma, note=None):
+    """Each round of speculative decoding as a row of boxes: drafts kept (green), the first rejected one
+    (vermillion), drafts after it never kept (grey), and the model's own token (blue).
+
+    Args:    rounds: list of dicts with draft (token texts), n_accepted, next_token (its text)
+             gamma: tokens drafted per pass, for the title   note: what produced the run
+    Returns: the Figure
+    """
+    from matplotlib.patches import Rectangle  # noqa: PLC0415 (start-up time: only this figure draws boxes)
+
+    n = len(rounds)
+    width = max(len(r["draft"]) for r in rounds) + 1
+    kept = sum(r["n_accepted"] + 1 for r in rounds)
+    with style():
+        fig, ax = plt.subplots(figsize=(min(14, max(9, 2.5 + 0.9 * width)), 0.45 * n + 2.4))
+        fig.subplots_adjust(left=0.14, bottom=0.16 if note else 0.1, top=0.84)
+        for row, r in enumerate(rounds):
+            y = n - 1 - row
+            cells = [
+                (
+                    t,
+                    PALETTE["green"]
+                    if i < r["n_accepted"]
+                    else PALETTE["vermillion"]
+                    if i == r["n_accepted"]
+                    else MASKED_GREY,
+                )
+                for i, t in enumerate(r["draft"])
+            ]
+            cells = cells[: r["n_accepted"]] + [(r["next_token"], PALETTE["blue"])] + cells[r["n_accepted"] :]
+            for x, (text, color) in enumerate(cells):
+                ax.add_patch(Rectangle((x, y - 0.4), 0.92, 0.8, color=color))
+                shown = "␣" if text == " " else text.replace("\n", "⏎")
+                ax.text(
+                    x + 0.46,
+                    y,
+                    shown,
+                    ha="center",
+                    va="center",
+                    fontsize=12,
+                    color="white" if color in (PALETTE["blue"], PALETTE["vermillion"], PALETTE["green"]) else "black",
+                )
+        ax.set_xlim(-0.1, width + 0.1)
+        ax.set_ylim(-0.6, n - 0.4)
+        ax.set_yticks(range(n), [f"pass {n - i}" for i in range(n)])
+        ax.set_ylabel("model pass (first at the top)")
+        ax.set_xticks([])
+        ax.set_xlabel("tokens made by one pass, in order")
+        ax.set_title(
+            f"gamma {gamma}: {kept} tokens in {n} model passes ({kept / n:.2f} per pass)\n"
+            "green: draft kept, vermillion: first rejected, grey: never kept, blue: the model's own",
+            loc="left",
+            fontsize=13,
+        )
+        _note(fig, note)
+    return _finish(fig)
+
+
+__all__ += ["accepted_drafts", "speculative_speedup"]

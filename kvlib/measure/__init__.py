@@ -9,6 +9,7 @@ bench_gqa.py       `kvlib bench gqa` (notebook 06): a decode step at long contex
 bench_serve.py     `kvlib bench serve` (notebook 07): static against continuous batching at equal KV memory
 bench_compress.py  `kvlib bench compress` (notebook 08): the smaller caches, in bytes and in time
 bench_fused.py     `kvlib bench fused` (notebook 09): peak memory naive vs tiled, causal FLOPs, int8 decode 4 ways
+bench_spec.py      `kvlib bench spec` (notebook 10): speculative decoding against gamma, predicted and measured
 compiled.py        kvlib's model decoding through torch.compile on a CPU (a way of `kvlib bench cache`)
 peers.py           the engines `kvlib bench cache` compares kvlib with: transformers, llama.cpp
 """

@@ -32,7 +32,16 @@ import torch.nn.functional as F
 
 from kvlib.core.model import Decoder, ModelConfig
 from kvlib.core.tokenizer import Tokenizer
-from kvlib.core.weights import CONFIG_FILE, MANIFEST_FILE, TINY_DIR, TOKENIZER_FILE, WEIGHTS_FILE, load_tiny, sha256_of
+from kvlib.core.weights import (
+    CONFIG_FILE,
+    DRAFT_DIR,
+    MANIFEST_FILE,
+    TINY_DIR,
+    TOKENIZER_FILE,
+    WEIGHTS_FILE,
+    load_tiny,
+    sha256_of,
+)
 from kvlib.study import corpus
 
 
@@ -246,6 +255,14 @@ def evaluate(
 # ---------------------------------------------------------------------------------------------
 # Training
 
+DRAFT_STEPS = 1500  # the drafter (notebook 10) learns the templates' text well within these, on one core
+
+
+def draft_config(vocab_size: int) -> ModelConfig:
+    """Notebook 10's drafter: the tiny model's vocabulary and positions, 1 layer of width 64 (about a tenth
+    of the tiny model's matrix weights), so one of its steps costs a fraction of one of the model's."""
+    return ModelConfig(vocab_size, d_model=64, n_layers=1, n_heads=4, n_kv_heads=4, hidden_dim=128, max_seq_len=512)
+
 
 def init_weights(model: Decoder, seed: int) -> None:
     """GPT-2 style: N(0, 0.02) everywhere, residual outputs scaled down by sqrt(2 * n_layers)."""
@@ -394,6 +411,13 @@ def main(argv: list[str] | None = None) -> int:
     add("--force", action="store_true", help="replace a different model already in --out")
     add("--seed", type=int, default=defaults.seed, help=f"seed of weights and batches (default {defaults.seed})")
     add("--toy", action="store_true", help="a toy model and a quick evaluation, to test this script")
+    add(
+        "--preset",
+        choices=("tiny", "draft"),
+        default="tiny",
+        help="tiny: the course's model (assets/tiny); draft: notebook 10's drafter, 1 layer of width 64, "
+        f"{DRAFT_STEPS} steps, written to assets/draft (default tiny)",
+    )
     args = parser.parse_args(argv)
     if args.steps < 1 or args.threads < 1:
         parser.error("--steps and --threads must be positive")
@@ -402,6 +426,12 @@ def main(argv: list[str] | None = None) -> int:
     warmup = min(defaults.warmup, max(1, args.steps // 10))  # short runs (tests) warm up for a tenth
     settings = replace(defaults, steps=args.steps, seed=args.seed, warmup=warmup)
     config, quick = None, {}
+    if args.preset == "draft":  # same corpus and tokenizer as the tiny model, a tenth of its work per token
+        config = draft_config(build_tokenizer().vocab_size)
+        steps = args.steps if "--steps" in (sys.argv[1:] if argv is None else argv) else DRAFT_STEPS
+        settings = replace(settings, steps=steps, warmup=min(defaults.warmup, max(1, steps // 10)))
+        if args.out == TINY_DIR:
+            args.out = DRAFT_DIR
     if args.toy:  # one small layer, short rows, and 6 countries in the evaluation
         vocab_size = build_tokenizer().vocab_size
         config = ModelConfig(

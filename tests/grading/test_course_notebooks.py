@@ -11,6 +11,7 @@ import pytest
 from conftest import ROOT, nbgrader, run_kvlib
 
 from kvlib.course.exercises import EXERCISES
+from kvlib.grading.checks_registry import PROXYABLE_MODULES
 
 pytestmark = pytest.mark.slow
 
@@ -90,8 +91,11 @@ def _top_level_split(params: str) -> list[str]:
     return out + [cur]
 
 
-# (notebook, module) from 02 on: every notebook of the exercise table but 01 (tests/grading/test_attacks.py)
-ISOLATED = list(dict((ex.notebook, ex.module) for ex in EXERCISES).items())[1:]
+# (notebook, module) from 02 on, graded in the isolated child: every notebook of the exercise table but 01
+# (tests/grading/test_attacks.py) and those left in NOT_PROXYABLE (tests/test_speculative.py grades 10 in its kernel)
+ISOLATED = [(nb, m) for nb, m in dict((ex.notebook, ex.module) for ex in EXERCISES).items() if m in PROXYABLE_MODULES][
+    1:
+]
 # earlier notebooks' exercises a notebook's own use: the correct and helper students did those too
 EARLIER_DONE = {
     "kv_cache": ("attention", "generation"),  # 4.x use Exercise 1.3's mask and 2.1's sampling

@@ -1,0 +1,492 @@
+"""Checks for notebook 10 (kvlib/speculative.py): exercises 10.1-10.4.
+
+The checks hand the learner's code a model that counts its own forward passes (how many tokens each
+fed, with or without a cache), a cache of their own (its update and attention are not under test),
+and drafters whose proposals they know, so the number of passes a speculative loop needs is computed
+here, before learner code runs; greedy tokens made without drafting fail on that count. Every
+expected token, cache content and distribution is computed before the learner's code runs, from
+copies it never receives. Named slips: verifying without the cache or one pass per draft, the bonus
+token forgotten, the cache rewound one too far or not far enough, an end token inside the accepted
+drafts, acceptance by rank (top-k) instead of min(1, p/q), resampling from p instead of max(0, p - q),
+prompt lookup matching the tail itself or the first occurrence.
+Sampling checks are chi-squared tests at significance 0.001 with fixed seeds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from kvlib.checks import check
+from kvlib.core.model import Decoder, ModelConfig, causal_mask_tensor
+
+CONFIG = ModelConfig(vocab_size=29, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=48, max_seq_len=64)
+SIGNIFICANCE = 0.001  # a correct sampler fails a test with this probability; the seeds are fixed, so it never flips
+HINT = " (kvlib hint {})"
+
+# ---------------------------------------------------------------------------------------------
+# The check's own model, cache and drafters
+
+
+class CheckCache:
+    """A plain KV cache (the contract's pos, update, advance, reset, truncate): the learner's 4.1 is not graded here."""
+
+    def __init__(self, config: ModelConfig, max_seq_len: int):
+        shape = (config.n_layers, 1, config.n_kv_heads, max_seq_len, config.head_dim)
+        self.k, self.v = torch.zeros(shape), torch.zeros(shape)
+        self.max_seq_len, self.pos = max_seq_len, 0
+
+    def update(self, layer, k_new, v_new):
+        end = self.pos + k_new.shape[2]
+        self.k[layer, :, :, self.pos : end], self.v[layer, :, :, self.pos : end] = k_new, v_new
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def advance(self, seq_len: int) -> None:
+        if self.pos + seq_len > self.max_seq_len:
+            raise ValueError(f"advancing by {seq_len} from {self.pos} runs past max_seq_len={self.max_seq_len}")
+        self.pos += seq_len
+
+    def reset(self) -> None:
+        self.pos = 0
+
+    def truncate(self, pos: int) -> None:
+        if isinstance(pos, bool) or not isinstance(pos, int) or not 0 <= pos <= self.pos:
+            raise ValueError(f"truncate(pos) needs 0 <= pos <= {self.pos} (the tokens held), got {pos!r}")
+        self.pos = pos
+
+    @staticmethod
+    def attention(attn, x, cache, layer, rope_cos, rope_sin):
+        T = x.shape[1]
+        cos, sin = rope_cos[cache.pos : cache.pos + T], rope_sin[cache.pos : cache.pos + T]
+        q = attn.project_q(x, cos, sin)
+        k, v = cache.update(layer, *attn.project_kv(x, cos, sin))
+        mask = causal_mask_tensor(T, k.shape[2])
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        return attn.o_proj(out.transpose(1, 2).reshape(x.shape[0], T, -1))
+
+
+def counted(decoder: Decoder):
+    """(model, calls): model(ids, past_key_values=cache) runs decoder and appends (seq_len, had_cache, pos) to calls.
+
+    The decoder sits in a closure, not an attribute, so the learner's code reaches it only by calling the model.
+    """
+    calls: list[tuple[int, bool, int | None]] = []
+
+    class Model:
+        __slots__ = ()
+        config = decoder.config
+
+        def __call__(self, input_ids, pos=0, past_key_values=None):
+            calls.append((int(input_ids.shape[1]), past_key_values is not None, getattr(past_key_values, "pos", None)))
+            with torch.inference_mode():
+                return decoder(input_ids, pos=pos, past_key_values=past_key_values)
+
+        def __repr__(self):
+            return "<the check's model: called as model(ids, past_key_values=cache)>"
+
+    return Model(), calls
+
+
+def make_model(rng) -> Decoder:
+    torch.manual_seed(int(rng.integers(1 << 30)))
+    return Decoder(CONFIG).eval()
+
+
+def greedy(decoder: Decoder, prompt: list[int], n: int, eos: int | None = None) -> list[int]:
+    """n greedy tokens after prompt (recomputed each step, no cache): what the speculative loop must return."""
+    ids = list(prompt)
+    with torch.inference_mode():
+        for _ in range(n):
+            ids.append(int(decoder(torch.tensor([ids]))[0, -1].argmax()))
+            if ids[-1] == eos:
+                break
+    return ids[len(prompt) :]
+
+
+def plain_cache(decoder: Decoder, tokens: list[int], max_seq_len: int) -> CheckCache:
+    """A cache filled by one plain pass over tokens: what a correctly rewound cache holds."""
+    cache = CheckCache(decoder.config, max_seq_len)
+    with torch.inference_mode():
+        decoder(torch.tensor([tokens]), past_key_values=cache)
+    return cache
+
+
+class OracleDrafter:
+    """Proposes the true greedy continuation with one token spoiled at a place fixed by the text's length."""
+
+    def __init__(self, sequence: list[int], gamma: int, spoil: bool = True):
+        self.sequence, self.gamma, self.spoil, self.vocab_size = sequence, gamma, spoil, CONFIG.vocab_size
+        self.asked: list[tuple[int, int]] = []
+
+    def propose(self, tokens, k):
+        L = len(tokens)
+        self.asked.append((L, k))
+        out = list(self.sequence[L : L + k])
+        bad = (L * 7) % (self.gamma + 2)  # some rounds keep everything, some lose the first draft
+        if self.spoil and bad < len(out):
+            out[bad] = (out[bad] + 1) % CONFIG.vocab_size
+        return out
+
+
+def expected_passes(drafter_factory, sequence, prompt_len, n_new, gamma) -> tuple[int, list[int]]:
+    """Forward passes of the policy 'draft min(gamma, left - 1), verify once', and tokens kept per pass."""
+    drafter, new, passes, kept = drafter_factory(), [sequence[prompt_len]], 1, [1]
+    while len(new) < n_new:
+        k = min(gamma, n_new - len(new) - 1)
+        draft = drafter.propose(sequence[: prompt_len + len(new)], k)[:k] if k else []
+        truth = sequence[prompt_len + len(new) : prompt_len + len(new) + len(draft) + 1]
+        n = 0
+        while n < len(draft) and draft[n] == truth[n]:
+            n += 1
+        new += truth[: n + 1]
+        passes += 1
+        kept.append(n + 1)
+    return passes, kept
+
+
+def _cache_diagnosis(cache, want_pos: int, hint: str) -> str | None:
+    if cache.pos == want_pos:
+        return None
+    if cache.pos > want_pos:
+        more = cache.pos - want_pos
+        why = (
+            "the first rejected draft is still in it (one too few rewound)"
+            if more == 1
+            else "rejected drafts stay in it"
+        )
+        return f"the cache holds {cache.pos} tokens, {want_pos} expected: {why}: truncate to the accepted ones{hint}"
+    return (
+        f"the cache holds {cache.pos} tokens, {want_pos} expected: it was rewound one too many"
+        f"{'' if want_pos - cache.pos == 1 else ' or more'}, and dropped last_token or an accepted draft{hint}"
+    )
+
+
+def _same_contents(cache, reference, upto: int) -> bool:
+    return torch.allclose(cache.k[..., :upto, :], reference.k[..., :upto, :], atol=1e-5) and torch.allclose(
+        cache.v[..., :upto, :], reference.v[..., :upto, :], atol=1e-5
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# 10.1 verify_greedy
+
+
+def _verify_case(sp, decoder, prompt, last, draft, truth, label):
+    hint = HINT.format("10.1")
+    cache = plain_cache(decoder, prompt, 40)
+    start = cache.pos
+    n_want = 0
+    while n_want < len(draft) and draft[n_want] == truth[n_want]:
+        n_want += 1
+    reference = plain_cache(decoder, prompt + [last] + draft[:n_want], 40)
+    model, calls = counted(decoder)
+    got = sp.verify_greedy(model, cache, last, list(draft))
+    assert isinstance(got, tuple) and len(got) == 2, f"verify_greedy must return (n_accepted, next_token), got {got!r}"
+    n, nxt = int(got[0]), int(got[1])
+    assert calls, f"{label}: the model was never called: verify the drafts with one forward pass{hint}"
+    if not all(had for _, had, _ in calls):
+        raise AssertionError(
+            f"{label}: the model ran without the cache (no past_key_values): verify through the cache, "
+            f"feeding only last_token and the drafts{hint}"
+        )
+    assert len(calls) == 1, (
+        f"{label}: {len(calls)} forward passes for {len(draft)} drafts: verify every draft in ONE pass "
+        f"over last_token and the drafts (that one pass is the whole saving){hint}"
+    )
+    assert calls[0][0] == len(draft) + 1, (
+        f"{label}: the verify pass fed {calls[0][0]} tokens; it needs last_token and the {len(draft)} drafts, "
+        f"{len(draft) + 1} tokens, at the cache's position{hint}"
+    )
+    assert n == n_want, (
+        f"{label}: {n} drafts accepted, {n_want} agree with the model's greedy tokens {truth[: len(draft)]} "
+        f"(drafts {list(draft)}): accept the longest prefix that matches{hint}"
+    )
+    if nxt != truth[n_want]:
+        if n_want == len(draft) and draft:
+            raise AssertionError(
+                f"{label}: every draft was accepted, so next_token is the bonus token, the model's own token after "
+                f"the last draft ({truth[n_want]}), got {nxt}{hint}"
+            )
+        raise AssertionError(f"{label}: next_token is {nxt}, the model's greedy token there is {truth[n_want]}{hint}")
+    problem = _cache_diagnosis(cache, start + n_want + 1, hint)
+    assert problem is None, f"{label}: {problem}"
+    assert _same_contents(cache, reference, start + n_want + 1), (
+        f"{label}: the cache's keys and values differ from a cache filled by plain decoding of the kept tokens{hint}"
+    )
+
+
+@check("10.1")
+def verify_greedy_accepts_the_agreeing_prefix(sp, rng):
+    """Check verify_greedy with all drafts right (the bonus token), the first wrong, one in the middle wrong, and none."""
+    decoder = make_model(rng)
+    prompt = [int(t) for t in rng.integers(CONFIG.vocab_size, size=7)]
+    seq = prompt + greedy(decoder, prompt, 7)
+    last, truth = seq[7], seq[8:]  # truth[i]: the greedy token after last_token and truth[:i]
+    V = CONFIG.vocab_size
+    for label, draft in (
+        ("4 correct drafts", truth[:4]),
+        ("the first draft wrong", [(truth[0] + 1) % V, *truth[1:3]]),
+        ("the third of 5 drafts wrong", [*truth[:2], (truth[2] + 3) % V, *truth[3:5]]),
+        ("an empty draft (a plain decode step)", []),
+    ):
+        _verify_case(sp, decoder, prompt, last, list(draft), truth, label)
+
+
+# ---------------------------------------------------------------------------------------------
+# 10.2 speculative_generate
+
+
+def _generate_case(sp, decoder, prompt, n_new, gamma, spoil=True, eos=None):
+    hint = HINT.format("10.2")
+    want = greedy(decoder, prompt, n_new, eos)
+    sequence = prompt + greedy(decoder, prompt, n_new + gamma + 2)  # what an oracle drafter may look ahead into
+    passes, _ = expected_passes(lambda: OracleDrafter(sequence, gamma, spoil), sequence, len(prompt), len(want), gamma)
+    reference = plain_cache(decoder, prompt + want[:-1], 48)
+    label = f"gamma={gamma}, {n_new} new tokens" + (f", eos_token={eos}" if eos is not None else "")
+    model, calls = counted(decoder)
+    cache = CheckCache(CONFIG, 48)
+    drafter = OracleDrafter(sequence, gamma, spoil)
+    got = sp.speculative_generate(model, drafter, torch.tensor([prompt]), n_new, gamma, eos, cache)
+    got = got[0, len(prompt) :].tolist() if isinstance(got, torch.Tensor) and got.dim() == 2 else got
+    if eos is not None and isinstance(got, list) and eos in got and got.index(eos) < len(got) - 1:
+        raise AssertionError(
+            f"{label}: tokens were returned after eos_token (at place {got.index(eos)} of {len(got)}): an end token "
+            f"inside the accepted drafts ends the text there; keep nothing after it{hint}"
+        )
+    assert got == want, f"{label}: the tokens differ from greedy decoding's: got {got}, expected {want}{hint}"
+    if not all(had for _, had, _ in calls):
+        raise AssertionError(f"{label}: the model ran without the cache: prefill once, then verify through it{hint}")
+    big = [t for t, _, _ in calls[1:] if t > gamma + 1]
+    assert not big, f"{label}: a verify pass fed {big[0]} tokens, more than gamma + 1 = {gamma + 1}{hint}"
+    if len(calls) >= len(want) and passes < len(want) and all(t == 1 for t, _, _ in calls[1:]):
+        raise AssertionError(
+            f"{label}: {len(calls)} forward passes for {len(want)} tokens: the drafts were never verified in one "
+            f"pass; a speculative loop needs {passes} here (one prefill, one verify per round){hint}"
+        )
+    assert len(calls) == passes, (
+        f"{label}: {len(calls)} forward passes of the model, {passes} needed: one prefill, then one verify per "
+        f"round that keeps the accepted drafts AND the model's own next token (the bonus when all are kept){hint}"
+    )
+    asked = [k for _, k in drafter.asked]
+    assert all(0 <= k <= gamma for k in asked), f"{label}: the drafter was asked for {max(asked)} > gamma tokens{hint}"
+    assert cache.pos > 0 or len(want) == 1, f"{label}: the cache handed in (cache=...) was never used{hint}"
+    problem = _cache_diagnosis(cache, len(prompt) + len(want) - 1, hint)
+    assert problem is None, f"{label}: on return, {problem}"
+    assert _same_contents(cache, reference, cache.pos), (
+        f"{label}: the cache's keys and values differ from those plain cached decoding leaves{hint}"
+    )
+
+
+@check("10.2")
+def speculative_generate_matches_greedy_in_fewer_passes(sp, rng):
+    """Check speculative_generate against greedy decoding for gamma 1, 3 and 5, counting the model's forward passes."""
+    decoder = make_model(rng)
+    for gamma, n_new in ((1, 9), (3, 14), (5, 13)):
+        prompt = [int(t) for t in rng.integers(CONFIG.vocab_size, size=5)]
+        _generate_case(sp, decoder, prompt, n_new, gamma)
+    _generate_case(sp, decoder, prompt, 13, 4, spoil=False)  # every draft right: 1 + ceil(12 / 5) passes
+
+
+@check("10.2")
+def speculative_generate_stops_at_an_end_token(sp, rng):
+    """Check that an end token inside the accepted drafts ends the text, and the cache, right after it."""
+    decoder = make_model(rng)
+    for _ in range(20):  # a prompt whose greedy text has a token that first appears a few places in
+        prompt = [int(t) for t in rng.integers(CONFIG.vocab_size, size=5)]
+        text = greedy(decoder, prompt, 12)
+        firsts = [i for i in range(2, 8) if text[i] not in text[:i]]
+        if firsts:
+            break
+    _generate_case(sp, decoder, prompt, 12, 5, spoil=False, eos=text[firsts[0]])
+
+
+# ---------------------------------------------------------------------------------------------
+# 10.3 accept_sampled: small categorical "models" whose distributions the check knows
+
+
+def chi2_sf_even(x: float, dof: int) -> float:
+    """P(chi-squared with an even number dof of degrees of freedom > x), exactly: exp(-x/2) sum (x/2)^i / i!."""
+    assert dof % 2 == 0 and dof > 0
+    half, term, total = x / 2, 1.0, 1.0
+    for i in range(1, dof // 2):
+        term *= half / i
+        total += term
+    return math.exp(-half) * total
+
+
+def _chi2(counts: np.ndarray, probs: np.ndarray) -> tuple[float, float]:
+    """(statistic, p-value) of observed counts against probabilities; cells of probability 0 must stay empty."""
+    keep = probs > 0
+    n = counts.sum()
+    stat = float((((counts[keep] - n * probs[keep]) ** 2) / (n * probs[keep])).sum())
+    dof = int(keep.sum()) - 1
+    return stat, chi2_sf_even(stat, dof) if dof % 2 == 0 else chi2_sf_even(stat, dof + 1)  # odd: conservative
+
+
+def _tokens(got, label, longest):
+    assert isinstance(got, (list, tuple)) and 1 <= len(got) <= longest, (
+        f"{label}: accept_sampled must return a list of 1 to {longest} token ids, got {got!r:.80}"
+    )
+    return [int(t) for t in got]
+
+
+@check("10.3")
+def accept_sampled_accepts_with_probability_min_1_p_over_q(sp, rng):
+    """Check the acceptance rate of a draft against min(1, p/q), and of drafts sampled from q against sum(min(p, q))."""
+    hint = HINT.format("10.3")
+    gen = torch.Generator().manual_seed(int(rng.integers(1 << 30)))
+    p = torch.tensor([[0.45, 0.3, 0.25, 0.0], [0.25, 0.25, 0.25, 0.25]])
+    q = torch.tensor([[0.1, 0.8, 0.05, 0.05]])
+    trials, want = 3000, 0.3 / 0.8  # draft token 1: p 0.3, q 0.8
+    accepted = sum(
+        len(_tokens(sp.accept_sampled(p.clone(), q.clone(), [1], gen), "draft [1]", 2)) == 2 for _ in range(trials)
+    )
+    rate = accepted / trials
+    z = (rate - want) / math.sqrt(want * (1 - want) / trials)
+    if rate > 0.95:
+        raise AssertionError(
+            f"a draft with p = 0.3 and q = 0.8 was accepted {rate:.0%} of the time, min(1, p/q) = {want:.3f}: "
+            f"acceptance by rank or membership (top-k), or with the ratio upside down (q/p), is not exact; "
+            f"accept when u < p/q for one uniform u, with probability min(1, p/q){hint}"
+        )
+    assert abs(z) < 3.29, (  # two-sided, significance 0.001
+        f"a draft with p = 0.3 and q = 0.8 was accepted {rate:.3f} of {trials} times, expected min(1, p/q) = "
+        f"{want:.3f} (z = {z:.1f}): accept when u < p/q for one uniform u{hint}"
+    )
+    # drafts sampled from q, as a drafter would: the acceptance rate is sum(min(p, q)) (Leviathan et al.)
+    alpha = float(torch.minimum(p[0], q[0]).sum())
+    drafts = torch.multinomial(q[0], trials, replacement=True, generator=torch.Generator().manual_seed(1)).tolist()
+    accepted = sum(len(_tokens(sp.accept_sampled(p.clone(), q.clone(), [d], gen), "draft", 2)) == 2 for d in drafts)
+    z = (accepted / trials - alpha) / math.sqrt(alpha * (1 - alpha) / trials)
+    assert abs(z) < 3.29, (
+        f"drafts sampled from q were accepted {accepted / trials:.3f} of the time, sum(min(p, q)) = {alpha:.3f} "
+        f"(z = {z:.1f}){hint}"
+    )
+
+
+@check("10.3")
+def accept_sampled_resamples_from_the_residual(sp, rng):
+    """Check that after a rejection the token follows normalised max(0, p - q), never the rejected draft."""
+    hint = HINT.format("10.3")
+    gen = torch.Generator().manual_seed(int(rng.integers(1 << 30)))
+    p = torch.tensor([[0.3, 0.2, 0.2, 0.3], [0.25, 0.25, 0.25, 0.25]])
+    q = torch.tensor([[0.0, 1.0, 0.0, 0.0]])  # the drafter always proposes 1; p gives it 0.2
+    residual = (p[0] - q[0]).clamp(min=0).numpy()
+    residual = residual / residual.sum()
+    counts = np.zeros(4)
+    for _ in range(3000):
+        got = _tokens(sp.accept_sampled(p.clone(), q.clone(), [1], gen), "draft [1]", 2)
+        if len(got) == 1:
+            counts[got[0]] += 1
+    assert counts.sum() > 0, f"the draft (p = 0.2, q = 1) was never rejected in 3000 rounds{hint}"
+    if counts[1] > 0:
+        raise AssertionError(
+            f"after rejecting draft 1, token 1 came {int(counts[1])} times: resample from normalised max(0, p - q), "
+            f"not from p (sampling from p counts the draft's share twice){hint}"
+        )
+    stat, pval = _chi2(counts, residual)
+    assert pval > SIGNIFICANCE, (
+        f"after a rejection the tokens {counts.astype(int).tolist()} do not follow normalised max(0, p - q) = "
+        f"{np.round(residual, 3).tolist()} (chi-squared {stat:.1f}, p-value {pval:.1e} < {SIGNIFICANCE}){hint}"
+    )
+
+
+@check("10.3")
+def accept_sampled_adds_the_bonus_token(sp, rng):
+    """Check that when every draft is accepted one more token is sampled from the last row of p."""
+    hint = HINT.format("10.3")
+    gen = torch.Generator().manual_seed(int(rng.integers(1 << 30)))
+    p = torch.tensor([[0.5, 0.5, 0.0, 0.0, 0.0], [0.0, 0.5, 0.5, 0.0, 0.0], [0.1, 0.2, 0.3, 0.25, 0.15]])
+    counts = np.zeros(5)
+    for _ in range(2000):
+        draft = [int(torch.multinomial(p[0], 1, generator=gen)), int(torch.multinomial(p[1], 1, generator=gen))]
+        got = _tokens(sp.accept_sampled(p.clone(), p[:2].clone(), draft, gen), "q == p", 3)
+        assert len(got) == 3, (
+            f"with q == p every draft is accepted, so the round returns the 2 drafts and a bonus token sampled from "
+            f"p's last row: got {len(got)} token(s){hint}"
+        )
+        assert got[:2] == draft, f"with q == p the drafts {draft} are kept as they are, got {got[:2]}{hint}"
+        counts[got[2]] += 1
+    stat, pval = _chi2(counts, p[2].numpy())
+    assert pval > SIGNIFICANCE, (
+        f"the bonus tokens {counts.astype(int).tolist()} do not follow p's last row {p[2].tolist()} "
+        f"(chi-squared {stat:.1f}, p-value {pval:.1e} < {SIGNIFICANCE}){hint}"
+    )
+
+
+def _bigram(rng, vocab: int) -> np.ndarray:
+    table = rng.uniform(0.05, 1.0, size=(vocab, vocab))
+    return table / table.sum(1, keepdims=True)
+
+
+@check("10.3")
+def accept_sampled_output_follows_the_model(sp, rng):
+    """Check that two tokens made by speculative sampling follow the model's distribution (chi-squared, 9 cells)."""
+    hint = HINT.format("10.3")
+    P, Q = _bigram(rng, 3), _bigram(rng, 3)  # next-token tables: the "model" and the "drafter", context = last token
+    Pt, Qt = torch.from_numpy(P).float(), torch.from_numpy(Q).float()
+    Pt, Qt = Pt / Pt.sum(1, keepdim=True), Qt / Qt.sum(1, keepdim=True)
+    gen, draws = torch.Generator().manual_seed(int(rng.integers(1 << 30))), np.random.default_rng(int(rng.integers(99)))
+    counts, gamma = np.zeros((3, 3)), 2
+    for _ in range(3000):
+        out = []
+        while len(out) < 2:
+            last = out[-1] if out else 0
+            draft = []
+            for _ in range(gamma):  # the drafter samples from its table, the check's own random numbers
+                draft.append(int(draws.choice(3, p=Q[draft[-1] if draft else last])))
+            context = [last, *draft]
+            p = torch.stack([Pt[t] for t in context])  # (gamma + 1, vocab): the model after each token
+            q = torch.stack([Qt[t] for t in context[:-1]])  # (gamma, vocab)
+            out += _tokens(sp.accept_sampled(p, q, list(draft), gen), "a bigram round", gamma + 1)
+        counts[out[0], out[1]] += 1
+    want = P[0][:, None] * P  # P(x1 | 0) P(x2 | x1)
+    stat, pval = _chi2(counts.ravel(), want.ravel())
+    assert pval > SIGNIFICANCE, (
+        f"the first two tokens' frequencies {(counts / counts.sum()).round(3).ravel().tolist()} do not follow the "
+        f"model's {want.round(3).ravel().tolist()} (chi-squared {stat:.1f}, 8 degrees of freedom, p-value "
+        f"{pval:.1e} < {SIGNIFICANCE}): the output must be distributed as sampling from the model alone{hint}"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# 10.4 prompt_lookup
+
+
+@check("10.4")
+def prompt_lookup_proposes_what_followed_the_latest_match(sp, rng):
+    """Check prompt_lookup on the latest of two matches, a match running into the tail, the text's end and no match."""
+    hint = HINT.format("10.4")
+    for tokens, n, k, want, slip in (
+        ([1, 2, 3, 9, 1, 2], 2, 3, [3, 9, 1], None),
+        ([5, 1, 7, 8, 5, 1, 9, 5, 1], 2, 2, [9, 5], "the first occurrence was used: propose what followed the LATEST"),
+        ([4, 2, 4], 1, 3, [2, 4], None),
+        ([3, 3, 3, 3], 2, 2, [3], None),
+        ([6, 7, 8, 9], 2, 4, [], None),
+        ([6, 7], 2, 4, [], None),
+        ([2, 5, 2, 5, 2], 1, 1, [5], None),
+    ):
+        got = sp.prompt_lookup(list(tokens), n, k)
+        assert isinstance(got, list), f"prompt_lookup must return a list of ids, got {type(got).__name__}{hint}"
+        got = [int(t) for t in got]
+        if got == want:
+            continue
+        where = f"prompt_lookup({tokens}, n={n}, k={k}) returned {got}, expected {want}"
+        if len(got) > k:
+            raise AssertionError(f"{where}: at most k tokens{hint}")
+        if not got and want:
+            raise AssertionError(
+                f"{where}: the last n tokens match themselves at the end; search only earlier places{hint}"
+            )
+        raise AssertionError(f"{where}" + (f": {slip}" if slip else "") + hint)
+    tokens = [int(t) for t in rng.integers(5, size=60)]
+    got = sp.prompt_lookup(list(tokens), 3, 4)
+    tail, want = tokens[-3:], []
+    for s in range(len(tokens) - 4, -1, -1):
+        if tokens[s : s + 3] == tail:
+            want = tokens[s + 3 : s + 7]
+            break
+    assert [int(t) for t in got] == want, f"60 random tokens, n=3, k=4: got {got}, expected {want}{hint}"

@@ -1,0 +1,192 @@
+"""Speculative decoding (notebook 10-speculative): a cheap drafter proposes, the model checks every draft in one pass.
+
+A drafter (a smaller model, or a lookup in the text so far) proposes gamma tokens; the model runs
+them through its cache in one forward pass, keeps the longest prefix it agrees with plus one token
+of its own, and rewinds its cache past the rest (cache.truncate). Greedy: the very tokens of greedy
+decoding alone. Sampled: Leviathan et al. (arXiv 2211.17192) and Chen et al. (arXiv 2302.01318)'s
+rule keeps the model's distribution exactly. Left out: batches, trees of drafts, the sampled loop on real models.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvlib.course import inputs
+from kvlib.course.exercises import exercise
+from kvlib.kv_cache import KVCache
+
+# ---------------------------------------------------------------------------------------------
+# Drafters: propose(tokens, k) -> at most k token ids that might follow tokens
+
+
+class ModelDrafter:
+    """Greedy drafts from a smaller model with its own cache, which it rewinds to what still matches.
+
+    forwards counts the drafter's forward passes (one per drafted token).
+    """
+
+    def __init__(self, model, max_seq_len: int | None = None):
+        self.model, self.vocab_size = model, model.config.vocab_size
+        self.cache = KVCache(model.config, max_seq_len=max_seq_len)
+        self.held: list[int] = []  # the ids whose keys and values self.cache holds
+        self.forwards = 0
+
+    @torch.inference_mode()
+    def propose(self, tokens: list[int], k: int) -> list[int]:
+        keep = 0  # longest prefix shared with what the cache holds; at least one token must be fed
+        while keep < min(len(self.held), len(tokens) - 1) and self.held[keep] == tokens[keep]:
+            keep += 1
+        self.cache.truncate(keep)
+        self.held, new, drafts = list(tokens[:keep]), list(tokens[keep:]), []
+        for _ in range(k):
+            logits, _ = self.model(torch.tensor([new]), past_key_values=self.cache)  # (1, len(new), vocab)
+            self.forwards += 1
+            self.held += new
+            new = [logits[0, -1].argmax().item()]  # the drafter's greedy token, fed next
+            drafts.append(new[0])
+        return drafts
+
+
+class LookupDrafter:
+    """Prompt lookup (Exercise 10.4) as a drafter: no model, any vocabulary."""
+
+    vocab_size = None
+
+    def __init__(self, n: int = 3):
+        self.n = n
+
+    def propose(self, tokens: list[int], k: int) -> list[int]:
+        return prompt_lookup(tokens, self.n, k)
+
+
+# ---------------------------------------------------------------------------------------------
+# Greedy speculative decoding
+
+
+@exercise("10.1", validate=inputs.check_verify)
+def verify_greedy(model, cache, last_token: int, draft: list[int]) -> tuple[int, int]:
+    """Check drafted tokens with ONE forward pass of model through cache; keep what greedy decoding would keep.
+
+    Args:    model: called as model(ids (1, seq_len) long, past_key_values=cache) -> (logits (1, seq_len, vocab), cache);
+             cache: holds every token before last_token (cache.pos is last_token's position), with truncate(pos);
+             last_token: the newest token, not in the cache yet; draft: 0 or more ids proposed to follow it
+    Returns: (n_accepted, next_token): draft[:n_accepted] are the tokens greedy decoding makes after last_token,
+             next_token the model's greedy token after those. On return the cache holds last_token and
+             draft[:n_accepted] too, nothing more: its pos grew by n_accepted + 1.
+    Raises:  ValueError if the cache has no room for last_token and the whole draft
+    Example:
+        >>> from kvlib.core.weights import load_tiny; model, tokenizer = load_tiny()
+        >>> ids, cache = torch.tensor([tokenizer.encode("法国的首都是")]), KVCache(model.config, max_seq_len=32)
+        >>> _ = model(ids[:, :-1], past_key_values=cache)  # every token before the newest, in the cache
+        >>> n, next_token = verify_greedy(model, cache, int(ids[0, -1]), draft=[])  # no draft: one decode step
+        >>> n, tokenizer.decode([next_token]), cache.pos
+        (0, '巴', 6)
+    """
+    ### BEGIN SOLUTION
+    start = cache.pos
+    ids = torch.tensor([[last_token, *draft]])  # (1, k + 1): the newest token and every draft, one pass
+    with torch.inference_mode():
+        logits, _ = model(ids, past_key_values=cache)  # (1, k + 1, vocab); the cache grew by k + 1
+    greedy = logits[0].argmax(-1).tolist()  # greedy[i]: the model's token after ids[0, i]
+    n = 0
+    while n < len(draft) and draft[n] == greedy[n]:
+        n += 1
+    cache.truncate(start + n + 1)  # keep last_token and the accepted drafts; the first rejected one goes
+    return n, greedy[n]  # after all k accepted, greedy[k] is the bonus token
+    ### END SOLUTION
+
+
+@exercise("10.2", validate=inputs.check_speculative_generate)
+def speculative_generate(
+    model, drafter, input_ids: torch.Tensor, max_new_tokens: int, gamma: int, eos_token: int | None = None, cache=None
+) -> torch.Tensor:
+    """Greedy decoding with drafts: the tokens of greedy cached decoding, in fewer forward passes of model.
+
+    Args:    model: called as in verify_greedy; drafter: drafter.propose(tokens: list[int], k) -> at most k ids;
+             input_ids: (1, seq_len) long; gamma >= 1: the most tokens drafted per pass; eos_token: generation
+             stops right after this token (it is returned); cache: the model's cache (reset first), or None for a
+             new KVCache
+    Returns: (1, seq_len + n_new) long, n_new <= max_new_tokens (fewer only when eos_token came): greedy decoding's
+             tokens. On return the cache holds every returned token but the last, as plain cached decoding leaves it.
+    Raises:  ValueError for gamma < 1, a drafter with another vocabulary, or a cache without room for seq_len +
+             max_new_tokens tokens
+    Example:
+        >>> from kvlib.core.weights import load_tiny; from kvlib.kv_cache import generate_cached
+        >>> model, tokenizer = load_tiny(); ids = torch.tensor([tokenizer.encode("法国的首都是")])
+        >>> torch.equal(speculative_generate(model, LookupDrafter(), ids, 8, gamma=4), generate_cached(model, ids, 8))
+        True
+    """
+    ### BEGIN SOLUTION
+    if cache is None:
+        cache = KVCache(model.config, max_seq_len=input_ids.shape[1] + max_new_tokens)
+    cache.reset()
+    prompt = input_ids[0].tolist()
+    with torch.inference_mode():
+        logits, _ = model(input_ids, past_key_values=cache)  # prefill: the prompt, once
+    new = [int(logits[0, -1].argmax())]  # the cache holds the prompt; new[-1] is not in it yet
+    while len(new) < max_new_tokens and eos_token not in new:
+        k = min(gamma, max_new_tokens - len(new) - 1)  # never draft past the end: no pass is wasted
+        draft = drafter.propose(prompt + new, k)[:k] if k else []
+        n, next_token = verify_greedy(model, cache, new[-1], draft)
+        new += draft[:n] + [next_token]
+    if eos_token in new:  # an end token inside the accepted drafts ends the text there
+        new = new[: new.index(eos_token) + 1]
+        cache.truncate(len(prompt) + len(new) - 1)
+    return torch.tensor([prompt + new])
+    ### END SOLUTION
+
+
+# ---------------------------------------------------------------------------------------------
+# Exact speculative sampling
+
+
+@exercise("10.3", validate=inputs.check_accept_sampled)
+def accept_sampled(
+    p: torch.Tensor, q: torch.Tensor, draft: list[int], generator: torch.Generator | None = None
+) -> list[int]:
+    """One round of speculative sampling: tokens distributed exactly as sampling each from the model would give.
+
+    Args:    p: (gamma + 1, vocab) float, the model's probabilities for the token after the newest kept one (row 0)
+             and after each drafted token (row i + 1 after draft[i]); q: (gamma, vocab) float, the drafter's
+             probabilities draft[i] was sampled from; draft: gamma ids; generator: every random draw comes from it
+    Returns: list of 1 to gamma + 1 ids: the accepted drafts, then one token the model's rule picks. Over many calls
+             the first token follows p[0], and each later one p's row after the tokens before it, whatever q is.
+    Raises:  ValueError if p or q is not a table of probabilities of those shapes, or a draft id is out of range
+    Example:
+        >>> p = torch.tensor([[0.5, 0.5], [0.2, 0.8]])  # gamma 1, vocab 2
+        >>> len(accept_sampled(p, p[:1].clone(), [1], torch.Generator().manual_seed(0)))  # q == p: every draft kept
+        2
+    """
+    ### BEGIN SOLUTION
+    for i, token in enumerate(draft):
+        u = float(torch.rand((), generator=generator))
+        if u * float(q[i, token]) < float(p[i, token]):  # accept with probability min(1, p / q)
+            continue
+        residual = (p[i] - q[i]).clamp(min=0)  # what p has that q over-proposed: normalised max(0, p - q)
+        return draft[:i] + [int(torch.multinomial(residual / residual.sum(), 1, generator=generator))]
+    return list(draft) + [int(torch.multinomial(p[len(draft)], 1, generator=generator))]  # the bonus token
+    ### END SOLUTION
+
+
+# ---------------------------------------------------------------------------------------------
+# A drafter without a model
+
+
+@exercise("10.4", validate=inputs.check_prompt_lookup)
+def prompt_lookup(tokens: list[int], n: int, k: int) -> list[int]:
+    """Drafts without a model: the tokens that followed the latest earlier occurrence of the last n tokens.
+
+    Args:    tokens: the text so far (prompt and generated ids); n >= 1: tokens to match; k >= 1: the most to propose
+    Returns: at most k ids (fewer where the text ends); [] when the last n tokens occur nowhere earlier
+    Raises:  ValueError if n or k is below 1
+    Example:
+        >>> prompt_lookup([1, 2, 3, 9, 1, 2], n=2, k=3)
+        [3, 9, 1]
+    """
+    ### BEGIN SOLUTION
+    tail = list(tokens[-n:])
+    for start in range(len(tokens) - n - 1, -1, -1):  # latest first; the tail itself does not count
+        if list(tokens[start : start + n]) == tail:
+            return list(tokens[start + n : start + n + k])
+    return []
+    ### END SOLUTION

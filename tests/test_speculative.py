@@ -1,0 +1,453 @@
+"""kvlib/speculative.py (notebook 10): greedy speculative decoding equals greedy decoding with its cache rewound
+right, exact sampling, prompt lookup; other correct ways passing the checks, likely slips named, bad input,
+the benchmark's shape of report.
+
+Runs in reference mode (conftest). No test asserts on time."""
+
+import numpy as np
+import pytest
+import torch
+from conftest import handed_in
+
+from kvlib import speculative
+from kvlib.checks import checks_for
+from kvlib.checks.speculative import CheckCache, counted, plain_cache
+from kvlib.core.model import Decoder, ModelConfig
+from kvlib.core.weights import load_draft, load_tiny
+from kvlib.course.exercises import BY_ID, ExerciseNotDone
+from kvlib.kv_cache import KVCache
+from kvlib.measure import bench_spec
+from kvlib.study import corpus
+
+torch.set_num_threads(1)
+
+CHECKS_10 = [c for i in range(1, 5) for c in checks_for(BY_ID[f"10.{i}"])]
+NAMES = ("verify_greedy", "speculative_generate", "accept_sampled", "prompt_lookup")
+
+
+@pytest.mark.parametrize("check", CHECKS_10, ids=lambda c: c.name)
+def test_reference_passes_check(check):
+    """Check that the reference solution passes every check of notebook 10."""
+    check.fn(speculative, np.random.default_rng(0))
+
+
+def test_learner_stubs_are_todo(learner_mode):
+    """Check that in learner mode every 10.x exercise raises ExerciseNotDone naming itself."""
+    config = ModelConfig(vocab_size=11, d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, hidden_dim=16, max_seq_len=16)
+    model = Decoder(config)
+    p, q = torch.full((2, 3), 1 / 3), torch.full((1, 3), 1 / 3)
+    for ex_id, call in (
+        ("10.1", lambda: speculative.verify_greedy(model, CheckCache(config, 8), 1, [2])),
+        (
+            "10.2",
+            lambda: speculative.speculative_generate(model, speculative.LookupDrafter(), torch.tensor([[1, 2]]), 3, 2),
+        ),
+        ("10.3", lambda: speculative.accept_sampled(p, q, [0])),
+        ("10.4", lambda: speculative.prompt_lookup([1, 2, 1], 1, 2)),
+    ):
+        with pytest.raises(ExerciseNotDone, match=f"Exercise {ex_id}"):
+            call()
+
+
+# ---------------------------------------------------------------------------------------------
+# Exact: the tokens of greedy decoding, the cache of plain decoding
+
+
+@pytest.fixture(scope="module")
+def models():
+    return load_tiny(), load_draft()[0]
+
+
+def _plain(model, ids, n):
+    return bench_spec.plain_greedy(model, ids, n, KVCache(model.config, max_seq_len=ids.shape[1] + n))
+
+
+def test_speculative_equals_greedy_on_every_held_out_template_and_a_counting_prompt(models):
+    """Check that greedy speculative decoding with the drafter model returns greedy decoding's tokens, for several gamma,
+    on one prompt of every held-out template and on a counting prompt, and leaves the cache plain decoding leaves."""
+    (model, tokenizer), draft = models
+    prompts = [it.prompt for it in corpus.eval_prompts("held_out", stride=137)]  # every held-out template once
+    prompts.append("a b c d e f g h i j k")  # counting
+    assert len(prompts) == len(corpus.templates("held_out")) + 1
+    for i, prompt in enumerate(prompts):
+        ids = torch.tensor([tokenizer.encode(prompt)])
+        n = 12
+        want = _plain(model, ids, n)
+        for gamma in (1, 3, 5) if i % 8 == 0 or i == len(prompts) - 1 else (2 + i % 5,):
+            cache = CheckCache(model.config, ids.shape[1] + n)
+            counter, calls = counted(model)
+            drafter = speculative.ModelDrafter(draft, max_seq_len=ids.shape[1] + n + gamma)
+            got = speculative.speculative_generate(counter, drafter, ids, n, gamma, cache=cache)
+            assert torch.equal(got, want), (prompt, gamma)
+            assert len(calls) < n, (prompt, gamma, len(calls))
+            reference = plain_cache(model, want[0, :-1].tolist(), ids.shape[1] + n)
+            assert cache.pos == want.shape[1] - 1
+            torch.testing.assert_close(cache.k[..., : cache.pos, :], reference.k[..., : cache.pos, :])
+            torch.testing.assert_close(cache.v[..., : cache.pos, :], reference.v[..., : cache.pos, :])
+
+
+def test_prompt_lookup_speculation_equals_greedy_on_a_repeating_prompt(models):
+    """Check that speculative decoding with prompt lookup returns greedy decoding's tokens and saves passes."""
+    (model, tokenizer), _ = models
+    ids = bench_spec.repeating_prompt(tokenizer)
+    want = _plain(model, ids, 40)
+    for gamma in (1, 4, 8):
+        counter, calls = counted(model)
+        got = speculative.speculative_generate(counter, speculative.LookupDrafter(3), ids, 40, gamma)
+        assert torch.equal(got, want)
+        assert len(calls) < 40
+
+
+def test_drafter_model_shares_the_vocabulary_and_is_smaller(models):
+    """Check that the shipped drafter is smaller than the tiny model and speaks its vocabulary."""
+    (model, _), draft = models
+    assert draft.config.vocab_size == model.config.vocab_size
+    assert draft.num_params() * 4 < model.num_params()
+
+
+def test_bad_inputs_name_the_problem(models):
+    """Check that gamma < 1, another vocabulary and a cache without room fail with a message naming them."""
+    (model, tokenizer), draft = models
+    ids = torch.tensor([tokenizer.encode("Q: What is")])
+    lookup = speculative.LookupDrafter()
+    with pytest.raises(ValueError, match="gamma"):
+        speculative.speculative_generate(model, lookup, ids, 4, 0)
+    other = Decoder(ModelConfig(vocab_size=50, d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, hidden_dim=16))
+    with pytest.raises(ValueError, match="vocabulary"):
+        speculative.speculative_generate(model, speculative.ModelDrafter(other), ids, 4, 2)
+    with pytest.raises(ValueError, match="room|holds"):
+        speculative.speculative_generate(model, lookup, ids, 20, 2, cache=KVCache(model.config, max_seq_len=16))
+    cache = CheckCache(model.config, 12)
+    cache.pos = 10
+    with pytest.raises(ValueError, match="room for 2 more"):
+        speculative.verify_greedy(model, cache, 1, [2, 3, 4])
+    with pytest.raises(ValueError, match="probability"):
+        speculative.accept_sampled(torch.ones(2, 3), torch.full((1, 3), 1 / 3), [0])
+    with pytest.raises(ValueError, match="n must"):
+        speculative.prompt_lookup([1, 2], 0, 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Other correct ways pass every check; likely slips fail, with their names
+
+
+def _messages(ex_id: str, **replaced) -> list[str]:
+    out = []
+    for check in checks_for(BY_ID[ex_id]):
+        try:
+            check.fn(handed_in(speculative, NAMES, **replaced), np.random.default_rng(0))
+            out.append("")
+        except AssertionError as err:
+            out.append(str(err) or "assertion")
+        except Exception as err:  # a crash in the code under test is a failure too
+            out.append(f"{type(err).__name__}: {err}")
+    return out
+
+
+def _verify(model, cache, last_token, draft, *, rewind=1, bonus=True, one_pass=True, cut=True):
+    """verify_greedy with knobs for its slips."""
+    start = cache.pos
+    if one_pass:
+        logits, _ = model(torch.tensor([[last_token, *draft]]), past_key_values=cache)
+        greedy = logits[0].argmax(-1).tolist()
+    else:
+        greedy = []
+        for t in [last_token, *draft]:
+            logits, _ = model(torch.tensor([[t]]), past_key_values=cache)
+            greedy.append(int(logits[0, -1].argmax()))
+    n = 0
+    while n < len(draft) and draft[n] == greedy[n]:
+        n += 1
+    if cut:
+        cache.truncate(min(cache.pos, start + n + rewind))
+    return n, greedy[n] if bonus or n < len(draft) else draft[-1]
+
+
+def verify_per_draft(model, cache, last_token, draft):
+    return _verify(model, cache, last_token, draft, one_pass=False)
+
+
+def verify_no_bonus(model, cache, last_token, draft):
+    return _verify(model, cache, last_token, draft, bonus=False)
+
+
+def verify_rewind_one_too_few(model, cache, last_token, draft):
+    return _verify(model, cache, last_token, draft, rewind=2)
+
+
+def verify_rewind_one_too_many(model, cache, last_token, draft):
+    return _verify(model, cache, last_token, draft, rewind=0)
+
+
+def verify_never_rewinds(model, cache, last_token, draft):
+    return _verify(model, cache, last_token, draft, cut=False)
+
+
+def verify_cumprod(model, cache, last_token, draft):
+    start = cache.pos
+    logits, _ = model(torch.tensor([[last_token, *draft]]), past_key_values=cache)
+    greedy = logits[0].argmax(-1)  # (k + 1,)
+    agree = (greedy[: len(draft)] == torch.tensor(draft, dtype=torch.long)).long().cumprod(0)
+    n = int(agree.sum())
+    cache.truncate(cache.pos - (len(draft) - n))
+    assert cache.pos == start + n + 1
+    return n, int(greedy[n])
+
+
+def _generate(model, drafter, input_ids, max_new_tokens, gamma, eos_token=None, cache=None, *, mode="right"):
+    """speculative_generate with knobs for its slips and other shapes."""
+    cache = (
+        cache if cache is not None else KVCache(model.config, max_seq_len=input_ids.shape[1] + max_new_tokens + gamma)
+    )
+    cache.reset()
+    prompt = input_ids[0].tolist()
+    logits, _ = model(input_ids, past_key_values=cache)
+    new = [int(logits[0, -1].argmax())]
+    while len(new) < max_new_tokens and (mode == "eos_inside" or eos_token not in new):
+        if mode == "plain":
+            logits, _ = model(torch.tensor([[new[-1]]]), past_key_values=cache)
+            new.append(int(logits[0, -1].argmax()))
+            continue
+        k = gamma if mode == "no_clip" else min(gamma, max_new_tokens - len(new) - 1)
+        draft = drafter.propose(prompt + new, k)[:k] if k else []
+        if mode == "no_cache":
+            logits = model(torch.tensor([prompt + new + draft]))
+            greedy = logits[0, -len(draft) - 1 :].argmax(-1).tolist()
+            n = 0
+            while n < len(draft) and draft[n] == greedy[n]:
+                n += 1
+            new += draft[:n] + [greedy[n]]
+            continue
+        n, nxt = speculative.verify_greedy(model, cache, new[-1], draft)
+        if mode == "no_bonus" and n == len(draft) and draft:
+            cache.truncate(cache.pos - 1)
+            new += draft
+            continue
+        new += draft[:n] + [nxt]
+    if mode == "eos_inside":
+        new = new[:max_new_tokens]
+        if eos_token in new:
+            new = new[: new.index(eos_token) + 2]
+    elif eos_token in new:
+        new = new[: new.index(eos_token) + 1]
+        if mode != "eos_cache_kept":
+            cache.truncate(len(prompt) + len(new) - 1)
+    if mode == "no_clip" and len(new) > max_new_tokens:
+        new = new[:max_new_tokens]
+        cache.truncate(len(prompt) + len(new) - 1)
+    return torch.tensor([prompt + new])
+
+
+def _mode(mode):
+    def generate(*args, **kwargs):
+        return _generate(*args, **kwargs, mode=mode)
+
+    generate.__name__ = f"generate_{mode}"
+    return generate
+
+
+def _accept(p, q, draft, generator=None, *, rule="exact", residual="exact", bonus=True):
+    for i, token in enumerate(draft):
+        u = float(torch.rand((), generator=generator))
+        if rule == "topk":
+            ok = token in p[i].topk(2).indices.tolist()
+        elif rule == "q_over_p":
+            ok = u * float(p[i, token]) < float(q[i, token])
+        else:
+            ok = u * float(q[i, token]) < float(p[i, token])
+        if ok:
+            continue
+        rest = p[i] if residual == "p" else (p[i] - q[i]).clamp(min=0)
+        return draft[:i] + [int(torch.multinomial(rest / rest.sum(), 1, generator=generator))]
+    return list(draft) + ([int(torch.multinomial(p[len(draft)], 1, generator=generator))] if bonus else [])
+
+
+def accept_topk(p, q, draft, generator=None):
+    return _accept(p, q, draft, generator, rule="topk")
+
+
+def accept_resample_from_p(p, q, draft, generator=None):
+    return _accept(p, q, draft, generator, residual="p")
+
+
+def accept_no_bonus(p, q, draft, generator=None):
+    return _accept(p, q, draft, generator, bonus=False) or [int(torch.multinomial(p[0], 1, generator=generator))]
+
+
+def accept_q_over_p(p, q, draft, generator=None):
+    return _accept(p, q, draft, generator, rule="q_over_p")
+
+
+def accept_uniforms_first(p, q, draft, generator=None):
+    u = torch.rand(len(draft), generator=generator, dtype=torch.float64)
+    idx = torch.arange(len(draft))
+    d = torch.tensor(draft, dtype=torch.long)
+    ratio = (p[idx, d].double() / q[idx, d].double()).clamp(max=1.0)
+    rejected = (u >= ratio).nonzero()
+    if len(rejected) == 0:
+        return list(draft) + [int(torch.multinomial(p[-1], 1, generator=generator))]
+    i = int(rejected[0])
+    rest = torch.relu(p[i] - q[i])
+    return list(draft[:i]) + [int(torch.multinomial(rest, 1, generator=generator))]
+
+
+def lookup_first(tokens, n, k):
+    tail = tokens[-n:]
+    for s in range(len(tokens) - n):
+        if tokens[s : s + n] == tail:
+            return tokens[s + n : s + n + k]
+    return []
+
+
+def lookup_matches_itself(tokens, n, k):
+    tail = tokens[-n:]
+    for s in range(len(tokens) - n, -1, -1):
+        if tokens[s : s + n] == tail:
+            return tokens[s + n : s + n + k]
+    return []
+
+
+def lookup_no_clip(tokens, n, k):
+    tail = tokens[-n:]
+    for s in range(len(tokens) - n - 1, -1, -1):
+        if tokens[s : s + n] == tail:
+            return tokens[s + n :]
+    return []
+
+
+def lookup_numpy(tokens, n, k):
+    if len(tokens) <= n:
+        return []
+    windows = np.lib.stride_tricks.sliding_window_view(np.array(tokens), n)[:-1]  # every start but the tail's
+    hits = np.nonzero((windows == np.array(tokens[-n:])).all(1))[0]
+    return [] if len(hits) == 0 else [int(t) for t in tokens[hits[-1] + n : hits[-1] + n + k]]
+
+
+def lookup_reversed(tokens, n, k):
+    rev = tokens[::-1]
+    for j in range(1, len(tokens) - n + 1):  # rev[j:j+n] is the window ending j tokens before the end
+        if rev[j : j + n] == rev[:n]:
+            start = len(tokens) - j
+            return tokens[start : start + k]
+    return []
+
+
+ALTERNATIVES = {
+    "10.1": ("verify_greedy", [verify_cumprod]),
+    "10.2": ("speculative_generate", [_mode("no_clip"), _mode("right")]),
+    "10.3": ("accept_sampled", [accept_uniforms_first]),
+    "10.4": ("prompt_lookup", [lookup_numpy, lookup_reversed]),
+}
+_ALT = [(ex, name, fn) for ex, (name, fns) in ALTERNATIVES.items() for fn in fns]
+
+
+@pytest.mark.parametrize("ex_id, name, fn", _ALT, ids=[f"{c[0]}-{c[2].__name__}" for c in _ALT])
+def test_other_correct_implementations_pass(ex_id, name, fn):
+    """Check that a correct implementation written another way passes every check of its exercise."""
+    failures = [m for m in _messages(ex_id, **{name: fn}) if m]
+    assert not failures, failures
+
+
+SLIPS = [
+    ("10.1", "verify_greedy", verify_per_draft, "ONE pass"),
+    ("10.1", "verify_greedy", verify_no_bonus, "bonus token"),
+    ("10.1", "verify_greedy", verify_rewind_one_too_few, "one too few"),
+    ("10.1", "verify_greedy", verify_rewind_one_too_many, "one too many"),
+    ("10.1", "verify_greedy", verify_never_rewinds, "rejected drafts stay"),
+    ("10.2", "speculative_generate", _mode("plain"), "never verified in one pass"),
+    ("10.2", "speculative_generate", _mode("no_cache"), "without the cache"),
+    ("10.2", "speculative_generate", _mode("no_bonus"), "the model's own next token"),
+    ("10.2", "speculative_generate", _mode("eos_inside"), "after eos_token"),
+    ("10.2", "speculative_generate", _mode("eos_cache_kept"), "rejected drafts stay"),
+    ("10.3", "accept_sampled", accept_topk, "top-k"),
+    ("10.3", "accept_sampled", accept_resample_from_p, "not from p"),
+    ("10.3", "accept_sampled", accept_no_bonus, "bonus token"),
+    ("10.3", "accept_sampled", accept_q_over_p, "u < p/q"),
+    ("10.4", "prompt_lookup", lookup_first, "LATEST"),
+    ("10.4", "prompt_lookup", lookup_matches_itself, "match themselves"),
+    ("10.4", "prompt_lookup", lookup_no_clip, "at most k"),
+]
+
+
+@pytest.mark.parametrize("ex_id, name, fake, words", SLIPS, ids=[f"{s[0]}-{s[2].__name__}" for s in SLIPS])
+def test_check_names_the_known_mistake(ex_id, name, fake, words):
+    """Check that a likely slip fails its exercise's checks with a message naming it."""
+    failures = [m for m in _messages(ex_id, **{name: fake}) if m]
+    assert failures, f"{fake.__name__} passed every check of {ex_id}"
+    assert any(words in m for m in failures), failures
+
+
+# ---------------------------------------------------------------------------------------------
+# The formula and the benchmark's shape of report
+
+
+def test_tokens_per_pass_formula_is_the_geometric_sum():
+    """Check that (1 - alpha^(gamma+1)) / (1 - alpha) is 1 + alpha + ... + alpha^gamma, and gamma + 1 at alpha 1."""
+    for alpha in (0.0, 0.3, 0.9):
+        for gamma in (1, 4):
+            assert bench_spec.alpha_formula(alpha, gamma) == pytest.approx(sum(alpha**i for i in range(gamma + 1)))
+    assert bench_spec.alpha_formula(1.0, 3) == 4
+
+
+@pytest.mark.slow
+def test_bench_spec_quick_reports_every_part():
+    """Check that a quick `kvlib bench spec` run reports each part, with identical tokens."""
+    report = bench_spec.bench_spec(quick=True, max_new_tokens=8)
+    assert report["identical"]
+    assert set(report["table"]) == {"model", "lookup"}
+    for rows in report["table"].values():
+        for row in rows:
+            assert {
+                "gamma",
+                "alpha",
+                "tokens_per_pass",
+                "formula_tokens_per_pass",
+                "predicted_speedup",
+                "speedup",
+            } <= set(row)
+    assert set(report["forward_by_tokens"]) == {1, 2, 4, 8, 16}
+    assert set(report["goals"]) == {"model", "lookup"}
+    assert "kvlib bench spec" in bench_spec.format_spec(report)
+
+
+# ---------------------------------------------------------------------------------------------
+# Grading: notebook 10's checks hand the learner objects of their own (a counting model, a cache, drafters
+# whose proposals they know), which cannot cross into the isolated child, so its checks run in the jailed
+# kernel, as nbgrader grades (kvlib.grading.checks_registry.PROXYABLE_MODULES leaves it out)
+
+
+@pytest.mark.slow
+def test_grading_notebook_10_gives_correct_full_marks_and_untouched_zero(tmp_path):
+    """Check that `nbgrader autograde` in a `kvlib course init` folder scores the reference in full and the release 0."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import ROOT, run_kvlib
+    from nbgrader.api import Gradebook
+
+    course, nb = tmp_path / "course", "10-speculative"
+    proc = run_kvlib("course", "init", str(course))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    env = {**os.environ, "PATH": path, "KVLIB_SOLUTIONS": "0", "PYTHONPATH": str(ROOT)}
+
+    def nbgrader(*args):
+        done = subprocess.run(
+            [sys.executable, "-m", "nbgrader", *args], cwd=course, capture_output=True, text=True, env=env, timeout=1500
+        )
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+
+    nbgrader("generate_assignment", nb, "--log-level=WARN")
+    for student in ("correct", "untouched"):
+        sub = course / "submitted" / student / nb
+        shutil.copytree(course / "release" / nb, sub)
+        if student == "correct":  # notebook 10 runs on notebook 04's cache (and so 01's mask, 02's sampling)
+            for module in ("speculative", "kv_cache", "attention", "generation"):
+                shutil.copy(ROOT / "solutions" / "kvlib" / f"{module}.py", sub / "kvlib" / f"{module}.py")
+    nbgrader("autograde", nb, "--log-level=WARN")
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        scores = {s.student.id: (s.score, s.max_score) for s in gb.assignment_submissions(nb)}
+    assert scores["correct"][1] == 8 and scores["correct"][0] == 8, scores
+    assert scores["untouched"][0] == 0, scores
