@@ -196,6 +196,9 @@ c.IsolatedGrading.notebook_timeout = 120
 # c.IsolatedGrading.extra_checks = ["course_checks.py"]
 # auto: namespaces when root, else user namespaces, else plain (docs/instructors.md: what plain leaves open)
 # c.GradingJail.isolation = "auto"
+# Where no jail works, autograde stops rather than run the submissions' code as you; True grades without one.
+# `sudo -E env PATH="$PATH" python -m kvlib.grading` here says which mode autograde gets, and why.
+c.GradingJail.allow_plain = False
 '''
 
 
