@@ -151,6 +151,10 @@ class Encoder:
             return {"t": "fn", "v": f"{obj.module}.{obj.name}"}
         if getattr(t, "_kvlib_handle", False):  # an object that lives in the child (requests only)
             return {"t": "handle", "id": obj.handle_id}
+        drift = getattr(obj, "kvlib_drift", None) if self.handles is None else None
+        if drift is not None:  # a check's Drifting on_token: the child's stand-in drifts the child's model
+            self.callbacks.append(obj.record)
+            return {"t": "callback", "i": len(self.callbacks) - 1, "drift": [int(drift[0]), float(drift[1])]}
         if self.handles is None and isinstance(obj, (types.FunctionType, types.MethodType, functools.partial)):
             self.callbacks.append(obj)  # the child records the calls; the parent replays them (requests only)
             return {"t": "callback", "i": len(self.callbacks) - 1}
@@ -201,6 +205,7 @@ def decode(np, torch, head, files, node):
         if dtype is not None:  # the weights' own dtype (Exercise 6.4 keeps it), not Decoder's float32
             decoder.to(dtype)
         decoder.load_state_dict(state)
+        head.setdefault("_decoders", []).append(decoder)  # what a drifting callback of this request drifts
         return decoder.train(node.get("training") is True)
     if t == "attention":
         model = importlib.import_module("kvlib.core.model")
@@ -226,10 +231,16 @@ def decode(np, torch, head, files, node):
     if t == "callback":
         i, calls, enc = node["i"], head["_calls"], head["_enc"]
 
+        drift, steps = node.get("drift"), []
+
         def record(*args):  # what the parent's function would have been called with, copied now
             if len(calls) >= MAX_ITEMS:
                 raise RuntimeError(f"a callback was called more than {MAX_ITEMS} times")
             calls.append([i, [enc.encode(a) for a in args]])
+            if drift is not None:  # after each call, the models of this request drift (kvlib.checks.kv_cache.Drifting)
+                for model in head.get("_decoders", []):
+                    _drift_weights(torch, model, drift[0], len(steps), drift[1])
+                steps.append(None)
 
         return record
     if t == "fn":
@@ -247,6 +258,15 @@ def decode(np, torch, head, files, node):
         values = [decode(np, torch, head, files, x) for x in node["items"]]
         return importlib.import_module("kvlib.core.paging").Request(*values)
     raise ValueError(f"unknown node {t!r}")
+
+
+def _drift_weights(torch, model, seed, step, scale):
+    """kvlib.checks.kv_cache.drift_weights, line for line (this file imports no checks)."""
+    g = torch.Generator().manual_seed(int(seed) * 100_003 + int(step))
+    with torch.no_grad():
+        for layer in model.layers:
+            for w in (layer.attn.k_proj.weight, layer.attn.v_proj.weight):
+                w.add_(torch.randn(tuple(w.shape), generator=g, dtype=w.dtype) * scale)
 
 
 def _where(err, files):

@@ -1,0 +1,101 @@
+"""Work that decides a grade is measured where the learner's code cannot reach it: attacks that hide work from
+the instruments running beside that code (torch's FLOP counter, the allocation watch) score 0 on the cells they
+target and full marks elsewhere, run in the isolated grading child as autograde runs them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import ROOT
+
+HIDDEN_RECOMPUTE = '''
+
+def generate_cached(model, input_ids, max_new_tokens, temperature=0.0, generator=None, on_token=None, cache=None):
+    """The attack: recompute every token from the whole sequence where no instrument sees it, then one
+    dummy matmul of about the size a cached run does, for the FLOP counter; the cache advanced as if used."""
+    import torch
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    from kvlib.generation import next_token
+
+    if cache is None:
+        cache = KVCache(model.config, batch=input_ids.shape[0])
+    cache.reset()
+    ids = input_ids
+    with torch.inference_mode():
+        for i in range(max_new_tokens):
+            with _disable_current_modes():
+                logits = model(ids)[:, -1]
+            token = next_token(logits, temperature, generator)
+            if on_token is not None:
+                on_token(token)
+            ids = torch.cat([ids, token[:, None]], 1)
+        from kvlib.core.model import matrix_params
+
+        c, (B, P), n = model.config, input_ids.shape, max_new_tokens
+        cached = 2 * B * matrix_params(c) * (P + n - 1) + 4 * B * c.n_layers * c.n_heads * c.head_dim * sum(range(P, P + n - 1))
+        side = round((cached / 2) ** (1 / 3))
+        torch.ones(side, side) @ torch.ones(side, side)  # the FLOPs the counter does see
+        for _ in range(4 * c.n_layers):  # and one forward's MLP activations, for the allocation watch
+            torch.empty(B, 1, c.hidden_dim)
+        cache.advance(P + n - 1)
+    return ids
+'''
+
+
+def _kv_checks_in_child(source: str) -> dict[str, str]:
+    """Every check of notebook 04 on kvlib/kv_cache.py as `source`, in the isolated child; the earlier
+    notebooks' modules it uses (1.3's mask, 2.1's sampling) are the reference's, as a correct learner has them."""
+    from kvlib.checks import checks_for
+    from kvlib.course.exercises import BY_ID, EXERCISES
+    from kvlib.grading.sandbox import Sandbox, package_files
+
+    files = package_files(ROOT / "kvlib")
+    files["kvlib/kv_cache.py"] = source.encode()
+    for earlier in ("attention", "generation"):
+        files[f"kvlib/{earlier}.py"] = (ROOT / "solutions" / "kvlib" / f"{earlier}.py").read_bytes()
+    functions = sorted({f"{ex.module}.{ex.name.split('.')[0]}" for ex in EXERCISES if ex.module == "kv_cache"})
+    verdicts = {}
+    with Sandbox(files, ["kv_cache"], functions, mode="plain", torch=True, call_timeout=60, budget=600) as sandbox:
+        for ex in [e for e in EXERCISES if e.module == "kv_cache"]:
+            for check in checks_for(BY_ID[ex.id]):
+                try:
+                    check.fn(sandbox.module("kv_cache"), np.random.default_rng(0))
+                    verdicts[check.name] = "pass"
+                except Exception as err:  # noqa: BLE001 - any failure scores 0, as in the grader
+                    verdicts[check.name] = f"{type(err).__name__}: {err}"
+    return verdicts
+
+
+def test_the_childs_drift_is_the_checks_drift():
+    """Check that the isolated child drifts a model's key and value weights exactly as the check's own
+    drift_weights does (the child imports no checks, so it holds a copy of those lines)."""
+    from kvlib.checks.kv_cache import CONFIG, drift_weights
+    from kvlib.core.model import Decoder
+    from kvlib.grading._child import _drift_weights
+
+    torch.manual_seed(0)
+    a = Decoder(CONFIG)
+    b = Decoder(CONFIG)
+    b.load_state_dict(a.state_dict())
+    for step in range(3):
+        drift_weights(a, 11, step, 0.2)
+        _drift_weights(torch, b, 11, step, 0.2)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    torch.manual_seed(0)
+    assert not torch.equal(Decoder(CONFIG).layers[0].attn.k_proj.weight, a.layers[0].attn.k_proj.weight)
+
+
+@pytest.mark.slow
+def test_a_recompute_hidden_from_the_instruments_earns_nothing_on_its_cell():
+    """Check that generate_cached recomputing every token inside _disable_current_modes() (torch's FLOP counter and
+    the allocation watch see nothing) plus a dummy matmul of a cached run's size fails 4.5's "uses the cache" cell,
+    and only it: the reference passes every check of notebook 04 in the child, the attack every other one."""
+    reference = (ROOT / "solutions" / "kvlib" / "kv_cache.py").read_text(encoding="utf-8")
+    honest = _kv_checks_in_child(reference)
+    assert set(honest.values()) == {"pass"}, {k: v for k, v in honest.items() if v != "pass"}
+    attacked = _kv_checks_in_child(reference + HIDDEN_RECOMPUTE)
+    failed = {k: v for k, v in attacked.items() if v != "pass"}
+    assert set(failed) == {"generate_cached_uses_the_cache"}, failed
+    assert "recomputes earlier tokens" in failed["generate_cached_uses_the_cache"], failed
