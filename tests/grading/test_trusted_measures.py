@@ -44,28 +44,53 @@ def generate_cached(model, input_ids, max_new_tokens, temperature=0.0, generator
 '''
 
 
-def _kv_checks_in_child(source: str) -> dict[str, str]:
-    """Every check of notebook 04 on kvlib/kv_cache.py as `source`, in the isolated child; the earlier
-    notebooks' modules it uses (1.3's mask, 2.1's sampling) are the reference's, as a correct learner has them."""
+RECOMPUTING_SCHEDULER = """
+
+_Honest = Scheduler
+
+
+class Scheduler(_Honest):
+    \"\"\"The attack: admission, preemption and block accounting as asked, but every token a step makes is then
+    computed again by re-running the model over the whole sequence (the paged cache's keys are never used).\"\"\"
+
+    def step(self):
+        import torch
+
+        before = {r.id: len(r.out) for r in [*self.running, *self.waiting]}
+        super().step()
+        with torch.inference_mode():
+            for r in [*self.running, *self.finished]:
+                for i in range(before.get(r.id, len(r.out)), len(r.out)):
+                    r.out[i] = int(self.model(torch.tensor([r.prompt + r.out[:i]]))[0, -1].argmax())
+"""
+
+
+def _checks_in_child(module: str, source: str, earlier: tuple[str, ...]) -> dict[str, str]:
+    """Every check of kvlib/<module>.py's exercises on `source`, in the isolated child, as autograde runs them;
+    the earlier notebooks' modules it uses are the reference's, as a correct learner has them."""
     from kvlib.checks import checks_for
     from kvlib.course.exercises import BY_ID, EXERCISES
     from kvlib.grading.sandbox import Sandbox, package_files
 
     files = package_files(ROOT / "kvlib")
-    files["kvlib/kv_cache.py"] = source.encode()
-    for earlier in ("attention", "generation"):
-        files[f"kvlib/{earlier}.py"] = (ROOT / "solutions" / "kvlib" / f"{earlier}.py").read_bytes()
-    functions = sorted({f"{ex.module}.{ex.name.split('.')[0]}" for ex in EXERCISES if ex.module == "kv_cache"})
+    files[f"kvlib/{module}.py"] = source.encode()
+    for name in earlier:
+        files[f"kvlib/{name}.py"] = (ROOT / "solutions" / "kvlib" / f"{name}.py").read_bytes()
+    functions = sorted({f"{ex.module}.{ex.name.split('.')[0]}" for ex in EXERCISES if ex.module == module})
     verdicts = {}
-    with Sandbox(files, ["kv_cache"], functions, mode="plain", torch=True, call_timeout=60, budget=600) as sandbox:
-        for ex in [e for e in EXERCISES if e.module == "kv_cache"]:
+    with Sandbox(files, [module], functions, mode="plain", torch=True, call_timeout=60, budget=600) as sandbox:
+        for ex in [e for e in EXERCISES if e.module == module]:
             for check in checks_for(BY_ID[ex.id]):
                 try:
-                    check.fn(sandbox.module("kv_cache"), np.random.default_rng(0))
+                    check.fn(sandbox.module(module), np.random.default_rng(0))
                     verdicts[check.name] = "pass"
                 except Exception as err:  # noqa: BLE001 - any failure scores 0, as in the grader
                     verdicts[check.name] = f"{type(err).__name__}: {err}"
     return verdicts
+
+
+def _kv_checks_in_child(source: str) -> dict[str, str]:
+    return _checks_in_child("kv_cache", source, ("attention", "generation"))
 
 
 def test_the_childs_drift_is_the_checks_drift():
@@ -99,3 +124,21 @@ def test_a_recompute_hidden_from_the_instruments_earns_nothing_on_its_cell():
     failed = {k: v for k, v in attacked.items() if v != "pass"}
     assert set(failed) == {"generate_cached_uses_the_cache"}, failed
     assert "recomputes earlier tokens" in failed["generate_cached_uses_the_cache"], failed
+
+
+@pytest.mark.slow
+def test_a_scheduler_that_recomputes_earns_nothing_on_the_steps_cells():
+    """Check that a Scheduler.step with admission, preemption and block accounting as asked, whose tokens are each
+    recomputed over the whole sequence, fails every 7.4 cell (the model drifts between steps: only a read of the
+    paged cache follows it), while the reference passes every check of notebook 07 and the attack every other one."""
+    from kvlib.checks import checks_for
+    from kvlib.course.exercises import BY_ID
+
+    reference = (ROOT / "solutions" / "kvlib" / "serving.py").read_text(encoding="utf-8")
+    honest = _checks_in_child("serving", reference, ("gqa",))
+    assert set(honest.values()) == {"pass"}, {k: v for k, v in honest.items() if v != "pass"}
+    attacked = _checks_in_child("serving", reference + RECOMPUTING_SCHEDULER, ("gqa",))
+    failed = {k: v for k, v in attacked.items() if v != "pass"}
+    step_cells = {c.name for c in checks_for(BY_ID["7.4"])}
+    assert set(failed) == step_cells and len(step_cells) == 3, failed
+    assert all("recomputes earlier tokens" in v for v in failed.values()), failed
