@@ -367,14 +367,23 @@ def _read_exact(fd: int, n: int, deadline: float) -> bytes | None:
 _PACKAGE_PATH = re.compile(r"kvlib(/[A-Za-z_]\w*)*/[A-Za-z_]\w*\.py")  # kvlib/<name>.py, kvlib/<sub>/<name>.py
 
 
+NOT_IN_THE_CHILD = ("checks", "grading", "app")  # kvlib's subpackages a submission's code cannot import when graded
+
+
 def package_files(folder: Path) -> dict[str, bytes]:
     """The kvlib package a child imports, from folder (a kvlib/ directory): {"kvlib/<path>.py": bytes}.
 
-    Every module and subpackage but the grader itself (grading/); links are left out."""
+    Every module and subpackage but the grader's own (NOT_IN_THE_CHILD: the checks, whose reference
+    computations a learner's module must not call, the grader, the commands); links are left out."""
     files = {}
     for path in sorted(folder.rglob("*.py")):
         rel = path.relative_to(folder)
-        if path.is_file() and not path.is_symlink() and rel.parts[0] != "grading" and "__pycache__" not in rel.parts:
+        if (
+            path.is_file()
+            and not path.is_symlink()
+            and rel.parts[0] not in NOT_IN_THE_CHILD
+            and "__pycache__" not in rel.parts
+        ):
             files[f"kvlib/{rel.as_posix()}"] = path.read_bytes()
     return files
 

@@ -142,3 +142,32 @@ def test_a_scheduler_that_recomputes_earns_nothing_on_the_steps_cells():
     step_cells = {c.name for c in checks_for(BY_ID["7.4"])}
     assert set(failed) == step_cells and len(step_cells) == 3, failed
     assert all("recomputes earlier tokens" in v for v in failed.values()), failed
+
+
+def test_the_checks_are_not_the_learners_library():
+    """Check that a learner module importing the checks' reference computations (kvlib.checks.compress) does not
+    import in the isolated child, saying which module was missing, while the same module without that line does;
+    and that YOUR_FILES.md tells the learner which modules their code may import."""
+    from kvlib.app.course_folder import your_files
+    from kvlib.grading.sandbox import Sandbox, SandboxError, package_files
+
+    reference = (ROOT / "solutions" / "kvlib" / "kv_cache.py").read_text(encoding="utf-8")
+    files = package_files(ROOT / "kvlib")
+    assert not any(rel.startswith(("kvlib/checks/", "kvlib/grading/", "kvlib/app/")) for rel in files)
+    for prelude, imports in (("", True), ("\nfrom kvlib.checks import compress as _c\n", False)):
+        files["kvlib/kv_cache.py"] = (reference + prelude).encode()  # at the end: after its __future__ import
+        with Sandbox(files, ["kv_cache"], ["kv_cache.kv_cache_bytes"], mode="plain", torch=True) as sandbox:
+            try:
+                sandbox.module("kv_cache").kv_cache_bytes(_config(), 3, 1, torch.float32)
+                imported = True
+            except SandboxError as err:
+                assert "kvlib.checks" in str(err), err
+                imported = False
+        assert imported == imports
+    assert "`kvlib.checks` and `kvlib.app`" in your_files("04-kv-cache", "own")
+
+
+def _config():
+    from kvlib.checks.kv_cache import CONFIG
+
+    return CONFIG
