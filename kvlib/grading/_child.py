@@ -69,7 +69,7 @@ class Encoder:
 
     def __init__(self, np, torch=None, handles=None, owners=()):
         self.np, self.torch, self.arrays = np, torch, {}
-        self.handles, self.owners = handles, set(owners)  # the child's: objects of these modules go back as handles
+        self.handles, self.owners = handles, owners  # the child's: objects of these modules go back as handles
         self.callbacks = []  # the parent's: functions a request passes, called back with what the child recorded
 
     def _array(self, arr):
@@ -288,6 +288,8 @@ def _error(err, files, what):
         "status": "error",
         "what": what,
         "type": type(err).__name__[:100],
+        # the builtin (and kvlib.core) classes it derives from: a ValueError subclass comes back as a ValueError
+        "bases": [c.__name__ for c in type(err).__mro__[1:] if c.__module__ in ("builtins", "kvlib.core.paging")][:20],
         "message": message[:2000],
         "where": _where(err, files)[:300],
     }
@@ -297,6 +299,18 @@ def _error(err, files, what):
         needed = getattr(err, "needed_by", None)
         head["needed_by"] = str(getattr(needed, "id", "")) if needed is not None else ""
     return head
+
+
+_INFRASTRUCTURE = ("core", "course", "measure", "study", "variants", "checks", "grading", "app")
+
+
+class _LearnersModules:
+    """`module in owners`: a module of the learner's code (kvlib.<exercise module> or one of their own,
+    kvlib.my_helpers), not kvlib's infrastructure: objects of its classes stay here, as handles."""
+
+    def __contains__(self, module) -> bool:
+        parts = str(module).split(".")
+        return len(parts) == 2 and parts[0] == "kvlib" and parts[1] not in _INFRASTRUCTURE
 
 
 class _Method:
@@ -346,7 +360,7 @@ def main() -> None:
         return
     allowed = set(cfg["functions"])
     handles = {}  # objects of the learner's classes (a KVCache), used by later requests through their id
-    owners = {f"kvlib.{m}" for m in modules}
+    owners = _LearnersModules()  # the exercise modules and the learner's own (a KVCache defined in kvlib.my_helpers)
     while True:
         data = _recv(rfd)
         if data is None:

@@ -65,7 +65,7 @@ class Scheduler(_Honest):
 """
 
 
-def _checks_in_child(module: str, source: str, earlier: tuple[str, ...]) -> dict[str, str]:
+def _checks_in_child(module: str, source: str, earlier: tuple[str, ...], extra: dict | None = None) -> dict[str, str]:
     """Every check of kvlib/<module>.py's exercises on `source`, in the isolated child, as autograde runs them;
     the earlier notebooks' modules it uses are the reference's, as a correct learner has them."""
     from kvlib.checks import checks_for
@@ -76,6 +76,7 @@ def _checks_in_child(module: str, source: str, earlier: tuple[str, ...]) -> dict
     files[f"kvlib/{module}.py"] = source.encode()
     for name in earlier:
         files[f"kvlib/{name}.py"] = (ROOT / "solutions" / "kvlib" / f"{name}.py").read_bytes()
+    files.update({rel: text.encode() for rel, text in (extra or {}).items()})  # the learner's own modules
     functions = sorted({f"{ex.module}.{ex.name.split('.')[0]}" for ex in EXERCISES if ex.module == module})
     verdicts = {}
     with Sandbox(files, [module], functions, mode="plain", torch=True, call_timeout=60, budget=600) as sandbox:
@@ -171,3 +172,43 @@ def _config():
     from kvlib.checks.kv_cache import CONFIG
 
     return CONFIG
+
+
+def _shapes():
+    """(module, {file: text}, earlier modules): correct code in shapes a learner may give it, each earning full marks."""
+    kv = (ROOT / "solutions" / "kvlib" / "kv_cache.py").read_text(encoding="utf-8")
+    sv = (ROOT / "solutions" / "kvlib" / "serving.py").read_text(encoding="utf-8")
+    mine = "\n\nclass BlockStillFree(ValueError):\n    pass\n"
+    return {
+        # every line of 04 in a module of the learner's own, star-imported: KVCache is kvlib.my_helpers.KVCache
+        "kv_cache-star-import": (
+            "kv_cache",
+            {"kv_cache": "from kvlib.my_helpers import *  # noqa\n", "my_helpers": kv},
+        ),
+        # the same, a class re-exported by name
+        "kv_cache-re-exported": (
+            "kv_cache",
+            {
+                "kv_cache": "from kvlib.my_helpers import KVCache, cached_forward, generate_cached, kv_cache_bytes\n"
+                "from kvlib.my_helpers import cached_attention, decode_step, prefill  # noqa: F401\n",
+                "my_helpers": kv,
+            },
+        ),
+        # 07 raising a subclass of the ValueError asked for
+        "serving-error-subclass": (
+            "serving",
+            {"serving": sv.replace("raise ValueError(", "raise BlockStillFree(") + mine},
+        ),
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", list(_shapes()))
+def test_correct_code_in_any_shape_earns_full_marks(shape):
+    """Check that correct code earns every check of its notebook in the isolated child whatever its shape: moved into
+    a helper module and star-imported, classes re-exported from a helper, errors that subclass the documented ones."""
+    module, texts = _shapes()[shape]
+    earlier = {"kv_cache": ("attention", "generation"), "serving": ("gqa",)}[module]
+    helpers = {f"kvlib/{name}.py": text for name, text in texts.items() if name != module}
+    verdicts = _checks_in_child(module, texts[module], earlier, extra=helpers)
+    assert set(verdicts.values()) == {"pass"}, {k: v for k, v in verdicts.items() if v != "pass"}
