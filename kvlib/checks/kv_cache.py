@@ -555,3 +555,10 @@ def generate_cached_answers_the_seed_question(kv, rng):
     answer = tokenizer.decode(out[0, ids.shape[1] :].tolist())
     assert answer == "巴黎", f"expected 巴黎, got {answer!r}"
     assert seen == out[0, ids.shape[1] :].tolist(), "on_token should be called with each new token, as in generate"
+    # and a question nobody can know in advance: a random prompt, greedy tokens of full recompute to match
+    ids = torch.from_numpy(rng.integers(0, model.config.vocab_size, size=(1, 7)))
+    expected = _greedy(load_tiny()[0], ids, 4)
+    out = kv.generate_cached(load_tiny()[0], ids.clone(), 4)
+    assert isinstance(out, torch.Tensor) and torch.equal(out, expected), (
+        "on a random prompt the shipped model's cached greedy tokens differ from full recompute"
+    )

@@ -212,3 +212,29 @@ def test_correct_code_in_any_shape_earns_full_marks(shape):
     helpers = {f"kvlib/{name}.py": text for name, text in texts.items() if name != module}
     verdicts = _checks_in_child(module, texts[module], earlier, extra=helpers)
     assert set(verdicts.values()) == {"pass"}, {k: v for k, v in verdicts.items() if v != "pass"}
+
+
+def test_a_hard_coded_seed_answer_earns_nothing():
+    """Check that a generate_cached that returns 巴黎's ids (and streams them) whatever it is asked fails 4.5's
+    seed-question cell: the cell also asks a random prompt nobody knows in advance, while the reference passes it."""
+    import types
+
+    import kvlib
+    from kvlib.checks import CHECKS, _load_all
+    from kvlib.core.weights import load_tiny
+
+    _load_all()
+    check = CHECKS["generate_cached_answers_the_seed_question"]
+    _, tokenizer = load_tiny()
+    answer = torch.tensor([tokenizer.encode("巴黎")])
+
+    def hard_coded(model, ids, n, on_token=None, **kw):
+        for t in answer[0, :n]:
+            if on_token is not None:
+                on_token(t[None])
+        return torch.cat([ids, answer[:, :n]], 1)
+
+    kvlib.use_solutions(True)
+    check.fn(kvlib.kv_cache, np.random.default_rng(5))
+    with pytest.raises(AssertionError, match="random prompt"):
+        check.fn(types.SimpleNamespace(generate_cached=hard_coded), np.random.default_rng(5))
