@@ -360,6 +360,35 @@ def step_preempts_the_newest_and_stays_exact(sv, rng):
     got = {r.id: r.out for r in sched.finished}
     for i, want in enumerate(expected):
         assert got.get(i) == want, f"after preemption request {i} got {got.get(i)}, alone it gets {want}"
+    # exactly enough blocks: all three admitted (2 + 2 + 1 of 5), nothing preempted; the next step needs 3 new
+    # blocks with none free: preempting request 2 frees only 1, so request 1 goes too, two preemptions in one step
+    trace = [([1] * 7, 12), ([2] * 7, 12), ([3] * 3, 12)]
+    expected = [_greedy(model, p, n) for p, n in trace]
+    pool = sv.BlockPool(CONFIG, 5, 4)
+    sched = sv.Scheduler(model, pool, max_batch=3)
+    for i, (p, n) in enumerate(trace):
+        sched.add(sv.Request(i, list(p), n))
+    _step(sv, sched)
+    running, preempted = [r.id for r in sched.running], sched.stats["preemptions"]
+    assert running == [0, 1, 2], (
+        f"prompts of 7, 7 and 3 tokens need 2 + 2 + 1 blocks, exactly the 5 free: all three should be admitted "
+        f"(blocks_to_admit <= n_free, not <), got running {running}"
+    )
+    assert preempted == 0, f"the first step had every block it needed, yet preempted {preempted} request(s)"
+    _step(sv, sched)
+    running, waiting = [r.id for r in sched.running], [r.id for r in sched.waiting]
+    assert (running, waiting) == ([0], [1, 2]), (
+        "the second step needs 3 new blocks and none are free: preempting request 2 frees 1, so request 1 must go "
+        f"too (keep preempting while blocks_to_decode > n_free); expected running [0], waiting [1, 2], got running "
+        f"{running}, waiting {waiting}"
+    )
+    for _ in range(200):
+        if not (sched.waiting or sched.running):
+            break
+        _step(sv, sched)
+    got = {r.id: r.out for r in sched.finished}
+    for i, want in enumerate(expected):
+        assert got.get(i) == want, f"after two preemptions request {i} got {got.get(i)}, alone it gets {want}"
 
 
 # ---------------------------------------------------------------------------------------------

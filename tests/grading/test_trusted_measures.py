@@ -238,3 +238,51 @@ def test_a_hard_coded_seed_answer_earns_nothing():
     check.fn(kvlib.kv_cache, np.random.default_rng(5))
     with pytest.raises(AssertionError, match="random prompt"):
         check.fn(types.SimpleNamespace(generate_cached=hard_coded), np.random.default_rng(5))
+
+
+def _scheduler_with(step_body: str):
+    """The reference Scheduler with step's body replaced (a slip)."""
+    import kvlib
+
+    kvlib.use_solutions(True)
+    namespace: dict = {}
+    exec(f"def step(self):\n{step_body}", namespace)  # noqa: S102 - the test's own slip, not a learner's code
+    return type("Scheduler", (kvlib.serving.Scheduler,), {"step": namespace["step"]})
+
+
+@pytest.mark.parametrize(
+    "slip, body, words",
+    [
+        (
+            "admits only with a block to spare",
+            "    while self.waiting and len(self.running) < self.max_batch and "
+            "self.blocks_to_admit(self.waiting[0]) < self.pool.n_free:\n"
+            "        self.admit(self.waiting.popleft())\n    self.retire()\n"
+            "    while self.running and self.blocks_to_decode() > self.pool.n_free:\n"
+            "        self.preempt(self.running[-1])\n    if self.running:\n        self.decode()\n        self.retire()\n",
+            "exactly the 5 free",
+        ),
+        (
+            "preempts at most once a step",
+            "    while self.waiting and len(self.running) < self.max_batch and "
+            "self.blocks_to_admit(self.waiting[0]) <= self.pool.n_free:\n"
+            "        self.admit(self.waiting.popleft())\n    self.retire()\n"
+            "    if self.running and self.blocks_to_decode() > self.pool.n_free:\n"
+            "        self.preempt(self.running[-1])\n    if self.running:\n        self.decode()\n        self.retire()\n",
+            "",
+        ),
+    ],
+)
+def test_step_slips_of_admission_and_preemption_are_caught(slip, body, words):
+    """Check that 7.4's checks catch a step that admits only with a block to spare, and one that preempts at most
+    once a step (it runs out of blocks inside decode, or fails the two-preemption step)."""
+    import types
+
+    import kvlib
+    from kvlib.checks import CHECKS, _load_all
+
+    _load_all()
+    handed = types.SimpleNamespace(**{n: getattr(kvlib.serving, n) for n in kvlib.serving.__all__})
+    handed.Scheduler = _scheduler_with(body)
+    with pytest.raises(AssertionError, match=words):
+        CHECKS["step_preempts_the_newest_and_stays_exact"].fn(handed, np.random.default_rng(0))
