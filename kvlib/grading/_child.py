@@ -306,7 +306,7 @@ _INFRASTRUCTURE = ("core", "course", "measure", "study", "variants", "checks", "
 
 class _LearnersModules:
     """`module in owners`: a module of the learner's code (kvlib.<exercise module> or one of their own,
-    kvlib.my_helpers), not kvlib's infrastructure: objects of its classes stay here, as handles."""
+    kvlib/my_helpers.py), not kvlib's infrastructure: objects of its classes stay here, as handles."""
 
     def __contains__(self, module) -> bool:
         parts = str(module).split(".")
@@ -360,7 +360,7 @@ def main() -> None:
         return
     allowed = set(cfg["functions"])
     handles = {}  # objects of the learner's classes (a KVCache), used by later requests through their id
-    owners = _LearnersModules()  # the exercise modules and the learner's own (a KVCache defined in kvlib.my_helpers)
+    owners = _LearnersModules()  # the exercise modules and the learner's own (a KVCache defined in kvlib/my_helpers.py)
     while True:
         data = _recv(rfd)
         if data is None:
