@@ -269,7 +269,7 @@ def _scheduler_with(step_body: str):
             "        self.admit(self.waiting.popleft())\n    self.retire()\n"
             "    if self.running and self.blocks_to_decode() > self.pool.n_free:\n"
             "        self.preempt(self.running[-1])\n    if self.running:\n        self.decode()\n        self.retire()\n",
-            "",
+            "ran out of blocks|must go too",
         ),
     ],
 )
