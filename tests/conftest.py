@@ -92,9 +92,17 @@ def accept_connections(listener, connections: list) -> None:
 def nbgrader(course, *args, check=True, timeout=900):
     # nbgrader runs the `alembic` command for its gradebook: put this environment's bin/ first
     path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    # this checkout's kvlib grades (first on sys.path), but no PYTHONPATH: a plain-mode kernel would inherit it
+    # and import this checkout's kvlib instead of the submission's
     env = {**os.environ, "PATH": path, "KVLIB_SOLUTIONS": "0", "PYTHONPATH": ""}
+    run = "import sys; sys.path.insert(0, sys.argv.pop(1)); from nbgrader.apps.nbgraderapp import main; main()"
     proc = subprocess.run(
-        [sys.executable, "-m", "nbgrader", *args], cwd=course, capture_output=True, text=True, env=env, timeout=timeout
+        [sys.executable, "-c", run, str(ROOT), *args],
+        cwd=course,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
     )
     if check:
         assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]

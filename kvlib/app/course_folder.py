@@ -114,6 +114,10 @@ def your_files(notebook: str, earlier: str) -> str:
         "infrastructure: the model, figures, measuring, checks and commands. Read it, but do not edit it: the grader",
         "uses its own copy. Hand in the notebook and the files above.",
         "",
+        "Your code may import numpy, torch, `kvlib.core`, `kvlib.course`, `kvlib.measure`, `kvlib.study`, the",
+        "other exercise modules and modules of your own. `kvlib.checks` and `kvlib.app` run your `kvlib check`",
+        "here, but they are not there when your code is graded: a module that imports them does not import, and scores 0.",
+        "",
         "## Modules of your own",
         "",
         "You may move code you share between exercises into modules of your own, beside the files above,",
@@ -197,6 +201,9 @@ c.IsolatedGrading.notebook_timeout = 120
 # c.IsolatedGrading.extra_checks = ["course_checks.py"]
 # auto: namespaces when root, else user namespaces, else plain (docs/instructors.md: what plain leaves open)
 # c.GradingJail.isolation = "auto"
+# Where no jail works, autograde stops rather than run the submissions' code as you; True grades without one.
+# `sudo -E env PATH="$PATH" python -m kvlib.grading` here says which mode autograde gets, and why.
+c.GradingJail.allow_plain = False
 '''
 
 

@@ -426,6 +426,61 @@ def kv_cache_bytes_scales_with_tokens_batch_and_dtype(kv, rng):
 # 4.5 generate_cached
 
 
+def drift_weights(model, seed: int, step: int, scale: float) -> None:
+    """Add seeded noise to every layer's key and value weights, in place: a model whose keys and values
+    change after each token. kvlib/grading/_child.py holds the same lines (the isolated child imports
+    no checks); tests/grading/test_trusted_measures.py holds them equal."""
+    g = torch.Generator().manual_seed(int(seed) * 100_003 + int(step))
+    with torch.no_grad():
+        for layer in model.layers:
+            for w in (layer.attn.k_proj.weight, layer.attn.v_proj.weight):
+                w.add_(torch.randn(tuple(w.shape), generator=g, dtype=w.dtype) * scale)
+
+
+class Drifting:
+    """An on_token whose every call drifts the model's key and value weights (drift_weights): tokens
+    cached before a call keep the keys and values of the weights they were computed with, and a
+    generation that recomputes the earlier tokens gets other keys, other logits, other tokens. The
+    effect does not depend on anything measured beside the learner's code: in the isolated child its
+    stand-in drifts the child's model the same way (the sandbox sends kvlib_drift)."""
+
+    def __init__(self, model, seed: int, scale: float):
+        self.model, self.kvlib_drift, self.seen = model, (int(seed), float(scale)), []
+
+    def record(self, token) -> None:
+        self.seen.append(token)
+
+    def __call__(self, token) -> None:
+        self.record(token)
+        drift_weights(self.model, self.kvlib_drift[0], len(self.seen) - 1, self.kvlib_drift[1])
+
+
+def _drifting_greedy(model, ids, n, seed: int, scale: float) -> torch.Tensor:
+    """Greedy tokens of a cached generation whose model drifts after each token (Drifting): every
+    token's keys and values are computed once, with the weights of its own step, and kept."""
+    keys, values = [None] * L, [None] * L
+    step, pos, out = ids, 0, []
+    with torch.inference_mode():
+        for i in range(n):
+            T = step.shape[1]
+            cos, sin = model.rope_cos[pos : pos + T], model.rope_sin[pos : pos + T]
+            x = model.embed(step)
+            for j, layer in enumerate(model.layers):
+                h = layer.attn_norm(x)
+                q = layer.attn.project_q(h, cos, sin)
+                k, v = layer.attn.project_kv(h, cos, sin)
+                keys[j] = k if keys[j] is None else torch.cat([keys[j], k], 2)
+                values[j] = v if values[j] is None else torch.cat([values[j], v], 2)
+                a = layer.attn.attend(q, keys[j], values[j]).transpose(1, 2).reshape(x.shape[0], T, -1)
+                x = x + layer.attn.o_proj(a)
+                x = x + layer.mlp(layer.mlp_norm(x))
+            token = model.lm_head(model.norm(x))[:, -1].float().argmax(-1)
+            out.append(token)
+            drift_weights(model, seed, i, scale)
+            pos, step = pos + T, token[:, None]
+    return torch.cat([ids, torch.stack(out, 1)], 1)
+
+
 def _greedy(model, ids, n):
     with torch.inference_mode():
         for _ in range(n):
@@ -518,6 +573,17 @@ def generate_cached_uses_the_cache(kv, rng):
         f"a prompt of 8 took {eight / max(one, 1) * 4 - 4:.0f} more forward passes than a prompt of 1: "
         "the prompt went in one token at a time. One prefill over the whole prompt"
     )
+    # what no instrument beside the code can be hidden from: the model drifts after each token, so the
+    # tokens follow the cached keys and values only if they were kept, not recomputed
+    seed, ids = int(rng.integers(1 << 20)), _ids(rng, 2, 6)
+    expected = _drifting_greedy(_model(8), ids, 12, seed, 0.2)
+    model = _model(8)
+    out = kv.generate_cached(model, ids.clone(), 12, on_token=Drifting(model, seed, 0.2))
+    assert isinstance(out, torch.Tensor) and torch.equal(out, expected), (
+        "with a model whose key and value weights change after every token (on_token changes them), the tokens "
+        "should follow the keys and values cached when each token was new: these did not, so the loop "
+        "recomputes earlier tokens instead of reading them from the cache (or calls on_token late)"
+    )
 
 
 @check("4.5")
@@ -530,3 +596,10 @@ def generate_cached_answers_the_seed_question(kv, rng):
     answer = tokenizer.decode(out[0, ids.shape[1] :].tolist())
     assert answer == "巴黎", f"expected 巴黎, got {answer!r}"
     assert seen == out[0, ids.shape[1] :].tolist(), "on_token should be called with each new token, as in generate"
+    # and a question nobody can know in advance: a random prompt, greedy tokens of full recompute to match
+    ids = torch.from_numpy(rng.integers(0, model.config.vocab_size, size=(1, 7)))
+    expected = _greedy(load_tiny()[0], ids, 4)
+    out = kv.generate_cached(load_tiny()[0], ids.clone(), 4)
+    assert isinstance(out, torch.Tensor) and torch.equal(out, expected), (
+        "on a random prompt the shipped model's cached greedy tokens differ from full recompute"
+    )

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from kvlib.checks import check
+from kvlib.checks.kv_cache import drift_weights
 from kvlib.core.model import Decoder, ModelConfig
 
 CONFIG = ModelConfig(vocab_size=31, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=40, max_seq_len=96)
@@ -238,11 +239,65 @@ def _serve(sv, model, trace, n_blocks, max_batch=4, share=False):
     )
 
 
+def _drifting_tokens(model, prompt: list[int], steps: int, seed: int, scale: float) -> list[int]:
+    """The tokens one request gets from `steps` scheduler steps when the model's key and value weights drift
+    (kvlib.checks.kv_cache.drift_weights) between steps: each token's keys and values are computed once, with
+    the weights of the step that fed it, and kept (step 1 prefills the prompt and decodes its first token)."""
+    keys, values, pos = [None] * CONFIG.n_layers, [None] * CONFIG.n_layers, 0
+
+    def feed(tokens: list[int]) -> int:
+        nonlocal pos
+        x, T = model.embed(torch.tensor([tokens])), len(tokens)
+        cos, sin = model.rope_cos[pos : pos + T], model.rope_sin[pos : pos + T]
+        for j, layer in enumerate(model.layers):
+            h = layer.attn_norm(x)
+            q = layer.attn.project_q(h, cos, sin)
+            k, v = layer.attn.project_kv(h, cos, sin)
+            keys[j] = k if keys[j] is None else torch.cat([keys[j], k], 2)
+            values[j] = v if values[j] is None else torch.cat([values[j], v], 2)
+            x = x + layer.attn.o_proj(layer.attn.attend(q, keys[j], values[j]).transpose(1, 2).reshape(1, T, -1))
+            x = x + layer.mlp(layer.mlp_norm(x))
+        pos += T
+        return int(model.lm_head(model.norm(x))[0, -1].argmax())
+
+    with torch.inference_mode():
+        out = [feed(prompt)]
+        out.append(feed(out[-1:]))
+        for step in range(1, steps):
+            drift_weights(model, seed, step, scale)
+            out.append(feed(out[-1:]))
+    return out
+
+
+def _assert_step_reads_the_cache(sv, rng) -> None:
+    """A step's tokens must follow the paged cache: between steps the scheduler gets a model whose key and value
+    weights drifted (sched.model = ...), so a decode that reads the cached keys and values of earlier tokens gives
+    other tokens than one that recomputes them from the whole sequence with the new weights."""
+    seed, steps = int(rng.integers(1 << 20)), 8
+    prompt = [int(t) for t in rng.integers(0, CONFIG.vocab_size, size=5)]
+    expected = _drifting_tokens(_model(seed % 1000), prompt, steps, seed, 0.2)
+    model = _model(seed % 1000)
+    sched = sv.Scheduler(model, sv.BlockPool(CONFIG, 16, 4), max_batch=2)
+    sched.add(sv.Request(0, list(prompt), steps + 1))
+    for step in range(steps):
+        if step:
+            drift_weights(model, seed, step, 0.2)
+            sched.model = model  # the scheduler's own model, in the isolated child too
+        _step(sv, sched)
+    got = next((r.out for r in sched.finished if r.id == 0), None)
+    assert got == expected, (
+        "with a model whose key and value weights change between steps, a request's tokens should follow the keys "
+        f"and values its blocks hold from earlier steps: expected {expected}, got {got}. The step recomputes "
+        "earlier tokens instead of reading them from the paged cache (decode() reads it)"
+    )
+
+
 @check("7.4")
 def step_serves_every_request_exactly(sv, rng):
     """Check that 10 requests through the scheduler get the greedy tokens each gets alone, and every block comes back."""
     model, trace = _model(int(rng.integers(1000))), _trace(rng)
     expected = [_greedy(model, p, n) for p, n in trace]
+    _assert_step_reads_the_cache(sv, rng)  # after the trace is drawn: the trace stays the one slips are tested on
     sched, pool = _serve(sv, model, trace, n_blocks=32)
     got = {r.id: r.out for r in sched.finished}
     assert len(got) == len(trace), f"{len(trace)} requests went in, {len(got)} finished"
@@ -261,6 +316,7 @@ def step_serves_every_request_exactly(sv, rng):
 @check("7.4")
 def step_admits_while_blocks_and_batch_allow(sv, rng):
     """Check the first step: first come first served, at most max_batch running, only as many as blocks allow."""
+    _assert_step_reads_the_cache(sv, rng)
     model = _model(1)
     pool = sv.BlockPool(CONFIG, 6, 4)
     sched = sv.Scheduler(model, pool, max_batch=3)
@@ -297,6 +353,7 @@ def step_admits_while_blocks_and_batch_allow(sv, rng):
 @check("7.4")
 def step_preempts_the_newest_and_stays_exact(sv, rng):
     """Check that when blocks run out the newest running request is preempted, recomputed later, and still exact."""
+    _assert_step_reads_the_cache(sv, rng)
     model = _model(2)
     trace = [([1, 2, 3], 14), ([4, 5, 6], 14), ([7, 8, 9], 14)]
     expected = [_greedy(model, p, n) for p, n in trace]
@@ -322,6 +379,35 @@ def step_preempts_the_newest_and_stays_exact(sv, rng):
     for i, want in enumerate(expected):
         assert got.get(i) == want, f"after preemption request {i} got {got.get(i)}, alone it gets {want}"
     _preemption_edges(sv, model)
+    # exactly enough blocks: all three admitted (2 + 2 + 1 of 5), nothing preempted; the next step needs 3 new
+    # blocks with none free: preempting request 2 frees only 1, so request 1 goes too, two preemptions in one step
+    trace = [([1] * 7, 12), ([2] * 7, 12), ([3] * 3, 12)]
+    expected = [_greedy(model, p, n) for p, n in trace]
+    pool = sv.BlockPool(CONFIG, 5, 4)
+    sched = sv.Scheduler(model, pool, max_batch=3)
+    for i, (p, n) in enumerate(trace):
+        sched.add(sv.Request(i, list(p), n))
+    _step(sv, sched)
+    running, preempted = [r.id for r in sched.running], sched.stats["preemptions"]
+    assert running == [0, 1, 2], (
+        f"prompts of 7, 7 and 3 tokens need 2 + 2 + 1 blocks, exactly the 5 free: all three should be admitted "
+        f"(blocks_to_admit <= n_free, not <), got running {running}"
+    )
+    assert preempted == 0, f"the first step had every block it needed, yet preempted {preempted} request(s)"
+    _step(sv, sched)
+    running, waiting = [r.id for r in sched.running], [r.id for r in sched.waiting]
+    assert (running, waiting) == ([0], [1, 2]), (
+        "the second step needs 3 new blocks and none are free: preempting request 2 frees 1, so request 1 must go "
+        f"too (keep preempting while blocks_to_decode > n_free); expected running [0], waiting [1, 2], got running "
+        f"{running}, waiting {waiting}"
+    )
+    for _ in range(200):
+        if not (sched.waiting or sched.running):
+            break
+        _step(sv, sched)
+    got = {r.id: r.out for r in sched.finished}
+    for i, want in enumerate(expected):
+        assert got.get(i) == want, f"after two preemptions request {i} got {got.get(i)}, alone it gets {want}"
 
 
 def _three_at_a_block_boundary(sv, model, n_blocks):

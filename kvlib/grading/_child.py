@@ -69,7 +69,7 @@ class Encoder:
 
     def __init__(self, np, torch=None, handles=None, owners=()):
         self.np, self.torch, self.arrays = np, torch, {}
-        self.handles, self.owners = handles, set(owners)  # the child's: objects of these modules go back as handles
+        self.handles, self.owners = handles, owners  # the child's: objects of these modules go back as handles
         self.callbacks = []  # the parent's: functions a request passes, called back with what the child recorded
 
     def _array(self, arr):
@@ -151,6 +151,10 @@ class Encoder:
             return {"t": "fn", "v": f"{obj.module}.{obj.name}"}
         if getattr(t, "_kvlib_handle", False):  # an object that lives in the child (requests only)
             return {"t": "handle", "id": obj.handle_id}
+        drift = getattr(obj, "kvlib_drift", None) if self.handles is None else None
+        if drift is not None:  # a check's Drifting on_token: the child's stand-in drifts the child's model
+            self.callbacks.append(obj.record)
+            return {"t": "callback", "i": len(self.callbacks) - 1, "drift": [int(drift[0]), float(drift[1])]}
         if self.handles is None and isinstance(obj, (types.FunctionType, types.MethodType, functools.partial)):
             self.callbacks.append(obj)  # the child records the calls; the parent replays them (requests only)
             return {"t": "callback", "i": len(self.callbacks) - 1}
@@ -201,6 +205,7 @@ def decode(np, torch, head, files, node):
         if dtype is not None:  # the weights' own dtype (Exercise 6.4 keeps it), not Decoder's float32
             decoder.to(dtype)
         decoder.load_state_dict(state)
+        head.setdefault("_decoders", []).append(decoder)  # what a drifting callback of this request drifts
         return decoder.train(node.get("training") is True)
     if t == "attention":
         model = importlib.import_module("kvlib.core.model")
@@ -226,10 +231,16 @@ def decode(np, torch, head, files, node):
     if t == "callback":
         i, calls, enc = node["i"], head["_calls"], head["_enc"]
 
+        drift, steps = node.get("drift"), []
+
         def record(*args):  # what the parent's function would have been called with, copied now
             if len(calls) >= MAX_ITEMS:
                 raise RuntimeError(f"a callback was called more than {MAX_ITEMS} times")
             calls.append([i, [enc.encode(a) for a in args]])
+            if drift is not None:  # after each call, the models of this request drift (kvlib.checks.kv_cache.Drifting)
+                for model in head.get("_decoders", []):
+                    _drift_weights(torch, model, drift[0], len(steps), drift[1])
+                steps.append(None)
 
         return record
     if t == "fn":
@@ -247,6 +258,15 @@ def decode(np, torch, head, files, node):
         values = [decode(np, torch, head, files, x) for x in node["items"]]
         return importlib.import_module("kvlib.core.paging").Request(*values)
     raise ValueError(f"unknown node {t!r}")
+
+
+def _drift_weights(torch, model, seed, step, scale):
+    """kvlib.checks.kv_cache.drift_weights, line for line (this file imports no checks)."""
+    g = torch.Generator().manual_seed(int(seed) * 100_003 + int(step))
+    with torch.no_grad():
+        for layer in model.layers:
+            for w in (layer.attn.k_proj.weight, layer.attn.v_proj.weight):
+                w.add_(torch.randn(tuple(w.shape), generator=g, dtype=w.dtype) * scale)
 
 
 def _where(err, files):
@@ -268,6 +288,8 @@ def _error(err, files, what):
         "status": "error",
         "what": what,
         "type": type(err).__name__[:100],
+        # the builtin (and kvlib.core) classes it derives from: a ValueError subclass comes back as a ValueError
+        "bases": [c.__name__ for c in type(err).__mro__[1:] if c.__module__ in ("builtins", "kvlib.core.paging")][:20],
         "message": message[:2000],
         "where": _where(err, files)[:300],
     }
@@ -277,6 +299,18 @@ def _error(err, files, what):
         needed = getattr(err, "needed_by", None)
         head["needed_by"] = str(getattr(needed, "id", "")) if needed is not None else ""
     return head
+
+
+_INFRASTRUCTURE = ("core", "course", "measure", "study", "variants", "checks", "grading", "app")
+
+
+class _LearnersModules:
+    """`module in owners`: a module of the learner's code (kvlib.<exercise module> or one of their own,
+    kvlib/my_helpers.py), not kvlib's infrastructure: objects of its classes stay here, as handles."""
+
+    def __contains__(self, module) -> bool:
+        parts = str(module).split(".")
+        return len(parts) == 2 and parts[0] == "kvlib" and parts[1] not in _INFRASTRUCTURE
 
 
 class _Method:
@@ -326,7 +360,7 @@ def main() -> None:
         return
     allowed = set(cfg["functions"])
     handles = {}  # objects of the learner's classes (a KVCache), used by later requests through their id
-    owners = {f"kvlib.{m}" for m in modules}
+    owners = _LearnersModules()  # the exercise modules and the learner's own (a KVCache defined in kvlib/my_helpers.py)
     while True:
         data = _recv(rfd)
         if data is None:

@@ -37,6 +37,7 @@ from nbgrader.converters.base import BaseConverter
 from nbgrader.exchange.default.collect import ExchangeCollect
 from nbgrader.utils import find_all_files, ignore_patterns
 
+from kvlib.grading.execute import GradingJail
 from kvlib.grading.submission import Screened, open_screened, read, screen
 
 _MAX_NOTEBOOK = 64 << 20  # a submitted notebook larger than this is not read
@@ -113,7 +114,12 @@ class _ScreenedSteps(BaseConverter):
 
 
 class ScreenedAutograde(Autograde, _ScreenedSteps):
-    """nbgrader's Autograde, reading each submission only through kvlib.grading.submission."""
+    """nbgrader's Autograde, reading each submission only through kvlib.grading.submission, and
+    saying first which isolation grading gets (refusing plain mode where the config does)."""
+
+    def start(self) -> None:
+        GradingJail(config=self.config).announce(self.log)
+        super().start()
 
     def init_destination(self, assignment_id: str, student_id: str) -> bool:
         # nbgrader reads timestamp.txt here and in init_assignment: screen first

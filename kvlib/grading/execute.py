@@ -37,7 +37,7 @@ from traitlets import Bool, Integer, List, Type, Unicode
 from traitlets.config import Configurable
 
 from kvlib.grading.checks_registry import isolated_check_names
-from kvlib.grading.jail import Jail, Limits, detect_mode, jail_python, site_dirs
+from kvlib.grading.jail import Jail, Limits, find_mode, jail_python, site_dirs
 
 
 def _chunked(get_msg, step: float = 0.5):
@@ -110,6 +110,10 @@ def _without_hidden_tests(source: str) -> str:
     return "".join(out)
 
 
+class PlainModeRefused(RuntimeError):
+    """No jail here, and the course's nbgrader_config.py does not allow grading without one."""
+
+
 class GradingJail(Configurable):
     """Settings shared by the jailed kernel and the isolated checker (c.GradingJail.<name>)."""
 
@@ -129,10 +133,37 @@ class GradingJail(Configurable):
         "environment whose python GradingJail.python names",
     ).tag(config=True)
     debug = Bool(False, help="let the jailed kernel write to the grader's terminal (raw fd 1 and 2)").tag(config=True)
+    allow_plain = Bool(
+        True,
+        help="grade in plain mode (no jail: the submission's code runs as you) when no jail works here; "
+        "a course folder from `kvlib course init` sets it False",
+    ).tag(config=True)
 
     @property
     def mode(self) -> str:
-        return detect_mode(self.isolation)
+        """The isolation grading gets here; PlainModeRefused if that is plain and allow_plain is False."""
+        mode, why = find_mode(self.isolation)
+        if mode == "plain" and not self.allow_plain:
+            raise PlainModeRefused(
+                f"refusing to grade in plain mode ({why}): the submissions' code would run as you, seeing "
+                'what you see. Run autograde as root (sudo -E env PATH="$PATH" nbgrader autograde ...), '
+                "or set c.GradingJail.allow_plain = True in nbgrader_config.py to grade without a jail "
+                '(docs/instructors.md, "Isolation")'
+            )
+        return mode
+
+    def announce(self, log) -> str:
+        """Say in the log (stderr, and nbgrader's logfile if set), at the start of a grading run, which
+        isolation it gets and why; raises PlainModeRefused where that is refused. Returns the mode."""
+        mode = self.mode
+        why = find_mode(self.isolation)[1]
+        what = {
+            "namespaces": "the kernel and the isolated checks run jailed, each as a fresh unprivileged uid",
+            "userns": "the kernel and the isolated checks run jailed in user namespaces, as your uid outside",
+            "plain": "NO JAIL: the kernel and the isolated checks run as you, seeing what you see",
+        }[mode]
+        log.warning("Grading isolation: %s (%s): %s", mode, why, what)
+        return mode
 
     def limits(self, **kw) -> Limits:
         return Limits(memory_mb=self.memory_limit_mb, **kw)
@@ -163,9 +194,14 @@ class SandboxKernelManager(AsyncKernelManager):
     async def _async_pre_start_kernel(self, **kw):
         settings = GradingJail(config=self.config)
         mode = settings.mode
-        if mode == "plain":
-            return await super()._async_pre_start_kernel(**kw)
         self._cleanup_jail()
+        if mode == "plain":  # nbgrader's usual kernel, but never in the grader's HOME (root-owned files left there)
+            cmd, kw = await super()._async_pre_start_kernel(**kw)
+            home = self._kernel_files = Path(tempfile.mkdtemp(prefix="kvlib-kernel-home-"))
+            env = dict(kw.get("env") or os.environ)
+            env.update(HOME=str(home), IPYTHONDIR=str(home / "ipython"), MPLCONFIGDIR=str(home / "matplotlib"))
+            kw["env"] = env
+            return cmd, kw
         files = self._kernel_files = Path(tempfile.mkdtemp(prefix="kvlib-kernel-"))  # mode 700
         # Jupyter talks to the kernel over Unix sockets in a folder of its own, not TCP on localhost:
         # the jail then has no network at all (its own, empty network namespace)

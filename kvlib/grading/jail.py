@@ -10,6 +10,10 @@ Three modes, picked once per grading process ("auto" takes the first that works 
               process keeping the grader's uid outside but no capability inside;
   plain       neither: a plain child process with resource limits, which sees everything the
               grader sees (docs/instructors.md says what that does not protect).
+The tools are looked for in the system's own folders (TOOL_DIRS), never on the caller's PATH:
+`sudo env PATH="$PATH" ...` from an ordinary account has no /usr/sbin, where Debian keeps chroot.
+`python -m kvlib.grading.jail` in a course folder prints the mode its nbgrader_config.py gets, and
+why, exactly as autograde finds it (run it the way you run autograde: `sudo -E env PATH="$PATH" ...`).
 Not here: what runs inside (kvlib.grading.sandbox, kvlib.grading.execute).
 """
 
@@ -30,6 +34,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MODES = ("namespaces", "userns", "plain")
+TOOL_DIRS = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")  # util-linux's and coreutils' homes, whatever PATH says
+TOOLS = ("unshare", "setpriv", "chroot", "mount")
+
+
+def tool(name: str) -> str | None:
+    """The absolute path of a system tool, found in TOOL_DIRS only (never through the caller's PATH)."""
+    return shutil.which(name, path=os.pathsep.join(TOOL_DIRS))
 
 
 @dataclass(frozen=True)
@@ -79,18 +90,27 @@ def _probe(mode: str) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def detect_mode(requested: str = "auto") -> str:
-    """The isolation this process can have: `requested` if given, else the strongest that works."""
+def find_mode(requested: str = "auto") -> tuple[str, str]:
+    """(mode, why): the isolation this process gets, and the reason in words (for the log)."""
     if requested != "auto":
         if requested not in MODES:
             raise ValueError(f"isolation must be auto or one of {', '.join(MODES)}, not {requested!r}")
-        return requested
-    tools = all(shutil.which(t) for t in ("unshare", "setpriv", "chroot", "mount"))
-    if tools and os.geteuid() == 0 and _probe("namespaces"):
-        return "namespaces"
-    if tools and os.geteuid() != 0 and _probe("userns"):
-        return "userns"
-    return "plain"
+        return requested, f"GradingJail.isolation = {requested!r}"
+    missing = [t for t in TOOLS if tool(t) is None]
+    if missing:
+        return "plain", f"no {', '.join(missing)} in {', '.join(TOOL_DIRS)} (util-linux)"
+    if os.geteuid() == 0:
+        if _probe("namespaces"):
+            return "namespaces", f"root, with {tool('unshare')}"
+        return "plain", "root, but a test jail with new namespaces did not start (a container without CAP_SYS_ADMIN?)"
+    if _probe("userns"):
+        return "userns", f"uid {os.geteuid()}, with unprivileged user namespaces"
+    return "plain", f"uid {os.geteuid()} is not root, and this system refuses unprivileged user namespaces"
+
+
+def detect_mode(requested: str = "auto") -> str:
+    """The isolation this process can have: `requested` if given, else the strongest that works."""
+    return find_mode(requested)[0]
 
 
 class Jail:
@@ -204,7 +224,10 @@ class Jail:
             flags.append("--net")
         if self.mode == "userns":
             flags = ["--user", "--map-root-user"] + flags
-        return ["unshare", *flags, "--", "/bin/sh", str(script)]
+        unshare = tool("unshare")
+        if unshare is None:
+            raise OSError(f"no unshare in {', '.join(TOOL_DIRS)}: isolation {self.mode!r} needs util-linux")
+        return [unshare, *flags, "--", "/bin/sh", str(script)]
 
     def popen(self, argv: list[str], env: dict[str, str], **kw) -> subprocess.Popen:
         """Start argv in the jail, in its own session (so killing the group kills it all)."""

@@ -19,6 +19,7 @@ Not here: which files and checks (kvlib.grading.preprocessor), the jail itself (
 
 from __future__ import annotations
 
+import builtins
 import importlib
 import io
 import json
@@ -101,13 +102,31 @@ def _graders_own(name: str):
     return getattr(importlib.import_module(_GRADERS_OWN[name]), name)
 
 
+def _remote_class(name) -> type | None:
+    """The grader's class for an exception the child names (its own type or a base class): a builtin exception
+    (never one that steers control flow: StopIteration, GeneratorExit, SystemExit...) or kvlib.core's OutOfBlocks."""
+    if not isinstance(name, str):
+        return None
+    if name in _CORE_EXCEPTIONS:
+        return _graders_own(name)
+    cls = _REMOTE_TYPES.get(name) or getattr(builtins, name, None)
+    if (
+        isinstance(cls, type)
+        and issubclass(cls, Exception)
+        and not issubclass(cls, (StopIteration, StopAsyncIteration))
+    ):
+        return cls
+    return None
+
+
 def _remote_exception(head: dict) -> BaseException:
     etype, message, where = str(head.get("type", "Exception")), str(head.get("message", "")), str(head.get("where", ""))
     nd = str(head.get("not_done", ""))
     if nd in BY_ID:
         needed = BY_ID.get(str(head.get("needed_by", "")))
         return ExerciseNotDone(BY_ID[nd], needed if needed is not BY_ID[nd] else None)
-    cls = _REMOTE_TYPES.get(etype) or (_graders_own(etype) if etype in _CORE_EXCEPTIONS else None)
+    bases = head.get("bases") if isinstance(head.get("bases"), list) else []
+    cls = next((c for c in map(_remote_class, [etype, *bases[:20]]) if c is not None), None)
     err = cls(message) if cls is not None else LearnerError(f"{etype}: {message}")
     err.kvlib_where = where  # type: ignore[attr-defined]
     return err
@@ -367,14 +386,23 @@ def _read_exact(fd: int, n: int, deadline: float) -> bytes | None:
 _PACKAGE_PATH = re.compile(r"kvlib(/[A-Za-z_]\w*)*/[A-Za-z_]\w*\.py")  # kvlib/<name>.py, kvlib/<sub>/<name>.py
 
 
+NOT_IN_THE_CHILD = ("checks", "grading", "app")  # kvlib's subpackages a submission's code cannot import when graded
+
+
 def package_files(folder: Path) -> dict[str, bytes]:
     """The kvlib package a child imports, from folder (a kvlib/ directory): {"kvlib/<path>.py": bytes}.
 
-    Every module and subpackage but the grader itself (grading/); links are left out."""
+    Every module and subpackage but the grader's own (NOT_IN_THE_CHILD: the checks, whose reference
+    computations a learner's module must not call, the grader, the commands); links are left out."""
     files = {}
     for path in sorted(folder.rglob("*.py")):
         rel = path.relative_to(folder)
-        if path.is_file() and not path.is_symlink() and rel.parts[0] != "grading" and "__pycache__" not in rel.parts:
+        if (
+            path.is_file()
+            and not path.is_symlink()
+            and rel.parts[0] not in NOT_IN_THE_CHILD
+            and "__pycache__" not in rel.parts
+        ):
             files[f"kvlib/{rel.as_posix()}"] = path.read_bytes()
     return files
 
