@@ -4,6 +4,8 @@ and submit as their own accounts with nbgrader's commands (one twice, one late, 
 also in another's name); the instructor collects (--update for the resubmission), grades with
 `kvlib course autograde` (once as root, once as the instructor), releases feedback; each student
 fetches their own. Then every cross-student read or write the file system must refuse is tried.
+Last, a JupyterHub on 127.0.0.1: a student logs in through its login page in headless Chromium
+and fetches and submits from JupyterLab's Assignments panel.
 
 Needs root (it creates the accounts; all are removed at the end, with their processes and homes).
 """
@@ -292,3 +294,156 @@ def test_every_cross_student_access_is_refused(term):
     out = json.loads(proc.stdout)
     assert out.pop(f"read {mine}") == "allowed"  # the probe can read what is bob's
     assert {k: v for k, v in out.items() if v != "refused"} == {}
+
+
+# ---------------------------------------------------------------------------------------------
+# JupyterHub: a student logs in through the hub's login page and submits from the Assignments panel
+
+
+def _free_port() -> int:
+    import socket  # noqa: PLC0415
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 120) -> None:
+    import urllib.error  # noqa: PLC0415
+    import urllib.request  # noqa: PLC0415
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the hub exited: {log.read_text()[-3000:]}"
+        try:
+            urllib.request.urlopen(url, timeout=5)
+            return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            time.sleep(1)
+    raise AssertionError(f"the hub did not answer at {url}: {log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def hub():
+    """An instructor who released notebook 01 through the exchange, one student, and a JupyterHub on
+    127.0.0.1 (free ports, DummyAuthenticator with a password, LocalProcessSpawner: the student's
+    server runs as the student)."""
+    import secrets  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+
+    if shutil.which("configurable-http-proxy") is None:
+        pytest.skip("needs configurable-http-proxy (npm install -g configurable-http-proxy)")
+    pytest.importorskip("jupyterhub")
+    acc = Accounts()
+    proc = None
+    try:
+        acc.add("inst")
+        student = acc.add("erin")
+        exchange = acc.tmp / "exchange"
+        exchange.mkdir(mode=0o1777)
+        exchange.chmod(0o1777)
+        course_id = f"kvt-{acc.tag}-hub"
+        course = acc.home("inst") / "course"
+        kvlib = [str(acc.bin / "python"), "-m", "kvlib", "course"]
+        acc.run("inst", *kvlib, "init", str(course), "--exchange", str(exchange), "--course-id", course_id)
+        nbg = str(acc.bin / "nbgrader")
+        acc.run("inst", nbg, "generate_assignment", NB, "--log-level=WARN", cwd=course)
+        acc.run("inst", nbg, "release_assignment", NB, cwd=course)
+        home = acc.home("erin")
+        (home / ".jupyter").mkdir()
+        _write_as(
+            home / ".jupyter" / "nbgrader_config.py", (course / "student_nbgrader_config.py").read_text(), student
+        )
+        os.chown(home / ".jupyter", os.stat(home).st_uid, os.stat(home).st_gid)
+        password = secrets.token_hex(8)
+        port, hub_port, api_port = _free_port(), _free_port(), _free_port()
+        run = acc.tmp / "hub"
+        run.mkdir()
+        env = {k: v for k, v in acc.env("erin").items() if k not in ("HOME", "USER", "LOGNAME")}
+        (run / "jupyterhub_config.py").write_text(
+            f"""c = get_config()
+c.JupyterHub.ip = "127.0.0.1"
+c.JupyterHub.port = {port}
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = {hub_port}
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{api_port}"
+c.ConfigurableHTTPProxy.pid_file = {str(run / "proxy.pid")!r}
+c.JupyterHub.db_url = {"sqlite:///" + str(run / "hub.sqlite")!r}
+c.JupyterHub.cookie_secret_file = {str(run / "cookie_secret")!r}
+c.JupyterHub.authenticator_class = "dummy"
+c.DummyAuthenticator.password = {password!r}
+c.Authenticator.allowed_users = {{{student!r}}}
+c.JupyterHub.spawner_class = "localprocess"
+c.Spawner.cmd = [{str(acc.bin / "jupyterhub-singleuser")!r}]
+c.Spawner.default_url = "/lab"
+c.Spawner.environment = {env!r}
+c.Spawner.start_timeout = 240
+c.Spawner.http_timeout = 240
+"""
+        )
+        log = run / "hub.log"
+        with open(log, "w") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "jupyterhub", "-f", str(run / "jupyterhub_config.py")],
+                cwd=run, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, "PATH": f"{acc.bin}:{os.environ['PATH']}"},
+            )  # fmt: skip
+        _wait_http(f"http://127.0.0.1:{port}/hub/login", proc, log)
+        yield {"acc": acc, "url": f"http://127.0.0.1:{port}", "student": student, "password": password,
+               "inbound": exchange / course_id / "inbound", "log": log}  # fmt: skip
+    finally:
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)  # the hub stops the student's server and its proxy
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        acc.close()
+
+
+@pytest.mark.slow
+def test_a_student_fetches_and_submits_through_the_hub_in_a_browser(hub):
+    """Check, in headless Chromium: the hub's login page, the student's JupyterLab (spawned as the
+    student), nbgrader's Assignments panel: Fetch, then Submit; the submission reaches inbound/ as the student's."""
+    import pwd  # noqa: PLC0415
+
+    from test_browser import ARTIFACTS, _chromium  # noqa: PLC0415
+
+    chromium = _chromium()
+    if chromium is None:
+        pytest.skip("no Chromium found (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright  # noqa: PLC0415
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-dev-shm-usage"])
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        try:
+            page.goto(hub["url"] + "/hub/login")
+            page.fill("#username_input", hub["student"])
+            page.fill("#password_input", hub["password"])
+            page.click("#login_submit")
+            page.wait_for_url(f"**/user/{hub['student']}/lab**", timeout=240_000)
+            page.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
+            page.get_by_text("Nbgrader", exact=True).first.click()
+            page.get_by_text("Assignment List", exact=True).first.click()
+            panel = page.locator("#nbgrader-assignment-list")
+            panel.get_by_role("button", name="Fetch").first.click(timeout=120_000)
+            panel.get_by_role("button", name="Submit").first.click(timeout=120_000)
+            panel.get_by_role("button", name="Fetch Feedback").first.wait_for(timeout=120_000)  # in the submitted list
+            page.screenshot(path=str(ARTIFACTS / "hub-assignments.png"))
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / "hub-failed.png"))
+            raise AssertionError(f"see {ARTIFACTS / 'hub-failed.png'}; hub log: {hub['log'].read_text()[-3000:]}")
+        finally:
+            browser.close()
+    uid = pwd.getpwnam(hub["student"]).pw_uid
+    mine = [p for p in hub["inbound"].iterdir() if p.name.startswith(hub["student"] + "+" + NB)]
+    assert mine and all(p.stat().st_uid == uid and p.stat().st_mode & 0o7777 == 0o770 for p in mine)
