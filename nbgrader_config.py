@@ -11,3 +11,6 @@ c.CourseDirectory.release_directory = "notebooks"
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
 # Every graded cell finishes well inside this on a 2-core laptop.
 c.Execute.timeout = 120
+# Validate (nbgrader validate) runs nbgrader's Execute; this kernel client waits for the kernel in short
+# steps, so a lost zmq wake-up does not hold the learner for the whole timeout (kvlib/grading/execute.py).
+c.AsyncKernelManager.client_class = "kvlib.grading.execute.SteppedKernelClient"

@@ -5,7 +5,7 @@ per group of group_size = n_heads // n_kv_heads. The cache, and the bytes a deco
 from it, shrink by group_size, but only if attention reads each shared head in place instead of
 copying it out to every query head. Here: the grouping (repeat_kv), attention that keeps the
 saving (grouped_attention), and turning a trained MHA model into GQA by mean-pooling (Ainslie et
-al., 2023). Timing the ways of attention is kvlib.measure.bench_gqa's; the quality study and
+al., 2023). The other ways: kvlib.variants.gqa_attention, timed by kvlib.measure.bench_gqa; the quality study and
 uptraining are kvlib.study.gqa_quality's. Left out: fused kernels (SDPA's enable_gqa is compared only).
 """
 
@@ -28,18 +28,17 @@ from kvlib.course.exercises import exercise
 
 @exercise("6.1", validate=inputs.check_repeat)
 def repeat_kv(x: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Copy each key/value head out to the group_size query heads that share it.
+    """Copy each key/value head out to the group_size query heads that share it, as Llama's repeat_kv.
 
-    torch.repeat_interleave(x, repeats=group_size, dim=1): query head h reads key/value head
-    h // group_size, so heads 0..group_size-1 share head 0 (not head h % n_kv_heads).
-    Args:    x: (batch, n_kv_heads, kv_len, head_dim)
-    Returns: (batch, n_kv_heads * group_size, kv_len, head_dim): in general a copy, the one that
-             grouped_attention avoids
-    Example: heads [a, b], group_size 2 -> [a, a, b, b]  (x.repeat would give [a, b, a, b])
-
-    Hints (reference solution: 2 lines):
-      1. x[:, :, None] is (B, H_kv, 1, S, D); .expand it to (B, H_kv, group_size, S, D) (no copy yet).
-      2. .reshape to (B, H_kv * group_size, S, D): the group axis lands right after its head.
+    Query head h reads key/value head h // group_size: consecutive query heads share a head.
+    Equal to torch.repeat_interleave(x, group_size, dim=1).
+    Args:    x: (batch, n_kv_heads, kv_len, head_dim);  group_size: query heads per key/value head, >= 1
+    Returns: (batch, n_kv_heads * group_size, kv_len, head_dim), x's dtype; in general a copy, the one
+             that grouped_attention (Exercise 6.2) avoids
+    Raises:  ValueError if x is not 4-dimensional or group_size is not a positive int
+    Example:
+        >>> repeat_kv(torch.tensor([10.0, 20.0]).view(1, 2, 1, 1), 2).flatten().tolist()
+        [10.0, 10.0, 20.0, 20.0]
     """
     raise NotImplementedError("Exercise 6.1 (notebooks/06-gqa): repeat_kv")
 
@@ -52,19 +51,19 @@ def repeat_kv(x: torch.Tensor, group_size: int) -> torch.Tensor:
 def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal attention in which each key/value head serves its group of query heads, read in place.
 
-    Equals causal_attention(q, repeat_kv(k, G), repeat_kv(v, G)) (kvlib.measure.bench_gqa), G = n_heads // n_kv_heads,
-    and F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True), but never
-    makes a tensor of n_heads keys or values. Mask: query t (the last T of S positions) may
-    attend to key j iff j <= S - T + t; True = may attend.
-    Args:    q: (batch, n_heads, seq_len, head_dim); k, v: (batch, n_kv_heads, kv_len, head_dim)
-    Returns: (batch, n_heads, seq_len, head_dim)
-
-    Hints (reference solution: 8 lines):
-      1. Query head h = g_kv * G + i belongs to key/value head g_kv, so q.reshape(B, H_kv, G * T, D)
-         stacks each group's queries as rows against ONE (S, D) block of keys: a plain matmul.
-      2. Broadcasting (B, H_kv, G, T, D) @ (B, H_kv, 1, D, S) looks free, but torch.matmul copies the
-         broadcast keys out to G heads first: exactly the repeat you are avoiding.
-      3. The (T, S) mask, torch.ones(T, S, dtype=torch.bool).tril(S - T), repeats G times along rows.
+    Equal to F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True) with the
+    bottom-right causal mask (queries are the last seq_len of kv_len positions; True = may attend),
+    and to attention over repeat_kv(k, group_size) and repeat_kv(v, group_size), group_size = n_heads // n_kv_heads,
+    but never makes a tensor of n_heads keys or values (the checks watch what it allocates).
+    Args:    q: (batch, n_heads, seq_len, head_dim);  k, v: (batch, n_kv_heads, kv_len, head_dim), one float dtype
+    Returns: (batch, n_heads, seq_len, head_dim), q's dtype
+    Raises:  ValueError if n_heads is not a multiple of n_kv_heads, the shapes disagree, or seq_len > kv_len
+    Example:
+        >>> import torch.nn.functional as F
+        >>> q, k, v = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+        >>> expected = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(3, 5, dtype=torch.bool).tril(2), enable_gqa=True)
+        >>> torch.allclose(grouped_attention(q, k, v), expected, atol=1e-5)
+        True
     """
     raise NotImplementedError("Exercise 6.2 (notebooks/06-gqa): grouped_attention")
 
@@ -77,14 +76,16 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torc
 def mean_pool_heads(w: torch.Tensor, n_heads: int, n_kv_heads: int) -> torch.Tensor:
     """Average the heads of each group of a key or value projection: (n_heads*D, C) -> (n_kv_heads*D, C).
 
-    Groups are consecutive heads, as repeat_kv (Exercise 6.1) reads them: new head j is the mean
-    of old heads j*G ... j*G + G - 1, G = n_heads // n_kv_heads. nn.Linear stores (out, in), so
-    rows h*D ... h*D + D - 1 of w are head h (head_dim D = w.shape[0] // n_heads).
-    Example: 4 heads [a, b, c, d] to 2 -> [(a + b) / 2, (c + d) / 2]
-
-    Hints (reference solution: 3 lines):
-      1. w.view(n_kv_heads, G, D, C): the group's heads on their own axis.
-      2. Average over that axis only, then reshape back to two dimensions.
+    The groups are consecutive heads, as repeat_kv (Exercise 6.1) reads them: new head j is the mean of
+    old heads j*g ... j*g + g - 1, g = group_size (n_heads // n_kv_heads). nn.Linear's weight is (out, in):
+    rows h*D ... h*D + D - 1 are head h, head_dim D = w.shape[0] // n_heads.
+    Args:    w: (n_heads * head_dim, d_model) float tensor;  n_heads, n_kv_heads: n_kv_heads divides n_heads
+    Returns: (n_kv_heads * head_dim, d_model), w's dtype; w is left unchanged
+    Raises:  ValueError if w's rows are not n_heads heads, or n_kv_heads does not divide n_heads
+    Example:
+        >>> w = torch.tensor([[1.0], [3.0], [10.0], [30.0]])  # 4 heads of head_dim 1, d_model 1
+        >>> mean_pool_heads(w, 4, 2).flatten().tolist()
+        [2.0, 20.0]
     """
     raise NotImplementedError("Exercise 6.3 (notebooks/06-gqa): mean_pool_heads")
 
@@ -92,8 +93,9 @@ def mean_pool_heads(w: torch.Tensor, n_heads: int, n_kv_heads: int) -> torch.Ten
 def first_head_of_group(w: torch.Tensor, n_heads: int, n_kv_heads: int) -> torch.Tensor:
     """The alternative the GQA paper compares with: keep the first head of each group, drop the rest."""
     inputs.check_pool(w, n_heads, n_kv_heads)
-    D, C = w.shape[0] // n_heads, w.shape[1]
-    return w.reshape(n_kv_heads, n_heads // n_kv_heads, D, C)[:, 0].reshape(n_kv_heads * D, C)
+    head_dim = w.shape[0] // n_heads
+    first = torch.arange(0, n_heads, n_heads // n_kv_heads)  # the first head of each group
+    return w[(first[:, None] * head_dim + torch.arange(head_dim)).flatten()]  # those heads' rows, in order
 
 
 # ---------------------------------------------------------------------------------------------
@@ -104,14 +106,15 @@ def first_head_of_group(w: torch.Tensor, n_heads: int, n_kv_heads: int) -> torch
 def to_gqa(model: Decoder, n_kv_heads: int, pool: Callable | None = None) -> Decoder:
     """A new Decoder with n_kv_heads key/value heads, its k_proj and v_proj weights pooled from model's.
 
-    Everything else (embeddings, queries, o_proj, MLP, norms) is copied unchanged; model itself is
-    left as it was. pool(w, n_heads_in_w, n_kv_heads) shrinks one weight; None means
-    mean_pool_heads (Exercise 6.3). Example: to_gqa(load_tiny()[0], 2).config.n_kv_heads == 2
-
-    Hints (reference solution: 5 lines):
-      1. dataclasses.replace(model.config, n_kv_heads=n_kv_heads) is the new config.
-      2. Pool the state dict's entries ending in "k_proj.weight" and "v_proj.weight"; the weight has
-         model.config.n_kv_heads heads (n_heads for MHA).
-      3. kvlib.core.weights.load_checked(Decoder(config), state) names any shape that does not fit.
+    Everything else (embeddings, queries, o_proj, MLP, norms) is copied unchanged, in model's dtype and
+    training mode; model itself is left as it was. pool(w, heads_in_w, n_kv_heads) shrinks one weight;
+    None means mean_pool_heads (Exercise 6.3). Pooling to model's own n_kv_heads gives an equal model.
+    Args:    model: a kvlib Decoder;  n_kv_heads: divides model.config.n_kv_heads;  pool: a function, or None
+    Returns: a kvlib Decoder with config.n_kv_heads == n_kv_heads
+    Raises:  ValueError if model is not a Decoder or n_kv_heads does not divide its key/value heads
+    Example:
+        >>> from kvlib.core.weights import load_tiny
+        >>> to_gqa(load_tiny()[0], 2).config.n_kv_heads
+        2
     """
     raise NotImplementedError("Exercise 6.4 (notebooks/06-gqa): to_gqa")

@@ -1,8 +1,7 @@
 """The KV cache (notebook 04-kv-cache): keep every layer's keys and values, compute only the new tokens.
 
-A pre-allocated cache holds what notebook 03 showed never changes; cached_forward() runs only new
-tokens through every layer (prefill: the prompt once; decode step: one token). kv_cache_bytes():
-what the cache costs in memory. Left out: paged or sliding-window caches, prompts of different lengths.
+A pre-allocated cache holds what notebook 03 showed never changes; cached_forward() runs only the new tokens (prefill,
+decode); kv_cache_bytes() prices it. Left out: paged or sliding-window caches, prompts of different lengths.
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from kvlib.attention import causal_mask
+from kvlib.core.cache import CacheBase
 from kvlib.course import inputs
 from kvlib.course.exercises import exercise
 from kvlib.generation import next_token
@@ -21,46 +21,18 @@ from kvlib.generation import next_token
 # The cache (infrastructure, except update)
 
 
-class KVCache:
+class KVCache(CacheBase):
     """Keys and values of every layer, pre-allocated: k and v are (n_layers, batch, n_kv_heads, max_seq_len, head_dim).
 
-    pos: tokens stored so far (the next token's position). Each layer writes with update(), then advance() once.
+    pos: tokens stored so far. Each layer writes with update(), then advance() once; pos, reset, advance,
+    truncate and nbytes come from CacheBase (the cache contract: kvlib/core/cache.py).
     """
 
-    def __init__(
-        self,
-        config,
-        batch: int = 1,
-        max_seq_len: int | None = None,
-        dtype: torch.dtype = torch.float32,
-        device: str | torch.device = "cpu",
-    ):
-        max_seq_len = config.max_seq_len if max_seq_len is None else max_seq_len
-        if not 1 <= max_seq_len <= config.max_seq_len:
-            raise ValueError(
-                f"max_seq_len must be in [1, {config.max_seq_len}] (the model's rotary table), got {max_seq_len}"
-            )
-        if batch < 1:
-            raise ValueError(f"batch must be at least 1, got {batch}")
-        shape = (config.n_layers, batch, config.n_kv_heads, max_seq_len, config.head_dim)
+    def __init__(self, config, batch: int = 1, max_seq_len: int | None = None, dtype=torch.float32, device="cpu"):
+        super().__init__(config, batch, max_seq_len)  # checks batch and max_seq_len; pos = 0
+        shape = (config.n_layers, batch, config.n_kv_heads, self.max_seq_len, config.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # written in place, never reallocated
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.n_layers, self.max_seq_len, self.pos = config.n_layers, max_seq_len, 0
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes the cache occupies (allocated, whether filled or not)."""
-        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
-
-    def reset(self) -> None:
-        """Forget every stored token: the next prompt starts at position 0."""
-        self.pos = 0
-
-    def advance(self, seq_len: int) -> None:
-        """Move pos past seq_len tokens that every layer has just written."""
-        if self.pos + seq_len > self.max_seq_len:
-            raise ValueError(f"advancing by {seq_len} from {self.pos} runs past max_seq_len={self.max_seq_len}")
-        self.pos += seq_len
 
     @staticmethod
     def attention(attn, x: torch.Tensor, cache: "KVCache", layer: int, rope_cos: torch.Tensor, rope_sin: torch.Tensor):
@@ -69,12 +41,17 @@ class KVCache:
 
     @exercise("4.1", validate=inputs.check_update)
     def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k_new, v_new of one layer at positions [pos, pos + seq_len); return that layer's filled prefix.
+        """Write one layer's k_new, v_new at positions [pos, pos + seq_len), in place; return that layer's filled prefix.
 
-        Args:    layer: 0 <= layer < n_layers; k_new, v_new: (batch, n_kv_heads, seq_len, head_dim)
-        Returns: k, v: (batch, n_kv_heads, pos + seq_len, head_dim), views into the cache. pos stays: advance() moves it.
-
-        Hints (reference solution: 4 lines): slice assignment writes in place, self.k[layer, :, :, a:b] = k_new (no torch.cat).
+        Args:    layer: 0 <= layer < n_layers
+                 k_new, v_new: (batch, n_kv_heads, seq_len, head_dim), the cache's dtype
+        Returns: k, v: (batch, n_kv_heads, pos + seq_len, head_dim), views of the cache's storage (no copy).
+                 pos does not move: advance() moves it, once every layer has written.
+        Raises:  ValueError if layer is out of range, a shape does not fit the cache, or pos + seq_len > max_seq_len
+        Example:
+            >>> from kvlib.core.model import ModelConfig; cache = KVCache(ModelConfig(vocab_size=50), max_seq_len=8)
+            >>> k, v = cache.update(0, torch.ones(1, 8, 3, 16), torch.ones(1, 8, 3, 16)); tuple(k.shape), cache.pos
+            ((1, 8, 3, 16), 0)
         """
         raise NotImplementedError("Exercise 4.1 (notebooks/04-kv-cache): KVCache.update")
 
@@ -83,17 +60,19 @@ class KVCache:
 def cached_attention(
     attn, x: torch.Tensor, cache: KVCache, layer: int, rope_cos: torch.Tensor, rope_sin: torch.Tensor
 ) -> torch.Tensor:
-    """One attention layer with a cache: the seq_len new tokens attend to every stored token and themselves.
+    """One attention layer with a cache: the seq_len new tokens attend to every stored token and to themselves.
 
     Args:    attn: the layer's kvlib.core.model.Attention (project_q, project_kv, n_heads, n_kv_heads, o_proj)
              x: (batch, seq_len, d_model), the normed residual stream of the NEW tokens only
-             cache, layer: this layer's slot, cache.pos = position of x[:, 0]; rope_cos, rope_sin: (max_seq_len, head_dim)
-    Returns: (batch, seq_len, d_model), as attn(x) would give on the full sequence for these rows
-
-    Hints (reference solution: 8 lines):
-      1. New token i sits at absolute position cache.pos + i: slice the rotary tables there, not at 0.
-      2. cache.update (4.1) returns all keys so far; mask: causal_mask(seq_len, kv_len) (1.3; is_causal=True aligns top-left).
-      3. F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True) then attn.o_proj.
+             cache, layer: this layer's slot of a KVCache; cache.pos is the position of x[:, 0]
+             rope_cos, rope_sin: (max_seq_len, head_dim), the model's whole rotary tables
+    Returns: (batch, seq_len, d_model), x's dtype: the rows attn would give for these positions on the full
+             sequence. The new keys and values are in the cache afterwards; cache.pos does not move.
+    Raises:  ValueError if x is not (batch, seq_len, d_model) or the new tokens do not fit in the cache
+    Example:
+        >>> from kvlib.core.weights import load_tiny; model, _ = load_tiny(); cache = KVCache(model.config, max_seq_len=16)
+        >>> cached_attention(model.layers[0].attn, torch.randn(1, 4, 128), cache, 0, model.rope_cos, model.rope_sin).shape
+        torch.Size([1, 4, 128])
     """
     raise NotImplementedError("Exercise 4.2 (notebooks/04-kv-cache): cached_attention")
 
@@ -102,16 +81,18 @@ def cached_attention(
 def cached_forward(model, input_ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
     """Run only the new tokens through every layer, each reading and extending its cache; next-token logits.
 
-    A prefill is cached_forward over the whole prompt, once; a decode step over one token per row.
-    Args:    model: a kvlib Decoder; input_ids: (batch, seq_len), the new tokens; cache.pos = position of input_ids[:, 0]
-    Returns: (batch, vocab_size): logits at the last position. cache.pos grows by seq_len.
-
-    Hints (reference solution: 6 lines):
-      1. x = model.embed(input_ids): new tokens only. Then each layer i, as Block.forward does it:
-         x + cached_attention(layer.attn, layer.attn_norm(x), cache, i, model.rope_cos, model.rope_sin),
-         then x + layer.mlp(layer.mlp_norm(x)).
-      2. Every layer writes at the same positions: cache.advance(seq_len) once, after the last layer.
-      3. Only the last position predicts the next token: model.lm_head(model.norm(x[:, -1])).
+    A prefill is one cached_forward over the whole prompt; a decode step one over one token per row.
+    Args:    model: a kvlib Decoder
+             input_ids: (batch, seq_len) torch.long, the new tokens; cache.pos is the position of input_ids[:, 0]
+             cache: a KVCache of model's config and batch
+    Returns: (batch, vocab_size) float32: the logits at the last new position, equal to
+             model(all tokens so far)[:, -1]. cache.pos has grown by seq_len.
+    Raises:  ValueError if the cache's batch differs from input_ids' or the tokens do not fit in it
+    Example:
+        >>> from kvlib.core.weights import load_tiny; model, tokenizer = load_tiny(); cache = KVCache(model.config)
+        >>> logits = cached_forward(model, torch.tensor([tokenizer.encode("法国的首都是")]), cache)
+        >>> tokenizer.decode(logits.argmax(-1).tolist()), cache.pos
+        ('巴', 6)
     """
     raise NotImplementedError("Exercise 4.3 (notebooks/04-kv-cache): cached_forward")
 
@@ -130,14 +111,15 @@ def decode_step(model, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
 
 @exercise("4.4", validate=inputs.check_kv_cache_bytes)
 def kv_cache_bytes(config, seq_len: int, batch: int = 1, dtype: torch.dtype = torch.float16) -> int:
-    """Bytes of the KV cache holding seq_len tokens for each of batch sequences (what KVCache allocates).
+    """Bytes of the KV cache holding seq_len tokens for each of batch sequences, as KVCache allocates it.
 
-    Every layer keeps a key and a value vector of head_dim numbers per KV head per token.
-    Example: Llama-2-7B (32 layers, 32 KV heads, head_dim 128) in float16: 512 KiB per token
-
-    Hints (reference solution: 2 lines):
-      1. Keys and values: a factor 2. Layers, KV heads (config.n_kv_heads, not n_heads), head_dim.
-      2. Bytes, not bits: dtype.itemsize (2 for float16).
+    Args:    config: a ModelConfig;  seq_len, batch: positive ints;  dtype: the cache's torch dtype
+    Returns: int, equal to KVCache(config, batch, seq_len, dtype).nbytes
+    Raises:  ValueError if seq_len or batch is not a positive int, or dtype is not a torch.dtype
+    Example:
+        >>> from kvlib.core.configs import real_model
+        >>> kv_cache_bytes(real_model("Llama-2-7B").config, 1) // 1024  # one token, float16: KiB
+        512
     """
     raise NotImplementedError("Exercise 4.4 (notebooks/04-kv-cache): kv_cache_bytes")
 
@@ -152,12 +134,17 @@ def generate_cached(
     on_token: Callable[[torch.Tensor], None] | None = None,
     cache: KVCache | None = None,
 ) -> torch.Tensor:
-    """generate (Exercise 2.2) with a KV cache: one prefill, then one decode step per new token.
+    """generate (Exercise 2.2) with a KV cache: the prompt runs once, then one token per step.
 
-    Args:    as generate; cache: reuse this cache (it is reset first), or None for a new one
-    Returns: (batch, seq_len + max_new_tokens), the same tokens as generate gives (greedy, fp32)
-
-    Hints (reference solution: 9 lines): reset a cache left from another prompt; prefill gives the first
-    token's logits, each decode_step the next one's; next_token (Exercise 2.1) picks, as in generate.
+    Args:    model, input_ids, max_new_tokens, temperature, generator, on_token: as in generate
+             cache: a KVCache to reuse (whatever it held is forgotten first), or None for a new one sized
+                    for the model, the batch, the model's dtype and input_ids' device
+    Returns: (batch, seq_len + max_new_tokens) torch.long, the tokens generate gives (greedy, or sampled with
+             the same seed), from one forward over the prompt and max_new_tokens - 1 over one token each
+    Raises:  ValueError as generate, or if the cache is too small for the prompt and the new tokens
+    Example:
+        >>> from kvlib.core.weights import load_tiny; from kvlib.generation import generate; model, tok = load_tiny()
+        >>> ids = torch.tensor([tok.encode("法国的首都是")]); torch.equal(generate_cached(model, ids, 3), generate(model, ids, 3))
+        True
     """
     raise NotImplementedError("Exercise 4.5 (notebooks/04-kv-cache): generate_cached")

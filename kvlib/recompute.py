@@ -35,15 +35,18 @@ def naive_decode_flops(config, prompt_len: int, max_new_tokens: int) -> list[int
 def forward_flops(config, seq_len: int) -> int:
     """Matrix-multiply FLOPs of one forward pass of the decoder over seq_len tokens (batch 1).
 
-    Count 2 FLOPs per multiply-add. Per layer: the projections q (d_model -> n_heads*head_dim),
-    k and v (d_model -> n_kv_heads*head_dim each), o (n_heads*head_dim -> d_model), the MLP's
-    three (d_model <-> hidden_dim) matrices; attention's q @ k^T and probs @ v over the full
-    (seq_len, seq_len) score matrix. Then the lm_head (d_model -> vocab_size) for every position.
-    Example: forward_flops(config, 1) == 2 * (weights in matrices) + 4 * n_layers * n_heads * head_dim
-
-    Hints (reference solution: 6 lines):
-      1. A (T, m) @ (m, n) matmul costs 2 * T * m * n FLOPs.
-      2. q @ k^T costs 2 * T * S * head_dim per head, and so does probs @ v.
+    2 FLOPs per multiply-add. Counted: every matrix the tokens pass through (each layer's q, k, v and o
+    projections and its MLP's three matrices, then the lm_head, at every position) and attention's two
+    products per head and layer over the full (seq_len, seq_len) score matrix, masked entries included,
+    as SDPA computes them. Not counted: norms, rotary, softmax, the embedding lookup.
+    Args:    config: a ModelConfig;  seq_len: tokens, >= 1
+    Returns: int FLOPs, equal to what measured_forward_flops(model, seq_len) counts with torch
+    Raises:  ValueError if seq_len is not a positive int
+    Example:
+        >>> from kvlib.core.model import ModelConfig, matrix_params
+        >>> config = ModelConfig(vocab_size=50)
+        >>> forward_flops(config, 1) == 2 * matrix_params(config) + 4 * config.n_layers * config.n_heads * config.head_dim
+        True
     """
     raise NotImplementedError("Exercise 3.1 (notebooks/03-recompute): forward_flops")
 
@@ -54,14 +57,18 @@ def forward_flops(config, seq_len: int) -> int:
 
 @exercise("3.2", validate=inputs.check_length)
 def new_token_flops(config, kv_len: int) -> int:
-    """FLOPs really needed for one new token at position kv_len - 1, if earlier keys and values were kept.
+    """FLOPs one new token at position kv_len - 1 really needs, if every earlier key and value was kept.
 
-    The new token goes through every projection and the lm_head once, and its one query meets
-    all kv_len keys: attention costs 2 * kv_len * head_dim per head, twice (scores and values).
-    Example: new_token_flops(config, 1) == forward_flops(config, 1)
-
-    Hints (reference solution: 5 lines):
-      1. It is forward_flops with seq_len 1, except that the one query sees kv_len keys.
+    The same counting rules as forward_flops (Exercise 3.1), for one token whose one query meets all
+    kv_len keys (its own included).
+    Args:    config: a ModelConfig;  kv_len: keys the new token attends to, >= 1
+    Returns: int FLOPs
+    Raises:  ValueError if kv_len is not a positive int
+    Example:
+        >>> from kvlib.core.model import ModelConfig
+        >>> config = ModelConfig(vocab_size=50)
+        >>> new_token_flops(config, 1) == forward_flops(config, 1), new_token_flops(config, 9) > new_token_flops(config, 8)
+        (True, True)
     """
     raise NotImplementedError("Exercise 3.2 (notebooks/03-recompute): new_token_flops")
 
@@ -72,17 +79,18 @@ def new_token_flops(config, kv_len: int) -> int:
 
 @exercise("3.3", validate=inputs.check_generation_length)
 def generation_flops(config, prompt_len: int, max_new_tokens: int) -> tuple[int, int]:
-    """FLOPs of a whole generation of max_new_tokens after a prompt of prompt_len: naive, and with
-    every earlier key and value kept.
+    """FLOPs of a whole generation of max_new_tokens after a prompt of prompt_len: naive, and kept.
 
-    Naive: step i (i = 0 .. max_new_tokens - 1) runs a forward over prompt_len + i tokens.
-    Kept: step 0 is the prefill, a forward over the whole prompt (nothing is kept yet); step i >= 1
-    runs only the token chosen at step i - 1, whose query meets every key up to and including its own.
-    Returns: (naive, kept), two ints.
-    Example: generation_flops(config, 5, 1) == (forward_flops(config, 5), forward_flops(config, 5))
-
-    Hints (reference solution: 3 lines):
-      1. Reuse forward_flops (Exercise 3.1) and new_token_flops (Exercise 3.2).
-      2. At step i >= 1 the new token sits at position prompt_len + i - 1: how many keys does it see?
+    Naive: each step runs a forward over the whole sequence so far. Kept: the first step is the prefill,
+    a forward over the prompt (nothing is kept yet); each later step runs only the token chosen the step
+    before, against every key kept so far and its own.
+    Args:    config: a ModelConfig;  prompt_len, max_new_tokens: positive ints
+    Returns: (naive, kept), two ints; naive >= kept, equal when max_new_tokens is 1
+    Raises:  ValueError if prompt_len or max_new_tokens is not a positive int
+    Example:
+        >>> from kvlib.core.model import ModelConfig
+        >>> config = ModelConfig(vocab_size=50)
+        >>> generation_flops(config, 5, 1) == (forward_flops(config, 5), forward_flops(config, 5))
+        True
     """
     raise NotImplementedError("Exercise 3.3 (notebooks/03-recompute): generation_flops")

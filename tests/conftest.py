@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 os.environ["KVLIB_SOLUTIONS"] = "1"
@@ -51,6 +52,55 @@ def run_kvlib(*args, env=None, cwd=ROOT, timeout=300):
     )
 
 
+# ---------------------------------------------------------------------------------------------
+# Grading (tests/grading/): shared by the attack suite, the jail test and the later notebooks' grading.
+# They live here, not in a tests/grading/conftest.py: a second module named conftest would be the one
+# that `from conftest import ...` finds in every test file.
+
+
+NB = "01-attention"  # the notebook the attack suite, the screening and the course-folder tests grade
+
+
+def grading_mode() -> str:
+    """The isolation the grader gets on this machine: a jail with namespaces, or plain (docs/instructors.md)."""
+    from kvlib.grading.jail import detect_mode
+
+    return detect_mode()
+
+
+JAILED = pytest.mark.skipif(
+    sys.platform != "linux" or grading_mode() == "plain",
+    reason="needs namespaces (root or user namespaces): the plain fallback does not stop this",
+)
+
+
+def accept_connections(listener, connections: list) -> None:
+    """Record the first bytes of each connection to `listener` until it closes: what a jailed attack sent."""
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:  # closed
+            return
+        with conn:
+            conn.settimeout(5)
+            try:
+                connections.append(conn.recv(100))
+            except OSError:
+                connections.append(b"")
+
+
+def nbgrader(course, *args, check=True, timeout=900):
+    # nbgrader runs the `alembic` command for its gradebook: put this environment's bin/ first
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    env = {**os.environ, "PATH": path, "KVLIB_SOLUTIONS": "0", "PYTHONPATH": ""}
+    proc = subprocess.run(
+        [sys.executable, "-m", "nbgrader", *args], cwd=course, capture_output=True, text=True, env=env, timeout=timeout
+    )
+    if check:
+        assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
+    return proc
+
+
 def handed_in(module, names, **replaced):
     """What a learner hands in, as a check sees it: `names` of a kvlib module (the reference, in
     reference mode), with some replaced by deliberately other implementations."""
@@ -60,3 +110,114 @@ def handed_in(module, names, **replaced):
     for name, value in replaced.items():
         setattr(handed, name, value)
     return handed
+
+
+def check_failures(where, handed) -> list[tuple[str, Exception]]:
+    """Run checks on what a learner hands in; return (check name, error) for each check that failed, in order.
+
+    `where` names the checks: an exercise id ("1.2") runs each check of that exercise, a check's name that check.
+    """
+    from kvlib.checks import CHECKS, checks_for
+    from kvlib.course.exercises import BY_ID
+
+    checks = checks_for(BY_ID[where]) if where in BY_ID else [CHECKS[where]]
+    failures = []
+    for check in checks:
+        try:
+            check.fn(handed, np.random.default_rng(0))
+        except Exception as err:  # noqa: BLE001 - any failure scores 0, as in the grader
+            failures.append((check.name, err))
+    return failures
+
+
+def case_ids(cases) -> list[str]:
+    """Parametrize ids for SLIPS and ALTERNATIVES: the exercise id, then the name of the function that replaces the
+    reference (the start of the slip's words where that function is a lambda)."""
+    from kvlib.checks import CHECKS
+
+    ids = []
+    for where, replaced, *words in cases:
+        ex_id = CHECKS[where].exercise.id if where in CHECKS else where
+        name = next(iter(replaced.values())).__name__
+        ids.append(f"{ex_id}-{words[0][:24] if name == '<lambda>' and words else name}")
+    return ids
+
+
+# ---------------------------------------------------------------------------------------------
+# A learner function that changes its arguments: every check must compute what it expects before the call
+
+
+def vandal(fn, spoil):
+    """`fn` made hostile: it spoils each argument in place with `spoil`, then answers from what is left of them."""
+
+    def vandal(*args, **kwargs):
+        for arg in (*args, *kwargs.values()):
+            spoil(arg)
+        return fn(*args, **kwargs)
+
+    vandal.__name__ = fn.__name__
+    return vandal
+
+
+def spoil_everything(x) -> None:
+    """Zero what can be zeroed in place; shrink a config; slow a stand-in's clock to nothing; reseed a generator."""
+    import torch
+
+    from kvlib.core.model import ModelConfig, SlowDecoder
+
+    if isinstance(x, np.ndarray) and x.flags.writeable:
+        x[...] = 0
+    elif isinstance(x, torch.Tensor):
+        with torch.no_grad():
+            x.zero_()
+    elif isinstance(x, torch.nn.Module):
+        with torch.no_grad():
+            for p in x.parameters():
+                p.zero_()
+        if isinstance(x, SlowDecoder):
+            x.per_token = 0.0
+    elif isinstance(x, ModelConfig):
+        for field in ("d_model", "n_layers", "n_heads", "n_kv_heads", "hidden_dim", "vocab_size"):
+            object.__setattr__(x, field, 2 if field == "d_model" else 1)
+    elif isinstance(x, torch.Generator):
+        x.manual_seed(0)
+
+
+def spoil_config_tensors_models(x) -> None:
+    """Shrink a config to one layer, zero a tensor or a Decoder's weights, in place."""
+    import torch
+
+    from kvlib.core.model import Decoder, ModelConfig
+
+    if isinstance(x, ModelConfig):
+        object.__setattr__(x, "n_layers", 1)  # a frozen dataclass still yields to object.__setattr__
+    elif isinstance(x, torch.Tensor):
+        x.zero_()
+    elif isinstance(x, Decoder):
+        with torch.no_grad():
+            for p in x.parameters():
+                p.zero_()
+
+
+def checks_in_child(module: str, source: str, exercise_ids) -> dict[str, str]:
+    """Every check of the exercises on kvlib/<module>.py as `source`, run in the isolated grading child:
+    check name -> "pass" or its message."""
+    from kvlib.checks import checks_for
+    from kvlib.course.exercises import BY_ID, EXERCISES
+    from kvlib.grading.sandbox import Sandbox, package_files
+
+    files = package_files(ROOT / "kvlib")
+    files[f"kvlib/{module}.py"] = source.encode()
+    if module == "roofline":  # step_cost (5.3) uses kv_cache_bytes, Exercise 4.4: done, as notebook 05's learner has
+        files["kvlib/kv_cache.py"] = (ROOT / "solutions" / "kvlib" / "kv_cache.py").read_bytes()
+    functions = sorted({f"{ex.module}.{ex.name}" for ex in EXERCISES if ex.module == module})
+    verdicts = {}
+    with Sandbox(files, [module], functions, mode="plain", torch=True, call_timeout=60, budget=300) as sandbox:
+        for ex_id in exercise_ids:
+            for check in checks_for(BY_ID[ex_id]):
+                try:
+                    check.fn(sandbox.module(module), np.random.default_rng(0))
+                    verdicts[check.name] = "pass"
+                except AssertionError as err:
+                    verdicts[check.name] = str(err)
+    return verdicts

@@ -1,17 +1,26 @@
-"""kvlib/attention.py (notebook 01): the reference passes every check, each check catches the
-mistake it names, and bad input gets a ValueError that names the shape."""
+"""kvlib/attention.py (notebook 01): the reference passes every check, the seed article's numbers, and bad
+input gets a ValueError that names the shape.
 
+Each exercise's check tests live here under three names, built with conftest.handed_in: ALTERNATIVES
+(correct implementations in another shape, which pass every check of their exercise), SLIPS (likely
+wrong ones, which fail the check or exercise named, with a message naming the slip), and a
+function that changes its arguments (conftest.vandal) scores 0."""
+
+import math
 import types
 
 import numpy as np
 import pytest
+import torch
+from conftest import case_ids, check_failures, handed_in, spoil_everything, vandal
 
 from kvlib import attention
 from kvlib.checks import CHECKS, checks_for
 from kvlib.checks.attention import SEED_K, SEED_Q, SEED_V
-from kvlib.course.exercises import BY_ID
+from kvlib.course.exercises import BY_ID, reference
 
 ATTENTION_CHECKS = [c for ex in ("1.1", "1.2", "1.3", "1.4") for c in checks_for(BY_ID[ex])]
+IDS = ["1.1", "1.2", "1.3", "1.4"]
 
 
 @pytest.mark.parametrize("check", ATTENTION_CHECKS, ids=lambda c: c.name)
@@ -21,7 +30,8 @@ def test_reference_passes_check(check):
 
 
 def test_attend_reproduces_the_seed_numbers():
-    """Check the seed article's numbers: 21%, 21%, 58% and [1.940, 1.000]; scaled 0.248, 0.248, 0.503 and [1.759, 1.000]."""
+    """Check that attend reproduces the seed article's numbers: 21%, 21%, 58% and [1.940, 1.000]; scaled
+    0.248, 0.248, 0.503 and [1.759, 1.000]."""
     out, probs = attention.attend(SEED_Q, SEED_K, SEED_V, scale=1.0)
     np.testing.assert_allclose(probs, [0.2119, 0.2119, 0.5761], atol=1e-4)
     np.testing.assert_allclose(out, [1.9403, 1.0], atol=1e-4)
@@ -41,8 +51,148 @@ def test_causal_self_attention_equals_attend_per_query():
         np.testing.assert_allclose(probs[i, : 3 + i], p)
 
 
+NAMES = ("softmax", "attend", "causal_mask", "causal_self_attention")
+
+
+def _module(**replaced):
+    """What a learner hands in: kvlib.attention (the reference, in reference mode) with some functions replaced."""
+    return handed_in(attention, NAMES, **replaced)
+
+
 # ---------------------------------------------------------------------------------------------
-# Each known mistake is caught, with a message that names it.
+# Other correct implementations (ALTERNATIVES) pass every check of their exercise
+
+
+# 1.1 softmax ---------------------------------------------------------------------------------
+def softmax_loop(scores):
+    out = np.empty_like(scores)
+    for idx in np.ndindex(scores.shape[:-1]):
+        row = scores[idx]
+        m = max(row)
+        e = [math.exp(x - m) for x in row]
+        out[idx] = [x / sum(e) for x in e]
+    return out
+
+
+def softmax_float64_inside(scores):
+    x = scores.astype(np.float64)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True)).astype(scores.dtype)
+
+
+def softmax_logsumexp(scores):
+    m = scores.max(axis=-1, keepdims=True)
+    return np.exp(scores - m - np.log(np.exp(scores - m).sum(axis=-1, keepdims=True)))
+
+
+def softmax_torch(scores):
+    return torch.softmax(torch.from_numpy(scores), dim=-1).numpy()
+
+
+# 1.2 attend ----------------------------------------------------------------------------------
+def attend_einsum(q, k, v, scale=None):
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    probs = softmax_logsumexp(np.einsum("sd,d->s", k, q) * scale)
+    return np.einsum("s,sd->d", probs, v), probs
+
+
+def attend_loop(q, k, v, scale=None):
+    scale = 1 / math.sqrt(len(q)) if scale is None else scale
+    scores = np.array([sum(qi * ki for qi, ki in zip(q, key)) * scale for key in k], dtype=q.dtype)
+    probs = softmax_loop(scores)
+    out = np.zeros(v.shape[1], dtype=v.dtype)
+    for p, value in zip(probs, v):
+        out += p * value
+    return out, probs
+
+
+def attend_float64_inside(q, k, v, scale=None):
+    dtype = np.result_type(q, k, v)
+    q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
+    scale = 1 / np.sqrt(q.shape[-1]) if scale is None else scale
+    probs = softmax_float64_inside((q64[None] @ k64.T)[0] * scale)
+    return (probs @ v64).astype(dtype), probs.astype(dtype)
+
+
+# 1.3 causal_mask -----------------------------------------------------------------------------
+def mask_loop(seq_len, kv_len):
+    mask = np.zeros((seq_len, kv_len), dtype=bool)
+    for i in range(seq_len):
+        for j in range(kv_len):
+            mask[i, j] = j <= kv_len - seq_len + i
+    return mask
+
+
+def mask_aranges(seq_len, kv_len):
+    return np.arange(kv_len)[None, :] <= np.arange(seq_len)[:, None] + (kv_len - seq_len)
+
+
+def mask_not_triu(seq_len, kv_len):
+    return ~np.triu(np.ones((seq_len, kv_len), dtype=bool), k=kv_len - seq_len + 1)
+
+
+# 1.4 causal_self_attention -------------------------------------------------------------------
+def self_attention_per_query(q, k, v):
+    T, S = q.shape[-2], k.shape[-2]
+    out = np.zeros(q.shape[:-2] + (T, v.shape[-1]), dtype=np.result_type(q, k, v))
+    probs = np.zeros(q.shape[:-2] + (T, S), dtype=out.dtype)
+    for idx in np.ndindex(q.shape[:-2]):
+        for i in range(T):
+            n = S - T + i + 1
+            o, p = attend_einsum(q[idx][i], k[idx][:n], v[idx][:n])
+            out[idx][i], probs[idx][i, :n] = o, p
+    return out, probs
+
+
+def self_attention_bias(q, k, v):
+    T, S = q.shape[-2], k.shape[-2]
+    bias = np.where(mask_aranges(T, S), 0.0, -1e9).astype(q.dtype)  # an additive mask, as many libraries build it
+    scores = np.einsum("...td,...sd->...ts", q, k) / math.sqrt(q.shape[-1]) + bias
+    probs = softmax_logsumexp(scores)
+    return np.einsum("...ts,...sd->...td", probs, v), probs
+
+
+def self_attention_float64_torch(q, k, v):
+    dtype = np.result_type(q, k, v)
+    t = [torch.from_numpy(x.astype(np.float64)) for x in (q, k, v)]
+    scores = t[0] @ t[1].transpose(-1, -2) * t[0].shape[-1] ** -0.5
+    scores = scores.masked_fill(~torch.from_numpy(mask_aranges(q.shape[-2], k.shape[-2])), float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    return (probs @ t[2]).numpy().astype(dtype), probs.numpy().astype(dtype)
+
+
+ALTERNATIVES = [
+    ("1.1", {"softmax": softmax_loop}),
+    ("1.1", {"softmax": softmax_float64_inside}),
+    ("1.1", {"softmax": softmax_logsumexp}),
+    ("1.1", {"softmax": softmax_torch}),
+    ("1.2", {"attend": attend_einsum}),
+    ("1.2", {"attend": attend_loop}),
+    ("1.2", {"attend": attend_float64_inside}),
+    ("1.3", {"causal_mask": mask_loop}),
+    ("1.3", {"causal_mask": mask_aranges}),
+    ("1.3", {"causal_mask": mask_not_triu}),
+    ("1.4", {"causal_self_attention": self_attention_per_query}),
+    ("1.4", {"causal_self_attention": self_attention_bias}),
+    ("1.4", {"causal_self_attention": self_attention_float64_torch}),
+]
+
+
+@pytest.mark.parametrize("ex_id, replaced", ALTERNATIVES, ids=case_ids(ALTERNATIVES))
+def test_alternative_passes_every_check(ex_id, replaced):
+    """Check that another correct way of writing the exercise passes every one of its checks."""
+    with np.errstate(all="ignore"):
+        assert not check_failures(ex_id, _module(**replaced))
+
+
+def test_every_exercise_has_three_alternatives():
+    """Check that ALTERNATIVES covers each exercise of notebook 01 three times or more."""
+    counts = {ex_id: sum(c[0] == ex_id for c in ALTERNATIVES) for ex_id in IDS}
+    assert all(n >= 3 for n in counts.values()), counts
+
+
+# ---------------------------------------------------------------------------------------------
+# Likely slips (SLIPS) fail their check, or their exercise's checks, with a message naming them
 
 
 def _softmax_no_max(x):
@@ -88,7 +238,93 @@ def _self_attention_unscaled(q, k, v):
     return probs @ v, probs
 
 
-MISTAKES = [
+# 1.1
+def softmax_no_shift(scores):
+    e = np.exp(scores)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_global_max(scores):
+    e = np.exp(scores - scores.max())
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_row_mean(scores):
+    e = np.exp(scores - scores.mean(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_float64_out(scores):
+    x = np.asarray(scores, dtype=float)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_no_keepdims(scores):
+    e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return e / e.sum()
+
+
+# 1.2
+def attend_unscaled(q, k, v, scale=None):
+    probs = softmax_logsumexp(k @ q)
+    return probs @ v, probs
+
+
+def attend_by_d(q, k, v, scale=None):
+    scale = 1 / q.shape[-1] if scale is None else scale
+    probs = softmax_logsumexp((k @ q) * scale)
+    return probs @ v, probs
+
+
+def attend_np_sqrt(q, k, v, scale=None):
+    scale = 1 / np.sqrt(q.shape[-1]) if scale is None else scale
+    probs = softmax_logsumexp((k @ q) * scale)
+    return probs @ v, probs
+
+
+def attend_scale_ignored(q, k, v, scale=None):
+    probs = softmax_logsumexp((k @ q) / math.sqrt(q.shape[-1]))
+    return probs @ v, probs
+
+
+# 1.3
+def mask_top_left(seq_len, kv_len):
+    return np.tril(np.ones((seq_len, kv_len), dtype=bool))
+
+
+def mask_strict(seq_len, kv_len):
+    return np.tril(np.ones((seq_len, kv_len), dtype=bool), k=kv_len - seq_len - 1)
+
+
+def mask_upper(seq_len, kv_len):
+    return np.triu(np.ones((seq_len, kv_len), dtype=bool), k=kv_len - seq_len)
+
+
+def mask_ints(seq_len, kv_len):
+    return np.tril(np.ones((seq_len, kv_len), dtype=int), k=kv_len - seq_len)
+
+
+# 1.4
+def _sa(q, k, v, *, mask="bottom", scale=True, after=False, sqrt=math.sqrt):
+    T, S = q.shape[-2], k.shape[-2]
+    scores = q @ k.swapaxes(-1, -2) / (sqrt(q.shape[-1]) if scale else 1)
+    allowed = {"bottom": mask_aranges(T, S), "top": mask_top_left(T, S), "none": np.ones((T, S), dtype=bool)}[mask]
+    if after:
+        probs = np.where(allowed, softmax_logsumexp(scores), 0.0)
+    else:
+        probs = softmax_logsumexp(np.where(allowed, scores, -np.inf))
+    return probs @ v, probs
+
+
+# (check or exercise, replaced functions, words the failure must contain)
+def _self_attention_finite_fill(q, k, v):
+    scores = q @ k.swapaxes(-1, -2) / np.sqrt(q.shape[-1])
+    probs = attention.softmax(np.where(attention.causal_mask(q.shape[-2], k.shape[-2]), scores, -1e9))  # not -inf
+    return probs @ v, probs
+
+
+SLIPS = [
     ("softmax_is_stable", {"softmax": _softmax_no_max}, "Subtract each row's max"),
     ("softmax_matches_torch", {"softmax": _softmax_wrong_axis}, "over axis -2"),
     ("softmax_matches_torch", {"softmax": _uniform}, "differs from torch.softmax"),
@@ -100,22 +336,52 @@ MISTAKES = [
     ("causal_self_attention_matches_sdpa", {"causal_self_attention": _self_attention_unscaled}, "not scaled"),
     ("causal_self_attention_with_past_keys", {"causal_self_attention": _self_attention_top_left}, "aligned top-left"),
     ("causal_self_attention_equals_one_query_at_a_time", {"causal_self_attention": _self_attention_unmasked}, "row 0"),
+    ("1.1", {"softmax": softmax_no_shift}, "Subtract each row's max"),
+    ("1.1", {"softmax": softmax_global_max}, "the maximum of the whole array"),
+    ("1.1", {"softmax": softmax_row_mean}, "the row's mean"),
+    ("1.1", {"softmax": softmax_float64_out}, "float32 scores should give float32 weights"),
+    ("1.1", {"softmax": softmax_no_keepdims}, "sum to 1"),
+    ("1.2", {"attend": attend_unscaled}, "not scaled"),
+    ("1.2", {"attend": attend_by_d}, "divided by head_dim"),
+    ("1.2", {"attend": attend_np_sqrt}, "float32 inputs should give float32"),
+    ("1.2", {"attend": attend_scale_ignored}, "scale you are given is ignored"),
+    ("1.3", {"causal_mask": mask_top_left}, "aligned top-left"),
+    ("1.3", {"causal_mask": mask_strict}, "attend to itself"),
+    ("1.3", {"causal_mask": mask_upper}, "wrong side"),
+    ("1.3", {"causal_mask": mask_ints}, "should be boolean"),
+    ("1.4", {"causal_self_attention": lambda q, k, v: _sa(q, k, v, mask="none")}, "no mask"),
+    ("1.4", {"causal_self_attention": lambda q, k, v: _sa(q, k, v, mask="top")}, "aligned top-left"),
+    ("1.4", {"causal_self_attention": lambda q, k, v: _sa(q, k, v, scale=False)}, "not scaled"),
+    ("1.4", {"causal_self_attention": lambda q, k, v: _sa(q, k, v, after=True)}, "after the softmax"),
+    (
+        "1.4",
+        {"causal_self_attention": lambda q, k, v: _sa(q, k, v, sqrt=np.sqrt)},
+        "float32 inputs should give float32",
+    ),
+    ("causal_self_attention_matches_sdpa", {"causal_self_attention": _self_attention_finite_fill}, "a finite number"),
 ]
 
 
-@pytest.mark.parametrize(
-    "name, fake, words", MISTAKES, ids=[f"{m[0]}-{next(iter(m[1].values())).__name__}" for m in MISTAKES]
-)
-def test_check_names_the_known_mistake(name, fake, words):
-    """Check that a deliberately wrong implementation fails the check with a message naming the mistake."""
-    module = types.SimpleNamespace(
-        **{n: getattr(attention, n) for n in ("softmax", "attend", "causal_mask", "causal_self_attention")}
-    )
-    for key, fn in fake.items():
-        setattr(module, key, fn)
-    with np.errstate(all="ignore"), pytest.raises(AssertionError) as info:
-        CHECKS[name].fn(module, np.random.default_rng(0))
-    assert words in str(info.value)
+@pytest.mark.parametrize("where, replaced, words", SLIPS, ids=case_ids(SLIPS))
+def test_slip_is_rejected_naming_it(where, replaced, words):
+    """Check that a likely wrong implementation fails the check named (with an AssertionError), or the exercise
+    named (its first failing check, as `kvlib check` reports it), with a message that names the slip."""
+    with np.errstate(all="ignore"):
+        failures = check_failures(where, _module(**replaced))
+    assert failures, f"{where} passed a wrong implementation"
+    name, err = failures[0]
+    if where in CHECKS:
+        assert isinstance(err, AssertionError), err
+        assert words in str(err)
+    else:
+        failure = f"{name}: {type(err).__name__}: {err}"
+        assert words in failure, failure
+
+
+def test_every_exercise_has_three_slips():
+    """Check that SLIPS holds three or more likely slips for each exercise of notebook 01."""
+    counts = {ex_id: sum(c[0] == ex_id for c in SLIPS) for ex_id in IDS}
+    assert all(n >= 3 for n in counts.values()), counts
 
 
 def test_checks_reject_trivial_answers():
@@ -127,6 +393,23 @@ def test_checks_reject_trivial_answers():
     for c in checks_for(BY_ID["1.2"]) + checks_for(BY_ID["1.4"]):
         with pytest.raises(AssertionError):
             c.fn(echo, np.random.default_rng(0))
+
+
+# ---------------------------------------------------------------------------------------------
+# A function that vandalises its arguments scores 0 on every check
+
+
+# 1.3's arguments are two ints: nothing to change in place
+VANDAL_CHECKS = [c for ex_id in ("1.1", "1.2", "1.4") for c in checks_for(BY_ID[ex_id])]
+
+
+@pytest.mark.parametrize("check", VANDAL_CHECKS, ids=lambda c: c.name)
+def test_a_function_that_changes_its_arguments_scores_zero(check):
+    """Check that zeroing the arrays, tensors, weights or config a check passes cannot make it expect the wrong answer."""
+    ex = check.exercise
+    module = _module(**{ex.name: vandal(reference(ex), spoil_everything)})
+    with np.errstate(all="ignore"), pytest.raises(Exception):  # noqa: B017 - any failure is a score of 0
+        check.fn(module, np.random.default_rng(0))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -94,7 +94,8 @@ def test_a_compile_that_fails_is_reported_and_the_run_goes_on(monkeypatch):
 
 @pytest.mark.slow
 def test_compiled_static_cache_decoding_picks_kvlibs_greedy_tokens():
-    """Check kvlib.measure.compiled: torch.compile of kvlib's model with a static cache gives generate_cached's tokens."""
+    """Check that kvlib.measure.compiled (torch.compile of kvlib's model with a static cache) gives
+    generate_cached's tokens."""
     from kvlib.core.model import Decoder, ModelConfig
     from kvlib.kv_cache import generate_cached
     from kvlib.measure.compiled import StaticCacheDecoder, compiled_way
@@ -117,7 +118,7 @@ def test_compiled_static_cache_decoding_picks_kvlibs_greedy_tokens():
 
 
 def test_paired_ratio_summary_and_first_difference():
-    """Check the per-round summary (median, min, max) and where two token lists first differ."""
+    """Check that the per-round summary gives median, min and max, and where two token lists first differ."""
     assert bench_cache._summary([1.0, 3.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0}
     assert bench_cache._first_difference([1, 2, 3], [1, 2, 3]) is None
     assert bench_cache._first_difference([1, 2, 3], [1, 5, 3]) == 1
@@ -141,7 +142,8 @@ def test_decoder_compiles_to_one_graph():
 
 
 def test_bench_memory_takes_the_highest_of_five_kernels_as_the_ceiling():
-    """Check the ceiling: the highest rate of read, copy, triad, multi-stream read and matrix-vector, each reported."""
+    """Check that the ceiling is the highest rate of read, copy, triad, multi-stream read and matrix-vector,
+    each reported."""
     from kvlib.measure import bench_memory
 
     run = bench_memory.bench_memory(quick=True)["runs"][0]
@@ -169,6 +171,7 @@ def test_bench_memory_takes_the_highest_of_five_kernels_as_the_ceiling():
 
 
 def test_datasheet_names_a_gpu_only_where_one_entry_fits():
+    """Check that a device name finds its datasheet only where exactly one entry fits it."""
     from kvlib.measure.bench_memory import datasheet
 
     assert datasheet("NVIDIA H200").name == "H200 SXM"
@@ -213,7 +216,8 @@ RECORDINGS = sorted((ROOT / "assets" / "recordings").glob("*.json"))
 
 @pytest.mark.parametrize("path", RECORDINGS, ids=[p.name for p in RECORDINGS])
 def test_shipped_gpu_recordings_say_what_made_them(path):
-    """Check each shipped recording: a known benchmark, its date, a CUDA device with its torch, and numbers that agree.
+    """Check that each shipped recording names a known benchmark, its date, a CUDA device with its torch, and
+    has numbers that agree.
 
     A recording is shown to learners as a measurement of that GPU, so it must be one: the
     self-consistency checked here (bytes / time = the bandwidth fraction, ratios against MHA)

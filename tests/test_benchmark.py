@@ -1,4 +1,4 @@
-"""kvlib/benchmark.py: the measuring helper counts its runs, restores threads and records its setting."""
+"""kvlib/measure/timing.py: the measuring helper counts its runs, restores threads and records its setting."""
 
 import pytest
 import torch
@@ -16,7 +16,7 @@ def test_measure_warms_up_then_repeats():
 
 
 def test_timing_median_and_spread():
-    """Check the median and spread of a known list of samples."""
+    """Check that Timing gives the median and spread of a known list of samples."""
     t = Timing("x", [3.0, 1.0, 2.0, 10.0, 2.5])
     assert t.median == 2.5 and t.spread == (1.0, 10.0)
     assert "median 2.50 s" in str(t) and t.as_dict()["median"] == 2.5

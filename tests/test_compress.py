@@ -1,7 +1,9 @@
 """kvlib/compress.py (notebook 08): int8 keys and values, the rolling cache with sinks, MLA two ways; the
-caches through the model, other correct ways passing the checks, likely slips named, bad input, the
-bytes table and the benchmark's shape of report.
+caches through the model, bad input, the bytes table and the benchmark's shape of report.
 
+The check tests go under two names, built with conftest.handed_in: ALTERNATIVES
+(correct implementations in another shape, which pass every check of their exercise), SLIPS (likely
+wrong ones, which fail the check or exercise named, with a message naming the slip).
 Runs in reference mode (conftest). No test asserts on time."""
 
 import math
@@ -11,15 +13,16 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import handed_in
+from conftest import case_ids, check_failures, handed_in
 
 from kvlib import compress
 from kvlib.checks import checks_for, run
 from kvlib.checks.compress import CONFIG
-from kvlib.core.model import Decoder, ModelConfig, causal_mask
+from kvlib.core.model import Decoder, ModelConfig, causal_mask_tensor
 from kvlib.course.exercises import BY_ID, ExerciseNotDone
 from kvlib.kv_cache import KVCache
-from kvlib.measure import bench_compress, compressed
+from kvlib.measure import bench_compress
+from kvlib.variants import compressed
 
 torch.set_num_threads(1)
 
@@ -121,20 +124,21 @@ def test_sink_cache_equals_kv_cache_until_it_fills():
         sink, full = compress.SinkCache(model.config, 2, 10, batch=2), KVCache(model.config, batch=2)
         for a, b in ((0, 5), (5, 6), (6, 7), (7, 12)):
             torch.testing.assert_close(
-                model(ids[:, a:b], past_key_values=sink, attention=compressed.sink_attention)[0],
+                model(ids[:, a:b], past_key_values=sink)[0],
                 model(ids[:, a:b], past_key_values=full)[0],
             )
 
 
 def test_sink_attention_equals_attention_over_kept_tokens_at_cache_positions():
-    """Check the decode step after eviction: attention over [sinks, last window] as a fresh sequence at places 0 ... S-1."""
+    """Check that the decode step after eviction equals attention over [sinks, last window] as a fresh
+    sequence at places 0 ... S-1."""
     model = _tiny(n_kv_heads=6)
     attn, n_sink, window = model.layers[0].attn, 2, 4
     x = torch.randn(1, 11, 48)
     cache = compress.SinkCache(model.config, n_sink, window)
     with torch.inference_mode():
         for t in range(11):
-            out = compressed.sink_attention(attn, x[:, t : t + 1], cache, 0, model.rope_cos, model.rope_sin)
+            out = cache.attention(attn, x[:, t : t + 1], cache, 0, model.rope_cos, model.rope_sin)
             cache.advance(1)
         kept = torch.cat([x[:, :n_sink], x[:, 11 - window :]], dim=1)  # the tokens the cache holds, oldest first
         expect = attn(kept, model.rope_cos[:6], model.rope_sin[:6])[:, -1:]  # the last one's output, places 0..5
@@ -202,16 +206,11 @@ def _module(**replaced) -> types.SimpleNamespace:
 
 
 def _messages(ex_id: str, **replaced) -> list[str]:
-    out = []
-    for check in checks_for(BY_ID[ex_id]):
-        try:
-            check.fn(_module(**replaced), np.random.default_rng(0))
-            out.append("")
-        except AssertionError as err:
-            out.append(str(err) or "assertion")
-        except Exception as err:  # a crash in the code under test is a failure too
-            out.append(f"{type(err).__name__}: {err}")
-    return out
+    """The failure messages of the exercise's failing checks; a crash in the code under test is a failure too."""
+    return [
+        (str(err) or "assertion") if isinstance(err, AssertionError) else f"{type(err).__name__}: {err}"
+        for _, err in check_failures(ex_id, _module(**replaced))
+    ]
 
 
 def quantize_multiply(x, dim):  # multiply by 127 / max instead of dividing by max / 127
@@ -276,7 +275,7 @@ def int8_fold_scales(
         dim=-1,
     )[..., :kv_len] / math.sqrt(D)  # (B, H_kv, G*T, S)
     if T > 1:
-        scores = scores.masked_fill(~causal_mask(T, kv_len).repeat(G, 1), float("-inf"))
+        scores = scores.masked_fill(~causal_mask_tensor(T, kv_len).repeat(G, 1), float("-inf"))
     probs = scores.softmax(-1) * v_scale[:, :, :kv_len].transpose(-2, -1)  # per-token value scale onto the weights
     return (probs @ v_values[:, :, :kv_len].float()).reshape(B, H, T, D)
 
@@ -286,7 +285,7 @@ def int8_einsum(q, k_values, k_scale, v_values, v_scale, kv_len):
     B, H, T, D = q.shape
     G = H // k.shape[1]
     scores = torch.einsum("bhgtd,bhsd->bhgts", q.reshape(B, -1, G, T, D), k) / D**0.5
-    scores = scores.masked_fill(~causal_mask(T, kv_len), float("-inf"))
+    scores = scores.masked_fill(~causal_mask_tensor(T, kv_len), float("-inf"))
     return torch.einsum("bhgts,bhsd->bhgtd", scores.softmax(-1), v).reshape(B, H, T, D)
 
 
@@ -294,7 +293,7 @@ def int8_repeat(q, k_values, k_scale, v_values, v_scale, kv_len):
     k, v = _dequantised(k_values, k_scale, v_values, v_scale, kv_len)
     G = q.shape[1] // k.shape[1]
     return F.scaled_dot_product_attention(
-        q, k.repeat_interleave(G, 1), v.repeat_interleave(G, 1), attn_mask=causal_mask(q.shape[2], kv_len)
+        q, k.repeat_interleave(G, 1), v.repeat_interleave(G, 1), attn_mask=causal_mask_tensor(q.shape[2], kv_len)
     )
 
 
@@ -353,6 +352,24 @@ class SinkOverSinks(compress.SinkCache):
         self.k[layer, :, :, slots], self.v[layer, :, :, slots] = k_new, v_new
         n = min(self.pos + k_new.shape[2], self.capacity)
         return self.k[layer, :, :, :n], self.v[layer, :, :, :n]
+
+
+class SinkRingOffByOne(compress.SinkCache):  # the first token past the sinks lands in the ring's last slot
+    def update(self, layer, k_new, v_new):
+        slots = [
+            p if p < self.n_sink else self.n_sink + (p - self.n_sink - 1) % self.window
+            for p in range(self.pos, self.pos + k_new.shape[2])
+        ]
+        self.k[layer, :, :, slots], self.v[layer, :, :, slots] = k_new, v_new
+        n = min(self.pos + k_new.shape[2], self.capacity)
+        return self.k[layer, :, :, :n], self.v[layer, :, :, :n]
+
+
+def positions_oldest_off_by_one(n_seen, n_sink, window):
+    if n_seen <= n_sink + window:
+        return torch.arange(n_seen)
+    oldest = (n_seen - window - n_sink + 1) % window  # one slot past the oldest kept token
+    return torch.cat([torch.arange(n_sink), n_sink + (torch.arange(window) - oldest) % window])
 
 
 class SinkAdvances(compress.SinkCache):  # moves pos itself
@@ -419,7 +436,7 @@ def mla_concat_sdpa(q_nope, q_rope, latent, k_rope, w_uk, w_uv):  # [nope, rope]
     v = torch.einsum("bsr,hdr->bhsd", latent, w_uv)
     T, S = q_nope.shape[2], latent.shape[1]
     return F.scaled_dot_product_attention(
-        torch.cat([q_nope, q_rope], -1), torch.cat([k_nope, k_r], -1), v, attn_mask=causal_mask(T, S)
+        torch.cat([q_nope, q_rope], -1), torch.cat([k_nope, k_r], -1), v, attn_mask=causal_mask_tensor(T, S)
     )
 
 
@@ -431,7 +448,7 @@ def mla_per_head(q_nope, q_rope, latent, k_rope, w_uk, w_uv):  # one head at a t
         scores = (q_nope[:, h] @ k.transpose(-2, -1) + q_rope[:, h] @ k_rope.transpose(-2, -1)) / math.sqrt(
             q_nope.shape[-1] + q_rope.shape[-1]
         )
-        scores = scores.masked_fill(~causal_mask(T, S), float("-inf"))
+        scores = scores.masked_fill(~causal_mask_tensor(T, S), float("-inf"))
         outs.append(scores.softmax(-1) @ v)
     return torch.stack(outs, 1)
 
@@ -451,7 +468,7 @@ def mla_nope_scale(q_nope, q_rope, latent, k_rope, w_uk, w_uv):
         torch.cat([q_nope, q_rope], -1),
         torch.cat([k_nope, k_r], -1),
         v,
-        attn_mask=causal_mask(q_nope.shape[2], latent.shape[1]),
+        attn_mask=causal_mask_tensor(q_nope.shape[2], latent.shape[1]),
         scale=q_nope.shape[-1] ** -0.5,
     )
 
@@ -475,7 +492,7 @@ def absorbed_matmul(
         *q_latent.shape[:3], -1
     )
     scores = scores / math.sqrt(q_nope.shape[-1] + q_rope.shape[-1])
-    scores = scores.masked_fill(~causal_mask(q_nope.shape[2], latent.shape[1]), float("-inf"))
+    scores = scores.masked_fill(~causal_mask_tensor(q_nope.shape[2], latent.shape[1]), float("-inf"))
     probs = scores.softmax(-1)
     out = torch.stack([probs[b].flatten(0, 1) @ latent[b] for b in range(latent.shape[0])]).view(
         *q_latent.shape[:3], -1
@@ -487,7 +504,7 @@ def absorbed_folded_rope(q_nope, q_rope, latent, k_rope, w_uk, w_uv):  # one ein
     q_cat = torch.cat([torch.einsum("bhtd,hdr->bhtr", q_nope, w_uk), q_rope], -1)  # (B, H, T, r + Dr)
     kv_cat = torch.cat([latent, k_rope], -1)  # (B, S, r + Dr): exactly what the cache holds
     scores = torch.einsum("bhtc,bsc->bhts", q_cat, kv_cat) / math.sqrt(q_nope.shape[-1] + q_rope.shape[-1])
-    scores = scores.masked_fill(~causal_mask(q_nope.shape[2], latent.shape[1]), float("-inf"))
+    scores = scores.masked_fill(~causal_mask_tensor(q_nope.shape[2], latent.shape[1]), float("-inf"))
     return torch.einsum("bhts,bsr,hdr->bhtd", scores.softmax(-1), latent, w_uv)
 
 
@@ -504,7 +521,7 @@ def absorbed_broadcast(q_nope, q_rope, latent, k_rope, w_uk, w_uv):  # a broadca
     scores = (q_latent @ latent[:, None].transpose(-2, -1) + q_rope @ k_rope[:, None].transpose(-2, -1)) / math.sqrt(
         q_nope.shape[-1] + q_rope.shape[-1]
     )
-    scores = scores.masked_fill(~causal_mask(q_nope.shape[2], latent.shape[1]), float("-inf"))
+    scores = scores.masked_fill(~causal_mask_tensor(q_nope.shape[2], latent.shape[1]), float("-inf"))
     return torch.einsum(
         "bhtr,hdr->bhtd", scores.softmax(-1) @ latent[:, None].expand(-1, w_uk.shape[0], -1, -1).contiguous(), w_uv
     )
@@ -514,52 +531,65 @@ def absorbed_no_rope(q_nope, q_rope, latent, k_rope, w_uk, w_uv):
     return compress.mla_absorbed(q_nope, torch.zeros_like(q_rope), latent, k_rope, w_uk, w_uv)
 
 
-ALTERNATIVES = {
-    "8.1": ("quantize", [quantize_multiply, quantize_moved_axis, quantize_float64]),
-    "8.2": ("int8_attention", [int8_fold_scales, int8_einsum, int8_repeat]),
-    "8.3": ("SinkCache", [SinkTensorSlots, SinkLoop, SinkBranch]),
-    "8.4": ("cache_positions", [positions_loop, positions_argsort, positions_roll]),
-    "8.5": ("mla_reconstruct", [mla_concat_sdpa, mla_per_head, mla_float64]),
-    "8.6": ("mla_absorbed", [absorbed_matmul, absorbed_folded_rope, absorbed_float64]),
-}
-_ALT = [(ex, name, fn) for ex, (name, fns) in ALTERNATIVES.items() for fn in fns]
-
-
-@pytest.mark.parametrize("ex_id, name, fn", _ALT, ids=[f"{c[0]}-{c[2].__name__}" for c in _ALT])
-def test_other_correct_implementations_pass(ex_id, name, fn):
-    """Check that a correct implementation written another way passes every check of its exercise."""
-    failures = [m for m in _messages(ex_id, **{name: fn}) if m]
-    assert not failures, failures
-
-
-SLIPS = [
-    ("8.1", "quantize", quantize_transposed, "wrong axis"),
-    ("8.1", "quantize", quantize_truncate, "truncated toward zero"),
-    ("8.1", "quantize", quantize_255, "255"),
-    ("8.1", "quantize", quantize_nan_on_zeros, "0/0 is nan"),
-    ("8.2", "int8_attention", int8_no_scales, "without their scales"),
-    ("8.2", "int8_attention", int8_all_slots, "past kv_len"),
-    ("8.2", "int8_attention", int8_top_left, "top-left"),
-    ("8.3", "SinkCache", SinkOverSinks, "runs over the sinks"),
-    ("8.3", "SinkCache", SinkAdvances, "moved pos"),
-    ("8.3", "SinkCache", SinkWholeBuffer, "filled slots"),
-    ("8.4", "cache_positions", positions_text, "positions in the text"),
-    ("8.4", "cache_positions", positions_slot_order, "slot order"),
-    ("8.4", "cache_positions", positions_reversed, "by age, oldest first"),
-    ("8.5", "mla_reconstruct", mla_no_rope, "rotary part is left out"),
-    ("8.5", "mla_reconstruct", mla_nope_scale, "sqrt(nope_dim)"),
-    ("8.5", "mla_reconstruct", mla_top_left, "top-left"),
-    ("8.6", "mla_absorbed", absorbed_is_reconstruct, "per-head keys or values"),
-    ("8.6", "mla_absorbed", absorbed_broadcast, "per-head keys or values"),
-    ("8.6", "mla_absorbed", absorbed_no_rope, "rotary part is left out"),
+ALTERNATIVES = [
+    ("8.1", {"quantize": quantize_multiply}),
+    ("8.1", {"quantize": quantize_moved_axis}),
+    ("8.1", {"quantize": quantize_float64}),
+    ("8.2", {"int8_attention": int8_fold_scales}),
+    ("8.2", {"int8_attention": int8_einsum}),
+    ("8.2", {"int8_attention": int8_repeat}),
+    ("8.3", {"SinkCache": SinkTensorSlots}),
+    ("8.3", {"SinkCache": SinkLoop}),
+    ("8.3", {"SinkCache": SinkBranch}),
+    ("8.4", {"cache_positions": positions_loop}),
+    ("8.4", {"cache_positions": positions_argsort}),
+    ("8.4", {"cache_positions": positions_roll}),
+    ("8.5", {"mla_reconstruct": mla_concat_sdpa}),
+    ("8.5", {"mla_reconstruct": mla_per_head}),
+    ("8.5", {"mla_reconstruct": mla_float64}),
+    ("8.6", {"mla_absorbed": absorbed_matmul}),
+    ("8.6", {"mla_absorbed": absorbed_folded_rope}),
+    ("8.6", {"mla_absorbed": absorbed_float64}),
 ]
 
 
-@pytest.mark.parametrize("ex_id, name, fake, words", SLIPS, ids=[f"{s[0]}-{s[2].__name__}" for s in SLIPS])
-def test_check_names_the_known_mistake(ex_id, name, fake, words):
+@pytest.mark.parametrize("ex_id, replaced", ALTERNATIVES, ids=case_ids(ALTERNATIVES))
+def test_alternative_passes_every_check(ex_id, replaced):
+    """Check that a correct implementation written another way passes every check of its exercise."""
+    failures = _messages(ex_id, **replaced)
+    assert not failures, failures
+
+
+SLIPS = [  # (exercise, replaced function, words a failure must contain)
+    ("8.1", {"quantize": quantize_transposed}, "wrong axis"),
+    ("8.1", {"quantize": quantize_truncate}, "truncated toward zero"),
+    ("8.1", {"quantize": quantize_255}, "255"),
+    ("8.1", {"quantize": quantize_nan_on_zeros}, "0/0 is nan"),
+    ("8.2", {"int8_attention": int8_no_scales}, "without their scales"),
+    ("8.2", {"int8_attention": int8_all_slots}, "past kv_len"),
+    ("8.2", {"int8_attention": int8_top_left}, "top-left"),
+    ("8.3", {"SinkCache": SinkOverSinks}, "runs over the sinks"),
+    ("8.3", {"SinkCache": SinkAdvances}, "moved pos"),
+    ("8.3", {"SinkCache": SinkWholeBuffer}, "filled slots"),
+    ("8.4", {"cache_positions": positions_text}, "positions in the text"),
+    ("8.4", {"cache_positions": positions_slot_order}, "slot order"),
+    ("8.4", {"cache_positions": positions_reversed}, "by age, oldest first"),
+    ("8.5", {"mla_reconstruct": mla_no_rope}, "rotary part is left out"),
+    ("8.5", {"mla_reconstruct": mla_nope_scale}, "sqrt(nope_dim)"),
+    ("8.5", {"mla_reconstruct": mla_top_left}, "top-left"),
+    ("8.6", {"mla_absorbed": absorbed_is_reconstruct}, "per-head keys or values"),
+    ("8.6", {"mla_absorbed": absorbed_broadcast}, "per-head keys or values"),
+    ("8.6", {"mla_absorbed": absorbed_no_rope}, "rotary part is left out"),
+    ("8.3", {"SinkCache": SinkRingOffByOne}, "first token past the sinks"),
+    ("8.4", {"cache_positions": positions_oldest_off_by_one}, "count from the oldest kept token's slot"),
+]
+
+
+@pytest.mark.parametrize("ex_id, replaced, words", SLIPS, ids=case_ids(SLIPS))
+def test_slip_is_rejected_naming_it(ex_id, replaced, words):
     """Check that a likely slip fails its exercise's checks with a message naming it."""
-    failures = [m for m in _messages(ex_id, **{name: fake}) if m]
-    assert failures, f"{fake.__name__} passed every check of {ex_id}"
+    failures = _messages(ex_id, **replaced)
+    assert failures, f"{next(iter(replaced.values())).__name__} passed every check of {ex_id}"
     assert any(words in m for m in failures), failures
 
 
@@ -568,7 +598,8 @@ def test_check_names_the_known_mistake(ex_id, name, fake, words):
 
 
 def test_bytes_per_token_match_published_figures():
-    """Check Llama-3-8B's 128 KiB per token in 16-bit, int8 at about half, and DeepSeek-V2's 576 numbers per layer."""
+    """Check that bytes per token match the published figures: Llama-3-8B's 128 KiB in 16-bit, int8 at about
+    half, and DeepSeek-V2's 576 numbers per layer."""
     from kvlib.core.configs import MLA_MODELS, REAL_MODELS
 
     llama = REAL_MODELS["Llama-3-8B"].config
@@ -583,7 +614,8 @@ def test_bytes_per_token_match_published_figures():
 
 
 def test_mla_saving_against_deepseek_67b_is_the_papers_93_percent():
-    """Check DeepSeek-V2's "93.3% less KV cache" against DeepSeek 67B: latents at ~6 bits against 67B's GQA in 16-bit."""
+    """Check that MLA saves DeepSeek-V2's "93.3% less KV cache" against DeepSeek 67B: latents at ~6 bits
+    against 67B's GQA in 16-bit."""
     from kvlib.core.configs import DEEPSEEK_67B, MLA_MODELS
 
     v2, old = MLA_MODELS["DeepSeek-V2"], DEEPSEEK_67B.config
@@ -600,7 +632,7 @@ def test_window_cache_never_outweighs_small_windows():
 
 
 def test_mla_flop_formula_matches_torch_flop_counter():
-    """Check mla_step_cost's FLOPs against torch.utils.flop_counter on the reference 8.5 and 8.6."""
+    """Check that mla_step_cost's FLOPs equal torch.utils.flop_counter's on the reference 8.5 and 8.6."""
     for path, counts in bench_compress.mla_counted_flops().items():
         assert counts["counted"] == counts["formula"], (path, counts)
 
@@ -633,7 +665,7 @@ def test_bench_compress_quick_reports_every_part():
 
 
 def test_cache_schemes_figure_is_labelled_and_uses_the_palette():
-    """Check the workshop figure: labelled x axis, a title with the ratio, the course's colours."""
+    """Check that the workshop figure has a labelled x axis, a title with the ratio, and the course's colours."""
     from kvlib.course import plotting
 
     fig = plotting.cache_schemes(

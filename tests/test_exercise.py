@@ -14,6 +14,7 @@ import kvlib
 from kvlib.app import release as course
 from kvlib.checks import checks_for
 from kvlib.course import exercises as _exercise
+from kvlib.course import hints
 from kvlib.course.exercises import EXERCISES, ExerciseNotDone
 
 
@@ -62,7 +63,8 @@ def test_exercise_table_matches_the_code():
             obj = getattr(obj, part)
         assert obj.__exercise__ is ex
         assert checks_for(ex), f"Exercise {ex.id} has no check"
-        assert obj.__doc__ and "Hints (reference solution:" in obj.__doc__, f"{ex.name} docstring lacks hints"
+        assert obj.__doc__ and "Example:" in obj.__doc__, f"{ex.name} docstring lacks its contract"
+        assert ex.id in hints.load(), f"Exercise {ex.id} has no hints in kvlib/course/hints/{ex.module}.md"
 
 
 def test_every_stub_raises_in_learner_mode(learner_mode):
@@ -102,7 +104,8 @@ def test_unfinished_dependency_names_the_exercise_to_do_first(learner_mode):
 
 
 def test_kvlib_check_json_in_both_modes():
-    """Check `kvlib check --json`: every exercise passes in reference mode and is todo in learner mode."""
+    """Check that `kvlib check --json` reports every exercise passing in reference mode and todo in learner
+    mode."""
     ref = run_kvlib("check", "--json", env={"KVLIB_SOLUTIONS": "1"})
     assert ref.returncode == 0, ref.stderr
     rows = json.loads(ref.stdout)

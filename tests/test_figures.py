@@ -78,6 +78,26 @@ def _figures():
         "block_memory_map": lambda: plotting.block_memory_map(
             np.array([[0, 0, 1, -1], [0, -2, 1, 2], [-1, -2, 1, 2]]), step=1
         ),
+        "attention_tiles": lambda: plotting.attention_tiles(
+            np.array([[2, 1, 1], [0, 2, 1], [0, 0, 2]]), tile=4, seq_len=12, kv_len=12, note="test"
+        ),
+        "fused_memory": lambda: plotting.fused_memory(
+            [
+                {"seq_len": n, "naive_peak_bytes": 12 * n * n, "tiled_peak_bytes": 300 * n, "sdpa_peak_bytes": 260 * n}
+                for n in (1024, 4096)
+            ],
+            [
+                {
+                    "kv_len": s,
+                    "ways": {
+                        w: {"bytes_read": b * s, "median_s": t * s / 1e6}
+                        for w, b, t in (("float32 SDPA", 4096, 1.0), ("int8 folded", 1100, 0.5))
+                    },
+                }
+                for s in (4096, 16384)
+            ],
+            note="test machine",
+        ),
     }
 
 
@@ -159,3 +179,9 @@ def test_figure_renders_to_png():
     """Check that to_png gives a PNG of the figure at its own size."""
     png = plotting.to_png(FIGURES["attention_weights"]())
     assert png.startswith(b"\x89PNG")
+
+
+def test_attention_tiles_title_counts_the_computed_share():
+    """Check the tile figure: 6 of 9 tiles of a 12 x 12 causal grid hold scores, 2/3 of them computed."""
+    ax = FIGURES["attention_tiles"]().axes[0]
+    assert "67% of the 12 x 12 scores computed" in ax.get_title(loc="left")

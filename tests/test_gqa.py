@@ -1,13 +1,27 @@
 """kvlib/gqa.py (notebook 06): the head grouping, attention that never copies the shared heads,
 mean-pooling an MHA model into GQA, real models' KV bytes, and the benchmark's shape of report.
 
+Each exercise's check tests live here under three names, built with conftest.handed_in: ALTERNATIVES
+(correct implementations in another shape, which pass every check of their exercise), SLIPS (likely
+wrong ones, which fail the check or exercise named, with a message naming the slip), and a
+function that changes its arguments (conftest.vandal) scores 0.
 Runs in reference mode (conftest). No test asserts on time."""
 
+import dataclasses
+import math
 import types
 
 import numpy as np
 import pytest
 import torch
+from conftest import (
+    case_ids,
+    check_failures,
+    checks_in_child,
+    handed_in,
+    spoil_config_tensors_models,
+    vandal,
+)
 
 from kvlib import gqa
 from kvlib.checks import CHECKS, checks_for, run
@@ -16,8 +30,10 @@ from kvlib.core.configs import REAL_MODELS
 from kvlib.core.model import Decoder, ModelConfig
 from kvlib.core.weights import from_transformers, to_transformers
 from kvlib.course.exercises import BY_ID, ExerciseNotDone
+from kvlib.kv_cache import kv_cache_bytes
 from kvlib.measure import bench_gqa
 from kvlib.study import gqa_quality
+from kvlib.variants import gqa_attention
 
 torch.set_num_threads(1)
 
@@ -63,15 +79,15 @@ def test_repeat_kv_matches_repeat_interleave():
 def test_grouped_attention_equals_sdpa_enable_gqa(n_kv_heads):
     """Check that grouped_attention equals torch's SDPA with enable_gqa, and the materialised path, for T < S."""
     q, k, v = torch.randn(B, H, T, D), torch.randn(B, n_kv_heads, S, D), torch.randn(B, n_kv_heads, S, D)
-    expected = bench_gqa.sdpa_attention(q, k, v)
+    expected = gqa_attention.sdpa_attention(q, k, v)
     torch.testing.assert_close(gqa.grouped_attention(q, k, v), expected)
-    torch.testing.assert_close(bench_gqa.materialised_attention(q, k, v), expected)
+    torch.testing.assert_close(gqa_attention.materialised_attention(q, k, v), expected)
 
 
 def test_gqa_with_group_size_1_equals_mha():
     """Check that grouped attention with n_kv_heads == n_heads is plain causal MHA attention."""
     q, k, v = torch.randn(B, H, T, D), torch.randn(B, H, S, D), torch.randn(B, H, S, D)
-    torch.testing.assert_close(gqa.grouped_attention(q, k, v), bench_gqa.causal_attention(q, k, v))
+    torch.testing.assert_close(gqa.grouped_attention(q, k, v), gqa_attention.causal_attention(q, k, v))
 
 
 def test_decode_step_with_matches_model_forward():
@@ -84,7 +100,7 @@ def test_decode_step_with_matches_model_forward():
     ids = torch.randint(0, 23, (2, 6))
     with torch.inference_mode():
         full = model(ids)[:, -1]
-        for name, attend in bench_gqa.BENCH_ATTENTION.items():
+        for name, attend in gqa_attention.BENCH_ATTENTION.items():
             cache = KVCache(config, batch=2)
             for t in range(6):  # one token at a time from an empty cache; the step does not advance pos
                 logits = bench_gqa.decode_step_with(model, ids[:, t], cache, attend)
@@ -94,7 +110,8 @@ def test_decode_step_with_matches_model_forward():
 
 @pytest.mark.parametrize("n_kv_heads, kv_len, chunk", [(2, 37, 8), (1, 16, 16), (6, 5, 1024), (3, 64, 7)])
 def test_split_k_attention_equals_grouped_attention_for_a_decode_step(n_kv_heads, kv_len, chunk):
-    """Check split-K (chunks merged by the online softmax) against SDPA with enable_gqa, chunks that do not divide kv_len included."""
+    """Check that split-K (chunks merged by the online softmax) equals SDPA with enable_gqa, chunks that do
+    not divide kv_len included."""
     torch.manual_seed(0)
     q, k, v = (
         torch.randn(2, 6, 1, 8) * 3,
@@ -102,22 +119,23 @@ def test_split_k_attention_equals_grouped_attention_for_a_decode_step(n_kv_heads
         torch.randn(2, n_kv_heads, kv_len, 8),
     )
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=n_kv_heads != 6)
-    torch.testing.assert_close(bench_gqa.split_k_attention(q, k, v, chunk=chunk), expected)
+    torch.testing.assert_close(gqa_attention.split_k_attention(q, k, v, chunk=chunk), expected)
 
 
 def test_split_k_attention_names_what_it_cannot_do():
+    """Check that split-K attention refuses, by name, more than one query per head and heads that do not group."""
     with pytest.raises(ValueError, match="one query per head"):
-        bench_gqa.split_k_attention(torch.randn(1, 4, 3, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8))
+        gqa_attention.split_k_attention(torch.randn(1, 4, 3, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8))
     with pytest.raises(ValueError, match="multiple of n_kv_heads"):
-        bench_gqa.split_k_attention(torch.randn(1, 4, 1, 8), torch.randn(1, 3, 5, 8), torch.randn(1, 3, 5, 8))
+        gqa_attention.split_k_attention(torch.randn(1, 4, 1, 8), torch.randn(1, 3, 5, 8), torch.randn(1, 3, 5, 8))
 
 
 def test_decode_bytes_counts_copies_for_materialised():
     """Check that the materialised path is charged n_kv_heads + 2 n_heads heads, grouped only n_kv_heads."""
     model = Decoder(dataclass_replace(CONFIG, n_kv_heads=2))
     grouped, copied = (
-        bench_gqa.decode_bytes(model, 100, method="grouped"),
-        bench_gqa.decode_bytes(model, 100, method="materialised"),
+        gqa_attention.decode_bytes(model, 100, method="grouped"),
+        gqa_attention.decode_bytes(model, 100, method="materialised"),
     )
     per_head = 4 * 2 * CONFIG.n_layers * 100 * CONFIG.head_dim
     assert copied - grouped == 2 * CONFIG.n_heads * per_head
@@ -192,17 +210,158 @@ def test_bad_inputs_name_the_problem():
 # Known mistakes are named
 
 
+NAMES = ("repeat_kv", "grouped_attention", "mean_pool_heads", "to_gqa", "first_head_of_group")
+
+
+def _module(**replaced) -> types.SimpleNamespace:
+    """What a learner hands in: kvlib.gqa (the reference, in reference mode) with some functions replaced."""
+    return handed_in(gqa, NAMES, **replaced)
+
+
+# ---------------------------------------------------------------------------------------------
+# Other correct implementations (ALTERNATIVES): at least three per exercise, all must pass every check
+
+
+def repeat_expand_index(x, group_size):  # query head h reads head h // group_size
+    return x[:, torch.arange(x.shape[1] * group_size) // group_size]
+
+
+def repeat_stack(x, group_size):
+    return torch.stack([x] * group_size, dim=2).flatten(1, 2)
+
+
+def repeat_loop(x, group_size):
+    return torch.cat([x[:, h : h + 1] for h in range(x.shape[1]) for _ in range(group_size)], dim=1)
+
+
+def attention_einsum(q, k, v):
+    B, H, T, D = q.shape
+    H_kv, S = k.shape[1:3]
+    qg = q.view(B, H_kv, H // H_kv, T, D)
+    scores = torch.einsum("bhgtd,bhsd->bhgts", qg, k) / math.sqrt(D)
+    allowed = torch.ones(T, S, dtype=torch.bool).tril(S - T)
+    probs = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+    return torch.einsum("bhgts,bhsd->bhgtd", probs, v).reshape(B, H, T, D)
+
+
+def attention_loop(q, k, v):  # one key/value head at a time, its group's queries stacked: float64 inside
+    B, H, T, D = q.shape
+    H_kv, S = k.shape[1:3]
+    G = H // H_kv
+    bias = torch.zeros(T, S, dtype=torch.float64).masked_fill(
+        torch.ones(T, S, dtype=torch.bool).triu(S - T + 1), float("-inf")
+    )
+    out = []
+    for j in range(H_kv):
+        qj = q[:, j * G : (j + 1) * G].double()  # (B, G, T, D)
+        scores = qj @ k[:, j : j + 1].double().transpose(-2, -1) / math.sqrt(D) + bias
+        out.append(scores.softmax(-1) @ v[:, j : j + 1].double())
+    return torch.cat(out, dim=1).to(q.dtype)
+
+
+def attention_sdpa(q, k, v):
+    T, S = q.shape[2], k.shape[2]
+    mask = torch.ones(T, S, dtype=torch.bool).tril(S - T)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
+def pool_loop(w, n_heads, n_kv_heads):
+    D, G = w.shape[0] // n_heads, n_heads // n_kv_heads
+    rows = []
+    for j in range(n_kv_heads):
+        rows.append(sum(w[(j * G + i) * D : (j * G + i + 1) * D] for i in range(G)) / G)
+    return torch.cat(rows)
+
+
+def pool_avg_pool(w, n_heads, n_kv_heads):  # avg_pool1d over the head axis, heads moved last
+    D, C, G = w.shape[0] // n_heads, w.shape[1], n_heads // n_kv_heads
+    heads = w.view(n_heads, D * C).T[None]  # (1, D*C, H)
+    return torch.nn.functional.avg_pool1d(heads, G)[0].T.reshape(n_kv_heads * D, C)
+
+
+def pool_float64(w, n_heads, n_kv_heads):
+    D, C = w.shape[0] // n_heads, w.shape[1]
+    return w.double().view(n_kv_heads, -1, D, C).sum(1).div(n_heads // n_kv_heads).reshape(-1, C).to(w.dtype)
+
+
+def to_gqa_deepcopy(model, n_kv_heads, pool=None):
+    import copy
+
+    pool = pool or gqa.mean_pool_heads
+    new = copy.deepcopy(model)
+    old = model.config.n_kv_heads
+    new.config = dataclasses.replace(model.config, n_kv_heads=n_kv_heads)
+    for layer in new.layers:
+        for proj in (layer.attn.k_proj, layer.attn.v_proj):
+            proj.weight = torch.nn.Parameter(pool(proj.weight.detach(), old, n_kv_heads))
+            proj.out_features = proj.weight.shape[0]
+        layer.attn.n_kv_heads = n_kv_heads
+    return new
+
+
+def to_gqa_load(model, n_kv_heads, pool=None):
+    pool = pool or gqa.mean_pool_heads
+    new = Decoder(dataclasses.replace(model.config, n_kv_heads=n_kv_heads))
+    state = model.state_dict()
+    for name in state:
+        if name.endswith(("k_proj.weight", "v_proj.weight")):
+            state[name] = pool(state[name], model.config.n_kv_heads, n_kv_heads)
+    new.to(next(model.parameters()).dtype).load_state_dict(state)
+    new.train(model.training)
+    return new
+
+
+def to_gqa_copy_params(model, n_kv_heads, pool=None):
+    pool = pool or gqa.mean_pool_heads
+    new = Decoder(dataclasses.replace(model.config, n_kv_heads=n_kv_heads)).to(model.embed.weight.dtype)
+    with torch.no_grad():
+        for (name, p), (_, src) in zip(new.named_parameters(), model.named_parameters()):
+            p.copy_(
+                pool(src, model.config.n_kv_heads, n_kv_heads)
+                if name.endswith(("k_proj.weight", "v_proj.weight"))
+                else src
+            )
+    return new.train() if model.training else new.eval()
+
+
+ALTERNATIVES = [
+    ("6.1", {"repeat_kv": repeat_expand_index}),
+    ("6.1", {"repeat_kv": repeat_stack}),
+    ("6.1", {"repeat_kv": repeat_loop}),
+    ("6.2", {"grouped_attention": attention_einsum}),
+    ("6.2", {"grouped_attention": attention_loop}),
+    ("6.2", {"grouped_attention": attention_sdpa}),
+    ("6.3", {"mean_pool_heads": pool_loop}),
+    ("6.3", {"mean_pool_heads": pool_avg_pool}),
+    ("6.3", {"mean_pool_heads": pool_float64}),
+    ("6.4", {"to_gqa": to_gqa_deepcopy}),
+    ("6.4", {"to_gqa": to_gqa_load}),
+    ("6.4", {"to_gqa": to_gqa_copy_params}),
+]
+
+
+@pytest.mark.parametrize("ex_id, replaced", ALTERNATIVES, ids=case_ids(ALTERNATIVES))
+def test_alternative_passes_every_check(ex_id, replaced):
+    """Check that a correct implementation written another way passes every check of its exercise."""
+    failures = check_failures(ex_id, _module(**replaced))
+    assert not failures, failures
+
+
+# ---------------------------------------------------------------------------------------------
+# Likely slips (SLIPS), each rejected by its check, or by a check of its exercise, with a message naming it
+
+
 def _repeat_not_interleave(x, group_size):
     return x.repeat(1, group_size, 1, 1)
 
 
 def _attention_with_repeat(q, k, v):
     g = q.shape[1] // k.shape[1]
-    return bench_gqa.causal_attention(q, k.repeat(1, g, 1, 1), v.repeat(1, g, 1, 1))
+    return gqa_attention.causal_attention(q, k.repeat(1, g, 1, 1), v.repeat(1, g, 1, 1))
 
 
 def _attention_copying(q, k, v):
-    return bench_gqa.materialised_attention(q, k, v)
+    return gqa_attention.materialised_attention(q, k, v)
 
 
 def _attention_broadcast(q, k, v):
@@ -236,7 +395,98 @@ def _to_gqa_strided(model, n_kv_heads, pool=None):
     return gqa.to_gqa(model, n_kv_heads, pool=_pool_strided)
 
 
-MISTAKES = [
+def repeat_wrong_dim(x, group_size):
+    return x.repeat_interleave(group_size, dim=2)
+
+
+def repeat_expand_front(x, group_size):  # the group axis before the heads: [a, b, a, b]
+    B, H_kv, S, D = x.shape
+    return x[:, None].expand(B, group_size, H_kv, S, D).reshape(B, group_size * H_kv, S, D)
+
+
+def repeat_modulo(x, group_size):  # query head h reads h % n_kv_heads
+    return x[:, torch.arange(x.shape[1] * group_size) % x.shape[1]]
+
+
+def _grouped_with_mask(q, k, v, mask_fn):
+    B, H, T, D = q.shape
+    H_kv, S = k.shape[1:3]
+    G = H // H_kv
+    scores = q.reshape(B, H_kv, G * T, D) @ k.transpose(-2, -1) / math.sqrt(D)
+    allowed = mask_fn(T, S, G)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    return (scores.softmax(-1) @ v).reshape(B, H, T, D)
+
+
+def attention_offset_t_minus_one(q, k, v):  # right for 1 query, and for 3 against 5 keys: the old checks' shapes
+    return _grouped_with_mask(
+        q, k, v, lambda T, S, G: None if T == 1 else torch.ones(T, S, dtype=torch.bool).tril(T - 1).repeat(G, 1)
+    )
+
+
+def attention_rows_interleaved(q, k, v):
+    return _grouped_with_mask(
+        q,
+        k,
+        v,
+        lambda T, S, G: None if T == 1 else torch.ones(T, S, dtype=torch.bool).tril(S - T).repeat_interleave(G, 0),
+    )
+
+
+def attention_group_for_queries(
+    q, k, v
+):  # a (G, S) mask tiled T times: right only when T == G (the old checks' 3 and 3)
+    return _grouped_with_mask(
+        q, k, v, lambda T, S, G: None if T == 1 else torch.ones(G, S, dtype=torch.bool).tril(S - G).repeat(T, 1)
+    )
+
+
+def attention_no_scale(q, k, v):
+    return attention_einsum(q * math.sqrt(q.shape[-1]), k, v)
+
+
+def pool_first_half(w, n_heads, n_kv_heads):  # the first n_kv_heads heads, untouched
+    return w[: n_kv_heads * (w.shape[0] // n_heads)].clone()
+
+
+def pool_d_model_axis(w, n_heads, n_kv_heads):  # pooled the input axis and then cut the rows
+    D, C = w.shape[0] // n_heads, w.shape[1]
+    return w.view(n_kv_heads, n_heads // n_kv_heads, D, C).mean(1).reshape(-1, C).flip(0)
+
+
+def pool_median(w, n_heads, n_kv_heads):
+    D, C = w.shape[0] // n_heads, w.shape[1]
+    return w.view(n_kv_heads, n_heads // n_kv_heads, D, C).max(1).values.reshape(-1, C)
+
+
+def to_gqa_n_heads(model, n_kv_heads, pool=None):  # pools as if the source were MHA: right for MHA only
+    pool = pool or gqa.mean_pool_heads
+    config = dataclasses.replace(model.config, n_kv_heads=n_kv_heads)
+    state = {
+        name: pool(w, model.config.n_heads, n_kv_heads) if name.endswith(("k_proj.weight", "v_proj.weight")) else w
+        for name, w in model.state_dict().items()
+    }
+    new = Decoder(config).to(model.embed.weight.dtype)
+    new.load_state_dict(state)
+    return new.train(model.training)
+
+
+def to_gqa_float32(model, n_kv_heads, pool=None):  # a new Decoder is float32
+    new = gqa.to_gqa(model, n_kv_heads, pool)
+    return new.float()
+
+
+def to_gqa_train_mode(model, n_kv_heads, pool=None):  # a new nn.Module starts in training mode
+    return gqa.to_gqa(model, n_kv_heads, pool).train()
+
+
+def to_gqa_ignores_pool(model, n_kv_heads, pool=None):
+    return gqa.to_gqa(model, n_kv_heads)
+
+
+# (check or exercise, replaced function, words the failure must contain)
+SLIPS = [
     ("repeat_kv_matches_repeat_interleave", {"repeat_kv": _repeat_not_interleave}, "that is x.repeat"),
     ("grouped_attention_matches_repeated_heads", {"grouped_attention": _attention_with_repeat}, "as x.repeat would"),
     ("grouped_attention_matches_repeated_heads", {"grouped_attention": _attention_top_left}, "aligned top-left"),
@@ -247,22 +497,86 @@ MISTAKES = [
     ("mean_pool_heads_averages_each_group", {"mean_pool_heads": _pool_rows}, "ROWS"),
     ("mean_pool_heads_averages_each_group", {"mean_pool_heads": _pool_sum}, "mean, not sum"),
     ("to_gqa_recovers_a_gqa_model", {"to_gqa": _to_gqa_strided}, "consecutive heads"),
+    ("6.1", {"repeat_kv": repeat_wrong_dim}, "should be (2, 6, 5, 8)"),
+    ("6.1", {"repeat_kv": repeat_expand_front}, "that is x.repeat"),
+    ("6.1", {"repeat_kv": repeat_modulo}, "that is x.repeat"),
+    ("6.2", {"grouped_attention": attention_offset_t_minus_one}, "diagonal offset is kv_len - seq_len"),
+    ("6.2", {"grouped_attention": attention_rows_interleaved}, "mask rows are in the wrong order"),
+    ("6.2", {"grouped_attention": attention_group_for_queries}, "built for group_size queries"),
+    ("6.2", {"grouped_attention": attention_no_scale}, "sqrt(head_dim)"),
+    ("6.3", {"mean_pool_heads": pool_first_half}, "differs from the mean"),
+    ("6.3", {"mean_pool_heads": pool_d_model_axis}, "differs from the mean"),
+    ("6.3", {"mean_pool_heads": pool_median}, "differs from the mean"),
+    ("6.4", {"to_gqa": to_gqa_n_heads}, "already GQA"),
+    ("6.4", {"to_gqa": to_gqa_float32}, "keep the source's dtype"),
+    ("6.4", {"to_gqa": to_gqa_train_mode}, "eval mode"),
+    ("6.4", {"to_gqa": to_gqa_ignores_pool}, "pool function it is given"),
 ]
 
 
-@pytest.mark.parametrize(
-    "name, fake, words", MISTAKES, ids=[f"{m[0]}-{next(iter(m[1].values())).__name__}" for m in MISTAKES]
-)
-def test_check_names_the_known_mistake(name, fake, words):
-    """Check that a deliberately wrong implementation fails the check with a message naming the mistake."""
-    module = types.SimpleNamespace(
-        **{n: getattr(gqa, n) for n in ("repeat_kv", "grouped_attention", "mean_pool_heads", "to_gqa")}
-    )
-    for key, fn in fake.items():
-        setattr(module, key, fn)
-    with pytest.raises(AssertionError) as info:
-        CHECKS[name].fn(module, np.random.default_rng(0))
-    assert words in str(info.value)
+@pytest.mark.parametrize("where, replaced, words", SLIPS, ids=case_ids(SLIPS))
+def test_slip_is_rejected_naming_it(where, replaced, words):
+    """Check that a likely wrong implementation fails the check named, or a check of the exercise named, with an
+    AssertionError whose message names the slip."""
+    failures = check_failures(where, _module(**replaced))
+    assert failures, f"{next(iter(replaced.values())).__name__} passed every check of {where}"
+    assert all(isinstance(err, AssertionError) for _, err in failures), failures
+    assert any(words in (str(err) or "assertion") for _, err in failures), failures
+
+
+# ---------------------------------------------------------------------------------------------
+# A function that changes its arguments scores 0: every check builds its target before the call
+
+
+_MUTABLE = [c for ex_id in ("6.1", "6.2", "6.3", "6.4") for c in checks_for(BY_ID[ex_id])]
+
+
+@pytest.mark.parametrize("check", _MUTABLE, ids=lambda c: c.name)
+def test_a_function_that_changes_its_arguments_scores_zero(check):
+    """Check that a function which spoils its arguments, then answers for the spoiled ones, fails the check."""
+    ex = check.exercise
+    name = ex.name
+    ref = getattr(gqa, name)
+    with pytest.raises(AssertionError):
+        check.fn(_module(**{name: vandal(ref, spoil_config_tensors_models)}), np.random.default_rng(0))
+    from kvlib.core.configs import REAL_MODELS
+
+    assert REAL_MODELS["Llama-2-7B"].config.n_layers == 32, "a check handed learner code a shared config"
+
+
+def test_every_check_of_06_is_covered():
+    """Check that the test above covers every check of notebook 06."""
+    assert {c.name for c in _MUTABLE} == {name for name, c in CHECKS.items() if c.exercise.id[0] == "6"}
+
+
+# ---------------------------------------------------------------------------------------------
+# In the isolated grading child, as nbgrader runs them
+
+
+@pytest.mark.slow
+def test_checks_of_06_pass_the_reference_in_the_isolated_child():
+    """Check that the reference passes every 6.x check in the grading child."""
+    from conftest import ROOT
+
+    source = (ROOT / "solutions" / "kvlib" / "gqa.py").read_text()
+    verdicts = checks_in_child("gqa", source, ("6.1", "6.2", "6.3", "6.4"))
+    assert set(verdicts.values()) == {"pass"}, verdicts
+
+
+@pytest.mark.slow
+def test_to_gqa_that_loses_dtype_or_mode_fails_in_the_isolated_child():
+    """Check that a to_gqa returning a float32 model in training mode fails there too: the child sends a model's
+    dtype and train/eval mode both ways, so the check sees what the learner's function returned."""
+    from conftest import ROOT
+
+    source = (ROOT / "solutions" / "kvlib" / "gqa.py").read_text()
+    old = "    return new.to(model.embed.weight.dtype).train(model.training)\n"
+    assert old in source
+    verdicts = checks_in_child("gqa", source.replace(old, "    return new.float().train()\n"), ("6.4",))
+    assert "keep the source's dtype" in verdicts["to_gqa_converts_a_gqa_model_and_keeps_dtype_and_mode"], verdicts
+    source = source.replace(old, "    return new.to(model.embed.weight.dtype)\n")  # a new nn.Module is in training mode
+    verdicts = checks_in_child("gqa", source, ("6.4",))
+    assert "eval mode" in verdicts["to_gqa_converts_a_gqa_model_and_keeps_dtype_and_mode"], verdicts
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,8 +596,7 @@ KIB_PER_TOKEN = {
 
 @pytest.mark.parametrize("name", list(KIB_PER_TOKEN))
 def test_real_model_kv_bytes_per_token_match_published_figures(name):
-    """Check the table of notebook 06: fp16 KV bytes per token from each published config."""
-    from kvlib.kv_cache import kv_cache_bytes
+    """Check that notebook 06's table gives the fp16 KV bytes per token of each published config."""
 
     config = REAL_MODELS[name].config
     assert kv_cache_bytes(config, 1) == KIB_PER_TOKEN[name] * 1024
@@ -292,7 +605,6 @@ def test_real_model_kv_bytes_per_token_match_published_figures(name):
 
 def test_kv_cache_bytes_halves_when_n_kv_heads_halves():
     """Check that Llama-2-7B's cache shrinks in proportion to n_kv_heads, to 16 KiB per token as MQA."""
-    from kvlib.kv_cache import kv_cache_bytes
 
     config = REAL_MODELS["Llama-2-7B"].config
     sizes = [kv_cache_bytes(dataclass_replace(config, n_kv_heads=h), 1) for h in (32, 16, 8, 4, 2, 1)]
@@ -370,7 +682,8 @@ def test_bench_gqa_splits_each_step_into_its_fixed_part_and_its_cache_part(quick
 
 
 def test_uptraining_recording_shows_the_papers_ordering():
-    """Check the shipped recording: every conversion recorded, and after uptraining mean-pooling beats keeping the first head."""
+    """Check that the shipped recording holds every conversion, and after uptraining mean-pooling beats keeping
+    the first head."""
     recording = gqa_quality.load_uptraining_recording()
     assert recording is not None and recording["record"]["uptrain_steps"] == 100
     rows = {(r["n_kv_heads"], r["recipe"]): r for r in recording["rows"]}

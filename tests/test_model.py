@@ -1,4 +1,4 @@
-"""Tests for kvlib/model.py (the tiny Llama-style decoder) and kvlib/tokenizer.py."""
+"""Tests for kvlib/core/model.py (the tiny Llama-style decoder) and kvlib/core/tokenizer.py."""
 
 import json
 import math
@@ -181,7 +181,8 @@ def test_decoder_returns_float32_logits_of_shape_batch_seq_vocab():
 
 
 def test_decoder_stores_tall_weights_column_major_and_wide_ones_row_major_keeping_shapes_and_state_dict():
-    """Check decode_layout: (out, in) shapes and values kept; out >= in column-major, out < in row-major; any state dict loads."""
+    """Check that decode_layout keeps (out, in) shapes and values, stores out >= in column-major and
+    out < in row-major, and loads any state dict."""
     model = small_model()  # d_model 32, hidden 48: the MLP's down projection (32 x 48) is the wide one
     linears = {name: m.weight for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     for name, w in linears.items():

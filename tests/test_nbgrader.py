@@ -45,7 +45,7 @@ def released(tmp_path_factory):
 
 # Autograding is tested where instructors run it, from a `kvlib course init` folder with the isolated
 # grader: every notebook's reference submission earns full marks and its untouched release zero in
-# tests/test_grading_notebooks.py (02-08) and tests/test_grading.py (01, with the attacks).
+# tests/grading/test_course_notebooks.py (02-08) and tests/grading/test_attacks.py (01, with the attacks).
 
 
 def test_release_hides_tests_and_keeps_visible_asserts(released):

@@ -6,9 +6,9 @@ import time
 import nbformat
 import pytest
 from conftest import ROOT
-from nbclient import NotebookClient
 
 from kvlib.app import release as course
+from kvlib.grading.execute import SteppedNotebookClient
 
 pytestmark = pytest.mark.slow  # every test here executes a whole notebook
 
@@ -24,9 +24,10 @@ def execute(path):
         os.environ["KVLIB_SOLUTIONS"] = "1"
         start = time.perf_counter()
         try:
-            # 120 s a cell, as nbgrader_config.py gives a graded cell (the slowest cell takes seconds); a rare
-            # stall, seen on notebook 01 under load, lasts exactly this timeout and ends without an error
-            NotebookClient(
+            # 120 s a cell, as nbgrader_config.py gives a graded cell (the slowest cell takes seconds). Stepped waits:
+            # with plain NotebookClient, one run in 20 of notebook 01 waited the whole timeout for a reply the kernel had
+            # sent (a lost zmq wake-up while the widget cell floods iopub); tests/test_notebook_stall.py keeps it fixed
+            SteppedNotebookClient(
                 nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
             ).execute()
         finally:

@@ -60,12 +60,14 @@ def test_rotary_interleave_turns_rotate_half_into_neighbour_pairs_with_the_same_
 
 
 def test_rotary_interleave_rejects_an_odd_split():
+    """Check that rotary_interleave refuses, naming the head count, rows that do not split into its heads."""
     with pytest.raises(ValueError, match="do not split into 3 heads"):
         rotary_interleave(torch.zeros(8, 4), 3)
 
 
 def test_gguf_names_follow_llama_cpp():
-    """Check the GGUF names of a layer's weights and the model's own, and a clear error for an unknown one."""
+    """Check that a layer's weights and the model's own get llama.cpp's GGUF names, and an unknown one a clear
+    error."""
     assert gguf_name("layers.3.attn.q_proj.weight") == "blk.3.attn_q.weight"
     assert gguf_name("layers.0.mlp.down_proj.weight") == "blk.0.ffn_down.weight"
     assert gguf_name("embed.weight") == "token_embd.weight" and gguf_name("lm_head.weight") == "output.weight"
@@ -76,7 +78,8 @@ def test_gguf_names_follow_llama_cpp():
 
 
 def test_write_gguf_stores_every_weight_with_llama_cpp_layout(tmp_path):
-    """Check the F32 file read back: metadata, every tensor under its GGUF name, q_proj rows interleaved."""
+    """Check that the F32 file reads back with its metadata, every tensor under its GGUF name, q_proj rows
+    interleaved."""
     gguf = _need("gguf")
     model = _small(n_kv_heads=2)
     reader = gguf.GGUFReader(write_gguf(model, tmp_path / "m.gguf"))

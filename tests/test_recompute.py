@@ -1,18 +1,23 @@
-"""kvlib/recompute.py (notebook 03): analytic FLOPs equal torch's FLOP counter exactly, the
-checks name the classic slips, and the waste grows towards 1."""
+"""kvlib/recompute.py (notebook 03): analytic FLOPs equal torch's FLOP counter exactly, and the waste grows
+towards 1.
 
-import types
+Each exercise's check tests live here under three names, built with conftest.handed_in: ALTERNATIVES
+(correct implementations in another shape, which pass every check of their exercise), SLIPS (likely
+wrong ones, which fail the check or exercise named, with a message naming the slip), and a
+function that changes its arguments (conftest.vandal) scores 0."""
 
 import numpy as np
 import pytest
+from conftest import case_ids, check_failures, handed_in, spoil_everything, vandal
 
 from kvlib import recompute
 from kvlib.checks import CHECKS, checks_for
 from kvlib.checks.recompute import ODD
-from kvlib.core.model import Decoder, ModelConfig
-from kvlib.course.exercises import BY_ID
+from kvlib.core.model import Decoder, ModelConfig, matrix_params
+from kvlib.course.exercises import BY_ID, reference
 
 RECOMPUTE_CHECKS = [c for i in range(1, 4) for c in checks_for(BY_ID[f"3.{i}"])]
+IDS = ["3.1", "3.2", "3.3"]
 
 
 @pytest.mark.parametrize("check", RECOMPUTE_CHECKS, ids=lambda c: c.name)
@@ -36,6 +41,119 @@ def test_naive_decode_flops_sums_growing_forwards():
     assert steps == sorted(steps)
 
 
+NAMES = ("forward_flops", "new_token_flops", "generation_flops", "measured_forward_flops", "naive_decode_flops")
+
+
+def _module(**replaced):
+    """What a learner hands in: kvlib.recompute (the reference, in reference mode) with some functions replaced."""
+    return handed_in(recompute, NAMES, **replaced)
+
+
+# ---------------------------------------------------------------------------------------------
+# Other correct implementations (ALTERNATIVES) pass every check of their exercise
+
+
+# 3.1-3.3 -------------------------------------------------------------------------------------
+def forward_flops_loop(config, seq_len):
+    total, T, D = 0, seq_len, config.head_dim
+    for _ in range(config.n_layers):
+        for m, n in (
+            (config.d_model, config.n_heads * D),
+            (config.d_model, config.n_kv_heads * D),
+            (config.d_model, config.n_kv_heads * D),
+            (config.n_heads * D, config.d_model),
+            (config.d_model, config.hidden_dim),
+            (config.d_model, config.hidden_dim),
+            (config.hidden_dim, config.d_model),
+        ):
+            total += 2 * T * m * n
+        for _ in range(config.n_heads):
+            total += 2 * T * T * D + 2 * T * T * D
+    return total + 2 * T * config.d_model * config.vocab_size
+
+
+def forward_flops_matrix_params(config, seq_len):
+    return 2 * seq_len * matrix_params(config) + 4 * config.n_layers * config.n_heads * config.head_dim * seq_len**2
+
+
+def forward_flops_float(config, seq_len):
+    per_token = 2.0 * matrix_params(config)
+    return int(round(seq_len * per_token + 4.0 * seq_len * seq_len * config.n_layers * config.d_model))
+
+
+def new_token_one_plus(config, kv_len):
+    return reference(BY_ID["3.1"])(config, 1) + 4 * config.n_layers * config.n_heads * config.head_dim * (kv_len - 1)
+
+
+def new_token_matrix_params(config, kv_len):
+    return 2 * matrix_params(config) + 2 * 2 * kv_len * config.head_dim * config.n_heads * config.n_layers
+
+
+def new_token_difference(config, kv_len):
+    f = reference(BY_ID["3.1"])
+    quadratic = (f(config, 2) - 2 * f(config, 1)) // 2  # c, the t^2 coefficient of forward_flops: 4 * L * H * D
+    return f(config, 1) + quadratic * (kv_len - 1)  # one query against kv_len - 1 more keys
+
+
+def generation_loop(config, prompt_len, max_new_tokens):
+    f, g = reference(BY_ID["3.1"]), reference(BY_ID["3.2"])
+    naive = kept = 0
+    length = prompt_len
+    for step in range(max_new_tokens):
+        naive += f(config, length)
+        kept += f(config, length) if step == 0 else g(config, length)
+        length += 1
+    return naive, kept
+
+
+def generation_helper(config, prompt_len, max_new_tokens):
+    from kvlib._solutions.recompute import naive_decode_flops
+
+    g = reference(BY_ID["3.2"])
+    kept = reference(BY_ID["3.1"])(config, prompt_len) + sum(
+        g(config, s) for s in range(prompt_len + 1, prompt_len + max_new_tokens)
+    )
+    return sum(naive_decode_flops(config, prompt_len, max_new_tokens)), kept
+
+
+def generation_numpy(config, prompt_len, max_new_tokens):
+    f, g = reference(BY_ID["3.1"]), reference(BY_ID["3.2"])
+    lengths = np.arange(prompt_len, prompt_len + max_new_tokens)
+    naive = int(np.sum([f(config, int(n)) for n in lengths], dtype=np.int64))
+    kept = int(f(config, prompt_len) + np.sum([g(config, int(n)) for n in lengths[1:]], dtype=np.int64))
+    return naive, kept
+
+
+ALTERNATIVES = [
+    ("3.1", {"forward_flops": forward_flops_loop}),
+    ("3.1", {"forward_flops": forward_flops_matrix_params}),
+    ("3.1", {"forward_flops": forward_flops_float}),
+    ("3.2", {"new_token_flops": new_token_one_plus}),
+    ("3.2", {"new_token_flops": new_token_matrix_params}),
+    ("3.2", {"new_token_flops": new_token_difference}),
+    ("3.3", {"generation_flops": generation_loop}),
+    ("3.3", {"generation_flops": generation_helper}),
+    ("3.3", {"generation_flops": generation_numpy}),
+]
+
+
+@pytest.mark.parametrize("ex_id, replaced", ALTERNATIVES, ids=case_ids(ALTERNATIVES))
+def test_alternative_passes_every_check(ex_id, replaced):
+    """Check that another correct way of writing the exercise passes every one of its checks."""
+    with np.errstate(all="ignore"):
+        assert not check_failures(ex_id, _module(**replaced))
+
+
+def test_every_exercise_has_three_alternatives():
+    """Check that ALTERNATIVES covers each exercise of notebook 03 three times or more."""
+    counts = {ex_id: sum(c[0] == ex_id for c in ALTERNATIVES) for ex_id in IDS}
+    assert all(n >= 3 for n in counts.values()), counts
+
+
+# ---------------------------------------------------------------------------------------------
+# Likely slips (SLIPS) fail their check, or their exercise's checks, with a message naming them
+
+
 def _flops_without_factor_two(config, seq_len):
     return recompute.forward_flops(config, seq_len) // 2
 
@@ -57,27 +175,125 @@ def _prefill_as_one_token(config, prompt_len, max_new_tokens):
     return naive, sum(recompute.new_token_flops(config, prompt_len + i) for i in range(max_new_tokens))
 
 
-MISTAKES = [
+def _prefill_as_single_tokens(config, prompt_len, max_new_tokens):
+    naive, _ = recompute.generation_flops(config, prompt_len, max_new_tokens)
+    prefill = sum(recompute.new_token_flops(config, p) for p in range(1, prompt_len + 1))  # one token at a time
+    return naive, prefill + sum(recompute.new_token_flops(config, prompt_len + i) for i in range(1, max_new_tokens))
+
+
+# 3.1
+def forward_no_factor_two(config, seq_len):
+    return reference(BY_ID["3.1"])(config, seq_len) // 2
+
+
+def forward_no_lm_head(config, seq_len):
+    return reference(BY_ID["3.1"])(config, seq_len) - 2 * seq_len * config.d_model * config.vocab_size
+
+
+def forward_causal_half(config, seq_len):
+    T, L, D, H = seq_len, config.n_layers, config.head_dim, config.n_heads
+    return reference(BY_ID["3.1"])(config, T) - L * 4 * T * T * D * H + L * 2 * T * (T + 1) * D * H
+
+
+def forward_mha_assumed(config, seq_len):
+    return forward_flops_matrix_params(ModelConfig(**{**config.to_dict(), "n_kv_heads": config.n_heads}), seq_len)
+
+
+# 3.2
+def new_token_constant(config, kv_len):
+    return reference(BY_ID["3.1"])(config, 1)
+
+
+def new_token_attention_once(config, kv_len):
+    return reference(BY_ID["3.2"])(config, kv_len) - config.n_layers * 2 * kv_len * config.head_dim * config.n_heads
+
+
+def new_token_kv_heads(config, kv_len):
+    return reference(BY_ID["3.2"])(config, kv_len) - config.n_layers * 4 * kv_len * config.head_dim * (
+        config.n_heads - config.n_kv_heads
+    )
+
+
+def new_token_all_queries(config, kv_len):
+    return (
+        reference(BY_ID["3.1"])(config, 1)
+        + config.n_layers * 4 * (kv_len * kv_len - 1) * config.head_dim * config.n_heads
+    )
+
+
+# 3.3
+def _gen(config, prompt_len, n, *, prefill="forward", shift=0, naive_shift=0, swap=False):
+    f, g = reference(BY_ID["3.1"]), reference(BY_ID["3.2"])
+    naive = sum(f(config, prompt_len + i + naive_shift) for i in range(n))
+    first = {"forward": f(config, prompt_len), "one token": g(config, prompt_len), "none": 0}[prefill]
+    kept = first + sum(g(config, prompt_len + i + shift) for i in range(1, n))
+    return (kept, naive) if swap else (naive, kept)
+
+
+# (check or exercise, replaced functions, words the failure must contain)
+SLIPS = [
     ("forward_flops_matches_torch_counter", {"forward_flops": _flops_without_factor_two}, "2 FLOPs per multiply-add"),
     ("forward_flops_matches_torch_counter", {"forward_flops": _flops_without_attention}, "attention term is missing"),
     ("forward_flops_matches_torch_counter", {"forward_flops": _flops_mha_assumed}, "n_kv_heads heads"),
     ("generation_flops_matches_counts", {"generation_flops": _prefill_as_one_token}, "counted as one new token"),
+    ("3.1", {"forward_flops": forward_no_factor_two}, "2 FLOPs per multiply-add"),
+    ("3.1", {"forward_flops": forward_no_lm_head}, "lm_head"),
+    ("3.1", {"forward_flops": forward_causal_half}, "causal half"),
+    ("3.1", {"forward_flops": forward_mha_assumed}, "n_kv_heads heads, not n_heads"),
+    ("3.2", {"new_token_flops": new_token_constant}, "must still meet all kv_len keys"),
+    ("3.2", {"new_token_flops": new_token_attention_once}, "attention counted once"),
+    ("3.2", {"new_token_flops": new_token_kv_heads}, "counted for n_kv_heads heads"),
+    ("3.2", {"new_token_flops": new_token_all_queries}, "counted for kv_len queries"),
+    (
+        "3.3",
+        {"generation_flops": lambda c, p, n: _gen(c, p, n, prefill="one token")},
+        "the prefill is counted as one new token",
+    ),
+    ("3.3", {"generation_flops": lambda c, p, n: _gen(c, p, n, shift=-1)}, "one key short"),
+    ("3.3", {"generation_flops": lambda c, p, n: _gen(c, p, n, shift=1)}, "one key too many"),
+    ("3.3", {"generation_flops": lambda c, p, n: _gen(c, p, n, naive_shift=1)}, "step 0 is the prompt alone"),
+    ("3.3", {"generation_flops": lambda c, p, n: _gen(c, p, n, prefill="none")}, "the prefill is missing"),
+    ("3.3", {"generation_flops": lambda c, p, n: _gen(c, p, n, swap=True)}, "wrong way round"),
+    ("generation_flops_matches_counts", {"generation_flops": _prefill_as_single_tokens}, "prompt_len single tokens"),
 ]
 
 
-@pytest.mark.parametrize(
-    "name, fake, words", MISTAKES, ids=[f"{m[0]}-{next(iter(m[1].values())).__name__}" for m in MISTAKES]
-)
-def test_check_names_the_known_mistake(name, fake, words):
-    """Check that a deliberately wrong implementation fails the check with a message naming the mistake."""
-    module = types.SimpleNamespace(
-        **{n: getattr(recompute, n) for n in ("forward_flops", "new_token_flops", "generation_flops")}
-    )
-    for key, fn in fake.items():
-        setattr(module, key, fn)
-    with pytest.raises(AssertionError) as info:
-        CHECKS[name].fn(module, np.random.default_rng(0))
-    assert words in str(info.value)
+@pytest.mark.parametrize("where, replaced, words", SLIPS, ids=case_ids(SLIPS))
+def test_slip_is_rejected_naming_it(where, replaced, words):
+    """Check that a likely wrong implementation fails the check named (with an AssertionError), or the exercise
+    named (its first failing check, as `kvlib check` reports it), with a message that names the slip."""
+    with np.errstate(all="ignore"):
+        failures = check_failures(where, _module(**replaced))
+    assert failures, f"{where} passed a wrong implementation"
+    name, err = failures[0]
+    if where in CHECKS:
+        assert isinstance(err, AssertionError), err
+        assert words in str(err)
+    else:
+        failure = f"{name}: {type(err).__name__}: {err}"
+        assert words in failure, failure
+
+
+def test_every_exercise_has_three_slips():
+    """Check that SLIPS holds three or more likely slips for each exercise of notebook 03."""
+    counts = {ex_id: sum(c[0] == ex_id for c in SLIPS) for ex_id in IDS}
+    assert all(n >= 3 for n in counts.values()), counts
+
+
+# ---------------------------------------------------------------------------------------------
+# A function that vandalises its arguments scores 0 on every check
+
+
+VANDAL_CHECKS = [c for ex_id in ("3.1", "3.2", "3.3") for c in checks_for(BY_ID[ex_id])]
+
+
+@pytest.mark.parametrize("check", VANDAL_CHECKS, ids=lambda c: c.name)
+def test_a_function_that_changes_its_arguments_scores_zero(check):
+    """Check that zeroing the arrays, tensors, weights or config a check passes cannot make it expect the wrong answer."""
+    ex = check.exercise
+    module = _module(**{ex.name: vandal(reference(ex), spoil_everything)})
+    with np.errstate(all="ignore"), pytest.raises(Exception):  # noqa: B017 - any failure is a score of 0
+        check.fn(module, np.random.default_rng(0))
 
 
 def test_bad_config_is_a_clear_error():

@@ -1,22 +1,37 @@
 """kvlib/roofline.py, kvlib/core/configs.py and kvlib/core/devices.py (notebook 05): the calculators
-against published figures, the device table's ridge points, the checks naming the classic slips,
-learner mode, and `kvlib bench memory` end to end (never an assertion on speed)."""
+against published figures, the device table's ridge points, learner mode, and `kvlib bench memory` end
+to end (never an assertion on speed).
+
+Each exercise's check tests live here under three names, built with conftest.handed_in: ALTERNATIVES
+(correct implementations in another shape, which pass every check of their exercise), SLIPS (likely
+wrong ones, which fail the check or exercise named, with a message naming the slip), and a
+function that changes its arguments (conftest.vandal) scores 0."""
 
 import json
+import math
 import types
+from fractions import Fraction
 
 import numpy as np
 import pytest
 import torch
-from conftest import run_kvlib
+from conftest import (
+    case_ids,
+    check_failures,
+    checks_in_child,
+    handed_in,
+    run_kvlib,
+    spoil_config_tensors_models,
+    vandal,
+)
 
 from kvlib import roofline
 from kvlib.checks import CHECKS, checks_for, run_exercise
 from kvlib.core.configs import REAL_MODELS, memory_bound_config, real_model
 from kvlib.core.devices import DEVICES
-from kvlib.core.model import matrix_params, num_params
+from kvlib.core.model import Decoder, matrix_params, num_params
 from kvlib.course.exercises import BY_ID
-from kvlib.kv_cache import kv_cache_bytes  # Exercise 4.4 (notebook 04), which roofline.py builds on
+from kvlib.kv_cache import kv_cache_bytes
 from kvlib.measure import machine
 
 ROOFLINE_CHECKS = [c for i in range(1, 5) for c in checks_for(BY_ID[f"5.{i}"])]
@@ -64,24 +79,25 @@ PARAMS_B = {
 
 @pytest.mark.parametrize("name", list(KIB_PER_TOKEN))
 def test_kv_bytes_per_token_of_real_models(name):
-    """Check the KV cache per token in fp16 of each real configuration against its published config."""
+    """Check that the KV cache per token in fp16 of each real configuration matches its published config."""
     assert kv_cache_bytes(REAL_MODELS[name].config, 1, 1, F16) == KIB_PER_TOKEN[name] * 1024
 
 
 @pytest.mark.parametrize("name", list(PARAMS_B))
 def test_parameter_counts_match_published(name):
-    """Check each configuration's parameter count against the published one (to 0.5%)."""
+    """Check that each configuration's parameter count matches the published one (to 0.5%)."""
     assert REAL_MODELS[name].params / 1e9 == pytest.approx(PARAMS_B[name], rel=5e-3)
 
 
 def test_gpt2_and_falcon_counts_are_exact():
-    """Check the two non-Llama models' counts against the figures transformers reports exactly."""
+    """Check that the two non-Llama models' counts equal the figures transformers reports, exactly."""
     assert REAL_MODELS["GPT-2 small"].params == 124_439_808
     assert REAL_MODELS["Falcon-7B"].params == 6_921_720_704
     assert num_params(REAL_MODELS["Llama-2-7B"].config) == 6_738_415_616  # Llama-2-7b-hf num_parameters()
 
 
 def test_unknown_real_model_lists_the_names():
+    """Check that an unknown real model's name is a clear error listing the known names."""
     with pytest.raises(ValueError, match="known: GPT-2 small, Llama-2-7B"):
         real_model("Llama-9")
 
@@ -101,7 +117,7 @@ RIDGES = {  # device: (ridge FP32, ridge 16-bit), the datasheets' dense figures
 
 @pytest.mark.parametrize("name", list(RIDGES))
 def test_device_ridge_points(name):
-    """Check each device's FP32 and 16-bit ridge against the datasheets' dense figures (to 2%)."""
+    """Check that each device's FP32 and 16-bit ridge matches the datasheets' dense figures (to 2%)."""
     d = DEVICES[name]
     fp32, tensor = RIDGES[name]
     assert d.ridge(torch.float32) == pytest.approx(fp32, rel=0.02)
@@ -126,7 +142,8 @@ def test_mistral_caches_at_most_its_sliding_window():
 
 
 def test_ridge_batch_on_published_devices():
-    """Check the rows a 4096 x 4096 fp16 layer needs to reach the ridge: ~345 on an H100, ~166 on an A100 80GB SXM."""
+    """Check that a 4096 x 4096 fp16 layer needs ~345 rows to reach the ridge on an H100, ~166 on an A100 80GB
+    SXM."""
     for name, rows in (("H100 SXM", 345), ("A100 80GB SXM", 166)):
         d = DEVICES[name]
         assert roofline.ridge_batch(4096, 4096, d.tensor16_flops, d.bandwidth) == rows
@@ -134,12 +151,14 @@ def test_ridge_batch_on_published_devices():
 
 
 def test_roofline_time_takes_the_slower():
+    """Check that roofline_time is the slower of compute time and memory time."""
     assert roofline.roofline_time(2e9, 1e9, 1e12, 1e9) == 1.0
     assert roofline.roofline_time(8e12, 1e6, 2e12, 5e11) == 4.0
 
 
 def test_h100_decode_turns_compute_bound_near_295():
-    """Check the critical batch on an H100 in bf16 (~295), and that a 4k cache per sequence never gets there."""
+    """Check that decode on an H100 in bf16 turns compute-bound near a batch of 295, and that a 4k cache per
+    sequence never gets there."""
     h100, config = DEVICES["H100 SXM"], REAL_MODELS["Llama-2-7B"].config
     batch = roofline.compute_bound_batch(config, 1, h100.tensor16_flops, h100.bandwidth)
     assert 290 <= batch <= 305
@@ -151,7 +170,6 @@ def test_h100_decode_turns_compute_bound_near_295():
 def test_prefill_cost_equals_torch_flop_counter():
     """Check that step_cost's prefill FLOPs equal torch's counter on a small GQA decoder (batch 3)."""
     from kvlib.checks.roofline import ODD
-    from kvlib.core.model import Decoder
     from kvlib.recompute import forward_flops, measured_forward_flops, new_token_flops
 
     model = Decoder(ODD).eval()
@@ -162,6 +180,149 @@ def test_prefill_cost_equals_torch_flop_counter():
 
 # ---------------------------------------------------------------------------------------------
 # The checks name the known slips
+
+
+NAMES = (
+    "bytes_per_element",
+    "matmul_intensity",
+    "ridge_batch",
+    "step_cost",
+    "predicted_tokens_per_second",
+    "roofline_time",
+)
+
+
+def _module(**replaced) -> types.SimpleNamespace:
+    """What a learner hands in: kvlib.roofline (the reference, in reference mode) with some functions replaced."""
+    return handed_in(roofline, NAMES, **replaced)
+
+
+# ---------------------------------------------------------------------------------------------
+# Other correct implementations (ALTERNATIVES): at least three per exercise, all must pass every check
+
+
+def _bytes(dtype):
+    return torch.finfo(dtype).bits // 8 if dtype.is_floating_point else torch.iinfo(dtype).bits // 8
+
+
+def intensity_fraction(m, k, n, dtype=F16):  # exact rational arithmetic, then a float
+    return float(Fraction(2 * m * k * n, (m * k + k * n + m * n) * dtype.itemsize))
+
+
+def intensity_finfo(m, k, n, dtype=F16):
+    flops = 2.0 * m * k * n
+    return flops / (_bytes(dtype) * (m * k) + _bytes(dtype) * (k * n) + _bytes(dtype) * (m * n))
+
+
+def intensity_loop(m, k, n, dtype=F16):  # row by row: each row costs 2kn FLOPs and brings k inputs, n outputs
+    flops, moved = 0, k * n * dtype.itemsize
+    for _ in range(m):
+        flops += 2 * k * n
+        moved += (k + n) * dtype.itemsize
+    return flops / moved
+
+
+def ridge_linear_search(k, n, peak, bw, dtype=F16):
+    ridge = peak / bw
+    if 2 * k * n / ((k + n) * dtype.itemsize) <= ridge:  # the intensity's limit as the rows grow
+        return None
+    m = 1
+    while roofline.matmul_intensity(m, k, n, dtype) < ridge:
+        m += 1
+    return m
+
+
+def ridge_bisect(k, n, peak, bw, dtype=F16):
+    ridge = peak / bw
+    b = roofline.bytes_per_element(dtype)
+    if 2 * k * n <= ridge * b * (k + n):
+        return None
+    low, high = 1, 1
+    while 2 * high * k * n < ridge * b * (high * k + k * n + high * n):
+        high *= 2
+    while low < high:
+        mid = (low + high) // 2
+        if 2 * mid * k * n < ridge * b * (mid * k + k * n + mid * n):
+            low = mid + 1
+        else:
+            high = mid
+    return low
+
+
+def ridge_fraction(k, n, peak, bw, dtype=F16):
+    ridge, b = Fraction(peak) / Fraction(bw), dtype.itemsize
+    slope = 2 * k * n - ridge * b * (k + n)
+    return None if slope <= 0 else max(1, math.ceil(ridge * b * k * n / slope))
+
+
+def step_per_matrix(config, new_tokens, kv_len, batch=1, dtype=F16):
+    C, D, H, H_kv, F = config.d_model, config.head_dim, config.n_heads, config.n_kv_heads, config.hidden_dim
+    shapes = [(C, H * D), (C, H_kv * D), (C, H_kv * D), (H * D, C), (C, F), (C, F), (F, C)] * config.n_layers
+    shapes.append((C, config.vocab_size))  # the output head
+    weights = sum(a * b for a, b in shapes)
+    flops = sum(2 * batch * new_tokens * a * b for a, b in shapes)
+    flops += config.n_layers * H * batch * (2 * new_tokens * kv_len * D + 2 * new_tokens * kv_len * D)  # scores, values
+    return flops, weights * dtype.itemsize + kv_cache_bytes(config, kv_len, 1, dtype) * batch
+
+
+def step_float(config, new_tokens, kv_len, batch=1, dtype=F16):  # float64 intermediates, ints at the end
+    per_seq = (
+        2.0 * new_tokens * matrix_params(config)
+        + 4.0 * config.n_layers * config.n_heads * new_tokens * kv_len * config.head_dim
+    )
+    return int(round(batch * per_seq)), int(matrix_params(config) * float(dtype.itemsize)) + kv_cache_bytes(
+        config, kv_len, batch, dtype
+    )
+
+
+def step_cache_first(config, new_tokens, kv_len, batch=1, dtype=F16):
+    cache = kv_cache_bytes(config, kv_len, batch, dtype)
+    attention = config.n_layers * config.n_heads * 4 * new_tokens * kv_len * config.head_dim
+    return batch * (2 * new_tokens * matrix_params(config) + attention), cache + roofline.bytes_per_element(
+        dtype
+    ) * matrix_params(config)
+
+
+def tps_explicit(config, kv_len, batch, dtype, peak, bw):
+    flops, moved = roofline.step_cost(config, 1, kv_len, batch, dtype)
+    return batch / max(flops / peak, moved / bw)
+
+
+def tps_rates(config, kv_len, batch, dtype, peak, bw):  # the slower of the two rates, in steps per second
+    flops, moved = roofline.step_cost(config, 1, kv_len, batch, dtype)
+    return float(batch * min(peak / flops, bw / moved))
+
+
+def tps_fraction(config, kv_len, batch, dtype, peak, bw):
+    flops, moved = roofline.step_cost(config, 1, kv_len, batch, dtype)
+    return float(batch / max(Fraction(flops) / Fraction(peak), Fraction(moved) / Fraction(bw)))
+
+
+ALTERNATIVES = [
+    ("5.1", {"matmul_intensity": intensity_fraction}),
+    ("5.1", {"matmul_intensity": intensity_finfo}),
+    ("5.1", {"matmul_intensity": intensity_loop}),
+    ("5.2", {"ridge_batch": ridge_linear_search}),
+    ("5.2", {"ridge_batch": ridge_bisect}),
+    ("5.2", {"ridge_batch": ridge_fraction}),
+    ("5.3", {"step_cost": step_per_matrix}),
+    ("5.3", {"step_cost": step_float}),
+    ("5.3", {"step_cost": step_cache_first}),
+    ("5.4", {"predicted_tokens_per_second": tps_explicit}),
+    ("5.4", {"predicted_tokens_per_second": tps_rates}),
+    ("5.4", {"predicted_tokens_per_second": tps_fraction}),
+]
+
+
+@pytest.mark.parametrize("ex_id, replaced", ALTERNATIVES, ids=case_ids(ALTERNATIVES))
+def test_alternative_passes_every_check(ex_id, replaced):
+    """Check that a correct implementation written another way passes every check of its exercise."""
+    failures = check_failures(ex_id, _module(**replaced))
+    assert not failures, failures
+
+
+# ---------------------------------------------------------------------------------------------
+# Likely slips (SLIPS), each rejected by its check, or by a check of its exercise, with a message naming it
 
 
 def _intensity_without_factor_two(m, k, n, dtype=F16):
@@ -208,44 +369,127 @@ def _seconds_per_token(config, kv_len, batch, dtype, peak, bw):
     return 1 / roofline.predicted_tokens_per_second(config, kv_len, batch, dtype, peak, bw)
 
 
-MISTAKES = [
-    ("matmul_intensity_counts_flops_and_bytes", "matmul_intensity", _intensity_without_factor_two, "2 FLOPs"),
-    ("matmul_intensity_counts_flops_and_bytes", "matmul_intensity", _intensity_in_bits, "bytes, not bits"),
-    ("matmul_intensity_counts_flops_and_bytes", "matmul_intensity", _intensity_without_output, "output (m, n)"),
-    ("ridge_batch_reaches_the_ridge", "ridge_batch", _ridge_rounded_down, "round UP"),
-    ("ridge_batch_reaches_the_ridge", "ridge_batch", _ridge_inverted, "peak_flops / bandwidth"),
-    ("step_cost_bytes_read_weights_once", "step_cost", _step_weights_times_batch, "do not multiply them by batch"),
-    ("step_cost_bytes_read_weights_once", "step_cost", _step_without_cache, "KV cache of kv_len tokens"),
-    ("step_cost_flops_match_torch_counter", "step_cost", _step_flops_one_sequence, "multiply the FLOPs by batch"),
+def intensity_int_division(m, k, n, dtype=F16):
+    return 2 * m * k * n // ((m * k + k * n + m * n) * dtype.itemsize)
+
+
+def intensity_fixed_two_bytes(m, k, n, dtype=F16):
+    return 2 * m * k * n / ((m * k + k * n + m * n) * 2)
+
+
+def intensity_output_twice(m, k, n, dtype=F16):
+    return 2 * m * k * n / ((m * k + k * n + 2 * m * n) * dtype.itemsize)
+
+
+def ridge_approximation(k, n, peak, bw, dtype=F16):
+    return max(1, math.ceil(peak / bw * dtype.itemsize / 2))
+
+
+def ridge_in_bits(k, n, peak, bw, dtype=F16):
+    return roofline.ridge_batch(k, n, peak, bw / 8, dtype)  # ridge * 8 bits ... the same as 8x the bytes per element
+
+
+def ridge_never_none(k, n, peak, bw, dtype=F16):
+    ridge, b = peak / bw, dtype.itemsize
+    return math.ceil(ridge * b * k * n / (2 * k * n - ridge * b * (k + n)))
+
+
+def ridge_float(k, n, peak, bw, dtype=F16):
+    ridge, b = peak / bw, dtype.itemsize
+    slope = 2 * k * n - ridge * b * (k + n)
+    return None if slope <= 0 else ridge * b * k * n / slope
+
+
+def step_no_attention(config, new_tokens, kv_len, batch=1, dtype=F16):
+    flops, moved = roofline.step_cost(config, new_tokens, kv_len, batch, dtype)
+    return batch * 2 * new_tokens * matrix_params(config), moved
+
+
+def step_attention_kv_heads(config, new_tokens, kv_len, batch=1, dtype=F16):
+    _, moved = roofline.step_cost(config, new_tokens, kv_len, batch, dtype)
+    attention = config.n_layers * config.n_kv_heads * 4 * new_tokens * kv_len * config.head_dim
+    return batch * (2 * new_tokens * matrix_params(config) + attention), moved
+
+
+def step_attention_once(config, new_tokens, kv_len, batch=1, dtype=F16):
+    _, moved = roofline.step_cost(config, new_tokens, kv_len, batch, dtype)
+    attention = config.n_layers * config.n_heads * 2 * new_tokens * kv_len * config.head_dim
+    return batch * (2 * new_tokens * matrix_params(config) + attention), moved
+
+
+def step_attention_square(config, new_tokens, kv_len, batch=1, dtype=F16):
+    _, moved = roofline.step_cost(config, new_tokens, kv_len, batch, dtype)
+    attention = config.n_layers * config.n_heads * 4 * kv_len * kv_len * config.head_dim
+    return batch * (2 * new_tokens * matrix_params(config) + attention), moved
+
+
+def step_kv_of_batch_one(config, new_tokens, kv_len, batch=1, dtype=torch.float16):
+    flops, moved = roofline.step_cost(config, new_tokens, kv_len, batch, dtype)
+    return flops, moved - kv_cache_bytes(config, kv_len, batch, dtype) + kv_cache_bytes(config, kv_len, 1, dtype)
+
+
+def tps_summed(config, kv_len, batch, dtype, peak, bw):
+    flops, moved = roofline.step_cost(config, 1, kv_len, batch, dtype)
+    return batch / (flops / peak + moved / bw)
+
+
+def tps_memory_only(config, kv_len, batch, dtype, peak, bw):
+    _, moved = roofline.step_cost(config, 1, kv_len, batch, dtype)
+    return batch / (moved / bw)
+
+
+def tps_prefill(config, kv_len, batch, dtype, peak, bw):
+    flops, moved = roofline.step_cost(config, kv_len, kv_len, batch, dtype)
+    return batch / roofline.roofline_time(flops, moved, peak, bw)
+
+
+# (check or exercise, replaced function, words the failure must contain)
+SLIPS = [
+    ("matmul_intensity_counts_flops_and_bytes", {"matmul_intensity": _intensity_without_factor_two}, "2 FLOPs"),
+    ("matmul_intensity_counts_flops_and_bytes", {"matmul_intensity": _intensity_in_bits}, "bytes, not bits"),
+    ("matmul_intensity_counts_flops_and_bytes", {"matmul_intensity": _intensity_without_output}, "output (m, n)"),
+    ("ridge_batch_reaches_the_ridge", {"ridge_batch": _ridge_rounded_down}, "round UP"),
+    ("ridge_batch_reaches_the_ridge", {"ridge_batch": _ridge_inverted}, "peak_flops / bandwidth"),
+    ("step_cost_bytes_read_weights_once", {"step_cost": _step_weights_times_batch}, "do not multiply them by batch"),
+    ("step_cost_bytes_read_weights_once", {"step_cost": _step_without_cache}, "KV cache of kv_len tokens"),
+    ("step_cost_flops_match_torch_counter", {"step_cost": _step_flops_one_sequence}, "multiply the FLOPs by batch"),
     (
         "predicted_tokens_per_second_counts_the_batch",
-        "predicted_tokens_per_second",
-        _tps_without_batch,
+        {"predicted_tokens_per_second": _tps_without_batch},
         "batch / step time",
     ),
-    ("predicted_tokens_per_second_on_an_a100", "predicted_tokens_per_second", _seconds_per_token, "seconds per token"),
+    (
+        "predicted_tokens_per_second_on_an_a100",
+        {"predicted_tokens_per_second": _seconds_per_token},
+        "seconds per token",
+    ),
+    ("5.1", {"matmul_intensity": intensity_int_division}, "not //"),
+    ("5.1", {"matmul_intensity": intensity_fixed_two_bytes}, "element size depends on dtype"),
+    ("5.1", {"matmul_intensity": intensity_output_twice}, "written once"),
+    ("5.2", {"ridge_batch": ridge_approximation}, "large-matrix approximation"),
+    ("5.2", {"ridge_batch": ridge_in_bits}, "bytes, not bits"),
+    ("5.2", {"ridge_batch": ridge_never_none}, "return None"),
+    ("5.2", {"ridge_batch": ridge_float}, "int number of rows"),
+    ("5.3", {"step_cost": step_no_attention}, "attention's own FLOPs are missing"),
+    ("5.3", {"step_cost": step_attention_kv_heads}, "n_heads, not n_kv_heads"),
+    ("5.3", {"step_cost": step_attention_once}, "attention counted once"),
+    ("5.3", {"step_cost": step_attention_square}, "not kv_len ** 2"),
+    ("5.4", {"predicted_tokens_per_second": tps_summed}, "not their sum"),
+    ("5.4", {"predicted_tokens_per_second": tps_memory_only}, "compute-bound"),
+    ("5.4", {"predicted_tokens_per_second": tps_prefill}, "step_cost(config, 1, kv_len"),
+    ("step_cost_bytes_read_weights_once", {"step_cost": step_kv_of_batch_one}, "those of batch 1"),
+    ("predicted_tokens_per_second_on_an_a100", {"predicted_tokens_per_second": tps_summed}, "adds the compute time"),
 ]
 
 
-@pytest.mark.parametrize("name, attr, fake, words", MISTAKES, ids=[f"{m[0]}-{m[2].__name__}" for m in MISTAKES])
-def test_check_names_the_known_mistake(name, attr, fake, words):
-    """Check that a deliberately wrong implementation fails the check with a message naming the mistake."""
-    module = types.SimpleNamespace(
-        **{
-            n: getattr(roofline, n)
-            for n in (
-                "matmul_intensity",
-                "ridge_batch",
-                "step_cost",
-                "predicted_tokens_per_second",
-                "bytes_per_element",
-            )
-        }
-    )
-    setattr(module, attr, fake)
-    with pytest.raises(AssertionError) as info:
-        CHECKS[name].fn(module, np.random.default_rng(0))
-    assert words in str(info.value)
+@pytest.mark.parametrize("where, replaced, words", SLIPS, ids=case_ids(SLIPS))
+def test_slip_is_rejected_naming_it(where, replaced, words):
+    """Check that a likely wrong implementation fails the check named, or a check of the exercise named, with an
+    AssertionError whose message names the slip."""
+    failures = check_failures(where, _module(**replaced))
+    assert failures, f"{next(iter(replaced.values())).__name__} passed every check of {where}"
+    assert all(isinstance(err, AssertionError) for _, err in failures), failures
+    assert any(words in (str(err) or "assertion") for _, err in failures), failures
 
 
 def test_trivial_answers_fail():
@@ -259,6 +503,63 @@ def test_trivial_answers_fail():
     for check in ROOFLINE_CHECKS:
         with pytest.raises(AssertionError):
             check.fn(const, np.random.default_rng(0))
+
+
+# ---------------------------------------------------------------------------------------------
+# A function that changes its arguments scores 0: every check builds its target before the call
+
+
+_NUMBERS_ONLY = {"5.1", "5.2"}  # their functions take numbers and a dtype: nothing to change
+_MUTABLE = [c for ex_id in ("5.3", "5.4") for c in checks_for(BY_ID[ex_id])]
+
+
+@pytest.mark.parametrize("check", _MUTABLE, ids=lambda c: c.name)
+def test_a_function_that_changes_its_arguments_scores_zero(check):
+    """Check that a function which spoils its arguments, then answers for the spoiled ones, fails the check."""
+    ex = check.exercise
+    name = ex.name
+    ref = getattr(roofline, name)
+    with pytest.raises(AssertionError):
+        check.fn(_module(**{name: vandal(ref, spoil_config_tensors_models)}), np.random.default_rng(0))
+    from kvlib.core.configs import REAL_MODELS
+
+    assert REAL_MODELS["Llama-2-7B"].config.n_layers == 32, "a check handed learner code a shared config"
+
+
+@pytest.mark.parametrize(
+    "check", [c for ex in sorted(_NUMBERS_ONLY) for c in checks_for(BY_ID[ex])], ids=lambda c: c.name
+)
+def test_checks_of_5_1_and_5_2_pass_only_numbers(check):
+    """Check that 5.1's and 5.2's checks hand learner code only ints, floats and dtypes, which no function can change."""
+    ex = check.exercise
+    ref, seen = getattr(roofline, ex.name), []
+
+    def spy(*args, **kwargs):
+        seen.extend([*args, *kwargs.values()])
+        return ref(*args, **kwargs)
+
+    check.fn(_module(**{ex.name: spy}), np.random.default_rng(0))
+    assert seen and all(type(a) in (int, float, torch.dtype) for a in seen), {type(a).__name__ for a in seen}
+
+
+def test_every_check_of_05_is_covered():
+    """Check that the two tests above cover every check of notebook 05."""
+    covered = {c.name for c in _MUTABLE} | {c.name for ex in _NUMBERS_ONLY for c in checks_for(BY_ID[ex])}
+    assert covered == {name for name, c in CHECKS.items() if c.exercise.id[0] == "5"}
+
+
+# ---------------------------------------------------------------------------------------------
+# In the isolated grading child, as nbgrader runs them
+
+
+@pytest.mark.slow
+def test_checks_of_05_pass_the_reference_in_the_isolated_child():
+    """Check that the reference passes every 5.x check in the grading child."""
+    from conftest import ROOT
+
+    source = (ROOT / "solutions" / "kvlib" / "roofline.py").read_text()
+    verdicts = checks_in_child("roofline", source, ("5.1", "5.2", "5.3", "5.4"))
+    assert set(verdicts.values()) == {"pass"}, verdicts
 
 
 def test_bad_input_is_a_clear_error():
@@ -281,6 +582,7 @@ def test_bad_input_is_a_clear_error():
 
 
 def test_measure_bandwidth_reports_three_kernels():
+    """Check that measure_bandwidth reports read, copy and triad, and takes read's rate, on one thread."""
     result = machine.measure_bandwidth(n_bytes=8 << 20, repeats=2)
     assert set(result["per_kernel"]) == {"read", "copy", "triad"}
     assert result["bandwidth"] == result["per_kernel"]["read"] > 0 and result["kernel"] == "read"
@@ -318,5 +620,6 @@ def test_bench_memory_quick_reports_prediction_and_measurement():
 
 
 def test_bench_memory_in_learner_mode_names_the_exercise():
+    """Check that `kvlib bench memory` in learner mode exits with 2, naming the 5.x exercise and KVLIB_SOLUTIONS=1."""
     proc = run_kvlib("bench", "memory", "--quick", env={"KVLIB_SOLUTIONS": "0"})
     assert proc.returncode == 2 and "Exercise 5." in proc.stderr and "KVLIB_SOLUTIONS=1" in proc.stderr

@@ -33,7 +33,8 @@ def test_notebook_links_the_glossary(path):
 
 
 def test_sitting_counts_what_it_says():
-    """Check the estimate on a made-up notebook: 260 words, 2 exercises of notebook 01, 4 code cells."""
+    """Check that the sitting estimate of a made-up notebook counts 260 words, 2 exercises of notebook 01, 4 code
+    cells."""
     import tempfile
     from pathlib import Path
 

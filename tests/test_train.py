@@ -1,4 +1,4 @@
-"""Tests for kvlib/corpus.py (the generated facts) and kvlib/train.py (training and evaluation)."""
+"""Tests for kvlib/study/corpus.py (the generated facts) and kvlib/study/train.py (training and evaluation)."""
 
 import json
 

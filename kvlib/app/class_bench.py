@@ -20,12 +20,17 @@ import re
 import resource
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+from kvlib import checks
+from kvlib.app.class_grading import autograde
+from kvlib.app.course_folder import init_course
 from kvlib.app.release import BEGIN, END, ROOT
+from kvlib.course.exercises import EXERCISES
 
 VARIANTS = ("correct", "partial", "blank", "patched-numpy", "exit-at-import", "link-to-reference", "edited-tests")
 # one class of 20: mostly honest work, a few cheats; resubmitters hand in partial, then correct
@@ -38,8 +43,6 @@ _EXERCISE = re.compile(r'^\s*@exercise\("(\d+\.\d+)"')
 
 
 def module_of(notebook: str) -> str:
-    from kvlib.course.exercises import EXERCISES  # noqa: PLC0415
-
     mods = [ex.module for ex in EXERCISES if ex.notebook == notebook]
     if not mods:
         raise ValueError(f"no exercises in {notebook!r}")
@@ -72,8 +75,6 @@ def module_source(notebook: str, done: tuple[str, ...] | str = "all", prelude: s
 
 def points(notebook: str) -> tuple[dict[str, float], float]:
     """Points of the notebook's graded cells per exercise, and the total."""
-    from kvlib import checks  # noqa: PLC0415
-
     checks._load_all()
     per: dict[str, float] = {}
     for nb in (ROOT / "solutions" / notebook).glob("*.ipynb"):
@@ -86,8 +87,6 @@ def points(notebook: str) -> tuple[dict[str, float], float]:
 
 
 def first_exercise(notebook: str) -> str:
-    from kvlib.course.exercises import EXERCISES  # noqa: PLC0415
-
     return next(ex.id for ex in EXERCISES if ex.notebook == notebook)
 
 
@@ -239,9 +238,6 @@ def bench_class(
     students: int = 20, assignment: str = "01-attention", jobs: int = 1, db: str = "sqlite", keep: str | None = None
 ) -> dict:
     """Grade a synthetic class; returns the record (raises RuntimeError if a score is not the expected one)."""
-    from kvlib.app.class_grading import autograde  # noqa: PLC0415
-    from kvlib.app.course_folder import init_course  # noqa: PLC0415
-
     if students < 1:
         raise ValueError("--students must be at least 1")
     if db not in ("sqlite", "postgres"):
@@ -337,8 +333,6 @@ def _mean(xs: list[float]) -> float:
 
 
 def _python() -> str:
-    import sys  # noqa: PLC0415
-
     return sys.executable
 
 

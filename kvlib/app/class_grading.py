@@ -12,10 +12,13 @@ synthetic class of the benchmark (class_bench.py).
 
 from __future__ import annotations
 
+import csv
 import ctypes
 import fnmatch
+import io
 import json
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -23,6 +26,15 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from nbgrader.api import Gradebook, MissingEntry
+from nbgrader.apps.api import NbGraderAPI
+from nbgrader.apps.baseapp import NbGrader
+from sqlalchemy.engine import make_url
+from tqdm import tqdm
+
+from kvlib.app.course_folder import permission_problems
+from kvlib.grading.execute import GradingJail
 
 STATE_DIR = ".kvlib-autograde"  # in the course folder (private with it): <assignment>.json, <assignment>.log
 
@@ -59,8 +71,6 @@ class Course:
 
 def _nbgrader_app(root: Path):
     """nbgrader's own application, configured as `nbgrader` run in the course folder would be."""
-    from nbgrader.apps.baseapp import NbGrader  # noqa: PLC0415 (start-up time: nbgrader is heavy)
-
     app = NbGrader()
     app.initialize([], root=str(root))
     return app
@@ -86,8 +96,6 @@ def open_course(root: Path | str) -> Course:
             "c.Autograde.autograde_preprocessors): grading there would let a submission fool its own score; "
             f"`kvlib course init {root} --force` writes it (keeping yours as nbgrader_config.py.bak)"
         )
-    from kvlib.grading.execute import GradingJail  # noqa: PLC0415 (loads the grader only once the folder is one)
-
     st = root.stat()
     return Course(
         root=root,
@@ -99,8 +107,6 @@ def open_course(root: Path | str) -> Course:
 
 
 def safe_url(url: str) -> str:
-    from sqlalchemy.engine import make_url  # noqa: PLC0415
-
     try:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:  # not a URL at all: say so as given
@@ -109,8 +115,6 @@ def safe_url(url: str) -> str:
 
 def check_gradebook(course: Course, assignment: str) -> None:
     """The gradebook connects and knows the assignment, which was released (generate_assignment)."""
-    from nbgrader.api import Gradebook, MissingEntry  # noqa: PLC0415
-
     try:
         with Gradebook(course.db_url, course.course_id) as gb:
             known = [a.name for a in gb.assignments]
@@ -220,10 +224,6 @@ def _kill_descendants(pid: int) -> None:
 
 
 def _grade(api, course: Course, assignment: str, student: str, timestamp: str) -> Result:
-    import re  # noqa: PLC0415
-
-    from nbgrader.api import Gradebook  # noqa: PLC0415
-
     start = time.monotonic()
     out = api.autograde(assignment, student, force=True, create=True)
     log = out.get("log", "") + out.get("error", "")
@@ -255,8 +255,6 @@ def worker_main(root: str, assignment: str) -> int:
     os.chdir(root)
     course = open_course(root)
     app = _nbgrader_app(Path(root))
-    from nbgrader.apps.api import NbGraderAPI  # noqa: PLC0415
-
     api = NbGraderAPI(coursedir=app.coursedir, parent=app)
     out.write(json.dumps({"ready": os.getpid()}) + "\n")
     for line in sys.stdin:
@@ -319,10 +317,6 @@ def autograde(
     """Grade every collected submission of `assignment` matching `student` (a glob) in `jobs` workers;
     a submission graded or refused before (by its timestamp, in the state file) is skipped unless
     force. Returns {student: Result} for the students selected; `stats` gets each worker's start-up seconds."""
-    from tqdm import tqdm  # noqa: PLC0415
-
-    from kvlib.app.course_folder import permission_problems  # noqa: PLC0415
-
     if jobs < 1:
         raise CourseError(f"--jobs must be at least 1, not {jobs}")
     course = open_course(root)
@@ -468,11 +462,6 @@ def canvas_csv(root: Path | str, assignments: list[str] | None = None, roster: P
     """One row per student of the gradebook (and of the roster), one column per assignment with the
     score; a missing submission is blank. `roster`: a CSV exported from the Canvas gradebook, whose
     Student, ID, SIS User ID and Section fill the rows whose SIS Login ID is the nbgrader student id."""
-    import csv  # noqa: PLC0415
-    import io  # noqa: PLC0415
-
-    from nbgrader.api import Gradebook, MissingEntry  # noqa: PLC0415
-
     course = open_course(root)
     people: dict[str, dict[str, str]] = {}
     if roster is not None:

@@ -1,8 +1,9 @@
 """The `kvlib` command: check your progress, and (for maintainers) rebuild the learner release.
 
 kvlib check [ID|NN] [--json]   one row per exercise: id, title, notebook, status, message
+kvlib hint ID [--level N]      the next hint of one exercise, only when asked (--reset starts again)
 kvlib generate PROMPT          stream the tiny model's answer, then its TTFT and TPOT
-kvlib bench NAME [--json]      cache, memory, gqa: measured on this machine (kvlib bench -h)
+kvlib bench NAME [--json]      cache, memory, gqa, serve, compress, fused: measured on this machine (kvlib bench -h)
 kvlib lab [NN]                 open JupyterLab on the course (learner view: nbgrader's Validate button)
 kvlib present [NN] [--check]   the solved notebooks in reference mode; --check runs them all and times each
 kvlib course release [--check] regenerate kvlib/ stubs and notebooks/ from solutions/
@@ -14,10 +15,17 @@ kvlib course export-canvas     the gradebook as a CSV for Canvas's gradebook imp
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import shutil
+import statistics
 import sys
 import textwrap
+import time
+
+from kvlib import checks
+from kvlib.course import hints
+from kvlib.course.exercises import ExerciseNotDone, solutions_enabled
 
 
 def _table(results) -> str:
@@ -38,14 +46,10 @@ def _table(results) -> str:
 
 
 def _reference_mode() -> bool:
-    from kvlib.course.exercises import solutions_enabled
-
     return solutions_enabled()
 
 
 def cmd_check(args) -> int:
-    from kvlib import checks
-
     try:
         results = checks.run(args.selector, seed=args.seed)
     except ValueError as err:
@@ -58,20 +62,31 @@ def cmd_check(args) -> int:
     return 0 if all(r.status == "pass" for r in results) else 1
 
 
+def cmd_hint(args) -> int:
+    """The next hint of one exercise (kvlib.course.hints: the levels seen are remembered per exercise)."""
+    try:
+        if args.reset:
+            hints.reset(args.exercise)
+            print(f"hints of {args.exercise} start again at 1 (kept in {hints.state_file()})")
+            if args.level is None:
+                return 0
+        print(hints.show(args.exercise, args.level))
+    except ValueError as err:  # an unknown id, a level out of range, a malformed hint file
+        print(f"kvlib hint: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 class _Stop(Exception):
     """Raised from the streaming callback to end generation at the stop text."""
 
 
 def cmd_generate(args) -> int:
-    import statistics
-    import time
+    import torch  # noqa: PLC0415 (start-up time: torch only for the commands that run a model)
 
-    import torch
-
-    from kvlib.core.weights import load_tiny
-    from kvlib.course.exercises import ExerciseNotDone
-    from kvlib.generation import generate
-    from kvlib.measure.timing import environment, num_threads
+    from kvlib.core.weights import load_tiny  # noqa: PLC0415 (start-up time: torch only for the commands that run a model)
+    from kvlib.generation import generate  # noqa: PLC0415 (late binding: runs the learner's code)
+    from kvlib.measure.timing import environment, num_threads  # noqa: PLC0415 (start-up time: torch only for the commands that run a model)
 
     args.prompt = args.prompt.replace("\\n", "\n")  # a typed \n is a newline, as in the course's prompts
     try:
@@ -123,7 +138,7 @@ def cmd_generate(args) -> int:
     return 0
 
 
-# kvlib bench NAME: help, then the module kvlib.measure.bench_NAME with its measuring function and
+# kvlib bench NAME: help, then the module kvlib.measure.bench_<name> with its measuring function and
 # formatter; each function takes threads= and quick= and returns a JSON-ready record
 BENCHES = {
     "cache": (
@@ -153,11 +168,17 @@ BENCHES = {
         "bench_compress",
         "format_compress",
     ),
+    "fused": (
+        "fused attention: peak memory naive vs tiled, causal FLOPs, a decode step's attention float32 vs int8 "
+        "(copied, folded, compiled)",
+        "bench_fused",
+        "format_fused",
+    ),
 }
 
 
 def cmd_bench_class(args) -> int:
-    from kvlib.app.class_bench import bench_class, format_class
+    from kvlib.app.class_bench import bench_class, format_class  # noqa: PLC0415 (not in learners' folders: instructor only)
 
     try:
         report = bench_class(students=args.students, assignment=args.assignment, jobs=args.jobs, db=args.db)
@@ -172,9 +193,6 @@ def cmd_bench_class(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    import importlib
-    import json
-
     if args.which == "class":
         return cmd_bench_class(args)
     if args.threads < 1:
@@ -212,9 +230,9 @@ def cmd_bench(args) -> int:
 
 
 def cmd_course_release(args) -> int:
-    from kvlib.app import release as course
+    from kvlib.app import release  # noqa: PLC0415 (not in learners' folders: instructor only)
 
-    problems = course.release(check=args.check)
+    problems = release.release(check=args.check)
     if problems:
         print("\n".join(problems))
         if args.check:
@@ -227,9 +245,9 @@ def cmd_course_release(args) -> int:
 
 
 def cmd_course_init(args) -> int:
-    from pathlib import Path
+    from pathlib import Path  # noqa: PLC0415 (start-up time: only this command needs it)
 
-    from kvlib.app.course_folder import (
+    from kvlib.app.course_folder import (  # noqa: PLC0415 (not in learners' folders: instructor only)
         STUDENT_CONFIG,
         CourseFolderExists,
         exchange_problems,
@@ -272,7 +290,7 @@ def cmd_course_init(args) -> int:
 
 
 def cmd_course_autograde(args) -> int:
-    from kvlib.app.class_grading import CourseError, autograde
+    from kvlib.app.class_grading import CourseError, autograde  # noqa: PLC0415 (not in learners' folders: instructor only)
 
     try:
         results = autograde(
@@ -290,7 +308,7 @@ def cmd_course_autograde(args) -> int:
 
 
 def cmd_course_export_canvas(args) -> int:
-    from kvlib.app.class_grading import CourseError, canvas_csv
+    from kvlib.app.class_grading import CourseError, canvas_csv  # noqa: PLC0415 (not in learners' folders: instructor only)
 
     try:
         text = canvas_csv(args.course, args.assignment or None, roster=args.roster)
@@ -307,7 +325,7 @@ def cmd_course_export_canvas(args) -> int:
 
 
 def cmd_lab(args) -> int:
-    from kvlib.app import lab
+    from kvlib.app import lab  # noqa: PLC0415 (not in learners' folders: lab needs app/release.py)
 
     try:
         return lab.launch(
@@ -324,9 +342,7 @@ def cmd_present(args) -> int:
             print("kvlib present: --figures saves the figures of a --check run; add --check", file=sys.stderr)
             return 2
         return cmd_lab(args)
-    import time
-
-    from kvlib.app import lab
+    from kvlib.app import lab  # noqa: PLC0415 (not in learners' folders: lab needs app/release.py)
 
     start = time.perf_counter()
     try:
@@ -351,6 +367,14 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true", help="print a JSON list of {id, title, notebook, status, message}")
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser(
+        "hint", help="the next hint of one exercise (1.2): a nudge first, then the idea, then the last step"
+    )
+    p.add_argument("exercise", help="an exercise id, e.g. 1.2")
+    p.add_argument("--level", type=int, help="show hint N (1 is the nudge) instead of the next one")
+    p.add_argument("--reset", action="store_true", help="forget the hints seen of this exercise: the next is 1 again")
+    p.set_defaults(func=cmd_hint)
 
     p = sub.add_parser("generate", help="stream the tiny model's continuation of PROMPT, then TTFT and TPOT")
     p.add_argument("prompt", help='e.g. "法国的首都是" or "Q: What is the capital of France?\\nA:"')

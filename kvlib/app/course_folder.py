@@ -29,7 +29,14 @@ from kvlib.grading.submission import MAX_HELPER_BYTES, MAX_HELPERS
 
 SECRET = "grading_secret"
 # kvlib parts learners do not get: the grader, the release tool and this course-folder builder
-_INSTRUCTOR_ONLY = {"grading", "app/release.py", "app/course_folder.py", "app/class_grading.py", "app/exchange.py"}
+_INSTRUCTOR_ONLY = {
+    "grading",
+    "app/release.py",
+    "app/course_folder.py",
+    "app/class_grading.py",
+    "app/class_bench.py",
+    "app/exchange.py",
+}
 
 
 class CourseFolderExists(FileExistsError):

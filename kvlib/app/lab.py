@@ -11,6 +11,7 @@ prints the seconds each took. Not here: the instructor's flow (kvlib course init
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -159,8 +160,6 @@ class NotebookRun:
 
     def figures(self) -> list[tuple[int, bytes]]:
         """The PNG images the notebook displayed: (cell index, bytes), in order."""
-        import base64
-
         cells = self.notebook.cells if self.notebook is not None else []
         return [
             (i, base64.b64decode(out["data"]["image/png"]))
@@ -186,9 +185,10 @@ def solution_notebooks(selector: str | None = None) -> list[Path]:
 
 def run_notebook(path: Path, *, timeout: int = 300) -> NotebookRun:
     """Execute one notebook in reference mode with nbclient (nothing is written back) and time it."""
-    import nbformat
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError
+    import nbformat  # noqa: PLC0415 (start-up time: only `kvlib present --check` runs notebooks)
+    from nbclient.exceptions import CellExecutionError  # noqa: PLC0415 (start-up time: only `kvlib present --check` runs notebooks)
+
+    from kvlib.grading.execute import SteppedNotebookClient  # noqa: PLC0415 (start-up time: only `kvlib present --check` runs notebooks)
 
     nb = nbformat.read(path, as_version=4)
     before = os.environ.get("KVLIB_SOLUTIONS")
@@ -198,7 +198,8 @@ def run_notebook(path: Path, *, timeout: int = 300) -> NotebookRun:
     # the kernel's own stderr (ipykernel's start-up warnings) is shown only if the run fails
     with tempfile.TemporaryFile("w+") as kernel_log:
         try:
-            client = NotebookClient(
+            # stepped waits: a lost zmq wake-up otherwise stalls a cell for the whole timeout
+            client = SteppedNotebookClient(
                 nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
             )
             client.execute(stderr=kernel_log)

@@ -2,12 +2,14 @@
 
   solutions/kvlib/<module>.py   -> kvlib/<module>.py          (solution blocks become a raise)
   solutions/NN-topic/*.ipynb    -> notebooks/NN-topic/*.ipynb (nbgrader generate_assignment)
+  kvlib/course/hints/*.md       -> each exercise's collapsed hints block in solutions/NN-topic/*.ipynb
 `kvlib course release` rewrites both; `--check` only reports what differs (the tests use it).
 """
 
 from __future__ import annotations
 
 import difflib
+import json
 import re
 import shutil
 import subprocess
@@ -16,7 +18,8 @@ import tempfile
 from pathlib import Path
 
 from kvlib.core.paths import ROOT
-from kvlib.course.exercises import BY_ID
+from kvlib.course import hints
+from kvlib.course.exercises import BY_ID, EXERCISES
 
 _DECORATOR = re.compile(r'^\s*@exercise\("(\d+\.\d+)"')
 # spelled in parts, so that a search for leaked solution blocks never flags this file
@@ -69,11 +72,9 @@ MAX_CELLS = 60
 
 def sitting(notebook: Path) -> dict:
     """Cells, markdown words, exercises, code cells and the estimated minutes of one solution notebook."""
-    import json
-
-    from kvlib.course.exercises import EXERCISES
-
     cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    # folded hints blocks are read on demand, inside an exercise's minutes, not in the sitting's text
+    cells = [c for c in cells if not str(c.get("id", "")).startswith("hints-")]
     words = sum(len("".join(c["source"]).split()) for c in cells if c["cell_type"] == "markdown")
     code = sum(c["cell_type"] == "code" for c in cells)
     exercises = sum(ex.notebook == notebook.parent.name for ex in EXERCISES)
@@ -133,7 +134,7 @@ def _diff(old: str, new: str, name: str) -> list[str]:
 def release(check: bool = False) -> list[str]:
     """Regenerate kvlib/ stubs and notebooks/ from solutions/. With check=True write nothing and
     return the differences (an empty list means the release is up to date)."""
-    problems: list[str] = []
+    problems: list[str] = hints.sync_solution_notebooks(check)  # the hint files -> the notebooks' hints blocks
     for sol in solution_modules():
         target = ROOT / "kvlib" / sol.name
         new = stub_source(sol.read_text(encoding="utf-8"))

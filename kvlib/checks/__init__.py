@@ -1,5 +1,7 @@
 """The checks behind `kvlib check`, the notebooks' graded cells and the tests.
 
+<module>.py  one per learner module of the exercise table (CHECK_MODULES): @check functions, one
+             property of one exercise each
 Each check tests one property of one exercise, compares against a library op (numpy, torch) or
 the hand-worked example of notebook 01, and fails with a message that names the likely mistake.
 A check takes the module under test (so tests can hand it a deliberately wrong one) and a
@@ -9,15 +11,19 @@ numpy Generator for its random inputs. Not here: isolation from the code under t
 from __future__ import annotations
 
 import importlib
+import inspect
+import linecache
 import signal
-import traceback
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 
-from kvlib.course.exercises import BY_ID, EXERCISES, Exercise, ExerciseNotDone
+from kvlib.course.exercises import BY_ID, EXERCISES, LEARNER_MODULES, Exercise, ExerciseNotDone, select
+from kvlib.course.hints import stuck
+
+BY_NAME = {(ex.module, ex.name.split(".")[-1]): ex for ex in EXERCISES}  # (module, function) -> exercise
 
 
 @dataclass(frozen=True)
@@ -32,16 +38,7 @@ class Check:
 
 
 CHECKS: dict[str, Check] = {}  # by name, in registration (= course) order
-_CHECK_MODULES = {
-    "attention",
-    "generation",
-    "recompute",
-    "kv_cache",
-    "roofline",
-    "gqa",
-    "serving",
-    "compress",
-}  # kvlib.checks.<module> for every exercise module
+CHECK_MODULES = LEARNER_MODULES  # kvlib.checks.<module> for every learner module of the exercise table
 
 
 def check(exercise_id: str):
@@ -57,7 +54,7 @@ def check(exercise_id: str):
 
 
 def _load_all() -> None:
-    for module in sorted(_CHECK_MODULES):
+    for module in CHECK_MODULES:
         importlib.import_module(f"kvlib.checks.{module}")
 
 
@@ -112,15 +109,75 @@ def _time_limit(seconds: float | None):
 
 
 def _explain(err: BaseException, ex: Exercise) -> str:
-    """The first failure in plain words: the message, plus where in the learner's file it broke."""
+    """The first failure in plain words.
+
+    A check's AssertionError already names the cause. Anything else was raised inside the learner's
+    code (a shape mismatch, numpy handed to torch): say which exercise's function raised it, where,
+    with which arguments (their shapes and dtypes), and what its docstring promises to take and give.
+    """
     if isinstance(err, AssertionError):
         return str(err) or "an assertion failed"
-    where = ""
-    for frame in reversed(traceback.extract_tb(err.__traceback__)):
-        if frame.filename.replace("\\", "/").endswith("/" + ex.file):
-            where = f" (at {ex.file} line {frame.lineno}: {frame.line})"
-            break
-    return f"{type(err).__name__}: {err}{where}"
+    frame = _learner_frame(err, ex)
+    if frame is None:
+        return f"{type(err).__name__}: {err}"
+    where = f"{ex.file} line {frame.f_lineno}"
+    line = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+    called = BY_NAME.get((ex.module, frame.f_code.co_name))
+    name = called.name if called else frame.f_code.co_name
+    text = f"{type(err).__name__}: {err} (in {name}, at {where}" + (f": {line})" if line else ")")
+    args = _arguments(frame)
+    if args:
+        text += f"; it was called with {args}"
+    contract = _contract(called) if called else ""
+    if contract:
+        text += f"; Exercise {called.id} expects {contract}"
+    return text
+
+
+def _learner_frame(err: BaseException, ex: Exercise):
+    """The outermost frame of the traceback that runs in the learner's file kvlib/<module>.py: the
+    exercise function the check called (None if the error never reached the learner's code)."""
+    tb = err.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.replace("\\", "/").endswith("/" + ex.file):
+            return tb.tb_frame
+        tb = tb.tb_next
+    return None
+
+
+def _describe(value) -> str:
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is not None and dtype is not None:  # a numpy array or a torch tensor
+        return f"{type(value).__module__.split('.')[0]} {type(value).__name__} {tuple(shape)} {dtype}"
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return repr(value)
+    return type(value).__name__
+
+
+def _arguments(frame) -> str:
+    code = frame.f_code
+    names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+    return ", ".join(f"{n}={_describe(frame.f_locals[n])}" for n in names if n in frame.f_locals and n != "self")
+
+
+def _contract(called: Exercise) -> str:
+    """The Args:/Returns: lines of an exercise's docstring, on one line."""
+    try:
+        obj = importlib.import_module(f"kvlib.{called.module}")
+        for part in called.name.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError):
+        return ""
+    keep, out = False, []
+    for line in (inspect.getdoc(obj) or "").splitlines():
+        head = line.split(":")[0].strip()
+        if head in {"Args", "Returns"}:
+            keep = True
+        elif head in {"Raises", "Example", "Examples"} or not line.strip():
+            keep = False
+        if keep:
+            out.append(" ".join(line.split()))
+    return " ".join(out)
 
 
 def run_exercise(ex: Exercise, *, seed: int = 0, timeout: float | None = 60) -> Result:
@@ -143,13 +200,11 @@ def run_exercise(ex: Exercise, *, seed: int = 0, timeout: float | None = 60) -> 
             # an earlier exercise is unfinished, so this one cannot be judged yet: name it
             return result("todo", f"do Exercise {err.exercise.id} ({err.exercise.title}) first: {err}")
         except Exception as err:
-            return result("fail", f"{c.name}: {_explain(err, ex)}")
+            return result("fail", f"{c.name}: {_explain(err, ex)} {stuck(ex.id)}")
     return result("pass")
 
 
 def run(selector: str | None = None, **kwargs) -> list[Result]:
-    from kvlib.course.exercises import select
-
     return [run_exercise(ex, **kwargs) for ex in select(selector)]
 
 
@@ -163,8 +218,13 @@ def grade(name: str, *, seed: int = 0, timeout: float | None = 60) -> None:
         raise KeyError(f"no check named {name!r}")
     c = CHECKS[name]
     module = importlib.import_module(f"kvlib.{c.exercise.module}")
-    with _time_limit(timeout):
-        c.fn(module, np.random.default_rng(seed))
+    try:
+        with _time_limit(timeout):
+            c.fn(module, np.random.default_rng(seed))
+    except ExerciseNotDone:
+        raise
+    except Exception as err:  # the cause named, then where the hints are; the original stays chained
+        raise AssertionError(f"{_explain(err, c.exercise)} {stuck(c.exercise.id)}") from err
     print(f"passed: {c.doc}")
 
 

@@ -297,9 +297,25 @@ def causal_mask_aligns_bottom_right(kv, rng):
 # 1.4 causal_self_attention
 
 
+def _masked_weight_is_exactly_zero(kv):
+    """Scores far below any finite fill (about -2.8e12): a mask filled with -1e9 instead of -inf leaks there."""
+    q, k, v = np.full((3, 8), 1e6), np.full((3, 8), -1e6), np.arange(6.0).reshape(3, 2)
+    _, probs = _pair(kv.causal_self_attention(*_copies(q, k, v)), "causal_self_attention")
+    expected = np.tril(np.ones((3, 3))) / np.arange(1, 4)[:, None]  # equal scores: uniform over the allowed keys
+    if not _close(probs, expected):
+        raise AssertionError(
+            "with every score about -2.8e12, the masked keys got weight: the mask was filled with a finite number, "
+            f"which is larger than such scores (weights of query 0: {np.round(probs[0], 3)}). Fill with -np.inf, "
+            "whose exponential is exactly 0 whatever the scores"
+        )
+
+
 @check("1.4")
 def causal_self_attention_matches_sdpa(kv, rng):
-    """Check that causal self-attention equals torch SDPA on (batch, n_heads, seq_len, head_dim) inputs."""
+    """Check that causal self-attention equals torch SDPA on (batch, n_heads, seq_len, head_dim) inputs.
+
+    Also: the masked keys get weight exactly 0 even where every score is far below any finite fill.
+    """
     q, k, v = rng.normal(size=(2, 4, 5, 8)), rng.normal(size=(2, 4, 5, 8)), rng.normal(size=(2, 4, 5, 6))
     mask = np.tril(np.ones((5, 5), dtype=bool))
     ref_out, ref_probs = _attention(q, k, v, mask)
@@ -318,6 +334,7 @@ def causal_self_attention_matches_sdpa(kv, rng):
     _array("out", out, (2, 4, 5, 6))
     _array("probs", probs, (2, 4, 5, 5))
     if _close(out, ref_out) and _close(probs, ref_probs):
+        _masked_weight_is_exactly_zero(kv)
         return
     for message, wrong in near_misses.items():
         if _close(probs, wrong):

@@ -267,6 +267,15 @@ def sink_cache_keeps_sinks_and_last_window(kv, rng):
                     k, torch.stack([tokens[slots[s]][0] for s in range(filled)], 2)
                 ):
                     raise AssertionError(f"after {pos + T} tokens: {m}")
+            first = (
+                [i for i in range(filled) if torch.equal(k[:, :, i], tokens[n_sink][0])] if pos + T > n_sink else [0]
+            )
+            if n_sink not in first:
+                raise AssertionError(
+                    f"after {pos + T} tokens: the first token past the sinks (token {n_sink}) should sit in slot "
+                    f"{n_sink}, the first window slot, found in slot(s) {first or 'none'}: with n_sink={n_sink}, "
+                    f"window={window}, token p >= n_sink goes to window slot (p - n_sink) % window, counted from slot n_sink"
+                )
             raise AssertionError(
                 f"after {pos + T} tokens the slots should hold tokens {[held[s] for s in range(filled)]} "
                 f"(n_sink={n_sink}, window={window}); they do not"

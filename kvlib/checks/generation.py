@@ -17,6 +17,7 @@ import torch
 
 from kvlib.checks import check
 from kvlib.core.model import Attention, Decoder, ModelConfig, SlowDecoder, rotary_tables, rotate_half
+from kvlib.core.weights import load_tiny
 
 
 def _model(seed: int, **sizes) -> Decoder:
@@ -164,8 +165,6 @@ def generate_streams_each_token(kv, rng):
 @check("2.2")
 def generate_answers_the_seed_question(kv, rng):
     """Check that the shipped model, greedy, continues 法国的首都是 with 巴黎."""
-    from kvlib.core.weights import load_tiny
-
     model, tokenizer = load_tiny()
     ids = torch.tensor([tokenizer.encode("法国的首都是")])
     out = kv.generate(model, ids.clone(), 2)
@@ -412,8 +411,6 @@ def project_qkv_matches_the_model(kv, rng):
 @check("2.4")
 def project_qkv_matches_tiny_layer_0(kv, rng):
     """Check q, k, v of the shipped model's layer 0 for 法国的首都是 against its own projections."""
-    from kvlib.core.weights import load_tiny
-
     model, tokenizer = load_tiny()
     ids = torch.tensor([tokenizer.encode("法国的首都是")])
     T, layer = ids.shape[1], model.layers[0]

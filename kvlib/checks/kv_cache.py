@@ -23,6 +23,7 @@ from kvlib.checks import check
 from kvlib.core.configs import REAL_MODELS
 from kvlib.core.flops import matmul_flops
 from kvlib.core.model import Decoder, ModelConfig, matrix_params
+from kvlib.core.weights import load_tiny
 from kvlib.measure.timing import new_tensors
 
 CONFIG = ModelConfig(vocab_size=29, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, hidden_dim=40, max_seq_len=48)
@@ -198,10 +199,16 @@ def cached_attention_matches_full_attention(kv, rng):
             attn_mask=torch.tril(torch.ones(2, 5, dtype=torch.bool), 3),
         )
         top_left = _attend(attn, attn.project_q(x[:, 3:], cos[3:5], sin[3:5]), k_all, v_all, is_causal=True)
+        unmasked = _attend(attn, attn.project_q(x[:, :3], cos[:3], sin[:3]), k_all[:, :, :3], v_all[:, :, :3])
     first, second = _run_chunks(kv, _model(seed), x, 3)
     assert isinstance(second, torch.Tensor) and tuple(second.shape) == (2, 2, CONFIG.d_model), (
         f"the output should be (batch, seq_len, d_model) = (2, 2, {CONFIG.d_model}), got {tuple(getattr(second, 'shape', ()))}"
     )
+    if not _close(first, full[:, :3]) and _close(first, unmasked):
+        raise AssertionError(
+            "a prefill of 3 tokens ran without a causal mask: with more than one new query, query i may not see "
+            "the keys after it (a single decode query may see all of them, so only T == 1 can skip the mask)"
+        )
     assert _close(first, full[:, :3]), (
         "the first chunk (positions 0..2, empty cache) should equal plain causal attention: "
         "project (rotary), attend with the causal mask, then attn.o_proj"
@@ -297,6 +304,12 @@ def cached_forward_matches_full_forward(kv, rng):
                 f"{what} should return the last position's logits (batch, vocab_size) = (2, {CONFIG.vocab_size}), "
                 f"got {tuple(getattr(logits, 'shape', ()))}"
             )
+            if cache.pos == a + (b - a) * CONFIG.n_layers != b:
+                raise AssertionError(
+                    f"after {what} cache.pos moved by {b - a} tokens x {CONFIG.n_layers} layers = {cache.pos - a}: "
+                    "advance() runs inside the layer loop; every layer writes the same positions, so advance by seq_len "
+                    "once, after the last layer"
+                )
             assert cache.pos == b, (
                 f"after {what} the cache should hold {b} tokens (cache.pos), got {cache.pos}: advance by seq_len once, after every layer"
             )
@@ -422,7 +435,10 @@ def _greedy(model, ids, n):
 
 @check("4.5")
 def generate_cached_matches_generate(kv, rng):
-    """Check that greedy tokens with the cache equal greedy tokens of full recompute (fp32, 30 tokens)."""
+    """Check that greedy tokens with the cache equal greedy tokens of full recompute (fp32, 30 tokens).
+
+    Also: sampled at temperature 0.8 with a seeded generator, the tokens equal those generate draws.
+    """
     seed = int(rng.integers(1000))
     for prompt_len in (1, 5):  # a one-token prompt is an edge case
         ids = _ids(rng, 2, prompt_len)
@@ -433,6 +449,32 @@ def generate_cached_matches_generate(kv, rng):
         )
         assert torch.equal(out, expected), (
             f"with a prompt of {prompt_len}, cached greedy tokens differ from full recompute"
+        )
+    # sampling: the same seed must draw the same tokens as generate (Exercise 2.2) does
+    ids = _ids(rng, 2, 4)
+    with torch.inference_mode():
+        model = _model(seed)
+        logits, sampled = model(ids)[:, -1], [ids]
+        gen = torch.Generator().manual_seed(seed)
+        for _ in range(12):
+            probs = torch.softmax(logits.float() / 0.8, dim=-1)
+            token = torch.multinomial(probs, 1, generator=gen)
+            sampled.append(token)
+            logits = model(torch.cat(sampled, dim=1))[:, -1]
+    expected = torch.cat(sampled, dim=1)
+    out = kv.generate_cached(
+        _model(seed), ids.clone(), 12, temperature=0.8, generator=torch.Generator().manual_seed(seed)
+    )
+    if not torch.equal(out, expected):
+        greedy = _greedy(_model(seed), ids, 12)
+        if torch.equal(out, greedy):
+            raise AssertionError(
+                "at temperature 0.8 generate_cached gave the greedy tokens: pass temperature and generator on to "
+                "next_token (Exercise 2.1), as generate does"
+            )
+        raise AssertionError(
+            "at temperature 0.8 with a seeded generator, generate_cached should draw the tokens generate draws "
+            "with the same seed: one next_token call per new token, with that generator"
         )
 
 
@@ -481,8 +523,6 @@ def generate_cached_uses_the_cache(kv, rng):
 @check("4.5")
 def generate_cached_answers_the_seed_question(kv, rng):
     """Check that the shipped model with the cache continues 法国的首都是 with 巴黎, streaming each token."""
-    from kvlib.core.weights import load_tiny
-
     model, tokenizer = load_tiny()
     ids = torch.tensor([tokenizer.encode("法国的首都是")])
     seen = []

@@ -136,6 +136,11 @@ def generation_flops_matches_counts(kv, rng):
                 sum(_new_token(ODD, P + i) for i in range(1, n)),
             ): "the prefill is missing: step 0 runs the whole prompt, forward_flops(config, prompt_len), before any token can be kept",
             (kept, naive): "the pair is the wrong way round: return (naive, kept)",
+            (
+                naive,
+                sum(_new_token(ODD, p) for p in range(1, P + 1)) + sum(_new_token(ODD, P + i) for i in range(1, n)),
+            ): "the prefill is counted as prompt_len single tokens, one after another: a prefill runs the whole "
+            "prompt in one forward, forward_flops(config, prompt_len), whose attention is the full (T, T) score matrix",
         }
         got = kv.generation_flops(replace(ODD), P, n)
         assert isinstance(got, tuple) and len(got) == 2, (

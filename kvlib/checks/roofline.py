@@ -255,6 +255,11 @@ def step_cost_bytes_read_weights_once(kv, rng):
                 raise AssertionError(f"{where}: the KV cache of kv_len tokens is read too")
             if got == cache:
                 raise AssertionError(f"{where}: every matrix weight is read once per step too")
+            if batch > 1 and got == weights + _kv(c, S, 1, dtype):
+                raise AssertionError(
+                    f"{where}: the KV bytes are those of batch 1; every sequence of the batch reads its own cache, "
+                    "so pass batch on to kv_cache_bytes"
+                )
             assert got == weights + cache, f"{where}: expected {weights + cache:,} bytes, got {got:,}"
 
 
@@ -283,6 +288,16 @@ def predicted_tokens_per_second_on_an_a100(kv, rng):
     assert isinstance(got, float), f"predicted_tokens_per_second should return a float, got {type(got).__name__}"
     if _close(got, 1 / expected):
         raise AssertionError("that is seconds per token: tokens per second is its inverse")
+    c = LLAMA2_7B  # the step's FLOPs and bytes (float16: 2 bytes a weight), for the sum a slip would take
+    flops, moved = (
+        2 * _matrix_params(c) + 4 * c.n_layers * c.n_heads * c.head_dim,
+        2 * _matrix_params(c) + _kv(c, 1, 1, torch.float16),
+    )
+    if _close(got, 1 / (flops / 312e12 + moved / 2039e9), 1e-6):
+        raise AssertionError(
+            f"{got:.1f} tokens/s adds the compute time to the memory time: they overlap, so the step takes the "
+            f"slower of the two (roofline_time takes the max), {expected:.1f} tokens/s here"
+        )
     assert _close(got, expected, 1e-6), (
         f"expected {expected:.1f} tokens/s (13.2 GB of weights at 2,039 GB/s), got {got:.1f}"
     )

@@ -247,6 +247,11 @@ def step_serves_every_request_exactly(sv, rng):
     got = {r.id: r.out for r in sched.finished}
     assert len(got) == len(trace), f"{len(trace)} requests went in, {len(got)} finished"
     for i, want in enumerate(expected):
+        if len(got[i]) > len(want) and got[i][: len(want)] == want:
+            raise AssertionError(
+                f"request {i} asked for {len(want)} token(s) and got {len(got[i])}: a request can be done right after "
+                "its prefill (admit gives its first token); retire after admitting, before the decode"
+            )
         assert got[i] == want, f"request {i} got {got[i]}, alone it gets {want}"
     assert pool.n_free == pool.n_blocks, (
         f"every block should be free at the end, {pool.n_blocks - pool.n_free} are still held: retire finished requests"
@@ -273,6 +278,19 @@ def step_admits_while_blocks_and_batch_allow(sv, rng):
     _step(sv, sched)
     assert [r.id for r in sched.running] == [0, 1, 2], (
         f"max_batch=3 should admit requests 0, 1, 2, got {[r.id for r in sched.running]}"
+    )
+    # the edges: exactly enough free blocks admits; a request done after its prefill retires in that step
+    sched = sv.Scheduler(model, sv.BlockPool(CONFIG, 2, 4), max_batch=3)
+    sched.add(sv.Request(0, [1] * 7, 1))  # 7 tokens + the next one: 2 blocks, and 2 are free
+    assert sched.blocks_to_admit(sched.waiting[0]) == sched.pool.n_free == 2
+    _step(sv, sched)
+    assert not sched.waiting, (
+        "a request that needs exactly the free blocks (2 of 2) should be admitted: it fits, so compare "
+        "blocks_to_admit(request) <= pool.n_free, not <"
+    )
+    assert [r.id for r in sched.finished] == [0] and not sched.running, (
+        "a request with max_new_tokens=1 is done after its prefill (admit gives its first token): retire it in "
+        f"the same step, before any decode; running {[r.id for r in sched.running]}, finished {[r.id for r in sched.finished]}"
     )
 
 
@@ -303,6 +321,41 @@ def step_preempts_the_newest_and_stays_exact(sv, rng):
     got = {r.id: r.out for r in sched.finished}
     for i, want in enumerate(expected):
         assert got.get(i) == want, f"after preemption request {i} got {got.get(i)}, alone it gets {want}"
+    _preemption_edges(sv, model)
+
+
+def _three_at_a_block_boundary(sv, model, n_blocks):
+    """Three requests of 3 tokens after one step each: 4 tokens in 1 block, so the next decode needs 3 blocks."""
+    sched = sv.Scheduler(model, sv.BlockPool(CONFIG, n_blocks, 4), max_batch=3)
+    for i in range(3):
+        sched.add(sv.Request(i, [1 + i, 2, 3], 5))
+    _step(sv, sched)  # admits all three (1 block each), decodes once: each holds 4 tokens, a full block
+    assert [r.id for r in sched.running] == [0, 1, 2] and sched.stats["preemptions"] == 0, (
+        f"3 requests of 3 tokens in {n_blocks} blocks of 4 should all run after one step, without preemption; "
+        f"running {[r.id for r in sched.running]}, {sched.stats['preemptions']} preemption(s)"
+    )
+    return sched
+
+
+def _preemption_edges(sv, model):
+    # just enough: the decode needs 3 blocks and 3 are free, so nobody is preempted
+    sched = _three_at_a_block_boundary(sv, model, 6)
+    assert sched.blocks_to_decode() == sched.pool.n_free == 3
+    _step(sv, sched)
+    assert sched.stats["preemptions"] == 0 and [len(r.out) for r in sched.running] == [3, 3, 3], (
+        "the decode needs 3 blocks and 3 are free: that is enough, so nobody is preempted (preempt only while "
+        f"blocks_to_decode() > pool.n_free); {sched.stats['preemptions']} preemption(s), tokens {[len(r.out) for r in sched.running]}"
+    )
+    # short by two: one preemption frees 1 block, the decode then needs 2 with 1 free; a second is needed
+    sched = _three_at_a_block_boundary(sv, model, 3)
+    _step(sv, sched)
+    running, waiting = [r.id for r in sched.running], [r.id for r in sched.waiting]
+    assert sched.stats["preemptions"] == 2 and running == [0] and waiting == [1, 2], (
+        "the decode needs 3 blocks and none is free: preempting request 2 frees one block, but the other two "
+        "still need 2; keep preempting (newest first) in the same step until blocks_to_decode() fits, then decode. "
+        f"Got {sched.stats['preemptions']} preemption(s), running {running}, waiting {waiting} (expected 2, [0], [1, 2])"
+    )
+    assert len(sched.running[0].out) == 3, "after the two preemptions the step should still decode request 0"
 
 
 # ---------------------------------------------------------------------------------------------

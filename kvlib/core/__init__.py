@@ -1,8 +1,13 @@
-"""The model and its data, importing nothing of the learner's.
+"""The model and its data, the bottom floor: it imports nothing else of kvlib.
 
-model.py      ModelConfig, the layers, Decoder: one forward pass, with or without a KV cache
-weights.py    the shipped tiny model (load_tiny), checked state dicts, transformers conversion
-tokenizer.py  the character tokenizer of the tiny model
-configs.py    every named configuration: published models (sizes only) and the benchmarks' own
-devices.py    published peak FLOP/s and bandwidth of GPUs (notebook 05's roofline)
+model.py        ModelConfig, the layers, Decoder: one forward pass, with or without a KV cache
+cache.py        the cache contract (Cache, CacheBase) and one layer's attention through any cache
+weights.py      the shipped tiny model (load_tiny), checked state dicts, transformers conversion
+tokenizer.py    the character tokenizer of the tiny model
+configs.py      every named configuration: published models (sizes only) and the benchmarks' own
+devices.py      published peak FLOP/s and bandwidth of GPUs (notebook 05's roofline)
+flops.py        FLOPs counted by torch itself (torch.utils.flop_counter), the CPU attention kernel too
+paging.py       notebook 07's serving engine below the learner's kvlib/serving.py: blocks, paged view
+gguf_export.py  a Decoder written as a GGUF file for llama.cpp (`kvlib bench cache`)
+paths.py        where the repository's own files are
 """

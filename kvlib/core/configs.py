@@ -188,6 +188,11 @@ def gqa_bench_config(n_kv_heads: int = 8, max_seq_len: int = 16392) -> ModelConf
     )
 
 
+# `kvlib bench gqa` recordings made before 2026-12-01 measured a step's fixed part as the step at this
+# many cached tokens (later ones fit a line over kv_len); the figure of notebook 06 labels them so
+GQA_FIXED_KV_LEN = 16
+
+
 def memory_bound_config():
     """A random-weight Llama shape of ~445 MB in float32: over ten times a large CPU's last-level cache.
 

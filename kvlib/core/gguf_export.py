@@ -79,7 +79,7 @@ def write_gguf(model: Decoder, path: str | Path, weight_type: str = "F32") -> Pa
     if weight_type not in WEIGHT_TYPES:
         raise ValueError(f"weight_type must be one of {WEIGHT_TYPES}, got {weight_type!r}")
     try:
-        import gguf
+        import gguf  # noqa: PLC0415 (optional dependency: gguf, in the peers extra)
     except ImportError as err:
         raise ImportError('writing GGUF needs the gguf package: pip install -e ".[peers]"') from err
     c, path = model.config, Path(path)

@@ -2,8 +2,8 @@
 
 RMSNorm, rotary position embeddings, a SwiGLU MLP and attention in which n_heads query heads
 share n_kv_heads key/value heads, so GQA (notebook 06) is a config change. The forward pass is
-written once: with a cache (anything with pos, update and advance, such as notebook 04's KVCache)
-only the new tokens run, and the attention through the cache is a parameter, so nothing here
+written once: with a cache (one that keeps the contract of kvlib.core.cache, such as notebook 04's
+KVCache) only the new tokens run, and the attention through the cache is a parameter, so nothing here
 imports a learner's module. Weights load with kvlib.core.weights.
 Left out on purpose: the cache itself, generation and sampling (notebook 02), dropout, padding
 masks, rope scaling.
@@ -11,6 +11,7 @@ masks, rope scaling.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -128,11 +129,12 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos.to(x.dtype) + rotate_half(x) * sin.to(x.dtype)  # (B, h, T, D) * (T, D) -> (B, h, T, D)
 
 
-def causal_mask(seq_len: int, kv_len: int, device=None) -> torch.Tensor:
+def causal_mask_tensor(seq_len: int, kv_len: int, device=None) -> torch.Tensor:
     """Boolean (seq_len, kv_len) mask; True where query i may attend to key j.
 
     Queries are the last seq_len of kv_len positions: row i allows j <= kv_len - seq_len + i.
-    The torch twin of Exercise 1.3, for the infrastructure. Example: causal_mask(2, 3) -> [[T, T, F], [T, T, T]]
+    The torch twin of Exercise 1.3 (kvlib.attention.causal_mask, numpy), for the infrastructure; a name of
+    its own, so a numpy mask is never handed to torch. Example: causal_mask_tensor(2, 3) -> [[T, T, F], [T, T, T]]
     """
     i = torch.arange(seq_len, device=device)[:, None]  # (T, 1)
     j = torch.arange(kv_len, device=device)[None, :]  # (1, S)
@@ -215,7 +217,7 @@ class Attention(nn.Module):
         assert (q.shape[1], k.shape[1]) == (self.n_heads, self.n_kv_heads), f"q {tuple(q.shape)}, k {tuple(k.shape)}"
         assert S >= T, f"{T} queries need at least {T} keys, got {S}"
         # an explicit bottom-right mask: is_causal=True would align top-left, wrong when S > T
-        mask = None if S == T else causal_mask(T, S, device=q.device)  # (T, S), True = may attend
+        mask = None if S == T else causal_mask_tensor(T, S, device=q.device)  # (T, S), True = may attend
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=self.n_kv_heads != self.n_heads
         )  # (B, H, T, D) @ (B, H_kv, D, S) -> (B, H, T, S) -> softmax @ (B, H_kv, S, D) -> (B, H, T, D)
@@ -349,12 +351,18 @@ class Decoder(nn.Module):
         With past_key_values, as in the interface of transformers (and the articles' pseudo-code):
         only the new tokens run, at positions cache.pos + i, against every cached key; each layer
         writes its keys and values with cache.update, then cache.advance(seq_len), and
-        (logits, cache) is returned. attention is how a layer reads the cache (see CacheAttention);
-        None takes the cache's own `attention` (KVCache's is Exercise 4.2).
+        (logits, cache) is returned; the contract a cache keeps is written in kvlib.core.cache. attention
+        is how a layer reads the cache (see CacheAttention); None takes the cache's own `attention`
+        (KVCache's is Exercise 4.2).
         """
         cache = past_key_values
         if cache is not None:
-            pos, attention = cache.pos, attention or cache.attention
+            pos, attention = cache.pos, attention or getattr(cache, "attention", None)
+            if attention is None:
+                raise ValueError(
+                    f"a {type(cache).__name__} has no attention method: pass model(ids, past_key_values=cache, "
+                    "attention=...) (how a layer attends through it, see kvlib.core.cache)"
+                )
         self.check_input(input_ids, pos)
         T = input_ids.shape[1]
         if cache is None:
@@ -418,8 +426,6 @@ class SlowDecoder(Decoder):
         namespaces: modules or functions whose globals imported a clock by name (from time import
         perf_counter) and should read the fake one too.
         """
-        import sys
-
         seconds = {"perf_counter": lambda: self.now, "monotonic": lambda: self.now, "time": lambda: 1.7e9 + self.now}
         fakes = {
             **seconds,

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvlib.core.cache import attention_through_cache
+
 
 class OutOfBlocks(RuntimeError):
     """The pool has fewer free blocks than asked for."""
@@ -95,32 +97,51 @@ class Request:
 
 
 class PagedView:
-    """What Decoder.forward takes as its cache for one step: the rows' block tables, positions and new slots."""
+    """What Decoder.forward takes as its cache for one step: the rows' block tables, positions and new slots.
+
+    It keeps the cache contract (kvlib.core.cache) with one position per row: update writes each new
+    token's key and value into its slot, attention runs paged attention through the tables. The view
+    owns no tokens, their block tables do: reset and truncate (forgetting or rewinding a request) are
+    the tables' work, so the view refuses them.
+    """
 
     def __init__(self, pool, tables, positions: torch.Tensor, slots: torch.Tensor, attend: Callable):
         self.pool, self.tables, self.positions, self.slots, self.attend = pool, tables, positions, slots, attend
         self.pos = int(positions.max())  # Decoder.check_input checks the furthest row against max_seq_len
 
+    @property
+    def nbytes(self) -> int:
+        return self.pool.nbytes
+
+    def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple:
+        """Write one layer's new keys and values (batch, n_kv_heads, seq_len, head_dim) into their slots.
+
+        Returns what paged attention reads besides the queries: (pool, layer, tables).
+        """
+        B, H_kv, T, D = k_new.shape
+        b, o = self.slots // self.pool.block_size, self.slots % self.pool.block_size  # (B*T,) block, offset
+        self.pool.k[layer, b, :, o] = k_new.transpose(1, 2).reshape(B * T, H_kv, D)  # row by row, as slots are
+        self.pool.v[layer, b, :, o] = v_new.transpose(1, 2).reshape(B * T, H_kv, D)
+        return self.pool, layer, self.tables
+
     def advance(self, n: int) -> None:  # the tables counted the new tokens when append made room for them
         pass
 
+    def reset(self) -> None:
+        raise ValueError("a PagedView is one step's view of the pool: free a request's blocks to forget its tokens")
+
+    def truncate(self, pos: int) -> None:
+        if pos != self.pos:
+            raise ValueError(
+                f"a PagedView is one step's view of the pool: it cannot rewind from {self.pos} to {pos!r}; "
+                "shorten a request's block table instead"
+            )
+
     @staticmethod
     def attention(attn, x, view, layer, rope_cos, rope_sin):
-        """One layer: project the new tokens at their own positions, write K/V to their slots, attend through the tables."""
-        (B, T, C), H, D = x.shape, attn.n_heads, attn.head_dim
-        at = (view.positions[:, None] + torch.arange(T)).reshape(-1)  # (B*T,) absolute positions
-        flat = x.reshape(1, B * T, C)  # every new token as one row: projections and rotary act per token
-        q = (
-            attn.project_q(flat, rope_cos[at], rope_sin[at])[0].view(H, B, T, D).transpose(0, 1)
-        )  # (H, B*T, D) -> (B, H, T, D)
-        k, v = attn.project_kv(flat, rope_cos[at], rope_sin[at])  # (1, H_kv, B*T, D)
-        b, o = view.slots // view.pool.block_size, view.slots % view.pool.block_size
-        view.pool.k[layer, b, :, o], view.pool.v[layer, b, :, o] = (
-            k[0].transpose(0, 1),
-            v[0].transpose(0, 1),
-        )  # (B*T, H_kv, D)
-        out = view.attend(q, view.pool, layer, view.tables)  # (B, H, T, D)
-        return attn.o_proj(out.transpose(1, 2).reshape(B, T, H * D))
+        """One layer: the new tokens projected at their own rows' positions, written to their slots, attended through the tables."""
+        at = view.positions[:, None] + torch.arange(x.shape[1])  # (B, T): row i's tokens from its own position
+        return attention_through_cache(attn, x, view, layer, rope_cos, rope_sin, view.attend, positions=at)
 
 
 class Engine:

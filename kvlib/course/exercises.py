@@ -77,9 +77,14 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("8.4", "Positions inside the rolling cache", "08-compress", "compress", "cache_positions"),
     Exercise("8.5", "MLA by rebuilding keys and values", "08-compress", "compress", "mla_reconstruct"),
     Exercise("8.6", "MLA with absorbed weights", "08-compress", "compress", "mla_absorbed"),
+    Exercise("9.1", "The online softmax", "09-fused", "fused", "online_softmax"),
+    Exercise("9.2", "Tiled attention, causal tiles skipped", "09-fused", "fused", "tiled_attention"),
+    Exercise("9.3", "Merge partial attentions", "09-fused", "fused", "merge_partials"),
+    Exercise("9.4", "int8 attention with folded scales", "09-fused", "fused", "int8_folded_attention"),
 )
 BY_ID = {ex.id: ex for ex in EXERCISES}
 NOTEBOOKS = tuple(dict.fromkeys(ex.notebook for ex in EXERCISES))
+LEARNER_MODULES = tuple(dict.fromkeys(ex.module for ex in EXERCISES))  # kvlib/<module>.py, in course order
 
 
 def select(selector: str | None = None) -> list[Exercise]:

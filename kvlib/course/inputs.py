@@ -33,7 +33,7 @@ def positive_int(name: str, n) -> int:
 
 
 def _is_tensor(x) -> bool:
-    import torch  # here, not at the top: see the module docstring
+    import torch  # noqa: PLC0415 (start-up time: notebook 01 runs without torch)
 
     return isinstance(x, torch.Tensor)
 
@@ -210,7 +210,7 @@ _FLOAT16 = object()  # stands for the default dtype, torch.float16, without impo
 
 
 def check_dtype(dtype):
-    import torch
+    import torch  # noqa: PLC0415 (start-up time: notebook 01 runs without torch)
 
     if dtype is not _FLOAT16 and not isinstance(dtype, torch.dtype):
         raise ValueError(f"dtype must be a torch.dtype such as torch.float16, got {dtype!r}")
@@ -321,7 +321,7 @@ def check_pool(w, n_heads, n_kv_heads):
 
 
 def check_to_gqa(model, n_kv_heads, pool=None):
-    from kvlib.core.model import Decoder  # torch: imported here, not at the top
+    from kvlib.core.model import Decoder  # noqa: PLC0415 (start-up time: notebook 01 runs without torch)
 
     if not isinstance(model, Decoder):
         raise ValueError(f"model must be a kvlib Decoder, got a {type(model).__name__}")
@@ -394,7 +394,7 @@ def check_quantize(x, dim):
 
 
 def check_int8_attention(q, k_values, k_scale, v_values, v_scale, kv_len):
-    import torch
+    import torch  # noqa: PLC0415 (start-up time: notebook 01 runs without torch)
 
     if not _is_tensor(q) or q.dim() != 4:
         raise ValueError(f"q must be (batch, n_heads, seq_len, head_dim), got {_shape(q)}")
@@ -486,3 +486,82 @@ def check_mla(q_nope, q_rope, latent, k_rope, w_uk, w_uv):
         )
     if S < T:
         raise ValueError(f"{T} queries need at least {T} cached tokens, got latent {_shape(latent)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Notebook 09: fused attention
+
+
+def _tile_size(name: str, n) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"{name} must be a positive int (tokens per tile or chunk), got {n!r}")
+
+
+def check_online_softmax(chunks):
+    if not isinstance(chunks, (list, tuple)) or not chunks:
+        raise ValueError(f"chunks must be a non-empty list of (scores, values) pairs, got {chunks!r:.60}")
+    for i, pair in enumerate(chunks):
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2 or not all(_is_tensor(t) for t in pair):
+            raise ValueError(f"chunk {i} must be a (scores, values) pair of tensors, got {type(pair).__name__}")
+        scores, values = pair
+        if scores.dim() < 1 or values.dim() != scores.dim() + 1 or tuple(values.shape[:-1]) != tuple(scores.shape):
+            raise ValueError(
+                f"chunk {i}: values must be scores' shape plus a head_dim axis, (..., c, head_dim); got scores "
+                f"{_shape(scores)} and values {_shape(values)}"
+            )
+        first = chunks[0]
+        if scores.shape[:-1] != first[0].shape[:-1] or values.shape[-1] != first[1].shape[-1]:
+            raise ValueError(
+                f"chunk {i} {_shape(scores)} / {_shape(values)} must share chunk 0's leading axes and head_dim "
+                f"({_shape(first[0])} / {_shape(first[1])}); only the chunk length may differ"
+            )
+
+
+def check_tiled_attention(q, k, v, tile):
+    _tile_size("tile", tile)
+    if not all(_is_tensor(t) and t.dim() == 4 for t in (q, k, v)):
+        raise ValueError(
+            f"q, k, v must be (batch, n_heads, tokens, head_dim), got {_shape(q)}, {_shape(k)}, {_shape(v)}"
+        )
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape (one value per key), got {_shape(k)} and {_shape(v)}")
+    if tuple(q.shape[:2]) != tuple(k.shape[:2]) or q.shape[3] != k.shape[3]:
+        raise ValueError(f"q {_shape(q)} must share k's batch, n_heads and head_dim {_shape(k)}")
+    if q.shape[2] > k.shape[2]:
+        raise ValueError(
+            f"{q.shape[2]} queries need at least as many keys (they are the last of the kv_len), got {k.shape[2]}"
+        )
+
+
+def check_merge_partials(outs, lses):
+    if not _is_tensor(outs) or not _is_tensor(lses) or outs.dim() < 2 or outs.shape[0] == 0:
+        raise ValueError(
+            f"outs must be (n_chunks >= 1, ..., head_dim) and lses (n_chunks, ...), got {_shape(outs)}, {_shape(lses)}"
+        )
+    if tuple(outs.shape[:-1]) != tuple(lses.shape):
+        raise ValueError(
+            f"lses must be outs' shape without head_dim, {tuple(outs.shape[:-1])}: one log-sum-exp per chunk "
+            f"and query, got {_shape(lses)}"
+        )
+
+
+def check_flash_decode(q, k, v, chunk):
+    _tile_size("chunk", chunk)
+    if not all(_is_tensor(t) and t.dim() == 4 for t in (q, k, v)) or q.shape[2] != 1:
+        raise ValueError(
+            f"q must be one query (batch, n_heads, 1, head_dim) and k, v (batch, n_kv_heads, kv_len, head_dim), "
+            f"got {_shape(q)}, {_shape(k)}, {_shape(v)}"
+        )
+    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3] or q.shape[1] % k.shape[1]:
+        raise ValueError(
+            f"k and v must have one shape {_shape(k)} / {_shape(v)} matching q {_shape(q)} in batch and head_dim, "
+            "with n_heads a multiple of n_kv_heads"
+        )
+
+
+def check_int8_folded(q, k_values, k_scale, v_values, v_scale, kv_len):
+    if k_scale is None or v_scale is None:
+        raise ValueError("an int8 cache needs its scales: k_scale and v_scale must be tensors, got None")
+    check_int8_attention(q, k_values, k_scale, v_values, v_scale, kv_len)
+    if q.shape[2] != 1:
+        raise ValueError(f"int8_folded_attention is a decode step: q must hold one query, got {_shape(q)}")

@@ -19,6 +19,9 @@ import numpy as np
 from matplotlib import font_manager
 from matplotlib.colors import ListedColormap
 from matplotlib.ft2font import FT2Font
+from matplotlib.patches import Patch
+
+from kvlib.core.configs import GQA_FIXED_KV_LEN
 
 # ---------------------------------------------------------------------------------------------
 # Style
@@ -558,8 +561,6 @@ def decode_step_scores(tokens):
         axes[0].set_ylabel("query")
         axes[0].set_xlabel("key")
         axes[1].set_xlabel("key (the cache holds these)")
-        from matplotlib.patches import Patch  # only this figure needs legend patches
-
         handles = [
             Patch(color=PALETTE["vermillion"], label="new: the decoded token's query against every key"),
             Patch(color=PALETTE["sky"], label="computed again: earlier steps had these"),
@@ -915,8 +916,6 @@ def gqa_decode_time(rows, *, kv_len=None, note=None):
         pred = [r["predicted_s"] * 1e3 for r in grouped]
         ax.plot(x, pred, ls="--", color=PALETTE["black"], lw=1.5, label="roofline: bytes / bandwidth (grouped)")
         if all("fixed_s" in r for r in grouped):  # recordings made before the fixed part was measured lack it
-            from kvlib.measure.bench_gqa import FIXED_KV_LEN
-
             ax.plot(
                 x,
                 [r["fixed_s"] * 1e3 for r in grouped],
@@ -925,7 +924,7 @@ def gqa_decode_time(rows, *, kv_len=None, note=None):
                 lw=2,
                 label="fixed part (intercept of a line over kv_len)"
                 if "fixed_spread_s" in grouped[0]
-                else f"fixed part ({FIXED_KV_LEN} cached tokens)",
+                else f"fixed part ({GQA_FIXED_KV_LEN} cached tokens)",
             )
         ax.set_xticks(x, [f"{h}\n{'MHA' if h == heads[0] else 'MQA' if h == 1 else 'GQA'}" for h in heads])
         ax.set_xlabel("key/value heads (n_kv_heads)")
@@ -1218,5 +1217,110 @@ def cache_schemes(labels, kib_per_token, quality, *, model="", note=None):
             "scheme to the smallest",
             loc="left",
         )
+        _note(fig, note)
+    return _finish(fig)
+
+
+# ---------------------------------------------------------------------------------------------
+# Notebook 09: fused attention
+
+
+def attention_tiles(kinds, *, tile: int, seq_len: int, kv_len: int, note=None):
+    """Which (query tile, key tile) blocks a causal tiled loop computes whole, masks, or skips.
+
+    Args:    kinds: (query tiles, key tiles) ints, 0 computed, 1 skipped, 2 masked (kvlib.measure.bench_fused)
+             tile, seq_len, kv_len: the sizes the grid was made for   note: what produced it
+    Returns: the Figure; its title gives the share of score numbers computed
+    """
+    kinds = np.asarray(kinds)
+    cmap = ListedColormap([PALETTE["blue"], MASKED_GREY, PALETTE["orange"]])
+    rows = np.minimum(tile, seq_len - tile * np.arange(kinds.shape[0]))[:, None]
+    cols = np.minimum(tile, kv_len - tile * np.arange(kinds.shape[1]))[None, :]
+    share = (rows * cols)[kinds != 1].sum() / (seq_len * kv_len)
+    with style():
+        fig, ax = plt.subplots(figsize=(7.5, 6.8))
+        fig.subplots_adjust(left=0.14, right=0.97, bottom=0.2 if note else 0.14, top=0.84)
+        edges_k = np.minimum(np.arange(kinds.shape[1] + 1) * tile, kv_len)
+        edges_q = np.minimum(np.arange(kinds.shape[0] + 1) * tile, seq_len)
+        ax.pcolormesh(edges_k, edges_q, kinds, cmap=cmap, vmin=0, vmax=2, edgecolors="white", linewidth=1.5)
+        ax.plot([kv_len - seq_len, kv_len], [0, seq_len], color=PALETTE["black"], lw=1.5, label="causal diagonal")
+        ax.set_ylim(seq_len, 0)  # query 0 on top, as a matrix is written
+        ax.set_xlim(0, kv_len)
+        ax.set_xlabel("key position (tokens)")
+        ax.set_ylabel("query (tokens)")
+        handles = [
+            Patch(color=PALETTE["blue"], label=f"computed ({(kinds == 0).sum()})"),
+            Patch(color=PALETTE["orange"], label=f"masked, on the diagonal ({(kinds == 2).sum()})"),
+            Patch(color=MASKED_GREY, label=f"skipped, all future ({(kinds == 1).sum()})"),
+        ]
+        ax.legend(handles=handles, loc="lower left", fontsize=10, framealpha=0.9)
+        ax.set_title(
+            f"Tiles of {tile}: {share:.0%} of the {seq_len} x {kv_len} scores computed\n"
+            f"({kinds.size} tiles, {(kinds == 1).sum()} never touched)",
+            loc="left",
+        )
+        _note(fig, note)
+    return _finish(fig)
+
+
+def fused_memory(memory_rows, decode_rows, *, note=None):
+    """Left: peak memory of causal attention per way and length (measured). Right: one decode step's
+    attention, bytes it reads from memory per way and cached length (bars) and its measured time (labels).
+
+    Args:    memory_rows: bench_fused.memory_rows()["rows"]   decode_rows: bench_fused.decode_rows()["rows"]
+    Returns: the Figure; its title gives the measured naive/tiled ratio at the longest length
+    """
+    with style():
+        fig, (left, right) = plt.subplots(1, 2, figsize=(13.5, 6))
+        fig.subplots_adjust(left=0.08, right=0.98, bottom=0.27 if note else 0.2, top=0.8, wspace=0.3)
+        n = [r["seq_len"] for r in memory_rows]
+        for way, color, marker in (("naive", "vermillion", "o"), ("tiled", "blue", "s"), ("sdpa", "green", "^")):
+            label = {
+                "naive": "naive (whole score matrix)",
+                "tiled": "tiled (your 9.2)",
+                "sdpa": "SDPA (torch's kernel)",
+            }
+            left.plot(
+                n,
+                [r[f"{way}_peak_bytes"] / 2**20 for r in memory_rows],
+                marker=marker,
+                color=PALETTE[color],
+                label=label[way],
+            )
+        left.set_xscale("log", base=2)
+        left.set_yscale("log")
+        left.set_xticks(n, [f"{x:,}" for x in n])
+        left.set_xlabel("seq_len = kv_len (tokens)")
+        left.set_ylabel("peak memory during the call (MiB)")
+        left.legend(fontsize=10)
+        last = memory_rows[-1]
+        left.set_title(
+            f"Peak memory, measured: naive / tiled = {last['naive_peak_bytes'] / last['tiled_peak_bytes']:.0f}x "
+            f"at {last['seq_len']:,}",
+            loc="left",
+            fontsize=14,
+        )
+        ways = list(decode_rows[0]["ways"])
+        width = 0.8 / len(ways)
+        for i, way in enumerate(ways):
+            x = np.arange(len(decode_rows)) + (i - (len(ways) - 1) / 2) * width
+            mib = [r["ways"][way]["bytes_read"] / 2**20 for r in decode_rows]
+            bars = right.bar(x, mib, width, color=COLORS[i], label=way)
+            for bar, r in zip(bars, decode_rows):
+                right.text(
+                    bar.get_x() + bar.get_width() / 2,
+                    bar.get_height() * 1.05,
+                    f"{r['ways'][way]['median_s'] * 1e3:.1f}",
+                    ha="center",
+                    fontsize=10,
+                    rotation=90,
+                )
+        right.set_yscale("log")
+        right.set_xticks(np.arange(len(decode_rows)), [f"{r['kv_len']:,}" for r in decode_rows])
+        right.set_xlabel("cached tokens")
+        right.set_ylabel("bytes read per step (MiB)")
+        right.set_ylim(top=max(r["ways"][w]["bytes_read"] for r in decode_rows for w in ways) / 2**20 * 12)
+        right.legend(fontsize=10, loc="upper left", ncol=2)
+        right.set_title("A decode step's attention: bytes read\n(labels: measured ms)", loc="left", fontsize=14)
         _note(fig, note)
     return _finish(fig)

@@ -1,16 +1,17 @@
 """Classroom grading with nbgrader that a submission's code cannot fool (docs/instructors.md).
 
-  kvlib course init DIR        an nbgrader course folder (kvlib.app.course_folder)
-  IsolatedGrading              the autograde preprocessor: each graded cell's score comes from its
-                               check, run here on numbers from an isolated child (preprocessor.py)
-  RestoreCells                 sanitizing: the source's graded and locked cells back, whatever
-                               the submission did to them (preprocessor.py)
-  SandboxExecute               nbgrader's Execute with the notebook's kernel in a jail and a time
-                               budget per notebook (execute.py)
-  autograde.install()          `nbgrader autograde` screens each submission for links before it
-                               copies anything (autograde.py, submission.py)
-  NoteRefusedFiles             sanitizing: the refused files, named at the top of the graded notebook
-  HideHiddenTests              generate_feedback: graded cells without their hidden tests
+preprocessor.py     IsolatedGrading, the autograde preprocessor: each graded cell's score comes from
+                    its check, run here on numbers from an isolated child; RestoreCells (sanitizing:
+                    the source's graded and locked cells back), NoteRefusedFiles, HideHiddenTests
+execute.py          SandboxExecute: nbgrader's Execute with the kernel jailed, a time budget per notebook
+checks_registry.py  which checks grade a notebook, and which of them run in the isolated child
+sandbox.py          the grader's side of isolated checking: the child runs the learner's functions
+_child.py           the isolated child, the only process that runs a submission's kvlib code
+_kernel_boot.py     starts an IPython kernel inside the jail
+jail.py             a throwaway root for one untrusted process (the kernel, or the child)
+autograde.py        `nbgrader autograde` that screens each submission for links before it copies it
+submission.py       what of a submission the grader reads: real files only, never through a link
+The course folder these run in is `kvlib course init DIR` (kvlib.app.course_folder).
 Not here: the checks themselves (kvlib.checks).
 """
 
@@ -21,15 +22,15 @@ __all__ = ["HideHiddenTests", "IsolatedGrading", "NoteRefusedFiles", "RestoreCel
 
 def __getattr__(name: str):
     if name == "IsolatedGrading":
-        from kvlib.grading.preprocessor import IsolatedGrading
+        from kvlib.grading.preprocessor import IsolatedGrading  # noqa: PLC0415 (start-up time: kvlib.grading's own modules import without nbgrader)
 
         return IsolatedGrading
     if name in ("RestoreCells", "NoteRefusedFiles", "HideHiddenTests"):
-        from kvlib.grading import preprocessor
+        from kvlib.grading import preprocessor  # noqa: PLC0415 (start-up time: kvlib.grading's own modules import without nbgrader)
 
         return getattr(preprocessor, name)
     if name == "SandboxExecute":
-        from kvlib.grading.execute import SandboxExecute
+        from kvlib.grading.execute import SandboxExecute  # noqa: PLC0415 (start-up time: kvlib.grading's own modules import without nbgrader)
 
         return SandboxExecute
     raise AttributeError(f"module 'kvlib.grading' has no attribute {name!r}")

@@ -10,6 +10,7 @@ Stdlib and numpy only (this file is copied into the jail; kvlib is the learner's
 
 import contextlib
 import functools
+import importlib
 import io
 import json
 import os
@@ -188,12 +189,8 @@ def decode(np, torch, head, files, node):
     if t == "dtype":
         return getattr(torch, node["v"])
     if t == "config":
-        import importlib
-
         return importlib.import_module("kvlib.core.model").ModelConfig(**node["v"])
     if t == "decoder":  # the child's kvlib.core.model (the instructor's file), loaded with the weights sent
-        import importlib
-
         model = importlib.import_module("kvlib.core.model")
         config = model.ModelConfig(**node["config"])
         decoder = (
@@ -206,8 +203,6 @@ def decode(np, torch, head, files, node):
         decoder.load_state_dict(state)
         return decoder.train(node.get("training") is True)
     if t == "attention":
-        import importlib
-
         model = importlib.import_module("kvlib.core.model")
         z = node["sizes"]
         config = model.ModelConfig(
@@ -249,8 +244,6 @@ def decode(np, torch, head, files, node):
     if t == "dict":
         return dict(zip(node["keys"], (decode(np, torch, head, files, x) for x in node["items"])))
     if t == "request":  # the child's kvlib.core.paging.Request (the instructor's file)
-        import importlib
-
         values = [decode(np, torch, head, files, x) for x in node["items"]]
         return importlib.import_module("kvlib.core.paging").Request(*values)
     raise ValueError(f"unknown node {t!r}")
@@ -306,11 +299,11 @@ def main() -> None:
         os.environ[k] = "1"
     sys.path.extend(cfg["site"])
     try:
-        import numpy as np  # the real one, from site-packages, before any learner code
+        import numpy as np  # noqa: PLC0415 (isolated child: the real numpy, from the site-packages just put on sys.path, before any learner code)
 
         torch = None
         if cfg.get("torch"):
-            import torch
+            import torch  # noqa: PLC0415 (isolated child: site-packages join sys.path just above)
 
             torch.set_num_threads(1)
     except BaseException as err:
@@ -323,8 +316,6 @@ def main() -> None:
     modules = {}
     reply = Encoder(np, torch)
     try:
-        import importlib
-
         for m in cfg["modules"]:
             modules[m] = importlib.import_module(f"kvlib.{m}")
         ready = {"status": "ready"}
@@ -390,8 +381,6 @@ def main() -> None:
             if req.get(
                 "watch"
             ):  # the allocations the call makes (or, watch "flops", its matmul FLOPs), instead of its result
-                import importlib
-
                 measure = importlib.import_module("kvlib.measure.timing")
                 result = (measure.matmul_flops if req["watch"] == "flops" else measure.new_tensors)(fn, *args, **kwargs)
             else:

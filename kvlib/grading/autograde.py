@@ -29,6 +29,8 @@ import shutil
 from pathlib import Path
 
 import nbformat
+import nbgrader.apps.api
+import nbgrader.apps.autogradeapp
 from nbconvert.exporters.exporter import ResourcesDict
 from nbgrader.converters import Autograde
 from nbgrader.converters.base import BaseConverter
@@ -176,9 +178,6 @@ class LinkKeepingCollect(ExchangeCollect):
 
 def install() -> None:
     """Make `nbgrader autograde` (and the formgrader's Autograde button) use ScreenedAutograde."""
-    import nbgrader.apps.api
-    import nbgrader.apps.autogradeapp
-
     nbgrader.apps.autogradeapp.Autograde = ScreenedAutograde
     nbgrader.apps.api.Autograde = ScreenedAutograde
 

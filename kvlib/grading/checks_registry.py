@@ -12,14 +12,15 @@ from pathlib import Path
 
 from nbgrader.coursedir import CourseDirectory
 
+from kvlib import checks
+from kvlib.course.exercises import LEARNER_MODULES
+
 _loaded_extras: set[str] = set()
 
 
 def load_checks(extra: list[str], root: Path) -> dict:
     """kvlib's checks plus the instructor's: module names, or .py files relative to the course
     folder, whose @check functions register themselves (kvlib.checks.check)."""
-    from kvlib import checks
-
     checks._load_all()
     for entry in extra:
         if entry in _loaded_extras:
@@ -38,16 +39,18 @@ def load_checks(extra: list[str], root: Path) -> dict:
     return checks.CHECKS
 
 
-# Exercise modules whose functions the proxy can carry to the isolated child: they take numbers,
-# arrays, tensors (int8 too), dtypes, ModelConfigs, Decoders and Attention layers (config and
-# weights; a Decoder that comes back is rebuilt by the grader's own kvlib.core.model), functions to
-# call back (replayed from the child's record), torch Generators (their state, carried both ways),
-# kvlib.core.paging Requests (their numbers) and the learner's own objects (a KVCache, BlockPool,
-# BlockTable, Scheduler or SinkCache stays in the child, used through a handle). A module of a
-# later notebook whose checks need something else is graded the usual nbgrader way, in the
-# (jailed) kernel, until it is added here: that keeps the gradebook, the secret and the solutions
-# out of reach but can be fooled by the submission's own code.
-PROXYABLE_MODULES = {"attention", "generation", "recompute", "kv_cache", "roofline", "gqa", "serving", "compress"}
+# The learner modules whose functions the proxy carries to the isolated child: every module of the
+# exercise table but NOT_PROXYABLE. Their functions take numbers, arrays, tensors (int8 too),
+# dtypes, ModelConfigs, Decoders and Attention layers (config and weights; a Decoder that comes back
+# is rebuilt by the grader's own kvlib.core.model), functions to call back (replayed from the
+# child's record), torch Generators (their state, carried both ways), kvlib.core.paging Requests
+# (their numbers) and the learner's own objects (a KVCache, BlockPool, BlockTable, Scheduler or
+# SinkCache stays in the child, used through a handle). A module of a later notebook whose checks
+# need something else is graded the usual nbgrader way, in the (jailed) kernel while it is in
+# NOT_PROXYABLE: that keeps the gradebook, the secret and the solutions out of reach but can be
+# fooled by the submission's own code.
+NOT_PROXYABLE: set[str] = set()
+PROXYABLE_MODULES = set(LEARNER_MODULES) - NOT_PROXYABLE
 
 
 def isolatable(check) -> bool:

@@ -8,7 +8,8 @@ notebook's folder (read-only), the site-packages (read-only) and a fresh /tmp, w
 Jupyter talks to it over Unix sockets in a folder bound into the jail, not over localhost. Scores do not depend on what the
 kernel prints (IsolatedGrading replaces the graded cells' outputs); the kernel's run gives the
 learner their notebook's outputs in the feedback.
-Not here: the scores (preprocessor.py).
+Every other notebook run (present --check, Validate, the tests) waits for the kernel the same way
+(SteppedNotebookClient, SteppedKernelClient). Not here: the scores (preprocessor.py).
 """
 
 from __future__ import annotations
@@ -24,12 +25,15 @@ from pathlib import Path
 from queue import Empty
 from time import monotonic
 
+from jupyter_client.asynchronous import AsyncKernelClient
+from jupyter_client.channels import AsyncZMQSocketChannel
 from jupyter_client.manager import AsyncKernelManager
+from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbclient.util import run_sync
 from nbformat.v4 import new_output
 from nbgrader.preprocessors import Execute
-from traitlets import Bool, Integer, List, Unicode
+from traitlets import Bool, Integer, List, Type, Unicode
 from traitlets.config import Configurable
 
 from kvlib.grading.checks_registry import isolated_check_names
@@ -37,9 +41,15 @@ from kvlib.grading.jail import Jail, Limits, detect_mode, jail_python, site_dirs
 
 
 def _chunked(get_msg, step: float = 0.5):
-    """get_msg that waits in short steps. With this jupyter_client/pyzmq, a reply that arrives
-    while many widget messages flow is sometimes noticed only when the wait times out, which
-    made one cell in three of notebook 01's widget cell take the full Execute.timeout."""
+    """get_msg that waits in short steps, each ending in a real zmq poll of the socket.
+
+    A reply is sometimes never noticed by the asyncio wait: zmq.asyncio wakes on the socket's
+    edge-triggered FD, and that wake-up is lost now and then while the other channel is busy (notebook
+    01's widget cell floods iopub with comm messages). One run in 20 of notebook 01 then stalled: the
+    kernel sent the last cell's execute_reply at 4.0 s, and the wait for it, begun at 3.7 s, returned it
+    at 63.7 s, exactly its 60 s timeout, because pyzmq polls the socket itself once the timeout fires.
+    A step of 0.5 s makes that same poll happen twice a second: a lost wake-up costs at most a step,
+    and the cell's own timeout is unchanged."""
 
     async def chunked(timeout=None, **kw):
         deadline = None if timeout is None else monotonic() + timeout
@@ -52,6 +62,40 @@ def _chunked(get_msg, step: float = 0.5):
                     raise
 
     return chunked
+
+
+def poll_in_steps(kc):
+    """Make a kernel client's shell and iopub waits poll in steps (see _chunked); returns kc."""
+    for channel in (kc.shell_channel, kc.iopub_channel):
+        channel.get_msg = _chunked(channel.get_msg)
+    return kc
+
+
+class SteppedNotebookClient(NotebookClient):
+    """nbclient's NotebookClient whose waits for the kernel survive a lost wake-up (poll_in_steps).
+
+    Every path that runs a notebook uses it: `kvlib present --check`, the notebook tests."""
+
+    async def async_start_new_kernel_client(self):
+        return poll_in_steps(await super().async_start_new_kernel_client())
+
+    start_new_kernel_client = run_sync(async_start_new_kernel_client)  # the sync setup_kernel calls this one
+
+
+class SteppedChannel(AsyncZMQSocketChannel):
+    """jupyter_client's async channel whose get_msg waits in steps (see _chunked)."""
+
+    async def get_msg(self, timeout=None):
+        return await _chunked(super().get_msg)(timeout=timeout)
+
+
+class SteppedKernelClient(AsyncKernelClient):
+    """An async kernel client with stepped shell and iopub waits, for `nbgrader validate` (the Validate
+    button), which builds nbgrader's own Execute: nbgrader_config.py names it as
+    c.AsyncKernelManager.client_class."""
+
+    shell_channel_class = Type(SteppedChannel)
+    iopub_channel_class = Type(SteppedChannel)
 
 
 def _without_hidden_tests(source: str) -> str:
@@ -232,10 +276,7 @@ class SandboxExecute(Execute):
                 self.km._cleanup_jail()
 
     async def async_start_new_kernel_client(self):
-        kc = await super().async_start_new_kernel_client()
-        for channel in (kc.shell_channel, kc.iopub_channel):
-            channel.get_msg = _chunked(channel.get_msg)
-        return kc
+        return poll_in_steps(await super().async_start_new_kernel_client())
 
     start_new_kernel_client = run_sync(async_start_new_kernel_client)  # the sync setup_kernel calls this one
 

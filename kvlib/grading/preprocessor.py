@@ -32,6 +32,7 @@ from nbgrader.preprocessors import ClearHiddenTests, NbGraderPreprocessor
 from traitlets import Bool, Float, Integer, List, Unicode
 
 from kvlib.course.exercises import EXERCISES
+from kvlib.course.hints import stuck
 from kvlib.grading.checks_registry import isolatable, load_checks
 from kvlib.grading.execute import GradingJail
 from kvlib.grading.sandbox import Sandbox, SetupError, describe, package_files
@@ -162,7 +163,7 @@ class IsolatedGrading(NbGraderPreprocessor):
         except SetupError:
             raise
         except Exception as err:  # the check's AssertionError, or the learner's code failing
-            return False, describe(err)
+            return False, f"{describe(err)} {stuck(check.exercise.id)}"  # hints never change points
         return True, check.doc
 
     def _sandbox(self, coursedir: CourseDirectory, student: str, assignment: str, used) -> Sandbox:

@@ -19,6 +19,7 @@ Not here: which files and checks (kvlib.grading.preprocessor), the jail itself (
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import os
@@ -27,6 +28,7 @@ import select
 import shutil
 import struct
 import subprocess
+import sys
 import tempfile
 import time
 import zipfile
@@ -96,8 +98,6 @@ _CORE_EXCEPTIONS = ("OutOfBlocks",)  # raised in the child (by kvlib.core.paging
 
 
 def _graders_own(name: str):
-    import importlib
-
     return getattr(importlib.import_module(_GRADERS_OWN[name]), name)
 
 
@@ -152,7 +152,7 @@ def _check_node(node, files: dict, depth: int = 0, origin: tuple | None = None):
                 raise SandboxError("a malformed reply")
             return arr[()]
         if t == "tensor":
-            import torch
+            import torch  # noqa: PLC0415 (start-up time: a numpy-only notebook's grading loads no torch)
 
             dtype = node.get("dtype")
             if dtype not in _TENSOR_DTYPES:
@@ -189,7 +189,7 @@ def _check_node(node, files: dict, depth: int = 0, origin: tuple | None = None):
             raise SandboxError("a Request whose id, prompt, max_new_tokens or tokens are not ints")
         return _graders_own("Request")(rid, prompt, max_new, out)
     if t == "generator":
-        import torch
+        import torch  # noqa: PLC0415 (start-up time: a numpy-only notebook's grading loads no torch)
 
         arr = files.get(node.get("k"))
         if arr is None or arr.dtype != np.uint8 or arr.ndim != 1 or arr.size > 1 << 16:
@@ -225,9 +225,9 @@ def _decoder(config, names: list[str], tensors: list):
     """A kvlib Decoder rebuilt here, by the grader's own kvlib.core.model, from the config and weights a
     child sent: its forward is ours, whatever the submission's code was; the weights must be
     exactly the ones its config calls for."""
-    import torch
+    import torch  # noqa: PLC0415 (start-up time: a numpy-only notebook's grading loads no torch)
 
-    from kvlib.core.model import Decoder, ModelConfig, decode_layout, rotary_tables
+    from kvlib.core.model import Decoder, ModelConfig, decode_layout, rotary_tables  # noqa: PLC0415 (start-up time: a numpy-only notebook's grading loads no torch)
 
     if not isinstance(config, dict) or not all(
         isinstance(k, str) and type(v) in (int, float) for k, v in config.items()
@@ -255,14 +255,14 @@ def _decoder(config, names: list[str], tensors: list):
 
 
 def _model():
-    import kvlib.core.model
+    import kvlib.core.model  # noqa: PLC0415 (start-up time: a numpy-only notebook's grading loads no torch)
 
     return kvlib.core.model
 
 
 def _mirror(local, node, files) -> None:
     """Copy into a grader-side argument what the call did to the child's copy of it (in place)."""
-    import torch
+    import torch  # noqa: PLC0415 (start-up time: a numpy-only notebook's grading loads no torch)
 
     if node is None or not isinstance(node, dict):
         return
@@ -787,14 +787,10 @@ def describe(err: BaseException) -> str:
 
 
 def _torch_if_loaded():
-    import sys
-
     return sys.modules.get("torch")
 
 
 def _plain_python() -> str:
-    import sys
-
     return sys.executable
 
 

@@ -27,7 +27,9 @@ import numpy as np
 import torch
 
 from kvlib.core.configs import gpt2_size_config, quick_cache_config
+from kvlib.core.gguf_export import write_gguf
 from kvlib.core.model import Decoder, matrix_params
+from kvlib.core.weights import load_tiny, to_transformers
 from kvlib.measure import timing
 from kvlib.measure.compiled import compiled_way
 from kvlib.measure.peers import LlamaCpp, kvlib_way, llama_cpp_available, transformers_way
@@ -84,9 +86,8 @@ def _summary(values: list[float]) -> dict:
 
 def _model_ways(model, threads: int, n_ctx: int, folder: Path, llama: bool, compiled: bool) -> tuple[dict, dict]:
     """way name -> run(ids, n) for one model, and what could not run (way -> why)."""
-    from kvlib.core.weights import to_transformers
-    from kvlib.generation import generate
-    from kvlib.kv_cache import generate_cached
+    from kvlib.generation import generate  # noqa: PLC0415 (late binding: runs the learner's code)
+    from kvlib.kv_cache import generate_cached  # noqa: PLC0415 (late binding: runs the learner's code)
 
     hf = to_transformers(model)
     # the same model with every weight row after row in memory (nn.Linear's default) instead of the order
@@ -108,8 +109,6 @@ def _model_ways(model, threads: int, n_ctx: int, folder: Path, llama: bool, comp
     else:
         missing["kvlib_compiled"] = "--quick skips it: compiling takes tens of seconds per model"
     if llama:
-        from kvlib.core.gguf_export import write_gguf
-
         for key, kind in (("llama_f32", "F32"), ("llama_q8_0", "Q8_0")):
             path = write_gguf(model, folder / f"model-{kind}.gguf", kind)
             ways[key] = LlamaCpp(path, n_ctx=n_ctx, threads=threads)
@@ -239,8 +238,6 @@ def bench_cache(
     rounds: interleaved rounds per model (default 5; 2 with quick). llama: run llama.cpp (default:
     when llama-cpp-python and gguf are installed).
     """
-    from kvlib.core.weights import load_tiny
-
     rounds = rounds or (2 if quick else 5)
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
@@ -257,13 +254,13 @@ def bench_cache(
             )
         record = timing.environment("cpu", dtype="float32", threads_requested=threads)
     try:
-        import transformers
+        import transformers  # noqa: PLC0415 (optional dependency: transformers, in the dev extra)
 
         record["transformers"] = transformers.__version__
     except ImportError:
         pass
     if llama:
-        import llama_cpp
+        import llama_cpp  # noqa: PLC0415 (optional dependency: llama_cpp, in the peers extra)
 
         record["llama_cpp_python"] = llama_cpp.__version__
     return {"benchmark": "cache", "quick": quick, "record": record, "results": results}

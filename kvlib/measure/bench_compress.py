@@ -7,9 +7,11 @@ two ways of attending counted in FLOPs and bytes. Quality is kvlib.study.compres
 
 from __future__ import annotations
 
+import datetime
 import math
 import statistics
 import time
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -17,9 +19,11 @@ import torch.nn.functional as F
 from kvlib.core.configs import MLA_MODELS, REAL_MODELS, gqa_bench_config
 from kvlib.core.flops import matmul_flops
 from kvlib.core.model import ModelConfig, num_params
-from kvlib.measure.compressed import GROUP, Int8KVCache
+from kvlib.core.weights import load_tiny
 from kvlib.measure.machine import measure_bandwidth
 from kvlib.measure.timing import environment, num_threads
+from kvlib.study import compress_quality
+from kvlib.variants.compressed import GROUP, Int8KVCache
 
 # ---------------------------------------------------------------------------------------------
 # Bytes per token per layer, every scheme of the course
@@ -73,8 +77,6 @@ def bytes_table(window: int = 4096, n_sink: int = 4, context: int = 32768) -> li
     and where one sequence's cache outweighs the weights. 16-bit numbers (scales too) unless stated;
     the tiny model in float32, as it runs here. Window rows: Mistral 7B's 4,096 (arXiv 2310.06825) with
     StreamingLLM's 4 sinks (arXiv 2309.17453)."""
-    from kvlib.core.weights import load_tiny
-
     rows = []
 
     def add(model, scheme, label, per_layer, n_layers, weights, note="", cached=None):
@@ -211,9 +213,7 @@ def mla_step_cost(m, kv_len: int, path: str, bytes_per_number: int = 2) -> dict:
 def mla_counted_flops(kv_len: int = 64, seed: int = 0) -> dict:
     """torch.utils.flop_counter's count of the learner's 8.5 and 8.6 on a small MLA (batch 1, one query),
     beside mla_step_cost's formula for the same sizes: the formula is checked, not assumed."""
-    from types import SimpleNamespace
-
-    from kvlib.compress import mla_absorbed, mla_reconstruct
+    from kvlib.compress import mla_absorbed, mla_reconstruct  # noqa: PLC0415 (late binding: runs the learner's code)
 
     g = torch.Generator().manual_seed(seed)
     m = SimpleNamespace(n_heads=4, nope_dim=16, rope_dim=8, v_dim=12, kv_rank=32)
@@ -237,7 +237,7 @@ def mla_counted_flops(kv_len: int = 64, seed: int = 0) -> dict:
 
 def _speed_cases(kv_len: int, config: ModelConfig, seed: int = 0):
     """q, a float32 cache (n_layers, 1, H_kv, S, D) x 2, and the same numbers in an Int8KVCache."""
-    from kvlib.compress import dequantize, int8_attention
+    from kvlib.compress import dequantize, int8_attention  # noqa: PLC0415 (late binding: runs the learner's code)
 
     g = torch.Generator().manual_seed(seed)
     L, H_kv, D = config.n_layers, config.n_kv_heads, config.head_dim
@@ -345,11 +345,6 @@ def speed(
 
 def bench_compress(threads: int = 1, quick: bool = False, device: str = "cpu") -> dict:
     """Bytes of every scheme, the tiny model's quality with each cache, int8 against float32 timed, MLA's two paths counted."""
-    import datetime
-
-    from kvlib.core.weights import load_tiny
-    from kvlib.study import compress_quality
-
     if torch.device(device).type != "cpu":
         raise ValueError("kvlib bench compress runs on the CPU only: its speed question is one CPU thread's")
     model, tokenizer = load_tiny()

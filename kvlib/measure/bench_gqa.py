@@ -1,12 +1,15 @@
 """`kvlib bench gqa` (notebook 06): one decode step at long context against n_kv_heads, attention done
 three ways: materialised (repeat_kv, Exercise 6.1, then MHA attention), grouped (Exercise 6.2) and
 torch's SDPA with enable_gqa; and, in the benchmark only, grouped with the cache read in chunks
-(split_k_attention, flash-decoding's split-K). Here too the ways themselves, for notebook 06 to
-compare, and the bytes a step must move. Every step runs through the model's one forward pass with a KVCache.
+(split_k_attention, flash-decoding's split-K). The ways themselves and the bytes a step moves are in
+kvlib.variants.gqa_attention; here the driver and its tables. Every step runs through the model's one
+forward pass with a KVCache (kvlib.core.cache.attention_through_cache around each way).
 """
 
 from __future__ import annotations
 
+import datetime
+import functools
 import math
 import statistics
 import time
@@ -15,56 +18,16 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from kvlib.core.cache import attention_through_cache
 from kvlib.core.configs import gqa_bench_config
-from kvlib.core.model import Decoder, causal_mask, matrix_params
+from kvlib.core.model import Decoder
 from kvlib.measure import timing
 from kvlib.measure.machine import measure_bandwidth
 from kvlib.measure.timing import new_tensors
+from kvlib.variants.gqa_attention import BENCH_ATTENTION, decode_bytes
 
 # ---------------------------------------------------------------------------------------------
-# Attention two ways: copy the shared heads out to every query head, or read them in place
-
-
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """softmax(q k^T / sqrt(D)) v with one key/value head per query head (MHA), bottom-right causal.
-
-    q (batch, n_heads, seq_len, head_dim), k and v (batch, n_heads, kv_len, head_dim) -> like q.
-    The T queries are the last T of the S positions (a decode step: T = 1 against the whole cache).
-    """
-    assert q.shape[1] == k.shape[1], (
-        f"causal_attention needs as many key heads as query heads: q {tuple(q.shape)}, k {tuple(k.shape)}"
-    )
-    T, S, D = q.shape[2], k.shape[2], q.shape[3]
-    scores = (k @ q.transpose(-2, -1)).transpose(-2, -1) / math.sqrt(
-        D
-    )  # = q @ k^T, (B, H, T, S); see grouped_attention
-    if T > 1:  # one query (a decode step) may attend to every key: no mask to build or apply
-        scores = scores.masked_fill(~causal_mask(T, S, device=q.device), float("-inf"))  # (T, S), True = may attend
-    return scores.softmax(dim=-1) @ v  # (B, H, T, S) @ (B, H, S, D)
-
-
-def materialised_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """GQA the copying way: repeat_kv (Exercise 6.1) the cached heads out to n_heads, then MHA attention.
-
-    Right answer, but every decode step writes and reads n_heads heads of keys and values again:
-    the cache is small, the traffic is MHA's and more.
-    """
-    from kvlib.gqa import repeat_kv
-
-    group_size = q.shape[1] // k.shape[1]
-    # .contiguous(): for batch 1 and one KV head reshape can hand back a view; copying code copies always
-    k, v = repeat_kv(k, group_size).contiguous(), repeat_kv(v, group_size).contiguous()  # (B, H, S, D) each
-    return causal_attention(q, k, v)  # (B, H, T, D)
-
-
-def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """The library's way, for comparison: scaled_dot_product_attention with enable_gqa (torch >= 2.5)."""
-    T, S = q.shape[2], k.shape[2]
-    # one query (a decode step) attends to every key: no mask, which also lets a GPU pick its fused kernels
-    mask = None if T == 1 else causal_mask(T, S, device=q.device)  # (T, S), True = may attend
-    return torch.nn.functional.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1]
-    )
+# What an attention allocates, and a decode step with a chosen attention, through the model's forward pass
 
 
 def largest_new_tensor(fn: Callable, *args) -> tuple[str, tuple[int, ...]]:
@@ -76,75 +39,6 @@ def largest_new_tensor(fn: Callable, *args) -> tuple[str, tuple[int, ...]]:
     return max(made, key=lambda m: math.prod(m[1]), default=("none", ()))
 
 
-def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """The learner's grouped_attention (Exercise 6.2), looked up when it runs."""
-    from kvlib.gqa import grouped_attention
-
-    return grouped_attention(q, k, v)
-
-
-ATTENTION: dict[str, Callable] = {  # the three ways notebook 06 and `kvlib bench gqa` time
-    "materialised": materialised_attention,
-    "grouped": grouped_attention,
-    "sdpa": sdpa_attention,
-}
-
-
-def split_k_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
-    """Grouped attention for one decode step, the cache read in chunks merged by the online softmax.
-
-    What flash-decoding (split-K) does: each chunk of `chunk` cached tokens (1,024 x 64 numbers of
-    keys and as many of values per KV head: about 1 MB for GQA-2, one core's L2 here) gives its own
-    max m, sum l = sum exp(s - m) and output o = exp(s - m) @ v; chunks merge by rescaling each
-    with exp(m - new max). Same result as grouped_attention up to rounding. On a GPU the point is
-    parallelism, chunks on different processors when batch x heads is too small to fill the chip;
-    on one CPU core it can only gain from locality. `kvlib bench gqa` times it beside the others.
-    q (batch, n_heads, 1, head_dim): one query per head; k, v (batch, n_kv_heads, kv_len, head_dim).
-    """
-    (B, H, T, D), (H_kv, S) = q.shape, k.shape[1:3]
-    if T != 1:
-        raise ValueError(f"split_k_attention is for a decode step, one query per head: got q of shape {tuple(q.shape)}")
-    if H % H_kv or chunk < 1:
-        raise ValueError(f"n_heads {H} must be a multiple of n_kv_heads {H_kv}, and chunk ({chunk}) at least 1")
-    q = q.reshape(B, H_kv, H // H_kv, D) / math.sqrt(D)  # (B, H_kv, G, D): a group's queries as rows
-    m = l = o = None
-    for a in range(0, S, chunk):
-        s = (k[:, :, a : a + chunk] @ q.transpose(-2, -1)).transpose(-2, -1)  # (B, H_kv, G, c), as grouped_attention
-        m_c = s.amax(dim=-1, keepdim=True)  # (B, H_kv, G, 1)
-        p = (s - m_c).exp_()
-        l_c, o_c = p.sum(dim=-1, keepdim=True), p @ v[:, :, a : a + chunk]  # (B, H_kv, G, 1), (B, H_kv, G, D)
-        if m is None:
-            m, l, o = m_c, l_c, o_c
-        else:  # rescale both to the larger max, then add
-            new = torch.maximum(m, m_c)
-            old_scale, chunk_scale = (m - new).exp_(), (m_c - new).exp_()
-            m, l, o = new, l * old_scale + l_c * chunk_scale, o * old_scale + o_c * chunk_scale
-    return (o / l).view(B, H, 1, D)
-
-
-BENCH_ATTENTION = {**ATTENTION, "split-k": split_k_attention}  # `kvlib bench gqa` also times split-K, for GQA
-
-# ---------------------------------------------------------------------------------------------
-# A decode step with a chosen attention, through the model's forward pass with a cache
-
-
-def attention_with(attend: Callable) -> Callable:
-    """A layer's attention through a cache (the model's CacheAttention) whose core is attend(q, k, v).
-
-    Projections and rotary at the new tokens' absolute positions, keys and values written with
-    cache.update, then attend(q (B, H, T, D), k, v (B, H_kv, S, D)) and the output projection.
-    """
-
-    def attention(attn, x, cache, layer, rope_cos, rope_sin):
-        B, T, _ = x.shape
-        cos, sin = rope_cos[cache.pos : cache.pos + T], rope_sin[cache.pos : cache.pos + T]  # (T, D)
-        q = attn.project_q(x, cos, sin)  # (B, H, T, D)
-        k, v = cache.update(layer, *attn.project_kv(x, cos, sin))  # (B, H_kv, S, D), S = pos + T
-        return attn.o_proj(attend(q, k, v).transpose(1, 2).reshape(B, T, -1))  # (B, H, T, D) -> (B, T, C)
-
-    return attention
-
-
 @torch.inference_mode()
 def decode_step_with(model: Decoder, token: torch.Tensor, cache, attend: Callable) -> torch.Tensor:
     """One decode step of model for token (batch,) at position cache.pos, attention done by `attend`.
@@ -154,29 +48,16 @@ def decode_step_with(model: Decoder, token: torch.Tensor, cache, attend: Callabl
     with update), then pos is set back, so the same step can be timed again and again at one
     kv_len. Returns the logits (batch, vocab_size).
     """
-    pos = cache.pos
-    logits, _ = model(token[:, None], past_key_values=cache, attention=attention_with(attend))  # (B, 1, vocab)
-    cache.pos = pos  # forget the step: the next one is timed at the same kv_len
+    pos, through = cache.pos, functools.partial(attention_through_cache, attend=attend)
+    logits, _ = model(token[:, None], past_key_values=cache, attention=through)  # (B, 1, vocab)
+    cache.truncate(pos)  # forget the step: the next one is timed at the same kv_len
     return logits[:, -1]
-
-
-def decode_bytes(model: Decoder, kv_len: int, batch: int = 1, method: str = "grouped") -> int:
-    """Bytes one decode step must move: every matrix weight once, plus the cache it reads.
-
-    The embedding is a lookup of one row (left out). "grouped"/"sdpa" read n_kv_heads heads of
-    keys and values; "materialised" reads them, writes n_heads heads of copies and reads those
-    again; MHA is n_kv_heads == n_heads. kv_len: cached tokens the step attends to.
-    """
-    c, size = model.config, model.embed.weight.element_size()
-    kv_heads = c.n_kv_heads + (2 * c.n_heads if method == "materialised" and c.n_kv_heads != c.n_heads else 0)
-    return size * (matrix_params(c) + 2 * c.n_layers * batch * kv_heads * kv_len * c.head_dim)
 
 
 # ---------------------------------------------------------------------------------------------
 # kvlib bench gqa (notebook 06): decode at long context against n_kv_heads, three ways
 
 
-FIXED_KV_LEN = 16  # recordings before 2026-12-01 measured the fixed part as the step at this many cached tokens
 FIXED_METHOD = (
     "intercept at 0 cached tokens of a line fitted, round by round, to the step times at the measured lengths; "
     "median and interquartile range over rounds"
@@ -235,7 +116,7 @@ def bench_gqa(
     this cache part): Amdahl's law, measured. The ratio of cache parts is given only where both
     stand clear of the fixed part's spread.
     """
-    from kvlib.kv_cache import KVCache
+    from kvlib.kv_cache import KVCache  # noqa: PLC0415 (late binding: runs the learner's code)
 
     cuda = torch.device(device).type == "cuda"
     if cuda and not torch.cuda.is_available():
@@ -346,8 +227,6 @@ def bench_gqa(
             bandwidth_GBps=round(bandwidth["bandwidth"] / 1e9, 2),
         )
     del cases
-    import datetime
-
     config = gqa_bench_config()
     return {
         "benchmark": "gqa",

@@ -12,13 +12,16 @@ under-read bandwidth is beaten by the step it predicts: measured/predicted below
 
 from __future__ import annotations
 
+import datetime
 import statistics
 import time
 
 import torch
 
 from kvlib.core.configs import gpu_decode_config, memory_bound_config, quick_memory_config
+from kvlib.core.devices import DEVICES
 from kvlib.measure import timing
+from kvlib.measure.compiled import AUTOTUNE, INDUCTOR
 from kvlib.measure.machine import bandwidth_kernels, random_model
 
 # ---------------------------------------------------------------------------------------------
@@ -35,8 +38,6 @@ KERNEL_NAMES = {
 
 def datasheet(device_name: str):
     """The kvlib.core.devices entry for a GPU's name (e.g. "NVIDIA H200" -> "H200 SXM"), or None if none or several fit."""
-    from kvlib.core.devices import DEVICES
-
     fits = [d for d in DEVICES.values() if d.name.split()[0] in device_name.split()]
     if len(fits) > 1:  # several variants (A100 40GB SXM, 80GB PCIe...): only one naming all its words fits
         fits = [d for d in fits if all(word in device_name for word in d.name.split())]
@@ -72,7 +73,7 @@ def _memory_run(device: str, threads: int | None, quick: bool) -> dict:
     with the weights frozen, free to repack them for its matrix kernels (kvlib.measure.compiled).
     A compiler that fails is recorded as an error instead.
     """
-    from kvlib.roofline import (
+    from kvlib.roofline import (  # noqa: PLC0415 (late binding: runs the learner's code)
         roofline_time,
         step_cost,
     )  # roofline_time is given; step_cost is the learner's Exercise 5.3
@@ -119,9 +120,7 @@ def _memory_run(device: str, threads: int | None, quick: bool) -> dict:
                     compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
                     run_compiled = lambda: compiled(x1)  # noqa: E731
                 else:  # inductor with the weights frozen, so it may repack them for its own matrix kernels
-                    import torch._inductor.config as inductor_config
-
-                    from kvlib.measure.compiled import AUTOTUNE, INDUCTOR
+                    import torch._inductor.config as inductor_config  # noqa: PLC0415 (start-up time: inductor loads only when a step is compiled)
 
                     compiled = torch.compile(model, fullgraph=True)
 
@@ -230,8 +229,6 @@ def bench_memory(threads: int = 1, quick: bool = False, devices: list[str] | Non
     devices: e.g. ["cuda"] for the GPU alone; by default the CPU, then the GPU if there is one.
     The same JSON, saved under assets/recordings/, is what notebook 05 shows as a GPU recording.
     """
-    import datetime
-
     devices = devices or ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     for d in devices:
         if torch.device(d).type == "cuda" and not torch.cuda.is_available():

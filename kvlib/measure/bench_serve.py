@@ -23,8 +23,10 @@ import time
 import numpy as np
 
 from kvlib.core.model import matrix_params
+from kvlib.core.weights import load_tiny
 from kvlib.measure import timing
 from kvlib.measure.machine import measure_bandwidth, measure_matmul_flops
+from kvlib.study.corpus import eval_prompts
 
 SYSTEM_PROMPT = (
     "You are a helpful geography tutor. Answer with the capital, then stop.\n"  # 72 characters, one token each
@@ -33,8 +35,6 @@ SYSTEM_PROMPT = (
 
 def make_trace(tokenizer, n: int = 64, seed: int = 0, system_prompt: str = "", max_new: tuple[int, int] = (4, 256)):
     """[(prompt ids, max_new_tokens)] of n requests drawn as the module docstring says."""
-    from kvlib.study.corpus import eval_prompts
-
     rng = np.random.default_rng(seed)
     questions = [p.prompt for p in eval_prompts("train", stride=7)]
     trace = []
@@ -47,7 +47,7 @@ def make_trace(tokenizer, n: int = 64, seed: int = 0, system_prompt: str = "", m
 
 
 def _requests(trace):
-    from kvlib.serving import Request
+    from kvlib.serving import Request  # noqa: PLC0415 (late binding: runs the learner's code)
 
     return [Request(i, list(p), n) for i, (p, n) in enumerate(trace)]
 
@@ -74,7 +74,7 @@ def _summary(requests, start, seconds, steps, held, reserved, extra=None):
 
 def serve_continuous(model, trace, n_blocks, block_size=16, max_batch=64, share_prefixes=False, on_step=None):
     """Your Scheduler over the whole trace; returns the summary, with blocks held per step."""
-    from kvlib.serving import BlockPool, Scheduler
+    from kvlib.serving import BlockPool, Scheduler  # noqa: PLC0415 (late binding: runs the learner's code)
 
     pool = BlockPool(model.config, n_blocks, block_size)
     sched = Scheduler(model, pool, max_batch=max_batch, share_prefixes=share_prefixes)
@@ -114,7 +114,7 @@ def serve_continuous(model, trace, n_blocks, block_size=16, max_batch=64, share_
 
 def serve_static(model, trace, n_blocks, block_size=16, reserve=None):
     """Static batching with contiguous reservation: batches of budget // reserve requests, each run to its longest member."""
-    from kvlib.serving import BlockPool, Scheduler
+    from kvlib.serving import BlockPool, Scheduler  # noqa: PLC0415 (late binding: runs the learner's code)
 
     reserve = reserve or model.config.max_seq_len
     batch = n_blocks * block_size // reserve
@@ -155,7 +155,7 @@ def decode_step_times(
 ):
     """Seconds of one batched decode step with `batch` requests of `context` cached tokens each, beside
     the roofline's time when bandwidth (bytes/s) and peak_flops (FLOP/s) are given."""
-    from kvlib.serving import BlockPool, Request, Scheduler
+    from kvlib.serving import BlockPool, Request, Scheduler  # noqa: PLC0415 (late binding: runs the learner's code)
 
     rows = []
     for b in batches:
@@ -201,8 +201,6 @@ def bench_serve(
     threads: int = 1, quick: bool = False, n_requests: int | None = None, n_blocks: int = 256, block_size: int = 16
 ) -> dict:
     """Everything the module docstring lists, as one JSON-ready record."""
-    from kvlib.core.weights import load_tiny
-
     model, tokenizer = load_tiny()
     n = n_requests or (32 if quick else 64)
     trace = make_trace(tokenizer, n)

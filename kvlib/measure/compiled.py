@@ -80,7 +80,7 @@ def compiled_way(model: Decoder, max_len: int, autotune: bool = True):
     step runs the compiled step. The first call compiles (seconds to tens of seconds: the benchmark's
     warm-up pays it). Raises RuntimeError naming the cause if torch.compile cannot compile here.
     """
-    import torch._inductor.config as inductor_config
+    import torch._inductor.config as inductor_config  # noqa: PLC0415 (start-up time: inductor loads only when a step is compiled)
 
     static = StaticCacheDecoder(model, max_len).eval()
     settings = INDUCTOR | (AUTOTUNE if autotune else {})

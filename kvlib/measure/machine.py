@@ -7,13 +7,15 @@ Recorded GPU runs of `kvlib bench` (assets/recordings) load with load_recordings
 from __future__ import annotations
 
 import json
+import statistics
+import time
 from pathlib import Path
 
 import torch
 
 from kvlib.core.model import Decoder
 from kvlib.core.paths import ASSETS
-from kvlib.measure.timing import environment, measure
+from kvlib.measure.timing import environment, measure, num_threads, synchronize
 
 RECORDINGS_DIR = ASSETS / "recordings"  # GPU runs of `kvlib bench memory` and `kvlib bench gqa`
 
@@ -71,11 +73,6 @@ def measure_gemv_layouts(weights: list[torch.Tensor], threads: int | None = 1, r
     same bytes, the same FLOPs, the same result up to rounding; only the routine differs. Both are
     timed in alternation, `rounds` times, after a warm-up; returns the medians, with the record.
     """
-    import statistics
-    import time
-
-    from kvlib.measure.timing import num_threads, synchronize
-
     if not weights or any(w.dim() != 2 for w in weights):
         raise ValueError(
             f"weights must be a non-empty list of (out, in) matrices, got shapes {[tuple(w.shape) for w in weights]}"

@@ -23,7 +23,7 @@ Way = Callable[[torch.Tensor, int], tuple[list[int], list[float]]]
 
 def transformers_way(hf_model, cache_implementation: str | None = None) -> Way:
     """transformers' generate, greedy, timed by a streamer; cache_implementation "static" or None (DynamicCache)."""
-    from transformers.generation.streamers import BaseStreamer
+    from transformers.generation.streamers import BaseStreamer  # noqa: PLC0415 (optional dependency: transformers, in the dev extra)
 
     class Stamps(BaseStreamer):
         def __init__(self):
@@ -94,7 +94,7 @@ class LlamaCpp:
     """
 
     def __init__(self, path, n_ctx: int, threads: int = 1):
-        from llama_cpp import Llama
+        from llama_cpp import Llama  # noqa: PLC0415 (optional dependency: llama_cpp, in the peers extra)
 
         # type_k, type_v 0 (GGML_TYPE_F32): keys and values cached in float32 as kvlib caches them; llama.cpp's
         # default, float16, would round them and could flip a near-tied greedy pick

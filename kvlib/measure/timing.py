@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from kvlib.core.flops import matmul_flops  # noqa: F401  (kvlib.measure.timing.matmul_flops, as the grading child calls it)
 
@@ -104,9 +106,6 @@ def new_tensors(fn: Callable, *args, **kwargs) -> list[tuple[str, tuple[int, ...
     .contiguous() is not. Used by notebook 06 (which attention copies the shared heads?) and
     by its checks, in the learner's kernel or in the isolated grading child.
     """
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
-
     made = []
 
     class Watch(TorchDispatchMode):

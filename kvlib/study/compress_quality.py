@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from kvlib.core.model import Decoder
-from kvlib.measure.compressed import Int8KVCache, sink_attention
 from kvlib.study import corpus, train
+from kvlib.variants.compressed import Int8KVCache
 
 
 def _prompts(tokenizer, stride: int, limit: int | None) -> list[tuple[list[int], list[int]]]:
@@ -43,7 +43,7 @@ def int8_agreement(model: Decoder, tokenizer, stride: int = 48, limit: int | Non
     the float32 cache's, both fed the float32 cache's continuation. answer_*: the first tokens of the
     continuation spell the expected capital.
     """
-    from kvlib.kv_cache import KVCache  # the learner's (notebook 04), looked up when it runs
+    from kvlib.kv_cache import KVCache  # noqa: PLC0415 (late binding: runs the learner's code)
 
     agree = total = right_f = right_q = same_seq = 0
     prompts = _prompts(tokenizer, stride, limit)
@@ -90,8 +90,8 @@ def window_study(
 ) -> dict:
     """Loss by position band: the full float32 cache, int8, a window of `capacity` tokens, and n_sink sinks plus
     capacity - n_sink recent tokens (the same cache size), on held-out rows longer than the window."""
-    from kvlib.compress import SinkCache
-    from kvlib.kv_cache import KVCache
+    from kvlib.compress import SinkCache  # noqa: PLC0415 (late binding: runs the learner's code)
+    from kvlib.kv_cache import KVCache  # noqa: PLC0415 (late binding: runs the learner's code)
 
     rows = held_out_rows(tokenizer, n_rows, seq_len)
     B = rows.shape[0]
@@ -102,7 +102,7 @@ def window_study(
         f"{n_sink} sinks + window {capacity - n_sink}": SinkCache(model.config, n_sink, capacity - n_sink, batch=B),
     }
     per_position = {
-        name: stepwise_loss(model, rows, cache, sink_attention if isinstance(cache, SinkCache) else None)
+        name: stepwise_loss(model, rows, cache)  # each cache brings its own attention (kvlib.core.cache)
         for name, cache in caches.items()
     }
     edges = list(range(0, seq_len, band)) + [seq_len]

@@ -20,15 +20,14 @@ from kvlib.course.exercises import exercise
 
 @exercise("1.1", validate=inputs.check_scores)
 def softmax(scores: np.ndarray) -> np.ndarray:
-    """Softmax over the last axis, safe for large scores.
+    """Softmax over the last axis, finite for scores of any size (1000 and -1000 included).
 
-    Args:    scores: (..., kv_len), any real numbers
-    Returns: probs: same shape and dtype; along the last axis each row is >= 0 and sums to 1
-    Example: softmax(np.array([1.0, 1.0, 2.0])) -> [0.212, 0.212, 0.576]
-
-    Hints (reference solution: 2 lines):
-      1. softmax(x) == softmax(x - c) for any constant c; take c = the row's max (keepdims=True).
-      2. np.exp, then divide by the sum over axis=-1.
+    Args:    scores: (..., kv_len) float array
+    Returns: probs: same shape and dtype as scores; each row along the last axis is >= 0 and sums to 1
+    Raises:  ValueError if scores is not a numpy array of real numbers
+    Example:
+        >>> softmax(np.array([1.0, 1.0, 2.0])).round(3)
+        array([0.212, 0.212, 0.576])
     """
     ### BEGIN SOLUTION
     e = np.exp(scores - scores.max(axis=-1, keepdims=True))  # largest exponent is 0: no overflow
@@ -42,19 +41,17 @@ def softmax(scores: np.ndarray) -> np.ndarray:
 
 @exercise("1.2", validate=inputs.check_attend)
 def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float | None = None):
-    """Attention of one query over all keys: score, softmax, weighted sum of values.
+    """Attention of one query over all keys: its weights over the keys, and the values mixed by them.
 
-    Args:    q: (head_dim,)   k: (kv_len, head_dim)   v: (kv_len, d_v)
-             scale: multiplies the scores; None means 1 / sqrt(head_dim)
-    Returns: out: (d_v,), probs: (kv_len,), in the dtype of the inputs (float32 in, float32 out)
-    Example: attend([1, 1], [[1,0],[0,1],[1,1]], [[1,0],[0,2],[3,1]], scale=1.0)
-             -> out [1.940, 1.000], probs [0.212, 0.212, 0.576]
-
-    Hints (reference solution: 4 lines):
-      1. One dot product per key: k @ q has shape (kv_len,).
-      2. softmax (Exercise 1.1) turns scores into probs; probs @ v mixes the values.
-      3. Under NumPy 2, np.sqrt(d) is a float64 scalar and turns float32 scores into float64:
-         math.sqrt(d) is a plain float, so float32 in gives float32 out.
+    Args:    q: (head_dim,)   k: (kv_len, head_dim)   v: (kv_len, d_v), float arrays of one dtype
+             scale: multiplies every score q . k_j; None means 1 / sqrt(head_dim)
+    Returns: out: (d_v,), probs: (kv_len,) summing to 1, both in the inputs' dtype (float32 in, float32 out)
+    Raises:  ValueError if k's rows are not head_dim wide or v has not one row per key
+    Example:
+        >>> k, v = np.array([[1.0, 0], [0, 1], [1, 1]]), np.array([[1.0, 0], [0, 2], [3, 1]])
+        >>> out, probs = attend(np.array([1.0, 1.0]), k, v, scale=1.0)
+        >>> out.round(3).tolist(), probs.round(3).tolist()
+        ([1.94, 1.0], [0.212, 0.212, 0.576])
     """
     ### BEGIN SOLUTION
     if scale is None:
@@ -71,14 +68,16 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float | None = No
 
 @exercise("1.3", validate=inputs.check_causal_mask)
 def causal_mask(seq_len: int, kv_len: int) -> np.ndarray:
-    """Boolean (seq_len, kv_len) mask; True where query i may attend to key j.
+    """Boolean (seq_len, kv_len) mask; True where query i may attend to key j (SDPA's bool attn_mask).
 
-    The queries are the last seq_len of kv_len positions, so query i sits at position
-    kv_len - seq_len + i and may attend to keys j <= kv_len - seq_len + i.
-    Example: causal_mask(2, 3) -> [[True, True, False], [True, True, True]]
-
-    Hints (reference solution: 1 line):
-      1. np.tril takes an offset k: which diagonal is the last allowed one?
+    The queries are the last seq_len of kv_len positions: query i sits at position kv_len - seq_len + i
+    and may attend to every key at or before its own position, never to a later one.
+    Args:    seq_len: new queries, 1 <= seq_len <= kv_len;  kv_len: keys
+    Returns: bool array (seq_len, kv_len)
+    Raises:  ValueError if seq_len > kv_len, or either is not a positive int
+    Example:
+        >>> causal_mask(2, 3).tolist()
+        [[True, True, False], [True, True, True]]
     """
     ### BEGIN SOLUTION
     return np.tril(np.ones((seq_len, kv_len), dtype=bool), k=kv_len - seq_len)
@@ -91,17 +90,18 @@ def causal_mask(seq_len: int, kv_len: int) -> np.ndarray:
 
 @exercise("1.4", validate=inputs.check_self_attention)
 def causal_self_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray):
-    """All queries at once: scaled dot-product attention under the causal mask.
+    """Scaled dot-product attention of every query at once, under the causal mask (Exercise 1.3).
 
-    Args:    q: (..., seq_len, head_dim)   k: (..., kv_len, head_dim)   v: (..., kv_len, d_v)
-             the queries are the last seq_len of the kv_len positions
-    Returns: out: (..., seq_len, d_v), probs: (..., seq_len, kv_len), zero above the mask
-    Example: row i of out equals attend(q[i], k[:p+1], v[:p+1]) with p = kv_len - seq_len + i
-
-    Hints (reference solution: 4 lines):
-      1. Scores for every pair at once: q @ k.swapaxes(-1, -2) / math.sqrt(head_dim) (float32 stays float32).
-      2. np.where(causal_mask(...), scores, -np.inf) hides the future; exp(-inf) is 0.
-      3. Reuse softmax (Exercise 1.1) and causal_mask (Exercise 1.3).
+    Args:    q: (..., seq_len, head_dim)   k: (..., kv_len, head_dim)   v: (..., kv_len, d_v), one float dtype;
+             the queries are the last seq_len of the kv_len positions; scores are scaled by 1 / sqrt(head_dim)
+    Returns: out: (..., seq_len, d_v), probs: (..., seq_len, kv_len), in q's dtype; probs is exactly 0
+             where the mask forbids, and row i of out equals attend(q[i], k[:p + 1], v[:p + 1]) with p = kv_len - seq_len + i
+    Raises:  ValueError if the shapes do not fit together, or seq_len > kv_len
+    Example:
+        >>> k, v = np.array([[1.0, 0], [0, 1], [1, 1]]), np.array([[1.0, 0], [0, 2], [3, 1]])
+        >>> out, probs = causal_self_attention(k, k, v)
+        >>> probs[0].tolist(), out[2].round(3).tolist()
+        ([1.0, 0.0, 0.0], [1.759, 1.0])
     """
     ### BEGIN SOLUTION
     T, S = q.shape[-2], k.shape[-2]

@@ -1,11 +1,7 @@
 """Smaller caches (notebook 08-compress): int8 keys and values, a rolling window with sinks, MLA's latent cache.
 
-int8 (KIVI, arXiv 2402.02750): keys share a scale per channel over a group of tokens, values one per
-token. Rolling window (Mistral 7B, arXiv 2310.06825) with attention sinks (StreamingLLM, arXiv
-2309.17453): the first n_sink tokens stay, then the last `window`, re-rotated at their places in the
-cache. MLA (DeepSeek-V2, arXiv 2405.04434): one latent per token, attended two ways. The int8 cache,
-the rolling cache's attention: kvlib.measure.compressed; bytes and timing: kvlib.measure.bench_compress;
-quality: kvlib.study.compress_quality.
+int8 keys per channel, values per token (KIVI, arXiv 2402.02750); a rolling window with sinks (Mistral 7B,
+StreamingLLM arXiv 2309.17453); MLA's latent (DeepSeek-V2, arXiv 2405.04434). Measured: kvlib.measure.bench_compress.
 """
 
 from __future__ import annotations
@@ -15,7 +11,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from kvlib.core.model import causal_mask
+from kvlib.core.cache import CacheBase
+from kvlib.core.model import causal_mask_tensor
 from kvlib.course import inputs
 from kvlib.course.exercises import exercise
 
@@ -25,15 +22,15 @@ from kvlib.course.exercises import exercise
 
 @exercise("8.1", validate=inputs.check_quantize)
 def quantize(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric int8: x ~= values * scale, one float32 scale for each slice of x along `dim`.
+    """Symmetric int8: x ~= values * scale, with one float32 scale for each slice of x along `dim`.
 
-    dim is the axis that SHARES a scale: keys per channel use the token axis (dim=-2), values per
-    token the channel axis (dim=-1). scale = max |x| over the slice / 127, so the largest entry maps
-    to +-127; an all-zero slice gets scale 1. Rounded to nearest, never truncated.
-    Returns: values (x's shape, torch.int8), scale (x's shape with size 1 at dim, float32)
-    Example: quantize(torch.tensor([[1.0, -2.0]]), dim=-1) -> ([[64, -127]], [[2/127]])
-
-    Hints (reference solution: 3 lines): x.abs().amax(dim, keepdim=True); torch.where; .round().clamp(-127, 127).
+    dim SHARES a scale (keys per channel: -2; values per token: -1); max |x| -> +-127, a zero slice -> scale 1; round to nearest.
+    Args:    x: float tensor of any shape;  dim: an axis of x
+    Returns: values: x's shape, torch.int8 in [-127, 127];  scale: x's shape with size 1 at dim, float32
+    Raises:  ValueError if x is not a float tensor or dim is not one of its axes
+    Example:
+        >>> values, scale = quantize(torch.tensor([[1.0, -2.0]]), dim=-1); values.tolist(), round(scale.item() * 127, 4)
+        ([[64, -127]], 2.0)
     """
     ### BEGIN SOLUTION
     scale = x.float().abs().amax(dim=dim, keepdim=True) / 127  # (..., 1, ...): the slice's largest |x| -> 127
@@ -48,31 +45,26 @@ def dequantize(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 @exercise("8.2", validate=inputs.check_int8_attention)
-def int8_attention(
-    q: torch.Tensor,
-    k_values: torch.Tensor,
-    k_scale: torch.Tensor,
-    v_values: torch.Tensor,
-    v_scale: torch.Tensor,
-    kv_len: int,
-) -> torch.Tensor:
+def int8_attention(q, k_values, k_scale, v_values, v_scale, kv_len: int) -> torch.Tensor:
     """Causal attention of q against the first kv_len tokens of an int8 cache (grouped heads as in 6.2).
 
-    Args:    q: (batch, n_heads, seq_len, head_dim), the last seq_len of the kv_len positions
-             k_values: int8 (batch, n_kv_heads, n_groups, group, head_dim); k_scale (batch, n_kv_heads, n_groups, 1, head_dim)
-             v_values: int8 (batch, n_kv_heads, >= kv_len, head_dim); v_scale (batch, n_kv_heads, >= kv_len, 1)
-    Returns: (batch, n_heads, seq_len, head_dim). Slots past kv_len hold nothing yet: never attend to them.
-
-    Hints (reference solution: 6 lines):
-      1. dequantize (above) the keys per group, then .reshape(B, H_kv, n_groups * group, D) and keep kv_len.
-      2. F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True); mask: causal_mask(T, kv_len) if T > 1.
+    Args:    q: (batch, n_heads, seq_len, head_dim) float32, the last seq_len of the kv_len positions
+             k_values: int8 (batch, n_kv_heads, n_groups, group, head_dim), token t in group t // group, and
+             k_scale (batch, n_kv_heads, n_groups, 1, head_dim); v_values: int8 (batch, n_kv_heads, >= kv_len,
+             head_dim), v_scale (batch, n_kv_heads, >= kv_len, 1); kv_len <= n_groups * group tokens written
+    Returns: (batch, n_heads, seq_len, head_dim) float32, equal to float attention on dequantize(values, scale)
+    Raises:  ValueError if the shapes or dtypes do not fit together or kv_len is out of range
+    Example:
+        >>> (kq, ks), (vq, vs) = quantize(torch.randn(1, 2, 2, 4, 16), dim=-2), quantize(torch.randn(1, 2, 8, 16), dim=-1)
+        >>> int8_attention(torch.randn(1, 4, 1, 16), kq, ks, vq, vs, kv_len=6).shape
+        torch.Size([1, 4, 1, 16])
     """
     ### BEGIN SOLUTION
     B, H_kv, n_groups, group, D = k_values.shape
     k = dequantize(k_values, k_scale).reshape(B, H_kv, n_groups * group, D)[:, :, :kv_len]  # groups -> tokens
     v = dequantize(v_values[:, :, :kv_len], v_scale[:, :, :kv_len])  # (B, H_kv, S, D)
     T = q.shape[2]
-    mask = None if T == 1 else causal_mask(T, kv_len, device=q.device)  # (T, S), True = may attend
+    mask = None if T == 1 else causal_mask_tensor(T, kv_len, device=q.device)  # (T, S), True = may attend
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != H_kv)
     ### END SOLUTION
 
@@ -81,42 +73,37 @@ def int8_attention(
 # A rolling cache: n_sink first tokens, then the last `window` in a ring
 
 
-class SinkCache:
-    """Keys (before rotary) and values of the first n_sink tokens and the last `window` ones, per layer.
+class SinkCache(CacheBase):
+    """Keys (before rotary) and values of the first n_sink tokens and the last `window` ones, per layer:
 
-    k, v: (n_layers, batch, n_kv_heads, capacity = n_sink + window, head_dim). Slots n_sink ... capacity - 1
-    form a ring: a new token overwrites the oldest. pos counts every token seen. n_sink = 0: Mistral's buffer.
-    Run a model through it with model(ids, past_key_values=cache, attention=kvlib.measure.compressed.sink_attention).
+    k, v: (n_layers, batch, n_kv_heads, capacity = n_sink + window, head_dim); pos counts every token seen.
+    n_sink = 0: Mistral's buffer. The cache contract is kvlib/core/cache.py (truncate stops at what the ring overwrote).
     """
 
     def __init__(self, config, n_sink: int, window: int, batch: int = 1, dtype=torch.float32, device="cpu"):
         inputs.check_cache_positions(1, n_sink, window)
-        self.n_layers, self.n_sink, self.window, self.capacity, self.pos = (
-            config.n_layers,
-            n_sink,
-            window,
-            n_sink + window,
-            0,
-        )
+        super().__init__(config, batch)  # pos = 0, up to the model's max_seq_len: the ring reuses its slots
+        self.n_sink, self.window, self.capacity = n_sink, window, n_sink + window
         shape = (config.n_layers, batch, config.n_kv_heads, self.capacity, config.head_dim)
         self.k, self.v = torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
 
-    def reset(self) -> None:
-        self.pos = 0
-
-    def advance(self, seq_len: int) -> None:
-        self.pos += seq_len
+    def key_positions(self, kv_len: int) -> torch.Tensor:  # keys stored unrotated, turned at places in the cache
+        return cache_positions(kv_len, self.n_sink, self.window)
 
     @exercise("8.3", validate=inputs.check_sink_update)
     def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the seq_len new tokens (positions pos, pos + 1, ...) into their slots; return the filled slots.
 
-        Slot of token p: p while p < n_sink; after that n_sink + (p - n_sink) % window, so the ring
-        reuses the oldest window slot and never touches a sink. pos stays: advance() moves it.
-        Returns: k, v: (batch, n_kv_heads, min(pos + seq_len, capacity), head_dim), slot order, views.
-
-        Hints (reference solution: 5 lines): one slot index per new token (a list or LongTensor), then
-        self.k[layer, :, :, slots] = k_new writes them all.
+        Tokens 0 ... n_sink - 1 keep slots 0 ... n_sink - 1 for good; later tokens take the window slots in turn
+        (the first past the sinks slot n_sink), then overwrite the oldest window token. pos stays: advance() moves it.
+        Args:    layer: 0 <= layer < n_layers;  k_new, v_new: (batch, n_kv_heads, seq_len, head_dim), the cache's dtype
+        Returns: k, v: (batch, n_kv_heads, min(pos + seq_len, capacity), head_dim), in slot order, views of the storage
+        Raises:  ValueError if layer is out of range or a shape does not fit the cache
+        Example:
+            >>> from kvlib.core.model import ModelConfig; cache = SinkCache(ModelConfig(vocab_size=50), n_sink=1, window=2)
+            >>> for p in range(4): k, _ = cache.update(0, torch.full((1, 8, 1, 16), p * 1.0), torch.zeros(1, 8, 1, 16)); cache.advance(1)
+            >>> k[0, 0, :, 0].tolist()  # slot order: the sink, then the ring (token 3 overwrote token 1)
+            [0.0, 3.0, 2.0]
         """
         ### BEGIN SOLUTION
         T = k_new.shape[2]
@@ -135,14 +122,13 @@ class SinkCache:
 def cache_positions(n_seen: int, n_sink: int, window: int) -> torch.Tensor:
     """Rotary position of the key in every filled slot, once n_seen tokens went through a SinkCache.
 
-    StreamingLLM's rule: positions count places in the cache, not in the text, so the model never sees
-    a distance longer than the cache. Sinks are 0 ... n_sink - 1; window tokens n_sink ... by age,
-    oldest first, wherever the ring put them. Before the cache is full: 0 ... n_seen - 1.
-    Example: n_sink 1, window 3, n_seen 6: slots hold tokens [0, 4, 5, 3] -> positions [0, 2, 3, 1]
-    Returns: LongTensor (min(n_seen, n_sink + window),)
-
-    Hints (reference solution: 5 lines): the oldest kept token, n_seen - window, sits in slot
-    n_sink + (n_seen - window - n_sink) % window; count ring slots from there, modulo window.
+    StreamingLLM's rule, places in the cache: sinks 0 ... n_sink - 1, then the window tokens by age wherever the ring put them.
+    Args:    n_seen: tokens written so far, >= 1;  n_sink >= 0, window >= 1: the SinkCache's sizes
+    Returns: LongTensor (min(n_seen, n_sink + window),), slot order
+    Raises:  ValueError if a size is out of range
+    Example:
+        >>> cache_positions(6, 1, 3).tolist()  # slots hold tokens [0, 4, 5, 3]
+        [0, 2, 3, 1]
     """
     ### BEGIN SOLUTION
     if n_seen <= n_sink + window:
@@ -161,13 +147,16 @@ def cache_positions(n_seen: int, n_sink: int, window: int) -> torch.Tensor:
 def mla_reconstruct(q_nope, q_rope, latent, k_rope, w_uk, w_uv) -> torch.Tensor:
     """MLA the direct way: rebuild every head's keys and values from the cached latents, then attend.
 
-    k_nope[h] = latent @ w_uk[h]^T, v[h] = latent @ w_uv[h]^T; score = (q_nope . k_nope + q_rope . k_rope)
-    / sqrt(nope_dim + rope_dim), k_rope shared by all heads; causal, queries the last seq_len positions.
-    Args: q_nope (B, H, T, Dn), q_rope (B, H, T, Dr) rotated; latent (B, S, r); k_rope (B, S, Dr) rotated;
-          w_uk (H, Dn, r), w_uv (H, Dv, r).   Returns: (B, H, T, Dv)
-
-    Hints (reference solution: 7 lines): torch.einsum("bsr,hdr->bhsd", latent, w_uk); k_rope[:, None]
-    broadcasts over heads; causal_mask(T, S) when T > 1.
+    Head h's keys are latent @ w_uk[h]^T, its values latent @ w_uv[h]^T; its score of key s is
+    (q_nope . k_nope + q_rope . k_rope[s]) / sqrt(Dn + Dr), k_rope shared by all heads; causal, queries last.
+    Args:    q_nope (B, H, T, Dn), q_rope (B, H, T, Dr) rotated;  latent (B, S, r);  k_rope (B, S, Dr) rotated;
+             w_uk (H, Dn, r), w_uv (H, Dv, r); one float dtype
+    Returns: (B, H, T, Dv)
+    Raises:  ValueError if the shapes do not fit together or T > S
+    Example:
+        >>> args = torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 2), torch.randn(1, 5, 3), torch.randn(1, 5, 2)
+        >>> mla_reconstruct(*args, torch.randn(2, 4, 3), torch.randn(2, 4, 3)).shape  # B 1, H 2, T 1, S 5, Dv 4
+        torch.Size([1, 2, 1, 4])
     """
     ### BEGIN SOLUTION
     T, S = q_nope.shape[2], latent.shape[1]
@@ -178,7 +167,7 @@ def mla_reconstruct(q_nope, q_rope, latent, k_rope, w_uk, w_uv) -> torch.Tensor:
     scores = q_nope @ k_nope.transpose(-2, -1) + q_rope @ k_rope[:, None].transpose(-2, -1)  # (B, H, T, S)
     scores = scores / math.sqrt(q_nope.shape[-1] + q_rope.shape[-1])
     if T > 1:
-        scores = scores.masked_fill(~causal_mask(T, S, device=scores.device), float("-inf"))
+        scores = scores.masked_fill(~causal_mask_tensor(T, S, device=scores.device), float("-inf"))
     return scores.softmax(dim=-1) @ v  # (B, H, T, S) @ (B, H, S, Dv)
     ### END SOLUTION
 
@@ -187,11 +176,14 @@ def mla_reconstruct(q_nope, q_rope, latent, k_rope, w_uk, w_uv) -> torch.Tensor:
 def mla_absorbed(q_nope, q_rope, latent, k_rope, w_uk, w_uv) -> torch.Tensor:
     """MLA as DeepSeek serves it: w_uk folded into the query, w_uv applied after, attention in latent space.
 
-    q_nope . (w_uk[h] c) = (w_uk[h]^T q_nope) . c, and sum_s p_s (w_uv[h] c_s) = w_uv[h] (sum_s p_s c_s):
-    no per-head key or value is ever built. Same arguments and result as mla_reconstruct (8.5).
-
-    Hints (reference solution: 7 lines): q_latent = einsum("bhtd,hdr->bhtr", q_nope, w_uk); einsum it with
-    latent (B, S, r), not latent[:, None] @ (a broadcasting matmul copies it per head); then w_uv per head.
+    As mla_reconstruct (8.5), but builds no per-head key or value and copies no latent per head (allocations watched).
+    Args:    as mla_reconstruct
+    Returns: (B, H, T, Dv), equal to mla_reconstruct's up to rounding
+    Raises:  ValueError if the shapes do not fit together or T > S
+    Example:
+        >>> args = [torch.randn(*s) for s in ((1, 2, 3, 4), (1, 2, 3, 2), (1, 5, 3), (1, 5, 2), (2, 4, 3), (2, 4, 3))]
+        >>> torch.allclose(mla_absorbed(*args), mla_reconstruct(*args), atol=1e-5)
+        True
     """
     ### BEGIN SOLUTION
     T, S = q_nope.shape[2], latent.shape[1]
@@ -200,7 +192,7 @@ def mla_absorbed(q_nope, q_rope, latent, k_rope, w_uk, w_uv) -> torch.Tensor:
     scores = torch.einsum("bhtr,bsr->bhts", q_latent, latent) + torch.einsum("bhte,bse->bhts", q_rope, k_rope)
     scores = scores / math.sqrt(q_nope.shape[-1] + q_rope.shape[-1])
     if T > 1:
-        scores = scores.masked_fill(~causal_mask(T, S, device=scores.device), float("-inf"))
+        scores = scores.masked_fill(~causal_mask_tensor(T, S, device=scores.device), float("-inf"))
     out_latent = torch.einsum("bhts,bsr->bhtr", scores.softmax(dim=-1), latent)  # (B, H, T, r): latent space
     return torch.einsum("bhtr,hdr->bhtd", out_latent, w_uv)  # up-project once per query, not per token
     ### END SOLUTION

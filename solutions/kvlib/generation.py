@@ -27,17 +27,18 @@ from kvlib.course.exercises import exercise
 def next_token(
     logits: torch.Tensor, temperature: float = 0.0, generator: torch.Generator | None = None
 ) -> torch.Tensor:
-    """Choose one token per row from next-token logits: greedy, or sampled at a temperature.
+    """One token per row from next-token logits: the most likely one, or a sample at a temperature.
 
-    Args:    logits: (batch, vocab_size), the model's scores for the next token
-             temperature: 0 picks the most likely token (greedy); t > 0 samples from softmax(logits / t)
-             generator: a torch.Generator, so that sampling is reproducible
-    Returns: (batch,) token ids, dtype torch.long
-    Example: next_token(torch.tensor([[0.1, 2.0, -1.0]])) -> tensor([1])
-
-    Hints (reference solution: 4 lines):
-      1. Greedy: logits.argmax(dim=-1).
-      2. Sampling: torch.multinomial(probs, num_samples=1, generator=generator) takes (batch, vocab).
+    Args:    logits: (batch, vocab_size) float tensor, the model's scores for the next token
+             temperature: 0 is greedy; t > 0 draws token i with probability softmax(logits / t)[i]
+             generator: a torch.Generator to draw with; the same seed draws the same tokens
+    Returns: (batch,) token ids, torch.long
+    Raises:  ValueError if logits is not a (batch, vocab_size) float tensor, or temperature < 0
+    Example:
+        >>> next_token(torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 0.0]]))
+        tensor([1, 0])
+        >>> next_token(torch.zeros(4, 9), 1.0, torch.Generator().manual_seed(0)).shape
+        torch.Size([4])
     """
     ### BEGIN SOLUTION
     if temperature == 0:
@@ -60,20 +61,21 @@ def generate(
     generator: torch.Generator | None = None,
     on_token: Callable[[torch.Tensor], None] | None = None,
 ) -> torch.Tensor:
-    """The naive autoregressive loop: run the whole sequence, pick a token, append it, repeat.
+    """The naive autoregressive loop: every step runs the whole sequence so far and appends one token.
 
     Args:    model: a kvlib Decoder, model(ids) -> logits (batch, seq_len, vocab_size)
-             input_ids: (batch, seq_len) prompt token ids
-             max_new_tokens: how many tokens to add
+             input_ids: (batch, seq_len) torch.long prompt token ids
+             max_new_tokens: how many tokens to add, >= 1
              temperature, generator: as in next_token (Exercise 2.1)
-             on_token: called with each new token (batch,) as soon as it is chosen
-    Returns: (batch, seq_len + max_new_tokens): the prompt followed by the new tokens
-    Example: generate(model, ids_of("法国的首都是"), 2) ends with the ids of 巴 and 黎
-
-    Hints (reference solution: 6 lines):
-      1. Only the last position's logits predict the next token: logits[:, -1, :].
-      2. torch.cat([ids, token[:, None]], dim=1) appends a column.
-      3. Run it under torch.inference_mode(): no gradients are needed.
+             on_token: called with each new token, (batch,) torch.long, as soon as it is chosen
+    Returns: (batch, seq_len + max_new_tokens) torch.long: the prompt, unchanged, then the new tokens
+    Raises:  ValueError if max_new_tokens < 1 or the prompt plus the new tokens exceed model.config.max_seq_len
+    Example:
+        >>> from kvlib.core.weights import load_tiny
+        >>> model, tokenizer = load_tiny()
+        >>> ids = generate(model, torch.tensor([tokenizer.encode("法国的首都是")]), 2)
+        >>> tokenizer.decode(ids[0, -2:].tolist())
+        '巴黎'
     """
     ### BEGIN SOLUTION
     ids = input_ids
@@ -96,15 +98,16 @@ def generate(
 def measure_ttft_tpot(model, input_ids: torch.Tensor, max_new_tokens: int) -> tuple[float, list[float]]:
     """Time one greedy generation: seconds to the first token, then seconds for each later token.
 
-    Args:    model, input_ids, max_new_tokens: as in generate (Exercise 2.2), max_new_tokens >= 2
-    Returns: ttft: seconds from the start until the first new token exists (the prefill)
-             tpots: max_new_tokens - 1 floats, the seconds between consecutive tokens (decode steps)
-    Example: ttft, tpots = measure_ttft_tpot(model, ids, 20); len(tpots) -> 19
-
-    Hints (reference solution: 6 lines):
-      1. time.perf_counter() is the clock for short intervals.
-      2. generate's on_token callback runs right after each token is chosen: record the time there.
-      3. Differences of consecutive times: [b - a for a, b in zip(times, times[1:])].
+    Args:    model, input_ids: as in generate (Exercise 2.2); max_new_tokens >= 2
+    Returns: ttft: float, seconds from the call until the first new token exists (it includes the prefill)
+             tpots: list of max_new_tokens - 1 floats, the seconds between consecutive new tokens
+    Raises:  ValueError if max_new_tokens < 2
+    Example:
+        >>> from kvlib.core.weights import load_tiny
+        >>> model, tokenizer = load_tiny()
+        >>> ttft, tpots = measure_ttft_tpot(model, torch.tensor([tokenizer.encode("法国的首都是")]), 5)
+        >>> len(tpots), ttft > 0
+        (4, True)
     """
     ### BEGIN SOLUTION
     times = []
@@ -123,21 +126,22 @@ def measure_ttft_tpot(model, input_ids: torch.Tensor, max_new_tokens: int) -> tu
 def project_qkv(
     attn, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One layer's queries, keys and values of the hidden states h: projected, split into heads, rotated.
+    """One layer's queries, keys and values of hidden states h: projected, split into heads, rotated.
 
-    Args:    attn: one layer's attention (model.layers[i].attn): attn.q_proj.weight is W_Q, (n_heads*head_dim, d_model);
-                   attn.k_proj.weight W_K and attn.v_proj.weight W_V, (n_kv_heads*head_dim, d_model) each;
+    Args:    attn: one layer's attention, model.layers[i].attn: attn.q_proj.weight is W_Q, (n_heads*head_dim, d_model);
+                   attn.k_proj.weight and attn.v_proj.weight, (n_kv_heads*head_dim, d_model) each;
                    attn.n_heads, attn.n_kv_heads, attn.head_dim
-             h: (batch, seq_len, d_model), the layer's input after its RMSNorm
+             h: (batch, seq_len, d_model) float tensor, the layer's input after its RMSNorm
              cos, sin: (seq_len, head_dim), the rotary table's rows at h's positions
-    Returns: q (batch, n_heads, seq_len, head_dim), k and v (batch, n_kv_heads, seq_len, head_dim);
-             q and k rotated, v not. Equal to attn.project_q(h, cos, sin) and attn.project_kv(h, cos, sin).
-    Example: q, k, v = project_qkv(model.layers[0].attn, h, cos[:T], sin[:T]); q.shape -> (1, 8, T, 16)
-
-    Hints (reference solution: 6 lines):
-      1. A Linear layer computes x @ W.T: h @ attn.q_proj.weight.T is (batch, seq_len, n_heads*head_dim).
-      2. Split the last axis into heads, .view(B, T, H, D), then put heads before positions: .transpose(1, 2).
-      3. Rotary turns each pair of features by its position's angle: x * cos + rotate_half(x) * sin.
+    Returns: q (batch, n_heads, seq_len, head_dim); k, v (batch, n_kv_heads, seq_len, head_dim), h's dtype;
+             q and k rotated, v not: equal to attn.project_q(h, cos, sin) and attn.project_kv(h, cos, sin)
+    Raises:  ValueError if attn is not an Attention, or h, cos, sin do not fit it
+    Example:
+        >>> from kvlib.core.weights import load_tiny
+        >>> model, _ = load_tiny()
+        >>> h, cos, sin = torch.randn(1, 5, 128), model.rope_cos[:5], model.rope_sin[:5]
+        >>> [tuple(t.shape) for t in project_qkv(model.layers[0].attn, h, cos, sin)]
+        [(1, 8, 5, 16), (1, 8, 5, 16), (1, 8, 5, 16)]
     """
     ### BEGIN SOLUTION
     (B, T, _), D = h.shape, attn.head_dim

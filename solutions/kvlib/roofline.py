@@ -45,15 +45,15 @@ def roofline_time(flops: float, bytes_moved: float, peak_flops: float, bandwidth
 
 @exercise("5.1", validate=inputs.check_matmul)
 def matmul_intensity(m: int, k: int, n: int, dtype: torch.dtype = torch.float16) -> float:
-    """Arithmetic intensity (FLOPs per byte) of (m, k) @ (k, n) -> (m, n), each matrix moved once.
+    """Arithmetic intensity, FLOPs per byte, of (m, k) @ (k, n) -> (m, n) with each matrix moved once.
 
-    FLOPs: one multiply-add per (row, column, inner index), 2 FLOPs each. Bytes: read both
-    inputs and write the output once, at bytes_per_element(dtype) each.
-    Example: matmul_intensity(1, 4096, 4096, torch.float16) is about 1.0 (decode at batch 1)
-
-    Hints (reference solution: 3 lines):
-      1. torch.empty((), dtype=dtype).element_size() is the size in bytes, not bits.
-      2. Count the output (m, n) too: it has to be written back.
+    FLOPs: 2 per multiply-add. Bytes: both inputs read and the output written, once each, in dtype.
+    Args:    m, k, n: positive ints;  dtype: a torch dtype (its size in bytes counts, not bits)
+    Returns: float FLOPs per byte
+    Raises:  ValueError if a size is not a positive int or dtype is not a torch.dtype
+    Example:
+        >>> round(matmul_intensity(1, 4096, 4096, torch.float16), 3)  # a decode step's matrix-vector product
+        1.0
     """
     ### BEGIN SOLUTION
     flops = 2 * m * k * n
@@ -64,16 +64,16 @@ def matmul_intensity(m: int, k: int, n: int, dtype: torch.dtype = torch.float16)
 
 @exercise("5.2", validate=inputs.check_ridge_batch)
 def ridge_batch(k: int, n: int, peak_flops: float, bandwidth: float, dtype: torch.dtype = torch.float16) -> int | None:
-    """Fewest rows m at which (m, k) @ (k, n) reaches the device's ridge point (peak_flops / bandwidth).
+    """Fewest rows m at which (m, k) @ (k, n) reaches the device's ridge point, peak_flops / bandwidth.
 
-    Rows are the tokens a layer processes at once. Below this m the step is memory-bound: a bigger
-    batch adds tokens for free (same time, more throughput); from it on, each row adds time (latency).
-    None if no m gets there: the intensity only approaches 2kn / ((k + n) * bytes) as m grows.
-    Example: ridge_batch(4096, 4096, 989e12, 3.35e12) == 345 (an H100's 16-bit tensor cores)
-
-    Hints (reference solution: 5 lines):
-      1. Exercise 5.1 in a loop over m is right, but first decide whether any m can get there.
-      2. Or solve 2mkn >= ridge * bytes * (mk + kn + mn) for m, and round UP (math.ceil).
+    Rows are the tokens a layer processes at once: below this m a step is memory-bound (more rows come
+    free), from it on compute-bound. The intensity of Exercise 5.1 grows with m but stays below a limit.
+    Args:    k, n: positive ints;  peak_flops (FLOP/s), bandwidth (bytes/s): positive;  dtype: a torch dtype
+    Returns: int m >= 1, or None if no number of rows reaches the ridge
+    Raises:  ValueError if a size or rate is not positive, or dtype is not a torch.dtype
+    Example:
+        >>> ridge_batch(4096, 4096, 989e12, 3.35e12)  # an H100's 16-bit tensor cores and HBM3
+        345
     """
     ### BEGIN SOLUTION
     ridge, b = peak_flops / bandwidth, bytes_per_element(dtype)
@@ -95,15 +95,18 @@ def step_cost(
 ) -> tuple[int, int]:
     """(FLOPs, bytes) of one forward step: new_tokens tokens per sequence against kv_len cached ones.
 
-    Decode is step_cost(config, 1, kv_len); a prefill of T tokens is step_cost(config, T, T).
-    FLOPs, for every sequence of the batch: 2 per weight of matrix_params(config) per new token,
-    plus attention, 2 * new_tokens * kv_len * head_dim per head and layer, twice (scores, values).
-    Bytes: every matrix weight read once, whatever the batch, plus the KV cache of kv_len tokens.
-    Example: step_cost(config, 1, 1) FLOPs == 2 * matrix_params(config) + 4 * n_layers * n_heads * head_dim
-
-    Hints (reference solution: 4 lines):
-      1. The batch multiplies the FLOPs and the KV bytes, not the weight bytes: that is why batching helps.
-      2. The cache's bytes: kv_cache_bytes, Exercise 4.4 (imported at the top of this file).
+    Decode is step_cost(config, 1, kv_len); a prefill of T tokens is step_cost(config, T, T). FLOPs:
+    every matrix weight (matrix_params) and attention (scores and values, every head and layer) for
+    every new token of every sequence, 2 per multiply-add. Bytes: the matrix weights, read once per step,
+    and the KV cache of kv_len tokens of every sequence (Exercise 4.4).
+    Args:    config: a ModelConfig;  new_tokens, kv_len, batch: positive ints, new_tokens <= kv_len;  dtype: a torch dtype
+    Returns: (flops, bytes), two ints
+    Raises:  ValueError if a count is not a positive int, new_tokens > kv_len, or dtype is not a torch.dtype
+    Example:
+        >>> from kvlib.core.model import ModelConfig, matrix_params
+        >>> config = ModelConfig(vocab_size=50)
+        >>> step_cost(config, 1, 1)[0] == 2 * matrix_params(config) + 4 * config.n_layers * config.n_heads * config.head_dim
+        True
     """
     ### BEGIN SOLUTION
     L, H, D = config.n_layers, config.n_heads, config.head_dim
@@ -119,11 +122,15 @@ def predicted_tokens_per_second(
 ) -> float:
     """Tokens per second that decode at kv_len cached tokens can reach on a device, by the roofline.
 
-    One decode step makes one new token for each of batch sequences.
-    Example: Llama-2-7B, kv_len 1, batch 1, float16 on an A100 80GB SXM (2,039 GB/s): about 154
-
-    Hints (reference solution: 2 lines):
-      1. Exercise 5.3 for the cost of one step, then roofline_time (top of this file) for its time.
+    One decode step makes one new token for each of batch sequences; its time is roofline_time of its cost.
+    Args:    config: a ModelConfig;  kv_len, batch: positive ints;  dtype: a torch dtype
+             peak_flops (FLOP/s), bandwidth (bytes/s): the device's, positive
+    Returns: float tokens per second, all sequences together
+    Raises:  ValueError as step_cost (Exercise 5.3), or if a rate is not positive
+    Example:
+        >>> from kvlib.core.configs import real_model
+        >>> round(predicted_tokens_per_second(real_model("Llama-2-7B").config, 1, 1, torch.float16, 312e12, 2.039e12))
+        154
     """
     ### BEGIN SOLUTION
     flops, bytes_moved = step_cost(config, 1, kv_len, batch, dtype)
@@ -146,8 +153,8 @@ def compute_bound_batch(
     ridge = peak_flops / bandwidth
 
     def intensity(batch):
-        flops, bytes_moved = step_cost(config, 1, kv_len, batch, dtype)
-        return flops / bytes_moved
+        work, traffic = step_cost(config, 1, kv_len, batch, dtype)  # FLOPs, bytes
+        return work / traffic
 
     if intensity(limit) < ridge:
         return None

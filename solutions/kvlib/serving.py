@@ -26,15 +26,19 @@ class BlockPool(BlockStore):
 
     @exercise("7.1", validate=inputs.check_block)
     def release(self, block: int) -> None:
-        """Drop one reference to block; when none is left, put it back on the free list.
+        """Drop one reference to block; when none is left, the block is free again (it goes on the free list).
 
-        Raises ValueError if block is already free: a block released twice would sit twice on the
-        free list, and two sequences would one day write into the same block.
-        Example: b = pool.allocate()[0]; pool.share(b); pool.release(b) -> still in use; release again -> free
-
-        Hints (reference solution: 5 lines):
-          1. self.refs[block] counts the tables that hold it; 0 means free.
-          2. Only the last release frees it: self.free.append(block).
+        Args:    block: a block id, 0 <= block < n_blocks, held by at least one table
+        Returns: None; refs[block] is one less, and the block is in free exactly when that reached 0
+        Raises:  ValueError if block is already free: a block released twice would sit twice on the free
+                 list, and two sequences would one day write into the same block
+        Example:
+            >>> from kvlib.core.model import ModelConfig; pool = BlockPool(ModelConfig(vocab_size=50), n_blocks=4, block_size=4)
+            >>> b = pool.allocate()[0]; pool.share(b)
+            >>> pool.release(b); b in pool.free, pool.n_free
+            (False, 3)
+            >>> pool.release(b); b in pool.free, pool.n_free
+            (True, 4)
         """
         ### BEGIN SOLUTION
         if self.refs[block] < 1:
@@ -54,15 +58,17 @@ class BlockTable:
 
     @exercise("7.2", validate=inputs.check_append)
     def append(self, pool: BlockPool, n: int = 1) -> list[int]:
-        """Make room for n more tokens; return their slots (block * block_size + offset), in order.
+        """Make room for n more tokens of this sequence; return their slots, in order.
 
-        A new block is allocated only when a token crosses a block boundary; if the pool is short,
-        pool.allocate raises OutOfBlocks and the table must be left exactly as it was.
-        Example: block_size 4, length 3, append(pool, 2) -> one new block; slots [b0*4 + 3, b1*4 + 0]
-
-        Hints (reference solution: 7 lines):
-          1. ceil((length + n) / block_size) blocks are needed: -(-a // b) is ceil(a / b).
-          2. Allocate what is missing in one call, before changing anything.
+        Token p of the sequence lives at slot blocks[p // block_size] * block_size + p % block_size. A new
+        block is taken from the pool only when a token crosses into a block the table does not have yet.
+        Args:    pool: the BlockPool the table's blocks come from;  n: tokens, >= 1
+        Returns: list of n int slots, for positions length ... length + n - 1; length grows by n
+        Raises:  OutOfBlocks (from pool.allocate) if the pool is short, and then the table is exactly as it was
+        Example:
+            >>> from kvlib.core.model import ModelConfig; pool = BlockPool(ModelConfig(vocab_size=50), n_blocks=4, block_size=4)
+            >>> table = BlockTable(4); table.append(pool, 3), table.append(pool, 2), table.blocks
+            ([0, 1, 2], [3, 4], [0, 1])
         """
         ### BEGIN SOLUTION
         bs = self.block_size
@@ -80,13 +86,16 @@ def paged_attention(q: torch.Tensor, pool: BlockPool, layer: int, tables: list[B
     """Attention for a batch of sequences of different lengths, reading K/V through their block tables.
 
     Args:    q: (batch, n_heads, seq_len, head_dim): each row's seq_len NEW queries (1 in a decode step),
-             already written to the pool; tables[i].length counts them. layer: which layer's K/V.
-    Returns: (batch, n_heads, seq_len, head_dim); row i attends causally to its own tables[i].length keys,
-             never padded to the longest row.
-
-    Hints (reference solution: 5 lines):
-      1. pool.read(layer, table.blocks, table.length) gives one row's keys and values, (n_kv_heads, S, D).
-      2. grouped_attention (Exercise 6.2) on q[i:i + 1] and those keys with a batch axis ([None]); torch.cat the rows.
+                whose keys and values are already written to the pool; tables[i].length counts them
+             pool: the BlockPool;  layer: which layer's K/V;  tables: one BlockTable per row of q
+    Returns: (batch, n_heads, seq_len, head_dim), q's dtype: row i attends causally to its own
+             tables[i].length keys (never padded to the longest row), as grouped_attention (6.2) would
+    Raises:  ValueError if there is not one table per row, layer is out of range, or a table is shorter than seq_len
+    Example:
+        >>> from kvlib.core.model import ModelConfig; pool = BlockPool(ModelConfig(vocab_size=50), n_blocks=4, block_size=4)
+        >>> tables = [BlockTable(4), BlockTable(4)]; slots = tables[0].append(pool, 3), tables[1].append(pool, 6)
+        >>> paged_attention(torch.randn(2, 8, 1, 16), pool, 0, tables).shape
+        torch.Size([2, 8, 1, 16])
     """
     ### BEGIN SOLUTION
     rows = []
@@ -101,12 +110,16 @@ def paged_attention(q: torch.Tensor, pool: BlockPool, layer: int, tables: list[B
 def copy_on_write(pool: BlockPool, table: BlockTable, index: int) -> int:
     """Make table.blocks[index] this table's own before it is written: copy a shared block, keep a private one.
 
-    If the block's reference count is 1, return it unchanged. Otherwise allocate a new block, copy
-    the K and V of every layer into it, point the table at it, release the shared one; return the new block.
-
-    Hints (reference solution: 8 lines):
-      1. pool.k[:, new] = pool.k[:, old] copies all layers of one block (and the same for pool.v).
-      2. The other tables still hold the old block: release it once, for this table only.
+    Args:    pool: the BlockPool;  table: a BlockTable;  index: 0 <= index < len(table.blocks)
+    Returns: int, the block the table holds at index afterwards: the same one if no other table held it
+             (refs 1), else a new block holding the same K and V in every layer. The other tables keep
+             the old block, which has one reference less.
+    Raises:  ValueError if index is out of range; OutOfBlocks if a copy is needed and no block is free
+    Example:
+        >>> from kvlib.core.model import ModelConfig; pool = BlockPool(ModelConfig(vocab_size=50), n_blocks=4, block_size=4)
+        >>> table = BlockTable(4); _ = table.append(pool, 2); pool.share(table.blocks[0])  # another table holds it too
+        >>> copy_on_write(pool, table, 0) != 0, pool.refs[0]
+        (True, 1)
     """
     ### BEGIN SOLUTION
     old = table.blocks[index]
@@ -139,17 +152,22 @@ class Scheduler(Engine):
 
     @exercise("7.4")
     def step(self) -> None:
-        """One iteration of continuous batching.
+        """One iteration of continuous batching: admit, retire, make room, decode.
 
-        1. Admit waiting requests, first come first served, while fewer than max_batch run and
-           self.blocks_to_admit(first waiting) <= self.pool.n_free (admit() prefills: a first token).
-        2. Retire: a request may be done after its prefill.
-        3. While self.blocks_to_decode() > free blocks: preempt the most recently admitted running
-           request (the last of self.running: it has made the fewest tokens, as vLLM chooses).
-        4. If any run: decode() once for all of them, then retire again.
-
-        Hints (reference solution: 8 lines):
-          1. self.waiting is a deque: [0] is the first in line, popleft() takes it.
+        The policy, held by the checks as invariants: waiting requests are admitted first come first served
+        (never one past an earlier one that does not fit), while fewer than max_batch run and the first in
+        line fits in the free blocks (self.blocks_to_admit; admit() prefills it, so it has its first token).
+        A request done after its prefill is retired at once. A decode never runs short of blocks: while
+        self.blocks_to_decode() exceeds the free blocks, the most recently admitted running request is
+        preempted (it has made the fewest tokens; vLLM's choice), and never one more than needed. Then, if
+        any run, one decode() for all of them and the ones done are retired.
+        Returns: None. Raises: nothing of its own (an engine method's error passes through)
+        Example:
+            >>> from kvlib.core.weights import load_tiny; model, _ = load_tiny()
+            >>> s = Scheduler(model, BlockPool(model.config, n_blocks=8, block_size=4))
+            >>> s.add(Request(0, [5, 6, 7], max_new_tokens=2)); s.step(); s.step()
+            >>> len(s.running), len(s.finished), len(s.finished[0].out)
+            (0, 1, 2)
         """
         ### BEGIN SOLUTION
         while (

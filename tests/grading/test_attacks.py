@@ -19,42 +19,13 @@ import re
 import shutil
 import socket
 import subprocess
-import sys
 import threading
 import time
 import zipfile
 from pathlib import Path
 
-import numpy as np
 import pytest
-from conftest import ROOT, run_kvlib
-
-NB = "01-attention"
-
-
-def _mode() -> str:
-    from kvlib.grading.jail import detect_mode
-
-    return detect_mode()
-
-
-JAILED = pytest.mark.skipif(
-    sys.platform != "linux" or _mode() == "plain",
-    reason="needs namespaces (root or user namespaces): the plain fallback does not stop this",
-)
-
-
-def nbgrader(course, *args, check=True, timeout=900):
-    # nbgrader runs the `alembic` command for its gradebook: put this environment's bin/ first
-    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
-    env = {**os.environ, "PATH": path, "KVLIB_SOLUTIONS": "0", "PYTHONPATH": ""}
-    proc = subprocess.run(
-        [sys.executable, "-m", "nbgrader", *args], cwd=course, capture_output=True, text=True, env=env, timeout=timeout
-    )
-    if check:
-        assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
-    return proc
-
+from conftest import JAILED, NB, ROOT, accept_connections, grading_mode, nbgrader, run_kvlib
 
 # ---------------------------------------------------------------------------------------------
 # Generated submissions: kvlib/attention.py variants and notebook edits
@@ -324,7 +295,7 @@ _os.write(2, b"z" * 3_000_000)
         ),
         "z-untouched": dict(expected=0, attention="release"),
     }
-    if _mode() != "plain":
+    if grading_mode() != "plain":
         ref = str(ROOT / "solutions" / "kvlib" / "attention.py")
         subs.update(
             {
@@ -610,20 +581,6 @@ def per_student_seconds(log: str, end: float) -> dict[str, float]:
 LOGS: dict = {}  # the graded fixture's autograde log, what changed in submitted/ during it, connections made
 
 
-def _accept(listener, connections: list) -> None:
-    while True:
-        try:
-            conn, _ = listener.accept()
-        except OSError:  # closed
-            return
-        with conn:
-            conn.settimeout(5)
-            try:
-                connections.append(conn.recv(100))
-            except OSError:
-                connections.append(b"")
-
-
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     """A course folder from `kvlib course init`, notebook 01 released, every submission handed in
@@ -643,7 +600,7 @@ def graded(tmp_path_factory):
     nbgrader(course, "generate_assignment", NB, "--log-level=WARN")
     listener = socket.create_server(("127.0.0.1", 0))  # what a19 tries to reach
     LOGS["connections"] = []
-    threading.Thread(target=_accept, args=(listener, LOGS["connections"]), daemon=True).start()
+    threading.Thread(target=accept_connections, args=(listener, LOGS["connections"]), daemon=True).start()
     subs = submissions(course, listener.getsockname()[1])
     for student, spec in subs.items():
         hand_in(course, student, spec)
@@ -673,8 +630,9 @@ def expected_score(graded, student):
 
 @pytest.mark.parametrize("student", ["z-correct", "z-untouched", "m-partial", "z-helper-module"])
 def test_honest_submissions_get_exactly_their_score(graded, student):
-    """Check correct -> full marks, untouched release -> 0, softmax and mask only -> their points, correct
-    with Exercise 1.1 in a module of the learner's own (kvlib/my_helpers.py) -> full marks, after every attack."""
+    """Check that honest submissions get exactly their score after every attack: correct -> full marks,
+    untouched release -> 0, softmax and mask only -> their points, correct with Exercise 1.1 in a module of the
+    learner's own (kvlib/my_helpers.py) -> full marks."""
     (score, max_score), want = expected_score(graded, student)
     assert (score, max_score) == (want, TOTAL)
 
@@ -704,7 +662,7 @@ def test_attack_gains_nothing(graded, student):
 @JAILED
 @pytest.mark.parametrize("student", ["a14-walks-up-for-solutions", "a15-writes-gradebook", "a16-plants-startup-file"])
 def test_jailed_attack_gains_nothing(graded, student):
-    """Check the attacks only the jail stops: no reference found, gradebook and home untouched."""
+    """Check that the attacks only the jail stops gain nothing: no reference found, gradebook and home untouched."""
     course = graded[0]
     (score, max_score), want = expected_score(graded, student)
     assert (score, max_score) == (want, TOTAL)
@@ -714,10 +672,11 @@ def test_jailed_attack_gains_nothing(graded, student):
 
 @pytest.mark.parametrize("student", ["a17-links-unpacked-tar", "a18-links-zip-collect"])
 def test_links_leak_nothing_and_the_rest_is_graded(graded, student):
-    """Check links to the source notebook, the reference, another student's file and nbgrader_config.py
-    (symbolic, and hard links, in a hand-unpacked tar; as zip_collect unpacks them): the code that
-    prints them finds nothing, the linked "helper" (the reference) earns nothing, the real files
-    earn their points, and no line of any target is in the graded folder or the feedback."""
+    """Check that links leak nothing and the rest is graded: links to the source notebook, the reference,
+    another student's file and nbgrader_config.py (symbolic, and hard links, in a hand-unpacked tar; as
+    zip_collect unpacks them): the code that prints them finds nothing, the linked "helper" (the reference)
+    earns nothing, the real files earn their points, and no line of any target is in the graded folder or the
+    feedback."""
     course = graded[0]
     (score, max_score), want = expected_score(graded, student)
     assert (score, max_score) == (want, TOTAL)
@@ -780,8 +739,8 @@ def _cells(course, student):
 
 
 def test_feedback_names_the_mistake(graded):
-    """Check the outputs the learner sees: "passed", the stub's message, the symlink refusal,
-    the endless loop; no graded cell keeps what the kernel printed."""
+    """Check that the outputs the learner sees name what happened: "passed", the stub's message, the symlink
+    refusal, the endless loop; no graded cell keeps what the kernel printed."""
     course = graded[0]
     partial = _cells(course, "m-partial")
     assert partial["softmax_is_stable"][0]["text"].startswith("passed:")
@@ -818,7 +777,7 @@ def test_grading_twice_gives_the_same_score_and_feedback(graded):
 
 
 def test_feedback_and_csv_export(graded):
-    """Check generate_feedback writes the learner's messages, and export gives the expected scores."""
+    """Check that generate_feedback writes the learner's messages, and export gives the expected scores."""
     course, subs = graded[0], graded[1]
     nbgrader(course, "generate_feedback", NB, "--student=m-partial", "--log-level=WARN")
     html = (course / "feedback" / "m-partial" / NB / "attention.html").read_text(encoding="utf-8")
@@ -830,370 +789,3 @@ def test_feedback_and_csv_export(graded):
     got = {r["student_id"]: float(r["score"]) for r in rows}
     assert got == {s: float(spec["expected"]) for s, spec in subs.items()}
     assert {float(r["max_score"]) for r in rows} == {float(TOTAL)}
-
-
-# ---------------------------------------------------------------------------------------------
-# Fast checks of the parts (no nbgrader run)
-
-
-def test_course_init_never_overwrites_without_force(tmp_path):
-    """Check that init refuses to change an instructor's file, and --force keeps a .bak of it."""
-    from kvlib.app.course_folder import CourseFolderExists, init_course
-
-    init_course(tmp_path)
-    secret = (tmp_path / "grading_secret").read_text()
-    assert (tmp_path / "grading_secret").stat().st_mode & 0o777 == 0o600
-    config = tmp_path / "nbgrader_config.py"
-    config.write_text(config.read_text() + "# mine\n")
-    with pytest.raises(CourseFolderExists):
-        init_course(tmp_path)
-    assert config.read_text().endswith("# mine\n")
-    init_course(tmp_path, force=True)
-    assert (tmp_path / "nbgrader_config.py.bak").read_text().endswith("# mine\n")
-    assert (tmp_path / "grading_secret").read_text() == secret  # never replaced
-
-
-def test_course_init_lists_learner_files_and_earlier_modules(tmp_path):
-    """Check exclude_overwriting, stubs for this notebook, and --earlier given/own for later ones."""
-    from traitlets.config.loader import PyFileConfigLoader
-
-    from kvlib.app.course_folder import init_course, learner_edited, learner_files, module_notebooks
-
-    init_course(tmp_path)
-    config = PyFileConfigLoader("nbgrader_config.py", path=str(tmp_path)).load_config()
-    assert config.Autograde.exclude_overwriting[NB] == ["kvlib/attention.py"]
-    stub = (tmp_path / "source" / NB / "kvlib" / "attention.py").read_text()
-    assert "### BEGIN SOLUTION" not in stub and 'raise NotImplementedError("Exercise 1.1' in stub
-    later = [nb for nb in dict.fromkeys(module_notebooks().values()) if nb != NB]
-    if later:  # a notebook after 01: attention.py is given (the reference) or the learner's own
-        given = learner_files(later[0], "given")["kvlib/attention.py"].decode()
-        assert "np.exp(scores - scores.max" in given and "BEGIN SOLUTION" not in given
-        assert "kvlib/attention.py" in learner_edited(later[0], "own")
-        assert "kvlib/attention.py" not in learner_edited(later[0], "given")
-
-
-def _npz(**arrays) -> bytes:
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    return buf.getvalue()
-
-
-def test_replies_must_be_plain_numbers():
-    """Check the grader's reader refuses pickles, compressed members and headers that lie."""
-    from kvlib.grading.sandbox import SandboxError, load_reply
-
-    head = np.array(json.dumps({"status": "ok"}))
-    assert load_reply(_npz(__head__=head, a0=np.ones(3)))[1]["a0"].sum() == 3
-    with pytest.raises(SandboxError):
-        load_reply(_npz(__head__=head, a0=np.array([object()], dtype=object)))
-    buf = io.BytesIO()
-    np.savez_compressed(buf, __head__=head, a0=np.zeros(10))
-    with pytest.raises(SandboxError):
-        load_reply(buf.getvalue())
-    liar = io.BytesIO()
-    with zipfile.ZipFile(liar, "w") as z:
-        z.writestr("__head__.npy", _npy(head))
-        z.writestr("a0.npy", _npy_header((10**9,), "<f8") + b"\0" * 16)
-    with pytest.raises(SandboxError):
-        load_reply(liar.getvalue())
-
-
-def test_a_returned_decoder_is_rebuilt_by_the_grader():
-    """Check a Decoder in a reply: rebuilt by the grader's own kvlib.core.model from numbers, refused when
-    its weights do not match its config or its config is not numbers, and never accepted as a function."""
-    import torch
-
-    from kvlib.core.model import Decoder, ModelConfig
-    from kvlib.grading import _child
-    from kvlib.grading.sandbox import SandboxError, _check_node
-
-    config = ModelConfig(vocab_size=11, d_model=16, n_layers=1, n_heads=4, n_kv_heads=2, hidden_dim=24, max_seq_len=8)
-    torch.manual_seed(0)
-    sent = Decoder(config).eval()
-    enc = _child.Encoder(np, torch)
-    node = enc.encode(sent)
-    files = {k: np.asarray(v) for k, v in enc.arrays.items()}
-    got = _check_node(node, files)
-    assert type(got) is Decoder and got.config == config
-    ids = torch.tensor([[1, 2, 3]])
-    with torch.inference_mode():
-        assert torch.equal(got(ids), sent(ids))
-    wrong = {**node, "config": {**node["config"], "n_kv_heads": 4}}  # k_proj would need 4 heads of rows
-    with pytest.raises(SandboxError, match="do not match"):
-        _check_node(wrong, files)
-    with pytest.raises(SandboxError, match="not numbers"):
-        _check_node({**node, "config": {**node["config"], "d_model": "16"}}, files)
-    with pytest.raises(SandboxError, match="too large"):
-        _check_node({**node, "config": {**node["config"], "max_seq_len": 1 << 30}}, files)
-    with pytest.raises(SandboxError):
-        _check_node({"t": "fn", "v": "gqa.to_gqa"}, files)
-
-
-def test_isolated_calls_copy_back_what_they_change_in_place(tmp_path):
-    """Check that a learner's function that changes a tensor argument in place changes the grader's
-    tensor too (as it would in the kernel), and that a watched call returns what it allocated."""
-    import torch
-
-    from kvlib.grading.sandbox import RemoteFunction, Sandbox, SandboxError, package_files
-
-    files = package_files(ROOT / "kvlib")
-    files["kvlib/gqa.py"] = (
-        (ROOT / "solutions" / "kvlib" / "gqa.py")
-        .read_text(encoding="utf-8")
-        .replace("    B, H_kv, S, D = x.shape\n", "    B, H_kv, S, D = x.shape\n    x.mul_(2)\n", 1)
-        .encode()
-    )
-    with Sandbox(
-        files,
-        ["gqa"],
-        ["gqa.repeat_kv", "gqa.grouped_attention"],
-        mode="plain",
-        torch=True,
-        call_timeout=60,
-        budget=120,
-    ) as sandbox:
-        gqa = sandbox.module("gqa")
-        x = torch.ones(1, 2, 3, 4)
-        out = gqa.repeat_kv(x, 2)
-        assert torch.equal(x, torch.full((1, 2, 3, 4), 2.0)) and out.shape == (1, 4, 3, 4)
-        q, k = torch.randn(1, 4, 1, 4), torch.randn(1, 2, 5, 4)
-        made = gqa.grouped_attention.watch(q, k, k)
-        assert made and all(isinstance(op, str) and isinstance(shape, tuple) for op, shape in made)
-        assert isinstance(gqa.first_head_of_group, RemoteFunction)
-        with pytest.raises(SandboxError, match="only in the isolated child"):
-            gqa.first_head_of_group(k, 2, 1)
-
-
-def test_the_child_keeps_a_learners_cache_and_carries_generators_and_callbacks():
-    """Check the objects notebooks 02 and 04 pass: a KVCache made and used in the child through a
-    handle, a generator whose state comes back advanced, an on_token callback replayed here."""
-    import torch
-
-    from kvlib.core.model import Decoder, ModelConfig
-    from kvlib.generation import next_token
-    from kvlib.grading.sandbox import RemoteObject, Sandbox, SandboxError, package_files
-
-    files = package_files(ROOT / "kvlib")
-    for module in ("attention", "generation", "kv_cache"):  # 4.x use 1.3's mask and 2.1's sampling
-        files[f"kvlib/{module}.py"] = (ROOT / "solutions" / "kvlib" / f"{module}.py").read_bytes()
-    functions = ["generation.next_token", "kv_cache.KVCache", "kv_cache.generate_cached"]
-    config = ModelConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=24, max_seq_len=32)
-    with Sandbox(
-        files, ["generation", "kv_cache"], functions, mode="plain", torch=True, call_timeout=60, budget=120
-    ) as sandbox:
-        kv, gen = sandbox.module("kv_cache"), sandbox.module("generation")
-        cache = kv.KVCache(config, batch=1, max_seq_len=8)
-        assert isinstance(cache, RemoteObject) and cache.pos == 0 and tuple(cache.k.shape) == (2, 1, 2, 8, 4)
-        where = cache.kvlib_data_ptr("k")
-        k, _ = cache.update(1, torch.ones(1, 2, 3, 4), torch.ones(1, 2, 3, 4))
-        cache.advance(3)
-        assert tuple(k.shape) == (1, 2, 3, 4) and cache.pos == 3 and cache.kvlib_data_ptr("k") == where
-        cache.pos = 1  # assigned in the child, as in the kernel
-        assert cache.pos == 1
-        with pytest.raises(SandboxError, match="private attribute"):
-            cache._pos = 0
-        ours, theirs = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
-        logits = torch.randn(6, 13)
-        assert torch.equal(gen.next_token(logits, temperature=1.0, generator=theirs), next_token(logits, 1.0, ours))
-        assert torch.equal(theirs.get_state(), ours.get_state())  # the child's draws advanced our generator
-        torch.manual_seed(0)
-        model, seen = Decoder(config).eval(), []
-        out = kv.generate_cached(
-            model, torch.tensor([[1, 2]]), 4, on_token=lambda t: seen.append(int(t[0])), cache=cache
-        )
-        assert seen == out[0, 2:].tolist() and cache.pos == 2 + 3  # the cache made before, reset and reused
-
-
-def test_the_child_keeps_a_schedulers_pool_and_tables_and_carries_requests():
-    """Check the objects notebook 07 passes: a BlockPool, BlockTables and a Scheduler kept in the child,
-    attributes assigned there (pool.k = ...), Requests and the stats dict carried as numbers, and an
-    OutOfBlocks raised there raised here as kvlib.core.paging's own."""
-    import torch
-
-    from kvlib.core.model import Decoder, ModelConfig
-    from kvlib.core.paging import OutOfBlocks, Request
-    from kvlib.grading.sandbox import RemoteObject, Sandbox, package_files
-
-    files = package_files(ROOT / "kvlib")
-    for module in ("attention", "gqa", "serving"):  # 7.3 uses 6.2's grouped_attention
-        files[f"kvlib/{module}.py"] = (ROOT / "solutions" / "kvlib" / f"{module}.py").read_bytes()
-    functions = ["serving.BlockPool", "serving.BlockTable", "serving.Scheduler", "serving.paged_attention"]
-    config = ModelConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=24, max_seq_len=32)
-    with Sandbox(files, ["serving"], functions, mode="plain", torch=True, call_timeout=60, budget=120) as sandbox:
-        sv = sandbox.module("serving")
-        assert sv.Request is Request and sv.OutOfBlocks is OutOfBlocks
-        pool, table = sv.BlockPool(config, 4, 4), sv.BlockTable(4)
-        assert isinstance(pool, RemoteObject) and isinstance(table, RemoteObject)
-        pool.k = torch.ones(2, 4, 2, 4, 4)
-        assert torch.equal(pool.k, torch.ones(2, 4, 2, 4, 4))
-        assert table.append(pool, 5) == [0, 1, 2, 3, 4] and table.blocks == [0, 1] and pool.n_free == 2
-        with pytest.raises(OutOfBlocks):
-            table.append(pool, 12)  # 17 tokens: 5 blocks of a pool of 4
-        torch.manual_seed(0)
-        sched = sv.Scheduler(Decoder(config).eval(), sv.BlockPool(config, 8, 4), max_batch=2)
-        sched.add(Request(7, [1, 2, 3], 2))
-        waiting = sched.waiting
-        assert [(r.id, r.prompt, r.max_new_tokens, r.out) for r in waiting] == [(7, [1, 2, 3], 2, [])]
-        sched.step()
-        assert sched.stats["decode_steps"] == 1 and [len(r.out) for r in sched.finished] == [2]
-
-
-def _npy(arr) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, arr)
-    return buf.getvalue()
-
-
-def _npy_header(shape, descr) -> bytes:
-    buf = io.BytesIO()
-    np.lib.format.write_array_header_1_0(buf, {"shape": shape, "fortran_order": False, "descr": descr})
-    return buf.getvalue()
-
-
-def test_screening_refuses_links_and_reads_the_rest(tmp_path):
-    """Check the screening of a submission: symbolic links (to files and folders), hard links to a file
-    outside, a pipe and a linked submission folder are refused with the reason and never read; hard
-    links between two files of the submission, and everything else, are read."""
-    from kvlib.grading.submission import HARDLINK, LINKED_FOLDER, SPECIAL, SYMLINK, read, screen
-
-    top = tmp_path / "submitted"
-    sub = top / "alice" / NB
-    (sub / "kvlib").mkdir(parents=True)
-    (sub / "kvlib" / "attention.py").write_text("mine")
-    (sub / "kvlib" / "ref.py").symlink_to(ROOT / "solutions" / "kvlib" / "attention.py")
-    (sub / "linked").symlink_to(ROOT / "solutions", target_is_directory=True)
-    outside = tmp_path / "outside.txt"
-    outside.write_text("secret")
-    os.link(outside, sub / "hard.txt")
-    (sub / "a.txt").write_text("twice")
-    os.link(sub / "a.txt", sub / "kvlib" / "b.txt")  # both names inside: a file like any other
-    os.mkfifo(sub / "pipe")
-    screened = screen(sub, top=top)
-    assert screened.refused == {"hard.txt": HARDLINK, "kvlib/ref.py": SYMLINK, "linked": SYMLINK, "pipe": SPECIAL}
-    assert set(screened.files) == {"a.txt", "kvlib/attention.py", "kvlib/b.txt"}
-    assert read(screened, "kvlib/attention.py") == b"mine" and read(screened, "kvlib/b.txt") == b"twice"
-    for rel in ("kvlib/ref.py", "linked/kvlib/attention.py", "hard.txt", "pipe"):
-        with pytest.raises(PermissionError, match="link|not a regular file"):
-            read(screened, rel)
-    with pytest.raises(FileNotFoundError):
-        read(screened, "kvlib/missing.py")
-    with pytest.raises(PermissionError, match="larger"):
-        read(screened, "kvlib/attention.py", limit=2)
-    (top / "bob").symlink_to(top / "alice", target_is_directory=True)
-    linked = screen(top / "bob" / NB, top=top)
-    assert linked.refused == {".": LINKED_FOLDER} and not linked.files
-
-
-def test_learner_helper_modules_travel_within_limits(tmp_path):
-    """Check which of a learner's own kvlib/ modules go to the isolated child: their own names only
-    (never kvlib's), no links, no more than MAX_HELPERS, none over MAX_HELPER_BYTES."""
-    from kvlib.grading.submission import MAX_HELPER_BYTES, MAX_HELPERS, helper_modules, reserved_names, screen
-
-    kvlib = tmp_path / "kvlib"
-    kvlib.mkdir()
-    for name in ("attention", "core", "checks", "__init__", "my_helpers"):
-        (kvlib / f"{name}.py").write_text(f"# {name}\n")
-    (kvlib / "sub").mkdir()
-    (kvlib / "sub" / "deep.py").write_text("# not directly in kvlib/\n")
-    (kvlib / "linked.py").symlink_to(ROOT / "solutions" / "kvlib" / "attention.py")
-    (kvlib / "huge.py").write_text("#" * (MAX_HELPER_BYTES + 1))
-    for i in range(MAX_HELPERS + 2):
-        (kvlib / f"x{i:02d}.py").write_text("")
-    reserved = reserved_names(ROOT / "kvlib")
-    assert {"attention", "core", "checks", "grading", "__init__"} <= reserved
-    taken, refused = helper_modules(screen(tmp_path), reserved)
-    assert taken["kvlib/my_helpers.py"] == b"# my_helpers\n"
-    assert not {
-        "kvlib/attention.py",
-        "kvlib/core.py",
-        "kvlib/checks.py",
-        "kvlib/__init__.py",
-        "kvlib/sub/deep.py",
-    } & set(taken)
-    assert "link" in refused["kvlib/linked.py"] and "larger" in refused["kvlib/huge.py"]
-    assert len(taken) == MAX_HELPERS and any("more than" in why for why in refused.values())
-
-
-# ---------------------------------------------------------------------------------------------
-# Notebooks 02 to 06: exercises that take models, caches, generators and callbacks, graded in isolation too
-
-
-@JAILED
-def test_a_jail_has_no_network_and_no_host_paths(tmp_path):
-    """Check a jailed process directly: it cannot connect to a server on the grader's 127.0.0.1, finds
-    no /proc/self/mountinfo (which would list the host folders behind its binds), and torch still
-    finds the CPU's vector instructions in the /proc stand-in."""
-    from kvlib.grading.jail import Jail, detect_mode, jail_python, site_dirs
-
-    listener = socket.create_server(("127.0.0.1", 0))
-    connections: list = []
-    threading.Thread(target=_accept, args=(listener, connections), daemon=True).start()
-    sites = site_dirs()
-    code = f"""
-import os, socket, sys
-sys.path.extend({[f"/site{i}" for i in range(len(sites))]!r})
-try:
-    socket.create_connection(("127.0.0.1", {listener.getsockname()[1]}), timeout=3).sendall(b"out")
-    print("connected")
-except OSError as err:
-    print("no network:", err.errno)
-print("mountinfo" if os.path.exists("/proc/self/mountinfo") else "no mountinfo")
-import torch
-print("cpu", torch.backends.cpu.get_cpu_capability())
-"""
-    jail = Jail(detect_mode(), binds={f"/site{i}": p for i, p in enumerate(sites)}, network=False, tmp_mb=64)
-    try:
-        proc = subprocess.run(
-            jail.command([jail_python(), "-I", "-S", "-c", code]),
-            capture_output=True,
-            text=True,
-            env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"},
-            cwd=jail.dir,
-            timeout=120,
-        )
-    finally:
-        jail.close()
-        listener.close()
-    out = proc.stdout
-    assert "no network" in out and "no mountinfo" in out, out + proc.stderr[-2000:]
-    import torch
-
-    assert f"cpu {torch.backends.cpu.get_cpu_capability()}\n" in out, out  # the same kernels as outside
-    assert str(sites[0]) not in out and connections == []
-
-
-def test_collect_copies_links_as_links(tmp_path):
-    """Check the course's `nbgrader collect` step: a link a student put in their exchange folder arrives
-    in submitted/ as a link (which autograde then refuses), not as a copy of what it points to."""
-    from nbgrader.coursedir import CourseDirectory
-
-    from kvlib.grading.autograde import LinkKeepingCollect
-
-    src = tmp_path / "inbound" / "alice+01-attention+2026-01-01"
-    (src / "kvlib").mkdir(parents=True)
-    (src / "kvlib" / "attention.py").write_text("mine")
-    (src / "notes.txt").symlink_to(ROOT / "solutions" / "kvlib" / "attention.py")
-    (src / "solutions").symlink_to(ROOT / "solutions", target_is_directory=True)
-    dest = tmp_path / "submitted" / "alice" / NB
-    LinkKeepingCollect(coursedir=CourseDirectory(root=str(tmp_path))).do_copy(str(src), str(dest))
-    assert (dest / "kvlib" / "attention.py").read_text() == "mine"
-    assert (dest / "notes.txt").is_symlink() and (dest / "solutions").is_symlink()
-
-
-def test_a_linked_timestamp_or_submission_folder_stops_that_submission(tmp_path):
-    """Check that autograde stops, naming why, before nbgrader reads a timestamp.txt that is a link
-    (nbgrader reads it before any other step) or anything in a submission folder that is a link."""
-    from nbgrader.coursedir import CourseDirectory
-
-    from kvlib.grading.autograde import ScreenedAutograde
-
-    converter = ScreenedAutograde(coursedir=CourseDirectory(root=str(tmp_path)))
-    sub = tmp_path / "submitted" / "alice" / NB
-    sub.mkdir(parents=True)
-    (sub / "timestamp.txt").symlink_to("/dev/zero")
-    with pytest.raises(PermissionError, match="timestamp.txt in the submission is a symbolic link"):
-        converter.init_destination(NB, "alice")
-    (tmp_path / "submitted" / "bob").mkdir()
-    (tmp_path / "submitted" / "bob" / NB).symlink_to(tmp_path / "submitted" / "alice" / NB, target_is_directory=True)
-    with pytest.raises(PermissionError, match="submission folder is itself a link"):
-        converter.init_destination(NB, "bob")

@@ -1,15 +1,16 @@
 """Notebooks 02 to 08 graded by nbgrader from a `kvlib course init` folder: a correct submission gets
 every point (in 04 also one with code moved into a helper module of the learner's own), the
 untouched release and a submission that patches the checks in its kernel get none.
-(Notebook 01, with its many attacks: tests/test_grading.py.)"""
+(Notebook 01, with its many attacks: tests/grading/test_attacks.py.)"""
 
 from __future__ import annotations
 
 import shutil
 
 import pytest
-from conftest import ROOT, run_kvlib
-from test_grading import nbgrader
+from conftest import ROOT, nbgrader, run_kvlib
+
+from kvlib.course.exercises import EXERCISES
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +24,7 @@ except Exception:
 try:  # and should a check run in this process: make it pass, and grade() print "passed"
     import kvlib.checks as _checks
     _checks.grade = lambda *a, **k: print("passed")
-    for _name in ("generation", "recompute", "kv_cache", "roofline", "gqa", "serving", "compress"):
+    for _name in _checks.CHECK_MODULES:
         _mod = __import__(f"kvlib.checks.{_name}", fromlist=["x"])
         for _attr in dir(_mod):
             if not _attr.startswith("__") and callable(getattr(_mod, _attr)):
@@ -89,19 +90,13 @@ def _top_level_split(params: str) -> list[str]:
     return out + [cur]
 
 
-ISOLATED = [
-    ("02-generation", "generation"),
-    ("03-recompute", "recompute"),
-    ("04-kv-cache", "kv_cache"),
-    ("05-memory-wall", "roofline"),
-    ("06-gqa", "gqa"),
-    ("07-serving", "serving"),
-    ("08-compress", "compress"),
-]
+# (notebook, module) from 02 on: every notebook of the exercise table but 01 (tests/grading/test_attacks.py)
+ISOLATED = list(dict((ex.notebook, ex.module) for ex in EXERCISES).items())[1:]
 # earlier notebooks' exercises a notebook's own use: the correct and helper students did those too
 EARLIER_DONE = {
     "kv_cache": ("attention", "generation"),  # 4.x use Exercise 1.3's mask and 2.1's sampling
     "roofline": ("kv_cache",),  # 5.3 uses Exercise 4.4's kv_cache_bytes
+    "fused": ("compress",),  # 9.4's cells compare with Exercise 8.2 over an Int8KVCache (8.1's quantize)
     "serving": ("gqa",),
 }  # 7.3 uses Exercise 6.2's grouped_attention
 
@@ -154,9 +149,9 @@ def graded_sizes(tmp_path_factory):
 
 @pytest.mark.parametrize("nb", [nb for nb, _ in ISOLATED])
 def test_scores_come_from_the_isolated_child(graded_sizes, nb):
-    """Check correct -> full marks, the untouched release -> 0, and a submission that patches the checks
-    and grade() in its kernel -> 0: the scores of notebooks 02 to 08 come from the isolated child
-    (notebook 01: tests/test_grading.py)."""
+    """Check that the scores of notebooks 02 to 08 come from the isolated child: correct -> full marks, the
+    untouched release -> 0, and a submission that patches the checks and grade() in its kernel -> 0
+    (notebook 01: tests/grading/test_attacks.py)."""
     scores = graded_sizes(nb)
     correct, max_score = scores["correct"]
     assert max_score > 0 and correct == max_score

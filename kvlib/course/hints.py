@@ -1,0 +1,295 @@
+"""Hints on demand: `kvlib hint X.Y` shows the next level of one exercise's hints, only when asked.
+
+One file per learner module, kvlib/course/hints/<module>.md (shipped as package data):
+
+    # Hints for kvlib/<module>.py (notebook NN)
+
+    ## X.Y Exercise title
+    1. A question that points at the idea (a nudge).
+    2. The idea or the invariant.
+    3. The last step short of code (the function or equation to use).
+
+At least three levels per exercise, never a line of the reference. A hint may run over several
+lines (continuation lines indented). The levels a learner has seen are remembered in one small
+JSON file, $XDG_CACHE_HOME/kvlib/hints.json (~/.cache/kvlib/hints.json by default), so each
+`kvlib hint X.Y` shows the next one. The notebooks show the same text behind a collapsed block
+(notebook_block), which `kvlib course release` writes after each exercise's task. Hints never
+change points: nothing here is read by a check or the grader.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvlib.core.paths import ROOT
+from kvlib.course.exercises import BY_ID, EXERCISES, Exercise
+
+HINTS_DIR = Path(__file__).resolve().parent / "hints"
+MIN_LEVELS = 3
+
+_TITLE = re.compile(r"^# Hints for kvlib/(\w+)\.py \(notebook (\d\d)\)\s*$")
+_SECTION = re.compile(r"^## (\d+\.\d+) (\S.*?)\s*$")
+_ITEM = re.compile(r"^(\d+)\. (\S.*)$")
+
+
+class HintFileError(ValueError):
+    """A hint file that does not follow the format, or leaves an exercise without enough hints."""
+
+
+@dataclass(frozen=True)
+class Hints:
+    exercise: Exercise
+    title: str  # as the file spells it (the exercise table's title, normally)
+    levels: tuple[str, ...]  # level 1 first; each one hint, its lines joined by "\n"
+    file: Path
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading and validating the files
+
+
+def parse(text: str, file: Path) -> dict[str, Hints]:
+    """The hints of one file, by exercise id; HintFileError names the file, the line and the problem."""
+    lines = text.splitlines()
+    name = file.name
+    if not lines or not (head := _TITLE.match(lines[0])):
+        raise HintFileError(f"{name} line 1: expected '# Hints for kvlib/<module>.py (notebook NN)', got {lines[:1]}")
+    module, notebook = head.groups()
+    if file.stem != module:
+        raise HintFileError(f"{name} line 1: the title names kvlib/{module}.py, but the file is {name}")
+    found: dict[str, Hints] = {}
+    current: tuple[Exercise, str, list[str]] | None = None
+
+    def close():
+        if current is not None:
+            ex, title, items = current
+            found[ex.id] = Hints(ex, title, tuple(items), file)
+
+    for n, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        if sec := _SECTION.match(line):
+            close()
+            ex_id, title = sec.groups()
+            ex = BY_ID.get(ex_id)
+            if ex is None:
+                raise HintFileError(f"{name} line {n}: exercise {ex_id} is not in the exercise table")
+            if ex.module != module or not ex.notebook.startswith(notebook):
+                raise HintFileError(
+                    f"{name} line {n}: exercise {ex_id} is in kvlib/{ex.module}.py (notebook {ex.notebook}), "
+                    f"not in kvlib/{module}.py (notebook {notebook})"
+                )
+            if ex_id in found:
+                raise HintFileError(f"{name} line {n}: exercise {ex_id} has two sections")
+            current = (ex, title, [])
+        elif item := _ITEM.match(line):
+            if current is None:
+                raise HintFileError(f"{name} line {n}: a hint before the first '## X.Y Title' section")
+            number, body = item.groups()
+            expected = len(current[2]) + 1
+            if int(number) != expected:
+                raise HintFileError(f"{name} line {n}: exercise {current[0].id}'s hint {number} should be {expected}")
+            current[2].append(body)
+        elif line.startswith("   ") and current is not None and current[2]:
+            current[2][-1] += "\n" + line.strip()  # a hint that runs over several lines
+        else:
+            raise HintFileError(
+                f"{name} line {n}: expected '## X.Y Title', '1. hint' or an indented line, got {line!r}"
+            )
+    close()
+    return found
+
+
+def hint_files(folder: Path | None = None) -> list[Path]:
+    return sorted((folder or HINTS_DIR).glob("*.md"))
+
+
+def load(folder: Path | None = None) -> dict[str, Hints]:
+    """Every hint file, validated: each exercise of the table has at least MIN_LEVELS hints."""
+    folder = folder or HINTS_DIR
+    found: dict[str, Hints] = {}
+    for file in hint_files(folder):
+        found.update(parse(file.read_text(encoding="utf-8"), file))
+    for ex in EXERCISES:
+        file = folder / f"{ex.module}.md"
+        if ex.id not in found:
+            where = (
+                f"{file.name} has no section '## {ex.id} {ex.title}'" if file.exists() else f"{file.name} is missing"
+            )
+            raise HintFileError(f"Exercise {ex.id} ({ex.title}) has no hints: {where}")
+        if len(found[ex.id].levels) < MIN_LEVELS:
+            raise HintFileError(
+                f"{file.name}: exercise {ex.id} ({ex.title}) has {len(found[ex.id].levels)} hint(s); "
+                f"every exercise needs at least {MIN_LEVELS} (a nudge, the idea, the last step short of code)"
+            )
+    return found
+
+
+def hints_for(exercise_id: str) -> Hints:
+    if exercise_id not in BY_ID:
+        known = ", ".join(ex.id for ex in EXERCISES)
+        raise ValueError(f"no exercise {exercise_id!r}; exercises are {known}")
+    return load()[exercise_id]
+
+
+def stuck(exercise_id: str) -> str:
+    """The ending of a failing check's message: where the hints are."""
+    return f"(stuck? kvlib hint {exercise_id})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Which level a learner has seen
+
+
+def state_file() -> Path:
+    """$XDG_CACHE_HOME/kvlib/hints.json, or ~/.cache/kvlib/hints.json: the last level shown per exercise."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "kvlib" / "hints.json"
+
+
+def _read_state() -> dict[str, int]:
+    try:
+        state = json.loads(state_file().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}  # no file yet, or one we cannot read: start from level 1
+    return (
+        {k: v for k, v in state.items() if isinstance(k, str) and isinstance(v, int)} if isinstance(state, dict) else {}
+    )
+
+
+def _write_state(state: dict[str, int]) -> None:
+    path = state_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(state, indent=1, sort_keys=True), encoding="utf-8")
+
+
+def reset(exercise_id: str | None = None) -> None:
+    """Forget the levels seen: of one exercise, or (None) of all."""
+    state = _read_state()
+    if exercise_id is None:
+        state = {}
+    else:
+        hints_for(exercise_id)  # names an unknown id
+        state.pop(exercise_id, None)
+    _write_state(state)
+
+
+def show(exercise_id: str, level: int | None = None) -> str:
+    """The text `kvlib hint` prints: the next hint of an exercise (or hint `level`), and how many are left.
+
+    Without level, each call moves one level on and remembers it; with level, that hint is shown
+    and remembered as the last one seen. Past the last level it says so and shows the last one again.
+    """
+    hints = hints_for(exercise_id)
+    n = len(hints.levels)
+    state = _read_state()
+    if level is None:
+        seen = state.get(exercise_id, 0)
+        if seen >= n:
+            return (
+                f"Exercise {exercise_id} ({hints.exercise.title}): no more hints, all {n} shown. The last one:\n\n"
+                f"{_item(n, hints.levels[-1])}\n\n"
+                f"Start again with: kvlib hint {exercise_id} --reset"
+            )
+        level = seen + 1
+    elif not 1 <= level <= n:
+        raise ValueError(f"exercise {exercise_id} has hints 1 to {n}, not {level}")
+    state[exercise_id] = level
+    _write_state(state)
+    more = f"next: kvlib hint {exercise_id}" if level < n else "that was the last hint"
+    return (
+        f"Exercise {exercise_id} ({hints.exercise.title}), hint {level} of {n} "
+        f"({hints.exercise.name} in {hints.exercise.file}):\n\n{_item(level, hints.levels[level - 1])}\n\n({more})"
+    )
+
+
+def _item(level: int, text: str) -> str:
+    """One hint as the file writes it: "N. " then its lines, continuation lines indented."""
+    return f"{level}. " + text.replace("\n", "\n   ")
+
+
+# ---------------------------------------------------------------------------------------------
+# The collapsed block in the notebooks
+
+
+def notebook_block(exercise_id: str, hints: dict[str, Hints] | None = None) -> str:
+    """Markdown of the collapsed hints block after an exercise's task: the hint file's text, folded."""
+    h = (hints or load())[exercise_id]
+    items = "\n".join(_item(i, text) for i, text in enumerate(h.levels, start=1))
+    return f"<details><summary>Hints (kvlib hint {exercise_id})</summary>\n\n{items}\n\n</details>"
+
+
+def task_cell_id(exercise_id: str) -> str:
+    return "ex" + exercise_id.replace(".", "-")  # the nbgrader grade_id of an exercise's task markdown
+
+
+def hint_cell_id(exercise_id: str) -> str:
+    return "hints-" + exercise_id.replace(".", "-")
+
+
+def sync_notebook(nb: dict, hints: dict[str, Hints] | None = None) -> list[str]:
+    """Put each exercise's hints block right after its task cell (in place); return the ids changed.
+
+    nb is a notebook as parsed JSON. A task cell is the markdown cell whose nbgrader grade_id is
+    "exN-M"; the block is a locked markdown cell with grade_id "hints-N-M".
+    """
+    hints = hints or load()
+    changed = []
+    cells = nb["cells"]
+    for ex in EXERCISES:
+        task = next((i for i, c in enumerate(cells) if _grade_id(c) == task_cell_id(ex.id)), None)
+        if task is None:
+            continue
+        text = notebook_block(ex.id, hints)
+        old = next((i for i, c in enumerate(cells) if _grade_id(c) == hint_cell_id(ex.id)), None)
+        if old is not None and old == task + 1 and "".join(cells[old]["source"]) == text:
+            continue
+        if old is not None:
+            del cells[old]
+            task = task - 1 if old < task else task
+        cells.insert(task + 1, _hint_cell(ex.id, text))
+        changed.append(ex.id)
+    return changed
+
+
+def _grade_id(cell: dict) -> str | None:
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+
+
+def _hint_cell(exercise_id: str, text: str) -> dict:
+    meta = {
+        "grade": False,
+        "grade_id": hint_cell_id(exercise_id),
+        "locked": True,
+        "schema_version": 3,
+        "solution": False,
+        "task": False,
+    }
+    lines = text.splitlines(keepends=True)
+    return {"cell_type": "markdown", "id": hint_cell_id(exercise_id), "metadata": {"nbgrader": meta}, "source": lines}
+
+
+def sync_solution_notebooks(check: bool = False) -> list[str]:
+    """Write every exercise's hints block into the solution notebooks (solutions/NN-*/*.ipynb).
+
+    `kvlib course release` calls it before generating notebooks/, so the hint files are the one
+    source of the blocks. With check=True nothing is written; returns one line per notebook that
+    differs (an empty list: the blocks match the files).
+    """
+    hints = load()
+    problems = []
+    for path in sorted((ROOT / "solutions").glob("[0-9][0-9]-*/*.ipynb")):
+        text = path.read_text(encoding="utf-8")
+        nb = json.loads(text)
+        changed = sync_notebook(nb, hints)
+        if changed:
+            problems.append(
+                f"{path.relative_to(ROOT)}: the hints blocks of {', '.join(changed)} differ from the hint files"
+            )
+            if not check:
+                path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return problems

@@ -1,0 +1,191 @@
+"""kvlib/grading/sandbox.py and its child (_child.py): replies are plain numbers, a returned Decoder is
+rebuilt by the grader, and objects the notebooks pass (caches, generators, callbacks, schedulers)
+live in the isolated child, with in-place changes copied back."""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+
+import numpy as np
+import pytest
+from conftest import ROOT
+
+
+def _npz(**arrays) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def test_replies_must_be_plain_numbers():
+    """Check that the grader's reader refuses pickles, compressed members and headers that lie."""
+    from kvlib.grading.sandbox import SandboxError, load_reply
+
+    head = np.array(json.dumps({"status": "ok"}))
+    assert load_reply(_npz(__head__=head, a0=np.ones(3)))[1]["a0"].sum() == 3
+    with pytest.raises(SandboxError):
+        load_reply(_npz(__head__=head, a0=np.array([object()], dtype=object)))
+    buf = io.BytesIO()
+    np.savez_compressed(buf, __head__=head, a0=np.zeros(10))
+    with pytest.raises(SandboxError):
+        load_reply(buf.getvalue())
+    liar = io.BytesIO()
+    with zipfile.ZipFile(liar, "w") as z:
+        z.writestr("__head__.npy", _npy(head))
+        z.writestr("a0.npy", _npy_header((10**9,), "<f8") + b"\0" * 16)
+    with pytest.raises(SandboxError):
+        load_reply(liar.getvalue())
+
+
+def test_a_returned_decoder_is_rebuilt_by_the_grader():
+    """Check that a Decoder in a reply is rebuilt by the grader's own kvlib.core.model from numbers, refused
+    when its weights do not match its config or its config is not numbers, and never accepted as a function."""
+    import torch
+
+    from kvlib.core.model import Decoder, ModelConfig
+    from kvlib.grading import _child
+    from kvlib.grading.sandbox import SandboxError, _check_node
+
+    config = ModelConfig(vocab_size=11, d_model=16, n_layers=1, n_heads=4, n_kv_heads=2, hidden_dim=24, max_seq_len=8)
+    torch.manual_seed(0)
+    sent = Decoder(config).eval()
+    enc = _child.Encoder(np, torch)
+    node = enc.encode(sent)
+    files = {k: np.asarray(v) for k, v in enc.arrays.items()}
+    got = _check_node(node, files)
+    assert type(got) is Decoder and got.config == config
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.inference_mode():
+        assert torch.equal(got(ids), sent(ids))
+    wrong = {**node, "config": {**node["config"], "n_kv_heads": 4}}  # k_proj would need 4 heads of rows
+    with pytest.raises(SandboxError, match="do not match"):
+        _check_node(wrong, files)
+    with pytest.raises(SandboxError, match="not numbers"):
+        _check_node({**node, "config": {**node["config"], "d_model": "16"}}, files)
+    with pytest.raises(SandboxError, match="too large"):
+        _check_node({**node, "config": {**node["config"], "max_seq_len": 1 << 30}}, files)
+    with pytest.raises(SandboxError):
+        _check_node({"t": "fn", "v": "gqa.to_gqa"}, files)
+
+
+def test_isolated_calls_copy_back_what_they_change_in_place(tmp_path):
+    """Check that a learner's function that changes a tensor argument in place changes the grader's
+    tensor too (as it would in the kernel), and that a watched call returns what it allocated."""
+    import torch
+
+    from kvlib.grading.sandbox import RemoteFunction, Sandbox, SandboxError, package_files
+
+    files = package_files(ROOT / "kvlib")
+    files["kvlib/gqa.py"] = (
+        (ROOT / "solutions" / "kvlib" / "gqa.py")
+        .read_text(encoding="utf-8")
+        .replace("    B, H_kv, S, D = x.shape\n", "    B, H_kv, S, D = x.shape\n    x.mul_(2)\n", 1)
+        .encode()
+    )
+    with Sandbox(
+        files,
+        ["gqa"],
+        ["gqa.repeat_kv", "gqa.grouped_attention"],
+        mode="plain",
+        torch=True,
+        call_timeout=60,
+        budget=120,
+    ) as sandbox:
+        gqa = sandbox.module("gqa")
+        x = torch.ones(1, 2, 3, 4)
+        out = gqa.repeat_kv(x, 2)
+        assert torch.equal(x, torch.full((1, 2, 3, 4), 2.0)) and out.shape == (1, 4, 3, 4)
+        q, k = torch.randn(1, 4, 1, 4), torch.randn(1, 2, 5, 4)
+        made = gqa.grouped_attention.watch(q, k, k)
+        assert made and all(isinstance(op, str) and isinstance(shape, tuple) for op, shape in made)
+        assert isinstance(gqa.first_head_of_group, RemoteFunction)
+        with pytest.raises(SandboxError, match="only in the isolated child"):
+            gqa.first_head_of_group(k, 2, 1)
+
+
+def test_the_child_keeps_a_learners_cache_and_carries_generators_and_callbacks():
+    """Check that the objects notebooks 02 and 04 pass work through the child: a KVCache made and used
+    there through a handle, a generator whose state comes back advanced, an on_token callback replayed here."""
+    import torch
+
+    from kvlib.core.model import Decoder, ModelConfig
+    from kvlib.generation import next_token
+    from kvlib.grading.sandbox import RemoteObject, Sandbox, SandboxError, package_files
+
+    files = package_files(ROOT / "kvlib")
+    for module in ("attention", "generation", "kv_cache"):  # 4.x use 1.3's mask and 2.1's sampling
+        files[f"kvlib/{module}.py"] = (ROOT / "solutions" / "kvlib" / f"{module}.py").read_bytes()
+    functions = ["generation.next_token", "kv_cache.KVCache", "kv_cache.generate_cached"]
+    config = ModelConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=24, max_seq_len=32)
+    with Sandbox(
+        files, ["generation", "kv_cache"], functions, mode="plain", torch=True, call_timeout=60, budget=120
+    ) as sandbox:
+        kv, gen = sandbox.module("kv_cache"), sandbox.module("generation")
+        cache = kv.KVCache(config, batch=1, max_seq_len=8)
+        assert isinstance(cache, RemoteObject) and cache.pos == 0 and tuple(cache.k.shape) == (2, 1, 2, 8, 4)
+        where = cache.kvlib_data_ptr("k")
+        k, _ = cache.update(1, torch.ones(1, 2, 3, 4), torch.ones(1, 2, 3, 4))
+        cache.advance(3)
+        assert tuple(k.shape) == (1, 2, 3, 4) and cache.pos == 3 and cache.kvlib_data_ptr("k") == where
+        cache.pos = 1  # assigned in the child, as in the kernel
+        assert cache.pos == 1
+        with pytest.raises(SandboxError, match="private attribute"):
+            cache._pos = 0
+        ours, theirs = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+        logits = torch.randn(6, 13)
+        assert torch.equal(gen.next_token(logits, temperature=1.0, generator=theirs), next_token(logits, 1.0, ours))
+        assert torch.equal(theirs.get_state(), ours.get_state())  # the child's draws advanced our generator
+        torch.manual_seed(0)
+        model, seen = Decoder(config).eval(), []
+        out = kv.generate_cached(
+            model, torch.tensor([[1, 2]]), 4, on_token=lambda t: seen.append(int(t[0])), cache=cache
+        )
+        assert seen == out[0, 2:].tolist() and cache.pos == 2 + 3  # the cache made before, reset and reused
+
+
+def test_the_child_keeps_a_schedulers_pool_and_tables_and_carries_requests():
+    """Check that the objects notebook 07 passes work through the child: a BlockPool, BlockTables and a
+    Scheduler kept there, attributes assigned there (pool.k = ...), Requests and the stats dict carried as
+    numbers, and an OutOfBlocks raised there raised here as kvlib.core.paging's own."""
+    import torch
+
+    from kvlib.core.model import Decoder, ModelConfig
+    from kvlib.core.paging import OutOfBlocks, Request
+    from kvlib.grading.sandbox import RemoteObject, Sandbox, package_files
+
+    files = package_files(ROOT / "kvlib")
+    for module in ("attention", "gqa", "serving"):  # 7.3 uses 6.2's grouped_attention
+        files[f"kvlib/{module}.py"] = (ROOT / "solutions" / "kvlib" / f"{module}.py").read_bytes()
+    functions = ["serving.BlockPool", "serving.BlockTable", "serving.Scheduler", "serving.paged_attention"]
+    config = ModelConfig(vocab_size=13, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=24, max_seq_len=32)
+    with Sandbox(files, ["serving"], functions, mode="plain", torch=True, call_timeout=60, budget=120) as sandbox:
+        sv = sandbox.module("serving")
+        assert sv.Request is Request and sv.OutOfBlocks is OutOfBlocks
+        pool, table = sv.BlockPool(config, 4, 4), sv.BlockTable(4)
+        assert isinstance(pool, RemoteObject) and isinstance(table, RemoteObject)
+        pool.k = torch.ones(2, 4, 2, 4, 4)
+        assert torch.equal(pool.k, torch.ones(2, 4, 2, 4, 4))
+        assert table.append(pool, 5) == [0, 1, 2, 3, 4] and table.blocks == [0, 1] and pool.n_free == 2
+        with pytest.raises(OutOfBlocks):
+            table.append(pool, 12)  # 17 tokens: 5 blocks of a pool of 4
+        torch.manual_seed(0)
+        sched = sv.Scheduler(Decoder(config).eval(), sv.BlockPool(config, 8, 4), max_batch=2)
+        sched.add(Request(7, [1, 2, 3], 2))
+        waiting = sched.waiting
+        assert [(r.id, r.prompt, r.max_new_tokens, r.out) for r in waiting] == [(7, [1, 2, 3], 2, [])]
+        sched.step()
+        assert sched.stats["decode_steps"] == 1 and [len(r.out) for r in sched.finished] == [2]
+
+
+def _npy(arr) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, arr)
+    return buf.getvalue()
+
+
+def _npy_header(shape, descr) -> bytes:
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"shape": shape, "fortran_order": False, "descr": descr})
+    return buf.getvalue()

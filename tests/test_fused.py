@@ -1,0 +1,483 @@
+"""kvlib/fused.py (notebook 09): the online softmax, tiled attention, flash-decoding's merge and int8
+attention with folded scales; equivalences with SDPA and notebook 08, other correct ways passing the
+checks, likely slips named, bad input, and the benchmark's shape of report.
+
+Runs in reference mode (conftest). No test asserts on time."""
+
+import math
+import types
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import handed_in
+
+from kvlib import compress, fused
+from kvlib.checks import checks_for, run
+from kvlib.checks.compress import _int8_cache
+from kvlib.core.flops import matmul_flops
+from kvlib.course.exercises import BY_ID, ExerciseNotDone
+from kvlib.measure import bench_fused
+
+torch.set_num_threads(1)
+
+CHECKS_09 = [c for i in range(1, 5) for c in checks_for(BY_ID[f"9.{i}"])]
+NAMES = ("online_softmax", "tiled_attention", "merge_partials", "chunk_partial", "int8_folded_attention")
+
+
+def _causal_sdpa(q, k, v):
+    T, S = q.shape[2], k.shape[2]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(T, S, dtype=torch.bool).tril(S - T))
+
+
+@pytest.mark.parametrize("check", CHECKS_09, ids=lambda c: c.name)
+def test_reference_passes_check(check):
+    """Check that the reference solution passes every check of notebook 09."""
+    check.fn(fused, np.random.default_rng(0))
+
+
+def test_learner_stubs_are_todo(learner_mode):
+    """Check that in learner mode every 9.x exercise raises ExerciseNotDone naming itself."""
+    q, kv = torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 3, 4)
+    cache = _int8_cache(np.random.default_rng(0), 5)
+    for ex_id, call in (
+        ("9.1", lambda: fused.online_softmax([(torch.zeros(3), torch.zeros(3, 2))])),
+        ("9.2", lambda: fused.tiled_attention(q, kv, kv, 2)),
+        ("9.3", lambda: fused.merge_partials(torch.zeros(2, 3, 4), torch.zeros(2, 3))),
+        ("9.4", lambda: fused.int8_folded_attention(torch.zeros(2, 6, 1, 8), *cache, 5)),
+    ):
+        with pytest.raises(ExerciseNotDone, match=f"Exercise {ex_id}"):
+            call()
+    assert {r.id: r.status for r in run("09")} == {f"9.{i}": "todo" for i in range(1, 5)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Equivalences and properties
+
+
+def test_online_softmax_gives_notebook_01s_three_tokens():
+    """Check the seed example: scores 1, 1, 2 in chunks of 2 and 1 give notebook 01's [1.940, 1.000]."""
+    out = fused.online_softmax(
+        [
+            (torch.tensor([1.0, 1.0]), torch.tensor([[1.0, 0.0], [0.0, 2.0]])),
+            (torch.tensor([2.0]), torch.tensor([[3.0, 1.0]])),
+        ]
+    )
+    torch.testing.assert_close(out, torch.tensor([1.9403, 1.0]), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("T, S, tile", [(16, 16, 4), (5, 13, 4), (1, 9, 2), (7, 7, 16)])
+def test_tiled_attention_matches_causal_sdpa(T, S, tile):
+    """Check tiled attention against SDPA with a bottom-right causal mask."""
+    g = torch.Generator().manual_seed(T * S)
+    q, k, v = (torch.randn(2, 3, n, 8, generator=g) for n in (T, S, S))
+    torch.testing.assert_close(fused.tiled_attention(q, k, v, tile), _causal_sdpa(q, k, v))
+
+
+def test_tiled_attention_counts_about_half_the_flops_when_causal():
+    """Check that causal tiles cost (n + 1) / (2n) of the full count for n x n tiles, counted by torch."""
+    T, tile = 64, 8
+    q, k, v = (torch.randn(1, 2, T, 16) for _ in range(3))
+    counted = matmul_flops(fused.tiled_attention, q, k, v, tile)
+    full = 4 * T * T * 16 * 2
+    n = T // tile
+    assert counted == full * (n + 1) // (2 * n)
+    assert bench_fused.tile_flops(T, T, tile, batch=1, heads=2, head_dim=16) == (counted, full)
+
+
+def test_flash_decode_matches_sdpa_for_any_chunk():
+    """Check flash-decoding (chunk_partial + merge_partials) against SDPA, grouped heads, uneven chunks."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (
+        torch.randn(2, 6, 1, 8, generator=g),
+        torch.randn(2, 2, 37, 8, generator=g),
+        torch.randn(2, 2, 37, 8, generator=g),
+    )
+    expected = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    for chunk in (1, 5, 16, 37, 100):
+        torch.testing.assert_close(fused.flash_decode(q, k, v, chunk), expected)
+
+
+def test_merge_is_associative():
+    """Check that merging merged halves equals merging every chunk at once (the lse carries the sums)."""
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (
+        torch.randn(1, 2, 1, 8, generator=g),
+        torch.randn(1, 2, 24, 8, generator=g),
+        torch.randn(1, 2, 24, 8, generator=g),
+    )
+    parts = [fused.chunk_partial(q, k[:, :, j : j + 6], v[:, :, j : j + 6]) for j in range(0, 24, 6)]
+    outs, lses = torch.stack([o for o, _ in parts]), torch.stack([lse for _, lse in parts])
+    whole = fused.merge_partials(outs, lses)
+    halves = [fused.merge_partials(outs[i : i + 2], lses[i : i + 2]) for i in (0, 2)]
+    again = fused.merge_partials(torch.stack([h[0] for h in halves]), torch.stack([h[1] for h in halves]))
+    torch.testing.assert_close(again[0], whole[0])
+    torch.testing.assert_close(again[1], whole[1])
+
+
+def test_int8_folded_equals_notebook_08s_int8_attention():
+    """Check 9.4 against 8.2 on the same int8 cache, decode steps across block boundaries."""
+    rng = np.random.default_rng(3)
+    for kv_len in (1, 31, 257, 700):
+        cache = _int8_cache(rng, kv_len)
+        q = torch.randn(2, 6, 1, 8)
+        torch.testing.assert_close(
+            fused.int8_folded_attention(q, *cache, kv_len),
+            compress.int8_attention(q, *cache, kv_len),
+            rtol=1e-5,
+            atol=1e-5,
+        )
+
+
+def test_peak_memory_of_tiled_is_far_below_naive():
+    """Check the allocator's record: tiled attention's peak at 512 tokens is a small share of the naive scores'."""
+    naive, tiled, exact = bench_fused.peak_case(512, tile=64)
+    assert exact < 1e-4
+    assert tiled["peak_bytes"] * 8 < naive["peak_bytes"]
+    assert naive["peak_bytes"] >= 512 * 512 * 4  # the scores of one head exist at once
+
+
+def test_tile_kinds_cover_the_grid_and_match_the_flop_count():
+    """Check the widget's grid: every tile computed, skipped or masked, skipped exactly above the diagonal."""
+    kinds = bench_fused.tile_kinds(12, 12, 3)
+    assert kinds.shape == (4, 4) and set(np.unique(kinds)) <= {0, 1, 2}
+    assert (kinds[np.triu_indices(4, 1)] == bench_fused.SKIPPED).all()
+    assert (np.diag(kinds) == bench_fused.MASKED).all()
+    assert (kinds[np.tril_indices(4, -1)] == bench_fused.COMPUTED).all()
+    assert bench_fused.tile_kinds(10, 10, 3)[3, 3] == bench_fused.COMPUTED  # one query, one key: nothing to mask
+
+
+def test_bad_inputs_name_the_problem():
+    """Check that a bad tile, mismatched keys and values, or a missing scale gives a ValueError naming it."""
+    q, kv = torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 5, 4)
+    cache = list(_int8_cache(np.random.default_rng(0), 5))
+    for call, words in (
+        (lambda: fused.tiled_attention(q, kv, kv, 0), "tile must be a positive int"),
+        (lambda: fused.tiled_attention(q, kv, kv, 2.0), "tile must be a positive int"),
+        (lambda: fused.tiled_attention(q, kv, torch.zeros(1, 2, 4, 4), 2), "k and v must have the same shape"),
+        (lambda: fused.tiled_attention(torch.zeros(1, 2, 6, 4), kv, kv, 2), "need at least as many keys"),
+        (lambda: fused.flash_decode(q[:, :, :1], kv, kv, -1), "chunk must be a positive int"),
+        (lambda: fused.flash_decode(q[:, :, :1], kv, kv[:, :, :4], 2), "k and v must have one shape"),
+        (lambda: fused.online_softmax([]), "non-empty list"),
+        (lambda: fused.online_softmax([(torch.zeros(3), torch.zeros(4, 2))]), "values must be scores' shape"),
+        (lambda: fused.merge_partials(torch.zeros(2, 3, 4), torch.zeros(3, 3)), "lses must be outs' shape"),
+        (
+            lambda: fused.int8_folded_attention(torch.zeros(2, 6, 1, 8), cache[0], None, cache[2], cache[3], 5),
+            "needs its scales",
+        ),
+        (lambda: fused.int8_folded_attention(torch.zeros(2, 6, 2, 8), *cache, 5), "one query"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            call()
+
+
+# ---------------------------------------------------------------------------------------------
+# Other correct ways pass every check; likely slips fail, with their names
+
+
+def _module(**replaced) -> types.SimpleNamespace:
+    return handed_in(fused, NAMES, **replaced)
+
+
+def _messages(ex_id: str, **replaced) -> list[str]:
+    out = []
+    for check in checks_for(BY_ID[ex_id]):
+        try:
+            check.fn(_module(**replaced), np.random.default_rng(0))
+            out.append("")
+        except AssertionError as err:
+            out.append(str(err) or "assertion")
+        except Exception as err:  # a crash in the code under test is a failure too
+            out.append(f"{type(err).__name__}: {err}")
+    return out
+
+
+def _online(chunks, rescale_sum=True, rescale_acc=True, subtract_max=True, guard=True, keep=True):
+    """The online loop with one of its parts left out: the slips' common body."""
+    m = l = acc = None
+    for s, v in chunks:
+        if m is None:
+            m, l = torch.full(s.shape[:-1], float("-inf")), torch.zeros(s.shape[:-1])
+            acc = torch.zeros(v.shape[:-2] + v.shape[-1:])
+        new = torch.maximum(m, s.amax(-1)) if subtract_max else torch.zeros_like(m)
+        shift = torch.where(torch.isfinite(new), new, 0.0) if guard else new
+        alpha = torch.exp(m - shift) if subtract_max else torch.ones_like(m)
+        p = torch.exp(s - shift[..., None])
+        if not keep:
+            l, acc = torch.zeros_like(l), torch.zeros_like(acc)
+        l = (l * alpha if rescale_sum else l) + p.sum(-1)
+        acc = (acc * alpha[..., None] if rescale_acc else acc) + (p[..., None, :] @ v).squeeze(-2)
+        m = new
+    return acc / l[..., None]
+
+
+def online_two_pass(chunks):  # first pass: the global max; second: sums against it (reads each chunk twice)
+    m = None
+    for s, _ in chunks:
+        m = s.amax(-1) if m is None else torch.maximum(m, s.amax(-1))
+    l = sum(torch.exp(s - m[..., None]).sum(-1) for s, _ in chunks)
+    acc = sum((torch.exp(s - m[..., None])[..., None, :] @ v).squeeze(-2) for s, v in chunks)
+    return acc / l[..., None]
+
+
+def online_lse(chunks):  # carry a running log-sum-exp instead of a maximum and a sum
+    lse = out = None
+    for s, v in chunks:
+        c_lse = torch.logsumexp(s, -1)
+        c_out = (torch.nan_to_num(torch.exp(s - c_lse[..., None]), nan=0.0)[..., None, :] @ v).squeeze(-2)
+        if lse is None:
+            lse, out = c_lse, c_out
+            continue
+        new = torch.logaddexp(lse, c_lse)
+        w_old = torch.nan_to_num(torch.exp(lse - new), nan=0.0)
+        w_new = torch.nan_to_num(torch.exp(c_lse - new), nan=0.0)
+        out, lse = w_old[..., None] * out + w_new[..., None] * c_out, new
+    return out
+
+
+def online_float64(chunks):
+    return _online([(s.double(), v.double()) for s, v in chunks]).float()
+
+
+def online_no_rescale_acc(chunks):
+    return _online(chunks, rescale_acc=False)
+
+
+def online_no_max(chunks):
+    return _online(chunks, subtract_max=False)
+
+
+def online_no_guard(chunks):
+    return _online(chunks, guard=False)
+
+
+def online_concat(chunks):
+    s, v = torch.cat([c[0] for c in chunks], -1), torch.cat([c[1] for c in chunks], -2)
+    return (s.softmax(-1)[..., None, :] @ v).squeeze(-2)
+
+
+def online_last_chunk(chunks):
+    return _online(chunks, keep=False)
+
+
+def _tiled(q, k, v, tile, *, skip=True, mask_diagonal=True, top_left=False, scale=True):
+    T, S, D = q.shape[2], k.shape[2], q.shape[3]
+    offset = 0 if top_left else S - T
+    out = torch.empty(q.shape)
+    for i0 in range(0, T, tile):
+        qi = q[:, :, i0 : i0 + tile] / (math.sqrt(D) if scale else 1.0)
+        tq = qi.shape[2]
+        rows = offset + i0 + torch.arange(tq)
+        m, l, acc = torch.full(qi.shape[:3], float("-inf")), torch.zeros(qi.shape[:3]), torch.zeros(qi.shape)
+        for j0 in range(0, min(S, offset + i0 + tq) if skip else S, tile):
+            kj, vj = k[:, :, j0 : j0 + tile], v[:, :, j0 : j0 + tile]
+            s = qi @ kj.transpose(-2, -1)
+            if mask_diagonal or not skip:
+                s = s.masked_fill(rows[:, None] < j0 + torch.arange(kj.shape[2]), float("-inf"))
+            new = torch.maximum(m, s.amax(-1))
+            shift = torch.where(torch.isfinite(new), new, 0.0)
+            alpha, p = torch.exp(m - shift), torch.exp(s - shift[..., None])
+            l, acc, m = l * alpha + p.sum(-1), acc * alpha[..., None] + p @ vj, new
+        out[:, :, i0 : i0 + tq] = acc / l[..., None]
+    return out
+
+
+def tiled_query_rows(q, k, v, tile):  # one query tile at a time against key tiles, written with einsum
+    T, S, D = q.shape[2], k.shape[2], q.shape[3]
+    outs = []
+    for i0 in range(0, T, tile):
+        qi = q[:, :, i0 : i0 + tile]
+        tq, last = qi.shape[2], S - T + i0 + qi.shape[2] - 1
+        parts = []
+        for j0 in range(0, last + 1, tile):
+            kj, vj = k[:, :, j0 : j0 + tile], v[:, :, j0 : j0 + tile]
+            s = torch.einsum("bhtd,bhsd->bhts", qi, kj) / math.sqrt(D)
+            pos = S - T + i0 + torch.arange(tq)
+            s = s.masked_fill(pos[:, None] < j0 + torch.arange(kj.shape[2]), float("-inf"))
+            lse = torch.logsumexp(s, -1)
+            parts.append((torch.einsum("bhts,bhsd->bhtd", torch.exp(s - lse[..., None]), vj), lse))
+        out, _ = fused.merge_partials(torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts]))
+        outs.append(out)
+    return torch.cat(outs, 2)
+
+
+def tiled_float64(q, k, v, tile):
+    return _tiled(q.double(), k.double(), v.double(), tile).float()
+
+
+def tiled_mask_everywhere(q, k, v, tile):  # skips the future tiles, and masks every computed tile (harmless)
+    return _tiled(q, k, v, tile, mask_diagonal=True)
+
+
+def tiled_every_tile(q, k, v, tile):
+    return _tiled(q, k, v, tile, skip=False)
+
+
+def tiled_unmasked_diagonal(q, k, v, tile):
+    return _tiled(q, k, v, tile, mask_diagonal=False)
+
+
+def tiled_top_left(q, k, v, tile):
+    return _tiled(q, k, v, tile, top_left=True)
+
+
+def tiled_full_matrix(q, k, v, tile):  # right answer, through the whole score matrix
+    T, S = q.shape[2], k.shape[2]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    return scores.masked_fill(~torch.ones(T, S, dtype=torch.bool).tril(S - T), float("-inf")).softmax(-1) @ v
+
+
+def merge_softmax_weights(outs, lses):  # weights as a softmax over the chunk axis
+    w = torch.softmax(lses, dim=0)
+    return torch.nan_to_num(w[..., None] * outs, nan=0.0).sum(0), torch.logsumexp(lses, 0)
+
+
+def merge_pairwise(outs, lses):  # fold the chunks in one at a time with logaddexp
+    out, lse = torch.nan_to_num(outs[0], nan=0.0), lses[0]
+    for o, l in zip(outs[1:], lses[1:]):
+        new = torch.logaddexp(lse, l)
+        w_old, w_new = torch.exp(lse - new), torch.exp(l - new)
+        o = torch.where(w_new[..., None] > 0, o, 0.0)
+        out, lse = w_old[..., None] * out + w_new[..., None] * o, new
+    return out, lse
+
+
+def merge_float64(outs, lses):
+    out, lse = fused.merge_partials(outs.double(), lses.double())
+    return out.float(), lse.float()
+
+
+def merge_mean(outs, lses):
+    return outs.mean(0), torch.logsumexp(lses, 0)
+
+
+def merge_max_lse(outs, lses):
+    out, _ = fused.merge_partials(outs, lses)
+    return out, lses.amax(0)
+
+
+def merge_no_shift(outs, lses):  # exp(lse) without the largest subtracted: overflows at lse ~ 100
+    w = torch.exp(lses)
+    return (torch.where(w[..., None] > 0, w[..., None] * outs, 0.0)).sum(0) / w.sum(0)[..., None], torch.log(w.sum(0))
+
+
+def merge_times_zero(outs, lses):  # weight 0 times a nan out is nan
+    lse = torch.logsumexp(lses, 0)
+    return (torch.exp(lses - lse)[..., None] * outs).sum(0), lse
+
+
+def _folded(q, k_values, k_scale, v_values, v_scale, kv_len, block_tokens, dtype=torch.float32):
+    B, H_kv, n_groups, group, D = k_values.shape
+    G = q.shape[1] // H_kv
+    qg = q.reshape(B, H_kv, G, D) / math.sqrt(D)
+    scores = []
+    for g in range(0, -(-kv_len // group), max(1, block_tokens // group)):
+        nb = min(max(1, block_tokens // group), n_groups - g)
+        for i in range(nb):
+            scores.append((qg * k_scale[:, :, g + i]) @ k_values[:, :, g + i].to(dtype).transpose(-2, -1))
+    probs = torch.cat(scores, -1)[..., :kv_len].softmax(-1) * v_scale[:, :, None, :kv_len, 0]
+    out = sum(
+        probs[..., j : j + block_tokens] @ v_values[:, :, j : min(kv_len, j + block_tokens)].to(dtype)
+        for j in range(0, kv_len, block_tokens)
+    )
+    return out.reshape(B, H_kv * G, 1, D)
+
+
+def folded_per_group(q, k_values, k_scale, v_values, v_scale, kv_len):  # one group of keys at a time
+    return _folded(q, k_values, k_scale, v_values, v_scale, kv_len, k_values.shape[3])
+
+
+def folded_einsum(q, k_values, k_scale, v_values, v_scale, kv_len):  # blocks of 128 tokens, einsum
+    B, H_kv, n_groups, group, D = k_values.shape
+    G, per = q.shape[1] // H_kv, max(1, 128 // group)
+    qg = q.reshape(B, H_kv, G, D) / math.sqrt(D)
+    scores = [
+        torch.einsum("bhgd,bhnd,bhnsd->bhgns", qg, k_scale[:, :, g : g + per, 0], k_values[:, :, g : g + per].float())
+        for g in range(0, -(-kv_len // group), per)
+    ]
+    probs = torch.cat([s.flatten(3) for s in scores], -1)[..., :kv_len].softmax(-1) * v_scale[:, :, None, :kv_len, 0]
+    out = sum(
+        torch.einsum("bhgs,bhsd->bhgd", probs[..., j : j + 128], v_values[:, :, j : min(kv_len, j + 128)].float())
+        for j in range(0, kv_len, 128)
+    )
+    return out.reshape(B, -1, 1, D)
+
+
+def folded_float64(q, k_values, k_scale, v_values, v_scale, kv_len):
+    return _folded(
+        q.double(), k_values, k_scale.double(), v_values, v_scale.double(), kv_len, 64, torch.float64
+    ).float()
+
+
+def folded_dequantise_all(q, k_values, k_scale, v_values, v_scale, kv_len):  # right answer, via the float copy
+    return compress.int8_attention(q, k_values, k_scale, v_values, v_scale, kv_len)
+
+
+def folded_no_k_scale(q, k_values, k_scale, v_values, v_scale, kv_len):
+    return fused.int8_folded_attention(q, k_values, torch.ones_like(k_scale), v_values, v_scale, kv_len)
+
+
+def folded_all_slots(q, k_values, k_scale, v_values, v_scale, kv_len):
+    S = min(k_values.shape[2] * k_values.shape[3], v_values.shape[2])
+    return fused.int8_folded_attention(q, k_values, k_scale, v_values, v_scale, S)
+
+
+ALTERNATIVES = {
+    "9.1": ("online_softmax", [online_two_pass, online_lse, online_float64]),
+    "9.2": ("tiled_attention", [tiled_query_rows, tiled_float64, tiled_mask_everywhere]),
+    "9.3": ("merge_partials", [merge_softmax_weights, merge_pairwise, merge_float64]),
+    "9.4": ("int8_folded_attention", [folded_per_group, folded_einsum, folded_float64]),
+}
+_ALT = [(ex, name, fn) for ex, (name, fns) in ALTERNATIVES.items() for fn in fns]
+
+
+@pytest.mark.parametrize("ex_id, name, fn", _ALT, ids=[f"{c[0]}-{c[2].__name__}" for c in _ALT])
+def test_other_correct_implementations_pass(ex_id, name, fn):
+    """Check that a correct implementation written another way passes every check of its exercise."""
+    failures = [m for m in _messages(ex_id, **{name: fn}) if m]
+    assert not failures, failures
+
+
+SLIPS = [
+    ("9.1", "online_softmax", online_no_rescale_acc, "running output is not rescaled"),
+    ("9.1", "online_softmax", online_no_max, "subtract the running maximum"),
+    ("9.1", "online_softmax", online_no_guard, "exp(-inf - (-inf))"),
+    ("9.1", "online_softmax", online_concat, "all 29 keys at once"),
+    ("9.1", "online_softmax", online_last_chunk, "only the last chunk counts"),
+    ("9.2", "tiled_attention", tiled_every_tile, "computed too"),
+    ("9.2", "tiled_attention", tiled_unmasked_diagonal, "keys in a query's future are attended"),
+    ("9.2", "tiled_attention", tiled_top_left, "top-left"),
+    ("9.2", "tiled_attention", tiled_full_matrix, "half the 24 x 24 score matrix"),
+    ("9.3", "merge_partials", merge_mean, "averaged"),
+    ("9.3", "merge_partials", merge_max_lse, "largest lse_c"),
+    ("9.3", "merge_partials", merge_no_shift, "subtract the largest lse"),
+    ("9.3", "merge_partials", merge_times_zero, "0 * nan is nan"),
+    ("9.4", "int8_folded_attention", folded_dequantise_all, "the copy folding avoids"),
+    ("9.4", "int8_folded_attention", folded_no_k_scale, "fold k_scale into the query"),
+    ("9.4", "int8_folded_attention", folded_all_slots, "past kv_len"),
+]
+
+
+@pytest.mark.parametrize("ex_id, name, fake, words", SLIPS, ids=[f"{s[0]}-{s[2].__name__}" for s in SLIPS])
+def test_check_names_the_known_mistake(ex_id, name, fake, words):
+    """Check that a likely slip fails its exercise's checks with a message naming it."""
+    failures = [m for m in _messages(ex_id, **{name: fake}) if m]
+    assert failures, f"{fake.__name__} passed every check of {ex_id}"
+    assert any(words in m for m in failures), failures
+
+
+# ---------------------------------------------------------------------------------------------
+# The benchmark's report
+
+
+@pytest.mark.slow  # runs the benchmark (quick): a few seconds, no torch.compile
+def test_bench_fused_quick_reports_every_part():
+    """Check that `kvlib bench fused --quick` gives peak memory, FLOPs and decode rows, and formats them."""
+    report = bench_fused.bench_fused(quick=True)
+    assert [r["seq_len"] for r in report["memory"]["rows"]] == [256, 512]
+    assert all(r["tiled_peak_bytes"] < r["naive_peak_bytes"] for r in report["memory"]["rows"])
+    assert all(0.4 < r["causal_share"] < 0.7 for r in report["flops"])
+    assert {"float32 SDPA", "int8, dequantised copy (8.2)", "int8, folded (9.4)"} <= set(report["decode"]["ways"])
+    text = bench_fused.format_fused(report)
+    assert "peak" in text and "goal" in text
