@@ -31,9 +31,11 @@ pytestmark = [pytest.mark.skipif(unavailable() is not None, reason=str(unavailab
 
 
 def _sources():
-    from test_grading import POINTS, TOTAL, attention  # noqa: PLC0415 (the notebook-01 submissions those tests use)
+    """Notebook 01's module correct and with Exercise 1.1 only, their scores (kvlib bench class's submissions)."""
+    from kvlib.app import class_bench
 
-    return attention(done=("1.1", "1.2", "1.3", "1.4")), attention(done=("1.1",)), POINTS["1.1"], TOTAL
+    want = class_bench.expected(NB)
+    return class_bench.module_source(NB), class_bench.module_source(NB, ("1.1",)), want["partial"], want["correct"]
 
 
 def _write_as(path: Path, text: str, owner: str) -> None:
