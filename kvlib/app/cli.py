@@ -8,6 +8,8 @@ kvlib lab [NN]                 open JupyterLab on the course (learner view: nbgr
 kvlib present [NN] [--check]   the solved notebooks in reference mode; --check runs them all and times each
 kvlib course release [--check] regenerate kvlib/ stubs and notebooks/ from solutions/
 kvlib course init DIR          an nbgrader course folder for instructors (docs/instructors.md)
+kvlib course autograde A       grade a class in parallel, resumable (--jobs N, --student GLOB, --force)
+kvlib course export-canvas     the gradebook as a CSV for Canvas's gradebook import
 """
 
 from __future__ import annotations
@@ -181,7 +183,24 @@ BENCHES = {
 }
 
 
+def cmd_bench_class(args) -> int:
+    from kvlib.app.class_bench import bench_class, format_class  # noqa: PLC0415 (not in learners' folders: instructor only)
+
+    try:
+        report = bench_class(students=args.students, assignment=args.assignment, jobs=args.jobs, db=args.db)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"kvlib bench class: {err}", file=sys.stderr)
+        return 2
+    except RuntimeError as err:  # a score that is not the expected one, or a step that failed
+        print(f"kvlib bench class: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps(report, indent=1) if args.json else format_class(report))
+    return 0
+
+
 def cmd_bench(args) -> int:
+    if args.which == "class":
+        return cmd_bench_class(args)
     if args.threads < 1:
         print("kvlib bench: --threads must be at least 1", file=sys.stderr)
         return 2
@@ -232,15 +251,82 @@ def cmd_course_release(args) -> int:
 
 
 def cmd_course_init(args) -> int:
-    from kvlib.app.course_folder import CourseFolderExists, init_course  # noqa: PLC0415 (not in learners' folders: instructor only)
+    from pathlib import Path  # noqa: PLC0415 (start-up time: only this command needs it)
 
+    from kvlib.app.course_folder import (  # noqa: PLC0415 (not in learners' folders: instructor only)
+        STUDENT_CONFIG,
+        CourseFolderExists,
+        exchange_problems,
+        init_course,
+        permission_problems,
+    )
+
+    if args.check:
+        folder = Path(args.dir)
+        if not (folder / "nbgrader_config.py").is_file():
+            print(
+                f"kvlib course init --check: {folder} is not a course folder (no nbgrader_config.py)", file=sys.stderr
+            )
+            return 2
+        problems = permission_problems(folder)
+        if args.exchange:
+            problems += exchange_problems(Path(args.exchange), args.course_id, folder.stat().st_uid)
+        for problem in problems:
+            print(f"warning: {problem}")
+        print(f"{folder}: {len(problems)} problem(s)" if problems else f"{folder} is its owner's alone")
+        return 1 if problems else 0
     try:
-        written = init_course(args.dir, earlier=args.earlier, force=args.force, course_id=args.course_id)
+        written = init_course(
+            args.dir, earlier=args.earlier, force=args.force, course_id=args.course_id, exchange=args.exchange
+        )
     except CourseFolderExists as err:
         print(f"kvlib course init: {err}", file=sys.stderr)
         return 1
+    except (ValueError, PermissionError) as err:
+        print(f"kvlib course init: {err}", file=sys.stderr)
+        return 2
     print(f"wrote {len(written)} files under {args.dir}" if written else f"{args.dir} is already up to date")
+    if args.exchange:
+        print(
+            f"exchange: {args.exchange}/{args.course_id}; students need {Path(args.dir) / STUDENT_CONFIG} as "
+            "/etc/jupyter/nbgrader_config.py on the hub, or as each one's ~/.jupyter/nbgrader_config.py"
+        )
     print(f"next: cd {args.dir} && nbgrader generate_assignment 01-attention (docs/instructors.md)")
+    return 0
+
+
+def cmd_course_autograde(args) -> int:
+    from kvlib.app.class_grading import CourseError, autograde  # noqa: PLC0415 (not in learners' folders: instructor only)
+
+    try:
+        results = autograde(
+            args.course,
+            args.assignment,
+            jobs=args.jobs,
+            student=args.student,
+            force=args.force,
+            progress=not args.quiet,
+        )
+    except CourseError as err:
+        print(f"kvlib course autograde: {err}", file=sys.stderr)
+        return 2
+    return 1 if any(r.status == "failed" for r in results.values()) else 0
+
+
+def cmd_course_export_canvas(args) -> int:
+    from kvlib.app.class_grading import CourseError, canvas_csv  # noqa: PLC0415 (not in learners' folders: instructor only)
+
+    try:
+        text = canvas_csv(args.course, args.assignment or None, roster=args.roster)
+    except (CourseError, OSError) as err:
+        print(f"kvlib course export-canvas: {err}", file=sys.stderr)
+        return 2
+    if args.to == "-":
+        sys.stdout.write(text)
+    else:
+        with open(args.to, "w", encoding="utf-8") as f:
+            f.write(text)
+        print(f"wrote {args.to}: {text.count(chr(10)) - 2} students", file=sys.stderr)
     return 0
 
 
@@ -308,7 +394,12 @@ def main(argv=None) -> int:
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("bench", help="benchmarks measured on this machine")
-    p.add_argument("which", choices=list(BENCHES), help="; ".join(f"{k}: {v[0]}" for k, v in BENCHES.items()))
+    p.add_argument(
+        "which",
+        choices=[*BENCHES, "class"],
+        help="; ".join(f"{k}: {v[0]}" for k, v in BENCHES.items())
+        + "; class: a synthetic class graded by `kvlib course autograde`, every score checked",
+    )
     p.add_argument("--json", action="store_true", help="print the machine-readable record")
     p.add_argument(
         "--threads", type=int, default=1, help="torch threads (default 1: timings on a shared CPU are steadier)"
@@ -319,6 +410,12 @@ def main(argv=None) -> int:
         choices=["cpu", "cuda"],
         default=None,
         help="memory, gqa: where to measure (default: memory the CPU then a GPU if present; gqa the CPU)",
+    )
+    p.add_argument("--students", type=int, default=20, help="class: how many students (default 20)")
+    p.add_argument("--assignment", default="01-attention", help="class: the notebook graded (default 01-attention)")
+    p.add_argument("--jobs", type=int, default=1, help="class: parallel grading workers (default 1)")
+    p.add_argument(
+        "--db", choices=["sqlite", "postgres"], default="sqlite", help="class: the gradebook (default sqlite)"
     )
     p.set_defaults(func=cmd_bench)
 
@@ -361,8 +458,38 @@ def main(argv=None) -> int:
         help="earlier notebooks' kvlib modules: the learners' own (stubs to fill in) or given (the reference)",
     )
     i.add_argument("--force", action="store_true", help="replace files that differ (each is kept as <name>.bak first)")
-    i.add_argument("--course-id", default="kvlib", help="nbgrader's CourseDirectory.course_id")
+    i.add_argument(
+        "--course-id", default="kvlib", help="nbgrader's CourseDirectory.course_id (your own on a shared exchange)"
+    )
+    i.add_argument(
+        "--exchange",
+        metavar="ROOT",
+        help="set up nbgrader's exchange for the course there (e.g. /srv/nbgrader/exchange) and write the students' config",
+    )
+    i.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing: say what lets anyone but the folder's owner in (exit 1 if any)",
+    )
     i.set_defaults(func=cmd_course_init)
+    a = course_sub.add_parser(
+        "autograde", help="instructors: grade every collected submission in parallel workers, resumable"
+    )
+    a.add_argument("assignment", help="the assignment, e.g. 04-kv-cache")
+    a.add_argument(
+        "--jobs", type=int, default=1, help="parallel workers, one nbgrader start-up each (about one a core)"
+    )
+    a.add_argument("--student", default="*", help="a glob of student ids (default: everyone who submitted)")
+    a.add_argument("--force", action="store_true", help="regrade those already graded at their current submission")
+    a.add_argument("--course", default=".", help="the course folder (default: the current one)")
+    a.add_argument("--quiet", action="store_true", help="no progress bar")
+    a.set_defaults(func=cmd_course_autograde)
+    e = course_sub.add_parser("export-canvas", help="instructors: the gradebook as a CSV for Canvas's gradebook import")
+    e.add_argument("--course", default=".", help="the course folder (default: the current one)")
+    e.add_argument("--assignment", action="append", help="only these assignments (repeat; default: all)")
+    e.add_argument("--roster", help="a CSV exported from the Canvas gradebook: names, ids and sections to fill in")
+    e.add_argument("--to", default="canvas_grades.csv", help="the file to write (- for standard output)")
+    e.set_defaults(func=cmd_course_export_canvas)
 
     args = parser.parse_args(argv)
     return args.func(args)

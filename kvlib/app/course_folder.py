@@ -7,14 +7,20 @@
                                           earlier notebooks' modules the reference (--earlier given)
                                           or stubs the learners fill in again (--earlier own)
 Existing files are never overwritten without force=True, and then a changed one is first kept
-as <name>.bak; the secret is never replaced. Not here: grading itself (preprocessor.py).
+as <name>.bak; the secret is never replaced. The folder and what grading writes in it are made the
+instructor's alone (secure, permission_problems), and `--exchange ROOT` sets up nbgrader's exchange
+for the course (setup_exchange). Not here: grading itself (kvlib.grading), parallel grading
+(class_grading.py), the exchange's submit and collect steps (exchange.py).
 """
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
 import secrets
 import shutil
+import stat
 from pathlib import Path
 
 from kvlib.app.release import BEGIN, END, ROOT, assignments, stub_source
@@ -23,7 +29,14 @@ from kvlib.grading.submission import MAX_HELPER_BYTES, MAX_HELPERS
 
 SECRET = "grading_secret"
 # kvlib parts learners do not get: the grader, the release tool and this course-folder builder
-_INSTRUCTOR_ONLY = {"grading", "app/release.py", "app/course_folder.py"}
+_INSTRUCTOR_ONLY = {
+    "grading",
+    "app/release.py",
+    "app/course_folder.py",
+    "app/class_grading.py",
+    "app/class_bench.py",
+    "app/exchange.py",
+}
 
 
 class CourseFolderExists(FileExistsError):
@@ -143,8 +156,14 @@ def learner_edited(notebook: str, earlier: str) -> list[str]:
     )
 
 
-def config_text(course_id: str, exclude: dict[str, list[str]]) -> str:
+def config_text(course_id: str, exclude: dict[str, list[str]], exchange: str | None = None) -> str:
     exclude_lines = "".join(f"    {k!r}: {v!r},\n" for k, v in exclude.items())
+    exchange_lines = (
+        f"# nbgrader's exchange (set up by `kvlib course init --exchange`); students need the same root and course id\n"
+        f"c.Exchange.root = {exchange!r}\n"
+        if exchange
+        else ""
+    )
     return f'''"""nbgrader configuration of a kvlib course, written by `kvlib course init` (instructor guide:
 docs/instructors.md). Yours to edit: `kvlib course init --force` keeps a changed copy as .bak."""
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
@@ -161,8 +180,9 @@ install()
 
 c = get_config()  # noqa: F821 (provided by nbgrader)
 c.CourseDirectory.course_id = {course_id!r}
-# `nbgrader collect` copies a link in the exchange as a link (which autograde then refuses), not as its target
-c.ExchangeFactory.collect = "kvlib.grading.autograde.LinkKeepingCollect"
+{exchange_lines}# `nbgrader collect` copies a link in the exchange as a link (which autograde then refuses), not as its target,
+# and takes a submission only from the account it names (kvlib.app.exchange)
+c.ExchangeFactory.collect = "kvlib.app.exchange.OwnerCheckedCollect"
 c.ClearSolutions.code_stub = {{"python": "# YOUR CODE HERE\\nraise NotImplementedError()"}}
 
 # Learners edit these kvlib files, not the notebooks: autograde keeps their copies.
@@ -207,7 +227,9 @@ c.GradingJail.allow_plain = False
 '''
 
 
-def plan(dest: Path, *, earlier: str = "own", course_id: str = "kvlib") -> dict[Path, bytes]:
+def plan(
+    dest: Path, *, earlier: str = "own", course_id: str = "kvlib", exchange: str | None = None
+) -> dict[Path, bytes]:
     """Every file init writes (the secret aside), {path: content}."""
     files: dict[Path, bytes] = {}
     exclude = {}
@@ -217,15 +239,29 @@ def plan(dest: Path, *, earlier: str = "own", course_id: str = "kvlib") -> dict[
             files[dest / "source" / nb / src.name] = src.read_bytes()
         for rel, data in learner_files(nb, earlier).items():
             files[dest / "source" / nb / rel] = data
-    files[dest / "nbgrader_config.py"] = config_text(course_id, exclude).encode()
+    files[dest / "nbgrader_config.py"] = config_text(course_id, exclude, exchange).encode()
+    if exchange:
+        files[dest / STUDENT_CONFIG] = student_config_text(exchange, course_id).encode()
     return files
 
 
-def init_course(dest: Path | str, *, earlier: str = "own", force: bool = False, course_id: str = "kvlib") -> list[Path]:
-    """Write the course folder; returns the files written. Raises CourseFolderExists, writing
-    nothing, when a file there differs and force is False."""
+def init_course(
+    dest: Path | str,
+    *,
+    earlier: str = "own",
+    force: bool = False,
+    course_id: str = "kvlib",
+    exchange: Path | str | None = None,
+) -> list[Path]:
+    """Write the course folder, make it its owner's alone (secure) and, with `exchange`, set up the
+    course in nbgrader's exchange there (setup_exchange); returns the files written. Raises
+    CourseFolderExists, writing nothing, when a file there differs and force is False; ValueError
+    for a course id that a shared exchange cannot take."""
     dest = Path(dest).resolve()
-    files = plan(dest, earlier=earlier, course_id=course_id)
+    if exchange is not None:
+        exchange = str(Path(exchange).resolve())
+        check_course_id(course_id, shared=True)
+    files = plan(dest, earlier=earlier, course_id=course_id, exchange=exchange)
     changed = [p for p, data in files.items() if p.exists() and (p.is_dir() or p.read_bytes() != data)]
     if changed and not force:
         raise CourseFolderExists(changed)
@@ -248,4 +284,205 @@ def init_course(dest: Path | str, *, earlier: str = "own", force: bool = False, 
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_hex(32) + "\n")
         written.append(secret)
+    owner = dest.stat()
+    if os.geteuid() == 0 and owner.st_uid != 0:  # root writing an instructor's folder: hand it all back
+        for path in written:
+            os.chown(path, owner.st_uid, owner.st_gid)
+            for parent in path.parents:
+                if parent == dest:
+                    break
+                os.chown(parent, owner.st_uid, owner.st_gid)
+    secure(dest)
+    if exchange is not None:
+        setup_exchange(Path(exchange), course_id, uid=owner.st_uid, gid=owner.st_gid)
     return written
+
+
+# ---------------------------------------------------------------------------------------------
+# The course folder is the instructor's alone
+
+# What grading keeps there (relative to the course folder; "" is the folder itself). On a hub every
+# student has a shell: the hidden tests in source/, the gradebook and the submissions must not be theirs to read.
+PRIVATE = ("", "source", "release", "submitted", "autograded", "feedback", "gradebook.db", SECRET, "nbgrader_config.py")
+
+
+def secure(dest: Path | str) -> list[Path]:
+    """Take every access of group and others away from the course folder and what PRIVATE names in
+    it (0700 folders, 0600 files); returns the paths whose mode changed."""
+    dest = Path(dest)
+    changed = []
+    for rel in PRIVATE:
+        path = dest / rel if rel else dest
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(st.st_mode) or st.st_mode & 0o077 == 0:
+            continue
+        path.chmod(st.st_mode & 0o700 | (0o700 if stat.S_ISDIR(st.st_mode) else 0o600))
+        changed.append(path)
+    return changed
+
+
+def permission_problems(dest: Path | str) -> list[str]:
+    """What lets anyone but the course folder's owner in, or keeps the owner out: one sentence each,
+    with the command that fixes it. Empty when the folder is its owner's alone."""
+    dest = Path(dest).resolve()
+    owner = dest.stat().st_uid
+    name = _user(owner)
+    problems = []
+    # Nobody else passes through a folder of mode 0700: what nbgrader makes in it later with its
+    # umask (release/, submitted/, the gradebook at 0644) is out of reach while the folder is closed.
+    closed = dest.stat().st_mode & 0o077 == 0
+    for rel in PRIVATE:
+        if closed and rel:
+            break
+        path = dest / rel if rel else dest
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            problems.append(f"{path} is a symbolic link: the course folder's parts must be its own (remove the link)")
+            continue
+        if st.st_mode & 0o077:
+            who = "other accounts" if st.st_mode & 0o007 else "its group"
+            problems.append(
+                f"{path} is open to {who} (mode {stat.filemode(st.st_mode)}): students could read the hidden tests, "
+                f"the gradebook or each other's work; `chmod go-rwx {path}` (or `kvlib course init {dest}` again)"
+            )
+    for rel in ("source", "release", "submitted", "autograded", "feedback", "gradebook.db"):
+        path = dest / rel
+        if not path.exists():
+            continue
+        others = sorted({_user(p.lstat().st_uid) for p in [path, *_walk(path)] if p.lstat().st_uid != owner})
+        if others:
+            problems.append(
+                f"{path} holds files owned by {', '.join(others)}, not by the course's owner {name}: a later run as "
+                f"{name} cannot write them; `chown -R {name}: {path}`"
+            )
+    return problems
+
+
+def _walk(path: Path):
+    if not path.is_dir() or path.is_symlink():
+        return
+    for folder, dirs, files in os.walk(path):
+        for n in dirs + files:
+            yield Path(folder) / n
+
+
+def _user(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+# ---------------------------------------------------------------------------------------------
+# nbgrader's exchange: release, submit, collect and feedback between accounts
+
+STUDENT_CONFIG = "student_nbgrader_config.py"  # what students' nbgrader needs: the exchange and the course id
+DEFAULT_COURSE_ID = "kvlib"
+
+
+def check_course_id(course_id: str, *, shared: bool) -> None:
+    """A course id nbgrader can use; on a shared exchange not the default, which every kvlib course would share."""
+    if not course_id or "+" in course_id or "/" in course_id or course_id.startswith("."):
+        raise ValueError(f"course id {course_id!r}: give a name without '+' or '/', e.g. kvlib-2027-spring")
+    if shared and course_id == DEFAULT_COURSE_ID:
+        raise ValueError(
+            f"the course id {course_id!r} is the default of every kvlib course: on a shared exchange two courses "
+            "would read each other's submissions; give one of your own, e.g. --course-id kvlib-2027-spring"
+        )
+
+
+# modes nbgrader documents for the exchange, and what kvlib adds: the sticky bit on the root (no one
+# renames another course's folder and puts their own in its place) and on inbound (no student
+# renames or deletes another's submission); inbound setgid, so submissions get the instructor's group
+EXCHANGE_ROOT_MODE = 0o1777
+COURSE_MODES = {"": 0o755, "outbound": 0o755, "inbound": 0o3733, "feedback": 0o711}
+
+
+def setup_exchange(root: Path, course_id: str, *, uid: int, gid: int) -> None:
+    """Make ROOT/<course_id>/{outbound,inbound,feedback} with COURSE_MODES, owned by uid:gid (the
+    instructor), creating ROOT (mode 1777) where missing. Raises PermissionError when the course's
+    folder is someone else's (another course took that id) or a mode cannot be set."""
+    check_course_id(course_id, shared=True)
+    if not root.exists():
+        root.mkdir(parents=True)
+        root.chmod(EXCHANGE_ROOT_MODE)
+    elif root.stat().st_mode & 0o7777 != EXCHANGE_ROOT_MODE:
+        try:
+            root.chmod(EXCHANGE_ROOT_MODE)
+        except PermissionError as err:
+            raise PermissionError(
+                f"the exchange {root} has mode {stat.filemode(root.stat().st_mode)}; it must be drwxrwxrwt "
+                f"(everyone writes, the sticky bit keeps each course's folder its owner's): `sudo chmod 1777 {root}`"
+            ) from err
+    course = root / course_id
+    for rel, mode in COURSE_MODES.items():
+        path = course / rel if rel else course
+        if not path.exists():
+            path.mkdir()
+        st = path.lstat()
+        if st.st_uid != uid or not stat.S_ISDIR(st.st_mode):
+            raise PermissionError(
+                f"{path} belongs to {_user(st.st_uid)}, not to the course's instructor {_user(uid)}: another course "
+                "uses this id (or someone took it first); choose another --course-id"
+            )
+        if os.geteuid() == 0:
+            os.chown(path, uid, gid)
+        path.chmod(mode)
+    shared = [u.pw_name for u in pwd.getpwall() if u.pw_gid == gid and u.pw_uid != uid]
+    shared += [m for m in grp.getgrgid(gid).gr_mem if m != _user(uid)] if _has_group(gid) else []
+    if shared:
+        raise PermissionError(
+            f"the instructor's group {_group(gid)} also holds {', '.join(sorted(set(shared))[:5])}: submissions in "
+            f"{course / 'inbound'} are readable by that group; give the instructor a group of their own"
+        )
+
+
+def exchange_problems(root: Path, course_id: str, uid: int) -> list[str]:
+    """What is wrong with the course's folders in the exchange, one sentence each (empty: as setup_exchange leaves them)."""
+    course = root / course_id
+    problems = []
+    for rel, mode in COURSE_MODES.items():
+        path = course / rel if rel else course
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            problems.append(f"{path} is missing: `kvlib course init DIR --exchange {root} --course-id {course_id}`")
+            continue
+        if st.st_uid != uid:
+            problems.append(f"{path} belongs to {_user(st.st_uid)}, not to the course's owner {_user(uid)}")
+        if st.st_mode & 0o7777 != mode:
+            problems.append(
+                f"{path} has mode {stat.filemode(st.st_mode)} ({oct(st.st_mode & 0o7777)}), not {oct(mode)}: "
+                f"`chmod {oct(mode)[2:]} {path}`"
+            )
+    return problems
+
+
+def _has_group(gid: int) -> bool:
+    try:
+        grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return True
+
+
+def _group(gid: int) -> str:
+    return grp.getgrgid(gid).gr_name if _has_group(gid) else f"gid {gid}"
+
+
+def student_config_text(exchange: str, course_id: str) -> str:
+    """Each student's nbgrader_config.py (the hub's /etc/jupyter/nbgrader_config.py, or ~/.jupyter/ of each)."""
+    return f'''"""nbgrader for the students of {course_id}, written by `kvlib course init --exchange` (docs/instructors.md).
+On the hub: /etc/jupyter/nbgrader_config.py, or each student's ~/.jupyter/nbgrader_config.py."""
+c = get_config()  # noqa: F821 (provided by nbgrader)
+c.CourseDirectory.course_id = {course_id!r}
+c.Exchange.root = {exchange!r}
+# a submission readable by its student and the instructor's group only (nbgrader's own makes it 0777)
+c.ExchangeFactory.submit = "kvlib.app.exchange.PrivateSubmit"
+'''

@@ -1,0 +1,356 @@
+"""`kvlib bench class`: a synthetic class graded by `kvlib course autograde`, every score checked.
+
+A course folder from `kvlib course init --earlier given` in a temporary folder, one assignment
+released, N students handed in (as `nbgrader zip_collect` would leave them in submitted/):
+correct, partial (the first exercise only), blank (the release untouched) and a few cheats the
+grading tests use (numpy patched at import, an exit at import, the module a link to the reference,
+the test cells edited), some of them submitting twice (partial, then correct after the first round).
+It checks that every score is the one that submission must get, and prints submissions per
+minute, CPU seconds per submission and the peak memory of the grading processes.
+Not here: grading itself (class_grading.autograde), a real exchange between accounts (tests/test_hub.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from kvlib import checks
+from kvlib.app.class_grading import autograde
+from kvlib.app.course_folder import init_course
+from kvlib.app.release import BEGIN, END, ROOT
+from kvlib.course.exercises import EXERCISES
+
+VARIANTS = ("correct", "partial", "blank", "patched-numpy", "exit-at-import", "link-to-reference", "edited-tests")
+# one class of 20: mostly honest work, a few cheats; resubmitters hand in partial, then correct
+_MIX = [
+    *("correct", "partial", "blank", "patched-numpy", "correct", "exit-at-import", "link-to-reference", "edited-tests"),
+    *("correct", "partial", "resubmit", "blank", "correct", "partial", "correct", "blank", "correct", "partial"),
+    *("correct", "correct"),
+]
+_EXERCISE = re.compile(r'^\s*@exercise\("(\d+\.\d+)"')
+
+
+def module_of(notebook: str) -> str:
+    mods = [ex.module for ex in EXERCISES if ex.notebook == notebook]
+    if not mods:
+        raise ValueError(f"no exercises in {notebook!r}")
+    return mods[0]
+
+
+def module_source(notebook: str, done: tuple[str, ...] | str = "all", prelude: str = "") -> str:
+    """The notebook's learner module with the exercises in `done` solved (the reference) and the
+    rest stubs; `prelude` runs at import."""
+    text = (ROOT / "solutions" / "kvlib" / f"{module_of(notebook)}.py").read_text(encoding="utf-8")
+    out, current, skipping = [], None, False
+    for line in text.splitlines(keepends=True):
+        if m := _EXERCISE.match(line):
+            current = m.group(1)
+        if line.strip() == BEGIN:
+            if done != "all" and current not in done:
+                indent = line[: len(line) - len(line.lstrip())]
+                out.append(f'{indent}raise NotImplementedError("Exercise {current}: not done")\n')
+                skipping = True
+            continue
+        if line.strip() == END:
+            skipping = False
+            continue
+        if not skipping:
+            out.append(line)
+    source = "".join(out)
+    anchor = "from kvlib.course.exercises import exercise\n"
+    return source.replace(anchor, anchor + prelude + "\n", 1) if prelude else source
+
+
+def points(notebook: str) -> tuple[dict[str, float], float]:
+    """Points of the notebook's graded cells per exercise, and the total."""
+    checks._load_all()
+    per: dict[str, float] = {}
+    for nb in (ROOT / "solutions" / notebook).glob("*.ipynb"):
+        for cell in json.loads(nb.read_text(encoding="utf-8"))["cells"]:
+            meta = cell["metadata"].get("nbgrader", {})
+            if meta.get("grade"):
+                ex = checks.CHECKS[meta["grade_id"]].exercise.id
+                per[ex] = per.get(ex, 0) + meta["points"]
+    return per, sum(per.values())
+
+
+def first_exercise(notebook: str) -> str:
+    return next(ex.id for ex in EXERCISES if ex.notebook == notebook)
+
+
+def expected(notebook: str) -> dict[str, float]:
+    per, total = points(notebook)
+    first = per.get(first_exercise(notebook), 0.0)
+    want = dict.fromkeys(VARIANTS, 0.0)
+    want.update({"correct": total, "partial": first, "edited-tests": total, "resubmit": total})
+    return want
+
+
+def hand_in(course: Path, notebook: str, student: str, variant: str, when: float) -> None:
+    """submitted/<student>/<notebook>/ as the release, with the variant's module and notebook."""
+    sub = course / "submitted" / student / notebook
+    if sub.exists():
+        shutil.rmtree(sub)
+    shutil.copytree(course / "release" / notebook, sub)
+    target = sub / "kvlib" / f"{module_of(notebook)}.py"
+    if variant in ("correct", "edited-tests"):
+        target.write_text(module_source(notebook), encoding="utf-8")
+    elif variant == "partial":
+        target.write_text(module_source(notebook, (first_exercise(notebook),)), encoding="utf-8")
+    elif variant == "patched-numpy":
+        prelude = "import numpy\nnumpy.allclose = lambda *a, **k: True\nnumpy.testing.assert_allclose = lambda *a, **k: None\n"
+        target.write_text(module_source(notebook, (), prelude), encoding="utf-8")
+    elif variant == "exit-at-import":
+        target.write_text(module_source(notebook, (), "import os\nos._exit(0)\n"), encoding="utf-8")
+    elif variant == "link-to-reference":
+        target.unlink()
+        target.symlink_to(ROOT / "solutions" / "kvlib" / target.name)
+    elif variant != "blank":
+        raise ValueError(f"unknown variant {variant!r}")
+    if variant == "edited-tests":
+        for path in sub.glob("*.ipynb"):
+            nb = json.loads(path.read_text(encoding="utf-8"))
+            for cell in nb["cells"]:
+                if cell["metadata"].get("nbgrader", {}).get("grade"):
+                    cell["source"] = "pass  # no test here\n"
+            path.write_text(json.dumps(nb), encoding="utf-8")
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(when)) + f".{int(when * 1e6) % 1000000:06d} UTC"
+    (sub / "timestamp.txt").write_text(stamp)
+
+
+def make_class(n: int) -> dict[str, str]:
+    """{student id: variant}, the mix of _MIX repeated, ids s000, s001, ..."""
+    return {f"s{i:03d}": _MIX[i % len(_MIX)] for i in range(n)}
+
+
+# ---------------------------------------------------------------------------------------------
+# A throwaway PostgreSQL server on a Unix socket
+
+
+def _pg_bin() -> Path:
+    for version in ("17", "16", "15"):
+        path = Path(f"/usr/lib/postgresql/{version}/bin")
+        if (path / "initdb").exists():
+            return path
+    found = shutil.which("initdb")
+    if found:
+        return Path(found).parent
+    raise FileNotFoundError("no PostgreSQL server here: install Debian's postgresql (initdb, pg_ctl)")
+
+
+@contextlib.contextmanager
+def throwaway_postgres(user: str | None = None):
+    """A PostgreSQL cluster in a temporary folder, listening only on a Unix socket there; yields the
+    gradebook URL (database `gradebook`). As root it runs as `user` (default: nobody): PostgreSQL
+    refuses to run as root. Stopped and removed on exit."""
+    binary = _pg_bin()
+    folder = Path(tempfile.mkdtemp(prefix="kvlib-pg-"))
+    run_as: list[str] = []
+    if os.geteuid() == 0:
+        account = pwd.getpwnam(user or "nobody")
+        os.chown(folder, account.pw_uid, account.pw_gid)
+        run_as = ["runuser", "-u", account.pw_name, "--"]
+    folder.chmod(0o755)  # the socket must be reachable; the data folder itself is 0700 (initdb)
+    data, sock = folder / "data", folder
+
+    def pg(*argv, **kw):
+        return subprocess.run(
+            run_as + [str(binary / argv[0]), *argv[1:]], capture_output=True, text=True, timeout=120, **kw
+        )
+
+    try:
+        proc = pg("initdb", "-D", str(data), "-A", "trust", "-U", "kvlib", "--no-sync")
+        if proc.returncode:
+            raise RuntimeError(f"initdb failed: {proc.stderr[-2000:]}")
+        opts = f"-c listen_addresses='' -k {sock} -c fsync=off -c max_connections=50"
+        proc = pg("pg_ctl", "-D", str(data), "-o", opts, "-l", str(folder / "log"), "-w", "-t", "60", "start")
+        if proc.returncode:
+            raise RuntimeError(f"pg_ctl start failed: {proc.stdout[-1000:]}{proc.stderr[-1000:]}")
+        proc = pg("createdb", "-h", str(sock), "-U", "kvlib", "gradebook")
+        if proc.returncode:
+            raise RuntimeError(f"createdb failed: {proc.stderr[-1000:]}")
+        yield f"postgresql+psycopg2://kvlib@/gradebook?host={sock}"
+    finally:
+        pg("pg_ctl", "-D", str(data), "-m", "immediate", "-w", "-t", "60", "stop")
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The benchmark
+
+
+class _Peak:
+    """Samples the resident memory of this process's descendants (the workers, kernels, checkers)."""
+
+    def __init__(self):
+        self.peak_mb = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.wait(0.5):
+            self.peak_mb = max(self.peak_mb, _tree_rss_mb(os.getpid()))
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def _tree_rss_mb(root: int) -> float:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry))
+            except (OSError, ValueError, IndexError):
+                pass
+    total, stack = 0, list(children.get(root, []))
+    while stack:
+        pid = stack.pop()
+        stack += children.get(pid, [])
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                total += next(int(ln.split()[1]) for ln in f if ln.startswith("VmRSS:"))
+        except (OSError, StopIteration, ValueError):
+            pass
+    return total / 1024
+
+
+def bench_class(
+    students: int = 20, assignment: str = "01-attention", jobs: int = 1, db: str = "sqlite", keep: str | None = None
+) -> dict:
+    """Grade a synthetic class; returns the record (raises RuntimeError if a score is not the expected one)."""
+    if students < 1:
+        raise ValueError("--students must be at least 1")
+    if db not in ("sqlite", "postgres"):
+        raise ValueError(f"--db must be sqlite or postgres, not {db!r}")
+    module_of(assignment)  # a notebook with exercises
+    want = expected(assignment)
+    klass = make_class(students)
+    top = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="kvlib-bench-class-"))
+    course = top / "course"
+    with contextlib.ExitStack() as stack:
+        if not keep:
+            stack.callback(shutil.rmtree, top, True)
+        url = stack.enter_context(throwaway_postgres()) if db == "postgres" else None
+        init_course(course, earlier="given", course_id="kvlib-bench")
+        if url:
+            with open(course / "nbgrader_config.py", "a") as f:
+                f.write(f"\nc.CourseDirectory.db_url = {url!r}\n")
+        env = {**os.environ, "KVLIB_SOLUTIONS": "0"}
+        proc = subprocess.run(
+            [_python(), "-m", "nbgrader", "generate_assignment", assignment, "--log-level=WARN"],
+            cwd=course, capture_output=True, text=True, env=env, timeout=600,
+        )  # fmt: skip
+        if proc.returncode:
+            raise RuntimeError(f"generate_assignment failed: {proc.stderr[-2000:]}")
+        now = time.time() - 3600
+        for student, variant in klass.items():
+            hand_in(course, assignment, student, "partial" if variant == "resubmit" else variant, now)
+        rounds = []
+        devnull = open(os.devnull, "w")
+        stack.callback(devnull.close)
+        for round_no in (1, 2):
+            if round_no == 2:  # the resubmitters hand in again, later; only they are regraded
+                resub = [s for s, v in klass.items() if v == "resubmit"]
+                if not resub:
+                    break
+                for s in resub:
+                    hand_in(course, assignment, s, "correct", now + 60)
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            start = time.perf_counter()
+            stats: dict = {}
+            with _Peak() as peak:
+                results = autograde(course, assignment, jobs=jobs, progress=False, out=devnull, stats=stats)
+            wall = time.perf_counter() - start
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            graded_now = set(resub) if round_no == 2 else set(klass)
+            graded = len(graded_now)
+            cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+            rounds.append(
+                {
+                    "round": round_no,
+                    "graded": graded,
+                    "wall_s": round(wall, 1),
+                    "per_minute": round(graded / wall * 60, 2),
+                    "cpu_s_per_submission": round(cpu / graded, 2),
+                    "peak_memory_mb": round(peak.peak_mb),
+                    # where the time goes: each worker's nbgrader start-up, then per submission the
+                    # isolated checks and the rest (the jailed kernel's run of the notebook, copying)
+                    "worker_startup_s": stats.get("worker_startup_s", []),
+                    "mean_s_per_submission": _mean([r.seconds for s, r in results.items() if s in graded_now]),
+                    "mean_checks_s": _mean([r.checks_s for s, r in results.items() if s in graded_now]),
+                }
+            )
+    wrong = {
+        s: {
+            "variant": v,
+            "expected": want[v],
+            "got": results[s].score,
+            "status": results[s].status,
+            "reason": results[s].reason,
+        }
+        for s, v in klass.items()
+        if results[s].score != want[v] or results[s].status != "graded"
+    }
+    report = {
+        "assignment": assignment,
+        "students": students,
+        "jobs": jobs,
+        "db": db,
+        "variants": {v: sum(x == v for x in klass.values()) for v in sorted(set(klass.values()))},
+        "rounds": rounds,
+        "all_scores_expected": not wrong,
+        "wrong": wrong,
+        "cpus": os.cpu_count(),
+        "load_average_1min_at_end": round(os.getloadavg()[0], 2),
+    }
+    if wrong:
+        raise RuntimeError("scores not as expected: " + json.dumps(wrong, indent=1))
+    return report
+
+
+def _mean(xs: list[float]) -> float:
+    return round(sum(xs) / len(xs), 2) if xs else 0.0
+
+
+def _python() -> str:
+    return sys.executable
+
+
+def format_class(r: dict) -> str:
+    lines = [
+        f"kvlib bench class: {r['students']} students of {r['assignment']}, --jobs {r['jobs']}, gradebook {r['db']}, "
+        f"{r['cpus']} CPUs (load {r['load_average_1min_at_end']} at the end)",
+        "  " + ", ".join(f"{n} {v}" for v, n in r["variants"].items()),
+    ]
+    for x in r["rounds"]:
+        what = "the class" if x["round"] == 1 else "the resubmissions"
+        lines.append(
+            f"  round {x['round']} ({what}): {x['graded']} graded in {x['wall_s']} s: {x['per_minute']} submissions/min, "
+            f"{x['cpu_s_per_submission']} CPU s per submission, peak memory {x['peak_memory_mb']} MB"
+        )
+        lines.append(
+            f"    where the time goes: worker start-up {x['worker_startup_s']} s; per submission {x['mean_s_per_submission']} s "
+            f"in a worker, of which the isolated checks {x['mean_checks_s']} s and the kernel's run of the notebook the rest"
+        )
+    lines.append("  every score as expected" if r["all_scores_expected"] else f"  WRONG: {r['wrong']}")
+    return "\n".join(lines)

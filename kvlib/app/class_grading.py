@@ -1,0 +1,514 @@
+"""Grading a whole class: `kvlib course autograde`, `kvlib course export-canvas`, `kvlib bench class`.
+
+  autograde(course, assignment, jobs=N)  N worker processes, each one nbgrader start-up (nbgrader's
+                                         NbGraderAPI) grading one student at a time through the course's
+                                         own nbgrader_config.py (so the isolated grader, screening, jail);
+                                         a progress bar; a state file written after each student, so a run
+                                         killed even by SIGKILL resumes with what is left
+  canvas_csv(course)                     the gradebook as a CSV for Canvas's gradebook import
+Not here: how one submission is graded (kvlib.grading), the course folder (course_folder.py), the
+synthetic class of the benchmark (class_bench.py).
+"""
+
+from __future__ import annotations
+
+import csv
+import ctypes
+import fnmatch
+import io
+import json
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from nbgrader.api import Gradebook, MissingEntry
+from nbgrader.apps.api import NbGraderAPI
+from nbgrader.apps.baseapp import NbGrader
+from sqlalchemy.engine import make_url
+from tqdm import tqdm
+
+from kvlib.app.course_folder import permission_problems
+from kvlib.grading.execute import GradingJail
+
+STATE_DIR = ".kvlib-autograde"  # in the course folder (private with it): <assignment>.json, <assignment>.log
+
+
+class CourseError(Exception):
+    """A course folder, assignment, gradebook or student selection that autograde cannot work with."""
+
+
+@dataclass
+class Result:
+    student: str
+    status: str  # graded, refused (not graded: why) or failed (grading broke: why)
+    timestamp: str = ""  # of the submission graded (submitted/<student>/<assignment>/timestamp.txt)
+    score: float | None = None
+    max_score: float | None = None
+    reason: str = ""
+    refused_files: list[str] = field(default_factory=list)
+    seconds: float = 0.0  # grading this student, in the worker (no start-up)
+    checks_s: float = 0.0  # of which the isolated checks (the rest: mostly the kernel's run of the notebook)
+
+
+# ---------------------------------------------------------------------------------------------
+# The course as nbgrader sees it
+
+
+@dataclass
+class Course:
+    root: Path
+    course_id: str
+    db_url: str
+    isolation: str  # the jail's mode for this grader (kvlib.grading.jail.detect_mode)
+    owner: tuple[int, int]  # uid, gid of the course folder
+
+
+def _nbgrader_app(root: Path):
+    """nbgrader's own application, configured as `nbgrader` run in the course folder would be."""
+    app = NbGrader()
+    app.initialize([], root=str(root))
+    return app
+
+
+def open_course(root: Path | str) -> Course:
+    """The course folder's settings, checked: raises CourseError naming what is wrong."""
+    root = Path(root).resolve()
+    if not (root / "nbgrader_config.py").is_file():
+        raise CourseError(
+            f"{root} is not a course folder: it has no nbgrader_config.py (make one: kvlib course init {root})"
+        )
+    cwd = os.getcwd()
+    os.chdir(root)  # nbgrader also reads the nbgrader_config.py of the working folder
+    try:
+        app = _nbgrader_app(root)
+    finally:
+        os.chdir(cwd)
+    steps = [getattr(s, "__name__", str(s)) for s in app.config.Autograde.get("autograde_preprocessors", [])]
+    if "IsolatedGrading" not in steps:
+        raise CourseError(
+            f"{root}/nbgrader_config.py does not configure kvlib's grader (IsolatedGrading in "
+            "c.Autograde.autograde_preprocessors): grading there would let a submission fool its own score; "
+            f"`kvlib course init {root} --force` writes it (keeping yours as nbgrader_config.py.bak)"
+        )
+    st = root.stat()
+    return Course(
+        root=root,
+        course_id=app.coursedir.course_id,
+        db_url=app.coursedir.db_url,
+        isolation=GradingJail(config=app.config).mode,
+        owner=(st.st_uid, st.st_gid),
+    )
+
+
+def safe_url(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL at all: say so as given
+        return url
+
+
+def check_gradebook(course: Course, assignment: str) -> None:
+    """The gradebook connects and knows the assignment, which was released (generate_assignment)."""
+    try:
+        with Gradebook(course.db_url, course.course_id) as gb:
+            known = [a.name for a in gb.assignments]
+            try:
+                gb.find_assignment(assignment)
+            except MissingEntry:
+                known_text = ", ".join(sorted(known)) or "none yet"
+                raise CourseError(
+                    f"assignment {assignment!r} was never released in {course.root}: the gradebook does not know it "
+                    f"(released: {known_text}); `nbgrader generate_assignment {assignment}` first"
+                ) from None
+    except CourseError:
+        raise
+    except Exception as err:  # sqlalchemy's OperationalError and friends, or a bad URL
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CourseError(
+            f"the gradebook {safe_url(course.db_url)} (c.CourseDirectory.db_url) does not connect: {first}"
+        ) from err
+    if not (course.root / "release" / assignment).is_dir():
+        raise CourseError(
+            f"assignment {assignment!r} is not in {course.root}/release/: run `nbgrader generate_assignment {assignment}`"
+        )
+
+
+def submitted(course: Course, assignment: str) -> dict[str, str]:
+    """{student: timestamp of their collected submission} for every folder in submitted/."""
+    out = {}
+    top = course.root / "submitted"
+    for folder in sorted(top.glob(f"*/{assignment}")) if top.is_dir() else []:
+        stamp = folder / "timestamp.txt"
+        try:
+            out[folder.parent.name] = stamp.read_text().strip() if stamp.is_file() and not stamp.is_symlink() else ""
+        except OSError:
+            out[folder.parent.name] = ""
+    return out
+
+
+def select(students: dict[str, str], pattern: str, assignment: str) -> dict[str, str]:
+    if not students:
+        raise CourseError(
+            f"nobody has submitted {assignment!r} yet: submitted/*/{assignment} is empty (`nbgrader collect {assignment}`)"
+        )
+    chosen = {s: t for s, t in students.items() if fnmatch.fnmatchcase(s, pattern)}
+    if not chosen:
+        some = ", ".join(list(students)[:8]) + (", ..." if len(students) > 8 else "")
+        raise CourseError(
+            f"--student {pattern!r} matches none of the {len(students)} students who submitted {assignment} ({some})"
+        )
+    return chosen
+
+
+# ---------------------------------------------------------------------------------------------
+# The state file: what is graded, written after each student
+
+
+def state_path(course: Course, assignment: str) -> Path:
+    return course.root / STATE_DIR / f"{assignment}.json"
+
+
+def load_state(course: Course, assignment: str) -> dict[str, Result]:
+    path = state_path(course, assignment)
+    if not path.exists():
+        return {}
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):  # a torn write cannot happen (os.replace), but an edited one can
+        return {}
+    return {s: Result(**r) for s, r in raw.get("students", {}).items()}
+
+
+def save_state(course: Course, assignment: str, state: dict[str, Result]) -> None:
+    path = state_path(course, assignment)
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(
+        json.dumps({"assignment": assignment, "students": {s: asdict(r) for s, r in state.items()}}, indent=1)
+    )
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# The workers: one nbgrader start-up each, one student at a time over a pipe
+
+
+def _kill_descendants(pid: int) -> None:
+    """SIGKILL every process below pid (the jailed kernels and checkers start sessions of their own)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    stack, found = [pid], []
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    for child in found:
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _grade(api, course: Course, assignment: str, student: str, timestamp: str) -> Result:
+    start = time.monotonic()
+    out = api.autograde(assignment, student, force=True, create=True)
+    log = out.get("log", "") + out.get("error", "")
+    refused_files = re.findall(r"Refused [^/\s]+/[^/\s]+/(\S+): ", log)
+    result = Result(student=student, status="graded", timestamp=timestamp, refused_files=refused_files)
+    if not out.get("success"):
+        reason = re.search(r"PermissionError: (.+)", log)
+        if reason:
+            result.status, result.reason = "refused", reason.group(1).strip()
+        else:
+            errors = [ln for ln in log.splitlines() if ln.strip() and not ln.startswith(("[INFO]", "[DEBUG]", " "))]
+            result.status = "failed"
+            result.reason = (errors[-1] if errors else "nbgrader failed without a message")[:500]
+    else:
+        with Gradebook(course.db_url, course.course_id) as gb:
+            sub = gb.find_submission(assignment, student)
+            result.score, result.max_score = float(sub.score), float(sub.max_score)
+    result.seconds = round(time.monotonic() - start, 2)
+    result.checks_s = round(sum(float(x) for x in re.findall(r"isolated checks of .* passed in ([\d.]+) s", log)), 2)
+    return result
+
+
+def worker_main(root: str, assignment: str) -> int:
+    """A grading worker: reads {"student", "timestamp"} lines on stdin, writes a Result line for each on
+    its own copy of stdout (everything else goes to stderr); exits at the end of stdin."""
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # what nbgrader, kernels or learners' code print never reaches the protocol
+    signal.signal(signal.SIGTERM, lambda *_: (_kill_descendants(os.getpid()), os._exit(143)))
+    os.chdir(root)
+    course = open_course(root)
+    app = _nbgrader_app(Path(root))
+    api = NbGraderAPI(coursedir=app.coursedir, parent=app)
+    out.write(json.dumps({"ready": os.getpid()}) + "\n")
+    for line in sys.stdin:
+        job = json.loads(line)
+        try:
+            result = _grade(api, course, assignment, job["student"], job["timestamp"])
+        except Exception as err:  # one submission's failure is not the worker's
+            result = Result(job["student"], "failed", job["timestamp"], reason=f"{type(err).__name__}: {err}"[:500])
+        out.write(json.dumps(asdict(result)) + "\n")
+    return 0
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: SIGTERM this worker when the autograde process dies, however it dies (SIGKILL too)."""
+    os.setpgrp()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class _Worker:
+    def __init__(self, course: Course, assignment: str, log):
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kvlib.app.class_grading", "--worker", str(course.root), assignment],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env=env,
+            cwd=course.root,
+            preexec_fn=_die_with_parent,
+        )
+        self.job: dict | None = None
+        self.started = time.monotonic()
+        self.buffer = ""
+
+    def send(self, job: dict) -> None:
+        self.job = job
+        self.proc.stdin.write(json.dumps(job) + "\n")
+        self.proc.stdin.flush()
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+
+
+def autograde(
+    root: Path | str,
+    assignment: str,
+    *,
+    jobs: int = 1,
+    student: str = "*",
+    force: bool = False,
+    progress: bool = True,
+    out=sys.stderr,
+    stats: dict | None = None,
+) -> dict[str, Result]:
+    """Grade every collected submission of `assignment` matching `student` (a glob) in `jobs` workers;
+    a submission graded or refused before (by its timestamp, in the state file) is skipped unless
+    force. Returns {student: Result} for the students selected; `stats` gets each worker's start-up seconds."""
+    if jobs < 1:
+        raise CourseError(f"--jobs must be at least 1, not {jobs}")
+    course = open_course(root)
+    check_gradebook(course, assignment)
+    chosen = select(submitted(course, assignment), student, assignment)
+    print(isolation_line(course.isolation), file=out)
+    for problem in permission_problems(course.root):
+        print(f"warning: {problem}", file=out)
+    state = load_state(course, assignment)
+    todo = [
+        s
+        for s, stamp in chosen.items()
+        if force or s not in state or state[s].status == "failed" or state[s].timestamp != stamp
+    ]
+    done = {s: state[s] for s in chosen if s not in todo}
+    if done:
+        print(
+            f"{len(done)} of {len(chosen)} already graded at their current submission (--force regrades them)", file=out
+        )
+    start = time.monotonic()
+    (course.root / STATE_DIR).mkdir(mode=0o700, exist_ok=True)
+    bar = tqdm(total=len(chosen), initial=len(done), desc=assignment, unit="sub", file=out, disable=not progress)
+    failures = sum(r.status != "graded" for r in done.values())
+    bar.set_postfix(failed=failures)
+    with open(course.root / STATE_DIR / f"{assignment}.log", "a") as log:
+        queue = [{"student": s, "timestamp": chosen[s]} for s in todo]
+        workers = [_Worker(course, assignment, log) for _ in range(min(jobs, len(queue)))]
+        sel = selectors.DefaultSelector()
+        for w in workers:
+            sel.register(w.proc.stdout, selectors.EVENT_READ, w)
+        try:
+            while sel.get_map():
+                for key, _ in sel.select():
+                    w: _Worker = key.data
+                    line = w.proc.stdout.readline()
+                    if not line:  # the worker ended: after its last job, or by crashing in one
+                        sel.unregister(w.proc.stdout)
+                        code = w.proc.wait()
+                        if w.job is not None:
+                            result = Result(
+                                w.job["student"],
+                                "failed",
+                                w.job["timestamp"],
+                                reason=f"the grading worker died (exit code {code})",
+                            )
+                            state[result.student] = done[result.student] = result
+                            save_state(course, assignment, state)
+                            failures += 1
+                            bar.update(1)
+                            bar.set_postfix(failed=failures)
+                            if queue:  # a fresh worker for the rest
+                                nw = _Worker(course, assignment, log)
+                                workers.append(nw)
+                                sel.register(nw.proc.stdout, selectors.EVENT_READ, nw)
+                        continue
+                    msg = json.loads(line)
+                    if "ready" in msg and stats is not None:
+                        stats.setdefault("worker_startup_s", []).append(round(time.monotonic() - w.started, 2))
+                    if "ready" not in msg:
+                        result = Result(**msg)
+                        state[result.student] = done[result.student] = result
+                        save_state(course, assignment, state)
+                        _hand_back(course, result.student, assignment)
+                        failures += result.status != "graded"
+                        bar.update(1)
+                        bar.set_postfix(failed=failures)
+                    w.job = None
+                    if queue:
+                        w.send(queue.pop(0))
+                    else:
+                        w.close()
+        finally:
+            for w in workers:
+                w.close()
+                if w.proc.poll() is None:
+                    w.proc.send_signal(signal.SIGTERM)
+                    try:
+                        w.proc.wait(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        w.proc.kill()
+            bar.close()
+            _hand_back(course, None, assignment)
+    results = {s: done[s] for s in chosen}
+    print(summary(results, assignment, time.monotonic() - start, len(todo)), file=out)
+    return results
+
+
+def _hand_back(course: Course, student: str | None, assignment: str) -> None:
+    """Root grading an instructor's course: what it wrote goes back to the instructor, so that a later
+    run without root can write it (nbgrader would fail on root-owned autograded/)."""
+    uid, gid = course.owner
+    if os.geteuid() != 0 or uid == 0:
+        return
+    top = course.root / "autograded"
+    paths = [top / student] if student else [course.root / STATE_DIR]
+    if top.exists() and top.stat().st_uid != uid:  # made by this run: the instructor's too (its folders are)
+        os.lchown(top, uid, gid)
+    if student is None and course.db_url.startswith("sqlite:///"):
+        db = Path(course.db_url[len("sqlite:///") :])
+        paths += [db, db.with_name(db.name + "-journal")]
+    for top in paths:
+        if not top.exists():
+            continue
+        for p in [top, *(top.rglob("*") if top.is_dir() else [])]:
+            os.lchown(p, uid, gid)
+
+
+def isolation_line(mode: str) -> str:
+    """What the jail gives in this mode, printed at the start of every run (docs/instructors.md, Isolation)."""
+    what = {
+        "namespaces": "kernel and checks jailed as fresh uids, no network, no course folder in sight (grading as root)",
+        "userns": "kernel and checks jailed in user namespaces as your uid, no network, no course folder in sight",
+        "plain": "NO JAIL: the submissions' code runs as you, sees your files and the network "
+        "(grade in plain mode only inside a throwaway container or VM)",
+    }[mode]
+    return f"isolation: {mode}: {what}"
+
+
+def summary(results: dict[str, Result], assignment: str, seconds: float, graded_now: int) -> str:
+    counts = {k: sum(r.status == k for r in results.values()) for k in ("graded", "refused", "failed")}
+    rate = f", {graded_now / seconds * 60:.1f} submissions/min" if graded_now and seconds > 0 else ""
+    lines = [
+        f"{assignment}: {len(results)} submissions: {counts['graded']} graded, {counts['refused']} refused, "
+        f"{counts['failed']} failed ({graded_now} graded in this run, {seconds:.0f} s{rate})"
+    ]
+    for r in results.values():
+        if r.status != "graded":
+            lines.append(f"  {r.status}: {r.student}: {r.reason}")
+        elif r.refused_files:
+            lines.append(f"  graded without refused files: {r.student}: {', '.join(r.refused_files)}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Grades out: Canvas's gradebook import
+
+# Canvas's gradebook export and import: these columns first, then one per assignment; a second row
+# "Points Possible" gives each assignment's maximum; an empty cell leaves that grade unchanged.
+CANVAS_COLUMNS = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
+
+
+def canvas_csv(root: Path | str, assignments: list[str] | None = None, roster: Path | str | None = None) -> str:
+    """One row per student of the gradebook (and of the roster), one column per assignment with the
+    score; a missing submission is blank. `roster`: a CSV exported from the Canvas gradebook, whose
+    Student, ID, SIS User ID and Section fill the rows whose SIS Login ID is the nbgrader student id."""
+    course = open_course(root)
+    people: dict[str, dict[str, str]] = {}
+    if roster is not None:
+        with open(roster, newline="", encoding="utf-8-sig") as f:
+            rows = list(csv.DictReader(f))
+        missing = [c for c in CANVAS_COLUMNS if rows and c not in rows[0]]
+        if not rows or missing:
+            raise CourseError(
+                f"{roster} is not a Canvas gradebook export: no {', '.join(missing or CANVAS_COLUMNS)} column"
+            )
+        for row in rows:
+            login = row["SIS Login ID"].strip()
+            if login and row["Student"].strip() != "Points Possible":
+                people[login] = {c: row[c] for c in CANVAS_COLUMNS}
+    with Gradebook(course.db_url, course.course_id) as gb:
+        names = assignments or [
+            a.name for a in sorted(gb.assignments, key=lambda a: (a.duedate is None, a.duedate, a.name))
+        ]
+        maxima = {}
+        for name in names:
+            try:
+                maxima[name] = gb.find_assignment(name).max_score
+            except MissingEntry:
+                raise CourseError(f"assignment {name!r} is not in the gradebook of {course.root}") from None
+        scores: dict[str, dict[str, float]] = {}
+        for s in gb.students:
+            full = " ".join(p for p in (s.first_name, s.last_name) if p) or s.id
+            people.setdefault(s.id, {"Student": full, "ID": "", "SIS User ID": "", "SIS Login ID": s.id, "Section": ""})
+            scores[s.id] = {}
+        for name in names:
+            for sub in gb.assignment_submissions(name):
+                scores.setdefault(sub.student.id, {})[name] = sub.score
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(CANVAS_COLUMNS + names)
+    w.writerow(["Points Possible", "", "", "", ""] + [_num(maxima[n]) for n in names])
+    for login in sorted(people):
+        got = scores.get(login, {})
+        w.writerow([people[login][c] for c in CANVAS_COLUMNS] + [_num(got[n]) if n in got else "" for n in names])
+    return buf.getvalue()
+
+
+def _num(x: float) -> str:
+    return f"{x:g}"
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--worker"]:
+        sys.exit(worker_main(sys.argv[2], sys.argv[3]))
+    sys.exit(f"usage: {sys.argv[0]} --worker COURSE ASSIGNMENT (started by kvlib course autograde)")

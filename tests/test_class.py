@@ -1,0 +1,225 @@
+"""`kvlib course autograde` on a synthetic class of notebook 01 (kvlib/app/class_bench.py makes it):
+every score the expected one, the same after a SIGKILL halfway and a rerun, the same with a
+PostgreSQL gradebook written by two runs at once; and the clear errors of bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+NB = "01-attention"
+CLASS = 8  # correct (twice), partial, blank and four cheats: class_bench._MIX
+pytestmark = pytest.mark.timeout(1800)
+
+
+def kvlib(*args, cwd, check=True, timeout=1200):
+    env = {**os.environ, "KVLIB_SOLUTIONS": "0", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvlib", *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=timeout
+    )
+    if check:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return proc
+
+
+def _course(path: Path, db_url: str | None = None) -> Path:
+    """A course folder with notebook 01 released and the class handed in (tight kernel limits: scores never wait on it)."""
+    from kvlib.app.class_bench import hand_in, make_class  # noqa: PLC0415
+    from kvlib.app.course_folder import init_course  # noqa: PLC0415
+
+    init_course(path, course_id="kvlib-test")
+    with open(path / "nbgrader_config.py", "a") as f:
+        f.write("\nc.Execute.timeout = 10\nc.SandboxExecute.notebook_timeout = 30\n")
+        if db_url:
+            f.write(f"c.CourseDirectory.db_url = {db_url!r}\n")
+    env = {**os.environ, "KVLIB_SOLUTIONS": "0", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "nbgrader", "generate_assignment", NB, "--log-level=WARN"],
+        cwd=path, capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for student, variant in make_class(CLASS).items():
+        hand_in(path, NB, student, variant, time.time() - 600)
+    return path
+
+
+def scores(course: Path, db_url: str | None = None) -> dict[str, float]:
+    from nbgrader.api import Gradebook  # noqa: PLC0415
+
+    with Gradebook(db_url or f"sqlite:///{course / 'gradebook.db'}", "kvlib-test") as gb:
+        return {s.student.id: s.score for s in gb.assignment_submissions(NB)}
+
+
+def expected() -> dict[str, float]:
+    from kvlib.app import class_bench  # noqa: PLC0415
+
+    per = class_bench.expected(NB)
+    return {s: per[v] for s, v in class_bench.make_class(CLASS).items()}
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory):
+    """The class handed in, not yet graded (copy it before grading)."""
+    return _course(tmp_path_factory.mktemp("class") / "course")
+
+
+@pytest.mark.slow
+def test_every_score_survives_a_sigkill_halfway(fresh, tmp_path):
+    """Check that an autograde killed with SIGKILL after two students, then run again, grades only what
+    is left, leaves no worker behind, and gives every student the score of an uninterrupted run."""
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    shutil.copytree(fresh, whole, symlinks=True)
+    shutil.copytree(fresh, killed, symlinks=True)
+    out = kvlib("course", "autograde", NB, "--jobs", "2", "--quiet", cwd=whole)
+    assert "isolation: " in out.stderr.splitlines()[0]
+    assert f"{CLASS} graded, 0 refused, 0 failed" in out.stderr
+    assert scores(whole) == expected()
+
+    env = {**os.environ, "KVLIB_SOLUTIONS": "0", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvlib", "course", "autograde", NB, "--jobs", "1", "--quiet"],
+        cwd=killed, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    state = killed / ".kvlib-autograde" / f"{NB}.json"
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline and proc.poll() is None:
+        if state.exists() and len(json.loads(state.read_text())["students"]) >= 2:
+            break
+        time.sleep(0.5)
+    workers = [int(p) for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == proc.pid]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    graded_before = len(json.loads(state.read_text())["students"])
+    assert 2 <= graded_before < CLASS
+    for pid in workers:  # the worker dies with its parent (and takes its kernel and checker along)
+        for _ in range(100):
+            if not Path(f"/proc/{pid}").exists() or _zombie(pid):
+                break
+            time.sleep(0.2)
+        assert not Path(f"/proc/{pid}").exists() or _zombie(pid), f"worker {pid} outlived the killed autograde"
+    again = kvlib("course", "autograde", NB, "--jobs", "2", "--quiet", cwd=killed)
+    assert f"{graded_before} of {CLASS} already graded" in again.stderr
+    assert scores(killed) == scores(whole)
+
+    one = kvlib("course", "autograde", NB, "--student", "s002", "--quiet", cwd=killed)  # already graded: nothing to do
+    assert "1 of 1 already graded" in one.stderr
+    forced = kvlib("course", "autograde", NB, "--student", "s002", "--force", "--quiet", cwd=killed)
+    assert "1 graded in this run" in forced.stderr and scores(killed) == scores(whole)
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError):
+        return -1
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    shutil.which("runuser") is None and os.geteuid() == 0, reason="needs runuser to start PostgreSQL as root"
+)
+def test_two_graders_at_once_on_one_postgres_gradebook(tmp_path):
+    """Check that two `kvlib course autograde` runs on disjoint student globs, at once, from separate
+    working folders, on one PostgreSQL gradebook, lose no grade and double none."""
+    pytest.importorskip("psycopg2")
+    from kvlib.app.class_bench import _pg_bin, throwaway_postgres  # noqa: PLC0415
+
+    try:
+        _pg_bin()
+    except FileNotFoundError as err:
+        pytest.skip(str(err))
+    with throwaway_postgres() as url:
+        course = _course(tmp_path / "course", url)
+        env = {**os.environ, "KVLIB_SOLUTIONS": "0", "PYTHONPATH": str(ROOT)}
+        runs = []
+        for i, glob in enumerate(("s00[0-3]", "s00[4-9]")):  # two hosts: their own working folders
+            host = tmp_path / f"host{i}"
+            host.mkdir()
+            runs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "kvlib",
+                        "course",
+                        "autograde",
+                        NB,
+                        "--student",
+                        glob,
+                        "--course",
+                        str(course),
+                        "--quiet",
+                    ],
+                    cwd=host,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )  # fmt: skip
+            )
+        logs = [r.communicate(timeout=1500)[0] for r in runs]
+        assert [r.returncode for r in runs] == [0, 0], logs
+        got = scores(course, url)
+        from nbgrader.api import Gradebook  # noqa: PLC0415
+
+        with Gradebook(url, "kvlib-test") as gb:
+            grades = [(g.notebook.assignment.student.id, g.name) for g in gb.db.query(_grade_class()).all()]
+            cells = len([c for c in gb.find_notebook("attention", NB).grade_cells])
+    assert got == expected()
+    assert len(grades) == len(set(grades)) == CLASS * cells  # one grade per student and cell: none lost, none doubled
+
+
+def _grade_class():
+    from nbgrader.api import Grade  # noqa: PLC0415
+
+    return Grade
+
+
+@pytest.mark.slow  # each run loads nbgrader: seconds apiece
+def test_bad_input_gets_a_clear_error(tmp_path):
+    """Check the errors: not a course folder, no kvlib grader, an assignment never released, a
+    gradebook that does not connect, a glob that matches nobody, nobody submitted."""
+    from kvlib.app.course_folder import init_course  # noqa: PLC0415
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    out = kvlib("course", "autograde", NB, cwd=bare, check=False)
+    assert out.returncode == 2 and "is not a course folder" in out.stderr
+    (bare / "nbgrader_config.py").write_text("c = get_config()\nc.CourseDirectory.course_id = 'x'\n")
+    out = kvlib("course", "autograde", NB, cwd=bare, check=False)
+    assert out.returncode == 2 and "does not configure kvlib's grader" in out.stderr
+    course = tmp_path / "course"
+    init_course(course, course_id="kvlib-test")
+    out = kvlib("course", "autograde", NB, cwd=course, check=False)
+    assert out.returncode == 2 and "was never released" in out.stderr
+    with open(course / "nbgrader_config.py", "a") as f:
+        f.write(f"\nc.CourseDirectory.db_url = 'postgresql+psycopg2://nobody@/nowhere?host={tmp_path}/no-socket'\n")
+    out = kvlib("course", "autograde", NB, cwd=course, check=False)
+    assert out.returncode == 2 and "does not connect" in out.stderr, out.stderr
+
+
+@pytest.mark.slow
+def test_a_glob_that_matches_nobody_and_an_assignment_never_released(fresh):
+    """Check the errors in a course with submissions: a glob matching no student, another assignment never released."""
+    out = kvlib("course", "autograde", NB, "--student", "zz*", cwd=fresh, check=False)
+    assert out.returncode == 2 and "matches none of the 8 students" in out.stderr
+    out = kvlib("course", "autograde", "02-generation", cwd=fresh, check=False)
+    assert out.returncode == 2 and "never released" in out.stderr

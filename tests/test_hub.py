@@ -1,0 +1,451 @@
+"""A class between real Unix accounts, as on a JupyterHub: an instructor and four students, nbgrader's
+exchange, notebook 01. The course folder comes from `kvlib course init --exchange`; students fetch
+and submit as their own accounts with nbgrader's commands (one twice, one late, one never, and one
+also in another's name); the instructor collects (--update for the resubmission), grades with
+`kvlib course autograde` (once as root, once as the instructor), releases feedback; each student
+fetches their own. Then every cross-student read or write the file system must refuse is tried.
+Last, a JupyterHub on 127.0.0.1: a student logs in through its login page in headless Chromium
+and fetches and submits from JupyterLab's Assignments panel.
+
+Needs root (it creates the accounts; all are removed at the end, with their processes and homes).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from accounts import Accounts, unavailable
+from conftest import ROOT
+
+NB = "01-attention"
+# the whole term runs in the first test's setup: on a loaded 2-core machine it takes minutes
+pytestmark = [pytest.mark.skipif(unavailable() is not None, reason=str(unavailable())), pytest.mark.timeout(1800)]
+
+
+def _sources():
+    """Notebook 01's module correct and with Exercise 1.1 only, their scores (kvlib bench class's submissions)."""
+    from kvlib.app import class_bench
+
+    want = class_bench.expected(NB)
+    return class_bench.module_source(NB), class_bench.module_source(NB, ("1.1",)), want["partial"], want["correct"]
+
+
+def _write_as(path: Path, text: str, owner: str) -> None:
+    import pwd  # noqa: PLC0415
+
+    path.write_text(text, encoding="utf-8")
+    u = pwd.getpwnam(owner)
+    os.chown(path, u.pw_uid, u.pw_gid)
+
+
+_PROBE = r"""
+import json, os, sys
+out = {}
+for op, path, *rest in json.loads(sys.argv[1]):
+    try:
+        if op == "read":
+            open(path, "rb").read(1)
+        elif op == "list":
+            os.listdir(path)
+        elif op == "write":
+            open(path, "wb").write(b"planted")
+        elif op == "rename":
+            os.rename(path, rest[0])
+        elif op == "delete":
+            os.remove(path)
+        elif op == "mkdir":
+            os.mkdir(path)
+        out[op + " " + path] = "allowed"
+    except PermissionError:
+        out[op + " " + path] = "refused"
+    except OSError as err:
+        out[op + " " + path] = "error: " + str(err)
+print(json.dumps(out))
+"""
+
+LOG: dict = {}
+
+
+@pytest.fixture(scope="module")
+def term():
+    """The whole term, run once: returns what the tests look at."""
+    from nbgrader.api import Gradebook  # noqa: PLC0415
+
+    correct, partial, partial_score, total = _sources()
+    acc = Accounts()
+    try:
+        acc.add("inst")
+        students = {r: acc.add(r) for r in ("alice", "bob", "carol", "dave")}
+        exchange = acc.tmp / "exchange"
+        exchange.mkdir(mode=0o1777)
+        exchange.chmod(0o1777)  # as an admin makes /srv/nbgrader/exchange
+        course_id = f"kvt-{acc.tag}-llm"
+        course = acc.home("inst") / "course"
+        LOG["init"] = acc.run(
+            "inst", str(acc.bin / "python"), "-m", "kvlib", "course", "init", str(course),
+            "--exchange", str(exchange), "--course-id", course_id,
+        ).stdout  # fmt: skip
+        with open(course / "nbgrader_config.py", "a") as f:  # tight limits: the scores never wait on the kernel
+            f.write("\nc.Execute.timeout = 10\nc.SandboxExecute.notebook_timeout = 30\n")
+        nbg = str(acc.bin / "nbgrader")
+        acc.run("inst", nbg, "generate_assignment", NB, "--log-level=WARN", cwd=course)
+        acc.run("inst", nbg, "release_assignment", NB, cwd=course)
+        for role in students:  # the admin hands each student the config `kvlib course init` wrote
+            home = acc.home(role)
+            (home / ".jupyter").mkdir()
+            _write_as(
+                home / ".jupyter" / "nbgrader_config.py",
+                (course / "student_nbgrader_config.py").read_text(),
+                students[role],
+            )
+            os.chown(home / ".jupyter", *(os.stat(home).st_uid, os.stat(home).st_gid))
+            acc.run(role, nbg, "fetch_assignment", NB)
+
+        def submit(role, text, *extra):
+            _write_as(acc.home(role) / NB / "kvlib" / "attention.py", text, students[role])
+            return acc.run(role, nbg, "submit", NB, *extra)
+
+        submit("alice", partial)
+        submit("dave", correct)
+        LOG["collect1"] = acc.run("inst", nbg, "collect", NB, cwd=course).stderr
+        env = {**os.environ, "KVLIB_SOLUTIONS": "0", "PYTHONPATH": str(ROOT)}
+        root_run = subprocess.run(  # as root, as the guide's `sudo` does: the namespaces jail
+            [sys.executable, "-m", "kvlib", "course", "autograde", NB, "--jobs", "2", "--course", str(course), "--quiet"],
+            capture_output=True, text=True, env=env, timeout=900,
+        )  # fmt: skip
+        LOG["autograde root"] = root_run.stdout + root_run.stderr
+        assert root_run.returncode == 0, LOG["autograde root"][-5000:]
+        with Gradebook(f"sqlite:///{course / 'gradebook.db'}", course_id) as gb:
+            first = {s.student.id: s.score for s in gb.assignment_submissions(NB)}
+        time.sleep(1.1)  # nbgrader's timestamps: the resubmission is later
+        submit("alice", correct)
+        time.sleep(1.1)
+        due = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        acc.run("inst", nbg, "db", "assignment", "add", NB, f"--duedate={due}", cwd=course)
+        time.sleep(1.1)
+        submit("bob", correct)  # after the deadline
+        _write_as(acc.home("bob") / NB / "kvlib" / "attention.py", partial, students["bob"])
+        LOG["impostor"] = acc.run("bob", nbg, "submit", NB, f"--student={students['alice']}", check=False)
+        LOG["collect2"] = acc.run("inst", nbg, "collect", NB, cwd=course).stderr
+        LOG["collect3"] = acc.run("inst", nbg, "collect", NB, "--update", cwd=course).stderr
+        inbound = exchange / course_id / "inbound"
+        LOG["inbound"] = {p.name: p.stat() for p in inbound.iterdir()}
+        kvlib = [str(acc.bin / "python"), "-m", "kvlib", "course"]
+        inst_run = acc.run("inst", *kvlib, "autograde", NB, "--jobs", "2", "--quiet", cwd=course)
+        LOG["autograde inst"] = inst_run.stdout + inst_run.stderr
+        acc.run("inst", nbg, "db", "student", "add", students["carol"], cwd=course)  # on the roster, never submitted
+        acc.run("inst", nbg, "generate_feedback", NB, cwd=course)
+        acc.run("inst", nbg, "release_feedback", NB, cwd=course)
+        fetched = {}
+        for role in students:
+            acc.run(role, nbg, "fetch_feedback", NB)
+            fetched[role] = sorted(p.name for p in (acc.home(role) / NB / "feedback").glob("*/*.html"))
+        LOG["canvas"] = acc.run("inst", *kvlib, "export-canvas", "--to", "-", cwd=course).stdout
+        LOG["check"] = acc.run("inst", *kvlib, "init", str(course), "--check", check=False)
+        with Gradebook(f"sqlite:///{course / 'gradebook.db'}", course_id) as gb:
+            final = {
+                s.student.id: (s.score, s.max_score, s.total_seconds_late, s.timestamp)
+                for s in gb.assignment_submissions(NB)
+            }
+        yield {
+            "acc": acc, "students": students, "course": course, "exchange": exchange / course_id,
+            "first": first, "final": final, "fetched": fetched, "partial": partial_score, "total": total,
+        }  # fmt: skip
+    finally:
+        acc.close()
+
+
+@pytest.mark.slow
+def test_course_folder_and_gradebook_are_the_instructors_alone(term):
+    """Check that init leaves the course folder, source/, the gradebook and the grading folders
+    mode 0700/0600 and the instructor's, and that `kvlib course init --check` finds nothing after a term."""
+    course = term["course"]
+    for rel in ("", "source", "grading_secret", "nbgrader_config.py"):
+        assert (course / rel).stat().st_mode & 0o077 == 0, f"{rel or 'the course folder'} is open"
+    for rel in ("release", "submitted", "autograded", "feedback", "gradebook.db"):  # inside the closed folder
+        assert (course / rel).stat().st_uid == course.stat().st_uid, f"{rel} is not the instructor's"
+    assert LOG["check"].returncode == 0, LOG["check"].stdout + LOG["check"].stderr
+
+
+def test_permission_check_names_what_is_open(tmp_path):
+    """Check that `kvlib course init --check` warns of a gradebook others can read and exits 1."""
+    from kvlib.app.course_folder import init_course, permission_problems  # noqa: PLC0415
+
+    init_course(tmp_path / "c")
+    assert permission_problems(tmp_path / "c") == []
+    db = tmp_path / "c" / "gradebook.db"
+    db.write_text("")
+    db.chmod(0o644)
+    (tmp_path / "c").chmod(0o755)
+    problems = permission_problems(tmp_path / "c")
+    assert any("gradebook.db is open to other accounts" in p for p in problems), problems
+    assert any(str(tmp_path / "c") + " is open" in p for p in problems), problems
+
+
+@pytest.mark.slow
+def test_exchange_has_the_modes_nbgrader_documents_and_sticky_inbound(term):
+    """Check the course's exchange folders (inbound sticky and setgid, write-only) and that each
+    submission there is its student's, readable by the instructor's group only."""
+    import grp  # noqa: PLC0415
+
+    ex = term["exchange"]
+    assert {rel: (ex / rel).stat().st_mode & 0o7777 for rel in ("", "outbound", "inbound", "feedback")} == {
+        "": 0o755, "outbound": 0o755, "inbound": 0o3733, "feedback": 0o711,
+    }  # fmt: skip
+    assert ex.parent.stat().st_mode & 0o7777 == 0o1777
+    inst_group = grp.getgrgid(term["course"].stat().st_gid).gr_name
+    for name, st in LOG["inbound"].items():
+        assert st.st_mode & 0o7777 == 0o770, f"{name}: {oct(st.st_mode)}"
+        assert grp.getgrgid(st.st_gid).gr_name == inst_group
+
+
+@pytest.mark.slow
+def test_latest_submission_counts_and_late_is_recorded(term):
+    """Check the scores: alice's resubmission replaced her partial one (collect --update, regraded
+    without --force), dave graded once, bob late, carol nothing."""
+    s, total = term["students"], term["total"]
+    assert term["first"] == {s["alice"]: term["partial"], s["dave"]: total}
+    final = term["final"]
+    assert set(final) == {s["alice"], s["bob"], s["dave"]}
+    assert {k: v[:2] for k, v in final.items()} == {k: (total, total) for k in final}
+    assert final[s["bob"]][2] > 0 and final[s["alice"]][2] == 0 and final[s["dave"]][2] == 0
+    assert "use --update" in LOG["collect2"]
+    assert "Updating submission" in LOG["collect3"]
+    assert "1 of 3 already graded" in LOG["autograde inst"]
+
+
+@pytest.mark.slow
+def test_a_submission_in_another_students_name_is_not_collected(term):
+    """Check that bob's `nbgrader submit --student=alice` is refused at collect (alice keeps her own score)."""
+    s = term["students"]
+    assert LOG["impostor"].returncode == 0  # nbgrader lets anyone submit under any name...
+    assert (
+        f"claims to be {s['alice']}'s" in LOG["collect3"] and s["bob"] in LOG["collect3"]
+    )  # ...kvlib's collect does not
+
+
+@pytest.mark.slow
+def test_each_student_fetches_their_own_feedback(term):
+    """Check that every student who submitted fetched feedback, and carol (never submitted) none."""
+    fetched = term["fetched"]
+    assert fetched["alice"] and fetched["bob"] and fetched["dave"] and not fetched["carol"]
+
+
+@pytest.mark.slow
+def test_isolation_mode_is_printed_root_and_instructor(term):
+    """Check that each run printed its jail: namespaces as root, user namespaces (or plain) as the instructor."""
+    print("\nroot:", LOG["autograde root"].splitlines()[0], "\ninstructor:", LOG["autograde inst"].splitlines()[0])
+    assert LOG["autograde root"].startswith("isolation: namespaces")
+    assert LOG["autograde inst"].startswith(("isolation: userns", "isolation: plain"))
+
+
+@pytest.mark.slow
+def test_canvas_csv_has_one_row_per_student_and_blanks(term):
+    """Check the Canvas CSV: Canvas's columns, Points Possible, a row per student, carol blank."""
+    s, total = term["students"], term["total"]
+    rows = list(csv.reader(io.StringIO(LOG["canvas"])))
+    assert rows[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", NB]
+    assert rows[1][0] == "Points Possible" and float(rows[1][5]) == total
+    by_login = {r[3]: r[5] for r in rows[2:]}
+    assert by_login == {s["alice"]: f"{total:g}", s["bob"]: f"{total:g}", s["dave"]: f"{total:g}", s["carol"]: ""}
+
+
+@pytest.mark.slow
+def test_every_cross_student_access_is_refused(term):
+    """Check, as bob, every read or write of another's work, submission, feedback, the course
+    folder, the gradebook and the exchange that a student must not do: all refused by the file system."""
+    acc, course, ex = term["acc"], term["course"], term["exchange"]
+    s = term["students"]
+    alice_home = acc.home("alice")
+    import pwd  # noqa: PLC0415
+
+    alice_uid = pwd.getpwnam(s["alice"]).pw_uid
+    alice_inbound = next(n for n, st in LOG["inbound"].items() if st.st_uid == alice_uid)  # not bob's impostor
+    sub = course / "submitted" / s["alice"] / NB
+    ops = [
+        ["read", f"{alice_home}/{NB}/kvlib/attention.py"],
+        ["list", str(alice_home)],
+        ["read", f"{alice_home}/{NB}/feedback"],
+        ["list", str(course)],
+        ["read", f"{course}/source/{NB}/attention.ipynb"],
+        ["read", f"{course}/gradebook.db"],
+        ["read", f"{course}/grading_secret"],
+        ["read", f"{sub}/kvlib/attention.py"],
+        ["write", f"{sub}/kvlib/planted.py"],
+        ["mkdir", f"{course}/submitted/{s['bob']}-2"],
+        ["write", f"{course}/autograded/{s['alice']}/{NB}/planted.py"],
+        ["write", f"{course}/feedback/{s['alice']}/{NB}/planted.html"],
+        ["list", f"{ex}/inbound"],
+        ["read", f"{ex}/inbound/{alice_inbound}/attention.ipynb"],
+        ["write", f"{ex}/inbound/{alice_inbound}/planted.py"],
+        ["delete", f"{ex}/inbound/{alice_inbound}/attention.ipynb"],
+        ["rename", f"{ex}/inbound/{alice_inbound}", f"{ex}/inbound/moved"],
+        ["list", f"{ex}/feedback"],
+        ["write", f"{ex}/outbound/{NB}/planted.py"],
+    ]
+    mine = f"{acc.home('bob')}/{NB}/kvlib/attention.py"
+    proc = acc.run("bob", str(acc.bin / "python"), "-c", _PROBE, json.dumps(ops + [["read", mine]]))
+    out = json.loads(proc.stdout)
+    assert out.pop(f"read {mine}") == "allowed"  # the probe can read what is bob's
+    assert {k: v for k, v in out.items() if v != "refused"} == {}
+
+
+# ---------------------------------------------------------------------------------------------
+# JupyterHub: a student logs in through the hub's login page and submits from the Assignments panel
+
+
+def _free_port() -> int:
+    import socket  # noqa: PLC0415
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 120) -> None:
+    import urllib.error  # noqa: PLC0415
+    import urllib.request  # noqa: PLC0415
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the hub exited: {log.read_text()[-3000:]}"
+        try:
+            urllib.request.urlopen(url, timeout=5)
+            return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            time.sleep(1)
+    raise AssertionError(f"the hub did not answer at {url}: {log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def hub():
+    """An instructor who released notebook 01 through the exchange, one student, and a JupyterHub on
+    127.0.0.1 (free ports, DummyAuthenticator with a password, LocalProcessSpawner: the student's
+    server runs as the student)."""
+    import secrets  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+
+    if shutil.which("configurable-http-proxy") is None:
+        pytest.skip("needs configurable-http-proxy (npm install -g configurable-http-proxy)")
+    pytest.importorskip("jupyterhub")
+    acc = Accounts()
+    proc = None
+    try:
+        acc.add("inst")
+        student = acc.add("erin")
+        exchange = acc.tmp / "exchange"
+        exchange.mkdir(mode=0o1777)
+        exchange.chmod(0o1777)
+        course_id = f"kvt-{acc.tag}-hub"
+        course = acc.home("inst") / "course"
+        kvlib = [str(acc.bin / "python"), "-m", "kvlib", "course"]
+        acc.run("inst", *kvlib, "init", str(course), "--exchange", str(exchange), "--course-id", course_id)
+        nbg = str(acc.bin / "nbgrader")
+        acc.run("inst", nbg, "generate_assignment", NB, "--log-level=WARN", cwd=course)
+        acc.run("inst", nbg, "release_assignment", NB, cwd=course)
+        home = acc.home("erin")
+        (home / ".jupyter").mkdir()
+        _write_as(
+            home / ".jupyter" / "nbgrader_config.py", (course / "student_nbgrader_config.py").read_text(), student
+        )
+        os.chown(home / ".jupyter", os.stat(home).st_uid, os.stat(home).st_gid)
+        password = secrets.token_hex(8)
+        port, hub_port, api_port = _free_port(), _free_port(), _free_port()
+        run = acc.tmp / "hub"
+        run.mkdir()
+        env = {k: v for k, v in acc.env("erin").items() if k not in ("HOME", "USER", "LOGNAME")}
+        (run / "jupyterhub_config.py").write_text(
+            f"""c = get_config()
+c.JupyterHub.ip = "127.0.0.1"
+c.JupyterHub.port = {port}
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = {hub_port}
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{api_port}"
+c.ConfigurableHTTPProxy.pid_file = {str(run / "proxy.pid")!r}
+c.JupyterHub.db_url = {"sqlite:///" + str(run / "hub.sqlite")!r}
+c.JupyterHub.cookie_secret_file = {str(run / "cookie_secret")!r}
+c.JupyterHub.authenticator_class = "dummy"
+c.DummyAuthenticator.password = {password!r}
+c.Authenticator.allowed_users = {{{student!r}}}
+c.JupyterHub.spawner_class = "localprocess"
+c.Spawner.cmd = [{str(acc.bin / "jupyterhub-singleuser")!r}]
+c.Spawner.default_url = "/lab"
+c.Spawner.environment = {env!r}
+c.Spawner.start_timeout = 240
+c.Spawner.http_timeout = 240
+"""
+        )
+        log = run / "hub.log"
+        with open(log, "w") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "jupyterhub", "-f", str(run / "jupyterhub_config.py")],
+                cwd=run, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, "PATH": f"{acc.bin}:{os.environ['PATH']}"},
+            )  # fmt: skip
+        _wait_http(f"http://127.0.0.1:{port}/hub/login", proc, log)
+        yield {"acc": acc, "url": f"http://127.0.0.1:{port}", "student": student, "password": password,
+               "inbound": exchange / course_id / "inbound", "log": log}  # fmt: skip
+    finally:
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)  # the hub stops the student's server and its proxy
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        acc.close()
+
+
+@pytest.mark.slow
+def test_a_student_fetches_and_submits_through_the_hub_in_a_browser(hub):
+    """Check, in headless Chromium: the hub's login page, the student's JupyterLab (spawned as the
+    student), nbgrader's Assignments panel: Fetch, then Submit; the submission reaches inbound/ as the student's."""
+    import pwd  # noqa: PLC0415
+
+    from test_browser import ARTIFACTS, _chromium  # noqa: PLC0415
+
+    chromium = _chromium()
+    if chromium is None:
+        pytest.skip("no Chromium found (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright  # noqa: PLC0415
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-dev-shm-usage"])
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        try:
+            page.goto(hub["url"] + "/hub/login")
+            page.fill("#username_input", hub["student"])
+            page.fill("#password_input", hub["password"])
+            page.click("#login_submit")
+            page.wait_for_url(f"**/user/{hub['student']}/lab**", timeout=240_000)
+            page.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
+            page.get_by_text("Nbgrader", exact=True).first.click()
+            page.get_by_text("Assignment List", exact=True).first.click()
+            panel = page.locator("#nbgrader-assignment-list")
+            panel.get_by_role("button", name="Fetch").first.click(timeout=120_000)
+            panel.get_by_role("button", name="Submit").first.click(timeout=120_000)
+            panel.get_by_role("button", name="Fetch Feedback").first.wait_for(timeout=120_000)  # in the submitted list
+            page.screenshot(path=str(ARTIFACTS / "hub-assignments.png"))
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / "hub-failed.png"))
+            raise AssertionError(f"see {ARTIFACTS / 'hub-failed.png'}; hub log: {hub['log'].read_text()[-3000:]}")
+        finally:
+            browser.close()
+    uid = pwd.getpwnam(hub["student"]).pw_uid
+    mine = [p for p in hub["inbound"].iterdir() if p.name.startswith(hub["student"] + "+" + NB)]
+    assert mine and all(p.stat().st_uid == uid and p.stat().st_mode & 0o7777 == 0o770 for p in mine)
