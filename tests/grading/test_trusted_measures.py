@@ -260,7 +260,7 @@ def _scheduler_with(step_body: str):
             "        self.admit(self.waiting.popleft())\n    self.retire()\n"
             "    while self.running and self.blocks_to_decode() > self.pool.n_free:\n"
             "        self.preempt(self.running[-1])\n    if self.running:\n        self.decode()\n        self.retire()\n",
-            "exactly the 5 free",
+            "exactly the 5 free|should all run after one step",
         ),
         (
             "preempts at most once a step",
