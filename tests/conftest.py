@@ -138,6 +138,23 @@ def check_failures(where, handed) -> list[tuple[str, Exception]]:
     return failures
 
 
+def assert_slip_named(where, handed, words) -> None:
+    """Check that a likely wrong implementation fails the check named (with an AssertionError), or the exercise
+    named (its first failing check, as `kvlib check` reports it), with a message that names the slip."""
+    from kvlib.checks import CHECKS
+
+    with np.errstate(all="ignore"):
+        failures = check_failures(where, handed)
+    assert failures, f"{where} passed a wrong implementation"
+    name, err = failures[0]
+    if where in CHECKS:
+        assert isinstance(err, AssertionError), err
+        assert words in str(err)
+    else:
+        failure = f"{name}: {type(err).__name__}: {err}"
+        assert words in failure, failure
+
+
 def case_ids(cases) -> list[str]:
     """Parametrize ids for SLIPS and ALTERNATIVES: the exercise id, then the name of the function that replaces the
     reference (the start of the slip's words where that function is a lambda)."""

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import case_ids, check_failures, handed_in, spoil_everything, vandal
+from conftest import assert_slip_named, case_ids, check_failures, handed_in, spoil_everything, vandal
 
 from kvlib import generation
 from kvlib.checks import CHECKS, checks_for
@@ -448,16 +448,7 @@ SLIPS = [
 def test_slip_is_rejected_naming_it(where, replaced, words):
     """Check that a likely wrong implementation fails the check named (with an AssertionError), or the exercise
     named (its first failing check, as `kvlib check` reports it), with a message that names the slip."""
-    with np.errstate(all="ignore"):
-        failures = check_failures(where, _module(**replaced))
-    assert failures, f"{where} passed a wrong implementation"
-    name, err = failures[0]
-    if where in CHECKS:
-        assert isinstance(err, AssertionError), err
-        assert words in str(err)
-    else:
-        failure = f"{name}: {type(err).__name__}: {err}"
-        assert words in failure, failure
+    assert_slip_named(where, _module(**replaced), words)
 
 
 def test_every_exercise_has_three_slips():
