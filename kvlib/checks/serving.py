@@ -336,9 +336,10 @@ def step_admits_while_blocks_and_batch_allow(sv, rng):
         f"max_batch=3 should admit requests 0, 1, 2, got {[r.id for r in sched.running]}"
     )
     # the edges: exactly enough free blocks admits; a request done after its prefill retires in that step
-    sched = sv.Scheduler(model, sv.BlockPool(CONFIG, 2, 4), max_batch=3)
+    pool = sv.BlockPool(CONFIG, 2, 4)
+    sched = sv.Scheduler(model, pool, max_batch=3)
     sched.add(sv.Request(0, [1] * 7, 1))  # 7 tokens + the next one: 2 blocks, and 2 are free
-    assert sched.blocks_to_admit(sched.waiting[0]) == sched.pool.n_free == 2
+    assert sched.blocks_to_admit(sched.waiting[0]) == pool.n_free == 2
     _step(sv, sched)
     assert not sched.waiting, (
         "a request that needs exactly the free blocks (2 of 2) should be admitted: it fits, so compare "
@@ -412,7 +413,8 @@ def step_preempts_the_newest_and_stays_exact(sv, rng):
 
 def _three_at_a_block_boundary(sv, model, n_blocks):
     """Three requests of 3 tokens after one step each: 4 tokens in 1 block, so the next decode needs 3 blocks."""
-    sched = sv.Scheduler(model, sv.BlockPool(CONFIG, n_blocks, 4), max_batch=3)
+    pool = sv.BlockPool(CONFIG, n_blocks, 4)  # the check's own handle: a scheduler's attributes stay in the child
+    sched = sv.Scheduler(model, pool, max_batch=3)
     for i in range(3):
         sched.add(sv.Request(i, [1 + i, 2, 3], 5))
     _step(sv, sched)  # admits all three (1 block each), decodes once: each holds 4 tokens, a full block
@@ -420,20 +422,20 @@ def _three_at_a_block_boundary(sv, model, n_blocks):
         f"3 requests of 3 tokens in {n_blocks} blocks of 4 should all run after one step, without preemption; "
         f"running {[r.id for r in sched.running]}, {sched.stats['preemptions']} preemption(s)"
     )
-    return sched
+    return sched, pool
 
 
 def _preemption_edges(sv, model):
     # just enough: the decode needs 3 blocks and 3 are free, so nobody is preempted
-    sched = _three_at_a_block_boundary(sv, model, 6)
-    assert sched.blocks_to_decode() == sched.pool.n_free == 3
+    sched, pool = _three_at_a_block_boundary(sv, model, 6)
+    assert sched.blocks_to_decode() == pool.n_free == 3
     _step(sv, sched)
     assert sched.stats["preemptions"] == 0 and [len(r.out) for r in sched.running] == [3, 3, 3], (
         "the decode needs 3 blocks and 3 are free: that is enough, so nobody is preempted (preempt only while "
         f"blocks_to_decode() > pool.n_free); {sched.stats['preemptions']} preemption(s), tokens {[len(r.out) for r in sched.running]}"
     )
     # short by two: one preemption frees 1 block, the decode then needs 2 with 1 free; a second is needed
-    sched = _three_at_a_block_boundary(sv, model, 3)
+    sched, _ = _three_at_a_block_boundary(sv, model, 3)
     _step(sv, sched)
     running, waiting = [r.id for r in sched.running], [r.id for r in sched.waiting]
     assert sched.stats["preemptions"] == 2 and running == [0] and waiting == [1, 2], (

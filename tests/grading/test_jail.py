@@ -143,6 +143,8 @@ def test_the_guides_sudo_command_from_an_ordinary_account_grades_jailed():
             0, {"cell_type": "code", "metadata": {}, "source": probe, "outputs": [], "execution_count": None}
         )
         nb_path.write_text(json.dumps(nb))
+        # the instructor owns the course folder, which `kvlib course init` made theirs alone (0700)
+        subprocess.run(["chown", "-R", f"{user}:", str(course)], check=True, capture_output=True)
         home = f"/home/{user}"
         path = f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin"  # no /usr/sbin, no /sbin
         assert "sbin" not in path
