@@ -1397,7 +1397,7 @@ def accepted_drafts(rounds, *, gamma, note=None):
             cells = cells[: r["n_accepted"]] + [(r["next_token"], PALETTE["blue"])] + cells[r["n_accepted"] :]
             for x, (text, color) in enumerate(cells):
                 ax.add_patch(Rectangle((x, y - 0.4), 0.92, 0.8, color=color))
-                shown = "␣" if text == " " else text.replace("\n", "⏎")
+                shown = "␣" if text == " " else token_label(text.replace("\n", "⏎"))  # romanised without a CJK font
                 ax.text(
                     x + 0.46,
                     y,
