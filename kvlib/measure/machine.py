@@ -1,4 +1,4 @@
-"""Measuring this machine (notebook 05 and `kvlib bench`): memory bandwidth, matmul FLOP/s, model steps.
+"""Measuring this machine (notebooks 05 and 07, `kvlib bench`): its roof (bandwidth, FLOP/s), model steps.
 
 Every figure comes with the record of what produced it (kvlib.measure.timing.environment).
 Recorded GPU runs of `kvlib bench` (assets/recordings) load with load_recordings().
@@ -123,6 +123,108 @@ def measure_matmul_flops(
         "dtype": str(dtype).removeprefix("torch."),
         "record": timing.record,
     }
+
+
+def model_matrices(model) -> list[torch.Tensor]:
+    """Every nn.Linear weight of a model, in the memory order it stores them: what one decode step streams."""
+    return [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+
+
+def measure_roof(
+    n_bytes: int = 256 << 20,
+    n: int = 1024,
+    *,
+    weights: list[torch.Tensor] | tuple = (),
+    rows: int = 128,
+    device: str | torch.device = "cpu",
+    threads: int | None = 1,
+    rounds: int = 7,
+) -> dict:
+    """The machine's two ceilings, bandwidth (bytes/s) and FLOP/s, each the best that any of its kernels reached.
+
+    The roofline of notebooks 05 and 07 (one function, so that both draw the same roof). Bandwidth:
+    read, copy, triad and an 8-stream read over float32 arrays of n_bytes (bandwidth_kernels), and,
+    with `weights`, one vector times each of them (a decode step's matrix-vector products). FLOP/s:
+    an (n, n) @ (n, n) float32 matmul, and, with `weights`, `rows` rows times each of them (a
+    prefill's matrix products). Every kernel runs once per round, rounds interleaved after a
+    warm-up, and each rate is its fastest round: load on a shared machine only slows a run, and a
+    ceiling is the best of its runs, so a step timed on the same machine does not sit above it.
+    Returns bandwidth, flops, ridge (FLOP/B), the kernel that set each, every kernel's best rate
+    (per_kernel, bytes/s or FLOP/s), rounds, and the record.
+    Example: roof = measure_roof(8 << 20, 128, rounds=2); roof["ridge"] == roof["flops"] / roof["bandwidth"]
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
+    if any(w.dim() != 2 for w in weights):
+        raise ValueError(f"weights must be (out, in) matrices, got shapes {[tuple(w.shape) for w in weights]}")
+    streams = dict(bandwidth_kernels(n_bytes, device, streams=8))
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    flops = {"matmul": (lambda: a @ b, 2 * n**3)}
+    if weights:
+        vec = {w.shape[1]: torch.randn(1, w.shape[1], dtype=w.dtype, device=w.device) for w in weights}
+        block = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=w.dtype, device=w.device) for w in weights}
+        linear = torch.nn.functional.linear
+        streams["matrix-vector"] = (
+            lambda: [linear(vec[w.shape[1]], w) for w in weights],
+            sum(w.nbytes for w in weights),
+        )
+        flops[f"matrix {rows} rows"] = (
+            lambda: [linear(block[w.shape[1]], w) for w in weights],
+            sum(2 * rows * w.numel() for w in weights),
+        )
+    jobs = {**streams, **flops}
+    best = dict.fromkeys(jobs, float("inf"))
+    with num_threads(threads), torch.inference_mode():
+        for r in range(rounds + 1):  # round 0 warms up: first touches, kernel choice
+            for name, (fn, _) in jobs.items():
+                synchronize(device)
+                start = time.perf_counter()
+                fn()
+                synchronize(device)
+                if r:
+                    best[name] = min(best[name], time.perf_counter() - start)
+        record = environment(device, threads=torch.get_num_threads(), rounds=rounds)
+    rates = {name: amount / best[name] for name, (_, amount) in jobs.items()}
+    bw_kernel = max(streams, key=rates.get)
+    flop_kernel = max(flops, key=rates.get)
+    return {
+        "bandwidth": rates[bw_kernel],
+        "bandwidth_kernel": bw_kernel,
+        "flops": rates[flop_kernel],
+        "flops_kernel": flop_kernel,
+        "ridge": rates[flop_kernel] / rates[bw_kernel],
+        "per_kernel": rates,
+        "array_bytes": n_bytes // 4 * 4,
+        "rounds": rounds,
+        "record": record,
+    }
+
+
+def measure_batches(
+    model, batches: list[int], device: str | torch.device = "cpu", threads: int | None = 1, rounds: int = 5
+) -> dict:
+    """Median seconds of one decode step (one new token per sequence, at position 0) at each batch size.
+
+    Every batch runs once per round, rounds interleaved after a warm-up, so that a busy neighbour
+    slows all batches alike instead of whichever ran while it was busy. Returns {"seconds": {batch:
+    median seconds}, "record": ...}.
+    Example: measure_batches(random_model(cfg), [1, 4], rounds=2)["seconds"][4] -> seconds of a batch-4 step
+    """
+    if rounds < 1 or not batches:
+        raise ValueError(f"need at least one batch and one round, got batches={batches}, rounds={rounds}")
+    ids = {b: torch.randint(0, model.config.vocab_size, (b, 1), device=device) for b in batches}
+    samples = {b: [] for b in batches}
+    with num_threads(threads), torch.inference_mode():
+        for r in range(rounds + 1):  # round 0 warms up
+            for b, x in ids.items():
+                synchronize(device)
+                start = time.perf_counter()
+                model(x)
+                synchronize(device)
+                if r:
+                    samples[b].append(time.perf_counter() - start)
+        record = environment(device, threads=torch.get_num_threads(), rounds=rounds)
+    return {"seconds": {b: statistics.median(v) for b, v in samples.items()}, "record": record}
 
 
 def random_model(config, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", seed: int = 0):
