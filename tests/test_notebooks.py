@@ -1,6 +1,7 @@
 """Every solution notebook runs top to bottom in reference mode (nbclient), as a presenter runs it."""
 
 import os
+import re
 import time
 
 import nbformat
@@ -69,3 +70,19 @@ def test_notebook_01_shows_the_seed_numbers():
         if "application/vnd.jupyter.widget-view+json" in o.get("data", {})
     ]
     assert widgets, "notebook 01 shows no widget"
+
+
+def test_notebook_05_puts_no_measured_point_above_its_roof():
+    """Check that notebook 05's measured decode and prefill sit at or under the roof it measured, and its figures show."""
+    nb, _ = execute(ROOT / "solutions" / "05-memory-wall" / "memory_wall.ipynb")
+    text = text_output(nb)
+    shares = [int(s) for s in re.findall(r"= (\d+)% of the roof there", text)]
+    assert len(shares) == 2, "notebook 05 no longer prints where decode and prefill sit against its roof"
+    assert max(shares) <= 100, f"a measured point above the roof ({shares}%): the roof must be the best of its runs"
+    assert re.search(r"ridge \d+\.\d FLOP/B", text), "notebook 05 prints no measured ridge"
+    busy = re.search(r"eager the GPU was busy at most (\d+)% of the step", text)
+    assert busy and int(busy.group(1)) < 50, "the recording's text says eager decode leaves the GPU mostly idle"
+    batching = next(c for c in nb.cells if c.get("id") == "23c126bb")
+    assert any("image/png" in o.get("data", {}) for o in batching.get("outputs", [])), (
+        "the batching figure is not shown"
+    )

@@ -29,7 +29,7 @@ from kvlib import roofline
 from kvlib.checks import CHECKS, checks_for, run_exercise
 from kvlib.core.configs import REAL_MODELS, memory_bound_config, real_model
 from kvlib.core.devices import DEVICES
-from kvlib.core.model import Decoder, matrix_params, num_params
+from kvlib.core.model import Decoder, ModelConfig, matrix_params, num_params
 from kvlib.course.exercises import BY_ID
 from kvlib.kv_cache import kv_cache_bytes
 from kvlib.measure import machine
@@ -587,6 +587,31 @@ def test_measure_bandwidth_reports_three_kernels():
     assert set(result["per_kernel"]) == {"read", "copy", "triad"}
     assert result["bandwidth"] == result["per_kernel"]["read"] > 0 and result["kernel"] == "read"
     assert result["record"]["threads"] == 1
+
+
+def test_measure_roof_takes_the_best_kernel_of_each_ceiling():
+    """Check that measure_roof's bandwidth and FLOP/s are the highest of their kernels, the model's own included."""
+    weights = [torch.randn(64, 48), torch.randn(48, 64)]
+    roof = machine.measure_roof(n_bytes=1 << 20, n=64, weights=weights, rows=8, rounds=2)
+    streams = {"read", "copy", "triad", "multi_read", "matrix-vector"}
+    assert set(roof["per_kernel"]) == streams | {"matmul", "matrix 8 rows"}
+    assert (
+        roof["bandwidth"] == max(roof["per_kernel"][k] for k in streams) == roof["per_kernel"][roof["bandwidth_kernel"]]
+    )
+    assert roof["flops"] == max(roof["per_kernel"]["matmul"], roof["per_kernel"]["matrix 8 rows"])
+    assert roof["ridge"] == roof["flops"] / roof["bandwidth"] and roof["record"]["threads"] == 1
+    with pytest.raises(ValueError, match="rounds"):
+        machine.measure_roof(n_bytes=1 << 20, n=64, rounds=0)
+
+
+def test_measure_batches_times_every_batch():
+    """Check that measure_batches gives one positive median per batch, with the record."""
+    model = machine.random_model(
+        ModelConfig(vocab_size=16, d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, hidden_dim=32)
+    )
+    result = machine.measure_batches(model, [1, 3], rounds=2)
+    assert set(result["seconds"]) == {1, 3} and all(t > 0 for t in result["seconds"].values())
+    assert result["record"]["rounds"] == 2
 
 
 def test_memory_bound_config_is_far_beyond_the_caches():
