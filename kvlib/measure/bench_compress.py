@@ -399,6 +399,12 @@ def bench_compress(threads: int = 1, quick: bool = False, device: str = "cpu") -
         window = compress_quality.window_study(
             model, tokenizer, n_rows=2 if quick else 32, seq_len=64 if quick else 256
         )
+        key_axis = compress_quality.key_axis_study(
+            model, tokenizer, n_rows=1 if quick else 8, seq_len=64 if quick else 256
+        )
+        window_right = compress_quality.window_accuracy(
+            model, tokenizer, capacities=(16, 8) if quick else (32, 16, 8), stride=240 if quick else 96
+        )
     window.pop("per_position")
     mla = {
         name: [mla_step_cost(m, S, path) for S in (8192, 16384) for path in ("reconstruct", "absorbed")]
@@ -410,6 +416,8 @@ def bench_compress(threads: int = 1, quick: bool = False, device: str = "cpu") -
         "bytes": bytes_table(),
         "int8_agreement": agreement,
         "window": window,
+        "key_axis": key_axis,
+        "window_accuracy": window_right,
         "speed": speed(threads=threads, quick=quick),
         "mla": mla,
         "mla_counted": mla_counted_flops(),
@@ -457,6 +465,28 @@ def format_compress(report: dict) -> str:
     ]
     for name, losses in w["loss"].items():
         lines.append(f"{name:<28} " + " ".join(f"{x:>8.3f}" for x in losses) + f" {w['mean_past_window'][name]:>12.3f}")
+    k = report["key_axis"]
+    lines += [
+        "",
+        f"Keys rounded with KIVI's rule (groups of {k['group']} tokens per channel), {k['rows']} held-out rows "
+        f"of {k['seq_len']} tokens, every layer:",
+    ]
+    for i, b in enumerate(k["bits"]):
+        ch, tok = k["output_error"]["per channel"][i], k["output_error"]["per token"][i]
+        lines.append(
+            f"  {b} bits: attention output error per channel {ch:7.2%}, per token {tok:7.2%} "
+            f"(key error {k['key_error']['per channel'][i]:.2%} vs {k['key_error']['per token'][i]:.2%})"
+        )
+    w8 = report["window_accuracy"]
+    lines += [
+        "",
+        f"Capital answers through a rolling cache, {w8['prompts']} held-out questions of "
+        f"{w8['prompt_tokens']['min']}-{w8['prompt_tokens']['max']} tokens (median {w8['prompt_tokens']['median']}):",
+    ]
+    lines += [f"  {name:<24} {right:6.1%}" for name, right in w8["accuracy"].items()]
+    lines += ["", "MLA prefill (one layer, 8,192 tokens at once): FLOPs"]
+    for name, rows in report.get("mla_prefill", {}).items():
+        lines += [f"{name:<12} {r['path']:<12} {r['flops'] / 1e12:>8.2f} TFLOP" for r in rows]
     s = report["speed"]
     lines += [
         "",
