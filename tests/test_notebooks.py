@@ -69,3 +69,26 @@ def test_notebook_01_shows_the_seed_numbers():
         if "application/vnd.jupyter.widget-view+json" in o.get("data", {})
     ]
     assert widgets, "notebook 01 shows no widget"
+
+
+def test_notebook_08_prints_what_its_text_claims():
+    """Check notebook 08's printed claims: dequantising a share of its run, the int8 storage's parts adding up, a window
+    as long as the questions answering as the full cache and a short one not, the prompts used and the uniform share."""
+    import re
+
+    nb, _ = execute(ROOT / "solutions" / "08-compress" / "compress.ipynb")
+    text = text_output(nb)
+    shares = [int(s) for s in re.findall(r"(\d+)% of it dequantising", text)]
+    assert len(shares) == 2 and all(0 < s <= 100 for s in shares), shares
+    m = re.search(
+        r"float32 (\d+) KiB; int8 (\d+) KiB = int8 numbers (\d+) \(a quarter of float32's\) \+ scales (\d+) \+ float residual (\d+)",
+        text,
+    )
+    assert m, "the int8 storage line is missing"
+    f32, total, numbers, scales, residual = map(int, m.groups())
+    assert numbers * 4 == f32 and abs(numbers + scales + residual - total) <= 1
+    right = dict(re.findall(r"^\s+(full cache|window \d+)\s+([\d.]+)%", text, re.M))
+    assert right["window 32"] == right["full cache"] and float(right["window 8"]) < float(right["full cache"]), right
+    assert re.search(r"\d+ prompts x 16 tokens", text) and re.search(r"\d+ questions of \d+-\d+ tokens", text)
+    assert "uniform attention would give them 2.9%" in text
+    assert re.search(r"2 bits: attention output error", text) and "a prefill of 8,192 tokens" in text
