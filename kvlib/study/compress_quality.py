@@ -186,8 +186,11 @@ def key_axis_study(
 
 
 @torch.inference_mode()
-def window_accuracy(model: Decoder, tokenizer, capacities=(32, 16, 8), n_sink: int = 4, stride: int = 96) -> dict:
-    """Capital answers with the full cache, a plain rolling window of each capacity and n_sink sinks + the rest.
+def window_accuracy(
+    model: Decoder, tokenizer, capacities=(32, 16, 8), n_sink: int = 4, stride: int = 96, sinks_at=None
+) -> dict:
+    """Capital answers with the full cache, a plain rolling window of each capacity and n_sink sinks + the rest
+    (at every capacity, or only at those in sinks_at: each cache costs a pass over the questions).
 
     Every prompt and its answer go through the cache one token at a time (right-padded rows: a causal model
     never reads the padding); an answer is right when the argmax at every answer position is its next token
@@ -206,7 +209,7 @@ def window_accuracy(model: Decoder, tokenizer, capacities=(32, 16, 8), n_sink: i
     caches = {"full cache": KVCache(model.config, batch=N, max_seq_len=width)}
     for c in capacities:
         caches[f"window {c}"] = SinkCache(model.config, 0, c, batch=N)
-        if c > n_sink:
+        if c > n_sink and (sinks_at is None or c in sinks_at):
             caches[f"{n_sink} sinks + window {c - n_sink}"] = SinkCache(model.config, n_sink, c - n_sink, batch=N)
     accuracy = {}
     for name, cache in caches.items():
