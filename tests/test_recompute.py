@@ -310,4 +310,3 @@ def test_aten_calls_counts_each_operator_once_at_dispatch_level():
     layer, x = torch.nn.Linear(4, 3), torch.ones(2, 4)
     calls = aten_calls(lambda: torch.relu(layer(x)) + layer(x))
     assert calls == {"linear": 2, "relu": 1, "add": 1}, calls
-
