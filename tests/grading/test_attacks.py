@@ -418,7 +418,7 @@ def _text_of(path: Path) -> str:
 
 
 def _secret_lines(path: Path, course: Path, student: str) -> list[str]:
-    """Lines of a link's target that a leak would show: long ones that the learner does not have already
+    """Lines of a link's target that a leak would show: long ones, and hidden tests, that the learner does not have already
     (in the release, or in their own files: a17's attention.py solves 1.1 as the reference does)."""
     own = [p for p in (course / "release" / NB).rglob("*") if p.is_file()]
     own += [
@@ -428,7 +428,8 @@ def _secret_lines(path: Path, course: Path, student: str) -> list[str]:
     ]
     release = "\n".join(_text_of(p) for p in own)
     lines = [ln.strip() for ln in _text_of(path).splitlines()]
-    return [ln for ln in lines if len(ln) > 30 and ln not in release][:30]
+    # a hidden test is short (grade("checks-1-1")) but secret: it names the checks
+    return [ln for ln in lines if (len(ln) > 30 or "grade(" in ln) and ln not in release][:30]
 
 
 def _what_the_learner_sees(course: Path, student: str) -> str:
