@@ -121,17 +121,30 @@ class Scheduler(Engine):
             clock=clock,
         )
 
+    def victim(self) -> Request:
+        """The running request step() preempts when the next decode is short of blocks: your policy (Exercise 7.4).
+
+        Any running request keeps every request exact; the choice decides how much is recomputed and who waits.
+        Called only while self.running is not empty; it must change nothing.
+        Returns: a Request in self.running
+        Example (with requests running):  s.victim() in s.running  ->  True
+        """
+        return self.running[-1]  # the newest, vLLM's choice. Change it, and measure it in notebook 07
+
     @exercise("7.4")
     def step(self) -> None:
-        """One iteration of continuous batching: admit, retire, make room, decode.
+        """One iteration of continuous batching: admit, retire, make room, decode, retire.
 
-        The policy, held by the checks as invariants: waiting requests are admitted first come first served
-        (never one past an earlier one that does not fit), while fewer than max_batch run and the first in
-        line fits in the free blocks (self.blocks_to_admit; admit() prefills it, so it has its first token).
-        A request done after its prefill is retired at once. A decode never runs short of blocks: while
-        self.blocks_to_decode() exceeds the free blocks, the most recently admitted running request is
-        preempted (it has made the fewest tokens; vLLM's choice), and never one more than needed. Then, if
-        any run, one decode() for all of them and the ones done are retired.
+        The contract, which the checks hold as invariants whatever policy you choose:
+          - admission is first come first served: never a request past an earlier one that waits;
+            one that fits is not kept waiting, while fewer than max_batch run (fits: blocks_to_admit(r)
+            free blocks are there; admit(r) prefills it, so it has its first token);
+          - a request that is done is retired in the step that finished it, its prefill included;
+          - the pool is never overdrawn: decode() runs only when blocks_to_decode() blocks are free;
+          - preemption, of the request self.victim() names, happens only while the decode is short;
+            a step with enough free blocks preempts nothing, and one short by more than a victim frees
+            goes on preempting;
+          - if any request runs after that, one decode() advances every running request.
         Returns: None. Raises: nothing of its own (an engine method's error passes through)
         Example:
             >>> from kvlib.core.weights import load_tiny; model, _ = load_tiny()
