@@ -88,12 +88,13 @@ def paged_attention(q: torch.Tensor, pool: BlockPool, layer: int, tables: list[B
 
 @exercise("7.5", validate=inputs.check_copy_on_write)
 def copy_on_write(pool: BlockPool, table: BlockTable, index: int) -> int:
-    """Make table.blocks[index] this table's own before it is written: copy a shared block, keep a private one.
+    """Make table.blocks[index] this table's own before it is written into, so that no other table sees the write.
 
     Args:    pool: the BlockPool;  table: a BlockTable;  index: 0 <= index < len(table.blocks)
-    Returns: int, the block the table holds at index afterwards: the same one if no other table held it
-             (refs 1), else a new block holding the same K and V in every layer. The other tables keep
-             the old block, which has one reference less.
+    Returns: int, the block table.blocks[index] holds afterwards. After the call that block is held by this
+             table alone and holds, in every layer, the K and V the table read there before; every other table
+             reads exactly what it read before; pool.refs still counts the tables holding each block (none
+             leaked, none freed while held); a block this table already held alone stays where it is.
     Raises:  ValueError if index is out of range; OutOfBlocks if a copy is needed and no block is free
     Example:
         >>> from kvlib.core.model import ModelConfig; pool = BlockPool(ModelConfig(vocab_size=50), n_blocks=4, block_size=4)

@@ -220,6 +220,16 @@ class _StepNewestByOrder(serving.Scheduler):
             self.retire()
 
 
+class _VictimOldest(serving.Scheduler):
+    def victim(self):
+        return self.running[0]  # the longest running: its recompute is the costliest, but it frees the most
+
+
+class _VictimMostBlocks(serving.Scheduler):
+    def victim(self):
+        return max(self.running, key=lambda r: (len(r.table.blocks), -self.running.index(r)))
+
+
 def _cow_index_copy(pool, table, index):
     old = table.blocks[index]
     if pool.refs[old] < 2:
@@ -267,6 +277,8 @@ ALTERNATIVES = [
     ("7.4", {"Scheduler": _StepLenFree}),
     ("7.4", {"Scheduler": _StepRetireFirst}),
     ("7.4", {"Scheduler": _StepNewestByOrder}),
+    ("7.4", {"Scheduler": _VictimOldest}),  # another policy: the checks hold invariants, not vLLM's choice
+    ("7.4", {"Scheduler": _VictimMostBlocks}),
     ("7.5", {"copy_on_write": _cow_index_copy}),
     ("7.5", {"copy_on_write": _cow_copy_}),
     ("7.5", {"copy_on_write": _cow_clone}),
@@ -404,6 +416,20 @@ class _StepPreemptOldest(serving.Scheduler):
             self.retire()
 
 
+class _StepSkipsAhead(serving.Scheduler):
+    def step(self):
+        for r in list(self.waiting):  # admits any that fits, past an earlier one that does not
+            if len(self.running) < self.max_batch and self.blocks_to_admit(r) <= self.pool.n_free:
+                self.waiting.remove(r)
+                self.admit(r)
+        self.retire()
+        while self.running and self.blocks_to_decode() > self.pool.n_free:
+            self.preempt(self.victim())
+        if self.running:
+            self.decode()
+            self.retire()
+
+
 class _StepIgnoresBlocks(serving.Scheduler):
     def step(self):
         while self.waiting and len(self.running) < self.max_batch:
@@ -503,7 +529,8 @@ SLIPS = [  # (check, replaced pieces, words its failure must contain)
     ("paged_attention_matches_contiguous", {"paged_attention": _paged_sorted}, "not sorted"),
     ("paged_attention_matches_contiguous", {"paged_attention": _paged_whole_blocks}, "read all of its last block"),
     ("step_preempts_the_newest_and_stays_exact", {"Scheduler": _StepNoPreempt}, "preempt until blocks_to_decode fits"),
-    ("step_preempts_the_newest_and_stays_exact", {"Scheduler": _StepPreemptOldest}, "newest running request (2)"),
+    ("step_preempts_the_newest_and_stays_exact", {"Scheduler": _StepPreemptOldest}, "while self.victim() named"),
+    ("step_admits_while_blocks_and_batch_allow", {"Scheduler": _StepSkipsAhead}, "first come, first served"),
     (
         "step_admits_while_blocks_and_batch_allow",
         {"Scheduler": _StepIgnoresBlocks},
