@@ -623,6 +623,42 @@ def test_copy_on_write_runs_when_a_whole_prompt_is_shared(tiny):
     assert sched.finished[0].out == sched.finished[1].out == _alone(model, [(prompt, 6)])[0]
 
 
+def test_iteration_level_arm_and_inter_token_gaps(tiny):
+    """Check the arms bench serve compares, on 8 short requests: iteration-level batching never runs more than
+    contiguous reservation allows and never preempts, every arm gets the same tokens, static takes at least as many
+    steps, and each request's gaps between tokens number one less than its tokens."""
+    from kvlib.measure import bench_serve
+
+    model, tokenizer = tiny
+    trace = bench_serve.make_trace(tokenizer, 8, seed=2, max_new=(2, 12))
+    budget = 32  # blocks of 16: 512 slots, one contiguous reservation of max_seq_len = 512
+    running = []
+    original = bench_serve.serve_continuous
+
+    def watching(*args, **kwargs):
+        return original(*args, **kwargs, on_step=lambda s: running.append(len(s.running)))
+
+    bench_serve.serve_continuous = watching
+    try:
+        iteration = bench_serve.serve_iteration_level(model, trace, budget)
+    finally:
+        bench_serve.serve_continuous = original
+    static = bench_serve.serve_static(model, trace, budget)
+    paged = bench_serve.serve_continuous(model, trace, budget, keep_tokens=True)
+    assert iteration["batch"] == 1 and max(running) == 1 and iteration["preemptions"] == 0
+    assert (
+        static["generated_tokens"]
+        == iteration["generated_tokens"]
+        == paged["generated_tokens"]
+        == sum(n for _, n in trace)
+    )
+    assert paged["tokens"] == {i: out for i, out in enumerate(_alone(model, trace))}
+    assert static["steps"] >= iteration["steps"] >= paged["steps"]
+    assert paged["recomputed_tokens"] == 0 and paged["steps_with_prefill"] >= 1
+    for r in (static, iteration, paged):
+        assert r["itl_p50_s"] <= r["itl_p99_s"]
+
+
 # ---------------------------------------------------------------------------------------------
 # Bad input
 
@@ -668,13 +704,16 @@ def test_bench_serve_reports_every_measure(quick_serve_report):
     """Check that `kvlib bench serve --json --quick` reports both batchings, prefix sharing and step times, at one budget."""
     r = quick_serve_report
     assert r["trace"]["requests"] == 32
-    for way in ("static", "continuous"):
+    for way in ("static", "iteration_level", "continuous"):
         assert r[way]["requests"] == 32 and r[way]["generated_tokens"] == r["static"]["generated_tokens"]
-        assert r[way]["ttft_p50_s"] <= r[way]["ttft_p99_s"]
+        assert r[way]["ttft_p50_s"] <= r[way]["ttft_p99_s"] and r[way]["itl_p50_s"] <= r[way]["itl_p99_s"]
+    assert r["static"]["steps"] >= r["iteration_level"]["steps"] >= r["continuous"]["steps"]  # steps, not time
+    assert r["iteration_level"]["preemptions"] == 0 and r["iteration_level"]["batch"] == r["static"]["batch"]
     assert (
         r["continuous"]["kv_utilisation"] >= 0.9 and r["static"]["kv_utilisation"] <= 0.4
     )  # token accounting, not time
     p = r["prefix"]
     assert p["shared"]["prefill_skipped"] > 0 and p["shared"]["prefill_tokens"] < p["unshared"]["prefill_tokens"]
     assert p["shared"]["blocks_per_running_request"] < p["unshared"]["blocks_per_running_request"]
+    assert p["n_blocks"] == 96 and p["unshared"]["peak_blocks_held"] == 96  # blocks bind where sharing is measured
     assert [s["batch"] for s in r["decode_steps"]] == [1, 4, 16, 32]

@@ -1119,7 +1119,7 @@ def serving_compare(static, continuous, *, iteration=None, note=None):
     ways, runs, colors = zip(*arms)
     with style():
         fig, (ax, sx, bx, cx) = plt.subplots(1, 4, figsize=(16, 5.6))
-        fig.subplots_adjust(left=0.06, right=0.99, bottom=0.27, top=0.8, wspace=0.42)
+        fig.subplots_adjust(left=0.06, right=0.99, bottom=0.27, top=0.8, wspace=0.5)
         ax.bar(ways, [r["tokens_per_s"] for r in runs], color=colors)
         ax.set_ylabel("generated tokens per second")
         ax.set_title("Throughput")

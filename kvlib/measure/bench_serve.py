@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -90,10 +91,12 @@ def serve_continuous(
     on_step=None,
     reserve=None,
     scheduler=None,
+    keep_tokens=False,
 ):
     """Your Scheduler (or `scheduler`, a subclass of it) over the whole trace; returns the summary, with blocks held
     per step and the step times with and without a prefill. reserve: count each running request as reserving that
-    many slots (contiguous reservation) instead of the blocks it holds."""
+    many slots (contiguous reservation) instead of the blocks it holds. keep_tokens: the summary's "tokens" holds
+    each request's generated tokens, by id."""
     from kvlib.serving import BlockPool, Scheduler  # noqa: PLC0415 (late binding: runs the learner's code)
 
     pool = BlockPool(model.config, n_blocks, block_size)
@@ -140,6 +143,7 @@ def serve_continuous(
             "step_p50_s_with_prefill": percentile(counts["prefill_steps"], 50) if counts["prefill_steps"] else 0.0,
             "step_p50_s_decode_only": percentile(counts["decode_steps"], 50) if counts["decode_steps"] else 0.0,
             **sched.stats,
+            **({"tokens": {r.id: list(r.out) for r in sched.finished}} if keep_tokens else {}),
         },
     )
 
@@ -188,6 +192,19 @@ def serve_static(model, trace, n_blocks, block_size=16, reserve=None):
     return _summary(sched.finished, start, seconds, steps, held, reserved, {"batch": batch, "reserve": reserve})
 
 
+def last_level_cache_bytes() -> int | None:
+    """The largest CPU cache Linux reports (sysfs, cpu0), in bytes; None where it says nothing."""
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = f.read_text().strip().upper()
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        if text[:-1].isdigit() and text[-1] in units:
+            sizes.append(int(text[:-1]) * units[text[-1]])
+        elif text.isdigit():
+            sizes.append(int(text))
+    return max(sizes) if sizes else None
+
+
 def decode_step_times(
     model,
     batches=(1, 2, 4, 8, 16, 32, 64),
@@ -233,9 +250,10 @@ def step_roofline(config, batch: int, context: int, bandwidth: float | None, pea
     cache_bytes = 4 * 2 * config.n_layers * config.n_kv_heads * config.head_dim * context * batch
     flops = 2 * matrix_params(config) * batch
     if not bandwidth or not peak_flops:
-        return {"bytes": weight_bytes + cache_bytes, "flops": flops}
+        return {"bytes": weight_bytes + cache_bytes, "weight_bytes": weight_bytes, "flops": flops}
     return {
         "bytes": weight_bytes + cache_bytes,
+        "weight_bytes": weight_bytes,
         "flops": flops,
         "roofline_s": max((weight_bytes + cache_bytes) / bandwidth, flops / peak_flops),
     }
@@ -301,9 +319,14 @@ def bench_serve(
             "matmul_flops": peak["flops"],
             "matmul_n": peak["n"],
             "weight_bytes": 4 * matrix_params(model.config),
+            "last_level_cache_bytes": last_level_cache_bytes(),
         },
         "record": timing.environment("cpu", threads=threads, model="tiny"),
     }
+
+
+def _mb(n: int | None) -> str:
+    return "unknown size" if not n else f"{n / 1e6:.1f} MB"
 
 
 def format_serve(report: dict) -> str:
@@ -342,6 +365,7 @@ def format_serve(report: dict) -> str:
             for r in report["decode_steps"]
         ),
         f"the DRAM roofline assumes weights streamed from memory; this model's {report['machine']['weight_bytes'] / 1e6:.1f} "
-        "MB of weights may sit in the CPU's caches, so the roof need not bind",
+        f"MB of weights against a last-level cache of {_mb(report['machine'].get('last_level_cache_bytes'))}: "
+        "where they fit, the roof need not bind",
     ]
     return "\n".join(lines)
