@@ -123,29 +123,21 @@ class Scheduler(Engine):
         )
 
     def victim(self) -> Request:
-        """The running request step() preempts when the next decode is short of blocks: your policy (Exercise 7.4).
-
-        Any running request keeps every request exact; the choice decides how much is recomputed and who waits.
-        Called only while self.running is not empty; it must change nothing.
-        Returns: a Request in self.running
-        Example (with requests running):  s.victim() in s.running  ->  True
-        """
-        return self.running[-1]  # the newest, vLLM's choice. Change it, and measure it in notebook 07
+        """Your preemption policy (Exercise 7.4): the running request (one of self.running) that step() preempts
+        while a decode is short of blocks. Any choice keeps every request exact; it decides what is recomputed."""
+        return self.running[-1]  # the newest, vLLM's choice: change it, and measure it in notebook 07
 
     @exercise("7.4")
     def step(self) -> None:
         """One iteration of continuous batching: admit, retire, make room, decode, retire.
 
-        The contract, which the checks hold as invariants whatever policy you choose:
-          - admission is first come first served: never a request past an earlier one that waits;
-            one that fits is not kept waiting, while fewer than max_batch run (fits: blocks_to_admit(r)
-            free blocks are there; admit(r) prefills it, so it has its first token);
+        The contract, held by the checks as invariants whatever victim() you choose:
+          - first come first served admission: never past an earlier request that waits, and one that fits
+            (blocks_to_admit(r) blocks free) is admitted while fewer than max_batch run; admit(r) prefills it;
           - a request that is done is retired in the step that finished it, its prefill included;
-          - the pool is never overdrawn: decode() runs only when blocks_to_decode() blocks are free;
-          - preemption, of the request self.victim() names, happens only while the decode is short;
-            a step with enough free blocks preempts nothing, and one short by more than a victim frees
-            goes on preempting;
-          - if any request runs after that, one decode() advances every running request.
+          - decode() runs only when its blocks_to_decode() blocks are free, and advances every running request;
+          - the request self.victim() names is preempted only while the decode is short: a step with enough
+            free blocks preempts nothing, and one short by more than a victim frees goes on preempting.
         Returns: None. Raises: nothing of its own (an engine method's error passes through)
         Example:
             >>> from kvlib.core.weights import load_tiny; model, _ = load_tiny()

@@ -1118,14 +1118,14 @@ def serving_compare(static, continuous, *, iteration=None, note=None):
     arms.append(("continuous,\npaged", continuous, PALETTE["blue"]))
     ways, runs, colors = zip(*arms)
     with style():
-        fig, (ax, sx, bx, cx) = plt.subplots(1, 4, figsize=(16, 5.6))
-        fig.subplots_adjust(left=0.06, right=0.99, bottom=0.27, top=0.8, wspace=0.5)
+        fig, ((ax, sx), (bx, cx)) = plt.subplots(2, 2, figsize=(13.5, 9.5))
+        fig.subplots_adjust(left=0.08, right=0.98, bottom=0.1, top=0.88, wspace=0.28, hspace=0.45)
         ax.bar(ways, [r["tokens_per_s"] for r in runs], color=colors)
         ax.set_ylabel("generated tokens per second")
         ax.set_title("Throughput")
         sx.bar(ways, [r["steps"] for r in runs], color=colors)
-        sx.set_ylabel("scheduler steps (batched forwards)")
-        sx.set_title("Steps for the whole trace")
+        sx.set_ylabel("scheduler steps")
+        sx.set_title("Steps (batched forwards) for the trace")
         x = np.arange(len(runs))
         for i, (key, label) in enumerate((("ttft_p50_s", "p50"), ("ttft_p99_s", "p99"))):
             bx.bar(
@@ -1143,11 +1143,10 @@ def serving_compare(static, continuous, *, iteration=None, note=None):
         bx.set_title("TTFT (p50 light, p99 dark)")
         cx.bar(ways, [100 * r["kv_utilisation"] for r in runs], color=colors)
         cx.set_ylim(0, 100)
-        cx.set_ylabel("% of reserved KV slots holding a token")
+        cx.set_ylabel("% of reserved slots holding a token")
         cx.set_title("KV used (contiguous: modelled)")
         for axis in (ax, sx, bx, cx):
             axis.set_xlabel("batching, KV reservation")
-            axis.tick_params(axis="x", labelsize=9)
         gain = continuous["tokens_per_s"] / static["tokens_per_s"]
         title = f"Same KV memory: continuous batching with paging {gain:.1f}x the throughput of static batching"
         if iteration is not None:
