@@ -130,14 +130,12 @@ class Scheduler(Engine):
     @exercise("7.4")
     def step(self) -> None:
         """One iteration of continuous batching: admit, retire, make room, decode, retire.
-
         The contract, held by the checks as invariants whatever victim() you choose:
           - first come first served admission: never past an earlier request that waits, and one that fits
             (blocks_to_admit(r) blocks free) is admitted while fewer than max_batch run; admit(r) prefills it;
           - a request that is done is retired in the step that finished it, its prefill included;
           - decode() runs only when its blocks_to_decode() blocks are free, and advances every running request;
-          - the request self.victim() names is preempted only while the decode is short: a step with enough
-            free blocks preempts nothing, and one short by more than a victim frees goes on preempting.
+          - self.victim() is preempted only while the decode is short, and as often as it is short.
         Returns: None. Raises: nothing of its own (an engine method's error passes through)
         Example:
             >>> from kvlib.core.weights import load_tiny; model, _ = load_tiny()
