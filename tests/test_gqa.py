@@ -64,6 +64,21 @@ def test_learner_stubs_are_todo(learner_mode):
     assert results == {"6.1": "todo", "6.2": "todo", "6.3": "todo", "6.4": "todo"}
 
 
+def test_contracts_leave_the_grouping_to_the_learner():
+    """Check that the 6.1 and 6.3 contracts (stub docstrings) state the invariant, not the grouping: no
+    repeat_interleave, no h // group_size, no "consecutive" (issue 25: each exercise asks for a decision)."""
+    import inspect
+
+    from conftest import ROOT
+
+    stub = (ROOT / "kvlib" / "gqa.py").read_text()
+    for name in ("repeat_kv", "mean_pool_heads"):
+        doc = inspect.getdoc(getattr(gqa, name))
+        assert doc and doc.split("\n")[0] in stub, f"{name}: the stub's docstring is not the reference's"
+        for answer in ("repeat_interleave", "h // group_size", "consecutive", "j*g"):
+            assert answer not in doc, f"{name}'s contract hands over the grouping: {answer!r}"
+
+
 # ---------------------------------------------------------------------------------------------
 # Equivalences
 
@@ -485,6 +500,15 @@ def to_gqa_ignores_pool(model, n_kv_heads, pool=None):
     return gqa.to_gqa(model, n_kv_heads)
 
 
+def repeat_heads_reversed(x, group_size):  # a grouping no checkpoint uses: neither tiled nor consecutive
+    return x.flip(1).repeat_interleave(group_size, dim=1)
+
+
+def pool_groups_reversed(w, n_heads, n_kv_heads):  # the right means, the new heads in reverse order
+    D_, C = w.shape[0] // n_heads, w.shape[1]
+    return w.view(n_kv_heads, n_heads // n_kv_heads, D_, C).mean(1).flip(0).reshape(-1, C)
+
+
 # (check or exercise, replaced function, words the failure must contain)
 SLIPS = [
     ("repeat_kv_matches_repeat_interleave", {"repeat_kv": _repeat_not_interleave}, "that is x.repeat"),
@@ -511,6 +535,8 @@ SLIPS = [
     ("6.4", {"to_gqa": to_gqa_float32}, "keep the source's dtype"),
     ("6.4", {"to_gqa": to_gqa_train_mode}, "eval mode"),
     ("6.4", {"to_gqa": to_gqa_ignores_pool}, "pool function it is given"),
+    ("6.1", {"repeat_kv": repeat_heads_reversed}, "not the ones a GQA layer's query heads read"),
+    ("6.3", {"mean_pool_heads": pool_groups_reversed}, "the old heads each new head replaces"),
 ]
 
 
