@@ -97,16 +97,19 @@ def _fixed_part(kv_lens: list[int], per_len: list[list[float]]) -> dict:
 
     A line through medians, not the median of per-round lines: each round's intercept extrapolates
     one round's noise (two lengths: 2 t(S1) - t(S2), twice the spread), the medians drop a disturbed
-    round first. Meaningful (ok) only if it lies between 0 and the shortest length's median step:
+    round first. Meaningful (ok) only if it lies between 0 and the shortest length's median step, and the
+    round-by-round intercepts' quartiles stay above 0:
     a negative intercept is a step not linear in kv_len (the copying path, whose fresh copies bend
     its times upward) or a run too noisy to split, and then no fixed part is reported, no nan.
     """
     medians = [statistics.median(times) for times in per_len]
     fixed, slope = _theil_sen([float(S) for S in kv_lens], medians)
     lo, hi = _quartiles(_intercepts(kv_lens, per_len))
-    ok = 0 < fixed < medians[0] and slope > 0
+    ok = 0 < fixed < medians[0] and slope > 0 and lo > 0
     if ok:
         why = ""
+    elif 0 < fixed < medians[0] and slope > 0:
+        why = f"the round-by-round intercepts reach below 0 (quartiles {lo * 1e3:.2f} to {hi * 1e3:.2f} ms): too noisy to split"
     elif slope <= 0:
         why = "the step did not grow with kv_len in this run (too noisy to split)"
     elif fixed <= 0:
@@ -291,6 +294,28 @@ def bench_gqa(
     }
 
 
+def against_device(report: dict, device) -> dict:
+    """A copy of report whose predictions use a kvlib.core.devices entry's bandwidth (its datasheet), not the run's own.
+
+    So a recording shows the one bandwidth the course prints for that GPU (kvlib/core/devices.py, with its
+    source), and the run's own measurement stays in report["record"]["bandwidth_GBps"], labelled measured.
+    """
+    rows = [
+        {
+            **r,
+            "predicted_s": r["bytes"] / device.bandwidth,
+            "measured_over_predicted": r["median_s"] * device.bandwidth / r["bytes"],
+        }
+        for r in report["rows"]
+    ]
+    source = f"{device.name} datasheet bandwidth, kvlib/core/devices.py: {device.source}"
+    return {
+        **report,
+        "rows": rows,
+        "bandwidth": {"bytes_per_s": device.bandwidth, "kernel": "datasheet", "source": source},
+    }
+
+
 def format_gqa(report: dict) -> str:
     r, c = report["record"], report["config"]
     threads = "CUDA graphs" if r.get("cuda_graph") else f"{r['threads']} thread(s)"
@@ -298,8 +323,12 @@ def format_gqa(report: dict) -> str:
         f"kvlib bench gqa: {r['device']}, {threads}, torch {r['torch']}, {r.get('dtype', 'float32')}, "
         f"batch {r.get('batch', 1)}, median of {r['rounds']} interleaved rounds",
         f"model: d_model {c['d_model']}, {c['n_layers']} layers, {c['n_heads']} heads of {c['d_model'] // c['n_heads']}, "
-        f"random weights; predicted = bytes moved / {report['bandwidth']['bytes_per_s'] / 1e9:.1f} GB/s "
-        f"(measured {report['bandwidth']['kernel']} bandwidth)",
+        f"random weights; predicted = bytes moved / {report['bandwidth']['bytes_per_s'] / 1e9:,.1f} GB/s "
+        + (
+            f"({report['bandwidth']['source']})"
+            if report["bandwidth"].get("source")
+            else f"(measured {report['bandwidth']['kernel']} bandwidth)"
+        ),
         "",
         f"{'kv_len':>7} {'n_kv_heads':>10} {'method':>13} {'cache MB':>9} {'step ms':>9} {'min-max ms':>14} "
         f"{'predicted':>9} {'meas/pred':>9} {'vs MHA':>7} {'best/best':>9}",
