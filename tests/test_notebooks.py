@@ -134,3 +134,25 @@ def test_notebook_07_prints_what_holds_by_construction():
     assert int(line.split(":")[1].split("preemptions")[0]) > 0, f"24 blocks should force preemptions: {line}"
     images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert len(images) >= 3, f"notebook 07 shows {len(images)} figures, expected the comparison, block map and roofline"
+
+
+def test_notebook_06_prints_what_its_text_says():
+    """Check that notebook 06's text agrees with its run: the sizes and shapes its markdown states are the ones
+    printed, the recording is predicted from the device table, and no nan or negative fixed part is printed."""
+    nb, _ = execute(ROOT / "solutions" / "06-gqa" / "gqa.ipynb")
+    text = text_output(nb)
+    for expected in (
+        "query heads 0-7 read key/value heads [0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]",  # 6.1's try-it, reference mode
+        "(n_layers, batch, n_kv_heads, max_seq_len, head_dim),  2048 KiB",  # the cache shape the text names
+        "3,840 numbers",  # the copying path's largest tensor: n_heads copies of the keys, as the text says
+        "at  25.7k tokens",  # Llama-2-7B's cache matches its weights (the text: about 26k)
+        "at   1.6k tokens",  # ... for a batch of 16
+        "4,800.0 GB/s (H200 SXM datasheet",  # the recording's predictions use the device table's bandwidth
+    ):
+        assert expected in text, f"{expected!r} not in notebook 06's output"
+    assert "nan" not in text.replace("nans", "").lower().split(), "notebook 06 printed nan"
+    assert "The course ends" not in text and "ends the path" not in "".join(
+        "".join(c.source) for c in nb.cells if c.cell_type == "markdown"
+    )
+    diff = float(text.split("largest difference from the GQA layer's own attention:")[1].split()[0])
+    assert diff < 1e-6, "6.1's try-it: the text expects a difference below 1e-6"

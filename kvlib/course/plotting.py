@@ -923,7 +923,8 @@ def gqa_decode_time(rows, *, kv_len=None, note=None):
         grouped = [next(r for r in at if r["n_kv_heads"] == h and r["method"] in ("grouped", "mha")) for h in heads]
         pred = [r["predicted_s"] * 1e3 for r in grouped]
         ax.plot(x, pred, ls="--", color=PALETTE["black"], lw=1.5, label="roofline: bytes / bandwidth (grouped)")
-        if all("fixed_s" in r for r in grouped):  # recordings made before the fixed part was measured lack it
+        # recordings made before the fixed part was measured lack it; a run too noisy to split has none (fixed_ok)
+        if all("fixed_s" in r for r in grouped) and all(r.get("fixed_ok", r["fixed_s"] > 0) for r in grouped):
             ax.plot(
                 x,
                 [r["fixed_s"] * 1e3 for r in grouped],
