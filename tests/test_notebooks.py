@@ -45,12 +45,39 @@ def text_output(nb) -> str:
     return "\n".join(parts)
 
 
+def cell_text(nb, cell_id) -> str:
+    """The printed output of one cell, by its id."""
+    cell = next(c for c in nb.cells if c.get("id") == cell_id)
+    return "".join(o.get("text", "") or o.get("data", {}).get("text/plain", "") for o in cell.get("outputs", []))
+
+
+def claims_03(nb) -> None:
+    """Notebook 03's text says what holds by construction; its run must show it."""
+    import re
+
+    rows = [r.split() for r in cell_text(nb, "share").splitlines()[1:]]
+    assert len(rows) == 5, rows
+    for kv_len, counted, one_minus, causal in rows:  # "exactly 1 - 1/kv_len: the first two columns agree"
+        assert counted == one_minus, f"kv_len {kv_len}: the counted share {counted} is not 1 - 1/kv_len {one_minus}"
+        assert float(causal.rstrip("%")) <= float(counted.rstrip("%")), "the causal-only share should be no larger"
+    assert all(r.endswith("ratio 1.000") for r in cell_text(nb, "counter").splitlines()[:5]), "your count != torch's"
+    calls = re.search(r"makes (\d+) aten calls", cell_text(nb, "ops"))
+    assert calls and int(calls.group(1)) > 50, "the aten count is not printed, or is implausibly small"
+    flop_ratio = re.search(r"([\d.]+)x the FLOPs", cell_text(nb, "estimate"))
+    assert flop_ratio and 100 < float(flop_ratio.group(1)) < 120, "the text says the step at 512 costs about 110x"
+
+
+CLAIMS = {"03-recompute": claims_03}  # what a notebook's text states by construction, checked on its run
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.parent.name)
 def test_solution_notebook_runs_top_to_bottom(path):
-    """Check that the solution notebook executes without an error in reference mode."""
+    """Check that the solution notebook executes without an error in reference mode, and that its printed output
+    shows what its text states by construction (CLAIMS)."""
     nb, seconds = execute(path)
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors, errors[0]
+    CLAIMS.get(path.parent.name, lambda nb: None)(nb)
     print(f"{path.parent.name}: {seconds:.1f} s")
 
 

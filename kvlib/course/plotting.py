@@ -496,7 +496,12 @@ def step_time_fit(kv_lens, medians_ms, lows_ms, highs_ms, fitted_ms, *, fit_labe
         ax.set_xlim(0, x[-1] * 1.02)
         ax.set_xlabel("tokens re-run in this step (kv_len)")
         ax.set_ylabel("step time (ms)")
-        ax.set_title("Each naive step costs more than the last")
+        grows = float(fitted_ms[-1]) / float(fitted_ms[0])  # the title says what this run's fit shows
+        ax.set_title(
+            f"The step at {int(x[-1])} tokens takes {grows:.1f}x the step at {int(x[0])} (fit)"
+            if grows > 1
+            else f"This run's fit does not grow from {int(x[0])} to {int(x[-1])} tokens: time it again"
+        )
         ax.legend(loc="upper left", frameon=False)
         _note(fig, note)
     return _finish(fig)
