@@ -1,6 +1,7 @@
 """Every solution notebook runs top to bottom in reference mode (nbclient), as a presenter runs it."""
 
 import os
+import re
 import time
 
 import nbformat
@@ -156,3 +157,21 @@ def test_notebook_06_prints_what_its_text_says():
     )
     diff = float(text.split("largest difference from the GQA layer's own attention:")[1].split()[0])
     assert diff < 1e-6, "6.1's try-it: the text expects a difference below 1e-6"
+
+
+def test_notebook_04_prints_what_limits_a_step():
+    """Check that notebook 04 prints a cached step's shares and what bounds it, names Llama-2-7B's KV and query
+    heads apart from head_dim, and that its markdown's 2,048 FLOPs per cached token is what its counts print."""
+    nb, _ = execute(ROOT / "solutions" / "04-kv-cache" / "kv_cache.ipynb")
+    text = text_output(nb)
+    assert "a cached step:" in text and "the tiny model's step is bound by" in text, "the step's limits are not printed"
+    for part in ("arithmetic", "reading the weights", "the fixed cost of its operations"):
+        assert f"  {part}" in text, f"the share {part!r} is not printed"
+    assert "KV heads of 128" not in text and "32 KV heads for 32 query heads, head_dim 128" in text
+    assert re.search(r"Llama-2-7B .* at 4,096 tokens: \d+ sequences in all 80 GB, .*; \d+ in 90% of it less", text)
+    (n0, f0), (n1, f1) = [
+        (int(n), float(f)) for n, f in re.findall(r"after +(\d+) tokens: a decode step +([\d.]+) MFLOP", text)
+    ]
+    per_token = (f1 - f0) * 1e6 / (n1 - n0)  # printed to 0.01 MFLOP: within 30 FLOPs of the exact count
+    markdown = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert "= 2,048 FLOPs per" in markdown and abs(per_token - 2048) < 30, f"{per_token:.0f} FLOPs per cached token"
