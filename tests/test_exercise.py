@@ -193,3 +193,23 @@ def test_kvlib_check_stops_an_endless_loop(tmp_path):
     first, second = json.loads(proc.stdout)
     assert first["status"] == "fail" and "endless loop" in first["message"]
     assert second["status"] == "todo"
+
+
+def test_grade_runs_every_check_of_an_exercise_cell_and_names_each_failure(monkeypatch, capsys):
+    """Check that grade("checks-1-1"), a graded cell's hidden test in the kernel, runs all of 1.1's checks,
+    prints a verdict for each, and fails naming how many failed and why."""
+    import sys
+    import types
+
+    import numpy as np
+
+    from kvlib import checks
+
+    naive = types.SimpleNamespace(softmax=lambda s: np.exp(s) / np.exp(s).sum(axis=-1, keepdims=True))
+    monkeypatch.setitem(sys.modules, "kvlib.attention", naive)
+    with pytest.raises(AssertionError, match=r"^2 of 5 checks failed: softmax_is_stable: .*softmax_shifts_by_each"):
+        checks.grade("checks-1-1")
+    out = capsys.readouterr().out
+    assert out.count("passed: ") == 3 and out.count("failed: ") == 2
+    with pytest.raises(KeyError, match="no check and no exercise's cell named 'checks-99-1'"):
+        checks.grade("checks-99-1")

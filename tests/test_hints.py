@@ -163,8 +163,9 @@ def test_hint_command(cache_home, capsys):
 
 
 def test_notebooks_fold_the_hint_files_after_each_task():
-    """Check that each notebook shows each exercise's hints, as the file has them, in a collapsed block
-    right after the exercise's task (solution and learner notebooks)."""
+    """Check that each notebook has, right after each exercise's task, a locked code cell that shows the
+    exercise's hints, as the file has them, each level folded (solution and learner notebooks), and that
+    no hint text stands in the notebook's markdown."""
     assert hints.sync_solution_notebooks(check=True) == []
     found = hints.load()
     for folder in ("solutions", "notebooks"):
@@ -173,14 +174,23 @@ def test_notebooks_fold_the_hint_files_after_each_task():
             cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
             ids = [c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in cells]
             task = ids.index(hints.task_cell_id(ex.id))
-            block = "".join(cells[task + 1]["source"])
-            assert block.startswith(f"<details><summary>Hints (kvlib hint {ex.id})</summary>"), (nb, ex.id)
-            file_text = (ROOT / "kvlib" / "course" / "hints" / f"{ex.module}.md").read_text(encoding="utf-8")
-            section = file_text.split(f"## {ex.id} ", 1)[1].split("\n## ", 1)[0]
-            items = section.split("\n", 1)[1].strip()
-            assert items in block, (nb, ex.id)
-            numbered = [line for line in block.splitlines() if line[:1].isdigit()]
-            assert len(numbered) == len(found[ex.id].levels) >= hints.MIN_LEVELS, (nb, ex.id)
+            cell = cells[task + 1]
+            assert cell["cell_type"] == "code" and "".join(cell["source"]) == hints.hints_cell_source(ex.id), (
+                nb,
+                ex.id,
+            )
+            markdown = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+            assert found[ex.id].levels[0].split("\n")[0] not in markdown, (nb, ex.id)
+    for ex in EXERCISES:
+        block = hints.show_hints(ex.id).data
+        assert block.startswith(f"<details><summary>Hints (kvlib hint {ex.id})</summary>"), ex.id
+        file_text = (ROOT / "kvlib" / "course" / "hints" / f"{ex.module}.md").read_text(encoding="utf-8")
+        section = file_text.split(f"## {ex.id} ", 1)[1].split("\n## ", 1)[0]
+        levels = found[ex.id].levels
+        for i, text in enumerate(levels, start=1):
+            folded = f"<details><summary>Hint {i} of {len(levels)}</summary>\n\n{hints._item(i, text)}\n\n</details>"
+            assert folded in block and hints._item(i, text) in section, (ex.id, i)
+        assert len(levels) >= hints.MIN_LEVELS, ex.id
 
 
 def test_sync_moves_a_misplaced_block_back_after_its_task():

@@ -12,8 +12,8 @@ One file per learner module, kvlib/course/hints/<module>.md (shipped as package 
 At least three levels per exercise, never a line of the reference. A hint may run over several
 lines (continuation lines indented). The levels a learner has seen are remembered in one small
 JSON file, $XDG_CACHE_HOME/kvlib/hints.json (~/.cache/kvlib/hints.json by default), so each
-`kvlib hint X.Y` shows the next one. The notebooks show the same text behind a collapsed block
-(notebook_block), which `kvlib course release` writes after each exercise's task. Hints never
+`kvlib hint X.Y` shows the next one. The notebooks show the same text, folded level by level, from
+a cell after each exercise's task that calls show_hints (`kvlib course release` puts it there). Hints never
 change points: nothing here is read by a check or the grader.
 """
 
@@ -217,10 +217,27 @@ def _item(level: int, text: str) -> str:
 
 
 def notebook_block(exercise_id: str, hints: dict[str, Hints] | None = None) -> str:
-    """Markdown of the collapsed hints block after an exercise's task: the hint file's text, folded."""
+    """Markdown of an exercise's hints as a notebook shows them: folded, and each level folded again,
+    so a learner opens one at a time."""
     h = (hints or load())[exercise_id]
-    items = "\n".join(_item(i, text) for i, text in enumerate(h.levels, start=1))
+    n = len(h.levels)
+    items = "\n\n".join(
+        f"<details><summary>Hint {i} of {n}</summary>\n\n{_item(i, text)}\n\n</details>"
+        for i, text in enumerate(h.levels, start=1)
+    )
     return f"<details><summary>Hints (kvlib hint {exercise_id})</summary>\n\n{items}\n\n</details>"
+
+
+def show_hints(exercise_id: str):
+    """Show an exercise's hints in a notebook, folded level by level (the cell after each task calls it)."""
+    from IPython.display import Markdown  # noqa: PLC0415 (start-up time: `kvlib hint` needs no IPython)
+
+    return Markdown(notebook_block(exercise_id))
+
+
+def hints_cell_source(exercise_id: str) -> str:
+    """The code of the cell after an exercise's task: running it shows the hints, folded."""
+    return f'from kvlib.course.hints import show_hints\n\nshow_hints("{exercise_id}")  # hints on demand: open one at a time'
 
 
 def task_cell_id(exercise_id: str) -> str:
@@ -232,21 +249,22 @@ def hint_cell_id(exercise_id: str) -> str:
 
 
 def sync_notebook(nb: dict, hints: dict[str, Hints] | None = None) -> list[str]:
-    """Put each exercise's hints block right after its task cell (in place); return the ids changed.
+    """Put each exercise's hints cell right after its task cell (in place); return the ids changed.
 
     nb is a notebook as parsed JSON. A task cell is the markdown cell whose nbgrader grade_id is
-    "exN-M"; the block is a locked markdown cell with grade_id "hints-N-M".
+    "exN-M"; the hints cell is a locked code cell with grade_id "hints-N-M" that calls show_hints, so
+    its text comes from the hint file when it runs, and no hint is read in passing.
     """
-    hints = hints or load()
+    hints = hints or load()  # validates the files: every exercise has its levels
     changed = []
     cells = nb["cells"]
     for ex in EXERCISES:
         task = next((i for i, c in enumerate(cells) if _grade_id(c) == task_cell_id(ex.id)), None)
         if task is None:
             continue
-        text = notebook_block(ex.id, hints)
+        text = hints_cell_source(ex.id)
         old = next((i for i, c in enumerate(cells) if _grade_id(c) == hint_cell_id(ex.id)), None)
-        if old is not None and old == task + 1 and "".join(cells[old]["source"]) == text:
+        if old is not None and old == task + 1 and _is_hints_cell(cells[old], text):
             continue
         if old is not None:
             del cells[old]
@@ -254,6 +272,10 @@ def sync_notebook(nb: dict, hints: dict[str, Hints] | None = None) -> list[str]:
         cells.insert(task + 1, _hint_cell(ex.id, text))
         changed.append(ex.id)
     return changed
+
+
+def _is_hints_cell(cell: dict, text: str) -> bool:
+    return cell["cell_type"] == "code" and "".join(cell["source"]) == text
 
 
 def _grade_id(cell: dict) -> str | None:
@@ -270,7 +292,14 @@ def _hint_cell(exercise_id: str, text: str) -> dict:
         "task": False,
     }
     lines = text.splitlines(keepends=True)
-    return {"cell_type": "markdown", "id": hint_cell_id(exercise_id), "metadata": {"nbgrader": meta}, "source": lines}
+    return {
+        "cell_type": "code",
+        "execution_count": None,
+        "id": hint_cell_id(exercise_id),
+        "metadata": {"nbgrader": meta},
+        "outputs": [],
+        "source": lines,
+    }
 
 
 def sync_solution_notebooks(check: bool = False) -> list[str]:

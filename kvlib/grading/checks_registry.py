@@ -13,6 +13,7 @@ from pathlib import Path
 from nbgrader.coursedir import CourseDirectory
 
 from kvlib import checks
+from kvlib.checks import cell_id, checks_of_cell
 from kvlib.course.exercises import LEARNER_MODULES
 
 _loaded_extras: set[str] = set()
@@ -59,8 +60,13 @@ def isolatable(check) -> bool:
     return check.exercise.module in PROXYABLE_MODULES
 
 
-def isolated_check_names(config) -> set[str]:
-    """Names of the checks IsolatedGrading will run under this configuration."""
+def isolated_cell_ids(config) -> set[str]:
+    """grade_ids of the graded cells IsolatedGrading will score under this configuration: each check's
+    name (an instructor's own cell) and each exercise's "checks-X-Y" whose checks all run isolated."""
     root = Path(CourseDirectory(config=config).root)
     extra = list(config.IsolatedGrading.get("extra_checks", []))
-    return {name for name, c in load_checks(extra, root).items() if isolatable(c)}
+    registry = load_checks(extra, root)
+    names = {name for name, c in registry.items() if isolatable(c)}
+    exercises = {c.exercise for c in registry.values()}
+    cells = {cell_id(ex) for ex in exercises if all(isolatable(c) for c in checks_of_cell(cell_id(ex), registry))}
+    return names | cells

@@ -36,7 +36,7 @@ from nbgrader.preprocessors import Execute
 from traitlets import Bool, Integer, List, Type, Unicode
 from traitlets.config import Configurable
 
-from kvlib.grading.checks_registry import isolated_check_names
+from kvlib.grading.checks_registry import isolated_cell_ids
 from kvlib.grading.jail import Jail, Limits, find_mode, jail_python, site_dirs
 
 
@@ -304,7 +304,7 @@ class SandboxExecute(Execute):
         self.kernel_name = "python3"
         self._isolated: set[str] = set()
         if self.skip_isolated_hidden_tests:
-            self._isolated = isolated_check_names(self.config)
+            self._isolated = isolated_cell_ids(self.config)
         try:
             return super().preprocess(nb, resources, km=km)
         finally:  # a kernel that died or hung skips jupyter's own clean-up

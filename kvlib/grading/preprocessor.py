@@ -31,6 +31,7 @@ from nbgrader.coursedir import CourseDirectory
 from nbgrader.preprocessors import ClearHiddenTests, NbGraderPreprocessor
 from traitlets import Bool, Float, Integer, List, Unicode
 
+from kvlib.checks import checks_of_cell
 from kvlib.course.exercises import EXERCISES
 from kvlib.course.hints import stuck
 from kvlib.grading.checks_registry import isolatable, load_checks
@@ -78,16 +79,20 @@ class IsolatedGrading(NbGraderPreprocessor):
         student, assignment, notebook = ids["student"], ids["assignment"], ids["notebook"]
         coursedir = CourseDirectory(config=self.config)
         root = Path(coursedir.root)
-        checks = load_checks(list(self.extra_checks), root)
+        registry = load_checks(list(self.extra_checks), root)
         trusted = self._trusted_cells(ids["db_url"], notebook, assignment)
         wanted = [c.metadata.nbgrader.get("grade_id") for c in nb.cells if "nbgrader" in c.metadata]
-        checks = {name: c for name, c in checks.items() if isolatable(c)}  # the rest: graded in the kernel
-        kernel_graded = set(load_checks(list(self.extra_checks), root)) - set(checks)
-        used = [checks[g] for g in dict.fromkeys(wanted) if g in trusted and trusted[g] is not None and g in checks]
+        used = [
+            c
+            for g in dict.fromkeys(wanted)
+            if g in trusted and trusted[g] is not None
+            for c in checks_of_cell(g, registry)
+            if isolatable(c)
+        ]
         started = time.monotonic()
         sandbox = self._sandbox(coursedir, student, assignment, used) if used else None
         secret = self._secret(root)
-        results: dict[str, tuple[bool, str]] = {}
+        results: dict[str, tuple[bool, str]] = {}  # check name -> (passed, message)
         seen: set[str] = set()
         try:
             for cell in nb.cells:
@@ -104,17 +109,22 @@ class IsolatedGrading(NbGraderPreprocessor):
                 if trusted[gid] is None:  # a manually graded answer: not ours
                     continue
                 meta.update(grade=True, solution=False, points=trusted[gid])
-                if gid not in checks:
-                    if self.unknown_cells == "kernel" or gid in kernel_graded:
+                cell_checks = checks_of_cell(gid, registry)
+                if not cell_checks:
+                    if self.unknown_cells == "kernel":
                         continue
-                    results[gid] = (
-                        False,
+                    why = (
                         f"no isolated check is named {gid!r}: the instructor must add one "
-                        "(IsolatedGrading.extra_checks) or set IsolatedGrading.unknown_cells",
+                        "(IsolatedGrading.extra_checks) or set IsolatedGrading.unknown_cells"
                     )
-                elif gid not in results:
-                    results[gid] = self._run(checks[gid], sandbox, check_rng(secret, student, gid))
-                cell.outputs = _outputs(gid, *results[gid])
+                    cell.outputs = _outputs(gid, [(gid, False, why)], trusted[gid])
+                    continue
+                if not all(isolatable(c) for c in cell_checks):  # graded in the (jailed) kernel
+                    continue
+                for c in cell_checks:
+                    if c.name not in results:
+                        results[c.name] = self._run(c, sandbox, check_rng(secret, student, c.name))
+                cell.outputs = _outputs(gid, [(c.name, *results[c.name]) for c in cell_checks], trusted[gid])
         finally:
             if sandbox is not None:
                 sandbox.close()
@@ -342,17 +352,28 @@ class HideHiddenTests(ClearHiddenTests):
     enforce_metadata = Bool(False).tag(config=True)
 
 
-def _outputs(check_name: str, passed: bool, message: str) -> list:
-    if passed:
-        return [new_output("stream", name="stdout", text=f"passed: {message}\n")]
+def _outputs(cell: str, verdicts: list[tuple[str, bool, str]], points: float) -> list:
+    """A graded cell's outputs from its checks' verdicts [(check, passed, message)], as nbgrader's
+    SaveAutoGrades reads them: all passed, full points (a "passed" line each); none, an error (0);
+    some, a line each and the points earned as the cell's value (nbgrader's partial credit)."""
+    passed = sum(ok for _, ok, _ in verdicts)
+    lines = [f"passed: {msg}" if ok else f"failed: {name}: {msg}" for name, ok, msg in verdicts]
+    if passed == len(verdicts):
+        return [new_output("stream", name="stdout", text="\n".join(lines) + "\n")]
+    if passed == 0:
+        message = "; ".join(msg for _, _, msg in verdicts)
+        return [
+            new_output(
+                "error",
+                ename="AssertionError",
+                evalue=message,
+                traceback=[f"AssertionError: {msg}" for _, _, msg in verdicts]
+                + [f"(isolated checks of {cell}: your kvlib code, run apart from this notebook)"],
+            )
+        ]
+    earned = round(points * passed / len(verdicts), 4)
+    text = "\n".join(lines) + f"\n{passed} of {len(verdicts)} checks passed (isolated checks of {cell})\n"
     return [
-        new_output(
-            "error",
-            ename="AssertionError",
-            evalue=message,
-            traceback=[
-                f"AssertionError: {message}",
-                f"(isolated check {check_name}: your kvlib code, run apart from this notebook)",
-            ],
-        )
+        new_output("stream", name="stdout", text=text),
+        new_output("execute_result", data={"text/plain": repr(earned)}, execution_count=None),
     ]

@@ -67,7 +67,7 @@ ALL = ("1.1", "1.2", "1.3", "1.4")
 
 
 def _points() -> dict[str, float]:
-    """Points of the notebook's graded cells, per exercise (each cell's grade_id names its check)."""
+    """Points of the notebook's graded cells, per exercise (each cell's grade_id names its exercise's checks)."""
     from kvlib import checks
 
     checks._load_all()
@@ -75,7 +75,7 @@ def _points() -> dict[str, float]:
     for cell in json.loads((ROOT / "solutions" / NB / "attention.ipynb").read_text(encoding="utf-8"))["cells"]:
         meta = cell["metadata"].get("nbgrader", {})
         if meta.get("grade"):
-            exercise = checks.CHECKS[meta["grade_id"]].exercise.id
+            (exercise,) = {c.exercise.id for c in checks.checks_of_cell(meta["grade_id"])}
             out[exercise] = out.get(exercise, 0) + meta["points"]
     return out
 
