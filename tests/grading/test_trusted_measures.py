@@ -350,14 +350,52 @@ def test_passes_hidden_from_the_models_count_earn_nothing_in_the_child():
     assert _only_in_child("speculative", reference, functions, [check.name]) == {check.name: "pass"}
 
 
-def _only_in_child(module: str, source: str, functions: list[str], names: list[str]) -> dict[str, str]:
-    """The named checks on `source` in the isolated child (notebook 10's earlier modules the reference's)."""
+HIDDEN_PIECEMEAL_PREFILL = '''
+
+_honest_forward = cached_forward
+
+
+def cached_forward(model, input_ids, cache):
+    """The attack: the prompt one token at a time, where the allocation watch beside this code sees nothing
+    (each piece is right: the logits and the cache are a prefill's), then the last token in its sight."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        for t in range(input_ids.shape[1] - 1):
+            _honest_forward(model, input_ids[:, t : t + 1], cache)
+    return _honest_forward(model, input_ids[:, -1:], cache)
+'''
+
+
+@pytest.mark.slow
+def test_a_piecemeal_prefill_hidden_from_the_watch_earns_nothing_on_its_cells():
+    """Check that a prefill run one token at a time out of the allocation watch's sight fails 4.3's prefill cell and
+    4.5's forward-pass count in the isolated child, where each layer's MLP runs, and is counted, in the grader; its
+    logits are right (4.3's first cell passes), and the reference passes all three."""
+    reference = (ROOT / "solutions" / "kvlib" / "kv_cache.py").read_text(encoding="utf-8")
+    functions = ["kv_cache.KVCache", "kv_cache.cached_forward", "kv_cache.generate_cached"]
+    names = [
+        "cached_forward_matches_full_forward",
+        "cached_forward_prefill_runs_once",
+        "generate_cached_uses_the_cache",
+    ]
+    earlier = ("attention", "generation")
+    assert _only_in_child("kv_cache", reference, functions, names, earlier) == dict.fromkeys(names, "pass")
+    verdicts = _only_in_child("kv_cache", reference + HIDDEN_PIECEMEAL_PREFILL, functions, names, earlier)
+    assert verdicts[names[0]] == "pass", verdicts
+    assert "in pieces" in verdicts[names[1]] and "one token at a time" in verdicts[names[2]], verdicts
+
+
+def _only_in_child(
+    module: str, source: str, functions: list[str], names: list[str], earlier=("attention", "generation", "kv_cache")
+) -> dict[str, str]:
+    """The named checks on `source` in the isolated child (the earlier notebooks' modules the reference's)."""
     from kvlib.checks import CHECKS
     from kvlib.grading.sandbox import Sandbox, describe, package_files
 
     files = package_files(ROOT / "kvlib")
     files[f"kvlib/{module}.py"] = source.encode()
-    for name in ("attention", "generation", "kv_cache"):
+    for name in earlier:
         files[f"kvlib/{name}.py"] = (ROOT / "solutions" / "kvlib" / f"{name}.py").read_bytes()
     verdicts = {}
     with Sandbox(files, [module], functions, mode="plain", torch=True, call_timeout=60, budget=300) as sandbox:
