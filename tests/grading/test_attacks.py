@@ -99,12 +99,12 @@ def delete_tests(nb):
 
 
 def change_metadata(nb):
-    cells = _graded_cells(nb)
+    cells = _graded_cells(nb)  # one per exercise: four in notebook 01
     cells[0]["metadata"]["nbgrader"]["points"] = 100
+    cells[0]["metadata"]["nbgrader"]["solution"] = True
     cells[1]["metadata"]["nbgrader"]["grade"] = False
     cells[2]["metadata"]["nbgrader"]["grade_id"] = "renamed"
-    cells[3]["metadata"]["nbgrader"]["solution"] = True
-    del cells[4]["metadata"]["nbgrader"]
+    del cells[3]["metadata"]["nbgrader"]
     bonus = {
         "grade": True,
         "grade_id": "bonus",
