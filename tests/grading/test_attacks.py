@@ -331,6 +331,11 @@ except Exception:
 """
                     ),
                 ),
+                # correct code whose import, in the kernel, reaches for the checks' reference computations
+                "a21-reads-the-checks": dict(
+                    expected=TOTAL,
+                    attention=attention(ALL, epilogue=READS_THE_CHECKS),
+                ),
                 "a15-writes-gradebook": dict(
                     expected=0,
                     attention=attention(
@@ -394,6 +399,23 @@ for _name in ("notes.txt", "reference.txt", "other.txt", "config.txt", "hard-con
             print(open(_where + _name).read())
         except Exception:
             pass
+"""
+READS_THE_CHECKS = """
+import glob as _glob, sys as _sys
+try:  # the checks' reference computations, imported, as a library
+    import kvlib.checks.attention as _ch
+    print("CHECKS-IMPORTED", _ch.__file__)
+except Exception as _err:
+    print("CHECKS-REFUSED", type(_err).__name__)
+for _dir in _sys.path:  # and read as files, wherever a kvlib/checks/ is
+    for _path in _glob.glob(_dir + "/kvlib/checks/*.py"):
+        if "def check" in open(_path).read() and not _path.endswith("__init__.py"):
+            print("CHECKS-READ", _path)
+try:
+    from kvlib.checks import grade as _grade
+    print("GRADE-IMPORTS")
+except Exception:
+    pass
 """
 LINKED_HELPER = """
 try:  # the reference itself, through a link in kvlib/: every exercise solved
@@ -712,6 +734,22 @@ def test_links_are_named_in_the_log_and_the_feedback(graded):
 
 
 @JAILED
+@JAILED
+def test_the_checks_are_not_in_the_kernel_while_graded(graded):
+    """Check that a submission's code run in the notebook's kernel during autograde can neither import the checks'
+    reference computations nor read their files (every kvlib/checks/ there is a stand-in with grade() only), that
+    the notebook's own `from kvlib.checks import grade` still works there, and that the code earns full marks."""
+    import nbformat
+
+    course = graded[0]
+    (score, max_score), want = expected_score(graded, "a21-reads-the-checks")
+    assert (score, max_score) == (want, TOTAL)
+    nb = nbformat.read(course / "autograded" / "a21-reads-the-checks" / NB / "attention.ipynb", as_version=4)
+    printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "CHECKS-REFUSED" in printed and "GRADE-IMPORTS" in printed, printed[:2000]
+    assert "CHECKS-IMPORTED" not in printed and "CHECKS-READ" not in printed, printed[:2000]
+
+
 def test_jails_have_no_network(graded):
     """Check that code in the jailed kernel and the isolated child cannot reach a server listening on
     the grader's 127.0.0.1 (both jails have a network namespace of their own, with nothing in it)."""
