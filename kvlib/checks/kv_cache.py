@@ -5,7 +5,8 @@ heads, 2 KV heads, every size distinct). Each check works out what it expects BE
 code runs, from its own copy of the model and of every tensor (the learner's function may change
 what it is given). The cache exercises are graded on using the cache: a decode step must read what
 the cache holds (overwrite the cache and the answer must follow) and its matrix-multiply FLOPs,
-counted by torch.utils.flop_counter, must not grow with the prefix; a prefill runs the prompt once.
+counted by torch.utils.flop_counter, must not grow with the prefix; a prefill runs the prompt once
+(each layer's MLP runs once: in the isolated grader the MLPs run, and are counted, in the grader).
 Named slips: rotary positions restarting at 0, is_causal=True for new queries against more keys,
 torch.cat that reallocates, writes that clobber stored tokens, a cache not reset between prompts,
 recomputing from the token ids, a prompt fed one token at a time; in the cache's bytes, n_heads for
@@ -65,11 +66,41 @@ def _flops(fn, *args) -> int:
     return count(*args) if count is not None else matmul_flops(fn, *args)
 
 
-def _mlp_passes(fn, *args) -> int:
-    """How many tensors of width hidden_dim fn(*args) allocates: 4 per layer per forward pass (gate, up, silu, product)."""
-    watch = getattr(fn, "watch", None)
-    made = watch(*args) if watch is not None else new_tensors(fn, *args)
-    return sum(1 for _, shape in made if shape and shape[-1] == CONFIG.hidden_dim)
+class GradersMLPs:
+    """A model whose every layer's MLP stays with the grader: handed to the learner's code in the isolated child,
+    the model goes there without its MLP weights and each layer.mlp(x) there is run, and counted, here."""
+
+    kvlib_remote_mlps = True
+
+    def __init__(self, decoder: Decoder):
+        self.decoder, self.calls = decoder, []  # calls: (layer, tokens fed) of every MLP call
+        self.mlps = [_CountedMLP(layer.mlp, i, self.calls) for i, layer in enumerate(decoder.layers)]
+
+
+class _CountedMLP:
+    kvlib_public = ("forward",)  # not its weights: the learner's code can only call it
+
+    def __init__(self, mlp, layer: int, calls: list):
+        self._mlp, self._layer, self._calls = mlp, layer, calls
+
+    def __call__(self, x):
+        self._calls.append((self._layer, int(x.shape[1]) if x.dim() == 3 else 1))
+        with torch.inference_mode():
+            return self._mlp(x)
+
+    forward = __call__
+
+
+def _mlp_passes(fn, model, *args) -> int:
+    """How many tensors of width hidden_dim fn(model, *args) allocates: 4 per layer per forward pass (gate, up,
+    silu, product). In the isolated grader the count is the grader's: the model's MLPs run here (GradersMLPs),
+    4 for each call, where no code beside the learner's can hide one."""
+    if getattr(fn, "watch", None) is None:
+        made = new_tensors(fn, model, *args)
+        return sum(1 for _, shape in made if shape and shape[-1] == CONFIG.hidden_dim)
+    counted = GradersMLPs(model)
+    fn(counted, *args)
+    return 4 * len(counted.calls)
 
 
 def _keys_values(model, ids) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -2,8 +2,9 @@
 
 The checks hand the learner's code a model that counts its own forward passes (how many tokens each
 fed, with or without a cache), a cache of their own (its update and attention are not under test),
-and drafters whose proposals they know, so the number of passes a speculative loop needs is computed
-here, before learner code runs; greedy tokens made without drafting fail on that count. Every
+and drafters whose proposals they know (in the isolated grader all three stay in the grading process:
+the learner's code gets stand-ins, so the count is kept where that code cannot reach it), so the
+number of passes a speculative loop needs is computed here, before learner code runs; greedy tokens made without drafting fail on that count. Every
 expected token, cache content and distribution is computed before the learner's code runs, from
 copies it never receives. Named slips: verifying without the cache or one pass per draft, the bonus
 token forgotten, the cache rewound one too far or not far enough, an end token inside the accepted
@@ -33,6 +34,8 @@ HINT = " (kvlib hint {})"
 
 class CheckCache:
     """A plain KV cache (the contract's pos, update, advance, reset, truncate): the learner's 4.1 is not graded here."""
+
+    kvlib_public = ("pos", "max_seq_len", "update", "advance", "reset", "truncate")  # what the graded code may use
 
     def __init__(self, config: ModelConfig, max_seq_len: int):
         shape = (config.n_layers, 1, config.n_kv_heads, max_seq_len, config.head_dim)
@@ -78,6 +81,7 @@ def counted(decoder: Decoder):
     class Model:
         __slots__ = ()
         config = decoder.config
+        kvlib_public = ("config",)  # and the call: in the isolated grader every call is counted here, by the grader
 
         def __call__(self, input_ids, pos=0, past_key_values=None):
             calls.append((int(input_ids.shape[1]), past_key_values is not None, getattr(past_key_values, "pos", None)))
@@ -116,6 +120,8 @@ def plain_cache(decoder: Decoder, tokens: list[int], max_seq_len: int) -> CheckC
 
 class OracleDrafter:
     """Proposes the true greedy continuation with one token spoiled at a place fixed by the text's length."""
+
+    kvlib_public = ("propose", "vocab_size")  # not the sequence it knows: the grader answers only these
 
     def __init__(self, sequence: list[int], gamma: int, spoil: bool = True):
         self.sequence, self.gamma, self.spoil, self.vocab_size = sequence, gamma, spoil, CONFIG.vocab_size
@@ -326,6 +332,19 @@ def _chi2(counts: np.ndarray, probs: np.ndarray) -> tuple[float, float]:
     return stat, chi2_sf_even(stat, dof) if dof % 2 == 0 else chi2_sf_even(stat, dof + 1)  # odd: conservative
 
 
+def _rounds(sp, calls: list[tuple], label: str, longest: int) -> list[list[int]]:
+    """accept_sampled on each (args, kwargs) in turn: in the isolated grader one request for all (fn.many)."""
+    fn = sp.accept_sampled
+    many = getattr(fn, "many", None)
+    if many is not None:  # the grader sends a tensor given to many calls once; each call gets its own copy there
+        results = many(calls)
+    else:
+        results = [
+            fn(*(a.clone() if isinstance(a, torch.Tensor) else a for a in args), **kwargs) for args, kwargs in calls
+        ]
+    return [_tokens(got, label, longest) for got in results]
+
+
 def _tokens(got, label, longest):
     assert isinstance(got, (list, tuple)) and 1 <= len(got) <= longest, (
         f"{label}: accept_sampled must return a list of 1 to {longest} token ids, got {got!r:.80}"
@@ -341,9 +360,8 @@ def accept_sampled_accepts_with_probability_min_1_p_over_q(sp, rng):
     p = torch.tensor([[0.45, 0.3, 0.25, 0.0], [0.25, 0.25, 0.25, 0.25]])
     q = torch.tensor([[0.1, 0.8, 0.05, 0.05]])
     trials, want = 3000, 0.3 / 0.8  # draft token 1: p 0.3, q 0.8
-    accepted = sum(
-        len(_tokens(sp.accept_sampled(p.clone(), q.clone(), [1], gen), "draft [1]", 2)) == 2 for _ in range(trials)
-    )
+    calls = [((p, q, [1], gen), {}) for _ in range(trials)]
+    accepted = sum(len(got) == 2 for got in _rounds(sp, calls, "draft [1]", 2))
     rate = accepted / trials
     z = (rate - want) / math.sqrt(want * (1 - want) / trials)
     if rate > 0.95:
@@ -359,7 +377,8 @@ def accept_sampled_accepts_with_probability_min_1_p_over_q(sp, rng):
     # drafts sampled from q, as a drafter would: the acceptance rate is sum(min(p, q)) (Leviathan et al.)
     alpha = float(torch.minimum(p[0], q[0]).sum())
     drafts = torch.multinomial(q[0], trials, replacement=True, generator=torch.Generator().manual_seed(1)).tolist()
-    accepted = sum(len(_tokens(sp.accept_sampled(p.clone(), q.clone(), [d], gen), "draft", 2)) == 2 for d in drafts)
+    calls = [((p, q, [d], gen), {}) for d in drafts]
+    accepted = sum(len(got) == 2 for got in _rounds(sp, calls, "draft", 2))
     z = (accepted / trials - alpha) / math.sqrt(alpha * (1 - alpha) / trials)
     assert abs(z) < 3.29, (
         f"drafts sampled from q were accepted {accepted / trials:.3f} of the time, sum(min(p, q)) = {alpha:.3f} "
@@ -377,8 +396,7 @@ def accept_sampled_resamples_from_the_residual(sp, rng):
     residual = (p[0] - q[0]).clamp(min=0).numpy()
     residual = residual / residual.sum()
     counts = np.zeros(4)
-    for _ in range(3000):
-        got = _tokens(sp.accept_sampled(p.clone(), q.clone(), [1], gen), "draft [1]", 2)
+    for got in _rounds(sp, [((p, q, [1], gen), {}) for _ in range(3000)], "draft [1]", 2):
         if len(got) == 1:
             counts[got[0]] += 1
     assert counts.sum() > 0, f"the draft (p = 0.2, q = 1) was never rejected in 3000 rounds{hint}"
@@ -401,9 +419,14 @@ def accept_sampled_adds_the_bonus_token(sp, rng):
     gen = torch.Generator().manual_seed(int(rng.integers(1 << 30)))
     p = torch.tensor([[0.5, 0.5, 0.0, 0.0, 0.0], [0.0, 0.5, 0.5, 0.0, 0.0], [0.1, 0.2, 0.3, 0.25, 0.15]])
     counts = np.zeros(5)
-    for _ in range(2000):
-        draft = [int(torch.multinomial(p[0], 1, generator=gen)), int(torch.multinomial(p[1], 1, generator=gen))]
-        got = _tokens(sp.accept_sampled(p.clone(), p[:2].clone(), draft, gen), "q == p", 3)
+    drafting = torch.Generator().manual_seed(int(rng.integers(1 << 30)))  # the drafts: the check's own draws
+    drafts = [
+        [int(torch.multinomial(p[0], 1, generator=drafting)), int(torch.multinomial(p[1], 1, generator=drafting))]
+        for _ in range(2000)
+    ]
+    q_ = p[:2].clone()
+    rounds = _rounds(sp, [((p, q_, list(d), gen), {}) for d in drafts], "q == p", 3)
+    for draft, got in zip(drafts, rounds):
         assert len(got) == 3, (
             f"with q == p every draft is accepted, so the round returns the 2 drafts and a bonus token sampled from "
             f"p's last row: got {len(got)} token(s){hint}"
@@ -431,9 +454,10 @@ def accept_sampled_output_follows_the_model(sp, rng):
     Pt, Qt = Pt / Pt.sum(1, keepdim=True), Qt / Qt.sum(1, keepdim=True)
     gen, draws = torch.Generator().manual_seed(int(rng.integers(1 << 30))), np.random.default_rng(int(rng.integers(99)))
     counts, gamma = np.zeros((3, 3)), 2
-    for _ in range(3000):
-        out = []
-        while len(out) < 2:
+    outs = [[] for _ in range(3000)]  # 3,000 texts, each grown round by round until it has two tokens
+    while short := [out for out in outs if len(out) < 2]:
+        calls = []
+        for out in short:  # one round of each text that is still short, all in one batch
             last = out[-1] if out else 0
             draft = []
             for _ in range(gamma):  # the drafter samples from its table, the check's own random numbers
@@ -441,7 +465,10 @@ def accept_sampled_output_follows_the_model(sp, rng):
             context = [last, *draft]
             p = torch.stack([Pt[t] for t in context])  # (gamma + 1, vocab): the model after each token
             q = torch.stack([Qt[t] for t in context[:-1]])  # (gamma, vocab)
-            out += _tokens(sp.accept_sampled(p, q, list(draft), gen), "a bigram round", gamma + 1)
+            calls.append(((p, q, list(draft), gen), {}))
+        for out, got in zip(short, _rounds(sp, calls, "a bigram round", gamma + 1)):
+            out += got
+    for out in outs:
         counts[out[0], out[1]] += 1
     want = P[0][:, None] * P  # P(x1 | 0) P(x2 | x1)
     stat, pval = _chi2(counts.ravel(), want.ravel())

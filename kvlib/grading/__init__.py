@@ -8,6 +8,7 @@ checks_registry.py  which checks grade a notebook, and which of them run in the 
 sandbox.py          the grader's side of isolated checking: the child runs the learner's functions
 _child.py           the isolated child, the only process that runs a submission's kvlib code
 _kernel_boot.py     starts an IPython kernel inside the jail
+_kernel_checks.py   kvlib.checks as that kernel sees it while graded: grade() and no checks
 jail.py             a throwaway root for one untrusted process (the kernel, or the child)
 autograde.py        `nbgrader autograde` that screens each submission for links before it copies it
 submission.py       what of a submission the grader reads: real files only, never through a link

@@ -8,6 +8,7 @@ Everything it replies is untrusted: the grader reads it with allow_pickle=False 
 Stdlib and numpy only (this file is copied into the jail; kvlib is the learner's there).
 """
 
+import builtins
 import contextlib
 import functools
 import importlib
@@ -67,10 +68,11 @@ class Encoder:
     class constructor made (it stays in the child). Anything else (an object that compares equal
     to anything, an ndarray subclass's custom behaviour, a pickle) is refused, with its type."""
 
-    def __init__(self, np, torch=None, handles=None, owners=()):
+    def __init__(self, np, torch=None, handles=None, owners=(), parents=None):
         self.np, self.torch, self.arrays = np, torch, {}
         self.handles, self.owners = handles, owners  # the child's: objects of these modules go back as handles
         self.callbacks = []  # the parent's: functions a request passes, called back with what the child recorded
+        self.parents = parents  # the parent's: obj -> key, for a check's own object the child calls back (a model)
 
     def _array(self, arr):
         np = self.np
@@ -103,11 +105,18 @@ class Encoder:
         if isinstance(obj, np.generic) and t.__module__ == "numpy":
             return {"t": "npscalar", "k": self._array(obj)}
         if torch is not None and t is torch.Tensor:
+            if self.parents is not None:  # a grader's request: one tensor passed to many calls is sent once
+                seen = self.__dict__.setdefault("_tensors", {})
+                if id(obj) in seen:
+                    return seen[id(obj)][1]
             dtype = str(obj.dtype).replace("torch.", "")
             arr = obj.detach().cpu()
             if dtype == "bfloat16":
                 arr = arr.float()
-            return {"t": "tensor", "k": self._array(arr.numpy()), "dtype": dtype}
+            node = {"t": "tensor", "k": self._array(arr.numpy()), "dtype": dtype}
+            if self.parents is not None:
+                self._tensors[id(obj)] = (obj, node)
+            return node
         if torch is not None and t is torch.dtype:
             return {"t": "dtype", "v": str(obj).replace("torch.", "")}
         if t.__name__ == "ModelConfig" and t.__module__ == "kvlib.core.model":  # sizes only: rebuilt in the child
@@ -128,8 +137,17 @@ class Encoder:
             if t.__name__ == "SlowDecoder":
                 node["per_token"] = float(obj.per_token)
             return node
+        if self.parents is not None and getattr(t, "kvlib_remote_mlps", False):  # a Decoder whose MLPs stay here
+            node = self.encode(obj.decoder, depth)
+            keep = [i for i, name in enumerate(node["names"]) if ".mlp." not in name]
+            node["names"], node["tensors"] = [node["names"][i] for i in keep], [node["tensors"][i] for i in keep]
+            node["mlps"] = [{"t": "phandle", "id": self.parents(m), "type": "MLP"} for m in obj.mlps]
+            return node
         if torch is not None and t is torch.Generator:  # its state: the same draws follow on the other side
-            return {"t": "generator", "k": self._array(obj.get_state().numpy())}
+            seen = self.__dict__.setdefault("_generators", {})  # one generator passed to many calls stays one
+            if id(obj) not in seen:
+                seen[id(obj)] = (obj, {"t": "generator", "k": self._array(obj.get_state().numpy())})
+            return seen[id(obj)][1]
         if t.__name__ == "Attention" and t.__module__ == "kvlib.core.model":  # one layer's attention: sizes and weights
             state = obj.state_dict()
             sizes = {
@@ -151,6 +169,10 @@ class Encoder:
             return {"t": "fn", "v": f"{obj.module}.{obj.name}"}
         if getattr(t, "_kvlib_handle", False):  # an object that lives in the child (requests only)
             return {"t": "handle", "id": obj.handle_id}
+        if (
+            t is _Parent
+        ):  # the child's stand-in for a grader's object, sent back to it (model(ids, past_key_values=cache))
+            return {"t": "phandle", "id": object.__getattribute__(obj, "_kvlib_pid")}
         drift = getattr(obj, "kvlib_drift", None) if self.handles is None else None
         if drift is not None:  # a check's Drifting on_token: the child's stand-in drifts the child's model
             self.callbacks.append(obj.record)
@@ -158,6 +180,8 @@ class Encoder:
         if self.handles is None and isinstance(obj, (types.FunctionType, types.MethodType, functools.partial)):
             self.callbacks.append(obj)  # the child records the calls; the parent replays them (requests only)
             return {"t": "callback", "i": len(self.callbacks) - 1}
+        if self.parents is not None and grader_side(t):  # a check's own object: it stays with the grader
+            return {"t": "phandle", "id": self.parents(obj), "type": t.__name__[:100]}
         if self.handles is not None and t.__module__ in self.owners:  # the learner's own object: it stays here
             key = len(self.handles)
             self.handles[key] = obj
@@ -188,8 +212,13 @@ def decode(np, torch, head, files, node):
         return files[node["k"]]
     if t == "npscalar":
         return files[node["k"]][()]
-    if t == "tensor":
-        return torch.from_numpy(files[node["k"]]).to(getattr(torch, node["dtype"]))
+    if t == "tensor":  # a tensor sent once for several arguments: each its own copy, as the grader's clones were
+        value = torch.from_numpy(files[node["k"]]).to(getattr(torch, node["dtype"]))
+        made = head.setdefault("_tensors", set())
+        if node["k"] in made:
+            return value.clone()
+        made.add(node["k"])
+        return value
     if t == "dtype":
         return getattr(torch, node["v"])
     if t == "config":
@@ -204,7 +233,17 @@ def decode(np, torch, head, files, node):
         dtype = next((v.dtype for v in state.values() if v.is_floating_point()), None)
         if dtype is not None:  # the weights' own dtype (Exercise 6.4 keeps it), not Decoder's float32
             decoder.to(dtype)
-        decoder.load_state_dict(state)
+        mlps = node.get("mlps")
+        if mlps is None:
+            decoder.load_state_dict(state)
+        else:  # each layer's MLP stays with the grader (a check's count of forward passes): a stand-in here
+            missing = decoder.load_state_dict(state, strict=False).missing_keys
+            if any(".mlp." not in k for k in missing) or len(mlps) != len(decoder.layers):
+                raise ValueError("a Decoder whose weights do not match its config")
+            for layer, stand_in in zip(decoder.layers, mlps):
+                del layer._modules["mlp"]
+                layer.mlp = decode(np, torch, head, files, stand_in)
+            decoder.kvlib_remote_parts = True  # never sent back: its MLPs' weights are not here
         head.setdefault("_decoders", []).append(decoder)  # what a drifting callback of this request drifts
         return decoder.train(node.get("training") is True)
     if t == "attention":
@@ -224,10 +263,16 @@ def decode(np, torch, head, files, node):
         return attn
     if t == "handle":
         return head["_handles"][node["id"]]
-    if t == "generator":
-        gen = torch.Generator()
-        gen.set_state(torch.from_numpy(files[node["k"]]))
-        return gen
+    if t == "method":  # the grader's answer "that attribute is a method": the stand-in makes it a call
+        return _Method()
+    if t == "phandle":
+        return _Parent(int(node["id"]), str(node.get("type", "object"))[:100])
+    if t == "generator":  # one per key: the calls of a batch (many) draw from the same generator, in turn
+        made = head.setdefault("_generators", {})
+        if node["k"] not in made:
+            made[node["k"]] = torch.Generator()
+            made[node["k"]].set_state(torch.from_numpy(files[node["k"]]))
+        return made[node["k"]]
     if t == "callback":
         i, calls, enc = node["i"], head["_calls"], head["_enc"]
 
@@ -322,6 +367,191 @@ def _attribute(obj, attr):
     return _Method() if callable(value) and type(value).__module__ != "torch" and not hasattr(value, "shape") else value
 
 
+def grader_side(t) -> bool:
+    """An object of this class stays with the grader when a check hands it to the learner's code: the checks'
+    own classes (a model that counts its calls, a drafter, a cache whose writes the check reads), or one that
+    says so (_kvlib_grader_side). The child gets a stand-in whose every use the grader serves."""
+    return bool(getattr(t, "_kvlib_grader_side", False)) or str(getattr(t, "__module__", "")).startswith(
+        ("kvlib.checks.", "kvlib_course_checks_")
+    )
+
+
+class _Parent:
+    """The child's stand-in for an object the grader keeps (a check's model, cache or drafter): reading an
+    attribute, calling a method or the object itself asks the grader, which runs it there and replies with
+    numbers (or another stand-in). What the grader counts there, no code in this process can reach."""
+
+    __slots__ = ("_kvlib_pid", "_kvlib_type")
+
+    def __init__(self, pid, type_name):
+        object.__setattr__(self, "_kvlib_pid", pid)
+        object.__setattr__(self, "_kvlib_type", type_name)
+
+    def __getattr__(self, attr):
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        value = _ask("getattr", self, attr, (), {})
+        if type(value) is not _Method:
+            return value
+
+        def method(*args, **kwargs):
+            return _ask("method", self, attr, args, kwargs)
+
+        method.__name__ = attr
+        return method
+
+    def __setattr__(self, attr, value):
+        if attr.startswith("_"):
+            raise AttributeError(
+                f"the grader's {object.__getattribute__(self, '_kvlib_type')} takes no private attribute"
+            )
+        _ask("setattr", self, attr, (value,), {})
+
+    def __call__(self, *args, **kwargs):
+        return _ask("call", self, "", args, kwargs)
+
+    def __repr__(self):
+        return f"<the grader's {object.__getattribute__(self, '_kvlib_type')}>"
+
+
+_SESSION = {}  # the serving state: np, torch, fds, modules, handles, the requests being served (innermost last)
+
+
+def _ask(op, proxy, attr, args, kwargs):
+    """One question to the grader about an object it keeps; requests it sends meanwhile are served here
+    (its model may call a method of the learner's cache), in order, until its answer comes."""
+    np, torch, stack = _SESSION["np"], _SESSION["torch"], _SESSION["stack"]
+    enc = Encoder(np, torch, _SESSION["handles"], _LearnersModules())
+    head = {
+        "status": "callback",
+        "op": op,
+        "h": object.__getattribute__(proxy, "_kvlib_pid"),
+        "attr": attr,
+        "args": [enc.encode(a) for a in args],
+        "kwargs": {str(k): enc.encode(v) for k, v in kwargs.items()},
+    }
+    _send(_SESSION["wfd"], enc.payload(head))
+    while True:
+        data = _recv(_SESSION["rfd"])
+        if data is None:
+            raise SystemExit(0)
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            files_in = {k: z[k] for k in z.files}
+        req = json.loads(str(files_in.pop("__head__")))
+        if "answer" not in req:  # a request of the grader's own, made while it answers: served first
+            _send(_SESSION["wfd"], _serve(req, files_in))
+            continue
+        if req["answer"] != "ok":
+            name = str(req.get("type", "RuntimeError"))
+            cls = getattr(builtins, name, None)  # the grader's error, as the builtin of its name (ValueError...)
+            if not (isinstance(cls, type) and issubclass(cls, Exception)):
+                cls = RuntimeError
+            raise cls(str(req.get("message", ""))[:2000])
+        outer = stack[-1] if stack else {"_modules": _SESSION["modules"], "_handles": _SESSION["handles"]}
+        scope = dict(outer, _calls=outer.get("_calls", []), _enc=outer.get("_enc", enc))
+        return decode(np, torch, scope, files_in, req["result"])
+
+
+def _serve(req, files_in) -> bytes:
+    """The reply to one request of the grader: a call of an exercise function, or an operation on an
+    object the child handed out earlier."""
+    np, torch, modules, handles = _SESSION["np"], _SESSION["torch"], _SESSION["modules"], _SESSION["handles"]
+    files = _SESSION["files"]
+    enc = Encoder(np, torch, handles, ())
+    calls = []
+    try:
+        op = req.get("op", "call")
+        if req["fn"] not in _SESSION["allowed"]:
+            raise ValueError(f"{req['fn']} is not an exercise function")
+        if op == "call":
+            module, name = req["fn"].split(".", 1)
+            fn = getattr(modules[module], name)
+            if isinstance(fn, type):  # a learner's class (KVCache): the object it makes stays here, as a handle
+                enc.owners = _LearnersModules()
+        elif op in ("getattr", "method", "data_ptr", "setattr"):  # on an object the child handed out earlier
+            attr = str(req["attr"])
+            if attr.startswith("_"):
+                raise ValueError(f"{attr} is private")
+            if int(req["h"]) not in handles:
+                raise ValueError("the object was lost: the isolated process restarted after an earlier call failed")
+            obj = handles[int(req["h"])]
+            fn = {
+                "getattr": lambda: _attribute(obj, attr),
+                "method": getattr(obj, attr) if op == "method" else None,
+                "data_ptr": lambda: int(getattr(obj, attr).data_ptr()),
+                "setattr": lambda value: setattr(obj, attr, value),
+            }[op]
+        else:
+            raise ValueError(f"unknown request {op!r}")
+        req.update(_modules=modules, _handles=handles, _calls=calls, _enc=enc)
+        many = req.get("many")  # a batch: the same function on each of these arguments in turn, one reply
+        batch = [
+            (
+                [decode(np, torch, req, files_in, a) for a in one["args"]],
+                {k: decode(np, torch, req, files_in, v) for k, v in one["kwargs"].items()},
+            )
+            for one in (many if many is not None else [req])
+        ]
+    except BaseException as err:
+        head = {
+            "status": "error",
+            "what": "request",
+            "type": type(err).__name__,
+            "message": str(err)[:500],
+            "where": "",
+        }
+        return enc.payload(head)
+    _SESSION["stack"].append(req)
+    try:
+        if req.get(
+            "watch"
+        ):  # the allocations the call makes (or, watch "flops", its matmul FLOPs), instead of its result
+            args, kwargs = batch[0]
+            measure = importlib.import_module("kvlib.measure.timing")
+            result = (measure.matmul_flops if req["watch"] == "flops" else measure.new_tensors)(fn, *args, **kwargs)
+        else:
+            results = []
+            for args, kwargs in batch:
+                stand_in = next((a for a in (*args, *kwargs.values()) if type(a).__name__ == "SlowDecoder"), None)
+                with stand_in.fake_clock(*modules.values()) if stand_in is not None else contextlib.nullcontext():
+                    results.append(fn(*args, **kwargs))  # a SlowDecoder's calls read its fake clock (Exercise 2.3)
+            result = results if many is not None else results[0]
+    except BaseException as err:  # SystemExit and KeyboardInterrupt too: the call failed
+        head = _error(err, files, "call")
+    else:
+        try:
+            # the arguments as the call left them (a function may change a tensor or a model in place)
+            changeable = (getattr(torch, "Tensor", None), getattr(torch, "Generator", None))
+
+            def after(a):
+                if type(a).__name__ in _DECODERS and getattr(a, "kvlib_remote_parts", False):
+                    return None  # a model with the grader's MLPs: nothing of it to copy back
+                return enc.encode(a) if type(a) in changeable or type(a).__name__ in _DECODERS else None
+
+            head = {"status": "ok", "result": enc.encode(result), "callbacks": calls}
+            if many is None:
+                head.update(
+                    after=[after(a) for a in batch[0][0]], after_kw={k: after(v) for k, v in batch[0][1].items()}
+                )
+            else:
+                # a batch brings back its generators' states only (the draws made), not each call's tensors
+                head["after_many"] = [
+                    [after(a) if type(a) is changeable[1] else None for a in args] for args, _ in batch
+                ]
+        except TypeError as err:
+            enc = Encoder(np, torch)
+            head = {"status": "error", "what": "result", "type": "TypeError", "message": str(err)[:300], "where": ""}
+        except BaseException as err:
+            enc = Encoder(np, torch)
+            head = _error(err, files, "result")
+    finally:
+        _SESSION["stack"].pop()
+    try:
+        return enc.payload(head)
+    except BaseException as err:
+        return Encoder(np, torch).payload(_error(err, files, "result"))
+
+
 def main() -> None:
     cfg = json.loads(sys.argv[1])
     rfd, wfd = 0, cfg["reply_fd"]
@@ -358,103 +588,26 @@ def main() -> None:
     _send(wfd, reply.payload(ready))
     if ready["status"] != "ready":
         return
-    allowed = set(cfg["functions"])
-    handles = {}  # objects of the learner's classes (a KVCache), used by later requests through their id
-    owners = _LearnersModules()  # the exercise modules and the learner's own (a KVCache defined in kvlib/my_helpers.py)
+    # handles: objects of the learner's classes (a KVCache), used by later requests through their id
+    _SESSION.update(
+        np=np, torch=torch, rfd=rfd, wfd=wfd, modules=modules, handles={}, files=files, stack=[],
+        allowed=set(cfg["functions"]),
+    )  # fmt: skip
     while True:
         data = _recv(rfd)
         if data is None:
             return
-        enc = Encoder(np, torch, handles, ())
-        calls = []
         try:
             with np.load(io.BytesIO(data), allow_pickle=False) as z:
                 files_in = {k: z[k] for k in z.files}
             req = json.loads(str(files_in.pop("__head__")))
-            op = req.get("op", "call")
-            if req["fn"] not in allowed:
-                raise ValueError(f"{req['fn']} is not an exercise function")
-            if op == "call":
-                module, name = req["fn"].split(".", 1)
-                fn = getattr(modules[module], name)
-                if isinstance(fn, type):  # a learner's class (KVCache): the object it makes stays here, as a handle
-                    enc.owners = owners
-            elif op in ("getattr", "method", "data_ptr", "setattr"):  # on an object the child handed out earlier
-                attr = str(req["attr"])
-                if attr.startswith("_"):
-                    raise ValueError(f"{attr} is private")
-                if int(req["h"]) not in handles:
-                    raise ValueError("the object was lost: the isolated process restarted after an earlier call failed")
-                obj = handles[int(req["h"])]
-                fn = {
-                    "getattr": lambda: _attribute(obj, attr),
-                    "method": getattr(obj, attr) if op == "method" else None,
-                    "data_ptr": lambda: int(getattr(obj, attr).data_ptr()),
-                    "setattr": lambda value: setattr(obj, attr, value),
-                }[op]
-            else:
-                raise ValueError(f"unknown request {op!r}")
-            req.update(_modules=modules, _handles=handles, _calls=calls, _enc=enc)
-            args = [decode(np, torch, req, files_in, a) for a in req["args"]]
-            kwargs = {k: decode(np, torch, req, files_in, v) for k, v in req["kwargs"].items()}
+            if not isinstance(req, dict) or "answer" in req:
+                raise ValueError("an answer with no question")
         except BaseException as err:
-            _send(
-                wfd,
-                enc.payload(
-                    {
-                        "status": "error",
-                        "what": "request",
-                        "type": type(err).__name__,
-                        "message": str(err)[:500],
-                        "where": "",
-                    }
-                ),
-            )
+            head = {"status": "error", "what": "request", "type": type(err).__name__, "message": str(err)[:500]}
+            _send(wfd, Encoder(np, torch).payload({**head, "where": ""}))
             continue
-        try:
-            if req.get(
-                "watch"
-            ):  # the allocations the call makes (or, watch "flops", its matmul FLOPs), instead of its result
-                measure = importlib.import_module("kvlib.measure.timing")
-                result = (measure.matmul_flops if req["watch"] == "flops" else measure.new_tensors)(fn, *args, **kwargs)
-            else:
-                stand_in = next((a for a in (*args, *kwargs.values()) if type(a).__name__ == "SlowDecoder"), None)
-                with stand_in.fake_clock(*modules.values()) if stand_in is not None else contextlib.nullcontext():
-                    result = fn(*args, **kwargs)  # a SlowDecoder's calls read its fake clock (Exercise 2.3)
-        except BaseException as err:  # SystemExit and KeyboardInterrupt too: the call failed
-            head = _error(err, files, "call")
-        else:
-            try:
-                # the arguments as the call left them (a function may change a tensor or a model in place)
-                changeable = (getattr(torch, "Tensor", None), getattr(torch, "Generator", None))
-
-                def after(a):
-                    return enc.encode(a) if type(a) in changeable or type(a).__name__ in _DECODERS else None
-
-                head = {
-                    "status": "ok",
-                    "result": enc.encode(result),
-                    "after": [after(a) for a in args],
-                    "after_kw": {k: after(v) for k, v in kwargs.items()},
-                    "callbacks": calls,
-                }
-            except TypeError as err:
-                enc = Encoder(np, torch)
-                head = {
-                    "status": "error",
-                    "what": "result",
-                    "type": "TypeError",
-                    "message": str(err)[:300],
-                    "where": "",
-                }
-            except BaseException as err:
-                enc = Encoder(np, torch)
-                head = _error(err, files, "result")
-        try:
-            payload = enc.payload(head)
-        except BaseException as err:
-            payload = Encoder(np, torch).payload(_error(err, files, "result"))
-        _send(wfd, payload)
+        _send(wfd, _serve(req, files_in))
 
 
 if __name__ == "__main__":

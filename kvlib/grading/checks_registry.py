@@ -50,10 +50,9 @@ def load_checks(extra: list[str], root: Path) -> dict:
 # need something else is graded the usual nbgrader way, in the (jailed) kernel while it is in
 # NOT_PROXYABLE: that keeps the gradebook, the secret and the solutions out of reach but can be
 # fooled by the submission's own code.
-# speculative (notebook 10): its checks hand the learner's code live objects of their own (a model
-# that counts its forward passes, drafters whose proposals they know), which the child cannot call
-# back yet; issue 30 names the work left.
-NOT_PROXYABLE: set[str] = {"speculative"}
+# Objects of the checks' own classes (notebook 10's model that counts its forward passes, its cache,
+# drafters) stay here: the child gets stand-ins whose every use this process serves (sandbox.py).
+NOT_PROXYABLE: set[str] = set()
 PROXYABLE_MODULES = set(LEARNER_MODULES) - NOT_PROXYABLE
 
 

@@ -152,6 +152,12 @@ def _check_node(node, files: dict, depth: int = 0, origin: tuple | None = None):
         return RemoteObject(origin[0], origin[1], key, str(node.get("type", "object"))[:100])
     if t == "method" and origin is not None and depth == 0:
         return _METHOD
+    if t == "phandle" and origin is not None:  # a grader's object the child was handed, coming back (the cache)
+        key = node.get("id")
+        obj = origin[0]._parents.get(key) if type(key) is int else None
+        if obj is None:
+            raise SandboxError("an object of the grader's that this call was never handed")
+        return obj
     if t == "none":
         return None
     if t in ("bool", "int", "float", "str"):
@@ -441,6 +447,11 @@ class Sandbox:
         self.broken: str | None = None  # the package does not import: every call fails with this
         self.import_note = ""  # added to an import failure's message (a learner's module the grader refused)
         self.calls = self.starts = 0
+        self.questions = 0  # what the child asked of the grader's objects (calls of a check's model, its drafter...)
+        self._parents: dict[int, object] = {}  # key -> a check's object handed to the child, for one outermost call
+        self._parent_keys: dict[int, int] = {}  # id(object) -> key; keys are never reused
+        self._next_key = 0
+        self._depth = 0
         self._proc: subprocess.Popen | None = None
         self._jail: Jail | None = None
         self._tmp = Path(tempfile.mkdtemp(prefix="kvlib-sandbox-"))
@@ -603,7 +614,14 @@ class Sandbox:
 
     # -- calls ---------------------------------------------------------------------------------
 
-    def call(self, fn: str, args: tuple, kwargs: dict, watch: bool = False, on: tuple | None = None):
+    def call_many(self, fn: str, calls: list[tuple]):
+        """[fn(*args, **kwargs) for args, kwargs in calls], in turn, in one request to the child (3,000 draws of a
+        sampler cost one round trip, not 3,000); a generator passed to several calls is one generator there."""
+        if not calls or len(calls) > _child.MAX_ITEMS:
+            raise SetupError(f"call_many takes 1 to {_child.MAX_ITEMS} calls, got {len(calls)}")
+        return self.call(fn, (), {}, many=[(tuple(a), dict(k)) for a, k in calls])
+
+    def call(self, fn: str, args: tuple, kwargs: dict, watch: bool = False, on: tuple | None = None, many=None):
         """fn(*args, **kwargs) in the child: its result, with what it did to tensor and Decoder
         arguments copied back into them, and functions passed as arguments (on_token) called with what
         the child's stand-ins for them recorded. on=(op, handle, attr): instead of fn itself, an
@@ -624,7 +642,7 @@ class Sandbox:
             if self.broken:
                 raise SandboxError(self.broken)
         self.calls += 1
-        enc = _child.Encoder(np, _torch_if_loaded())
+        enc = _child.Encoder(np, _torch_if_loaded(), parents=self._register)
         try:
             head = {
                 "fn": fn,
@@ -634,21 +652,36 @@ class Sandbox:
             }
             if on is not None:
                 head.update(op=on[0], h=on[1], attr=on[2])
+            if many is not None:
+                head["many"] = [
+                    {"args": [enc.encode(a) for a in a_], "kwargs": {k: enc.encode(v) for k, v in k_.items()}}
+                    for a_, k_ in many
+                ]
         except TypeError as err:
             raise SetupError(f"a check passed {fn} something the sandbox cannot send: {err}") from None
         data = enc.payload(head)
         deadline = min(time.monotonic() + self.call_timeout, self.deadline)
+        self._depth += 1
         try:
             if not _write_all(self._proc.stdin.fileno(), struct.pack(">Q", len(data)) + data, deadline):
                 reply = None
             else:
                 reply = self._read_reply(deadline)
+                while isinstance(reply, dict) and reply.get("status") == "callback":  # it uses an object of ours
+                    reply = self._read_reply(deadline) if self._answer(reply, fn, deadline) else None
         except EOFError:
             reply = "died"
         except SandboxError as err:
+            if self._proc is None:  # a call made while answering the child failed and stopped it
+                raise
             self._stop()
             self.failed[fn] = f"{name}: {err}"
             raise SandboxError(self.failed[fn]) from None
+        finally:
+            self._depth -= 1
+            if self._depth == 0:  # the outermost call is over: the grader's objects it handed out go
+                self._parents.clear()
+                self._parent_keys.clear()
         if reply is None:
             self._stop()
             if time.monotonic() >= self.deadline:
@@ -665,6 +698,11 @@ class Sandbox:
             value = _check_node(reply.get("result"), arrays, origin=(self, fn))
             after, after_kw = reply.get("after"), reply.get("after_kw")
             changed = list(zip(args, after)) if isinstance(after, list) and len(after) == len(args) else []
+            after_many = reply.get("after_many")
+            if many is not None and isinstance(after_many, list) and len(after_many) == len(many):
+                for (a_, _), node in zip(many, after_many):
+                    if isinstance(node, list) and len(node) == len(a_):
+                        changed += list(zip(a_, node))
             if isinstance(after_kw, dict):
                 changed += [(kwargs[k], node) for k, node in after_kw.items() if k in kwargs]
             try:
@@ -691,6 +729,76 @@ class Sandbox:
                 f"{name} returned {reply.get('message')}: return numbers (a numpy array, or a tuple of them)"
             )
         raise _remote_exception(reply)
+
+    def _register(self, obj) -> int:
+        """The key the child knows a check's object by (one per object, for the outermost call)."""
+        key = self._parent_keys.get(id(obj))
+        if key is None or self._parents.get(key) is not obj:
+            key, self._next_key = self._next_key, self._next_key + 1
+            self._parents[key], self._parent_keys[id(obj)] = obj, key
+        return key
+
+    def _answer(self, head: dict, fn: str, deadline: float) -> bool:
+        """Run what the child asks of a check's object (call it, read an attribute, call a method, assign one)
+        here, in the grader, and send the answer; False if it could not be sent in time. A question that
+        does not parse stops the child (SandboxError); one the object refuses is answered with the error."""
+        import torch  # noqa: PLC0415 (start-up time: a numpy-only notebook's grading loads no torch)
+
+        self.questions += 1
+        op, key, attr, arrays = head.get("op"), head.get("h"), head.get("attr"), head["arrays"]
+        args, kwargs = head.get("args"), head.get("kwargs")
+        if (
+            op not in ("call", "getattr", "method", "setattr")
+            or type(key) is not int
+            or key not in self._parents
+            or not isinstance(attr, str)
+            or len(attr) > 100
+            or attr.startswith("_")
+            or (op != "call" and not attr)
+            or not isinstance(args, list)
+            or not isinstance(kwargs, dict)
+            or len(args) + len(kwargs) > 64
+            or not all(isinstance(k, str) for k in kwargs)
+        ):
+            raise SandboxError("a malformed question to the grader")
+        obj = self._parents[key]
+        args = [_check_node(n, arrays, origin=(self, fn)) for n in args]
+        kwargs = {k: _check_node(n, arrays, origin=(self, fn)) for k, n in kwargs.items()}
+        if any(v is _METHOD for v in (*args, *kwargs.values())):
+            raise SandboxError("a malformed question to the grader")
+        public = getattr(type(obj), "kvlib_public", None)  # what of the check's object the learner's code may use
+        try:
+            if attr and public is not None and attr not in public:
+                raise AttributeError(f"{type(obj).__name__!r} object has no attribute {attr!r}")
+            if op == "call":
+                if not callable(obj):
+                    raise TypeError(f"{type(obj).__name__!r} object is not callable")
+                result = obj(*args, **kwargs)
+            elif op == "getattr":
+                result = getattr(obj, attr)
+                if callable(result) and not isinstance(result, (torch.Tensor, type)):
+                    result = _child._Method()
+            elif op == "method":
+                result = getattr(obj, attr)(*args, **kwargs)
+            else:
+                if len(args) != 1:
+                    raise SandboxError("a malformed question to the grader")
+                setattr(obj, attr, args[0])
+                result = None
+            enc = _child.Encoder(np, torch, parents=self._register)
+            answer = {"answer": "ok", "result": enc.encode(result)}
+            if enc.callbacks:
+                raise TypeError("a function, which the grader does not send")
+        except SandboxError:
+            raise
+        except Exception as err:  # the check's object refused (cache.truncate(-1): ValueError): the learner's to see
+            if self._proc is None:  # a call into the child made here stopped it
+                raise SandboxError(str(err)) from None
+            base = next(c for c in type(err).__mro__ if c.__module__ == "builtins")
+            enc = _child.Encoder(np, torch)
+            answer = {"answer": "error", "type": base.__name__, "message": str(err)[:2000]}
+        data = enc.payload(answer)
+        return _write_all(self._proc.stdin.fileno(), struct.pack(">Q", len(data)) + data, deadline)
 
     def module(self, name: str) -> "SandboxModule":
         return SandboxModule(self, name, [f.split(".", 1)[1] for f in self.functions if f.split(".", 1)[0] == name])
@@ -730,7 +838,10 @@ class SandboxModule:
         def flops(*args, **kwargs):
             return self._sandbox.call(fn, args, kwargs, watch="flops")
 
-        forward.__name__, forward.watch, forward.flops = name, watch, flops
+        def many(calls):
+            return self._sandbox.call_many(fn, calls)
+
+        forward.__name__, forward.watch, forward.flops, forward.many = name, watch, flops, many
         return forward
 
     def __repr__(self) -> str:

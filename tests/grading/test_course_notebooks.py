@@ -92,7 +92,7 @@ def _top_level_split(params: str) -> list[str]:
 
 
 # (notebook, module) from 02 on, graded in the isolated child: every notebook of the exercise table but 01
-# (tests/grading/test_attacks.py) and those left in NOT_PROXYABLE (tests/test_speculative.py grades 10 in its kernel)
+# (tests/grading/test_attacks.py) and any left in NOT_PROXYABLE
 ISOLATED = [(nb, m) for nb, m in dict((ex.notebook, ex.module) for ex in EXERCISES).items() if m in PROXYABLE_MODULES][
     1:
 ]
@@ -101,8 +101,9 @@ EARLIER_DONE = {
     "kv_cache": ("attention", "generation"),  # 4.x use Exercise 1.3's mask and 2.1's sampling
     "roofline": ("kv_cache",),  # 5.3 uses Exercise 4.4's kv_cache_bytes
     "fused": ("compress",),  # 9.4's cells compare with Exercise 8.2 over an Int8KVCache (8.1's quantize)
-    "serving": ("gqa",),
-}  # 7.3 uses Exercise 6.2's grouped_attention
+    "serving": ("gqa",),  # 7.3 uses Exercise 6.2's grouped_attention
+    "speculative": ("kv_cache", "attention", "generation"),  # 10.x run on 4.1's KVCache (and so 1.3's mask, 2.1)
+}
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +154,7 @@ def graded_sizes(tmp_path_factory):
 
 @pytest.mark.parametrize("nb", [nb for nb, _ in ISOLATED])
 def test_scores_come_from_the_isolated_child(graded_sizes, nb):
-    """Check that the scores of notebooks 02 to 08 come from the isolated child: correct -> full marks, the
+    """Check that the scores of notebooks 02 to 10 come from the isolated child: correct -> full marks, the
     untouched release -> 0, and a submission that patches the checks and grade() in its kernel -> 0
     (notebook 01: tests/grading/test_attacks.py)."""
     scores = graded_sizes(nb)

@@ -189,3 +189,92 @@ def _npy_header(shape, descr) -> bytes:
     buf = io.BytesIO()
     np.lib.format.write_array_header_1_0(buf, {"shape": shape, "fortran_order": False, "descr": descr})
     return buf.getvalue()
+
+
+CALLING_BACK = '''
+import torch
+
+
+class Box:
+    def __init__(self, value):
+        self.value = value
+
+    def get(self):
+        return self.value
+
+
+def ask(model, cache, xs):
+    """Use the grader's objects as a learner's code does: call them, read and assign attributes, call methods,
+    catch the error one raises, hand one back, and hand the grader an object of its own (the model reads it)."""
+    out = [model(x, cache=cache) for x in xs]
+    cache.pos = 5
+    try:
+        cache.truncate(-1)
+    except ValueError as err:
+        caught = str(err)
+    hidden = hasattr(model, "secret")
+    return out, cache.pos, caught, hidden, model.echo(cache) == 1, model(Box(torch.ones(2)), cache=cache)
+
+
+def draw(p, generator):
+    p.mul_(0)  # changes its own copy only
+    return int(torch.multinomial(torch.ones(3), 1, generator=generator))
+'''
+
+
+class _GradersModel:
+    """A check's model as the grading process keeps it: every call counted here."""
+
+    _kvlib_grader_side = True
+    kvlib_public = ("echo",)
+
+    def __init__(self):
+        self.calls, self.secret = [], "the expected answer"
+
+    def __call__(self, x, cache=None):
+        self.calls.append(cache)
+        if hasattr(x, "get"):  # an object the learner's code made: it stays in the child, asked from here
+            return x.get() * 2
+        return x + cache.pos
+
+    def echo(self, cache):
+        return 1 if isinstance(cache, _GradersCache) else 0
+
+
+class _GradersCache:
+    _kvlib_grader_side = True
+
+    def __init__(self):
+        self.pos = 0
+
+    def truncate(self, pos):
+        raise ValueError(f"truncate needs 0 <= pos, got {pos}")
+
+
+def test_the_child_calls_back_into_the_graders_objects():
+    """Check that objects of the checks' own classes stay in the grading process: the child gets stand-ins whose
+    calls, attribute reads and assignments, and method calls run here (counted here), an error one raises reaches
+    the learner's except, the object comes back as itself, attributes outside kvlib_public are not there, an
+    object of the learner's made in the child is used from here while the child waits (nested), and a batch of
+    calls (fn.many) runs in turn with one generator, its draws carried back, each call its own copy of a tensor."""
+    import torch
+
+    from kvlib.grading.sandbox import Sandbox, package_files
+
+    files = package_files(ROOT / "kvlib")
+    files["kvlib/attention.py"] = CALLING_BACK.encode()
+    model, cache = _GradersModel(), _GradersCache()
+    with Sandbox(
+        files, ["attention"], ["attention.ask", "attention.draw"], mode="plain", torch=True, call_timeout=60
+    ) as sandbox:
+        out, pos, caught, hidden, echoed, doubled = sandbox.module("attention").ask(model, cache, [torch.ones(2), 3])
+        assert torch.equal(out[0], torch.ones(2)) and out[1] == 3 and pos == 5 and cache.pos == 5
+        assert caught == "truncate needs 0 <= pos, got -1" and hidden is False and echoed is True
+        assert torch.equal(doubled, torch.full((2,), 2.0))
+        assert len(model.calls) == 3 and all(c is cache for c in model.calls)
+        assert sandbox.questions >= 7 and not sandbox._parents  # handed out for the one call only
+        ours, theirs = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+        p = torch.ones(3)
+        got = sandbox.module("attention").draw.many([((p, theirs), {}) for _ in range(50)])
+        assert got == [int(torch.multinomial(torch.ones(3), 1, generator=ours)) for _ in range(50)]
+        assert torch.equal(theirs.get_state(), ours.get_state()) and torch.equal(p, torch.ones(3))

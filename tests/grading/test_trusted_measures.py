@@ -286,3 +286,123 @@ def test_step_slips_of_admission_and_preemption_are_caught(slip, body, words):
     handed.Scheduler = _scheduler_with(body)
     with pytest.raises(AssertionError, match=words):
         CHECKS["step_preempts_the_newest_and_stays_exact"].fn(handed, np.random.default_rng(0))
+
+
+HIDDEN_PASSES = '''
+
+def speculative_generate(model, drafter, input_ids, max_new_tokens, gamma, eos_token=None, cache=None):
+    """The attack: plain cached greedy decoding, one forward pass per token, then the passes a speculative loop
+    would have needed worked out with the drafter, and the model's record of its calls cut to that many (the
+    list its closure appends to, found with gc): in the kernel, the count the check reads is the learner's."""
+    import gc
+
+    import torch
+
+    cache.reset()
+    prompt = input_ids[0].tolist()
+    with torch.inference_mode():
+        logits, _ = model(input_ids, past_key_values=cache)
+        new = [int(logits[0, -1].argmax())]
+        while len(new) < max_new_tokens and eos_token not in new:
+            logits, _ = model(torch.tensor([[new[-1]]]), past_key_values=cache)
+            new.append(int(logits[0, -1].argmax()))
+    if eos_token in new:
+        new = new[: new.index(eos_token) + 1]
+        cache.truncate(len(prompt) + len(new) - 1)
+    passes, done = 1, 1  # what the speculative loop does, replayed on the known tokens
+    while done < len(new):
+        k = min(gamma, len(new) - done - 1)
+        draft = drafter.propose(prompt + new[:done], k)[:k] if k else []
+        n = 0
+        while n < len(draft) and draft[n] == new[done + n]:
+            n += 1
+        done, passes = done + n + 1, passes + 1
+    for record in gc.get_objects():
+        if type(record) is list and record and all(type(c) is tuple and len(c) == 3 for c in record):
+            if record[0][0] == len(prompt) and len(record) == len(new):
+                del record[passes:]
+    return torch.tensor([prompt + new])
+'''
+
+
+@pytest.mark.slow
+def test_passes_hidden_from_the_models_count_earn_nothing_in_the_child():
+    """Check that a greedy loop that cuts the check's record of forward passes to what a speculative loop needs
+    earns 10.2's pass-count cell where the record lives beside its code (the kernel), and scores 0 on it in the
+    isolated child, where the model, its count, the cache and the drafter stay in the grader and the child has
+    stand-ins; the reference passes there."""
+    import types
+
+    import kvlib
+    from kvlib.checks import CHECKS, _load_all
+
+    _load_all()
+    reference = (ROOT / "solutions" / "kvlib" / "speculative.py").read_text(encoding="utf-8")
+    namespace: dict = {}
+    exec(compile(HIDDEN_PASSES, "attack.py", "exec"), namespace)  # noqa: S102 - the test's own attack
+    kvlib.use_solutions(True)
+    beside = types.SimpleNamespace(speculative_generate=namespace["speculative_generate"])
+    check = CHECKS["speculative_generate_matches_greedy_in_fewer_passes"]
+    check.fn(beside, np.random.default_rng(0))  # in the kernel, the attack passes: the count was within its reach
+    functions = ["speculative.speculative_generate", "speculative.verify_greedy"]
+    verdicts = _only_in_child("speculative", reference + HIDDEN_PASSES, functions, [check.name])
+    assert "forward passes" in verdicts[check.name], verdicts
+    assert _only_in_child("speculative", reference, functions, [check.name]) == {check.name: "pass"}
+
+
+HIDDEN_PIECEMEAL_PREFILL = '''
+
+_honest_forward = cached_forward
+
+
+def cached_forward(model, input_ids, cache):
+    """The attack: the prompt one token at a time, where the allocation watch beside this code sees nothing
+    (each piece is right: the logits and the cache are a prefill's), then the last token in its sight."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        for t in range(input_ids.shape[1] - 1):
+            _honest_forward(model, input_ids[:, t : t + 1], cache)
+    return _honest_forward(model, input_ids[:, -1:], cache)
+'''
+
+
+@pytest.mark.slow
+def test_a_piecemeal_prefill_hidden_from_the_watch_earns_nothing_on_its_cells():
+    """Check that a prefill run one token at a time out of the allocation watch's sight fails 4.3's prefill cell and
+    4.5's forward-pass count in the isolated child, where each layer's MLP runs, and is counted, in the grader; its
+    logits are right (4.3's first cell passes), and the reference passes all three."""
+    reference = (ROOT / "solutions" / "kvlib" / "kv_cache.py").read_text(encoding="utf-8")
+    functions = ["kv_cache.KVCache", "kv_cache.cached_forward", "kv_cache.generate_cached"]
+    names = [
+        "cached_forward_matches_full_forward",
+        "cached_forward_prefill_runs_once",
+        "generate_cached_uses_the_cache",
+    ]
+    earlier = ("attention", "generation")
+    assert _only_in_child("kv_cache", reference, functions, names, earlier) == dict.fromkeys(names, "pass")
+    verdicts = _only_in_child("kv_cache", reference + HIDDEN_PIECEMEAL_PREFILL, functions, names, earlier)
+    assert verdicts[names[0]] == "pass", verdicts
+    assert "in pieces" in verdicts[names[1]] and "one token at a time" in verdicts[names[2]], verdicts
+
+
+def _only_in_child(
+    module: str, source: str, functions: list[str], names: list[str], earlier=("attention", "generation", "kv_cache")
+) -> dict[str, str]:
+    """The named checks on `source` in the isolated child (the earlier notebooks' modules the reference's)."""
+    from kvlib.checks import CHECKS
+    from kvlib.grading.sandbox import Sandbox, describe, package_files
+
+    files = package_files(ROOT / "kvlib")
+    files[f"kvlib/{module}.py"] = source.encode()
+    for name in earlier:
+        files[f"kvlib/{name}.py"] = (ROOT / "solutions" / "kvlib" / f"{name}.py").read_bytes()
+    verdicts = {}
+    with Sandbox(files, [module], functions, mode="plain", torch=True, call_timeout=60, budget=300) as sandbox:
+        for name in names:
+            try:
+                CHECKS[name].fn(sandbox.module(module), np.random.default_rng(0))
+                verdicts[name] = "pass"
+            except Exception as err:  # noqa: BLE001 - any failure scores 0, as in the grader
+                verdicts[name] = describe(err)
+    return verdicts
