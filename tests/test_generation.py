@@ -48,6 +48,25 @@ def test_generate_rejects_an_empty_prompt_and_float_ids():
         generation.generate(model, torch.zeros(1, 3), 3)
 
 
+def test_aten_calls_counts_each_operator():
+    """Check that timing.aten_calls counts each aten operator a function calls, once per call."""
+    from kvlib.measure import timing
+
+    x = torch.ones(3)
+    calls = timing.aten_calls(lambda: (x + x) * x + x)
+    assert calls["add"] == 2 and calls["mul"] == 1 and sum(calls.values()) == 3, calls
+
+
+def test_attention_block_refuses_grouped_heads():
+    """Check that 2.4 names notebook 06 for a layer whose query heads share key/value heads."""
+    from kvlib.core.model import Attention, ModelConfig
+
+    attn = Attention(ModelConfig(vocab_size=5, d_model=16, n_heads=4, n_kv_heads=2))
+    cos, sin = torch.ones(3, 4), torch.zeros(3, 4)
+    with pytest.raises(ValueError, match="notebook 06"):
+        generation.attention_block(attn, torch.zeros(1, 3, 16), cos, sin)
+
+
 def test_next_token_rejects_wrong_shapes():
     """Check that next_token names the expected (batch, vocab_size) shape and a negative temperature."""
     with pytest.raises(ValueError, match=r"\(batch, vocab_size\), got \(2, 3, 4\)"):

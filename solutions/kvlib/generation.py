@@ -157,7 +157,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.
     Raises:  ValueError if x is not a float tensor, weight is not (d_model,), or eps <= 0
     Example:
         >>> rms_norm(torch.tensor([[3.0, 4.0]]), torch.ones(2), eps=0.0001).round(decimals=3)
-        tensor([[0.8485, 1.1314]])
+        tensor([[0.8490, 1.1310]])
     """
     ### BEGIN SOLUTION
     x32 = x.float()  # 16-bit squares overflow above 256 (float16's largest number is 65504)
