@@ -28,17 +28,18 @@ from kvlib.course.exercises import exercise
 
 @exercise("6.1", validate=inputs.check_repeat)
 def repeat_kv(x: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Copy each key/value head out to the group_size query heads that share it, as Llama's repeat_kv.
+    """Copy each key/value head out to the query heads it serves, in the order GQA checkpoints were trained with.
 
-    Query head h reads key/value head h // group_size: consecutive query heads share a head.
-    Equal to torch.repeat_interleave(x, group_size, dim=1).
+    Which query heads share a key/value head is the checkpoint's, not yours to choose. kvlib's Decoder
+    runs GQA the way Llama-family checkpoints were trained (tested against transformers), so MHA attention
+    over repeat_kv(k, group_size), repeat_kv(v, group_size) must equal a GQA layer's own model.layers[i].attn.attend(q, k, v).
     Args:    x: (batch, n_kv_heads, kv_len, head_dim);  group_size: query heads per key/value head, >= 1
-    Returns: (batch, n_kv_heads * group_size, kv_len, head_dim), x's dtype; in general a copy, the one
-             that grouped_attention (Exercise 6.2) avoids
+    Returns: (batch, n_kv_heads * group_size, kv_len, head_dim), x's dtype: output head h is the key/value
+             head that query head h reads; in general a copy, the one grouped_attention (Exercise 6.2) avoids
     Raises:  ValueError if x is not 4-dimensional or group_size is not a positive int
     Example:
-        >>> repeat_kv(torch.tensor([10.0, 20.0]).view(1, 2, 1, 1), 2).flatten().tolist()
-        [10.0, 10.0, 20.0, 20.0]
+        >>> repeat_kv(torch.zeros(1, 2, 5, 8), 3).shape
+        torch.Size([1, 6, 5, 8])
     """
     raise NotImplementedError("Exercise 6.1 (notebooks/06-gqa): repeat_kv")
 
@@ -69,23 +70,24 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torc
 
 
 # ---------------------------------------------------------------------------------------------
-# Exercise 6.3: from n_heads key/value heads to n_kv_heads, the GQA paper's way
+# Exercise 6.3: from n_heads key/value heads to n_kv_heads, the GQA paper's way: which heads merge
 
 
 @exercise("6.3", validate=inputs.check_pool)
 def mean_pool_heads(w: torch.Tensor, n_heads: int, n_kv_heads: int) -> torch.Tensor:
-    """Average the heads of each group of a key or value projection: (n_heads*D, C) -> (n_kv_heads*D, C).
+    """Shrink a key or value projection from n_heads heads to n_kv_heads: each new head the mean of the old ones it replaces.
 
-    The groups are consecutive heads, as repeat_kv (Exercise 6.1) reads them: new head j is the mean of
-    old heads j*g ... j*g + g - 1, g = group_size (n_heads // n_kv_heads). nn.Linear's weight is (out, in):
-    rows h*D ... h*D + D - 1 are head h, head_dim D = w.shape[0] // n_heads.
+    New key/value head j serves the query heads that repeat_kv (Exercise 6.1) sends to it; in the MHA
+    model each of those query heads read its own head, so head j is the mean of exactly those old heads.
+    Which rows of an nn.Linear weight hold a head is for you to work out (Attention.project_kv in
+    kvlib/core/model.py splits k_proj's output into heads). The invariant the checks hold you to:
+    pooling a weight whose heads are repeat_kv's copies of a smaller one gives the smaller one back.
     Args:    w: (n_heads * head_dim, d_model) float tensor;  n_heads, n_kv_heads: n_kv_heads divides n_heads
     Returns: (n_kv_heads * head_dim, d_model), w's dtype; w is left unchanged
     Raises:  ValueError if w's rows are not n_heads heads, or n_kv_heads does not divide n_heads
     Example:
-        >>> w = torch.tensor([[1.0], [3.0], [10.0], [30.0]])  # 4 heads of head_dim 1, d_model 1
-        >>> mean_pool_heads(w, 4, 2).flatten().tolist()
-        [2.0, 20.0]
+        >>> mean_pool_heads(torch.zeros(4 * 16, 128), 4, 2).shape
+        torch.Size([32, 128])
     """
     raise NotImplementedError("Exercise 6.3 (notebooks/06-gqa): mean_pool_heads")
 

@@ -5,6 +5,7 @@ and command-line runs started by the tests inherit it. Tests of learner mode ove
 """
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,10 +23,42 @@ ROOT = Path(__file__).resolve().parent.parent
 SLOW_FIXTURES = {"graded", "graded_sizes", "released", "server", "page", "quick_gqa_report"}
 
 
+# Files whose tests stand apart per notebook: each notebook's tests may run on either worker (its own
+# executed notebook or graded course there), instead of the whole file waiting on one worker.
+SPLIT_BY_NOTEBOOK = {"test_notebooks.py", "test_course_notebooks.py"}
+_NOTEBOOK = re.compile(r"(?:notebook_|\[)(\d\d)")
+
+
 def pytest_collection_modifyitems(items):
+    """Mark slow tests, and give each test its xdist group (pyproject: --dist loadgroup): its file, so a
+    file's module fixtures are made once, or for the files of SPLIT_BY_NOTEBOOK its file and notebook."""
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+        group = item.path.name
+        if group in SPLIT_BY_NOTEBOOK:
+            found = _NOTEBOOK.search(item.name)
+            group += f"::{found.group(1) if found else 'other'}"
+        item.add_marker(pytest.mark.xdist_group(group))
+    # the slow groups first, so the two workers end together rather than one waiting on the last notebook
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+_FILE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Add up each test file's seconds (setup, call, teardown), for the summary below."""
+    name = report.nodeid.split("::")[0]
+    _FILE_SECONDS[name] = _FILE_SECONDS.get(name, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The ten test files that took longest (summed over their tests), to see where the suite's time goes."""
+    if _FILE_SECONDS:
+        terminalreporter.write_sep("=", "seconds per test file (all workers), the slowest ten")
+        for name, seconds in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])[:10]:
+            terminalreporter.write_line(f"{seconds:8.1f}  {name}")
 
 
 @pytest.fixture

@@ -632,9 +632,84 @@ def test_window_cache_never_outweighs_small_windows():
 
 
 def test_mla_flop_formula_matches_torch_flop_counter():
-    """Check that mla_step_cost's FLOPs equal torch.utils.flop_counter's on the reference 8.5 and 8.6."""
-    for path, counts in bench_compress.mla_counted_flops().items():
-        assert counts["counted"] == counts["formula"], (path, counts)
+    """Check that mla_step_cost's FLOPs equal torch.utils.flop_counter's on the reference 8.5 and 8.6, decode and prefill."""
+    for new_tokens in (1, 8):
+        for path, counts in bench_compress.mla_counted_flops(new_tokens=new_tokens).items():
+            assert counts["counted"] == counts["formula"], (path, new_tokens, counts)
+
+
+def test_mla_prefill_rebuilds_while_decode_absorbs():
+    """Check that for DeepSeek-V2 at 8k tokens absorbing is cheaper for one new token and dearer for a prefill."""
+    from kvlib.core.configs import MLA_MODELS
+
+    m = MLA_MODELS["DeepSeek-V2"]
+    flops = {
+        (T, p): bench_compress.mla_step_cost(m, 8192, p, new_tokens=T)["flops"]
+        for T in (1, 8192)
+        for p in ("reconstruct", "absorbed")
+    }
+    assert flops[1, "absorbed"] < flops[1, "reconstruct"] and flops[8192, "reconstruct"] < flops[8192, "absorbed"]
+
+
+def test_ordering_quiz_has_no_tie_at_its_default():
+    """Check that the six schemes of the ordering quiz differ by more than 10% at its default context and window."""
+    import inspect
+
+    from kvlib.core.configs import MLA_MODELS, REAL_MODELS
+
+    defaults = inspect.signature(bench_compress.schemes_per_layer).parameters
+    sizes = sorted(
+        bench_compress.schemes_per_layer(
+            REAL_MODELS["Llama-3-8B"].config,
+            MLA_MODELS["DeepSeek-V2"],
+            defaults["context"].default,
+            defaults["window"].default,
+        ).values()
+    )
+    assert all(b > 1.1 * a for a, b in zip(sizes, sizes[1:])), sizes
+
+
+@pytest.mark.parametrize("bits", [8, 4, 2])
+@pytest.mark.parametrize("dim", [-2, -1])
+def test_fake_quantize_uses_2_to_the_bits_levels_per_slice(bits, dim):
+    """Check that fake_quantize keeps each slice's min and max, at most 2**bits values, errors within half a step."""
+    from kvlib.study.compress_quality import fake_quantize
+
+    x = torch.randn(2, 3, 37, 8, dtype=torch.float64)  # 37 tokens: two groups of 16 and a short one
+    got = fake_quantize(x, dim, bits, group=16)
+    slices = [x[..., t : t + 16, :] for t in range(0, 37, 16)] if dim == -2 else [x]
+    outs = [got[..., t : t + 16, :] for t in range(0, 37, 16)] if dim == -2 else [got]
+    for a, q in zip(slices, outs):
+        lo, hi = a.amin(dim, keepdim=True), a.amax(dim, keepdim=True)
+        torch.testing.assert_close(q.amin(dim, keepdim=True), lo)
+        torch.testing.assert_close(q.amax(dim, keepdim=True), hi)
+        assert ((q - a).abs() <= (hi - lo) / (2**bits - 1) / 2 + 1e-9).all()
+        levels = ((q - lo) / ((hi - lo) / (2**bits - 1))).round()
+        assert int(levels.max()) <= 2**bits - 1 and int(levels.min()) >= 0
+
+
+def test_key_axis_study_reports_both_axes_at_every_width():
+    """Check that the key-axis study gives an error per axis and bit width, growing as bits fall, on a tiny run."""
+    from kvlib.core.weights import load_tiny
+    from kvlib.study import compress_quality
+
+    model, tokenizer = load_tiny()
+    study = compress_quality.key_axis_study(model, tokenizer, bits=(8, 2), n_rows=1, seq_len=40)
+    for errors in (study["key_error"], study["output_error"]):
+        assert set(errors) == {"per channel", "per token"}
+        assert all(0 < e8 < e2 for e8, e2 in errors.values())
+
+
+def test_window_as_large_as_every_question_answers_as_the_full_cache():
+    """Check that a rolling window longer than every prompt gives the full cache's capital answers (nothing evicted)."""
+    from kvlib.core.weights import load_tiny
+    from kvlib.study import compress_quality
+
+    model, tokenizer = load_tiny()
+    study = compress_quality.window_accuracy(model, tokenizer, capacities=(128,), stride=240)
+    assert study["prompts"] >= 3 and study["prompt_tokens"]["max"] < 128
+    assert study["accuracy"]["window 128"] == study["accuracy"]["full cache"]
+    assert study["accuracy"]["4 sinks + window 124"] == study["accuracy"]["full cache"]
 
 
 def test_mla_absorbed_moves_fewer_bytes_and_flops_than_reconstructing():
@@ -660,6 +735,10 @@ def test_bench_compress_quick_reports_every_part():
     }
     assert [r["kv_len"] for r in report["speed"]["rows"]] == [512, 1024]
     assert all(r["int8_bytes"] < r["float32_bytes"] / 3 for r in report["speed"]["rows"])
+    for r in report["speed"]["rows"]:  # dequantising is a part of one timed run, never more than it
+        assert 0 < r["dequantise_share"] < 1 and r["dequantise_s"] < r["int8_parts_spread_s"][1]
+    assert set(report["key_axis"]["output_error"]) == {"per channel", "per token"}
+    assert "full cache" in report["window_accuracy"]["accuracy"]
     text = bench_compress.format_compress(report)
     assert "MLA" in text and "agreement" in text
 

@@ -64,8 +64,15 @@ def _figures():
             [1, 2, 4, 8], [10, 19, 30, 35], [12, 24, 40, 40], [0.5, 1, 2, 4], 3.0, note="test machine"
         ),
         "serving_compare": lambda: plotting.serving_compare(
-            {"tokens_per_s": 200.0, "ttft_p50_s": 10.0, "ttft_p99_s": 20.0, "kv_utilisation": 0.21},
-            {"tokens_per_s": 760.0, "ttft_p50_s": 0.15, "ttft_p99_s": 0.34, "kv_utilisation": 0.95},
+            {"tokens_per_s": 200.0, "steps": 840, "ttft_p50_s": 10.0, "ttft_p99_s": 20.0, "kv_utilisation": 0.21},
+            {"tokens_per_s": 760.0, "steps": 250, "ttft_p50_s": 0.15, "ttft_p99_s": 0.34, "kv_utilisation": 0.95},
+            iteration={
+                "tokens_per_s": 500.0,
+                "steps": 460,
+                "ttft_p50_s": 2.0,
+                "ttft_p99_s": 5.0,
+                "kv_utilisation": 0.23,
+            },
             note="test machine",
         ),
         "cache_schemes": lambda: plotting.cache_schemes(

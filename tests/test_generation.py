@@ -48,15 +48,6 @@ def test_generate_rejects_an_empty_prompt_and_float_ids():
         generation.generate(model, torch.zeros(1, 3), 3)
 
 
-def test_aten_calls_counts_each_operator():
-    """Check that timing.aten_calls counts each aten operator a function calls, once per call."""
-    from kvlib.measure import timing
-
-    x = torch.ones(3)
-    calls = timing.aten_calls(lambda: (x + x) * x + x)
-    assert calls["add"] == 2 and calls["mul"] == 1 and sum(calls.values()) == 3, calls
-
-
 def test_attention_block_refuses_grouped_heads():
     """Check that 2.4 names notebook 06 for a layer whose query heads share key/value heads."""
     from kvlib.core.model import Attention, ModelConfig

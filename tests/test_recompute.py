@@ -195,6 +195,11 @@ def forward_causal_half(config, seq_len):
     return reference(BY_ID["3.1"])(config, T) - L * 4 * T * T * D * H + L * 2 * T * (T + 1) * D * H
 
 
+def forward_attention_per_kv_head(config, seq_len):
+    T, L, D = seq_len, config.n_layers, config.head_dim
+    return reference(BY_ID["3.1"])(config, T) - L * 4 * T * T * D * (config.n_heads - config.n_kv_heads)
+
+
 def forward_mha_assumed(config, seq_len):
     return forward_flops_matrix_params(ModelConfig(**{**config.to_dict(), "n_kv_heads": config.n_heads}), seq_len)
 
@@ -240,6 +245,7 @@ SLIPS = [
     ("3.1", {"forward_flops": forward_no_lm_head}, "lm_head"),
     ("3.1", {"forward_flops": forward_causal_half}, "causal half"),
     ("3.1", {"forward_flops": forward_mha_assumed}, "n_kv_heads heads, not n_heads"),
+    ("3.1", {"forward_flops": forward_attention_per_kv_head}, "attention products count per query head"),
     ("3.2", {"new_token_flops": new_token_constant}, "must still meet all kv_len keys"),
     ("3.2", {"new_token_flops": new_token_attention_once}, "attention counted once"),
     ("3.2", {"new_token_flops": new_token_kv_heads}, "counted for n_kv_heads heads"),
@@ -293,3 +299,14 @@ def test_bad_config_is_a_clear_error():
         recompute.forward_flops({"d_model": 4}, 3)
     with pytest.raises(ValueError, match="positive ints, got 0"):
         recompute.generation_flops(ODD, 3, 0)
+
+
+def test_aten_calls_counts_each_operator_once_at_dispatch_level():
+    """Check that aten_calls sees a linear as one call (not its inner mm) and counts repeats of an operator."""
+    import torch
+
+    from kvlib.measure.ops import aten_calls
+
+    layer, x = torch.nn.Linear(4, 3), torch.ones(2, 4)
+    calls = aten_calls(lambda: torch.relu(layer(x)) + layer(x))
+    assert calls == {"linear": 2, "relu": 1, "add": 1}, calls

@@ -220,6 +220,16 @@ class _StepNewestByOrder(serving.Scheduler):
             self.retire()
 
 
+class _VictimOldest(serving.Scheduler):
+    def victim(self):
+        return self.running[0]  # the longest running: its recompute is the costliest, but it frees the most
+
+
+class _VictimMostBlocks(serving.Scheduler):
+    def victim(self):
+        return max(self.running, key=lambda r: (len(r.table.blocks), -self.running.index(r)))
+
+
 def _cow_index_copy(pool, table, index):
     old = table.blocks[index]
     if pool.refs[old] < 2:
@@ -267,6 +277,8 @@ ALTERNATIVES = [
     ("7.4", {"Scheduler": _StepLenFree}),
     ("7.4", {"Scheduler": _StepRetireFirst}),
     ("7.4", {"Scheduler": _StepNewestByOrder}),
+    ("7.4", {"Scheduler": _VictimOldest}),  # another policy: the checks hold invariants, not vLLM's choice
+    ("7.4", {"Scheduler": _VictimMostBlocks}),
     ("7.5", {"copy_on_write": _cow_index_copy}),
     ("7.5", {"copy_on_write": _cow_copy_}),
     ("7.5", {"copy_on_write": _cow_clone}),
@@ -404,6 +416,20 @@ class _StepPreemptOldest(serving.Scheduler):
             self.retire()
 
 
+class _StepSkipsAhead(serving.Scheduler):
+    def step(self):
+        for r in list(self.waiting):  # admits any that fits, past an earlier one that does not
+            if len(self.running) < self.max_batch and self.blocks_to_admit(r) <= self.pool.n_free:
+                self.waiting.remove(r)
+                self.admit(r)
+        self.retire()
+        while self.running and self.blocks_to_decode() > self.pool.n_free:
+            self.preempt(self.victim())
+        if self.running:
+            self.decode()
+            self.retire()
+
+
 class _StepIgnoresBlocks(serving.Scheduler):
     def step(self):
         while self.waiting and len(self.running) < self.max_batch:
@@ -503,7 +529,8 @@ SLIPS = [  # (check, replaced pieces, words its failure must contain)
     ("paged_attention_matches_contiguous", {"paged_attention": _paged_sorted}, "not sorted"),
     ("paged_attention_matches_contiguous", {"paged_attention": _paged_whole_blocks}, "read all of its last block"),
     ("step_preempts_the_newest_and_stays_exact", {"Scheduler": _StepNoPreempt}, "preempt until blocks_to_decode fits"),
-    ("step_preempts_the_newest_and_stays_exact", {"Scheduler": _StepPreemptOldest}, "newest running request (2)"),
+    ("step_preempts_the_newest_and_stays_exact", {"Scheduler": _StepPreemptOldest}, "while self.victim() named"),
+    ("step_admits_while_blocks_and_batch_allow", {"Scheduler": _StepSkipsAhead}, "first come, first served"),
     (
         "step_admits_while_blocks_and_batch_allow",
         {"Scheduler": _StepIgnoresBlocks},
@@ -596,6 +623,42 @@ def test_copy_on_write_runs_when_a_whole_prompt_is_shared(tiny):
     assert sched.finished[0].out == sched.finished[1].out == _alone(model, [(prompt, 6)])[0]
 
 
+def test_iteration_level_arm_and_inter_token_gaps(tiny):
+    """Check the arms bench serve compares, on 8 short requests: iteration-level batching never runs more than
+    contiguous reservation allows and never preempts, every arm gets the same tokens, static takes at least as many
+    steps, and each request's gaps between tokens number one less than its tokens."""
+    from kvlib.measure import bench_serve
+
+    model, tokenizer = tiny
+    trace = bench_serve.make_trace(tokenizer, 8, seed=2, max_new=(2, 12))
+    budget = 32  # blocks of 16: 512 slots, one contiguous reservation of max_seq_len = 512
+    running = []
+    original = bench_serve.serve_continuous
+
+    def watching(*args, **kwargs):
+        return original(*args, **kwargs, on_step=lambda s: running.append(len(s.running)))
+
+    bench_serve.serve_continuous = watching
+    try:
+        iteration = bench_serve.serve_iteration_level(model, trace, budget)
+    finally:
+        bench_serve.serve_continuous = original
+    static = bench_serve.serve_static(model, trace, budget)
+    paged = bench_serve.serve_continuous(model, trace, budget, keep_tokens=True)
+    assert iteration["batch"] == 1 and max(running) == 1 and iteration["preemptions"] == 0
+    assert (
+        static["generated_tokens"]
+        == iteration["generated_tokens"]
+        == paged["generated_tokens"]
+        == sum(n for _, n in trace)
+    )
+    assert paged["tokens"] == {i: out for i, out in enumerate(_alone(model, trace))}
+    assert static["steps"] >= iteration["steps"] >= paged["steps"]
+    assert paged["recomputed_tokens"] == 0 and paged["steps_with_prefill"] >= 1
+    for r in (static, iteration, paged):
+        assert r["itl_p50_s"] <= r["itl_p99_s"]
+
+
 # ---------------------------------------------------------------------------------------------
 # Bad input
 
@@ -641,13 +704,16 @@ def test_bench_serve_reports_every_measure(quick_serve_report):
     """Check that `kvlib bench serve --json --quick` reports both batchings, prefix sharing and step times, at one budget."""
     r = quick_serve_report
     assert r["trace"]["requests"] == 32
-    for way in ("static", "continuous"):
+    for way in ("static", "iteration_level", "continuous"):
         assert r[way]["requests"] == 32 and r[way]["generated_tokens"] == r["static"]["generated_tokens"]
-        assert r[way]["ttft_p50_s"] <= r[way]["ttft_p99_s"]
+        assert r[way]["ttft_p50_s"] <= r[way]["ttft_p99_s"] and r[way]["itl_p50_s"] <= r[way]["itl_p99_s"]
+    assert r["static"]["steps"] >= r["iteration_level"]["steps"] >= r["continuous"]["steps"]  # steps, not time
+    assert r["iteration_level"]["preemptions"] == 0 and r["iteration_level"]["batch"] == r["static"]["batch"]
     assert (
         r["continuous"]["kv_utilisation"] >= 0.9 and r["static"]["kv_utilisation"] <= 0.4
     )  # token accounting, not time
     p = r["prefix"]
     assert p["shared"]["prefill_skipped"] > 0 and p["shared"]["prefill_tokens"] < p["unshared"]["prefill_tokens"]
     assert p["shared"]["blocks_per_running_request"] < p["unshared"]["blocks_per_running_request"]
+    assert p["n_blocks"] == 96 and p["unshared"]["peak_blocks_held"] == 96  # blocks bind where sharing is measured
     assert [s["batch"] for s in r["decode_steps"]] == [1, 4, 16, 32]

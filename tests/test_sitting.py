@@ -1,5 +1,6 @@
-"""Every notebook is one sitting: at most 60 cells and 60 minutes by the estimate in
-kvlib.app.release.sitting, and each links the bilingual glossary from its first cell."""
+"""Every notebook is one sitting: at most 45 cells, 1,600 markdown words and 60 minutes by the estimate in
+kvlib.app.release.sitting, counted on the learner notebook, and each links the bilingual glossary from its first
+cell."""
 
 from __future__ import annotations
 
@@ -11,17 +12,30 @@ from conftest import ROOT
 from kvlib.app import release
 
 NOTEBOOKS = [p for name in release.assignments() for p in sorted((ROOT / "solutions" / name).glob("*.ipynb"))]
+LEARNER = release.learner_notebooks()
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("path", LEARNER, ids=lambda p: p.parent.name)
 def test_notebook_is_one_sitting(path):
-    """Check that a notebook has at most 60 cells and an estimated 60 minutes or less."""
+    """Check that a learner notebook has at most 45 cells, 1,600 markdown words and an estimated 60 minutes or
+    less."""
     s = release.sitting(path)
     assert s["cells"] <= release.MAX_CELLS, f"{s['notebook']} has {s['cells']} cells, more than {release.MAX_CELLS}"
-    assert s["minutes"] <= release.MAX_SITTING_MINUTES, (
-        f"{s['notebook']} takes about {s['minutes']} minutes ({s['words']} words, {s['exercises']} exercises, "
-        f"{s['code_cells']} code cells), more than {release.MAX_SITTING_MINUTES}"
+    assert s["words"] <= release.MAX_WORDS, (
+        f"{s['notebook']} has {s['words']:,} words of markdown, more than {release.MAX_WORDS:,}"
     )
+    assert s["minutes"] <= release.MAX_SITTING_MINUTES, (
+        f"{s['notebook']} takes about {s['minutes']} minutes ({s['reading_minutes']} reading {s['words']} words, "
+        f"{s['exercise_minutes']} for {s['exercises']} exercises, {s['code_minutes']} running code cells), "
+        f"more than {release.MAX_SITTING_MINUTES}"
+    )
+
+
+def test_every_notebook_has_its_learner_version():
+    """Check that the limits are counted on a learner notebook for every solution notebook."""
+    assert [p.relative_to(ROOT / "notebooks") for p in LEARNER] == [
+        p.relative_to(ROOT / "solutions") for p in NOTEBOOKS
+    ]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.parent.name)
@@ -33,13 +47,22 @@ def test_notebook_links_the_glossary(path):
 
 
 def test_sitting_counts_what_it_says():
-    """Check that the sitting estimate of a made-up notebook counts 260 words, 2 exercises of notebook 01, 4 code
-    cells."""
+    """Check that the estimate of a made-up notebook counts every cell and markdown word, and gives an exercise's
+    graded and hints cells no code-cell minutes: 300 words, 4 exercises of notebook 01, 4 code cells of which 2 read.
+    """
     import tempfile
     from pathlib import Path
 
+    code = lambda cell_id: {"cell_type": "code", "id": cell_id, "source": ["1"]}  # noqa: E731
     nb = {
-        "cells": [{"cell_type": "markdown", "source": ["word " * 260]}] + [{"cell_type": "code", "source": ["1"]}] * 4
+        "cells": [
+            {"cell_type": "markdown", "id": "a", "source": ["word " * 200]},
+            {"cell_type": "markdown", "id": "b", "source": ["word\n" * 100]},
+            code("try"),
+            code("plot"),
+            code("hints-1-1"),
+            code("checks-1-1"),
+        ]
     }
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "01-attention" / "x.ipynb"
@@ -47,8 +70,16 @@ def test_sitting_counts_what_it_says():
         path.write_text(json.dumps(nb), encoding="utf-8")
         s = release.sitting(path)
     exercises = sum(ex.notebook == "01-attention" for ex in release.BY_ID.values())
-    assert (s["cells"], s["words"], s["code_cells"], s["exercises"]) == (5, 260, 4, exercises)
-    assert s["minutes"] == round(260 / 130 + 6 * exercises + 0.5 * 4)
+    assert (s["cells"], s["words"], s["code_cells"], s["exercises"]) == (6, 300, 4, exercises)
+    assert s["minutes"] == round(300 / 150 + 8 * exercises + 0.5 * 2)
+    assert (s["reading_minutes"], s["exercise_minutes"], s["code_minutes"]) == (2, 8 * exercises, 1)
+
+
+def test_sitting_table_has_a_row_per_learner_notebook_with_the_limits():
+    """Check that the generated table names the limits in its header and gives every learner notebook a row."""
+    table = release.sitting_table().splitlines()
+    assert f"cells (<= {release.MAX_CELLS})" in table[0] and f"words (<= {release.MAX_WORDS:,})" in table[0]
+    assert [row.split(" | ")[0].strip("| ") for row in table[2:]] == [p.parent.name for p in LEARNER]
 
 
 def test_instructor_guide_shows_the_current_estimates():

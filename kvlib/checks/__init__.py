@@ -217,8 +217,8 @@ def cell_id(ex: Exercise) -> str:
 
 
 def checks_of_cell(grade_id: str, registry: dict[str, Check] | None = None) -> list[Check]:
-    """The checks a graded cell runs: all of an exercise's for "checks-X-Y", else the one check of that
-    name (an instructor's own cell); [] when the name is neither. registry: CHECKS by default (the
+    """The checks a graded cell runs: all of kvlib's checks of an exercise for "checks-X-Y", else the one
+    check of that name (an instructor's own cell); [] when the name is neither. registry: CHECKS by default (the
     grader passes kvlib's checks plus the instructor's)."""
     if registry is None:
         _load_all()
@@ -227,7 +227,7 @@ def checks_of_cell(grade_id: str, registry: dict[str, Check] | None = None) -> l
         return [registry[grade_id]]
     if grade_id.startswith(CELL_PREFIX):
         ex_id = grade_id[len(CELL_PREFIX) :].replace("-", ".")
-        return [c for c in registry.values() if c.exercise.id == ex_id]
+        return [c for c in registry.values() if c.exercise.id == ex_id and c.fn.__module__.startswith(__name__ + ".")]
     return []
 
 

@@ -79,7 +79,7 @@ def _shape_of(x) -> str:
 
 @check("6.1")
 def repeat_kv_matches_repeat_interleave(kv, rng):
-    """Check that repeat_kv equals torch.repeat_interleave on the head axis (dim 1)."""
+    """Check that repeat_kv gives each query head the key/value head it shares in GQA checkpoints' order."""
     x = _randn(rng, B, H_KV, S, D)
     expected, tiled = x.repeat_interleave(G, dim=1), x.repeat(1, G, 1, 1)
     got = kv.repeat_kv(x.clone(), G)
@@ -89,10 +89,14 @@ def repeat_kv_matches_repeat_interleave(kv, rng):
     )
     if torch.equal(got, tiled):
         raise AssertionError(
-            "the heads come out as [a, b, a, b, ...]: that is x.repeat. Query head h shares "
-            "key/value head h // group_size, so heads come out [a, a, a, b, b, b] (repeat_interleave)"
+            "the heads come out as [a, b, a, b, ...]: that is x.repeat, and a GQA checkpoint's query heads would "
+            "read another group's keys (the model runs without an error and answers nonsense). Checkpoints put the "
+            "query heads that share a key/value head next to each other: [a, a, a, b, b, b] (kvlib hint 6.1)"
         )
-    assert torch.equal(got, expected), "repeat_kv differs from x.repeat_interleave(group_size, dim=1)"
+    assert torch.equal(got, expected), (
+        "repeat_kv's heads are not the ones a GQA layer's query heads read (its attn.attend): output head h must be "
+        "the key/value head query head h shares (kvlib hint 6.1)"
+    )
 
 
 @check("6.1")
@@ -212,7 +216,7 @@ _C, _D = 10, 4  # d_model and head_dim of the pooled weights: distinct from H, H
 
 @check("6.3")
 def mean_pool_heads_averages_each_group(kv, rng):
-    """Check that head j of the result is the mean of heads j*G .. j*G+G-1 of a (n_heads*head_dim, d_model) weight."""
+    """Check that each new head of a (n_heads*head_dim, d_model) weight is the mean of the old heads it replaces."""
     w = _randn(rng, H * _D, _C)
     heads = w.view(H, _D, _C)
     expected = heads.view(H_KV, G, _D, _C).mean(1).reshape(H_KV * _D, _C)
@@ -237,12 +241,15 @@ def mean_pool_heads_averages_each_group(kv, rng):
     for message, tensor in wrong.items():
         if _close(got, tensor):
             raise AssertionError(message)
-    raise AssertionError("the pooled weight differs from the mean of each group of consecutive heads")
+    raise AssertionError(
+        "the pooled weight differs from the mean of the old heads each new head replaces: new head j serves the query "
+        "heads repeat_kv (6.1) sends to j, and each of those read its own old head (kvlib hint 6.3)"
+    )
 
 
 @check("6.3")
 def mean_pool_heads_keeps_identical_heads(kv, rng):
-    """Check that pooling heads that are already copies per group (repeat_interleave) gives the original heads back."""
+    """Check the invariant: pooling a weight whose heads are repeat_kv's copies of a smaller one gives that one back."""
     small = _randn(rng, H_KV * _D, _C)
     copies = small.view(H_KV, _D, _C).repeat_interleave(G, dim=0).reshape(H * _D, _C)  # (H*D, C), heads a a a b b b
     got = kv.mean_pool_heads(copies, H, H_KV)  # copies is a new tensor, small never leaves this check

@@ -2,7 +2,8 @@
 
 The FLOP count is checked against torch's own FLOP counter on models whose every size differs
 (so a swapped or missing factor shows), and the known slips are named: the factor 2 of a
-multiply-add, the lm_head, the attention term, the key/value heads of GQA; for a whole generation,
+multiply-add, the lm_head, the attention term, the key/value heads of GQA (projections per KV head,
+attention products per query head); for a whole generation,
 the prefill and the number of keys each kept step sees. Every expected value comes from torch's
 counter or the formulas here, never from the learner's functions, and each call gets its own config.
 """
@@ -36,6 +37,8 @@ def _diagnose(got, config, T, expected) -> str:
         proj: "the attention term is missing: q @ k^T and probs @ v cost 2 * T * T * head_dim each, per head and layer",
         expected - 2 * T * head: "the lm_head (d_model x vocab_size, for every position) is missing",
         2 * T * (L * mha_layer + head) + attn: "k and v have n_kv_heads heads, not n_heads (this config is GQA)",
+        proj + L * 4 * T * T * D * H_kv: "attention counted for n_kv_heads heads: the two attention products count "
+        "per query head, n_heads of them (GQA shares each key and value head between query heads, not the products)",
         2 * T * L * layer + attn: "the lm_head (d_model x vocab_size, for every position) is missing",
         proj + attn // 2: "attention counted once: both q @ k^T and probs @ v cost 2 * T * S * head_dim per head",
         proj

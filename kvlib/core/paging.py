@@ -89,7 +89,7 @@ class Request:
     max_new_tokens: int
     out: list[int] = field(default_factory=list)
     table: object | None = None  # its block table while it runs, None while it waits
-    times: dict = field(default_factory=dict)  # "first_token", "done": the engine's clock
+    times: dict = field(default_factory=dict)  # "first_token", "done", "tokens" (one per token): the engine's clock
 
     @property
     def done(self) -> bool:
@@ -200,9 +200,11 @@ class Engine:
         view = PagedView(self.pool, [r.table for r in requests], positions, torch.tensor(slots), self.attend)
         with torch.inference_mode():
             logits, _ = self.model(torch.tensor(ids), past_key_values=view)
+        now = self.clock()
         for r, token in zip(requests, logits[:, -1].argmax(-1).tolist()):
             r.out.append(token)
-            r.times.setdefault("first_token", self.clock())
+            r.times.setdefault("first_token", now)
+            r.times.setdefault("tokens", []).append(now)  # one time per token: the gaps are inter-token latency
 
     def _match(self, tokens: list[int]) -> list[int]:
         """The blocks of the longest run of whole blocks at the start of tokens that a running request holds."""

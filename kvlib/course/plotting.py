@@ -498,7 +498,12 @@ def step_time_fit(kv_lens, medians_ms, lows_ms, highs_ms, fitted_ms, *, fit_labe
         ax.set_xlim(0, x[-1] * 1.02)
         ax.set_xlabel("tokens re-run in this step (kv_len)")
         ax.set_ylabel("step time (ms)")
-        ax.set_title("Each naive step costs more than the last")
+        grows = float(fitted_ms[-1]) / float(fitted_ms[0])  # the title says what this run's fit shows
+        ax.set_title(
+            f"The step at {int(x[-1])} tokens takes {grows:.1f}x the step at {int(x[0])} (fit)"
+            if grows > 1
+            else f"This run's fit does not grow from {int(x[0])} to {int(x[-1])} tokens: time it again"
+        )
         ax.legend(loc="upper left", frameon=False)
         _note(fig, note)
     return _finish(fig)
@@ -809,11 +814,14 @@ def bytes_against_kv_len(
     return _finish(fig)
 
 
-def decode_against_batch(batches, measured_tps, predicted_tps, intensities, ridge, *, note=None):
+def decode_against_batch(
+    batches, measured_tps, predicted_tps, intensities, ridge, *, note=None, roof_label="roofline prediction"
+):
     """Decode throughput against batch size: measured and roofline-predicted, with the ridge crossing.
 
     Args:    batches: (n,) batch sizes   measured_tps, predicted_tps: (n,) tokens/s
              intensities: (n,) FLOPs per byte of each step   ridge: the machine's ridge point (FLOP/B)
+             roof_label: the prediction's legend entry (say which memory's bandwidth it assumes)
     Returns: the Figure (left: tokens/s; right: arithmetic intensity against the ridge)
     """
     b = np.asarray(batches, dtype=float)
@@ -823,7 +831,7 @@ def decode_against_batch(batches, measured_tps, predicted_tps, intensities, ridg
     with style():
         fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5.6))
         fig.subplots_adjust(left=0.08, right=0.98, bottom=0.2, top=0.86, wspace=0.25)
-        ax.loglog(b, predicted_tps, "--", lw=2, color=PALETTE["black"], label="roofline prediction")
+        ax.loglog(b, predicted_tps, "--", lw=2, color=PALETTE["black"], label=roof_label)
         ax.loglog(b, measured_tps, "o-", lw=2.5, ms=7, color=PALETTE["vermillion"], label="measured (median)")
         bx.loglog(b, intensities, "o-", lw=2.5, ms=7, color=PALETTE["blue"], label="decode step")
         bx.axhline(ridge, color=PALETTE["black"], ls=":", lw=1.5, label=f"ridge of this machine: {ridge:.3g}")
@@ -917,7 +925,8 @@ def gqa_decode_time(rows, *, kv_len=None, note=None):
         grouped = [next(r for r in at if r["n_kv_heads"] == h and r["method"] in ("grouped", "mha")) for h in heads]
         pred = [r["predicted_s"] * 1e3 for r in grouped]
         ax.plot(x, pred, ls="--", color=PALETTE["black"], lw=1.5, label="roofline: bytes / bandwidth (grouped)")
-        if all("fixed_s" in r for r in grouped):  # recordings made before the fixed part was measured lack it
+        # recordings made before the fixed part was measured lack it; a run too noisy to split has none (fixed_ok)
+        if all("fixed_s" in r for r in grouped) and all(r.get("fixed_ok", r["fixed_s"] > 0) for r in grouped):
             ax.plot(
                 x,
                 [r["fixed_s"] * 1e3 for r in grouped],
@@ -1102,24 +1111,34 @@ __all__ += ["rotary_scores"]
 # Notebook 07: serving many requests
 
 
-def serving_compare(static, continuous, *, note=None):
-    """Static batching with contiguous reservation against continuous batching with paging, on one trace.
+def serving_compare(static, continuous, *, iteration=None, note=None):
+    """Static batching with contiguous reservation against continuous batching with paging, on one trace; with
+    `iteration` (Orca's iteration-level batching, contiguous reservation) between them, each mechanism's share.
 
-    Args:    static, continuous: `kvlib bench serve` summaries (tokens_per_s, ttft_p50_s, ttft_p99_s, kv_utilisation)
-    Returns: the Figure (throughput, time to first token p50 and p99, share of reserved KV slots holding tokens)
+    Args:    static, continuous, iteration: `kvlib bench serve` summaries (tokens_per_s, steps, ttft_p50_s,
+             ttft_p99_s, kv_utilisation; contiguous reservation's utilisation is modelled from max_seq_len slots)
+    Returns: the Figure (throughput, scheduler steps, time to first token p50 and p99, share of reserved KV
+             slots holding tokens)
     """
-    ways, colors = ("static,\ncontiguous", "continuous,\npaged"), (PALETTE["orange"], PALETTE["blue"])
+    arms = [("static,\ncontiguous", static, PALETTE["orange"])]
+    if iteration is not None:
+        arms.append(("iteration-level,\ncontiguous", iteration, PALETTE["green"]))
+    arms.append(("continuous,\npaged", continuous, PALETTE["blue"]))
+    ways, runs, colors = zip(*arms)
     with style():
-        fig, (ax, bx, cx) = plt.subplots(1, 3, figsize=(13.5, 5.4))
-        fig.subplots_adjust(left=0.07, right=0.98, bottom=0.27, top=0.82, wspace=0.38)
-        ax.bar(ways, [static["tokens_per_s"], continuous["tokens_per_s"]], color=colors)
+        fig, ((ax, sx), (bx, cx)) = plt.subplots(2, 2, figsize=(13.5, 9.5))
+        fig.subplots_adjust(left=0.08, right=0.98, bottom=0.1, top=0.88, wspace=0.28, hspace=0.45)
+        ax.bar(ways, [r["tokens_per_s"] for r in runs], color=colors)
         ax.set_ylabel("generated tokens per second")
         ax.set_title("Throughput")
-        x = np.arange(2)
+        sx.bar(ways, [r["steps"] for r in runs], color=colors)
+        sx.set_ylabel("scheduler steps")
+        sx.set_title("Steps (batched forwards) for the trace")
+        x = np.arange(len(runs))
         for i, (key, label) in enumerate((("ttft_p50_s", "p50"), ("ttft_p99_s", "p99"))):
             bx.bar(
                 x + (i - 0.5) * 0.38,
-                [static[key], continuous[key]],
+                [r[key] for r in runs],
                 0.38,
                 color=colors,
                 alpha=0.55 if i == 0 else 1.0,
@@ -1130,17 +1149,20 @@ def serving_compare(static, continuous, *, note=None):
         bx.set_xticks(x, ways)
         bx.set_ylabel("seconds")
         bx.set_title("TTFT (p50 light, p99 dark)")
-        cx.bar(ways, [100 * static["kv_utilisation"], 100 * continuous["kv_utilisation"]], color=colors)
+        cx.bar(ways, [100 * r["kv_utilisation"] for r in runs], color=colors)
         cx.set_ylim(0, 100)
-        cx.set_ylabel("% of reserved KV slots holding a token")
-        cx.set_title("KV memory used")
-        for axis in (ax, bx, cx):
+        cx.set_ylabel("% of reserved slots holding a token")
+        cx.set_title("KV used (contiguous: modelled)")
+        for axis in (ax, sx, bx, cx):
             axis.set_xlabel("batching, KV reservation")
         gain = continuous["tokens_per_s"] / static["tokens_per_s"]
-        fig.suptitle(
-            f"Same KV memory: continuous batching {gain:.1f}x the throughput, "
-            f"{continuous['kv_utilisation']:.0%} of its KV in use against {static['kv_utilisation']:.0%}"
-        )
+        title = f"Same KV memory: continuous batching with paging {gain:.1f}x the throughput of static batching"
+        if iteration is not None:
+            title += (
+                f"\n{iteration['tokens_per_s'] / static['tokens_per_s']:.1f}x from not computing finished rows, "
+                f"then {continuous['tokens_per_s'] / iteration['tokens_per_s']:.1f}x from paging's higher concurrency"
+            )
+        fig.suptitle(title)
         _note(fig, note)
     return _finish(fig)
 

@@ -7,7 +7,8 @@ student. SandboxKernelManager starts it in a jail (kvlib.grading.jail) that sees
 notebook's folder (read-only), the site-packages (read-only) and a fresh /tmp, with no network:
 Jupyter talks to it over Unix sockets in a folder bound into the jail, not over localhost. Scores do not depend on what the
 kernel prints (IsolatedGrading replaces the graded cells' outputs); the kernel's run gives the
-learner their notebook's outputs in the feedback.
+learner their notebook's outputs in the feedback, so a notebook in which nothing counts in the kernel
+(SandboxExecute.run_kernel = "when-needed") is not run at all.
 Every other notebook run (present --check, Validate, the tests) waits for the kernel the same way
 (SteppedNotebookClient, SteppedKernelClient). Not here: the scores (preprocessor.py).
 """
@@ -25,6 +26,7 @@ from pathlib import Path
 from queue import Empty
 from time import monotonic
 
+import nbformat
 from jupyter_client.asynchronous import AsyncKernelClient
 from jupyter_client.channels import AsyncZMQSocketChannel
 from jupyter_client.manager import AsyncKernelManager
@@ -32,8 +34,9 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbclient.util import run_sync
 from nbformat.v4 import new_output
+from nbgrader.coursedir import CourseDirectory
 from nbgrader.preprocessors import Execute
-from traitlets import Bool, Integer, List, Type, Unicode
+from traitlets import Bool, Enum, Integer, List, Type, Unicode
 from traitlets.config import Configurable
 
 from kvlib.grading.checks_registry import isolated_cell_ids
@@ -76,6 +79,30 @@ class SteppedNotebookClient(NotebookClient):
 
     Every path that runs a notebook uses it: `kvlib present --check`, the notebook tests."""
 
+    def _kernel_needed(self, nb, resources) -> str | None:
+        """Why this notebook must run in the kernel, or None when nothing in it counts there."""
+        if self.run_kernel == "always":
+            return "SandboxExecute.run_kernel = always"
+        ids = resources.get("nbgrader", {})
+        try:
+            coursedir = CourseDirectory(config=self.config)
+            folder = coursedir.format_path(coursedir.source_directory, ".", ids["assignment"])
+            source = nbformat.read(Path(folder) / f"{ids['notebook']}.ipynb", as_version=4)
+        except Exception as err:  # no source to compare with: run it, as nbgrader would
+            return f"its source notebook could not be read ({type(err).__name__})"
+        known = {c.source for c in source.cells if c.cell_type == "code"}
+        for cell in nb.cells:
+            meta = cell.metadata.get("nbgrader", {})
+            if meta.get("solution"):
+                return f"cell {meta.get('grade_id')} is the learner's answer"
+            if cell.cell_type != "code":
+                continue
+            if meta.get("grade") and meta.get("grade_id") not in self._isolated:
+                return f"graded cell {meta.get('grade_id')} is scored in the kernel"
+            if cell.source not in known and cell.source.strip():
+                return "a code cell the learner added or changed"
+        return None
+
     async def async_start_new_kernel_client(self):
         return poll_in_steps(await super().async_start_new_kernel_client())
 
@@ -96,6 +123,30 @@ class SteppedKernelClient(AsyncKernelClient):
 
     shell_channel_class = Type(SteppedChannel)
     iopub_channel_class = Type(SteppedChannel)
+
+
+def _name(resources) -> str:
+    ids = resources.get("nbgrader", {})
+    return f"{ids.get('student')}/{ids.get('assignment')}/{ids.get('notebook')}"
+
+
+NOT_RUN = (
+    "The grader did not run this notebook's cells: each graded cell's result below comes from the isolated "
+    "checks of your kvlib code, which do not need them. Run the notebook yourself to see its outputs.\n"
+)
+
+
+def _not_run(nb):
+    """The notebook as autograde leaves it when no cell needs the kernel: no outputs, and one note."""
+    first = True
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        cell.outputs, cell.execution_count = [], None
+        if first:
+            cell.outputs = [new_output("stream", name="stdout", text=NOT_RUN)]
+            first = False
+    return nb
 
 
 def _without_hidden_tests(source: str) -> str:
@@ -292,6 +343,15 @@ class SandboxExecute(Execute):
         "their outcome there is discarded, and they import torch (seconds per notebook)",
     ).tag(config=True)
 
+    run_kernel = Enum(
+        ["when-needed", "always"],
+        "when-needed",
+        help="when-needed: run the notebook in the kernel only if something in it counts there (a graded cell "
+        "IsolatedGrading does not score, a learner's answer cell, a code cell the learner added or changed); "
+        "otherwise no cell is run (the scores are the same: they come from the isolated checks) and the "
+        "feedback says so. always: run every notebook.",
+    ).tag(config=True)
+
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("kernel_manager_class", SandboxKernelManager)
         super().__init__(*args, **kwargs)
@@ -305,11 +365,42 @@ class SandboxExecute(Execute):
         self._isolated: set[str] = set()
         if self.skip_isolated_hidden_tests:
             self._isolated = isolated_cell_ids(self.config)
+        why = self._kernel_needed(nb, resources)
+        if why is None:
+            self.log.info(
+                "not running %s in a kernel: every graded cell is scored by isolated checks", _name(resources)
+            )
+            return _not_run(nb), resources
+        self.log.debug("running %s in a kernel: %s", _name(resources), why)
         try:
             return super().preprocess(nb, resources, km=km)
         finally:  # a kernel that died or hung skips jupyter's own clean-up
             if isinstance(getattr(self, "km", None), SandboxKernelManager):
                 self.km._cleanup_jail()
+
+    def _kernel_needed(self, nb, resources) -> str | None:
+        """Why this notebook must run in the kernel, or None when nothing in it counts there."""
+        if self.run_kernel == "always":
+            return "SandboxExecute.run_kernel = always"
+        ids = resources.get("nbgrader", {})
+        try:
+            coursedir = CourseDirectory(config=self.config)
+            folder = coursedir.format_path(coursedir.source_directory, ".", ids["assignment"])
+            source = nbformat.read(Path(folder) / f"{ids['notebook']}.ipynb", as_version=4)
+        except Exception as err:  # no source to compare with: run it, as nbgrader would
+            return f"its source notebook could not be read ({type(err).__name__})"
+        known = {c.source for c in source.cells if c.cell_type == "code"}
+        for cell in nb.cells:
+            meta = cell.metadata.get("nbgrader", {})
+            if meta.get("solution"):
+                return f"cell {meta.get('grade_id')} is the learner's answer"
+            if cell.cell_type != "code":
+                continue
+            if meta.get("grade") and meta.get("grade_id") not in self._isolated:
+                return f"graded cell {meta.get('grade_id')} is scored in the kernel"
+            if cell.source not in known and cell.source.strip():
+                return "a code cell the learner added or changed"
+        return None
 
     async def async_start_new_kernel_client(self):
         return poll_in_steps(await super().async_start_new_kernel_client())

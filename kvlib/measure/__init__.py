@@ -3,6 +3,7 @@ learner's code, looked up when they run).
 
 timing.py          warm-up, repeats, medians, interleaved rounds, the environment record
 machine.py         memory bandwidth, matmul FLOP/s, the step time of a random-weight model
+ops.py             the aten calls a forward dispatches (notebook 03: the fixed cost of a step)
 bench_cache.py     `kvlib bench cache` (notebook 04): tokens/s without a cache, with kvlib's, and the peers'
 bench_memory.py    `kvlib bench memory` (notebook 05): bandwidth, FLOP/s, a decode step predicted and timed
 bench_gqa.py       `kvlib bench gqa` (notebook 06): a decode step at long context against n_kv_heads

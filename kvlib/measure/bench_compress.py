@@ -190,44 +190,73 @@ def bytes_table(window: int = 4096, n_sink: int = 4, context: int = 32768) -> li
 # MLA: the two ways of a decode step, counted
 
 
-def mla_step_cost(m, kv_len: int, path: str, bytes_per_number: int = 2) -> dict:
-    """Matmul FLOPs and bytes moved by one layer's attention for one new token (batch 1) over kv_len cached latents.
+def mla_step_cost(m, kv_len: int, path: str, bytes_per_number: int = 2, new_tokens: int = 1) -> dict:
+    """Matmul FLOPs and bytes moved by one layer's attention for new_tokens queries (batch 1) over kv_len latents.
 
-    reconstruct (8.5): rebuild every head's keys and values from every latent, each step, then attend;
-    absorbed (8.6): the query into latent space, attend there, one up-projection per head. Both read the
-    latent cache and w_uk, w_uv; the rebuilt keys and values are written and read once more.
+    reconstruct (8.5): rebuild every head's keys and values from every latent, then attend;
+    absorbed (8.6): the queries into latent space, attend there, one up-projection per head and query. Both
+    read the latent cache and w_uk, w_uv; the rebuilt keys and values are written and read once more.
+    new_tokens = 1 is a decode step; new_tokens = kv_len a prefill (the masked half counted, as torch counts it).
     """
-    H, Dn, Dr, Dv, r, S, b = m.n_heads, m.nope_dim, m.rope_dim, m.v_dim, m.kv_rank, kv_len, bytes_per_number
+    H, Dn, Dr, Dv, r, S, b, T = (
+        m.n_heads,
+        m.nope_dim,
+        m.rope_dim,
+        m.v_dim,
+        m.kv_rank,
+        kv_len,
+        bytes_per_number,
+        new_tokens,
+    )
     cache, weights = S * (r + Dr) * b, H * (Dn + Dv) * r * b
-    if path == "reconstruct":
-        flops = 2 * S * r * H * (Dn + Dv) + 2 * H * S * (Dn + Dr) + 2 * H * S * Dv
+    if path == "reconstruct":  # the rebuild is paid once per call, however many queries share it
+        flops = 2 * S * r * H * (Dn + Dv) + 2 * H * T * S * (Dn + Dr) + 2 * H * T * S * Dv
         moved = cache + weights + 2 * S * H * (Dn + Dv) * b  # rebuilt keys and values: written, then read
-    elif path == "absorbed":
-        flops = 2 * H * Dn * r + 2 * H * S * (r + Dr) + 2 * H * S * r + 2 * H * r * Dv
+    elif path == "absorbed":  # every query pays r-wide scores and mixes: 512 + 64 wide, not 128 + 64
+        flops = 2 * H * T * Dn * r + 2 * H * T * S * (r + Dr) + 2 * H * T * S * r + 2 * H * T * r * Dv
         moved = cache + weights
     else:
         raise ValueError(f"path must be 'reconstruct' or 'absorbed', got {path!r}")
-    return {"path": path, "kv_len": S, "flops": flops, "bytes": moved, "flops_per_byte": flops / moved}
+    return {"path": path, "kv_len": S, "new_tokens": T, "flops": flops, "bytes": moved, "flops_per_byte": flops / moved}
 
 
-def mla_counted_flops(kv_len: int = 64, seed: int = 0) -> dict:
-    """torch.utils.flop_counter's count of the learner's 8.5 and 8.6 on a small MLA (batch 1, one query),
+def mla_counted_flops(kv_len: int = 64, seed: int = 0, new_tokens: int = 1) -> dict:
+    """torch.utils.flop_counter's count of the learner's 8.5 and 8.6 on a small MLA (batch 1, new_tokens queries),
     beside mla_step_cost's formula for the same sizes: the formula is checked, not assumed."""
     from kvlib.compress import mla_absorbed, mla_reconstruct  # noqa: PLC0415 (late binding: runs the learner's code)
 
     g = torch.Generator().manual_seed(seed)
     m = SimpleNamespace(n_heads=4, nope_dim=16, rope_dim=8, v_dim=12, kv_rank=32)
+    T = new_tokens
     args = (
-        torch.randn(1, 4, 1, 16, generator=g),
-        torch.randn(1, 4, 1, 8, generator=g),
+        torch.randn(1, 4, T, 16, generator=g),
+        torch.randn(1, 4, T, 8, generator=g),
         torch.randn(1, kv_len, 32, generator=g),
         torch.randn(1, kv_len, 8, generator=g),
         torch.randn(4, 16, 32, generator=g),
         torch.randn(4, 12, 32, generator=g),
     )
     return {
-        path: {"counted": matmul_flops(fn, *args), "formula": mla_step_cost(m, kv_len, path)["flops"]}
+        path: {"counted": matmul_flops(fn, *args), "formula": mla_step_cost(m, kv_len, path, new_tokens=T)["flops"]}
         for path, fn in (("reconstruct", mla_reconstruct), ("absorbed", mla_absorbed))
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# The ordering quiz: every scheme's cache for one model shape
+
+
+def schemes_per_layer(config: ModelConfig, mla, context: int = 65536, window: int = 4096) -> dict[str, float]:
+    """Bytes per token per layer of every scheme for config's shape at `context` tokens (16-bit); the window
+    row averaged over the context (it keeps min(window, context) tokens), MLA with mla's sizes."""
+    gqa = bytes_per_token_layer("gqa", config)
+    return {
+        "MHA": bytes_per_token_layer("mha", config),
+        f"GQA-{config.n_kv_heads} (notebook 06)": gqa,
+        f"int8 GQA-{config.n_kv_heads} (8.2)": bytes_per_token_layer("int8", config),
+        f"GQA-{config.n_kv_heads}, window {window // 1024}k": gqa * min(window, context) / context,
+        "MQA": bytes_per_token_layer("gqa", config, n_kv_heads=1),
+        f"MLA {mla.kv_rank} + {mla.rope_dim} (8.5, 8.6)": bytes_per_token_layer("mla", mla=mla),
     }
 
 
@@ -255,8 +284,17 @@ def _speed_cases(kv_len: int, config: ModelConfig, seed: int = 0):
     def int8():
         return [int8_attention(q, *views[layer], kv_len) for layer in range(L)]
 
-    def dequantise_only():  # the part of int8() that turns the cache back into float32
-        return [(dequantize(kv_, ks), dequantize(vv, vs)) for kv_, ks, vv, vs in views]
+    def int8_parts():  # int8()'s path timed in its two parts; each layer's float32 copy freed before the next, as there
+        dequantising = attending = 0.0
+        for kv_, ks, vv, vs in views:
+            start = time.perf_counter()
+            k_f = dequantize(kv_, ks).view(1, H_kv, -1, D)[:, :, :kv_len]  # groups -> tokens, as 8.2 does
+            v_f = dequantize(vv, vs)
+            mid = time.perf_counter()
+            F.scaled_dot_product_attention(q, k_f, v_f, enable_gqa=gqa)
+            dequantising, attending = dequantising + mid - start, attending + time.perf_counter() - mid
+            del k_f, v_f
+        return dequantising, attending
 
     k_buffer, v_buffer = (
         torch.empty(views[0][0].shape),
@@ -273,7 +311,7 @@ def _speed_cases(kv_len: int, config: ModelConfig, seed: int = 0):
     float_bytes = k.nbytes + v.nbytes
     int8_bytes = sum(t.nbytes for view in views for t in view)
     return (
-        {"float32": float32, "int8": int8, "dequantise": dequantise_only, "int8_reused": int8_reused},
+        {"float32": float32, "int8": int8, "int8_parts": int8_parts, "int8_reused": int8_reused},
         float_bytes,
         int8_bytes,
     )
@@ -286,8 +324,9 @@ def speed(
     and in int8 (8.2: dequantise, then attend), timed in interleaved rounds on the CPU, beside bytes / bandwidth.
 
     predicted: each way's cache bytes / the measured read bandwidth. as_run: what the int8 path really moves
-    here, int8 cache + scales read, the float32 copy written and read back by attention. dequantise_s: the
-    time of the dequantising alone, to show where the int8 path's time goes; int8_reused_s: the same path
+    here, int8 cache + scales read, the float32 copy written and read back by attention. dequantise_s,
+    attend_s, dequantise_share: one run of the int8 path (int8_parts_s) timed in its two parts, layer by layer,
+    so the dequantising is a share of that run's time by construction; int8_reused_s: the same path
     writing its float32 copy into one reused buffer, so fresh memory (page faults) is not part of the cost.
     """
     config = gqa_bench_config(8, max_seq_len=max(kv_lens) + 8)
@@ -303,12 +342,14 @@ def speed(
             fns, float_bytes, int8_bytes = _speed_cases(S, config)
             for fn in fns.values():
                 fn()  # warm-up
-            samples = {name: [] for name in fns}
+            samples, parts = {name: [] for name in fns}, []
             for _ in range(rounds):
                 for name, fn in fns.items():
                     start = time.perf_counter()
-                    fn()
+                    out = fn()
                     samples[name].append(time.perf_counter() - start)
+                    if name == "int8_parts":
+                        parts.append(out)  # (dequantising, attending) seconds of this one run
             ratio = [f / i for f, i in zip(samples["float32"], samples["int8"])]  # per round: >1 means int8 is faster
             reused = [f / i for f, i in zip(samples["float32"], samples["int8_reused"])]
             as_run = int8_bytes + 2 * float_bytes  # int8 read, float32 copy written, then read by attention
@@ -327,6 +368,10 @@ def speed(
                     "measured_speedup": statistics.median(ratio),
                     "measured_speedup_spread": [min(ratio), max(ratio)],
                     "measured_speedup_reused": statistics.median(reused),
+                    # the split of one run into its parts, so "of which dequantising" can never exceed the run
+                    "dequantise_s": statistics.median(d for d, _ in parts),
+                    "attend_s": statistics.median(a for _, a in parts),
+                    "dequantise_share": statistics.median(d / (d + a) for d, a in parts),
                 }
             )
         record = environment(
@@ -354,6 +399,12 @@ def bench_compress(threads: int = 1, quick: bool = False, device: str = "cpu") -
         window = compress_quality.window_study(
             model, tokenizer, n_rows=2 if quick else 32, seq_len=64 if quick else 256
         )
+        key_axis = compress_quality.key_axis_study(
+            model, tokenizer, n_rows=1 if quick else 8, seq_len=64 if quick else 256
+        )
+        window_right = compress_quality.window_accuracy(
+            model, tokenizer, capacities=(16, 8) if quick else (32, 16, 8), stride=240 if quick else 96
+        )
     window.pop("per_position")
     mla = {
         name: [mla_step_cost(m, S, path) for S in (8192, 16384) for path in ("reconstruct", "absorbed")]
@@ -365,9 +416,15 @@ def bench_compress(threads: int = 1, quick: bool = False, device: str = "cpu") -
         "bytes": bytes_table(),
         "int8_agreement": agreement,
         "window": window,
+        "key_axis": key_axis,
+        "window_accuracy": window_right,
         "speed": speed(threads=threads, quick=quick),
         "mla": mla,
         "mla_counted": mla_counted_flops(),
+        "mla_prefill": {
+            name: [mla_step_cost(m, S, path, new_tokens=S) for S in (8192,) for path in ("reconstruct", "absorbed")]
+            for name, m in MLA_MODELS.items()
+        },
         "quick": quick,
     }
 
@@ -408,6 +465,28 @@ def format_compress(report: dict) -> str:
     ]
     for name, losses in w["loss"].items():
         lines.append(f"{name:<28} " + " ".join(f"{x:>8.3f}" for x in losses) + f" {w['mean_past_window'][name]:>12.3f}")
+    k = report["key_axis"]
+    lines += [
+        "",
+        f"Keys rounded with KIVI's rule (groups of {k['group']} tokens per channel), {k['rows']} held-out rows "
+        f"of {k['seq_len']} tokens, every layer:",
+    ]
+    for i, b in enumerate(k["bits"]):
+        ch, tok = k["output_error"]["per channel"][i], k["output_error"]["per token"][i]
+        lines.append(
+            f"  {b} bits: attention output error per channel {ch:7.2%}, per token {tok:7.2%} "
+            f"(key error {k['key_error']['per channel'][i]:.2%} vs {k['key_error']['per token'][i]:.2%})"
+        )
+    w8 = report["window_accuracy"]
+    lines += [
+        "",
+        f"Capital answers through a rolling cache, {w8['prompts']} held-out questions of "
+        f"{w8['prompt_tokens']['min']}-{w8['prompt_tokens']['max']} tokens (median {w8['prompt_tokens']['median']}):",
+    ]
+    lines += [f"  {name:<24} {right:6.1%}" for name, right in w8["accuracy"].items()]
+    lines += ["", "MLA prefill (one layer, 8,192 tokens at once): FLOPs"]
+    for name, rows in report.get("mla_prefill", {}).items():
+        lines += [f"{name:<12} {r['path']:<12} {r['flops'] / 1e12:>8.2f} TFLOP" for r in rows]
     s = report["speed"]
     lines += [
         "",
@@ -429,7 +508,7 @@ def format_compress(report: dict) -> str:
         r = slow[-1]
         lines.append(
             f"int8 is SLOWER here ({r['measured_speedup']:.2f}x at {r['kv_len']:,} tokens): dequantising takes "
-            f"{r['dequantise_s'] / r['int8_s']:.0%} of its time. It reads 1 byte per number but writes a float32 copy "
+            f"{r['dequantise_share']:.0%} of its time (the path timed in parts). It reads 1 byte per number but writes a float32 copy "
             "(4 bytes) that attention reads again: without a kernel that reads int8 directly, the saving is eaten. "
             f"Into a reused buffer (no fresh memory to fault in) int8 runs at {r['measured_speedup_reused']:.2f}x float32."
         )

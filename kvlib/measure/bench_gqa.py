@@ -59,8 +59,9 @@ def decode_step_with(model: Decoder, token: torch.Tensor, cache, attend: Callabl
 
 
 FIXED_METHOD = (
-    "intercept at 0 cached tokens of a line fitted, round by round, to the step times at the measured lengths; "
-    "median and interquartile range over rounds"
+    "intercept at 0 cached tokens of a median-based (Theil-Sen) line through the median step times at the measured "
+    "lengths; its spread is the interquartile range of the same line fitted round by round; meaningful only between "
+    "0 and the shortest length's step"
 )
 
 
@@ -72,6 +73,15 @@ def _quartiles(values: list[float]) -> tuple[float, float]:
     return q1, q3
 
 
+def _theil_sen(x: list[float], y: list[float]) -> tuple[float, float]:
+    """(intercept, slope) of the Theil-Sen line through (x, y): the median of the pairwise slopes, then the median
+    of y - slope * x. One disturbed length moves it less than a least-squares line; through two points it is that line.
+    """
+    slopes = [(y[j] - y[i]) / (x[j] - x[i]) for i in range(len(x)) for j in range(i + 1, len(x)) if x[j] != x[i]]
+    slope = statistics.median(slopes)
+    return statistics.median(yi - slope * xi for xi, yi in zip(x, y)), slope
+
+
 def _intercepts(kv_lens: list[int], per_len: list[list[float]]) -> list[float]:
     """The fixed part of a step in each round: intercept of step time = a + b * kv_len, fitted over the lengths.
 
@@ -79,8 +89,34 @@ def _intercepts(kv_lens: list[int], per_len: list[list[float]]) -> list[float]:
     cached tokens the step's working set fits the CPU's last-level cache (or a GPU's L2) and runs
     warm, while the fixed part of a long-context step is paid with those caches full of the KV cache.
     """
-    x = np.asarray(kv_lens, dtype=float)
-    return [float(np.polyfit(x, np.asarray(col, dtype=float), 1)[1]) for col in zip(*per_len)]
+    return [_theil_sen([float(S) for S in kv_lens], list(col))[0] for col in zip(*per_len)]
+
+
+def _fixed_part(kv_lens: list[int], per_len: list[list[float]]) -> dict:
+    """The fixed part of a way's step: the intercept of the median-based line through its median step times.
+
+    A line through medians, not the median of per-round lines: each round's intercept extrapolates
+    one round's noise (two lengths: 2 t(S1) - t(S2), twice the spread), the medians drop a disturbed
+    round first. Meaningful (ok) only if it lies between 0 and the shortest length's median step, and the
+    round-by-round intercepts' quartiles stay above 0:
+    a negative intercept is a step not linear in kv_len (the copying path, whose fresh copies bend
+    its times upward) or a run too noisy to split, and then no fixed part is reported, no nan.
+    """
+    medians = [statistics.median(times) for times in per_len]
+    fixed, slope = _theil_sen([float(S) for S in kv_lens], medians)
+    lo, hi = _quartiles(_intercepts(kv_lens, per_len))
+    ok = 0 < fixed < medians[0] and slope > 0 and lo > 0
+    if ok:
+        why = ""
+    elif 0 < fixed < medians[0] and slope > 0:
+        why = f"the round-by-round intercepts reach below 0 (quartiles {lo * 1e3:.2f} to {hi * 1e3:.2f} ms): too noisy to split"
+    elif slope <= 0:
+        why = "the step did not grow with kv_len in this run (too noisy to split)"
+    elif fixed <= 0:
+        why = f"the line's intercept is {fixed * 1e3:.2f} ms, below 0: the step grows faster than a line in kv_len, or the run was too noisy to split"
+    else:
+        why = f"the line's intercept ({fixed * 1e3:.2f} ms) is above the shortest step: the run was too noisy to split"
+    return {"fixed_s": fixed, "spread_s": [lo, hi], "ok": ok, "why": why}
 
 
 def _gqa_method(method: str, mha: bool) -> str:
@@ -96,12 +132,14 @@ def bench_gqa(
     bandwidth: dict | None = None,
     device: str = "cpu",
     batch: int | None = None,
+    split_k: bool = True,
 ) -> dict:
     """Time one decode step at each kv_len for n_kv_heads 8 (MHA), 4, 2, 1, attention done three ways, and split-K.
 
     materialised: repeat_kv the cache out to n_heads, then MHA attention; grouped: kvlib's
     grouped_attention (Exercise 6.2); sdpa: torch's scaled_dot_product_attention(enable_gqa=True);
-    split-k: split_k_attention, the cache in chunks merged by the online softmax (GQA rows only).
+    split-k: split_k_attention, the cache in chunks merged by the online softmax (GQA rows only; split_k=False
+    leaves it out, as notebook 06 does).
     Every case is timed once per round, rounds interleaved, so a busy neighbour slows all alike (the
     copying path in a block of its own, after the others); the median over rounds is reported with the roofline prediction: bytes moved / bandwidth
     (kvlib.measure.machine.measure_bandwidth, measured here unless its result is passed as `bandwidth`).
@@ -109,9 +147,10 @@ def bench_gqa(
     to keep a GPU busy), and each step replayed as a CUDA graph (timing.replayable), so that what
     is timed is the reading of the cache rather than Python launching kernels.
     Where the time goes: a step's fixed part (the weights and the step's small operations, which GQA
-    does not touch) is the intercept of a line fitted to its times over the measured lengths, one
-    fit per round, so it comes with a spread (interquartile range over rounds); a row's cache_s = its step time
-    - that fixed part, paired round by round, and cache_bytes_per_s the rate at which the cache (and
+    does not touch) is the intercept of a median-based line through its median times over the measured
+    lengths, with a spread (interquartile range of the same line fitted round by round), and fixed_ok
+    says whether it is meaningful (between 0 and the shortest step; fixed_why says why not). A row's
+    cache_s = its step time - that fixed part (None where not meaningful), and cache_bytes_per_s the rate at which the cache (and
     the copies) were read in it. The step's speedup over MHA is (fixed + MHA's cache part) / (fixed +
     this cache part): Amdahl's law, measured. The ratio of cache parts is given only where both
     stand clear of the fixed part's spread.
@@ -145,7 +184,10 @@ def bench_gqa(
                 cache.pos = S  # S cached tokens; the timed step attends to S + 1
                 # MHA two ways: kvlib's plain attention (what materialised and grouped are compared with)
                 # and torch's fused SDPA (what GQA through SDPA is compared with: fusion alone is no GQA saving)
-                for method in ("grouped", "sdpa") if h == n_heads else ("materialised", "grouped", "split-k", "sdpa"):
+                ways = (
+                    ("materialised", "grouped", "split-k", "sdpa") if split_k else ("materialised", "grouped", "sdpa")
+                )
+                for method in ("grouped", "sdpa") if h == n_heads else ways:
                     step = lambda model=model, cache=cache, attend=BENCH_ATTENTION[method]: decode_step_with(
                         model, token, cache, attend
                     )
@@ -166,21 +208,20 @@ def bench_gqa(
                         timing.synchronize(device)
                         samples[i].append(time.perf_counter() - start)
         by_case = {(S, h, method): times for (S, h, method, *_), times in zip(cases, samples)}
-        fixed_rounds = {
-            (h, method): _intercepts(kv_lens, [by_case[S, h, method] for S in kv_lens])
+        fixed = {
+            (h, method): _fixed_part(kv_lens, [by_case[S, h, method] for S in kv_lens])
             for (S, h, method, *_) in cases
             if S == kv_lens[0]
         }
-        fixed = {key: statistics.median(v) for key, v in fixed_rounds.items()}
         rows = []
         for (S, h, method, model, cache, _), times in zip(cases, samples):
             moved = decode_bytes(model, S + 1, batch, method)
-            median, fixed_s = statistics.median(times), fixed[h, method]
-            lo, hi = _quartiles(fixed_rounds[h, method])
-            cache_rounds = [t - a for t, a in zip(times, fixed_rounds[h, method])]  # paired within each round
-            cache_s = statistics.median(cache_rounds)  # the part of the step that grows with the cache
-            # stands clear of the fixed part's spread; a negative intercept is no fixed part (a step not linear in kv_len)
-            clear = fixed_s > 0 and cache_s > hi - lo and _quartiles(cache_rounds)[0] > 0
+            median, split = statistics.median(times), fixed[h, method]
+            fixed_s, (lo, hi) = split["fixed_s"], split["spread_s"]
+            cache_rounds = [t - fixed_s for t in times]  # the part of each round's step that grows with the cache
+            cache_s = statistics.median(cache_rounds) if split["ok"] else None
+            # the split is meaningful, and the cache part stands clear of the fixed part's spread
+            clear = split["ok"] and cache_s > hi - lo and _quartiles(cache_rounds)[0] > 0
             rows.append(
                 {
                     "kv_len": S,
@@ -195,12 +236,14 @@ def bench_gqa(
                     "cache_bytes": cache.nbytes,
                     "fixed_s": fixed_s,
                     "fixed_spread_s": [lo, hi],
+                    "fixed_ok": split["ok"],
+                    "fixed_why": split["why"],
                     "cache_s": cache_s,
                     "cache_clear": clear,
                     "cache_rounds_s": cache_rounds,
                     # the bytes that grow with kv_len (the cache, and the copies of the materialised path) over that part
                     "cache_bytes_per_s": (moved - decode_bytes(model, 0, batch, method)) / cache_s
-                    if cache_s > 0
+                    if cache_s is not None and cache_s > 0
                     else None,
                 }
             )
@@ -241,12 +284,35 @@ def bench_gqa(
                 "kv_len": 0,
                 "n_kv_heads": h,
                 "method": _gqa_method(method, h == n_heads),
-                "median_s": t,
-                "q1_s": _quartiles(fixed_rounds[h, method])[0],
-                "q3_s": _quartiles(fixed_rounds[h, method])[1],
+                "median_s": split["fixed_s"],
+                "q1_s": split["spread_s"][0],
+                "q3_s": split["spread_s"][1],
+                "ok": split["ok"],
             }
-            for (h, method), t in fixed.items()
+            for (h, method), split in fixed.items()
         ],
+    }
+
+
+def against_device(report: dict, device) -> dict:
+    """A copy of report whose predictions use a kvlib.core.devices entry's bandwidth (its datasheet), not the run's own.
+
+    So a recording shows the one bandwidth the course prints for that GPU (kvlib/core/devices.py, with its
+    source), and the run's own measurement stays in report["record"]["bandwidth_GBps"], labelled measured.
+    """
+    rows = [
+        {
+            **r,
+            "predicted_s": r["bytes"] / device.bandwidth,
+            "measured_over_predicted": r["median_s"] * device.bandwidth / r["bytes"],
+        }
+        for r in report["rows"]
+    ]
+    source = f"{device.name} datasheet bandwidth, kvlib/core/devices.py: {device.source}"
+    return {
+        **report,
+        "rows": rows,
+        "bandwidth": {"bytes_per_s": device.bandwidth, "kernel": "datasheet", "source": source},
     }
 
 
@@ -257,8 +323,12 @@ def format_gqa(report: dict) -> str:
         f"kvlib bench gqa: {r['device']}, {threads}, torch {r['torch']}, {r.get('dtype', 'float32')}, "
         f"batch {r.get('batch', 1)}, median of {r['rounds']} interleaved rounds",
         f"model: d_model {c['d_model']}, {c['n_layers']} layers, {c['n_heads']} heads of {c['d_model'] // c['n_heads']}, "
-        f"random weights; predicted = bytes moved / {report['bandwidth']['bytes_per_s'] / 1e9:.1f} GB/s "
-        f"(measured {report['bandwidth']['kernel']} bandwidth)",
+        f"random weights; predicted = bytes moved / {report['bandwidth']['bytes_per_s'] / 1e9:,.1f} GB/s "
+        + (
+            f"({report['bandwidth']['source']})"
+            if report["bandwidth"].get("source")
+            else f"(measured {report['bandwidth']['kernel']} bandwidth)"
+        ),
         "",
         f"{'kv_len':>7} {'n_kv_heads':>10} {'method':>13} {'cache MB':>9} {'step ms':>9} {'min-max ms':>14} "
         f"{'predicted':>9} {'meas/pred':>9} {'vs MHA':>7} {'best/best':>9}",
@@ -270,11 +340,17 @@ def format_gqa(report: dict) -> str:
             f"{row['predicted_s'] * 1e3:>9.2f} {row['measured_over_predicted']:>8.2f}x {row['speedup_vs_mha']:>6.2f}x "
             f"{row['speedup_vs_mha_best']:>8.2f}x"
         )
+    split_k = any(row["method"] == "split-k" for row in report["rows"])
     lines.append(
         "\nvs MHA = MHA's median step time / this one's (>1: faster), sdpa against mha sdpa, the others against mha; "
         "best/best = the same for the fastest runs.\nmha: kvlib's attention; materialised: repeat_kv then MHA attention; "
-        "grouped: grouped_attention (Exercise 6.2); split-k: the same in chunks of 1,024 cached tokens merged by the online softmax "
-        "(split_k_attention); sdpa: torch's fused SDPA (enable_gqa for GQA)"
+        "grouped: grouped_attention (Exercise 6.2); "
+        + (
+            "split-k: the same in chunks of 1,024 cached tokens merged by the online softmax (split_k_attention); "
+            if split_k
+            else ""
+        )
+        + "sdpa: torch's fused SDPA (enable_gqa for GQA)"
     )
     if "fixed" in report:  # recordings made before the fixed part was measured lack it
         lines += _format_time_split(report)
@@ -282,6 +358,11 @@ def format_gqa(report: dict) -> str:
 
 
 GQA_GOAL = 2.0  # this project's aim: GQA-2 (n_kv_heads = n_heads / 4) twice as fast as MHA at 8k cached tokens
+
+
+def _split_ok(row: dict) -> bool:
+    """Whether a row's fixed part is meaningful (recordings made before fixed_ok lack it: a positive one was taken)."""
+    return row.get("fixed_ok", row["fixed_s"] > 0)
 
 
 def _format_time_split(report: dict) -> list[str]:
@@ -299,17 +380,18 @@ def _format_time_split(report: dict) -> list[str]:
     lines = [
         "",
         f"Where the time goes: fixed = {fixed_how}: the weights and small operations, untouched by GQA; "
-        "cache = step - fixed, round by round; the ratio of cache parts (median, quartiles) only where both stand "
+        "cache = step - fixed; the ratio of cache parts (median, quartiles) only where both stand "
         "clear of the fixed part's spread",
         f"{'kv_len':>7} {'n_kv_heads':>10} {'method':>13} {'step ms':>9} {'fixed ms (q1-q3)':>20} {'cache ms':>9} "
         f"{'cache GB/s':>10} {'cache vs MHA (q1-q3)':>23} {'step vs MHA':>11}",
     ]
     for row in report["rows"]:
-        rate = f"{row['cache_bytes_per_s'] / 1e9:.1f}" if row["cache_bytes_per_s"] is not None else "-"
+        ok = _split_ok(row)
+        rate = f"{row['cache_bytes_per_s'] / 1e9:.1f}" if ok and row["cache_bytes_per_s"] is not None else "-"
         spread = row.get("fixed_spread_s")
         fixed = ms(row["fixed_s"]) + (f" ({spread[0] * 1e3:.2f}-{spread[1] * 1e3:.2f})" if spread else "")
-        if row["fixed_s"] <= 0:
-            fixed = "not linear"  # the intercept of a line through a curve that bends up: no fixed part
+        if not ok:
+            fixed = "no split"  # a line's intercept below 0 or above the step: no fixed part to report
         cvm = row["cache_speedup_vs_mha"]
         cvm = (
             "-"
@@ -317,16 +399,21 @@ def _format_time_split(report: dict) -> list[str]:
             else f"{cvm:.2f}x"
             + (" ({:.2f}-{:.2f})".format(*row["cache_speedup_spread"]) if row.get("cache_speedup_spread") else "")
         )
+        cache = row["cache_s"] if ok and row["cache_s"] is not None and row["cache_s"] > 0 else None
         lines.append(
             f"{row['kv_len']:>7} {row['n_kv_heads']:>10} {row['method']:>13} {ms(row['median_s']):>9} {fixed:>20} "
-            f"{ms(row['cache_s'] if row['cache_s'] > 0 and row['fixed_s'] > 0 else None):>9} "
-            f"{rate if row['fixed_s'] > 0 else '-':>10} {cvm:>23} "
-            f"{row['speedup_vs_mha']:>10.2f}x"
+            f"{ms(cache):>9} {rate:>10} {cvm:>23} {row['speedup_vs_mha']:>10.2f}x"
         )
-    if any(row["fixed_s"] <= 0 for row in report["rows"]):
+    whys = {
+        (row["n_kv_heads"], row["method"]): row.get("fixed_why", "") for row in report["rows"] if not _split_ok(row)
+    }
+    for (h, method), why in whys.items():
         lines.append(
-            "not linear: the step time grows faster than a line in kv_len (the copying path allocates "
-            "n_heads heads of fresh copies every step), so the line's intercept is below 0 and no fixed part"
+            f"no split, n_kv_heads {h} {method}: {why or 'the intercept is below 0: the step grows faster than a line'}"
+        )
+    if any(m == "materialised" for _, m in whys):
+        lines.append(
+            "(the copying path allocates n_heads heads of fresh copies every step: its time bends upward with kv_len)"
         )
     quarter = n_kv[0] // 4 if n_kv[0] // 4 in n_kv else n_kv[-1]
     lens = sorted({row["kv_len"] for row in report["rows"]})
@@ -335,7 +422,8 @@ def _format_time_split(report: dict) -> list[str]:
         g, mha = at[kv_len, quarter, "grouped"], at[kv_len, n_kv[0], "mha"]
         if g["cache_speedup_vs_mha"] is None:
             lines.append(
-                f"{kv_len} cached tokens: the cache part of a step does not stand clear of the fixed part's spread here"
+                f"{kv_len} cached tokens: the cache part of a step does not stand clear of the fixed part's spread "
+                "in this run, so no ratio of cache parts"
             )
             continue
         lines.append(
@@ -348,6 +436,11 @@ def _format_time_split(report: dict) -> list[str]:
         got = g["speedup_vs_mha"]
         if got >= GQA_GOAL:
             lines.append(f"goal: GQA-{quarter} at least {GQA_GOAL:.0f}x MHA at 8192 cached tokens: {got:.2f}x, met")
+        elif not (_split_ok(g) and _split_ok(mha)):
+            lines.append(
+                f"goal: GQA-{quarter} at least {GQA_GOAL:.0f}x MHA at 8192 cached tokens: {got:.2f}x, short by "
+                f"{GQA_GOAL / got:.2f}x; this run's times do not split into a fixed and a cache part, so no why"
+            )
         else:
             # what the cache part would have to shrink to for the goal, with the fixed part as measured
             need = mha["median_s"] / GQA_GOAL - g["fixed_s"]

@@ -9,16 +9,22 @@ Measured on one KV budget (n_blocks * block_size token slots):
     04's KVCache), so budget // max_seq_len requests form a batch, which runs until its longest
     member is done; a finished member keeps its row and its compute meanwhile, as a padded batch
     does (Orca, Yu et al., OSDI 2022, section 2), and what it computes then is thrown away;
+  - iteration-level batching, contiguous reservation (Orca's): the same budget // max_seq_len
+    requests at most, but a finished one leaves at once and the next in line takes its place;
   - continuous batching, paged (your Scheduler): admitted whenever blocks are free;
-  - the same with a shared system prompt, prefix sharing off and on.
-Utilisation is time-averaged over steps: slots holding a token / slots reserved. Also the batched
-decode step's time against batch size. Everything runs the learner's kvlib/serving.py.
+  - the same with a shared system prompt, prefix sharing off and on, at a budget where blocks bind.
+Static to iteration-level is what not computing finished rows gains; iteration-level to paged is
+what paging's higher concurrency gains. Utilisation is time-averaged over steps: slots holding a
+token / slots reserved (for contiguous reservation, an assumed max_seq_len per request). Inter-token
+latency is each gap between two tokens of one request (the engine's clock at each forward).
+Also the batched decode step's time against batch size. Everything runs the learner's kvlib/serving.py.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -58,6 +64,7 @@ def percentile(values, q):
 
 def _summary(requests, start, seconds, steps, held, reserved, extra=None):
     ttft = [r.times["first_token"] - start for r in requests]
+    gaps = [b - a for r in requests for a, b in zip(r.times["tokens"], r.times["tokens"][1:])]
     generated = sum(len(r.out) for r in requests)
     return {
         "requests": len(requests),
@@ -66,35 +73,58 @@ def _summary(requests, start, seconds, steps, held, reserved, extra=None):
         "tokens_per_s": generated / seconds,
         "ttft_p50_s": percentile(ttft, 50),
         "ttft_p99_s": percentile(ttft, 99),
+        "itl_p50_s": percentile(gaps, 50) if gaps else float("nan"),  # inter-token latency: every gap of every request
+        "itl_p99_s": percentile(gaps, 99) if gaps else float("nan"),
         "steps": steps,
         "kv_utilisation": held / reserved if reserved else float("nan"),
         **(extra or {}),
     }
 
 
-def serve_continuous(model, trace, n_blocks, block_size=16, max_batch=64, share_prefixes=False, on_step=None):
-    """Your Scheduler over the whole trace; returns the summary, with blocks held per step."""
+def serve_continuous(
+    model,
+    trace,
+    n_blocks,
+    block_size=16,
+    max_batch=64,
+    share_prefixes=False,
+    on_step=None,
+    reserve=None,
+    scheduler=None,
+    keep_tokens=False,
+):
+    """Your Scheduler (or `scheduler`, a subclass of it) over the whole trace; returns the summary, with blocks held
+    per step and the step times with and without a prefill. reserve: count each running request as reserving that
+    many slots (contiguous reservation) instead of the blocks it holds. keep_tokens: the summary's "tokens" holds
+    each request's generated tokens, by id."""
     from kvlib.serving import BlockPool, Scheduler  # noqa: PLC0415 (late binding: runs the learner's code)
 
     pool = BlockPool(model.config, n_blocks, block_size)
-    sched = Scheduler(model, pool, max_batch=max_batch, share_prefixes=share_prefixes)
-    for r in _requests(trace):
+    sched = (scheduler or Scheduler)(model, pool, max_batch=max_batch, share_prefixes=share_prefixes)
+    requests = _requests(trace)
+    for r in requests:
         sched.add(r)
-    counts = {"steps": 0, "held": 0, "reserved": 0, "blocks": [], "running": 0}
+    counts = {"steps": 0, "held": 0, "reserved": 0, "blocks": [], "running": 0, "prefill_steps": [], "decode_steps": []}
+    last = {"t": 0.0, "prefill": 0}
 
     def observe(s):
+        now = time.perf_counter()
         counts["steps"] += 1
         in_use = pool.n_blocks - pool.n_free
         counts["held"] += sum(r.table.length for r in s.running)
-        counts["reserved"] += in_use * block_size
+        counts["reserved"] += len(s.running) * reserve if reserve else in_use * block_size
         counts["blocks"].append(in_use)
         counts["running"] += len(s.running)
+        prefilled = s.stats["prefill_tokens"] > last["prefill"]  # this step admitted someone: prefill first
+        counts["prefill_steps" if prefilled else "decode_steps"].append(now - last["t"])
+        last["t"], last["prefill"] = now, s.stats["prefill_tokens"]
         if on_step is not None:
             on_step(s)
 
-    start = time.perf_counter()
+    start = last["t"] = time.perf_counter()
     sched.run(on_step=observe)
     seconds = time.perf_counter() - start
+    fed = sched.stats["prefill_tokens"] + sched.stats["prefill_skipped"]
     return _summary(
         sched.finished,
         start,
@@ -103,13 +133,30 @@ def serve_continuous(model, trace, n_blocks, block_size=16, max_batch=64, share_
         counts["held"],
         counts["reserved"],
         {
+            "max_batch": max_batch,
             "mean_blocks_held": statistics.fmean(counts["blocks"]),
             "peak_blocks_held": max(counts["blocks"]),
             "blocks_per_running_request": sum(counts["blocks"]) / max(counts["running"], 1),
             "mean_running": counts["running"] / max(counts["steps"], 1),
+            "recomputed_tokens": fed - sum(len(r.prompt) for r in requests),  # fed again after a preemption
+            "steps_with_prefill": len(counts["prefill_steps"]),
+            "step_p50_s_with_prefill": percentile(counts["prefill_steps"], 50) if counts["prefill_steps"] else 0.0,
+            "step_p50_s_decode_only": percentile(counts["decode_steps"], 50) if counts["decode_steps"] else 0.0,
             **sched.stats,
+            **({"tokens": {r.id: list(r.out) for r in sched.finished}} if keep_tokens else {}),
         },
     )
+
+
+def serve_iteration_level(model, trace, n_blocks, block_size=16, reserve=None):
+    """Orca's iteration-level batching without paging: at most budget // reserve requests run, as contiguous
+    reservation allows, but each leaves as soon as it is done and the first in line takes its place."""
+    reserve = reserve or model.config.max_seq_len
+    batch = n_blocks * block_size // reserve
+    if batch < 1:
+        raise ValueError(f"a budget of {n_blocks * block_size} slots holds no contiguous reservation of {reserve}")
+    out = serve_continuous(model, trace, n_blocks, block_size, max_batch=batch, reserve=reserve)
+    return {**out, "batch": batch, "reserve": reserve}
 
 
 def serve_static(model, trace, n_blocks, block_size=16, reserve=None):
@@ -139,9 +186,23 @@ def serve_static(model, trace, n_blocks, block_size=16, reserve=None):
             reserved += len(members) * reserve  # the batch's reservations stand until its last member is done
         for r in members:
             del r.out[r.max_new_tokens :]  # what a finished row computed while it waited is thrown away
+            del r.times["tokens"][r.max_new_tokens :]
         sched.retire()
     seconds = time.perf_counter() - start
     return _summary(sched.finished, start, seconds, steps, held, reserved, {"batch": batch, "reserve": reserve})
+
+
+def last_level_cache_bytes() -> int | None:
+    """The largest CPU cache Linux reports (sysfs, cpu0), in bytes; None where it says nothing."""
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = f.read_text().strip().upper()
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        if text[:-1].isdigit() and text[-1] in units:
+            sizes.append(int(text[:-1]) * units[text[-1]])
+        elif text.isdigit():
+            sizes.append(int(text))
+    return max(sizes) if sizes else None
 
 
 def decode_step_times(
@@ -189,31 +250,43 @@ def step_roofline(config, batch: int, context: int, bandwidth: float | None, pea
     cache_bytes = 4 * 2 * config.n_layers * config.n_kv_heads * config.head_dim * context * batch
     flops = 2 * matrix_params(config) * batch
     if not bandwidth or not peak_flops:
-        return {"bytes": weight_bytes + cache_bytes, "flops": flops}
+        return {"bytes": weight_bytes + cache_bytes, "weight_bytes": weight_bytes, "flops": flops}
     return {
         "bytes": weight_bytes + cache_bytes,
+        "weight_bytes": weight_bytes,
         "flops": flops,
         "roofline_s": max((weight_bytes + cache_bytes) / bandwidth, flops / peak_flops),
     }
 
 
 def bench_serve(
-    threads: int = 1, quick: bool = False, n_requests: int | None = None, n_blocks: int = 256, block_size: int = 16
+    threads: int = 1,
+    quick: bool = False,
+    n_requests: int | None = None,
+    n_blocks: int = 256,
+    block_size: int = 16,
+    prefix_blocks: int = 96,
 ) -> dict:
-    """Everything the module docstring lists, as one JSON-ready record."""
+    """Everything the module docstring lists, as one JSON-ready record. prefix_blocks: the budget of the prefix
+    runs, small enough that blocks bind (what sharing saves can then run more requests at once)."""
     model, tokenizer = load_tiny()
     n = n_requests or (32 if quick else 64)
     trace = make_trace(tokenizer, n)
     shared_trace = make_trace(tokenizer, n, system_prompt=SYSTEM_PROMPT)
     with timing.num_threads(threads):
         static = serve_static(model, trace, n_blocks, block_size)
+        iteration = serve_iteration_level(model, trace, n_blocks, block_size)
         continuous = serve_continuous(model, trace, n_blocks, block_size)
-        unshared = serve_continuous(model, shared_trace, n_blocks, block_size)
-        shared = serve_continuous(model, shared_trace, n_blocks, block_size, share_prefixes=True)
-        bandwidth = measure_bandwidth(n_bytes=(32 if quick else 128) << 20, threads=threads, repeats=3)["bandwidth"]
-        peak = measure_matmul_flops(n=512, threads=threads, repeats=3)["flops"]
+        unshared = serve_continuous(model, shared_trace, prefix_blocks, block_size)
+        shared = serve_continuous(model, shared_trace, prefix_blocks, block_size, share_prefixes=True)
+        # notebook 05's measurements, with its sizes: one ridge for the course on one machine
+        bandwidth = measure_bandwidth(**({"n_bytes": 32 << 20, "repeats": 3} if quick else {}), threads=threads)
+        peak = measure_matmul_flops(**({"repeats": 3} if quick else {}), threads=threads)
         steps = decode_step_times(
-            model, batches=(1, 4, 16, 32) if quick else (1, 2, 4, 8, 16, 32, 64), bandwidth=bandwidth, peak_flops=peak
+            model,
+            batches=(1, 4, 16, 32) if quick else (1, 2, 4, 8, 16, 32, 64),
+            bandwidth=bandwidth["bandwidth"],
+            peak_flops=peak["flops"],
         )
     prompt_lens = [len(p) for p, _ in trace]
     new_lens = [m for _, m in trace]
@@ -231,39 +304,68 @@ def bench_serve(
         },
         "kv_budget": {"n_blocks": n_blocks, "block_size": block_size, "token_slots": n_blocks * block_size},
         "static": static,
+        "iteration_level": iteration,
         "continuous": continuous,
         "prefix": {
             "system_prompt_tokens": len(tokenizer.encode(SYSTEM_PROMPT)),
+            "n_blocks": prefix_blocks,
             "unshared": unshared,
             "shared": shared,
         },
         "decode_steps": steps,
-        "machine": {"bandwidth": bandwidth, "matmul_flops": peak},
+        "machine": {
+            "bandwidth": bandwidth["bandwidth"],
+            "bandwidth_array_bytes": bandwidth["array_bytes"],
+            "matmul_flops": peak["flops"],
+            "matmul_n": peak["n"],
+            "weight_bytes": 4 * matrix_params(model.config),
+            "last_level_cache_bytes": last_level_cache_bytes(),
+        },
         "record": timing.environment("cpu", threads=threads, model="tiny"),
     }
 
 
+def _mb(n: int | None) -> str:
+    return "unknown size" if not n else f"{n / 1e6:.1f} MB"
+
+
 def format_serve(report: dict) -> str:
-    s, c, p = report["static"], report["continuous"], report["prefix"]
+    s, i, c, p = report["static"], report["iteration_level"], report["continuous"], report["prefix"]
     t = report["trace"]
+    u, sh = p["unshared"], p["shared"]
     lines = [
         f"{t['requests']} requests ({t['distribution']}); KV budget {report['kv_budget']['token_slots']} token slots",
-        f"{'':34s} {'tokens/s':>9s} {'TTFT p50':>9s} {'TTFT p99':>9s} {'KV used':>8s}",
-        f"{'static, contiguous (batch ' + str(s['batch']) + ')':34s} {s['tokens_per_s']:9.0f} "
-        f"{s['ttft_p50_s']:8.2f}s {s['ttft_p99_s']:8.2f}s {s['kv_utilisation']:8.1%}",
-        f"{'continuous, paged':34s} {c['tokens_per_s']:9.0f} {c['ttft_p50_s']:8.2f}s {c['ttft_p99_s']:8.2f}s "
-        f"{c['kv_utilisation']:8.1%}",
-        f"continuous / static throughput: {c['tokens_per_s'] / s['tokens_per_s']:.2f}x; preemptions {c['preemptions']}",
-        f"shared system prompt ({p['system_prompt_tokens']} tokens): blocks per running request "
-        f"{p['unshared']['blocks_per_running_request']:.1f} -> {p['shared']['blocks_per_running_request']:.1f}, "
-        f"requests running {p['unshared']['mean_running']:.1f} -> {p['shared']['mean_running']:.1f}; "
-        f"prefill tokens {p['unshared']['prefill_tokens']} -> {p['shared']['prefill_tokens']} "
-        f"({p['shared']['prefill_skipped']} skipped)",
+        f"{'':38s} {'tokens/s':>9s} {'steps':>6s} {'TTFT p50':>9s} {'TTFT p99':>9s} {'ITL p50':>8s} {'ITL p99':>8s} "
+        f"{'KV used':>8s}",
+    ]
+    for name, r in (
+        (f"static, contiguous (batch {s['batch']})", s),
+        (f"iteration-level, contiguous (<= {i['batch']})", i),
+        ("continuous, paged", c),
+    ):
+        lines.append(
+            f"{name:38s} {r['tokens_per_s']:9.0f} {r['steps']:6d} {r['ttft_p50_s']:8.2f}s {r['ttft_p99_s']:8.2f}s "
+            f"{r['itl_p50_s'] * 1e3:6.1f}ms {r['itl_p99_s'] * 1e3:6.1f}ms {r['kv_utilisation']:8.1%}"
+        )
+    lines += [
+        "KV used with contiguous reservation is modelled: each request assumed to reserve max_seq_len slots",
+        f"throughput over static: iteration-level {i['tokens_per_s'] / s['tokens_per_s']:.2f}x (no finished rows "
+        f"computed), paged {c['tokens_per_s'] / s['tokens_per_s']:.2f}x; steps {s['steps']} -> {i['steps']} -> "
+        f"{c['steps']}; preemptions {c['preemptions']}",
+        f"prefill first stalls decodes: a step with a prefill {c['step_p50_s_with_prefill'] * 1e3:.1f} ms (median of "
+        f"{c['steps_with_prefill']}), a decode-only step {c['step_p50_s_decode_only'] * 1e3:.1f} ms",
+        f"shared system prompt ({p['system_prompt_tokens']} tokens, {p['n_blocks']} blocks): blocks per running "
+        f"request {u['blocks_per_running_request']:.1f} -> {sh['blocks_per_running_request']:.1f}, requests running "
+        f"{u['mean_running']:.1f} -> {sh['mean_running']:.1f}, steps {u['steps']} -> {sh['steps']}; prefill tokens "
+        f"{u['prefill_tokens']} -> {sh['prefill_tokens']} ({sh['prefill_skipped']} skipped)",
         "decode step: "
         + ", ".join(
             f"batch {r['batch']} {r['step_s'] * 1e3:.1f} ms ({r['tokens_per_s']:.0f} tok/s, "
-            f"roofline {r.get('roofline_s', float('nan')) * 1e3:.2f} ms)"
+            f"DRAM roofline {r.get('roofline_s', float('nan')) * 1e3:.2f} ms)"
             for r in report["decode_steps"]
         ),
+        f"the DRAM roofline assumes weights streamed from memory; this model's {report['machine']['weight_bytes'] / 1e6:.1f} "
+        f"MB of weights against a last-level cache of {_mb(report['machine'].get('last_level_cache_bytes'))}: "
+        "where they fit, the roof need not bind",
     ]
     return "\n".join(lines)

@@ -11,7 +11,6 @@ import os
 import platform
 import statistics
 import time
-from collections import Counter
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -121,24 +120,6 @@ def new_tensors(fn: Callable, *args, **kwargs) -> list[tuple[str, tuple[int, ...
     with Watch():
         fn(*args, **kwargs)
     return made
-
-
-def aten_calls(fn: Callable, *args, **kwargs) -> Counter:
-    """How many times fn(*args, **kwargs) calls each aten operator (a kernel torch dispatches), by name.
-
-    Each call carries a fixed cost (Python, dispatch, a kernel launch) before any arithmetic: notebook 02
-    counts them in one forward of the tiny model. Runs fn under torch.inference_mode().
-    """
-    calls: Counter = Counter()
-
-    class Count(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, a=(), kw=None):
-            calls[str(func.overloadpacket.__name__)] += 1
-            return func(*a, **(kw or {}))
-
-    with torch.inference_mode(), Count():
-        fn(*args, **kwargs)
-    return calls
 
 
 @dataclass

@@ -119,3 +119,114 @@ def window_study(
         "mean_past_window": {name: round(loss[capacity:].mean().item(), 4) for name, loss in per_position.items()},
         "per_position": {name: [round(x, 4) for x in loss.tolist()] for name, loss in per_position.items()},
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# Which axis shares a key scale: KIVI's choice at 8, 4, 3 and 2 bits
+
+
+def fake_quantize(x: torch.Tensor, dim: int, bits: int, group: int = 32) -> torch.Tensor:
+    """x (batch, heads, tokens, head_dim) rounded to `bits` bits and back, KIVI's asymmetric rule (arXiv 2402.02750).
+
+    Each slice's min ... max maps to 2**bits levels. dim=-1: a slice per token (its head_dim channels);
+    dim=-2: a slice per channel per `group` tokens (the last group may be short), as Int8KVCache groups keys.
+    """
+    if dim == -1:
+        lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
+        chunks = [(x, lo, hi)]
+    elif dim == -2:
+        chunks = [(c, c.amin(-2, keepdim=True), c.amax(-2, keepdim=True)) for c in x.split(group, dim=-2)]
+    else:
+        raise ValueError(f"dim must be -1 (per token) or -2 (per channel), got {dim!r}")
+    levels = 2**bits - 1
+    out = []
+    for c, lo, hi in chunks:
+        scale = ((hi - lo) / levels).clamp_min(1e-12)  # a constant slice: any scale, error 0
+        out.append(((c - lo) / scale).round().clamp(0, levels) * scale + lo)
+    return torch.cat(out, dim=-2)
+
+
+@torch.inference_mode()
+def key_axis_study(
+    model: Decoder, tokenizer, bits=(8, 4, 3, 2), n_rows: int = 8, seq_len: int = 256, group: int = 32
+) -> dict:
+    """Keys quantised with a scale per channel (dim=-2) or per token (dim=-1), at each bit width, on held-out text.
+
+    Every layer's keys of the float model (rotated, as a cache holds them) are rounded with fake_quantize and
+    attended to with the float queries and values. key_error: mean |error| / mean |key|; output_error: the
+    same for the attention output, which is what the next layer reads. Averages over the layers.
+    """
+    rows = held_out_rows(tokenizer, n_rows, seq_len)[:, :-1]
+    x, (cos, sin) = model.embed(rows), (model.rope_cos[:seq_len], model.rope_sin[:seq_len])
+    sums = {(b, axis): [0.0, 0.0] for b in bits for axis in ("per channel", "per token")}
+    for layer in model.layers:
+        h = layer.attn_norm(x)
+        q, (k, v) = layer.attn.project_q(h, cos, sin), layer.attn.project_kv(h, cos, sin)
+        gqa = q.shape[1] != k.shape[1]
+        exact = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        for b in bits:
+            for axis, dim in (("per channel", -2), ("per token", -1)):
+                k_q = fake_quantize(k, dim, b, group)
+                out = F.scaled_dot_product_attention(q, k_q, v, is_causal=True, enable_gqa=gqa)
+                sums[b, axis][0] += ((k_q - k).abs().mean() / k.abs().mean()).item() / len(model.layers)
+                sums[b, axis][1] += ((out - exact).abs().mean() / exact.abs().mean()).item() / len(model.layers)
+        x = layer(x, cos, sin)
+    return {
+        "rows": rows.shape[0],
+        "seq_len": seq_len,
+        "group": group,
+        "bits": list(bits),
+        "key_error": {axis: [sums[b, axis][0] for b in bits] for axis in ("per channel", "per token")},
+        "output_error": {axis: [sums[b, axis][1] for b in bits] for axis in ("per channel", "per token")},
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# What eviction costs: the capital questions through caches smaller than the question
+
+
+@torch.inference_mode()
+def window_accuracy(
+    model: Decoder, tokenizer, capacities=(32, 16, 8), n_sink: int = 4, stride: int = 96, sinks_at=None
+) -> dict:
+    """Capital answers with the full cache, a plain rolling window of each capacity and n_sink sinks + the rest
+    (at every capacity, or only at those in sinks_at: each cache costs a pass over the questions).
+
+    Every prompt and its answer go through the cache one token at a time (right-padded rows: a causal model
+    never reads the padding); an answer is right when the argmax at every answer position is its next token
+    (teacher forcing gives greedy decoding's verdict). A window evicts the question's country once the cache
+    is shorter than the distance from the country to the answer.
+    """
+    from kvlib.compress import SinkCache  # noqa: PLC0415 (late binding: runs the learner's code)
+    from kvlib.kv_cache import KVCache  # noqa: PLC0415 (late binding: runs the learner's code)
+
+    encoded = _prompts(tokenizer, stride, None)
+    width = max(len(p) + len(a) for p, a in encoded)
+    ids = torch.zeros(len(encoded), width, dtype=torch.long)  # (N, width), right-padded with token 0
+    for row, (p, a) in enumerate(encoded):
+        ids[row, : len(p) + len(a)] = torch.tensor(p + a)
+    N = len(encoded)
+    caches = {"full cache": KVCache(model.config, batch=N, max_seq_len=width)}
+    for c in capacities:
+        caches[f"window {c}"] = SinkCache(model.config, 0, c, batch=N)
+        if c > n_sink and (sinks_at is None or c in sinks_at):
+            caches[f"{n_sink} sinks + window {c - n_sink}"] = SinkCache(model.config, n_sink, c - n_sink, batch=N)
+    accuracy = {}
+    for name, cache in caches.items():
+        cache.reset()
+        picks = torch.stack(
+            [model(ids[:, t : t + 1], past_key_values=cache)[0][:, -1].argmax(-1) for t in range(width - 1)], 1
+        )
+        right = [
+            torch.equal(picks[row, len(p) - 1 : len(p) + len(a) - 1], ids[row, len(p) : len(p) + len(a)])
+            for row, (p, a) in enumerate(encoded)
+        ]
+        accuracy[name] = sum(right) / N
+    lengths = sorted(len(p) for p, _ in encoded)
+    return {
+        "prompts": N,
+        "prompt_tokens": {"min": lengths[0], "median": lengths[N // 2], "max": lengths[-1]},
+        "capacities": list(capacities),
+        "n_sink": n_sink,
+        "accuracy": accuracy,
+    }

@@ -36,9 +36,11 @@ def forward_flops(config, seq_len: int) -> int:
     """Matrix-multiply FLOPs of one forward pass of the decoder over seq_len tokens (batch 1).
 
     2 FLOPs per multiply-add. Counted: every matrix the tokens pass through (each layer's q, k, v and o
-    projections and its MLP's three matrices, then the lm_head, at every position) and attention's two
-    products per head and layer over the full (seq_len, seq_len) score matrix, masked entries included,
-    as SDPA computes them. Not counted: norms, rotary, softmax, the embedding lookup.
+    projections and its MLP's three matrices, then the lm_head, at every position; k and v project to
+    n_kv_heads heads) and attention's two products (scores, then weights times values) per QUERY head
+    and layer, n_heads of them even when n_kv_heads < n_heads, over the full (seq_len, seq_len) score
+    matrix, masked entries included, as SDPA computes them. Not counted: norms, rotary, softmax, the
+    embedding lookup.
     Args:    config: a ModelConfig;  seq_len: tokens, >= 1
     Returns: int FLOPs, equal to what measured_forward_flops(model, seq_len) counts with torch
     Raises:  ValueError if seq_len is not a positive int
@@ -66,8 +68,8 @@ def forward_flops(config, seq_len: int) -> int:
 def new_token_flops(config, kv_len: int) -> int:
     """FLOPs one new token at position kv_len - 1 really needs, if every earlier key and value was kept.
 
-    The same counting rules as forward_flops (Exercise 3.1), for one token whose one query meets all
-    kv_len keys (its own included).
+    The same counting rules as forward_flops (Exercise 3.1), attention per query head included, for one
+    token whose one query meets all kv_len keys (its own included).
     Args:    config: a ModelConfig;  kv_len: keys the new token attends to, >= 1
     Returns: int FLOPs
     Raises:  ValueError if kv_len is not a positive int

@@ -108,12 +108,13 @@ def paged_attention(q: torch.Tensor, pool: BlockPool, layer: int, tables: list[B
 
 @exercise("7.5", validate=inputs.check_copy_on_write)
 def copy_on_write(pool: BlockPool, table: BlockTable, index: int) -> int:
-    """Make table.blocks[index] this table's own before it is written: copy a shared block, keep a private one.
+    """Make table.blocks[index] this table's own before it is written into, so that no other table sees the write.
 
     Args:    pool: the BlockPool;  table: a BlockTable;  index: 0 <= index < len(table.blocks)
-    Returns: int, the block the table holds at index afterwards: the same one if no other table held it
-             (refs 1), else a new block holding the same K and V in every layer. The other tables keep
-             the old block, which has one reference less.
+    Returns: int, the block table.blocks[index] holds afterwards. After the call that block is held by this
+             table alone and holds, in every layer, the K and V the table read there before; every other table
+             reads exactly what it read before; pool.refs still counts the tables holding each block (none
+             leaked, none freed while held); a block this table already held alone stays where it is.
     Raises:  ValueError if index is out of range; OutOfBlocks if a copy is needed and no block is free
     Example:
         >>> from kvlib.core.model import ModelConfig; pool = BlockPool(ModelConfig(vocab_size=50), n_blocks=4, block_size=4)
@@ -150,17 +151,20 @@ class Scheduler(Engine):
             clock=clock,
         )
 
+    def victim(self) -> Request:
+        """Your preemption policy (Exercise 7.4): the running request (one of self.running) that step() preempts
+        while a decode is short of blocks. Any choice keeps every request exact; it decides what is recomputed."""
+        return self.running[-1]  # the newest, vLLM's choice: change it, and measure it in notebook 07
+
     @exercise("7.4")
     def step(self) -> None:
-        """One iteration of continuous batching: admit, retire, make room, decode.
-
-        The policy, held by the checks as invariants: waiting requests are admitted first come first served
-        (never one past an earlier one that does not fit), while fewer than max_batch run and the first in
-        line fits in the free blocks (self.blocks_to_admit; admit() prefills it, so it has its first token).
-        A request done after its prefill is retired at once. A decode never runs short of blocks: while
-        self.blocks_to_decode() exceeds the free blocks, the most recently admitted running request is
-        preempted (it has made the fewest tokens; vLLM's choice), and never one more than needed. Then, if
-        any run, one decode() for all of them and the ones done are retired.
+        """One iteration of continuous batching: admit, retire, make room, decode, retire.
+        The contract, held by the checks as invariants whatever victim() you choose:
+          - first come first served admission: never past an earlier request that waits, and one that fits
+            (blocks_to_admit(r) blocks free) is admitted while fewer than max_batch run; admit(r) prefills it;
+          - a request that is done is retired in the step that finished it, its prefill included;
+          - decode() runs only when its blocks_to_decode() blocks are free, and advances every running request;
+          - self.victim() is preempted only while the decode is short, and as often as it is short.
         Returns: None. Raises: nothing of its own (an engine method's error passes through)
         Example:
             >>> from kvlib.core.weights import load_tiny; model, _ = load_tiny()
@@ -178,7 +182,7 @@ class Scheduler(Engine):
             self.admit(self.waiting.popleft())
         self.retire()
         while self.running and self.blocks_to_decode() > self.pool.n_free:
-            self.preempt(self.running[-1])  # newest first, as vLLM does: the least generated work to redo
+            self.preempt(self.victim())
         if self.running:
             self.decode()
             self.retire()

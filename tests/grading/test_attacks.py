@@ -27,6 +27,8 @@ from pathlib import Path
 import pytest
 from conftest import JAILED, NB, ROOT, accept_connections, grading_mode, nbgrader, run_kvlib
 
+from kvlib.app import class_bench
+
 # ---------------------------------------------------------------------------------------------
 # Generated submissions: kvlib/attention.py variants and notebook edits
 
@@ -66,22 +68,7 @@ def attention(done=(), replace=None, prelude="", epilogue="") -> str:
 ALL = ("1.1", "1.2", "1.3", "1.4")
 
 
-def _points() -> dict[str, float]:
-    """Points of the notebook's graded cells, per exercise (each cell's grade_id names its exercise's checks)."""
-    from kvlib import checks
-
-    checks._load_all()
-    out: dict[str, float] = {}
-    for cell in json.loads((ROOT / "solutions" / NB / "attention.ipynb").read_text(encoding="utf-8"))["cells"]:
-        meta = cell["metadata"].get("nbgrader", {})
-        if meta.get("grade"):
-            (exercise,) = {c.exercise.id for c in checks.checks_of_cell(meta["grade_id"])}
-            out[exercise] = out.get(exercise, 0) + meta["points"]
-    return out
-
-
-POINTS = _points()  # {"1.1": 3, ...}
-TOTAL = sum(POINTS.values())
+POINTS, TOTAL = class_bench.points(NB)  # {"1.1": 5, ...}, their sum
 PLANTED = Path.home() / ".ipython" / "profile_default" / "startup" / "00-kvlib-grading-test.py"
 
 
@@ -100,11 +87,10 @@ def delete_tests(nb):
 
 def change_metadata(nb):
     cells = _graded_cells(nb)
-    cells[0]["metadata"]["nbgrader"]["points"] = 100
+    cells[0]["metadata"]["nbgrader"].update(points=100, solution=True)
     cells[1]["metadata"]["nbgrader"]["grade"] = False
     cells[2]["metadata"]["nbgrader"]["grade_id"] = "renamed"
-    cells[3]["metadata"]["nbgrader"]["solution"] = True
-    del cells[4]["metadata"]["nbgrader"]
+    del cells[3]["metadata"]["nbgrader"]
     bonus = {
         "grade": True,
         "grade_id": "bonus",
@@ -432,7 +418,7 @@ def _text_of(path: Path) -> str:
 
 
 def _secret_lines(path: Path, course: Path, student: str) -> list[str]:
-    """Lines of a link's target that a leak would show: long ones that the learner does not have already
+    """Lines of a link's target that a leak would show: long ones, and hidden tests, that the learner does not have already
     (in the release, or in their own files: a17's attention.py solves 1.1 as the reference does)."""
     own = [p for p in (course / "release" / NB).rglob("*") if p.is_file()]
     own += [
@@ -442,7 +428,8 @@ def _secret_lines(path: Path, course: Path, student: str) -> list[str]:
     ]
     release = "\n".join(_text_of(p) for p in own)
     lines = [ln.strip() for ln in _text_of(path).splitlines()]
-    return [ln for ln in lines if len(ln) > 30 and ln not in release][:30]
+    # a hidden test is short (grade("checks-1-1")) but secret: it names the checks
+    return [ln for ln in lines if (len(ln) > 30 or "grade(" in ln) and ln not in release][:30]
 
 
 def _what_the_learner_sees(course: Path, student: str) -> str:
@@ -553,11 +540,22 @@ def hand_in(course: Path, student: str, spec: dict) -> None:
     for rel, text in spec.get("files", {}).items():
         (sub / rel).parent.mkdir(parents=True, exist_ok=True)
         (sub / rel).write_text(text, encoding="utf-8")
+    path = sub / "attention.ipynb"
+    nb = json.loads(path.read_text(encoding="utf-8"))
     if spec.get("notebook"):
-        path = sub / "attention.ipynb"
-        nb = json.loads(path.read_text(encoding="utf-8"))
         spec["notebook"](nb)
-        path.write_text(json.dumps(nb), encoding="utf-8")
+    if student.startswith("a"):  # an attack adds a cell of its own, so its notebook runs in the jailed kernel
+        nb["cells"].append(
+            {
+                "cell_type": "code",
+                "id": "mine",
+                "metadata": {},
+                "source": "import kvlib.attention",
+                "outputs": [],
+                "execution_count": None,
+            }
+        )
+    path.write_text(json.dumps(nb), encoding="utf-8")
 
 
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) .*Sanitizing .*/submitted/([^/]+)/")
@@ -742,12 +740,18 @@ def test_feedback_names_the_mistake(graded):
     """Check that the outputs the learner sees name what happened: "passed", the stub's message, the symlink
     refusal, the endless loop; no graded cell keeps what the kernel printed."""
     course = graded[0]
+
+    def said(student, cell):
+        return "".join(o.get("text", "") + o.get("evalue", "") for o in _cells(course, student)[cell])
+
     partial = _cells(course, "m-partial")
-    assert partial["softmax_is_stable"][0]["text"].startswith("passed:")
-    assert "Exercise 1.2 (Attention for one query) is not done yet" in partial["attend_matches_sdpa"][0]["evalue"]
-    assert "link" in _cells(course, "a07-symlink-to-reference")["softmax_is_stable"][0]["evalue"]
-    assert "endless loop" in _cells(course, "a08-endless-loop")["attend_matches_sdpa"][0]["evalue"]
-    assert "returned" in _cells(course, "a05-equal-to-anything")["softmax_is_stable"][0]["evalue"]
+    assert [o.output_type for o in partial["checks-1-1"]] == ["stream"] and said("m-partial", "checks-1-1").startswith(
+        "passed:"
+    )
+    assert "Exercise 1.2 (Attention for one query) is not done yet" in said("m-partial", "checks-1-2")
+    assert "link" in said("a07-symlink-to-reference", "checks-1-1")
+    assert "endless loop" in said("a08-endless-loop", "checks-1-2")
+    assert "returned" in said("a05-equal-to-anything", "checks-1-1")
     for outputs in _cells(course, "a02-input-transformer").values():
         assert [o.output_type for o in outputs] == ["error"]
 
@@ -789,3 +793,25 @@ def test_feedback_and_csv_export(graded):
     got = {r["student_id"]: float(r["score"]) for r in rows}
     assert got == {s: float(spec["expected"]) for s, spec in subs.items()}
     assert {float(r["max_score"]) for r in rows} == {float(TOTAL)}
+
+
+def test_only_notebooks_with_cells_of_their_own_run_in_the_kernel(graded):
+    """Check that an honest submission's unchanged notebook was not run in the kernel (its feedback says so)
+    while an attack that added a cell was, and both were scored (SandboxExecute.run_kernel = when-needed)."""
+    import nbformat
+
+    from kvlib.grading.execute import NOT_RUN
+
+    def outputs(student):
+        nb = nbformat.read(graded[0] / "autograded" / student / NB / "attention.ipynb", as_version=4)
+        return [
+            o
+            for c in nb.cells
+            if c.cell_type == "code" and not c.metadata.get("nbgrader", {}).get("grade")
+            for o in c.outputs
+        ]
+
+    assert [o.get("text") for o in outputs("z-correct")] == [NOT_RUN]
+    ran = outputs("a01-monkeypatch")
+    assert ran and NOT_RUN not in [o.get("text") for o in ran]
+    assert graded[2]["z-correct"][0] == TOTAL
