@@ -115,6 +115,24 @@ def test_notebook_05_puts_no_measured_point_above_its_roof():
     )
 
 
+def test_notebook_02_prints_what_its_run_shows():
+    """Check that notebook 02 samples where its model is unsure, prints the held-out count with its misses, counts
+    the same aten calls at 8 and 256 tokens, and that the forward built from 2.4-2.6 gives the model's logits."""
+    import re
+
+    nb, _ = execute(ROOT / "solutions" / "02-generation" / "generation.ipynb")
+    text = text_output(nb)
+    t1 = re.search(r"t = 1\.0: '.+?' (\d\.\d+)", text)
+    assert t1 and float(t1.group(1)) < 0.9, "the temperature demo should sit where the top token is far from sure"
+    kinds = re.search(r"(\d+) different characters in 1,000 draws", text)
+    assert kinds and int(kinds.group(1)) > 2, "1,000 draws at t = 1 should visibly vary"
+    assert re.search(r"\d+ of 24 held-out questions answered exactly; wrong: ", text)
+    calls = re.search(r"one forward makes (\d+) calls to torch's kernels at 8 tokens, (\d+) at 256", text)
+    assert calls and calls.group(1) == calls.group(2), "a forward's aten calls should not depend on the prompt's length"
+    diff = re.search(r"largest difference from model\(ids\): (\S+)", text)
+    assert diff and float(diff.group(1)) < 1e-4
+
+
 def test_notebook_08_prints_what_its_text_claims():
     """Check notebook 08's printed claims: dequantising a share of its run, the int8 storage's parts adding up, a window
     as long as the questions answering as the full cache and a short one not, the prompts used and the uniform share."""

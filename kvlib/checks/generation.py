@@ -1,22 +1,25 @@
-"""Checks for notebook 02 (kvlib/generation.py): exercises 2.1-2.3.
+"""Checks for notebook 02 (kvlib/generation.py): exercises 2.1-2.6.
 
 The loop is checked on small random decoders against a greedy loop written here, and on the
 shipped tiny model against the capital question; timing is checked on a stand-in model whose
 forwards cost known seconds on a fake clock (never real time, so the machine's load cannot
-matter), a prefill clearly more than a decode step. Every expected value is computed before the
-learner's function runs, or from objects it never sees.
+matter), a prefill clearly more than a decode step. A layer's parts (2.4-2.6) are checked against
+the model's own modules, and each likely slip is computed too, so a failure names it. Every
+expected value is computed before the learner's function runs, or from objects it never sees.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import math
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from kvlib.checks import check
-from kvlib.core.model import Attention, Decoder, ModelConfig, SlowDecoder, rotary_tables, rotate_half
+from kvlib.core.model import MLP, Attention, Decoder, ModelConfig, RMSNorm, SlowDecoder, rotary_tables, rotate_half
 from kvlib.core.weights import load_tiny
 
 
@@ -208,7 +211,7 @@ def generate_samples_reproducibly(kv, rng):
 
 
 # ---------------------------------------------------------------------------------------------
-# 2.3 measure_ttft_tpot
+# 2.3 measure_ttft_itl
 
 
 def _stand_in() -> SlowDecoder:
@@ -222,24 +225,24 @@ def _stand_in() -> SlowDecoder:
 
 
 def _timed(kv, prompt_len: int, n: int):
-    """measure_ttft_tpot on a fresh stand-in, its clocks reading the fake one; and what it should find."""
+    """measure_ttft_itl on a fresh stand-in, its clocks reading the fake one; and what it should find."""
     model = _stand_in()
     ttft = model.cost(prompt_len, prompt_len)  # the prefill: every prompt token is new
-    tpots = [model.cost(prompt_len + i, 1) for i in range(1, n)]  # naive step i runs prompt_len + i tokens, 1 new
+    itls = [model.cost(prompt_len + i, 1) for i in range(1, n)]  # naive step i runs prompt_len + i tokens, 1 new
     ids = torch.zeros(1, prompt_len, dtype=torch.long)
-    remote = getattr(kv.measure_ttft_tpot, "watch", None) is not None  # isolated grading: the child fakes its own clock
+    remote = getattr(kv.measure_ttft_itl, "watch", None) is not None  # isolated grading: the child fakes its own clock
     with contextlib.nullcontext() if remote else model.fake_clock(kv):
-        result = kv.measure_ttft_tpot(model, ids, n)
-    assert isinstance(result, tuple) and len(result) == 2, "measure_ttft_tpot should return (ttft, tpots)"
-    got_ttft, got_tpots = result
+        result = kv.measure_ttft_itl(model, ids, n)
+    assert isinstance(result, tuple) and len(result) == 2, "measure_ttft_itl should return (ttft, itls)"
+    got_ttft, got_itls = result
     assert isinstance(got_ttft, float), f"ttft should be a float of seconds, got {type(got_ttft).__name__}"
-    got_tpots = list(got_tpots)
-    assert len(got_tpots) == n - 1, (
-        f"{n} new tokens have {n - 1} gaps between them: tpots should have {n - 1} entries, got {len(got_tpots)}"
-        + (" (the first entry is the prefill: TTFT, not a TPOT)" if len(got_tpots) == n else "")
+    got_itls = list(got_itls)
+    assert len(got_itls) == n - 1, (
+        f"{n} new tokens have {n - 1} gaps between them: itls should have {n - 1} entries, got {len(got_itls)}"
+        + (" (the first entry is the prefill: TTFT, not an inter-token latency)" if len(got_itls) == n else "")
     )
-    assert all(isinstance(t, (float, int)) for t in got_tpots), "tpots should be a list of floats (seconds)"
-    return (ttft, tpots), (got_ttft, [float(t) for t in got_tpots])
+    assert all(isinstance(t, (float, int)) for t in got_itls), "itls should be a list of floats (seconds)"
+    return (ttft, itls), (got_ttft, [float(t) for t in got_itls])
 
 
 def _same(a, b) -> bool:
@@ -247,14 +250,14 @@ def _same(a, b) -> bool:
 
 
 @check("2.3")
-def measure_ttft_tpot_times_prefill_and_steps(kv, rng):
-    """Check TTFT and each TPOT on a stand-in whose prefill and decode steps cost known, different times."""
+def measure_ttft_itl_times_prefill_and_steps(kv, rng):
+    """Check TTFT and each inter-token latency on a stand-in whose prefill and decode steps cost known, different times."""
     T, n = 12, 5
-    (ttft, tpots), (got_ttft, got_tpots) = _timed(kv, T, n)
-    total = ttft + sum(tpots)
+    (ttft, itls), (got_ttft, got_itls) = _timed(kv, T, n)
+    total = ttft + sum(itls)
     if not _same(got_ttft, ttft):
         hint = ""
-        if _same(got_ttft, tpots[0]) or got_ttft < 0.5 * ttft:
+        if _same(got_ttft, itls[0]) or got_ttft < 0.5 * ttft:
             hint = " It looks like the prefill was left out: start the clock before generate, so TTFT includes the first forward."
         elif _same(got_ttft, total):
             hint = " That is the whole generation: TTFT ends when the first token exists (the first on_token call)."
@@ -263,27 +266,27 @@ def measure_ttft_tpot_times_prefill_and_steps(kv, rng):
         raise AssertionError(
             f"the prefill of {T} tokens takes {ttft * 1e3:.0f} ms here, so TTFT should be that, got {got_ttft * 1e3:.1f} ms.{hint}"
         )
-    for i, (t, got) in enumerate(zip(tpots, got_tpots)):
+    for i, (t, got) in enumerate(zip(itls, got_itls)):
         if _same(got, t):
             continue
-        if all(_same(g, total / n) for g in got_tpots) or all(_same(g, sum(tpots) / (n - 1)) for g in got_tpots):
+        if all(_same(g, total / n) for g in got_itls) or all(_same(g, sum(itls) / (n - 1)) for g in got_itls):
             raise AssertionError(
-                "every TPOT is the same number, an average: report each decode step's own time (the gap between "
-                f"consecutive tokens), here {', '.join(f'{x * 1e3:.0f}' for x in tpots)} ms"
-                + (", and leave the prefill out of it" if _same(got_tpots[0], total / n) else "")
+                "every inter-token latency is the same number, an average (that is TPOT): report each decode step's own time (the gap between "
+                f"consecutive tokens), here {', '.join(f'{x * 1e3:.0f}' for x in itls)} ms"
+                + (", and leave the prefill out of it" if _same(got_itls[0], total / n) else "")
             )
         raise AssertionError(
             f"decode step {i + 1} re-runs {T + 1 + i} tokens and takes {t * 1e3:.0f} ms here, got {got * 1e3:.1f} ms: "
-            "tpots[i] is the time between token i and token i + 1"
+            "itls[i] is the time between new token i and new token i + 1"
         )
 
 
 @check("2.3")
-def measure_ttft_tpot_prefill_grows_with_prompt(kv, rng):
+def measure_ttft_itl_prefill_grows_with_prompt(kv, rng):
     """Check that TTFT grows with the prompt: on the stand-in, a prefill of 12 tokens costs 11 units more than one of 2."""
     (short, _), (got_short, _) = _timed(kv, 2, 2)
-    (long, _), (got_long, tpots) = _timed(kv, 12, 2)
-    assert len(tpots) == 1, f"2 new tokens have 1 gap between them, got {len(tpots)} TPOT values"
+    (long, _), (got_long, itls) = _timed(kv, 12, 2)
+    assert len(itls) == 1, f"2 new tokens have 1 gap between them, got {len(itls)} inter-token latencies"
     assert _same(got_long - got_short, long - short), (
         f"a prompt of 12 tokens takes {(long - short) * 1e3:.0f} ms longer to prefill than one of 2 here, got "
         f"{got_short * 1e3:.1f} and {got_long * 1e3:.1f} ms: TTFT runs from the start of generation to the first new token"
@@ -291,11 +294,7 @@ def measure_ttft_tpot_prefill_grows_with_prompt(kv, rng):
 
 
 # ---------------------------------------------------------------------------------------------
-# 2.4 project_qkv
-
-
-def _rotated(x, cos, sin):
-    return x * cos + rotate_half(x) * sin
+# 2.4 attention_block
 
 
 def _interleaved(x, cos, sin):
@@ -307,116 +306,338 @@ def _interleaved(x, cos, sin):
     return x * c + turned * s
 
 
-def _qkv_expectations(attn, h, cos, sin):
-    """The model's own q, k, v, and what each likely slip would give instead (all before the call)."""
-    with torch.no_grad():
-        q, (k, v) = attn.project_q(h, cos, sin), attn.project_kv(h, cos, sin)
-        B, T, _ = h.shape
-        D = attn.head_dim
-
-        def heads(W, n, split):
-            x = h @ W.T
-            return x.view(B, T, n, D).transpose(1, 2) if split else x.view(B, n, T, D)
-
-        Wq, Wk, Wv = attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight
-        q0, k0, v0 = heads(Wq, attn.n_heads, True), heads(Wk, attn.n_kv_heads, True), heads(Wv, attn.n_kv_heads, True)
-        c0, s0 = rotary_tables(D, T)  # the angles of positions 0 .. T-1
-        slips = {
-            "q": [
-                (
-                    q0,
-                    "q is not rotated: rotary turns queries and keys by their positions' angles, x * cos + rotate_half(x) * sin",
-                ),
-                (
-                    _rotated(heads(Wq, attn.n_heads, False), cos, sin),
-                    "the heads are split wrongly: view the projection as (batch, seq_len, n_heads, head_dim), then transpose(1, 2); "
-                    "viewing it as (batch, n_heads, seq_len, head_dim) mixes positions into heads",
-                ),
-                (
-                    _interleaved(q0, cos, sin),
-                    "rotary turns neighbouring features (0, 1), (2, 3)...: this model pairs feature i with "
-                    "i + head_dim/2 (rotate_half)",
-                ),
-                (
-                    _rotated(q0, c0, s0),
-                    "q is rotated by the angles of positions 0, 1, ...: use the cos and sin you are given "
-                    "(the rows of the table at h's own positions)",
-                ),
-                (
-                    _rotated((h @ Wq).view(B, T, attn.n_heads, D).transpose(1, 2), cos, sin)
-                    if Wq.shape[0] == Wq.shape[1]
-                    else None,
-                    "h @ W multiplies by the matrix untransposed: a Linear layer computes h @ W.T",
-                ),
-            ],
-            "k": [
-                (
-                    k0,
-                    "k is not rotated: keys turn by their positions' angles too, so that q . k depends on the distance between them",
-                ),
-                (
-                    _rotated(k0, c0, s0),
-                    "k is rotated by the angles of positions 0, 1, ...: use the cos and sin you are given",
-                ),
-            ],
-            "v": [
-                (_rotated(v0, cos, sin), "v is rotated: only queries and keys turn; values are passed on as projected")
-            ],
-        }
-    return (q, k, v), slips
-
-
-def _check_qkv(result, expected, slips, where):
-    assert isinstance(result, tuple) and len(result) == 3, (
-        f"project_qkv should return (q, k, v), got {type(result).__name__}"
+def _mha(seed: int, d_model: int = 24, n_heads: int = 4) -> Attention:
+    """A random attention layer, every head its own keys and values (2.4 takes no grouped heads)."""
+    torch.manual_seed(seed)
+    config = ModelConfig(
+        vocab_size=11, d_model=d_model, n_layers=1, n_heads=n_heads, n_kv_heads=n_heads, hidden_dim=16, max_seq_len=64
     )
-    for name, got, want in zip("qkv", result, expected):
-        assert isinstance(got, torch.Tensor), f"{name} should be a tensor, got {type(got).__name__}"
-        assert tuple(got.shape) == tuple(want.shape), (
-            f"{name} should have shape {tuple(want.shape)} (batch, {'n_heads' if name == 'q' else 'n_kv_heads'}, seq_len, head_dim), "
-            f"got {tuple(got.shape)}"
-            + (
-                ": k and v have n_kv_heads heads (this layer is GQA)"
-                if name != "q" and got.dim() == 4 and got.shape[1] != want.shape[1]
-                else ""
-            )
-        )
-        if torch.allclose(got.double(), want.double(), rtol=1e-4, atol=1e-5):
-            continue
-        for wrong, message in slips[name]:
-            if (
-                wrong is not None
-                and wrong.shape == got.shape
-                and torch.allclose(got.double(), wrong.double(), rtol=1e-4, atol=1e-5)
-            ):
-                raise AssertionError(f"{where}: {message}")
-        raise AssertionError(
-            f"{where}: {name} differs from the model's own by up to {(got - want).abs().max().item():.2g}"
-        )
+    return Attention(config).eval()
+
+
+def _attention_slips(attn, h, cos, sin):
+    """The layer's own output, and what each likely slip gives instead (all before the learner's call)."""
+    (B, T, _), H, D = h.shape, attn.n_heads, attn.head_dim
+    Wq, Wk, Wv, Wo = (
+        p.detach() for p in (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, attn.o_proj.weight)
+    )
+    with torch.no_grad():
+        want = attn(h, cos, sin)
+
+        def heads(W, split=True):  # (B, T, C) -> (B, H, T, D), or the wrong view straight to (B, H, T, D)
+            x = h @ W.T
+            return x.view(B, T, H, D).transpose(1, 2) if split else x.view(B, H, T, D)
+
+        def turn(x):
+            return x * cos + rotate_half(x) * sin
+
+        def attend(q, k, v, causal=True, scale=True):
+            scores = q @ k.transpose(-1, -2) / (math.sqrt(D) if scale else 1.0)  # (B, H, T, T)
+            if causal:
+                scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+            return torch.softmax(scores, dim=-1) @ v  # (B, H, T, D)
+
+        def joined(out, right=True):  # (B, H, T, D) -> (B, T, H*D)
+            return (out.transpose(1, 2) if right else out).reshape(B, T, H * D)
+
+        q, k, v = turn(heads(Wq)), turn(heads(Wk)), heads(Wv)
+        out = attend(q, k, v)
+        slips = [
+            (
+                joined(out, right=False) @ Wo.T,
+                "the heads are joined in the wrong order: reshaping (batch, n_heads, seq_len, head_dim) straight to "
+                "(batch, seq_len, n_heads*head_dim) mixes positions into heads; put heads back after positions "
+                "(transpose) first",
+            ),
+            (
+                joined(out),
+                "W_O is missing: the heads side by side go through the output projection (attn.o_proj.weight)",
+            ),
+            (joined(out) @ Wo, "W_O is applied untransposed: a Linear layer computes x @ W.T"),
+            (
+                joined(attend(q, k, v, causal=False)) @ Wo.T,
+                "the queries see later tokens: attention inside a layer is causal (Exercise 1.4's mask)",
+            ),
+            (joined(attend(q, k, v, scale=False)) @ Wo.T, "the scores are not scaled: divide q . k by sqrt(head_dim)"),
+            (
+                joined(attend(turn(heads(Wq, False)), turn(heads(Wk, False)), heads(Wv, False))) @ Wo.T,
+                "the heads are split wrongly: view each projection as (batch, seq_len, n_heads, head_dim), then "
+                "transpose(1, 2); viewing it as (batch, n_heads, seq_len, head_dim) mixes positions into heads",
+            ),
+            (
+                joined(attend(heads(Wq), heads(Wk), v)) @ Wo.T,
+                "q and k are not rotated: rotary turns queries and keys by their positions' angles",
+            ),
+            (joined(attend(heads(Wq), k, v)) @ Wo.T, "q is not rotated: queries turn by their positions' angles too"),
+            (joined(attend(q, heads(Wk), v)) @ Wo.T, "k is not rotated: keys turn by their positions' angles too"),
+            (
+                joined(attend(q, k, turn(v))) @ Wo.T,
+                "v is rotated: only queries and keys turn; values pass on as projected",
+            ),
+            (
+                joined(attend(_interleaved(heads(Wq), cos, sin), _interleaved(heads(Wk), cos, sin), v)) @ Wo.T,
+                "rotary turns neighbouring features (0, 1), (2, 3)...: this model pairs feature i with i + head_dim/2 "
+                "(rotate_half, apply_rotary)",
+            ),
+        ]
+    return want, [(wrong, message) for wrong, message in slips if wrong is not None]
+
+
+def _close(got, want, rtol=1e-4, atol=1e-5) -> bool:
+    return got.shape == want.shape and torch.allclose(got.double(), want.double(), rtol=rtol, atol=atol)
+
+
+def _judge(got, want, slips, where, what):
+    """Pass if got matches want; else fail naming the first slip got matches, or by how much it differs."""
+    assert isinstance(got, torch.Tensor), f"{what} should return a torch tensor, got {type(got).__name__}" + (
+        " (torch.from_numpy turns notebook 01's numpy result back into one)" if isinstance(got, np.ndarray) else ""
+    )
+    assert tuple(got.shape) == tuple(want.shape), (
+        f"{where}: {what} should have shape {tuple(want.shape)}, got {tuple(got.shape)}"
+    )
+    got = got.detach()
+    if _close(got, want):
+        return
+    for wrong, message in slips:
+        if _close(got, wrong):
+            raise AssertionError(f"{where}: {message}")
+    raise AssertionError(f"{where}: {what} differs from the model's own by up to {(got - want).abs().max().item():.2g}")
+
+
+def _angles(D: int, start: int, T: int):
+    cos, sin = rotary_tables(D, 64)
+    return cos[start : start + T], sin[start : start + T]
 
 
 @check("2.4")
-def project_qkv_matches_the_model(kv, rng):
-    """Check q, k, v against the model's own projections on a GQA layer (6 query heads, 2 key/value heads) at positions 3-9."""
-    torch.manual_seed(int(rng.integers(1000)))
-    config = ModelConfig(vocab_size=11, d_model=48, n_layers=1, n_heads=6, n_kv_heads=2, hidden_dim=16, max_seq_len=64)
-    attn = Attention(config).eval()
-    h = torch.from_numpy(rng.normal(size=(2, 7, 48))).float()
-    cos, sin = (t[3:10] for t in rotary_tables(config.head_dim, config.max_seq_len))
-    expected, slips = _qkv_expectations(attn, h, cos, sin)
-    result = kv.project_qkv(copy.deepcopy(attn), h.clone(), cos.clone(), sin.clone())
-    _check_qkv(result, expected, slips, "a layer with 6 query heads and 2 key/value heads, positions 3 to 9")
+def attention_block_matches_the_model(kv, rng):
+    """Check the output against the layer's own on a random layer (4 heads of 6, batch of 2, positions 3-9)."""
+    attn = _mha(int(rng.integers(1000)))
+    h = torch.from_numpy(rng.normal(size=(2, 7, 24))).float()
+    cos, sin = _angles(attn.head_dim, 3, 7)
+    want, slips = _attention_slips(attn, h, cos, sin)
+    got = kv.attention_block(copy.deepcopy(attn), h.clone(), cos.clone(), sin.clone())
+    _judge(got, want, slips, "a layer of 4 heads of 6, batch of 2, positions 3 to 9", "attention_block")
 
 
 @check("2.4")
-def project_qkv_matches_tiny_layer_0(kv, rng):
-    """Check q, k, v of the shipped model's layer 0 for 法国的首都是 against its own projections."""
+def attention_block_matches_tiny_layer_0(kv, rng):
+    """Check layer 0 of the shipped model on 法国的首都是 against the layer's own attention."""
     model, tokenizer = load_tiny()
     ids = torch.tensor([tokenizer.encode("法国的首都是")])
     T, layer = ids.shape[1], model.layers[0]
     with torch.no_grad():
         h = layer.attn_norm(model.embed(ids))  # (1, T, d_model): layer 0's input after its RMSNorm
     cos, sin = model.rope_cos[:T], model.rope_sin[:T]
-    expected, slips = _qkv_expectations(layer.attn, h, cos, sin)
-    result = kv.project_qkv(copy.deepcopy(layer.attn), h.clone(), cos.clone(), sin.clone())
-    _check_qkv(result, expected, slips, "the tiny model's layer 0 on 法国的首都是")
+    want, slips = _attention_slips(layer.attn, h, cos, sin)
+    got = kv.attention_block(copy.deepcopy(layer.attn), h.clone(), cos.clone(), sin.clone())
+    _judge(got, want, slips, "the tiny model's layer 0 on 法国的首都是", "attention_block")
+
+
+@check("2.4")
+def attention_block_is_causal(kv, rng):
+    """Check that changing the last token leaves every earlier token's output as it was, and one token alone works."""
+    attn = _mha(int(rng.integers(1000)), d_model=20, n_heads=2)
+    h = torch.from_numpy(rng.normal(size=(1, 6, 20))).float()
+    changed = h.clone()
+    changed[0, -1] = torch.from_numpy(rng.normal(size=20)).float()
+    cos, sin = _angles(attn.head_dim, 0, 6)
+    with torch.no_grad():
+        want, want_changed, alone = attn(h, cos, sin), attn(changed, cos, sin), attn(h[:, 2:3], cos[5:], sin[5:])
+    got = kv.attention_block(copy.deepcopy(attn), h.clone(), cos.clone(), sin.clone())
+    got_changed = kv.attention_block(copy.deepcopy(attn), changed.clone(), cos.clone(), sin.clone())
+    for g in (got, got_changed):
+        assert isinstance(g, torch.Tensor) and tuple(g.shape) == (1, 6, 20), (
+            f"attention_block should return (batch, seq_len, d_model) = (1, 6, 20), got {getattr(g, 'shape', g)}"
+        )
+    if not _close(got_changed[:, :-1].detach(), got[:, :-1].detach()):
+        raise AssertionError(
+            "changing only the last token changed the earlier tokens' outputs: the queries see later tokens; "
+            "attention inside a layer is causal (Exercise 1.4's mask)"
+        )
+    assert _close(got.detach(), want) and _close(got_changed.detach(), want_changed), (
+        "a layer of 2 heads of 10: the output differs from the layer's own, attn(h, cos, sin)"
+    )
+    one = kv.attention_block(copy.deepcopy(attn), h[:, 2:3].clone(), cos[5:].clone(), sin[5:].clone())
+    assert isinstance(one, torch.Tensor) and _close(one.detach(), alone), (
+        "one token alone at position 5 (seq_len 1): it attends only to itself, so its output is W_O of its value; "
+        f"got {getattr(one, 'shape', one)} that differs from the layer's own"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# 2.5 rms_norm
+
+
+WRONG_AXIS = "RMSNorm over the wrong axis: one root-mean-square per token, over its d_model features (the last axis)"
+
+
+def _rms_slips(x, weight, eps):
+    """RMSNorm of x as the model computes it, and what each likely slip gives instead."""
+    x64, w64 = x.double(), weight.double()
+
+    def norm(axis=-1, inside=True, centre=False, mean=True, root=True, scale=True, use_eps=True, e=eps):
+        y = x64 - x64.mean(dim=axis, keepdim=True) if centre else x64
+        ms = y.pow(2).mean(dim=axis, keepdim=True) if mean else y.pow(2).sum(dim=axis, keepdim=True)
+        e = e if use_eps else 0.0
+        denom = (ms + e).sqrt() if inside else ms.sqrt() + e
+        if not root:
+            denom = ms + e
+        return (w64 if scale else 1.0) * y / denom
+
+    with torch.no_grad():
+        module = RMSNorm(x.shape[-1], eps).to(weight.dtype)  # a 16-bit model's norms hold 16-bit weights
+        module.weight.copy_(weight)
+        want = module(x)
+    slips = [
+        (
+            norm(axis=0) if x.dim() > 1 else None,
+            WRONG_AXIS,
+        ),
+        (
+            norm(axis=-2) if x.dim() > 1 else None,
+            WRONG_AXIS,
+        ),
+        (norm(centre=True), "the mean is subtracted: RMSNorm does not centre the row (that is LayerNorm)"),
+        (norm(inside=False), "eps is added outside the root: it joins the mean square, sqrt(mean(x^2) + eps)"),
+        (norm(use_eps=False), "eps is missing: add it to the mean square, under the root"),
+        (
+            norm(e=1e-5) if eps != 1e-5 else None,
+            "the eps argument is ignored (1e-5 used instead): add the eps you are given to the mean square",
+        ),
+        (norm(mean=False), "divided by sqrt of the sum of squares: RMSNorm takes the mean of the squares"),
+        (norm(root=False), "divided by the mean square itself: take its square root"),
+        (norm(scale=False), "the learned weight is not applied: multiply by weight, one scale per feature"),
+    ]
+    return want, [(wrong.to(want.dtype), message) for wrong, message in slips if wrong is not None]
+
+
+def _judge_rms(kv, x, weight, eps, where, rtol=1e-4, atol=1e-5):
+    want, slips = _rms_slips(x, weight, eps)
+    got = kv.rms_norm(x.clone(), weight.clone(), eps)
+    assert isinstance(got, torch.Tensor), f"rms_norm should return a tensor, got {type(got).__name__}"
+    assert tuple(got.shape) == tuple(want.shape), (
+        f"{where}: rms_norm should keep x's shape {tuple(x.shape)}, got {tuple(got.shape)}"
+    )
+    assert got.dtype == x.dtype, f"{where}: rms_norm should return x's dtype ({x.dtype}), got {got.dtype}"
+    got = got.detach()
+    if not torch.isfinite(got).all() and torch.isfinite(want).all():
+        if not x.any(dim=-1).all():
+            raise AssertionError(
+                f"{where}: an all-zero row came out as nan or inf: eps belongs under the root, added to the mean square"
+            )
+        raise AssertionError(
+            f"{where}: the output holds inf or nan: squares of {x.dtype} values overflow (float16 stops at 65504): "
+            "normalise in float32, then return x's dtype"
+        )
+    if torch.allclose(got.double(), want.double(), rtol=rtol, atol=atol):
+        return
+    for wrong, message in slips:
+        if torch.allclose(got.double(), wrong.double(), rtol=rtol, atol=atol):
+            raise AssertionError(f"{where}: {message}")
+    if x.dtype in (torch.float16, torch.bfloat16) and (got == 0).any() and not (want == 0).any():
+        raise AssertionError(
+            f"{where}: rows came out as zeros: squares of {x.dtype} values overflowed to inf (float16 stops at 65504): "
+            "normalise in float32, then return x's dtype"
+        )
+    raise AssertionError(
+        f"{where}: rms_norm differs from RMSNorm by up to {(got.double() - want.double()).abs().max().item():.2g}"
+    )
+
+
+@check("2.5")
+def rms_norm_matches_the_model(kv, rng):
+    """Check rms_norm against RMSNorm modules: a random one (batch 2, 5 tokens, 12 features) and the tiny model's first."""
+    x = torch.from_numpy(rng.normal(loc=1.5, scale=2.0, size=(2, 5, 12))).float()
+    weight = torch.from_numpy(rng.uniform(0.5, 2.0, size=12)).float()
+    _judge_rms(kv, x, weight, 1e-5, "x of shape (2, 5, 12)")
+    model, tokenizer = load_tiny()
+    norm = model.layers[0].attn_norm
+    with torch.no_grad():
+        x = model.embed(torch.tensor([tokenizer.encode("法国的首都是")]))  # (1, 6, 128): the residual stream at layer 0
+    _judge_rms(kv, x, norm.weight.detach(), norm.eps, "the tiny model's layer 0 attn_norm on 法国的首都是")
+
+
+@check("2.5")
+def rms_norm_holds_at_the_edges(kv, rng):
+    """Check the eps you are given (0.5, on small rows), an all-zero row (zeros out, no nan) and one token of shape (d_model,)."""
+    x = torch.from_numpy(rng.normal(scale=0.3, size=(3, 7))).float()
+    x[1] = 0.0
+    weight = torch.from_numpy(rng.uniform(0.5, 2.0, size=7)).float()
+    _judge_rms(kv, x, weight, 0.5, "rows of size ~0.3 with eps=0.5, row 1 all zero")
+    _judge_rms(kv, x[0].clone(), weight, 1e-5, "one token of shape (7,)")
+
+
+@check("2.5")
+def rms_norm_normalises_16_bit_in_float32(kv, rng):
+    """Check float16 hidden states with values up to 400, whose squares overflow float16: finite, in float16."""
+    x = torch.from_numpy(rng.uniform(-400, 400, size=(2, 3, 16))).half()
+    weight = torch.from_numpy(rng.uniform(0.5, 2.0, size=16)).half()
+    _judge_rms(kv, x, weight, 1e-5, "float16 x with values up to 400", rtol=2e-3, atol=2e-3)
+
+
+# ---------------------------------------------------------------------------------------------
+# 2.6 swiglu
+
+
+def _mlp(seed: int, d_model: int, hidden_dim: int) -> MLP:
+    torch.manual_seed(seed)
+    config = ModelConfig(vocab_size=11, d_model=d_model, n_layers=1, n_heads=1, n_kv_heads=1, hidden_dim=hidden_dim)
+    return MLP(config).eval()
+
+
+def _judge_swiglu(kv, mlp, x, where):
+    Wg, Wu, Wd = (p.detach().clone() for p in (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight))
+    silu, g, u = F.silu, x @ Wg.T, x @ Wu.T
+    with torch.no_grad():
+        want = mlp(x)
+    slips = [
+        (
+            (silu(u) * g) @ Wd.T,
+            "SiLU is on the wrong branch: it goes on the gate projection (w_gate), which then scales the up projection",
+        ),
+        ((torch.sigmoid(g) * u) @ Wd.T, "the gate uses sigmoid: SiLU is z * sigmoid(z) (torch.nn.functional.silu)"),
+        (
+            silu(g * u) @ Wd.T,
+            "SiLU is applied after the product: it acts on the gate projection alone, before multiplying",
+        ),
+        ((silu(g) * silu(u)) @ Wd.T, "SiLU is on both branches: only the gate projection goes through it"),
+        ((torch.relu(g) * u) @ Wd.T, "the gate uses ReLU: SwiGLU's gate is SiLU (torch.nn.functional.silu)"),
+        ((silu(g) + u) @ Wd.T, "the branches are added: the gate multiplies the up projection, element by element"),
+    ]
+    try:
+        got = kv.swiglu(x.clone(), Wg.clone(), Wu.clone(), Wd.clone())
+    except Exception as err:  # a wrong matrix orientation fails inside torch: name it
+        if "cannot be multiplied" in str(err) or "size mismatch" in str(err):
+            raise AssertionError(
+                f"{where}: {err}: nn.Linear stores its weight as (out_features, in_features), so x @ W.T applies it"
+            ) from err
+        raise
+    if isinstance(got, torch.Tensor) and got.shape[-1] == Wd.shape[1] != Wd.shape[0]:
+        raise AssertionError(
+            f"{where}: the result is hidden_dim wide: w_down (d_model, hidden_dim) brings it back to d_model"
+        )
+    _judge(got, want, slips, where, "swiglu")
+    assert got.dtype == x.dtype, f"{where}: swiglu should return x's dtype ({x.dtype}), got {got.dtype}"
+
+
+@check("2.6")
+def swiglu_matches_the_model(kv, rng):
+    """Check swiglu against a random MLP (12 features, 20 hidden, batch 2, 5 tokens) and the tiny model's layer 0 MLP."""
+    mlp = _mlp(int(rng.integers(1000)), 12, 20)
+    _judge_swiglu(
+        kv, mlp, torch.from_numpy(rng.normal(size=(2, 5, 12))).float(), "an MLP of 12 -> 20 -> 12, x (2, 5, 12)"
+    )
+    model, tokenizer = load_tiny()
+    layer = model.layers[0]
+    with torch.no_grad():
+        x = layer.mlp_norm(model.embed(torch.tensor([tokenizer.encode("法国的首都是")])))  # (1, 6, 128)
+    _judge_swiglu(kv, layer.mlp, x, "the tiny model's layer 0 MLP on 法国的首都是")
+
+
+@check("2.6")
+def swiglu_takes_any_leading_axes(kv, rng):
+    """Check one token of shape (d_model,) and a (3, 2, 4, d_model) batch, on an MLP narrower inside (10 -> 6 -> 10)."""
+    mlp = _mlp(int(rng.integers(1000)), 10, 6)
+    _judge_swiglu(kv, mlp, torch.from_numpy(rng.normal(size=10)).float(), "one token, x of shape (10,)")
+    _judge_swiglu(kv, mlp, torch.from_numpy(rng.normal(size=(3, 2, 4, 10))).float(), "x of shape (3, 2, 4, 10)")

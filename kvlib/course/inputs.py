@@ -111,18 +111,52 @@ def check_measure(model, input_ids, max_new_tokens):
         raise ValueError("time per output token needs max_new_tokens >= 2 (one prefill, then decode steps)")
 
 
-def check_project(attn, h, cos, sin):
-    """attn one layer's Attention; h (batch, seq_len, d_model) float; cos, sin (seq_len, head_dim)."""
+def check_attention_block(attn, h, cos, sin):
+    """attn one layer's Attention, not grouped; h (batch, seq_len, d_model) float32; cos, sin (seq_len, head_dim)."""
     C = getattr(getattr(attn, "q_proj", None), "in_features", None)
     if C is None or not hasattr(attn, "head_dim"):
         raise ValueError(f"attn must be one layer's Attention (model.layers[i].attn), got {type(attn).__name__}")
-    if not _is_tensor(h) or h.dim() != 3 or h.shape[-1] != C or not h.dtype.is_floating_point:
-        raise ValueError(f"h must be a float tensor (batch, seq_len, {C}), got {_shape(h)}")
+    if attn.n_kv_heads != attn.n_heads:
+        raise ValueError(
+            f"this layer has {attn.n_heads} query heads sharing {attn.n_kv_heads} key/value heads: grouped heads "
+            "wait for notebook 06; Exercise 2.4 takes a layer with n_kv_heads == n_heads"
+        )
+    if not _is_tensor(h) or h.dim() != 3 or h.shape[-1] != C or h.dtype != attn.q_proj.weight.dtype:
+        raise ValueError(
+            f"h must be a {attn.q_proj.weight.dtype} tensor (batch, seq_len, {C}), got {_shape(h)}"
+            + (f" of {h.dtype}" if _is_tensor(h) else "")
+        )
     for name, t in (("cos", cos), ("sin", sin)):
         if not _is_tensor(t) or tuple(t.shape) != (h.shape[1], attn.head_dim):
             raise ValueError(
                 f"{name} must be ({h.shape[1]}, {attn.head_dim}): the rows of the rotary table at h's positions, got {_shape(t)}"
             )
+
+
+def check_rms_norm(x, weight, eps=1e-5):
+    """x (..., d_model) float; weight (d_model,); eps a positive number."""
+    if not _is_tensor(x) or x.dim() < 1 or not x.dtype.is_floating_point:
+        raise ValueError(f"x must be a float tensor (..., d_model), got {_shape(x)}")
+    if not _is_tensor(weight) or tuple(weight.shape) != (x.shape[-1],):
+        raise ValueError(
+            f"weight must be ({x.shape[-1]},), one scale per feature of x {tuple(x.shape)}, got {_shape(weight)}"
+        )
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+        raise ValueError(f"eps must be a number > 0 (it keeps an all-zero row finite), got {eps!r}")
+
+
+def check_swiglu(x, w_gate, w_up, w_down):
+    """x (..., d_model) float; w_gate, w_up (hidden_dim, d_model); w_down (d_model, hidden_dim)."""
+    if not _is_tensor(x) or x.dim() < 1 or not x.dtype.is_floating_point:
+        raise ValueError(f"x must be a float tensor (..., d_model), got {_shape(x)}")
+    C = x.shape[-1]
+    if not _is_tensor(w_gate) or w_gate.dim() != 2 or w_gate.shape[1] != C:
+        raise ValueError(f"w_gate must be (hidden_dim, {C}), as nn.Linear stores it (out, in), got {_shape(w_gate)}")
+    hidden = w_gate.shape[0]
+    if not _is_tensor(w_up) or tuple(w_up.shape) != (hidden, C):
+        raise ValueError(f"w_up must be ({hidden}, {C}), the shape of w_gate, got {_shape(w_up)}")
+    if not _is_tensor(w_down) or tuple(w_down.shape) != (C, hidden):
+        raise ValueError(f"w_down must be ({C}, {hidden}), from hidden_dim back to d_model, got {_shape(w_down)}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -332,11 +332,12 @@ def _note(fig, note):
         fig.text(0.01, 0.01, note, fontsize=10, color="#555555", ha="left", va="bottom")
 
 
-def ttft_against_prompt_length(prompt_lens, medians_ms, lows_ms, highs_ms, *, note=None):
+def ttft_against_prompt_length(prompt_lens, medians_ms, lows_ms, highs_ms, *, note=None, title=None):
     """Time to first token against prompt length: the median, with bars from the fastest to the slowest run.
 
     Args:    prompt_lens: tokens in each prompt   medians_ms, lows_ms, highs_ms: one per prompt, milliseconds
              note: what produced the numbers (device, threads, runs), printed under the axes
+             title: the takeaway, worded from these numbers by the caller (default: what the axes show)
     Returns: the Figure
     """
     x, med = np.asarray(prompt_lens), np.asarray(medians_ms, dtype=float)
@@ -361,17 +362,18 @@ def ttft_against_prompt_length(prompt_lens, medians_ms, lows_ms, highs_ms, *, no
         ax.set_ylim(0, None)
         ax.set_xlabel("prompt length (tokens)")
         ax.set_ylabel("time to first token (ms)")
-        ax.set_title("Prefill reads the whole prompt: TTFT grows with its length")
+        ax.set_title(title or "Time to first token against prompt length")
         ax.legend(loc="upper left", frameon=False)
         _note(fig, note)
     return _finish(fig)
 
 
-def time_per_token(medians_ms, lows_ms, highs_ms, *, note=None):
-    """Time of each new token of one generation: token 1 is the prefill (TTFT), the rest are decode steps.
+def time_per_token(medians_ms, lows_ms, highs_ms, *, note=None, title=None):
+    """Time of each new token of one generation: token 1 is the prefill (TTFT), each later one a decode step (ITL).
 
     Args:    medians_ms, lows_ms, highs_ms: (max_new_tokens,) milliseconds per token, over repeated runs
              note: what produced the numbers, printed under the axes
+             title: the takeaway, worded from these numbers by the caller (default: what the axes show)
     Returns: the Figure
     """
     med, lo, hi = (np.asarray(a, dtype=float) for a in (medians_ms, lows_ms, highs_ms))
@@ -380,7 +382,7 @@ def time_per_token(medians_ms, lows_ms, highs_ms, *, note=None):
         fig, ax = plt.subplots(figsize=(9, 5))
         fig.subplots_adjust(left=0.11, right=0.97, bottom=0.2, top=0.9)
         ax.fill_between(tokens[1:], lo[1:], hi[1:], color=PALETTE["sky"], alpha=0.35, lw=0, label="min to max")
-        ax.plot(tokens[1:], med[1:], color=PALETTE["blue"], lw=1.8, label="decode step (median)")
+        ax.plot(tokens[1:], med[1:], color=PALETTE["blue"], lw=1.8, label="decode step: inter-token latency (median)")
         ax.plot(tokens[:1], med[:1], "o", ms=10, color=PALETTE["vermillion"], label="token 1: prefill (TTFT)")
         ax.set_xlim(0, len(med) + 1)
         top = 1.25 * max(float(np.percentile(hi, 90)), float(med.max()))  # a rare slow run must not flatten the rest
@@ -398,7 +400,7 @@ def time_per_token(medians_ms, lows_ms, highs_ms, *, note=None):
             )
         ax.set_xlabel("new token number")
         ax.set_ylabel("time for this token (ms)")
-        ax.set_title("Naive decoding: tokens cost more as the text grows")
+        ax.set_title(title or "Time of each new token, naive decoding")
         ax.legend(loc="upper left", frameon=False)
         _note(fig, note)
     return _finish(fig)

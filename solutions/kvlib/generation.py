@@ -1,21 +1,18 @@
-"""Generating text (notebook 02-generation): pick the next token, loop, and time the two phases.
+"""Generating text (notebook 02-generation): the next token, the naive loop, its timing, a layer's parts.
 
-Naive decoding: every step runs the whole sequence through the model again (full recompute);
-notebook 03 counts that waste and notebook 04 removes it with a KV cache. The first forward over
-the prompt is the prefill (its end is the time to first token, TTFT); each later step is a
-decode step (time per output token, TPOT). Then inside the decoder: one layer's hidden states
-projected into per-head queries, keys and values, with rotary positions (Exercise 2.4).
-Left out: batching prompts of different lengths.
+Naive decoding reruns the whole sequence every step (notebook 03 counts the waste, 04 caches it).
+TTFT ends with the prefill; inter-token latencies (ITL) are the later gaps, TPOT their mean.
+Left out: batching prompts of different lengths, grouped heads (notebook 06).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import torch
 
-from kvlib.core.model import rotate_half
+from kvlib.attention import causal_self_attention
+from kvlib.core.model import apply_rotary
 from kvlib.course import inputs
 from kvlib.course.exercises import exercise
 
@@ -24,9 +21,7 @@ from kvlib.course.exercises import exercise
 
 
 @exercise("2.1", validate=inputs.check_logits)
-def next_token(
-    logits: torch.Tensor, temperature: float = 0.0, generator: torch.Generator | None = None
-) -> torch.Tensor:
+def next_token(logits: torch.Tensor, temperature: float = 0.0, generator=None) -> torch.Tensor:
     """One token per row from next-token logits: the most likely one, or a sample at a temperature.
 
     Args:    logits: (batch, vocab_size) float tensor, the model's scores for the next token
@@ -53,14 +48,7 @@ def next_token(
 
 
 @exercise("2.2", validate=inputs.check_generate)
-def generate(
-    model,
-    input_ids: torch.Tensor,
-    max_new_tokens: int,
-    temperature: float = 0.0,
-    generator: torch.Generator | None = None,
-    on_token: Callable[[torch.Tensor], None] | None = None,
-) -> torch.Tensor:
+def generate(model, input_ids: torch.Tensor, max_new_tokens: int, temperature=0.0, generator=None, on_token=None):
     """The naive autoregressive loop: every step runs the whole sequence so far and appends one token.
 
     Args:    model: a kvlib Decoder, model(ids) -> logits (batch, seq_len, vocab_size)
@@ -71,8 +59,7 @@ def generate(
     Returns: (batch, seq_len + max_new_tokens) torch.long: the prompt, unchanged, then the new tokens
     Raises:  ValueError if max_new_tokens < 1 or the prompt plus the new tokens exceed model.config.max_seq_len
     Example:
-        >>> from kvlib.core.weights import load_tiny
-        >>> model, tokenizer = load_tiny()
+        >>> from kvlib.core.weights import load_tiny; model, tokenizer = load_tiny()
         >>> ids = generate(model, torch.tensor([tokenizer.encode("法国的首都是")]), 2)
         >>> tokenizer.decode(ids[0, -2:].tolist())
         '巴黎'
@@ -95,26 +82,25 @@ def generate(
 
 
 @exercise("2.3", validate=inputs.check_measure)
-def measure_ttft_tpot(model, input_ids: torch.Tensor, max_new_tokens: int) -> tuple[float, list[float]]:
-    """Time one greedy generation: seconds to the first token, then seconds for each later token.
+def measure_ttft_itl(model, input_ids: torch.Tensor, max_new_tokens: int) -> tuple[float, list[float]]:
+    """Time one greedy generation: seconds to the first token, then the seconds between each later pair.
 
     Args:    model, input_ids: as in generate (Exercise 2.2); max_new_tokens >= 2
-    Returns: ttft: float, seconds from the call until the first new token exists (it includes the prefill)
-             tpots: list of max_new_tokens - 1 floats, the seconds between consecutive new tokens
+    Returns: ttft: float, seconds from the call until the first new token exists (the prefill included)
+             itls: list of max_new_tokens - 1 floats, inter-token latencies: itls[i] is the time from
+                   new token i to new token i + 1, one decode step each (TPOT is their mean)
     Raises:  ValueError if max_new_tokens < 2
     Example:
-        >>> from kvlib.core.weights import load_tiny
-        >>> model, tokenizer = load_tiny()
-        >>> ttft, tpots = measure_ttft_tpot(model, torch.tensor([tokenizer.encode("法国的首都是")]), 5)
-        >>> len(tpots), ttft > 0
+        >>> from kvlib.core.weights import load_tiny; model, tokenizer = load_tiny()
+        >>> ttft, itls = measure_ttft_itl(model, torch.tensor([tokenizer.encode("法国的首都是")]), 5)
+        >>> len(itls), ttft > 0
         (4, True)
     """
     ### BEGIN SOLUTION
     times = []
     start = time.perf_counter()
     generate(model, input_ids, max_new_tokens, on_token=lambda token: times.append(time.perf_counter()))
-    ttft = times[0] - start
-    return ttft, [b - a for a, b in zip(times, times[1:])]
+    return times[0] - start, [b - a for a, b in zip(times, times[1:])]  # the prefill, then each gap
     ### END SOLUTION
 
 
@@ -122,34 +108,83 @@ def measure_ttft_tpot(model, input_ids: torch.Tensor, max_new_tokens: int) -> tu
 # Exercise 2.4
 
 
-@exercise("2.4", validate=inputs.check_project)
-def project_qkv(
-    attn, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One layer's queries, keys and values of hidden states h: projected, split into heads, rotated.
+@exercise("2.4", validate=inputs.check_attention_block)
+def attention_block(attn, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """One layer's attention of hidden states h, its heads computed by notebook 01's causal_self_attention.
 
-    Args:    attn: one layer's attention, model.layers[i].attn: attn.q_proj.weight is W_Q, (n_heads*head_dim, d_model);
-                   attn.k_proj.weight and attn.v_proj.weight, (n_kv_heads*head_dim, d_model) each;
-                   attn.n_heads, attn.n_kv_heads, attn.head_dim
-             h: (batch, seq_len, d_model) float tensor, the layer's input after its RMSNorm
-             cos, sin: (seq_len, head_dim), the rotary table's rows at h's positions
-    Returns: q (batch, n_heads, seq_len, head_dim); k, v (batch, n_kv_heads, seq_len, head_dim), h's dtype;
-             q and k rotated, v not: equal to attn.project_q(h, cos, sin) and attn.project_kv(h, cos, sin)
-    Raises:  ValueError if attn is not an Attention, or h, cos, sin do not fit it
+    Args:    attn: one layer's Attention, model.layers[i].attn, with n_kv_heads == n_heads; its nn.Linear
+                   weights (out_features, in_features): q_proj, k_proj, v_proj (n_heads*head_dim, d_model),
+                   o_proj (d_model, n_heads*head_dim); head i owns features [i*head_dim, (i+1)*head_dim)
+             h: (batch, seq_len, d_model) float32 tensor, the layer's input after its RMSNorm
+             cos, sin: (seq_len, head_dim), the rotary table's rows at h's positions (apply_rotary)
+    Returns: (batch, seq_len, d_model) float32, equal to attn(h, cos, sin): queries and keys rotated, values
+             not, each head attending causally (Exercise 1.4, numpy), W_O applied to the heads side by side
+    Raises:  ValueError if attn is not an Attention, has grouped heads (notebook 06), or h, cos, sin do not fit it
     Example:
-        >>> from kvlib.core.weights import load_tiny
-        >>> model, _ = load_tiny()
+        >>> from kvlib.core.weights import load_tiny; model, _ = load_tiny()
         >>> h, cos, sin = torch.randn(1, 5, 128), model.rope_cos[:5], model.rope_sin[:5]
-        >>> [tuple(t.shape) for t in project_qkv(model.layers[0].attn, h, cos, sin)]
-        [(1, 8, 5, 16), (1, 8, 5, 16), (1, 8, 5, 16)]
+        >>> attention_block(model.layers[0].attn, h, cos, sin).shape
+        torch.Size([1, 5, 128])
     """
     ### BEGIN SOLUTION
-    (B, T, _), D = h.shape, attn.head_dim
+    (B, T, _), H, D = h.shape, attn.n_heads, attn.head_dim
 
-    def heads(W, n):  # (B, T, C) @ (C, n*D) -> (B, T, n, D) -> (B, n, T, D)
-        return (h @ W.T).view(B, T, n, D).transpose(1, 2)
+    def heads(W):  # (B, T, C) @ (C, H*D) -> (B, T, H, D) -> (B, H, T, D): positions first, then cut into heads
+        return (h @ W.T).view(B, T, H, D).transpose(1, 2)
 
-    q, k = heads(attn.q_proj.weight, attn.n_heads), heads(attn.k_proj.weight, attn.n_kv_heads)
-    rotate = lambda x: x * cos + rotate_half(x) * sin  # (B, n, T, D) * (T, D): pair i turns by its angle
-    return rotate(q), rotate(k), heads(attn.v_proj.weight, attn.n_kv_heads)  # values are not rotated
+    with torch.no_grad():  # numpy takes no tensor that records gradients
+        q = apply_rotary(heads(attn.q_proj.weight), cos, sin)
+        k = apply_rotary(heads(attn.k_proj.weight), cos, sin)
+        v = heads(attn.v_proj.weight)  # values are not rotated
+        out, _ = causal_self_attention(q.numpy(), k.numpy(), v.numpy())  # notebook 01 on every (batch, head)
+        out = torch.from_numpy(out).transpose(1, 2).reshape(B, T, H * D)  # (B, H, T, D) -> (B, T, H, D) -> (B, T, H*D)
+        return out @ attn.o_proj.weight.T  # (B, T, H*D) @ (H*D, C) -> (B, T, C)
+    ### END SOLUTION
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 2.5
+
+
+@exercise("2.5", validate=inputs.check_rms_norm)
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """RMSNorm: each token's hidden state divided by its root-mean-square, then scaled feature by feature.
+
+    Args:    x: (..., d_model) float tensor, hidden states (float32, float16 or bfloat16)
+             weight: (d_model,), the learned scale; eps > 0, added to the mean square under the root
+    Returns: x's shape and dtype; equal to RMSNorm(d_model, eps) with that weight (model.layers[i].attn_norm):
+             no mean subtracted, no bias; 16-bit x is normalised in float32, so no square overflows
+    Raises:  ValueError if x is not a float tensor, weight is not (d_model,), or eps <= 0
+    Example:
+        >>> rms_norm(torch.tensor([[3.0, 4.0]]), torch.ones(2), eps=0.0001).round(decimals=3)
+        tensor([[0.8490, 1.1310]])
+    """
+    ### BEGIN SOLUTION
+    x32 = x.float()  # 16-bit squares overflow above 256 (float16's largest number is 65504)
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)  # (..., C) / (..., 1): one rms per token
+    return weight * x32.to(x.dtype)
+    ### END SOLUTION
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 2.6
+
+
+@exercise("2.6", validate=inputs.check_swiglu)
+def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+    """Llama's MLP (SwiGLU): x widened twice, one copy through SiLU gating the other, then narrowed again.
+
+    Args:    x: (..., d_model) float tensor
+             w_gate, w_up: (hidden_dim, d_model), w_down: (d_model, hidden_dim): nn.Linear weights, the
+                   model's mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight
+    Returns: (..., d_model) in x's dtype, equal to mlp(x); SiLU(z) = z * sigmoid(z) (torch.nn.functional.silu)
+             decides, feature by feature, how much of the up projection passes
+    Raises:  ValueError if the weights' shapes do not fit x and each other
+    Example:
+        >>> swiglu(torch.tensor([[1.0, -1.0]]), *[torch.eye(2)] * 3).round(decimals=3)
+        tensor([[0.7310, 0.2690]])
+    """
+    ### BEGIN SOLUTION
+    gate = torch.nn.functional.silu(x @ w_gate.T)  # (..., C) @ (C, hidden) -> (..., hidden), each in (-0.28, inf)
+    return (gate * (x @ w_up.T)) @ w_down.T  # (..., hidden) * (..., hidden) -> @ (hidden, C) -> (..., C)
     ### END SOLUTION

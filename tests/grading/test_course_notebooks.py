@@ -98,6 +98,7 @@ ISOLATED = [(nb, m) for nb, m in dict((ex.notebook, ex.module) for ex in EXERCIS
 ]
 # earlier notebooks' exercises a notebook's own use: the correct and helper students did those too
 EARLIER_DONE = {
+    "generation": ("attention",),  # 2.4 joins the heads through Exercise 1.4's causal_self_attention
     "kv_cache": ("attention", "generation"),  # 4.x use Exercise 1.3's mask and 2.1's sampling
     "roofline": ("kv_cache",),  # 5.3 uses Exercise 4.4's kv_cache_bytes
     "fused": ("compress",),  # 9.4's cells compare with Exercise 8.2 over an Int8KVCache (8.1's quantize)
