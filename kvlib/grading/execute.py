@@ -79,30 +79,6 @@ class SteppedNotebookClient(NotebookClient):
 
     Every path that runs a notebook uses it: `kvlib present --check`, the notebook tests."""
 
-    def _kernel_needed(self, nb, resources) -> str | None:
-        """Why this notebook must run in the kernel, or None when nothing in it counts there."""
-        if self.run_kernel == "always":
-            return "SandboxExecute.run_kernel = always"
-        ids = resources.get("nbgrader", {})
-        try:
-            coursedir = CourseDirectory(config=self.config)
-            folder = coursedir.format_path(coursedir.source_directory, ".", ids["assignment"])
-            source = nbformat.read(Path(folder) / f"{ids['notebook']}.ipynb", as_version=4)
-        except Exception as err:  # no source to compare with: run it, as nbgrader would
-            return f"its source notebook could not be read ({type(err).__name__})"
-        known = {c.source for c in source.cells if c.cell_type == "code"}
-        for cell in nb.cells:
-            meta = cell.metadata.get("nbgrader", {})
-            if meta.get("solution"):
-                return f"cell {meta.get('grade_id')} is the learner's answer"
-            if cell.cell_type != "code":
-                continue
-            if meta.get("grade") and meta.get("grade_id") not in self._isolated:
-                return f"graded cell {meta.get('grade_id')} is scored in the kernel"
-            if cell.source not in known and cell.source.strip():
-                return "a code cell the learner added or changed"
-        return None
-
     async def async_start_new_kernel_client(self):
         return poll_in_steps(await super().async_start_new_kernel_client())
 
