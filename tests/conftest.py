@@ -29,18 +29,37 @@ SPLIT_BY_NOTEBOOK = {"test_notebooks.py", "test_course_notebooks.py"}
 _NOTEBOOK = re.compile(r"(?:notebook_|\[)(\d\d)")
 
 
+def scheduling_unit(nodeid: str) -> str:
+    """The tests pytest-xdist sends to one worker together: a file (so its module fixtures, a graded course or a
+    JupyterHub term, are made once), or in SPLIT_BY_NOTEBOOK a file's tests of one notebook."""
+    path, _, name = nodeid.partition("::")
+    if path.rsplit("/", 1)[-1] in SPLIT_BY_NOTEBOOK:
+        found = _NOTEBOOK.search(name)
+        return f"{path}::{found.group(1) if found else 'other'}"
+    return path
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Schedule by scheduling_unit (pyproject: -n 2 --dist loadscope). Read off the test ids, as the controller
+    sees them: xdist's own loadgroup renames ids, which pytest 9.2 no longer honours, so each test was sent
+    alone and a file's module fixture was made on both workers (the graded course and the hub's term twice)."""
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # noqa: PLC0415 - only where xdist runs the suite
+
+    class ByUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scheduling_unit(nodeid)
+
+    return ByUnit(config, log)
+
+
 def pytest_collection_modifyitems(items):
-    """Mark slow tests, and give each test its xdist group (pyproject: --dist loadgroup): its file, so a
-    file's module fixtures are made once, or for the files of SPLIT_BY_NOTEBOOK its file and notebook."""
+    """Mark slow tests, and put them first, so the two workers end together rather than one waiting on the last
+    notebook (xdist hands out scheduling units in this order)."""
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
-        group = item.path.name
-        if group in SPLIT_BY_NOTEBOOK:
-            found = _NOTEBOOK.search(item.name)
-            group += f"::{found.group(1) if found else 'other'}"
-        item.add_marker(pytest.mark.xdist_group(group))
-    # the slow groups first, so the two workers end together rather than one waiting on the last notebook
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
