@@ -31,7 +31,7 @@ ARTIFACTS = ROOT / "artifacts" / "browser"
 REQUIRED = os.environ.get("KVLIB_BROWSER_TEST") == "required"
 WEIGHTS = re.compile(r"weights:\s*((?:[\d.]+\s*)+)")
 # Notebooks past 01 with an interactive widget: each gets the generic check (runs, renders, responds)
-# (KVLIB_BROWSER_NOTEBOOKS=05,06 picks some; each adds about the time its notebook takes to run)
+# (KVLIB_BROWSER_NOTEBOOKS=05,06 picks some; each adds the time its cells up to the widget take to run)
 _PICK = [n.strip().zfill(2) for n in os.environ.get("KVLIB_BROWSER_NOTEBOOKS", "").split(",") if n.strip()]
 WIDGET_NOTEBOOKS = [
     p
@@ -182,9 +182,9 @@ KERNEL_IDLE = f"""(path) => {{
     const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
     return !!(k && k.status === 'idle' && w.content && w.content.model && w.context.path === path);
 }}"""
-CELL_REPORT = f"""() => {{
+CELL_REPORT = f"""(upto) => {{
     const m = {CURRENT}.content.model, report = {{errors: [], unrun: 0, code: 0}};
-    for (let i = 0; i < m.cells.length; i++) {{
+    for (let i = 0; i < Math.min(m.cells.length, upto); i++) {{
         const c = m.cells.get(i);
         if (c.type !== 'code') continue;
         report.code += 1;
@@ -202,20 +202,31 @@ def _open(page, server, notebook: str):
     page.wait_for_function(KERNEL_IDLE, arg=notebook, timeout=90_000)
 
 
-def _open_and_run_all(page, server, notebook: str, timeout_s: float = 120):
+def _open_and_run_all(page, server, notebook: str, timeout_s: float = 120, through: int | None = None):
+    """Open the notebook and run its cells: all of them, or those up to and including cell `through`."""
     _open(page, server, notebook)
+    if through is not None:  # run-all-above runs the cells above the active one
+        page.evaluate(f"window.jupyterapp.shell.currentWidget.content.activeCellIndex = {through + 1}")
+    command = "notebook:run-all-cells" if through is None else "notebook:run-all-above"
     page.evaluate(
-        "window.__ran = undefined; window.jupyterapp.commands.execute('notebook:run-all-cells')"
+        f"window.__ran = undefined; window.jupyterapp.commands.execute('{command}')"
         ".then(r => { window.__ran = String(r); }, e => { window.__ran = 'failed: ' + e; })"
     )
     page.wait_for_function("window.__ran !== undefined", timeout=timeout_s * 1000)
     page.wait_for_function(KERNEL_IDLE, arg=notebook, timeout=60_000)
-    report = page.evaluate(CELL_REPORT)
+    report = page.evaluate(CELL_REPORT, 10**9 if through is None else through + 1)
     assert not report["errors"], f"{notebook}: kernel errors in the browser: {report['errors']}"
     assert report["unrun"] == 0, (
         f"{notebook}: {report['unrun']} of {report['code']} code cells did not run ({page.evaluate('window.__ran')})"
     )
     return report
+
+
+def _first_widget_cell(path: Path) -> int | None:
+    """The index of the notebook's first cell that makes an interactive widget (None where it is the last cell)."""
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    at = next(i for i, c in enumerate(cells) if c["cell_type"] == "code" and "interact(" in "".join(c["source"]))
+    return None if at == len(cells) - 1 else at
 
 
 def _softmax(scores):
@@ -337,9 +348,11 @@ def test_learner_view_has_validate_and_no_instructor_tools(server, page):
 
 @pytest.mark.parametrize("path", WIDGET_NOTEBOOKS, ids=lambda p: p.parent.name)
 def test_notebook_widget_responds_in_a_real_browser(server, page, path):
-    """Check that the solved notebook runs in JupyterLab, its widgets render, and its first slider redraws its output."""
+    """Check that the solved notebook runs in JupyterLab up to its first widget, the widget renders, and its first
+    slider redraws its output."""
     name = path.parent.name
-    report = _open_and_run_all(page, server, path.relative_to(ROOT).as_posix(), timeout_s=180)
+    # the cells up to its first widget: that every cell runs is tests/test_notebooks.py's, with nbclient
+    report = _open_and_run_all(page, server, path.relative_to(ROOT).as_posix(), 180, _first_widget_cell(path))
     assert page.get_by_text("Error displaying widget").count() == 0, f"{name}: a widget failed to render"
     widget = page.locator(".widget-interact").first
     widget.wait_for(state="visible", timeout=30_000)
@@ -374,6 +387,6 @@ def test_notebook_widget_responds_in_a_real_browser(server, page, path):
     assert slider.locator(".widget-readout").inner_text() != readout, f"{name}: the slider did not move"
     assert not page.errors, f"JavaScript errors in the page: {page.errors}"
     print(
-        f"{name}: {report['code']} code cells ran in the browser; slider {readout} -> "
+        f"{name}: {report['code']} code cells ran in the browser, through the first widget; slider {readout} -> "
         f"{slider.locator('.widget-readout').inner_text()}, redrawn {update_s:.2f} s later"
     )
