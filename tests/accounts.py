@@ -104,6 +104,14 @@ class Accounts:
     """Creates accounts kvt-<tag>-<role>; close() removes every one, its processes and its home."""
 
     def __init__(self):
+        for need in (ROOT, Path(sysconfig.get_paths()["purelib"]).resolve()):  # what every account imports from
+            closed = [p for p in [need, *need.parents] if p.stat().st_mode & 0o005 != 0o005]
+            if closed:
+                raise RuntimeError(
+                    f"{need} is not open to other accounts ({closed[-1]} is mode {closed[-1].stat().st_mode & 0o777:o}): "
+                    "the accounts this test makes could not run the course; clone it where others can read "
+                    f"(chmod o+rx {closed[-1]})"
+                )
         self.tag = secrets.token_hex(2)
         self.names: dict[str, str] = {}
         self.tmp = Path(tempfile.mkdtemp(prefix=f"kvt-{self.tag}-"))
