@@ -184,7 +184,7 @@ KERNEL_IDLE = f"""(path) => {{
 }}"""
 CELL_REPORT = f"""(upto) => {{
     const m = {CURRENT}.content.model, report = {{errors: [], unrun: 0, code: 0}};
-    for (let i = 0; i < Math.min(m.cells.length, upto); i++) {{
+    for (let i = 0; i < (upto == null ? m.cells.length : upto); i++) {{
         const c = m.cells.get(i);
         if (c.type !== 'code') continue;
         report.code += 1;
@@ -214,7 +214,7 @@ def _open_and_run_all(page, server, notebook: str, timeout_s: float = 120, throu
     )
     page.wait_for_function("window.__ran !== undefined", timeout=timeout_s * 1000)
     page.wait_for_function(KERNEL_IDLE, arg=notebook, timeout=60_000)
-    report = page.evaluate(CELL_REPORT, 10**9 if through is None else through + 1)
+    report = page.evaluate(CELL_REPORT, None if through is None else through + 1)
     assert not report["errors"], f"{notebook}: kernel errors in the browser: {report['errors']}"
     assert report["unrun"] == 0, (
         f"{notebook}: {report['unrun']} of {report['code']} code cells did not run ({page.evaluate('window.__ran')})"
