@@ -346,11 +346,11 @@ def test_learner_view_has_validate_and_no_instructor_tools(server, page):
     assert "Success! Your notebook passes all the tests." in text, f"Validate did not pass: {text[:800]}"
 
 
-@pytest.mark.parametrize("path", WIDGET_NOTEBOOKS, ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("path", WIDGET_NOTEBOOKS, ids=course.label)
 def test_notebook_widget_responds_in_a_real_browser(server, page, path):
     """Check that the solved notebook runs in JupyterLab up to its first widget, the widget renders, and its first
     slider redraws its output."""
-    name = path.parent.name
+    name = course.label(path)
     # the cells up to its first widget: that every cell runs is tests/test_notebooks.py's, with nbclient
     report = _open_and_run_all(page, server, path.relative_to(ROOT).as_posix(), 180, _first_widget_cell(path))
     assert page.get_by_text("Error displaying widget").count() == 0, f"{name}: a widget failed to render"
@@ -368,7 +368,7 @@ def test_notebook_widget_responds_in_a_real_browser(server, page, path):
 
     before = shown()
     assert before[0].strip() or before[1], f"{name}: the widget shows nothing before the move"
-    cell.screenshot(path=ARTIFACTS / f"{name}-widget-before.png")
+    cell.screenshot(path=ARTIFACTS / f"{name.replace('/', '-')}-widget-before.png")
     readout = slider.locator(".widget-readout").inner_text()
     slider.locator(".noUi-handle").first.focus()
     page.keyboard.press("Home")  # to the slider's first value: a change every widget should show
@@ -383,7 +383,7 @@ def test_notebook_widget_responds_in_a_real_browser(server, page, path):
         time.sleep(0.1)
     update_s = time.perf_counter() - moved
     page.wait_for_timeout(300)  # let the browser paint the new image
-    cell.screenshot(path=ARTIFACTS / f"{name}-widget-after.png")
+    cell.screenshot(path=ARTIFACTS / f"{name.replace('/', '-')}-widget-after.png")
     assert slider.locator(".widget-readout").inner_text() != readout, f"{name}: the slider did not move"
     assert not page.errors, f"JavaScript errors in the page: {page.errors}"
     print(

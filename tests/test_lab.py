@@ -72,12 +72,24 @@ def test_resolve_open_names_the_problem():
         lab.resolve_open("99", folder="notebooks")
     with pytest.raises(ValueError, match="outside the course"):
         lab.resolve_open("/", folder="notebooks")
+    with pytest.raises(ValueError, match=r"no part '02c': 02-generation has 2 notebook\(s\): 02a, 02b"):
+        lab.resolve_open("02c", folder="notebooks")
+
+
+def test_resolve_open_picks_a_part_by_letter():
+    """Check that 02a and 02b open notebook 02's two parts, in order, and 02 the first."""
+    assert lab.resolve_open("02", folder="notebooks") == "notebooks/02-generation/generation.ipynb"
+    assert lab.resolve_open("02a", folder="notebooks") == "notebooks/02-generation/generation.ipynb"
+    assert lab.resolve_open("02b", folder="notebooks") == "notebooks/02-generation/layer.ipynb"
+    assert lab.resolve_open("8b", folder="solutions") == "solutions/08-compress/mla.ipynb"
 
 
 def test_present_check_covers_every_assignment():
-    """Check that `kvlib present --check` runs one solution notebook per assignment, 05 and 06 included once they land."""
+    """Check that `kvlib present --check` runs every solution notebook of every assignment, in course order (02 and 08
+    hold two parts each: both run)."""
     names = [p.parent.name for p in lab.solution_notebooks()]
-    assert names == course.assignments()
+    assert list(dict.fromkeys(names)) == course.assignments()
+    assert [p.name for p in lab.solution_notebooks("02")] == ["generation.ipynb", "layer.ipynb"]
     with pytest.raises(ValueError, match="notebook number"):
         lab.solution_notebooks("attention")
 

@@ -70,15 +70,15 @@ def claims_03(nb) -> None:
 CLAIMS = {"03-recompute": claims_03}  # what a notebook's text states by construction, checked on its run
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=course.label)
 def test_solution_notebook_runs_top_to_bottom(path):
     """Check that the solution notebook executes without an error in reference mode, and that its printed output
     shows what its text states by construction (CLAIMS)."""
     nb, seconds = execute(path)
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors, errors[0]
-    CLAIMS.get(path.parent.name, lambda nb: None)(nb)
-    print(f"{path.parent.name}: {seconds:.1f} s")
+    CLAIMS.get(course.label(path), lambda nb: None)(nb)
+    print(f"{course.label(path)}: {seconds:.1f} s")
 
 
 def test_notebook_01_shows_the_seed_numbers():
@@ -116,8 +116,8 @@ def test_notebook_05_puts_no_measured_point_above_its_roof():
 
 
 def test_notebook_02_prints_what_its_run_shows():
-    """Check that notebook 02 samples where its model is unsure, prints the held-out count with its misses, counts
-    the same aten calls at 8 and 256 tokens, and that the forward built from 2.4-2.6 gives the model's logits."""
+    """Check that notebook 02a samples where its model is unsure, prints the held-out count with its misses, and
+    counts the same aten calls at 8 and 256 tokens."""
     import re
 
     nb, _ = execute(ROOT / "solutions" / "02-generation" / "generation.ipynb")
@@ -129,8 +129,15 @@ def test_notebook_02_prints_what_its_run_shows():
     assert re.search(r"\d+ of 24 held-out questions answered exactly; wrong: ", text)
     calls = re.search(r"one forward makes (\d+) calls to torch's kernels at 8 tokens, (\d+) at 256", text)
     assert calls and calls.group(1) == calls.group(2), "a forward's aten calls should not depend on the prompt's length"
+
+
+def test_notebook_02b_builds_the_models_forward():
+    """Check that 02b's forward built from 2.4-2.6 gives the model's logits and its next token, 巴."""
+    nb, _ = execute(ROOT / "solutions" / "02-generation" / "layer.ipynb")
+    text = text_output(nb)
     diff = re.search(r"largest difference from model\(ids\): (\S+)", text)
     assert diff and float(diff.group(1)) < 1e-4
+    assert "next token '巴'" in text
 
 
 def test_notebook_08_prints_what_its_text_claims():
@@ -153,7 +160,15 @@ def test_notebook_08_prints_what_its_text_claims():
     assert right["window 32"] == right["full cache"] and float(right["window 8"]) < float(right["full cache"]), right
     assert re.search(r"\d+ prompts x 16 tokens", text) and re.search(r"\d+ questions of \d+-\d+ tokens", text)
     assert "uniform attention would give them 2.9%" in text
-    assert re.search(r"2 bits: attention output error", text) and "a prefill of 8,192 tokens" in text
+    assert re.search(r"2 bits: attention output error", text)
+
+
+def test_notebook_08b_prints_the_prefill_and_the_table():
+    """Check that 08b prints both MLA paths' prefill cost, the flop counter's agreement, and every scheme's row."""
+    nb, _ = execute(ROOT / "solutions" / "08-compress" / "mla.ipynb")
+    text = text_output(nb)
+    assert "a prefill of 8,192 tokens" in text and "formula checked against torch's flop counter" in text
+    assert re.search(r"DeepSeek-V2\s+MLA", text), "the table of schemes has no MLA row"
 
 
 def test_notebook_07_prints_what_holds_by_construction():

@@ -424,7 +424,9 @@ def main(argv=None) -> int:
         ("present", "presenters: open the solved notebooks in reference mode (KVLIB_SOLUTIONS=1)"),
     ):
         p = sub.add_parser(name, help=text, description=text)
-        p.add_argument("notebook", nargs="?", help="a notebook number (01) or a path to open; default: the folder")
+        p.add_argument(
+            "notebook", nargs="?", help="a notebook number (01), a part (02b) or a path to open; default: the folder"
+        )
         p.add_argument("--port", type=int, help="the port to serve on (default: Jupyter's, 8888 or the next free one)")
         p.add_argument("--no-browser", action="store_true", help="print the URL instead of opening a browser")
         if name == "present":

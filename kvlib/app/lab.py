@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -69,12 +70,15 @@ def lab_env(config_dir: Path, *, reference: bool, base: dict | None = None) -> d
 def resolve_open(target: str | None, *, folder: str, root: Path = ROOT) -> str:
     """The path, relative to root, that JupyterLab opens: a notebook number (01), a path, or folder.
 
+    A number opens its folder's first notebook; a letter picks a part where a folder holds two (02b: its second).
     Example: resolve_open("01", folder="solutions") -> "solutions/01-attention/attention.ipynb"
     """
     if not target:
         return folder
-    if target.isdigit():
-        names = [n for n in assignments() if n.split("-")[0] == target.zfill(2)]
+    part = re.fullmatch(r"(\d+)([a-z]?)", target)
+    if part:
+        number, letter = part.groups()
+        names = [n for n in assignments() if n.split("-")[0] == number.zfill(2)]
         if not names:
             raise ValueError(
                 f"no notebook {target!r}: the course has {', '.join(n.split('-')[0] for n in assignments())}"
@@ -82,7 +86,11 @@ def resolve_open(target: str | None, *, folder: str, root: Path = ROOT) -> str:
         notebooks = sorted((root / folder / names[0]).glob("*.ipynb"))
         if not notebooks:
             raise ValueError(f"{folder}/{names[0]} holds no notebook")
-        return notebooks[0].relative_to(root).as_posix()
+        index = ord(letter) - ord("a") if letter else 0
+        if index >= len(notebooks):
+            parts = ", ".join(f"{number.zfill(2)}{chr(ord('a') + i)}" for i in range(len(notebooks)))
+            raise ValueError(f"no part {target!r}: {names[0]} has {len(notebooks)} notebook(s): {parts or number}")
+        return notebooks[index].relative_to(root).as_posix()
     path = Path(target).resolve()
     try:
         rel = path.relative_to(root)
