@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvlib.app.release import ROOT, assignments
+from kvlib.app.release import ROOT, assignments, label
 
 # ---------------------------------------------------------------------------------------------
 # The learner view
@@ -241,7 +241,7 @@ def check_course(
         if figures is not None:
             Path(figures).mkdir(parents=True, exist_ok=True)
             for i, png in run.figures():
-                (Path(figures) / f"{path.parent.name}-cell{i:02d}.png").write_bytes(png)
+                (Path(figures) / f"{label(path).replace('/', '-')}-cell{i:02d}.png").write_bytes(png)
             saved = f"  {len(run.figures())} figures -> {figures}"
         print(f"{path.relative_to(ROOT).as_posix():<45} {run.seconds:7.1f} s  {status}{saved}", file=out, flush=True)
     return runs

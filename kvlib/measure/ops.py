@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections import Counter
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from kvlib.core.flops import PlainDispatchMode
 
 
-class _CountCalls(TorchDispatchMode):
+class _CountCalls(PlainDispatchMode):
     def __init__(self):
         super().__init__()
         self.calls = Counter()

@@ -16,10 +16,9 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from kvlib.core.flops import matmul_flops  # noqa: F401  (kvlib.measure.timing.matmul_flops, as the grading child calls it)
+from kvlib.core.flops import PlainDispatchMode, matmul_flops  # noqa: F401  (kvlib.measure.timing.matmul_flops, as the grading child calls it)
 
 
 def device_name(device: str | torch.device = "cpu") -> str:
@@ -108,7 +107,7 @@ def new_tensors(fn: Callable, *args, **kwargs) -> list[tuple[str, tuple[int, ...
     """
     made = []
 
-    class Watch(TorchDispatchMode):
+    class Watch(PlainDispatchMode):
         def __torch_dispatch__(self, func, types, a=(), kw=None):
             out = func(*a, **(kw or {}))
             inputs = {x.untyped_storage().data_ptr() for x in tree_leaves((a, kw)) if isinstance(x, torch.Tensor)}
