@@ -222,3 +222,28 @@ def test_a_glob_that_matches_nobody_and_an_assignment_never_released(fresh):
     assert out.returncode == 2 and "matches none of the 8 students" in out.stderr
     out = kvlib("course", "autograde", "02-generation", cwd=fresh, check=False)
     assert out.returncode == 2 and "never released" in out.stderr
+
+
+def test_the_guides_grading_figure_is_drawn_from_its_records(tmp_path):
+    """Check that docs/class-grading.json holds record_sweep's runs (every class size for jobs 1 and 2, every score as
+    expected), that docs/instructors.md shows the figure drawn from them and quotes their rates, and that plot_sweep
+    draws it again from the records and refuses records with a wrong score."""
+    import re
+
+    from kvlib.app import class_bench
+
+    records = json.loads((ROOT / class_bench.SWEEP).read_text(encoding="utf-8"))
+    sizes = {j: sorted(r["students"] for r in records if r["jobs"] == j) for j in (1, 2)}
+    assert sizes[1] == sizes[2] and len(sizes[1]) >= 3, sizes
+    assert all(r["all_scores_expected"] and r["assignment"] == "04-kv-cache" for r in records)
+    guide = (ROOT / "docs" / "instructors.md").read_text(encoding="utf-8")
+    assert "](class-grading.png)" in guide and (ROOT / "docs" / "class-grading.png").is_file()
+    for r in records:
+        rate = r["rounds"][0]["per_minute"]
+        assert re.search(rf"{r['students']} students, --jobs {r['jobs']}: [\d.]+ s, {rate:.1f} a minute", guide), (
+            f"docs/instructors.md does not quote the run of {r['students']} students with --jobs {r['jobs']} ({rate}/min)"
+        )
+    class_bench.plot_sweep(records, tmp_path / "figure.png")
+    assert (tmp_path / "figure.png").stat().st_size > 10_000
+    with pytest.raises(ValueError, match="every score was as expected"):
+        class_bench.plot_sweep([{**records[0], "all_scores_expected": False}], tmp_path / "bad.png")

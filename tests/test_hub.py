@@ -330,8 +330,8 @@ def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 120
 @pytest.fixture(scope="module")
 def hub():
     """An instructor who released notebook 01 through the exchange, one student, and a JupyterHub on
-    127.0.0.1 (free ports, DummyAuthenticator with a password, LocalProcessSpawner: the student's
-    server runs as the student)."""
+    127.0.0.1 (free ports, PAMAuthenticator against the student's Unix password, LocalProcessSpawner: the
+    student's server runs as the student)."""
     import secrets  # noqa: PLC0415
     import shutil  # noqa: PLC0415
     import signal  # noqa: PLC0415
@@ -360,7 +360,8 @@ def hub():
             home / ".jupyter" / "nbgrader_config.py", (course / "student_nbgrader_config.py").read_text(), student
         )
         os.chown(home / ".jupyter", os.stat(home).st_uid, os.stat(home).st_gid)
-        password = secrets.token_hex(8)
+        password = secrets.token_hex(8)  # the student's Unix password: the hub logs in through PAM, as a real one does
+        subprocess.run(["chpasswd"], input=f"{student}:{password}\n", text=True, check=True, timeout=60)
         port, hub_port, api_port = _free_port(), _free_port(), _free_port()
         run = acc.tmp / "hub"
         run.mkdir()
@@ -375,8 +376,7 @@ c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{api_port}"
 c.ConfigurableHTTPProxy.pid_file = {str(run / "proxy.pid")!r}
 c.JupyterHub.db_url = {"sqlite:///" + str(run / "hub.sqlite")!r}
 c.JupyterHub.cookie_secret_file = {str(run / "cookie_secret")!r}
-c.JupyterHub.authenticator_class = "dummy"
-c.DummyAuthenticator.password = {password!r}
+c.JupyterHub.authenticator_class = "pam"
 c.Authenticator.allowed_users = {{{student!r}}}
 c.JupyterHub.spawner_class = "localprocess"
 c.Spawner.cmd = [{str(acc.bin / "jupyterhub-singleuser")!r}]
@@ -412,8 +412,9 @@ c.Spawner.http_timeout = 240
 
 @pytest.mark.slow
 def test_a_student_fetches_and_submits_through_the_hub_in_a_browser(hub):
-    """Check, in headless Chromium: the hub's login page, the student's JupyterLab (spawned as the
-    student), nbgrader's Assignments panel: Fetch, then Submit; the submission reaches inbound/ as the student's."""
+    """Check, in headless Chromium: the hub's login page (PAM: a wrong password refused, the right one let in), the
+    student's JupyterLab (spawned as the student), nbgrader's Assignments panel: Fetch, then Submit; the
+    submission reaches inbound/ as the student's."""
     import pwd  # noqa: PLC0415
 
     from test_browser import ARTIFACTS, _chromium  # noqa: PLC0415
@@ -429,6 +430,10 @@ def test_a_student_fetches_and_submits_through_the_hub_in_a_browser(hub):
         page = browser.new_page(viewport={"width": 1400, "height": 900})
         try:
             page.goto(hub["url"] + "/hub/login")
+            page.fill("#username_input", hub["student"])
+            page.fill("#password_input", hub["password"] + "x")  # PAM refuses a wrong password
+            page.click("#login_submit")
+            page.get_by_text("Invalid username or password").wait_for(timeout=60_000)
             page.fill("#username_input", hub["student"])
             page.fill("#password_input", hub["password"])
             page.click("#login_submit")

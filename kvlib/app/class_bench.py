@@ -354,3 +354,36 @@ def format_class(r: dict) -> str:
         )
     lines.append("  every score as expected" if r["all_scores_expected"] else f"  WRONG: {r['wrong']}")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# The figure of docs/instructors.md: grading time against class size, for one and two workers
+
+SWEEP = Path("docs") / "class-grading.json"  # the records the figure is drawn from, relative to the repo
+
+
+def record_sweep(
+    sizes: tuple[int, ...] = (10, 25, 50), jobs: tuple[int, ...] = (1, 2), assignment: str = "04-kv-cache", out=None
+) -> list[dict]:
+    """Run bench_class for every class size and worker count, jobs interleaved at each size; write the records
+    to docs/class-grading.json (or `out`) and return them."""
+    records = []
+    for n in sizes:
+        for j in jobs:
+            records.append(bench_class(students=n, assignment=assignment, jobs=j))
+            print(format_class(records[-1]), flush=True)
+    path = Path(out) if out else ROOT / SWEEP
+    path.write_text(json.dumps(records, indent=1) + "\n", encoding="utf-8")
+    return records
+
+
+def plot_sweep(records: list[dict], path) -> None:
+    """Save the guide's figure (kvlib.course.plotting.class_grading) of record_sweep's records to path."""
+    if not records or not all(r["all_scores_expected"] for r in records):
+        raise ValueError("the figure needs records whose every score was as expected (record_sweep's)")
+    from kvlib.course import plotting  # noqa: PLC0415 (start-up time: matplotlib, for the guide's figure alone)
+
+    rows = [(r["jobs"], r["students"], r["rounds"][0]["wall_s"], r["rounds"][0]["per_minute"]) for r in records]
+    first = records[0]
+    note = f"{first['assignment']}, {first['cpus']} CPUs, gradebook {first['db']}; every score as expected in every run"
+    plotting.class_grading(rows, note=note).savefig(path)
