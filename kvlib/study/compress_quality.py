@@ -23,16 +23,29 @@ def _prompts(tokenizer, stride: int, limit: int | None) -> list[tuple[list[int],
 
 
 @torch.inference_mode()
-def _continue(model: Decoder, prompt: list[int], cache, new_tokens: int, forced: list[int] | None = None) -> list[int]:
-    """Greedy argmax after the prompt and after each next token (forced ones if given), through cache."""
+def _continue(model: Decoder, prompts: list[list[int]], cache, new_tokens: int, forced=None) -> torch.Tensor:
+    """Each prompt's greedy argmax after its last token and after each next one (forced ones if given), every
+    prompt at once through one cache of batch len(prompts), one token a step: (N, new_tokens).
+
+    Prompts of different lengths ride right-padded in one batch (a causal model never reads a later position);
+    a row switches from its prompt to its new tokens at its own step. forced: (N, new_tokens) tokens fed instead
+    of the picks (the int8 run follows the float32 run's continuation).
+    """
+    lengths = torch.tensor([len(p) for p in prompts])
+    width = int(lengths.max()) + new_tokens
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)  # (N, width): prompts, then their new tokens
+    for row, p in enumerate(prompts):
+        ids[row, : len(p)] = torch.tensor(p)
+    picks = torch.zeros(len(prompts), new_tokens, dtype=torch.long)
+    rows = torch.arange(len(prompts))
     cache.reset()
-    logits, _ = model(torch.tensor([prompt]), past_key_values=cache)
-    picks = []
-    for i in range(new_tokens):
-        picks.append(int(logits[0, -1].argmax()))
-        if i + 1 < new_tokens:
-            token = picks[-1] if forced is None else forced[i]
-            logits, _ = model(torch.tensor([[token]]), past_key_values=cache)
+    for t in range(width - 1):
+        logits, _ = model(ids[:, t : t + 1], past_key_values=cache)  # (N, 1, vocab): each row's next token after t
+        i = t + 1 - lengths  # which new token position t + 1 is, per row (negative: still in the prompt)
+        new = (i >= 0) & (i < new_tokens)
+        picks[rows[new], i[new]] = logits[new, -1].argmax(-1)
+        source = picks if forced is None else forced
+        ids[rows[new], t + 1] = source[rows[new], i[new]]
     return picks
 
 
@@ -41,27 +54,23 @@ def int8_agreement(model: Decoder, tokenizer, stride: int = 48, limit: int | Non
 
     agreement: share of the new_tokens positions (over every prompt) where the int8 cache's argmax equals
     the float32 cache's, both fed the float32 cache's continuation. answer_*: the first tokens of the
-    continuation spell the expected capital.
+    continuation spell the expected capital. Every prompt runs in one batch (_continue).
     """
     from kvlib.kv_cache import KVCache  # noqa: PLC0415 (late binding: runs the learner's code)
 
-    agree = total = right_f = right_q = same_seq = 0
     prompts = _prompts(tokenizer, stride, limit)
-    for prompt, answer in prompts:
-        width = len(prompt) + new_tokens
-        f = _continue(model, prompt, KVCache(model.config, max_seq_len=width), new_tokens)
-        q = _continue(model, prompt, Int8KVCache(model.config, max_seq_len=width), new_tokens, forced=f)
-        agree += sum(a == b for a, b in zip(f, q))
-        total += new_tokens
-        same_seq += f == q
-        right_f += f[: len(answer)] == answer
-        right_q += q[: len(answer)] == answer
-    n = len(prompts)
+    n, width = len(prompts), max(len(p) for p, _ in prompts) + new_tokens
+    f = _continue(model, [p for p, _ in prompts], KVCache(model.config, batch=n, max_seq_len=width), new_tokens)
+    q = _continue(
+        model, [p for p, _ in prompts], Int8KVCache(model.config, batch=n, max_seq_len=width), new_tokens, forced=f
+    )
+    right_f = sum(f[row, : len(a)].tolist() == a for row, (_, a) in enumerate(prompts))
+    right_q = sum(q[row, : len(a)].tolist() == a for row, (_, a) in enumerate(prompts))
     return {
         "prompts": n,
         "new_tokens": new_tokens,
-        "agreement": agree / total,
-        "identical_continuations": same_seq / n,
+        "agreement": int((f == q).sum()) / f.numel(),
+        "identical_continuations": int((f == q).all(1).sum()) / n,
         "answer_float32": right_f / n,
         "answer_int8": right_q / n,
         "goal": 0.99,
