@@ -368,7 +368,7 @@ def test_notebook_widget_responds_in_a_real_browser(server, page, path):
 
     before = shown()
     assert before[0].strip() or before[1], f"{name}: the widget shows nothing before the move"
-    cell.screenshot(path=ARTIFACTS / f"{name.replace('/', '-')}-widget-before.png")
+    cell.screenshot(path=ARTIFACTS / f"{course.label(path, sep='-')}-widget-before.png")
     readout = slider.locator(".widget-readout").inner_text()
     slider.locator(".noUi-handle").first.focus()
     page.keyboard.press("Home")  # to the slider's first value: a change every widget should show
@@ -383,7 +383,7 @@ def test_notebook_widget_responds_in_a_real_browser(server, page, path):
         time.sleep(0.1)
     update_s = time.perf_counter() - moved
     page.wait_for_timeout(300)  # let the browser paint the new image
-    cell.screenshot(path=ARTIFACTS / f"{name.replace('/', '-')}-widget-after.png")
+    cell.screenshot(path=ARTIFACTS / f"{course.label(path, sep='-')}-widget-after.png")
     assert slider.locator(".widget-readout").inner_text() != readout, f"{name}: the slider did not move"
     assert not page.errors, f"JavaScript errors in the page: {page.errors}"
     print(

@@ -89,7 +89,7 @@ def resolve_open(target: str | None, *, folder: str, root: Path = ROOT) -> str:
         index = ord(letter) - ord("a") if letter else 0
         if index >= len(notebooks):
             parts = ", ".join(f"{number.zfill(2)}{chr(ord('a') + i)}" for i in range(len(notebooks)))
-            raise ValueError(f"no part {target!r}: {names[0]} has {len(notebooks)} notebook(s): {parts or number}")
+            raise ValueError(f"no part {target!r}: {names[0]} has {len(notebooks)} notebook(s): {parts}")
         return notebooks[index].relative_to(root).as_posix()
     path = Path(target).resolve()
     try:
@@ -241,7 +241,7 @@ def check_course(
         if figures is not None:
             Path(figures).mkdir(parents=True, exist_ok=True)
             for i, png in run.figures():
-                (Path(figures) / f"{label(path).replace('/', '-')}-cell{i:02d}.png").write_bytes(png)
+                (Path(figures) / f"{label(path, sep='-')}-cell{i:02d}.png").write_bytes(png)
             saved = f"  {len(run.figures())} figures -> {figures}"
         print(f"{path.relative_to(ROOT).as_posix():<45} {run.seconds:7.1f} s  {status}{saved}", file=out, flush=True)
     return runs

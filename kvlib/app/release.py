@@ -108,11 +108,11 @@ def sitting(notebook: Path) -> dict:
     }
 
 
-def label(notebook: Path) -> str:
-    """A notebook's name in tables and test ids: its folder ("01-attention"), or folder/stem where the folder
-    holds two parts of one notebook ("02-generation/layer": part 02b, graded in the same assignment)."""
+def label(notebook: Path, sep: str = "/") -> str:
+    """A notebook's name in tables, test ids and file names: its folder ("01-attention"), or folder, sep, stem where
+    the folder holds two parts of one notebook ("02-generation/layer": part 02b, graded in the same assignment)."""
     if len(list(notebook.parent.glob("*.ipynb"))) > 1:
-        return f"{notebook.parent.name}/{notebook.stem}"
+        return f"{notebook.parent.name}{sep}{notebook.stem}"
     return notebook.parent.name
 
 

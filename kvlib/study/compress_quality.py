@@ -38,14 +38,14 @@ def _continue(model: Decoder, prompts: list[list[int]], cache, new_tokens: int, 
         ids[row, : len(p)] = torch.tensor(p)
     picks = torch.zeros(len(prompts), new_tokens, dtype=torch.long)
     rows = torch.arange(len(prompts))
+    fed = picks if forced is None else forced  # what a row reads once past its prompt
     cache.reset()
     for t in range(width - 1):
         logits, _ = model(ids[:, t : t + 1], past_key_values=cache)  # (N, 1, vocab): each row's next token after t
         i = t + 1 - lengths  # which new token position t + 1 is, per row (negative: still in the prompt)
         new = (i >= 0) & (i < new_tokens)
         picks[rows[new], i[new]] = logits[new, -1].argmax(-1)
-        source = picks if forced is None else forced
-        ids[rows[new], t + 1] = source[rows[new], i[new]]
+        ids[rows[new], t + 1] = fed[rows[new], i[new]]
     return picks
 
 
@@ -59,11 +59,10 @@ def int8_agreement(model: Decoder, tokenizer, stride: int = 48, limit: int | Non
     from kvlib.kv_cache import KVCache  # noqa: PLC0415 (late binding: runs the learner's code)
 
     prompts = _prompts(tokenizer, stride, limit)
-    n, width = len(prompts), max(len(p) for p, _ in prompts) + new_tokens
-    f = _continue(model, [p for p, _ in prompts], KVCache(model.config, batch=n, max_seq_len=width), new_tokens)
-    q = _continue(
-        model, [p for p, _ in prompts], Int8KVCache(model.config, batch=n, max_seq_len=width), new_tokens, forced=f
-    )
+    questions = [p for p, _ in prompts]
+    n, width = len(prompts), max(map(len, questions)) + new_tokens
+    f = _continue(model, questions, KVCache(model.config, batch=n, max_seq_len=width), new_tokens)
+    q = _continue(model, questions, Int8KVCache(model.config, batch=n, max_seq_len=width), new_tokens, forced=f)
     right_f = sum(f[row, : len(a)].tolist() == a for row, (_, a) in enumerate(prompts))
     right_q = sum(q[row, : len(a)].tolist() == a for row, (_, a) in enumerate(prompts))
     return {
