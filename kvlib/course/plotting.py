@@ -21,8 +21,6 @@ from matplotlib.colors import ListedColormap
 from matplotlib.ft2font import FT2Font
 from matplotlib.patches import Patch
 
-from kvlib.core.configs import GQA_FIXED_KV_LEN
-
 # ---------------------------------------------------------------------------------------------
 # Style
 
@@ -895,6 +893,8 @@ def gqa_decode_time(rows, *, kv_len=None, note=None):
              note: what produced the numbers, printed under the axes
     Returns: the Figure (left: ms per step at kv_len; right: speedup over MHA against kv_len, n_kv_heads = n_heads / 4)
     """
+    from kvlib.core.configs import GQA_FIXED_KV_LEN  # noqa: PLC0415 (start-up time: configs loads torch, which notebook 01's figures never need)
+
     lens = sorted({r["kv_len"] for r in rows})
     kv_len = kv_len or lens[len(lens) // 2]
     at = [r for r in rows if r["kv_len"] == kv_len]
