@@ -252,7 +252,7 @@ def _decoder(config, names: list[str], tensors: list):
     exactly the ones its config calls for."""
     import torch  # noqa: PLC0415 (start-up time: a numpy-only notebook's grading loads no torch)
 
-    from kvlib.core.model import Decoder, ModelConfig, decode_layout, rotary_tables  # noqa: PLC0415 (start-up time: a numpy-only notebook's grading loads no torch)
+    from kvlib.core.model import Decoder, ModelConfig, decode_layout, num_params, rotary_tables  # noqa: PLC0415 (start-up time: a numpy-only notebook's grading loads no torch)
 
     if not isinstance(config, dict) or not all(
         isinstance(k, str) and type(v) in (int, float) for k, v in config.items()
@@ -264,7 +264,12 @@ def _decoder(config, names: list[str], tensors: list):
         raise SandboxError(f"a Decoder with an impossible config ({err})") from None
     if cfg.max_seq_len * cfg.head_dim > _MAX_ROPE:
         raise SandboxError(f"a Decoder with max_seq_len {cfg.max_seq_len}: too large to grade")
-    with torch.device("meta"):  # shapes only: no memory until the weights that came are put in
+    if sum(t.numel() for t in tensors if isinstance(t, torch.Tensor)) != num_params(cfg):
+        raise SandboxError("a Decoder whose weights do not match its config (names or shapes)")
+    # built on the CPU, no larger than the weights that came (checked above), its random initial weights drawn
+    # from a forked generator so that no check's later draws move; on the meta device its first build
+    # initialised through torch's Python decompositions and imported torch._dynamo: 1 s of every grading
+    with torch.random.fork_rng(devices=[]):
         model = Decoder(cfg)
     want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     got = dict(zip(names, tensors))
