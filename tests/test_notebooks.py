@@ -199,10 +199,16 @@ def test_notebook_06_prints_what_its_text_says():
         "3,840 numbers",  # the copying path's largest tensor: n_heads copies of the keys, as the text says
         "at  25.7k tokens",  # Llama-2-7B's cache matches its weights (the text: about 26k)
         "at   1.6k tokens",  # ... for a batch of 16
+        "at 122.5k tokens",  # Llama-3-8B: 4.8 times further out than Llama-2-7B's 25.7k, as the text says
+        "at   7.7k tokens",  # ... and 4.8 times 1.6k for a batch of 16
         "4,800.0 GB/s (H200 SXM datasheet",  # the recording's predictions use the device table's bandwidth
     ):
         assert expected in text, f"{expected!r} not in notebook 06's output"
     assert "nan" not in text.replace("nans", "").lower().split(), "notebook 06 printed nan"
+    assert "split-k" not in text and "goal:" not in text, "06 prints split-K rows or the project's goal line"
+    fixed = re.findall(r" (\d+\.\d\d) \((\d+\.\d\d)-(\d+\.\d\d)\) ", text)  # fixed ms (q1-q3)
+    assert all(float(lo) <= float(f) <= float(hi) for f, lo, hi in fixed), f"a fixed part outside its quartiles: {fixed}"
+    assert "GB/s with its read kernel" not in text, "the GPU recording's own read rate differs from notebook 05's"
     assert "The course ends" not in text and "ends the path" not in "".join(
         "".join(c.source) for c in nb.cells if c.cell_type == "markdown"
     )
