@@ -173,8 +173,9 @@ def test_notebook_08b_prints_the_prefill_and_the_table():
 
 def test_notebook_07_prints_what_holds_by_construction():
     """Check that notebook 07's run shows every policy exact and preempting, labels contiguous KV use as modelled
-    beside the paper's measured range, measures the iteration-level arm and inter-token latency, and shows its
-    figures (the comparison, the block map, the batch roofline)."""
+    beside the paper's measured range, measures the iteration-level arm, inter-token latency and TPOT, runs more
+    requests at once with a shared prefix where blocks bind, draws notebook 05's roof, and shows its figures (the
+    comparison, the block map, the batch roofline)."""
     nb, _ = execute(ROOT / "solutions" / "07-serving" / "serving.ipynb")
     text = text_output(nb)
     assert text.count("32 of 32 requests exact") == 3, "every victim policy should leave every request exact"
@@ -182,6 +183,9 @@ def test_notebook_07_prints_what_holds_by_construction():
     assert "20.4-38.2%" in text and "iteration-level, contiguous" in text and "ITL p50" in text
     # one roof for the course: notebook 05's, stored for this machine (kvlib.measure.machine.course_roof)
     assert re.search(r"ridge \d+\.\d\d FLOP/B \(.*: (notebook 05's roof of this machine|measured now, as notebook 05 does)", text)
+    assert "TPOT" in text, "07 defines TPOT beside ITL: it should print it"
+    more = re.search(r"where blocks bind, ([\d.]+)x the requests ran at once", text)  # the scheduler is deterministic
+    assert more and float(more.group(1)) > 1, "sharing a prefix should let more requests run at once where blocks bind"
     (line,) = [ln for ln in text.splitlines() if ln.startswith("your victim()")]
     assert int(line.split(":")[1].split("preemptions")[0]) > 0, f"24 blocks should force preemptions: {line}"
     images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
