@@ -158,6 +158,9 @@ def test_notebook_08_prints_what_its_text_claims():
     assert numbers * 4 == f32 and abs(numbers + scales + residual - total) <= 1
     right = dict(re.findall(r"^\s+(full cache|window \d+)\s+([\d.]+)%", text, re.M))
     assert right["window 32"] == right["full cache"] and float(right["window 8"]) < float(right["full cache"]), right
+    shares = [float(s) for s in re.findall(r"attention on the first 4 tokens ([\d.]+)%", text)]
+    if all(s < 2.9 for s in shares):  # "a model whose shares sit below uniform learned none: sinks only cost it room"
+        assert float(right["4 sinks + window 12"]) <= float(right["window 16"]), right
     assert re.search(r"\d+ prompts x 16 tokens", text) and re.search(r"\d+ questions of \d+-\d+ tokens", text)
     assert "uniform attention would give them 2.9%" in text
     assert re.search(r"2 bits: attention output error", text)
@@ -169,6 +172,13 @@ def test_notebook_08b_prints_the_prefill_and_the_table():
     text = text_output(nb)
     assert "a prefill of 8,192 tokens" in text and "formula checked against torch's flop counter" in text
     assert re.search(r"DeepSeek-V2\s+MLA", text), "the table of schemes has no MLA row"
+    from kvlib.core.configs import MLA_MODELS, REAL_MODELS
+    from kvlib.measure import bench_compress
+
+    source = "".join(c.source for c in nb.cells if c.get("id") == "c32cc59d")
+    assert "def schemes(context=65536, window=4096)" in source, "the ordering quiz's default moved: check it for ties"
+    sizes = bench_compress.schemes_per_layer(REAL_MODELS["Llama-3-8B"].config, MLA_MODELS["DeepSeek-V2"], 65536, 4096)
+    assert len(set(sizes.values())) == len(sizes), f"the ordering quiz has a tie at its default: {sizes}"
 
 
 def test_notebook_07_prints_what_holds_by_construction():
