@@ -224,12 +224,15 @@ def course_roof(*, reuse: bool = False, path: Path | None = None, **measure) -> 
     read from the file, nothing measured) and "stored" (the file it came from or went to, or None).
     Example: course_roof(reuse=True)["ridge"] is the ridge notebook 05 last printed on this machine
     """
-    path = path or roof_path()
+    try:
+        path = path or roof_path()
+    except (RuntimeError, KeyError):  # no home folder to be found (some jails): measure, store nothing
+        path = None
     key = _roof_key(environment("cpu", threads=1))
     try:
         stored = json.loads(path.read_text(encoding="utf-8"))
         stored = stored if stored.get("key") == key else None
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):  # none stored, half a file, or no path
         stored = None
     if reuse and stored is not None:
         return {**stored["roof"], "stored": str(path), "reused": True}
@@ -247,6 +250,8 @@ def course_roof(*, reuse: bool = False, path: Path | None = None, **measure) -> 
                 roof[ceiling], roof[f"{ceiling}_kernel"] = old[ceiling], old[f"{ceiling}_kernel"]
         roof["ridge"], roof["runs"] = roof["flops"] / roof["bandwidth"], old.get("runs", 1) + 1
     try:
+        if path is None:
+            raise OSError("no folder to store the roof in")
         path.parent.mkdir(parents=True, exist_ok=True)
         part = path.with_name(f"{path.name}.{os.getpid()}")  # written whole, then renamed: a reader never sees half
         part.write_text(json.dumps({"key": key, "roof": roof}, indent=1), encoding="utf-8")
