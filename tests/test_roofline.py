@@ -604,7 +604,6 @@ def test_measure_roof_takes_the_best_kernel_of_each_ceiling():
         machine.measure_roof(n_bytes=1 << 20, n=64, rounds=0)
 
 
-
 def test_course_roof_is_one_roof_for_notebooks_05_and_07(tmp_path):
     """Check that notebook 07's course_roof(reuse=True) returns the roof notebook 05 stored for this machine, that a
     second run of 05 keeps each ceiling's best of both runs, and that a roof stored for another machine is not used."""

@@ -377,7 +377,6 @@ def test_check_names_the_known_mistake(ex_id, name, fake, words):
     assert any(words in m for m in failures), failures
 
 
-
 def test_speedup_sweep_counts_the_drafts_proposed_per_pass(models):
     """Check that speedup_sweep reports drafts proposed per verify pass: gamma for an oracle that always proposes
     gamma tokens, at most gamma for prompt lookup (which proposes nothing where it finds no match)."""
@@ -386,7 +385,10 @@ def test_speedup_sweep_counts_the_drafts_proposed_per_pass(models):
     truth = _plain(model, ids, 20)[0].tolist()
     sweep = bench_spec.speedup_sweep(
         model,
-        {"oracle": lambda: bench_spec.NoisyOracle(truth + [0] * 8, 1.0), "lookup": lambda: speculative.LookupDrafter(3)},
+        {
+            "oracle": lambda: bench_spec.NoisyOracle(truth + [0] * 8, 1.0),
+            "lookup": lambda: speculative.LookupDrafter(3),
+        },
         ids,
         12,
         (1, 3),
