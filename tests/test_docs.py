@@ -154,3 +154,40 @@ def test_docs_folder_holds_the_guides():
     """Check that the README's guides are there: the instructor guide, the benchmark records, the articles, the glossary."""
     for name in ("instructors.md", "benchmarks.md", "articles.md", "glossary.md"):
         assert (ROOT / "docs" / name).is_file(), f"docs/{name} is missing"
+
+
+# bold words in the notebooks that stress a point rather than name a term
+EMPHASIS = {
+    "last t of the s positions",
+    "each row's maximum",
+    "learns three matrices",
+    "your",
+    "naive",
+    "in place",
+    "top-left",
+    "last row",
+    "choose",
+    "in the cache",
+}
+
+
+def test_glossary_defines_every_term_the_notebooks_introduce():
+    """Check that docs/glossary.md holds every Chinese term a notebook gives in parentheses, and every term a notebook
+    sets in bold (labels such as "Try it." and stressed words aside), notebooks 01-10 and both parts of 02 and 08."""
+    import json
+    import re
+
+    glossary = (ROOT / "docs" / "glossary.md").read_text(encoding="utf-8")
+    chinese = re.compile(r"[(（,，;；、]\s*([\u4e00-\u9fff][\u4e00-\u9fffA-Za-z0-9 \-]*?)\s*[)）,，;；:：]")
+    missing = []
+    for path in sorted((ROOT / "solutions").glob("*/*.ipynb")):
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+        missing += [f"{path.parent.name}: {zh}" for zh in sorted(set(chinese.findall(text))) if zh not in glossary]
+        for bold in set(re.findall(r"\*\*([^*]{2,60}?)\*\*", text)):
+            if bold.rstrip().endswith((".", ":", "?")) or (bold[0].isupper() and " " in bold):
+                continue  # a label ("Try it.", "Your guess:") or a sentence's opening words
+            term = re.sub(r"\s*[(（].*", "", bold, flags=re.S).strip().lower().replace("\n", " ")
+            if term not in EMPHASIS and term not in glossary.lower() and term.rstrip("s") not in glossary.lower():
+                missing.append(f"{path.parent.name}: **{term}**")
+    assert not missing, f"terms the notebooks introduce that docs/glossary.md does not define: {missing}"

@@ -719,7 +719,8 @@ def test_bench_gqa_splits_each_step_into_its_fixed_part_and_its_cache_part(quick
 
 def test_fixed_part_is_reported_only_where_the_line_is_meaningful():
     """Check that a step linear in kv_len gives its intercept as the fixed part, one disturbed round does not move it,
-    and a negative intercept or a flat step is 'no split' with a reason: never a negative fixed part, never nan."""
+    and a negative intercept, one outside the rounds' own quartiles or a flat step is 'no split' with a reason: never a
+    negative fixed part, never nan, never a fixed part outside the spread printed beside it."""
     lens = [4096, 8192]
     clean = [[2e-3 + 1e-6 * S + 1e-5 * r for r in range(5)] for S in lens]  # fixed part about 2 ms, 5 rounds
     got = bench_gqa._fixed_part(lens, clean)
@@ -730,6 +731,9 @@ def test_fixed_part_is_reported_only_where_the_line_is_meaningful():
     bends = [[1e-3 for _ in range(5)], [9e-3 for _ in range(5)]]  # grows faster than a line through 0: intercept < 0
     no = bench_gqa._fixed_part(lens, bends)
     assert not no["ok"] and "below 0" in no["why"]
+    apart = [[t * 1e-3 for t in (13, 14, 11, 14, 14)], [t * 1e-3 for t in (14, 16, 13, 16, 15)]]  # 13 ms vs (12-12)
+    no = bench_gqa._fixed_part(lens, apart)  # the line through the medians and the rounds' lines disagree: noise
+    assert not no["ok"] and "outside the round-by-round intercepts' quartiles" in no["why"]
     flat = [[5e-3, 6e-3, 5e-3, 6e-3, 5e-3], [5e-3, 5e-3, 5e-3, 5e-3, 5e-3]]
     assert not bench_gqa._fixed_part(lens, flat)["ok"] and "did not grow" in bench_gqa._fixed_part(lens, flat)["why"]
 

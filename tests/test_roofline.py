@@ -604,6 +604,31 @@ def test_measure_roof_takes_the_best_kernel_of_each_ceiling():
         machine.measure_roof(n_bytes=1 << 20, n=64, rounds=0)
 
 
+def test_course_roof_is_one_roof_for_notebooks_05_and_07(tmp_path):
+    """Check that notebook 07's course_roof(reuse=True) returns the roof notebook 05 stored for this machine, that a
+    second run of 05 keeps each ceiling's best of both runs, and that a roof stored for another machine is not used."""
+    path, small = tmp_path / "roof.json", {"n_bytes": 1 << 20, "n": 64, "rounds": 1}
+    first = machine.course_roof(path=path, **small)  # notebook 05
+    assert first["stored"] == str(path) and first["runs"] == 1 and not first["reused"]
+    again = machine.course_roof(path=path, reuse=True)  # notebook 07: nothing measured
+    assert again["reused"] and (again["bandwidth"], again["flops"], again["ridge"]) == (
+        first["bandwidth"],
+        first["flops"],
+        first["ridge"],
+    )
+    second = machine.course_roof(path=path, **small)  # notebook 05 once more: the best of both runs
+    assert second["runs"] == 2 and second["bandwidth"] >= first["bandwidth"] and second["flops"] >= first["flops"]
+    assert second["ridge"] == second["flops"] / second["bandwidth"]
+    assert machine.course_roof(path=path, reuse=True)["ridge"] == second["ridge"]
+    stored = json.loads(path.read_text())
+    stored["key"]["device"] = "another CPU"
+    path.write_text(json.dumps(stored))
+    assert not machine.course_roof(path=path, reuse=True, **small)["reused"], "another machine's roof was reused"
+    unwritable = tmp_path / "file"
+    unwritable.write_text("")
+    assert machine.course_roof(path=unwritable / "roof.json", **small)["stored"] is None
+
+
 def test_measure_batches_times_every_batch():
     """Check that measure_batches gives one positive median per batch, with the record."""
     model = machine.random_model(

@@ -657,6 +657,7 @@ def test_iteration_level_arm_and_inter_token_gaps(tiny):
     assert paged["recomputed_tokens"] == 0 and paged["steps_with_prefill"] >= 1
     for r in (static, iteration, paged):
         assert r["itl_p50_s"] <= r["itl_p99_s"]
+        assert 0 < r["tpot_mean_s"] < r["seconds"]  # TPOT: each request's mean gap, averaged over the requests
 
 
 # ---------------------------------------------------------------------------------------------

@@ -377,6 +377,27 @@ def test_check_names_the_known_mistake(ex_id, name, fake, words):
     assert any(words in m for m in failures), failures
 
 
+def test_speedup_sweep_counts_the_drafts_proposed_per_pass(models):
+    """Check that speedup_sweep reports drafts proposed per verify pass: gamma for an oracle that always proposes
+    gamma tokens, at most gamma for prompt lookup (which proposes nothing where it finds no match)."""
+    (model, tokenizer), _ = models
+    ids = bench_spec.repeating_prompt(tokenizer)
+    truth = _plain(model, ids, 20)[0].tolist()
+    sweep = bench_spec.speedup_sweep(
+        model,
+        {
+            "oracle": lambda: bench_spec.NoisyOracle(truth + [0] * 8, 1.0),
+            "lookup": lambda: speculative.LookupDrafter(3),
+        },
+        ids,
+        12,
+        (1, 3),
+        rounds=1,
+    )
+    assert sweep["oracle"]["drafted_per_pass"] == pytest.approx([1.0, 3.0], abs=0.5)  # the last pass may draft fewer
+    assert all(0 <= d <= g for d, g in zip(sweep["lookup"]["drafted_per_pass"], (1, 3)))
+
+
 # ---------------------------------------------------------------------------------------------
 # The formula and the benchmark's shape of report
 

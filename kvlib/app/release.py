@@ -64,8 +64,10 @@ def assignments() -> list[str]:
 # - reading: 150 words a minute. Brysbaert (2019, Journal of Memory and Language 109:104047), a meta-analysis
 #   of 190 studies, puts adults' silent reading of English non-fiction at 238 wpm on average, most adults
 #   between 175 and 300, and finds it slower for longer words and for readers of English as a second language;
-#   it gives no rate for technical text. 150 sits below that range: prose read to be learned, dense with
-#   numbers, formulas and code names, by many learners in their second language.
+#   it gives no rate for technical text. Carver (1992, Journal of Reading 36(2):84-95) gives college readers'
+#   rates by purpose: about 200 wpm reading to learn, 138 reading to memorise. 150 sits between those two:
+#   prose read to be learned and worked with, dense with numbers, formulas and code names, by many learners in
+#   their second language.
 # - an exercise: 8 minutes (read the task and the contract 1, decide and write the function 4, run the try cell
 #   and the check and fix one slip 3); its graded cell and its hints cell are inside those minutes.
 # - every other code cell: half a minute, to run it and read its output.

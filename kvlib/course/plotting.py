@@ -843,10 +843,10 @@ def decode_against_batch(
         ax.set_title("Throughput")
         bx.set_ylabel("FLOPs per byte moved")
         bx.set_title("Arithmetic intensity")
-        gain = measured_tps[-1] / measured_tps[0]
-        fig.suptitle(
-            f"Batching reuses each weight read: {gain:.0f}x the tokens/s at batch {int(b[-1])}, "
-            f"until the ridge at {ridge:.3g} FLOP/B"
+        gain, predicted = measured_tps[-1] / measured_tps[0], predicted_tps[-1] / predicted_tps[0]
+        capped = f", capped past the ridge at {ridge:.3g} FLOP/B" if intensities[-1] > ridge else ""
+        fig.suptitle(  # worded by this run's numbers: the measured gain need not stop at the ridge
+            f"Batch {int(b[-1])} decoded {gain:.1f}x the tokens/s of batch 1 (the roofline: {predicted:.1f}x{capped})"
         )
         _note(fig, note)
     return _finish(fig)
@@ -1039,11 +1039,19 @@ def gqa_quality(rows, *, note=None):
         axes[1].yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
         axes[0].legend(loc="upper left", frameon=False, fontsize=11)
         steps = next((r["uptrain_steps"] for r in rows if "uptrain_steps" in r), None)
-        fig.suptitle(
-            "Pooling a trained MHA model's heads costs quality at once"
-            + (f"; {steps} steps of uptraining buy most of it back" if steps else ""),
-            fontsize=15,
+        converted = [r for r in rows if r["recipe"] != "original"]
+        span = lambda key, fmt: "-".join(format(f(r[key] for r in converted), fmt) for f in (min, max))  # noqa: E731
+        title = (
+            f"Converted, not trained: held-out loss {span('held_out_loss', '.2f')}, accuracy {span('accuracy', '.0%')}"
         )
+        if original:
+            title += f" (MHA: {original['held_out_loss']:.2f}, {original['accuracy']:.0%})"
+        if uptrained and steps and all("uptrained_held_out_loss" in r for r in converted):
+            title += (
+                f"\nafter {steps} steps of uptraining: loss {span('uptrained_held_out_loss', '.2f')}, "
+                f"accuracy {span('uptrained_accuracy', '.0%')}"
+            )
+        fig.suptitle(title, fontsize=15)  # worded by the rows' numbers, whatever they show
         _note(fig, note)
     return _finish(fig)
 

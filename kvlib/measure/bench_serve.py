@@ -65,6 +65,7 @@ def percentile(values, q):
 def _summary(requests, start, seconds, steps, held, reserved, extra=None):
     ttft = [r.times["first_token"] - start for r in requests]
     gaps = [b - a for r in requests for a, b in zip(r.times["tokens"], r.times["tokens"][1:])]
+    tpot = [float(np.mean(np.diff(r.times["tokens"]))) for r in requests if len(r.times["tokens"]) > 1]
     generated = sum(len(r.out) for r in requests)
     return {
         "requests": len(requests),
@@ -75,6 +76,7 @@ def _summary(requests, start, seconds, steps, held, reserved, extra=None):
         "ttft_p99_s": percentile(ttft, 99),
         "itl_p50_s": percentile(gaps, 50) if gaps else float("nan"),  # inter-token latency: every gap of every request
         "itl_p99_s": percentile(gaps, 99) if gaps else float("nan"),
+        "tpot_mean_s": statistics.fmean(tpot) if tpot else float("nan"),  # each request's mean gap, then their mean
         "steps": steps,
         "kv_utilisation": held / reserved if reserved else float("nan"),
         **(extra or {}),
@@ -336,7 +338,7 @@ def format_serve(report: dict) -> str:
     lines = [
         f"{t['requests']} requests ({t['distribution']}); KV budget {report['kv_budget']['token_slots']} token slots",
         f"{'':38s} {'tokens/s':>9s} {'steps':>6s} {'TTFT p50':>9s} {'TTFT p99':>9s} {'ITL p50':>8s} {'ITL p99':>8s} "
-        f"{'KV used':>8s}",
+        f"{'TPOT':>8s} {'KV used':>8s}",
     ]
     for name, r in (
         (f"static, contiguous (batch {s['batch']})", s),
@@ -345,7 +347,8 @@ def format_serve(report: dict) -> str:
     ):
         lines.append(
             f"{name:38s} {r['tokens_per_s']:9.0f} {r['steps']:6d} {r['ttft_p50_s']:8.2f}s {r['ttft_p99_s']:8.2f}s "
-            f"{r['itl_p50_s'] * 1e3:6.1f}ms {r['itl_p99_s'] * 1e3:6.1f}ms {r['kv_utilisation']:8.1%}"
+            f"{r['itl_p50_s'] * 1e3:6.1f}ms {r['itl_p99_s'] * 1e3:6.1f}ms {r['tpot_mean_s'] * 1e3:6.1f}ms "
+            f"{r['kv_utilisation']:8.1%}"
         )
     lines += [
         "KV used with contiguous reservation is modelled: each request assumed to reserve max_seq_len slots",

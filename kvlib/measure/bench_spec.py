@@ -147,15 +147,16 @@ def rounds_of(tracing: Tracing, output: list[int]) -> list[dict]:
 
 
 def speedup_sweep(model, drafters: dict, input_ids: torch.Tensor, n_new: int, gammas, rounds: int = 3) -> dict:
-    """label -> {speedup: [median paired ratio per gamma], alpha, passes}: each drafter factory against plain cached
-    greedy decoding of the same prompt, plain and speculative timed one after the other in every round."""
+    """label -> {speedup: [median paired ratio per gamma], alpha, drafted_per_pass: [drafts proposed per verify pass,
+    per gamma]}: each drafter factory against plain cached greedy decoding of the same prompt, plain and speculative
+    timed one after the other in every round."""
     from kvlib.kv_cache import KVCache  # noqa: PLC0415 (late binding: runs the learner's code)
     from kvlib.speculative import speculative_generate  # noqa: PLC0415 (late binding: runs the learner's code)
 
     cache = KVCache(model.config, max_seq_len=input_ids.shape[1] + n_new + max(gammas) + 1)
     out = {}
     for label, make in drafters.items():
-        ratios, drafted, accepted = {g: [] for g in gammas}, 0, 0
+        ratios, drafted, accepted, per_pass = {g: [] for g in gammas}, 0, 0, {g: [] for g in gammas}
         for _ in range(rounds):
             for g in gammas:
                 start = time.perf_counter()
@@ -168,11 +169,13 @@ def speedup_sweep(model, drafters: dict, input_ids: torch.Tensor, n_new: int, ga
                 ratios[g].append(plain_s / (time.perf_counter() - start))
                 if not torch.equal(got, want):
                     raise AssertionError(f"{label}, gamma {g}: speculative decoding changed the tokens")
-                a, checked, _ = counted.acceptance(got.shape[1])
+                a, checked, proposed = counted.acceptance(got.shape[1])
                 accepted, drafted = accepted + a, drafted + checked
+                per_pass[g].append(proposed / max(len(counted.fed) - 1, 1))  # the first forward is the prefill
         out[label] = {
             "speedup": [statistics.median(ratios[g]) for g in gammas],
             "alpha": accepted / drafted if drafted else 0.0,
+            "drafted_per_pass": [statistics.fmean(per_pass[g]) for g in gammas],
         }
     return out
 

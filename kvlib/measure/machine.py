@@ -7,8 +7,10 @@ Recorded GPU runs of `kvlib bench` (assets/recordings) load with load_recordings
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -198,6 +200,66 @@ def measure_roof(
         "rounds": rounds,
         "record": record,
     }
+
+
+def roof_path() -> Path:
+    """$XDG_CACHE_HOME/kvlib/roof.json (~/.cache/kvlib/roof.json by default): the course's roof of this machine."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvlib" / "roof.json"
+
+
+def _roof_key(record: dict) -> dict:
+    """What must match for a stored roof to be this machine's: the CPU or GPU, its architecture, threads, torch."""
+    return {k: record.get(k) for k in ("device", "device_type", "machine", "threads", "torch")}
+
+
+def course_roof(*, reuse: bool = False, path: Path | None = None, **measure) -> dict:
+    """One roof for the whole course on this machine, so notebooks 05 and 07 draw the same ridge.
+
+    reuse=False (notebook 05): measure_roof(**measure) (5 rounds unless told), then keep, ceiling by
+    ceiling, the best of this run and of the roof stored before for the same machine (a ceiling is
+    the best of its runs), and store the result. reuse=True (notebook 07): return the stored roof
+    unchanged, measuring (and storing) only where none is stored for this machine. A folder that
+    cannot be written (a grading jail) only means nothing is stored. Returns measure_roof's dict plus
+    "runs" (the runs it is the best of), "measured_at" (UTC, ISO, of the last run), "reused" (True:
+    read from the file, nothing measured) and "stored" (the file it came from or went to, or None).
+    Example: course_roof(reuse=True)["ridge"] is the ridge notebook 05 last printed on this machine
+    """
+    try:
+        path = path or roof_path()
+    except (RuntimeError, KeyError):  # no home folder to be found (some jails): measure, store nothing
+        path = None
+    key = _roof_key(environment("cpu", threads=1))
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        stored = stored if stored.get("key") == key else None
+    except (OSError, ValueError, AttributeError):  # none stored, half a file, or no path
+        stored = None
+    if reuse and stored is not None:
+        return {**stored["roof"], "stored": str(path), "reused": True}
+    roof = measure_roof(**{"rounds": 5, **measure})
+    roof["runs"], roof["reused"] = 1, False
+    roof["measured_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    if stored is not None:  # the best of both runs, each ceiling on its own
+        old = stored["roof"]
+        roof["per_kernel"] = {
+            k: max(roof["per_kernel"].get(k, 0.0), old["per_kernel"].get(k, 0.0))
+            for k in [*roof["per_kernel"], *(k for k in old["per_kernel"] if k not in roof["per_kernel"])]
+        }
+        for ceiling in ("bandwidth", "flops"):
+            if old[ceiling] > roof[ceiling]:
+                roof[ceiling], roof[f"{ceiling}_kernel"] = old[ceiling], old[f"{ceiling}_kernel"]
+        roof["ridge"], roof["runs"] = roof["flops"] / roof["bandwidth"], old.get("runs", 1) + 1
+    try:
+        if path is None:
+            raise OSError("no folder to store the roof in")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        part = path.with_name(f"{path.name}.{os.getpid()}")  # written whole, then renamed: a reader never sees half
+        part.write_text(json.dumps({"key": key, "roof": roof}, indent=1), encoding="utf-8")
+        os.replace(part, path)
+        roof["stored"] = str(path)
+    except OSError:
+        roof["stored"] = None
+    return roof
 
 
 def measure_batches(

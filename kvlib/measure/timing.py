@@ -1,8 +1,8 @@
 """Measuring honestly: warm up, repeat, report the median and spread, and record what produced
 the number (device, threads, torch version, shapes) beside it.
 
-Used by the notebooks' measurements and by `kvlib bench`. Threads default to one: on a shared
-CPU, multithreaded timings are bimodal. Not here: anything that asserts on time.
+Used by the notebooks' measurements and by `kvlib bench`. Threads default to one, so runs on a
+shared CPU compare with each other and with the course's records. Not here: anything that asserts on time.
 """
 
 from __future__ import annotations
