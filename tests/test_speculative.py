@@ -4,6 +4,8 @@ the benchmark's shape of report.
 
 Runs in reference mode (conftest). No test asserts on time."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -135,11 +137,12 @@ def test_own_document_prompt_gives_the_models_text_back_with_its_beginning_again
     assert shares["own_document_prompt"] > 0.9 > 0.6 > shares["repeating_prompt"], shares
 
 
-def test_no_lookup_policy_makes_two_tokens_a_pass_on_repeating_prompt(lookup_counted):
-    """Check the docs' reading of repeating_prompt: whatever n-gram, occurrence or source, no lookup policy makes
-    2 tokens per model pass, so no lookup can be 2x there; on the model's own document 10.4's lookup makes 3+."""
+def test_no_lookup_policy_keeps_one_draft_a_pass_on_repeating_prompt(lookup_counted):
+    """Check the docs' reading of repeating_prompt: whatever n-gram, occurrence or source, no lookup policy keeps
+    one draft per verify pass, so 1 + accepted per pass, which caps the speedup, stays below 2x for any lookup
+    there; on the model's own document 10.4's lookup makes 3+ tokens a pass."""
     for policy, per_gamma in lookup_counted["repeating_prompt"].items():
-        assert all(r["tokens_per_pass"] < 2 for r in per_gamma.values()), (policy, per_gamma)
+        assert all(r["accepted_per_pass"] < 1 for r in per_gamma.values()), (policy, per_gamma)
     ours = lookup_counted["own_document_prompt"]["n=3, latest (exercise 10.4)"]
     assert ours[8]["tokens_per_pass"] > 3 and ours[8]["alpha"] > 0.8, ours
     for per_gamma in lookup_counted["repeating_prompt"].values():
@@ -167,6 +170,19 @@ def test_lookup_policy_defaults_to_exercise_10_4_and_makes_each_published_choice
     assert bench_spec.lookup_policy(prompt_then_text, 3, n=2) == [4, 1, 2]
 
 
+def test_speedup_sweep_counts_tokens_per_pass(models):
+    """Check that speedup_sweep reports alpha and tokens per model pass as counts: a drafter that knows the text
+    (alpha 1) at gamma 3 makes 8 tokens in 3 passes (the prefill's 1, then 4, then 3 cut at the 8th)."""
+    (model, tokenizer), _ = models
+    ids = torch.tensor([tokenizer.encode(corpus.ANCHORS[1][0])])
+    truth = _plain(model, ids, 8)[0].tolist()
+    out = bench_spec.speedup_sweep(model, {"oracle": lambda: bench_spec.NoisyOracle(truth, 1.0)}, ids, 8, (3,), 1)
+    assert out["oracle"]["alpha"] == 1.0
+    assert out["oracle"]["tokens_per_pass"] == [8 / 3]
+    assert out["oracle"]["speedup_cap"] == [7 / 2]  # 7 tokens after the prefill's, in 2 verify passes
+    assert len(out["oracle"]["speedup"]) == 1
+
+
 def test_copied_share_counts_runs_found_earlier():
     """Check copied_share on a copy, a copy of a copy (overlapping), new tokens and runs below min_span."""
     assert bench_spec.copied_share([1, 2, 3, 4, 5, 1, 2, 3, 4, 5], 5) == (1.0, [5])
@@ -185,8 +201,6 @@ def test_drafter_model_shares_the_vocabulary_and_is_smaller(models):
 def test_drafter_ships_with_its_checksum_and_the_manifest_of_its_training_preset():
     """Check that assets/draft records, as assets/tiny does, its checksum, settings and evaluation, and that its
     config is what `python -m kvlib.study.train --preset draft` trains, for DRAFT_STEPS steps."""
-    import json  # noqa: PLC0415
-
     from kvlib.core.weights import DRAFT_DIR, TINY_DIR, sha256_of  # noqa: PLC0415
     from kvlib.study.train import DRAFT_STEPS, draft_config  # noqa: PLC0415
 
@@ -497,6 +511,8 @@ def test_bench_spec_quick_reports_every_part():
                 "tokens_per_pass",
                 "drafted_per_pass",
                 "accepted_per_pass",
+                "speedup_cap",
+                "above_cap",
                 "formula_tokens_per_pass",
                 "predicted_speedup",
                 "speedup",
@@ -508,5 +524,6 @@ def test_bench_spec_quick_reports_every_part():
     assert set(report["lookup_counts"]["repeating_prompt"]) == set(bench_spec.LOOKUP_POLICIES)
     text = bench_spec.format_spec(report)
     assert "kvlib bench spec" in text
+    assert json.loads(json.dumps(report))["identical"]  # what --json prints
     for name, what in bench_spec.WAY_TITLES.values():  # every prompt is said for what it is
         assert name in text and what in text
