@@ -497,6 +497,46 @@ def test_tokens_per_pass_formula_is_the_geometric_sum():
     assert bench_spec.alpha_formula(1.0, 3) == 4
 
 
+def test_format_spec_marks_a_speedup_above_its_cap_as_noise():
+    """Check that a measured speedup above 1 + accepted per pass is printed with its cap, marked, and that the goal
+    line it would decide says it is no verdict (no clock: a made-up report)."""
+
+    def row(gamma, speedup, accepted):
+        return {
+            "gamma": gamma, "alpha": 0.9, "drafted_per_pass": 1.0, "accepted_per_pass": accepted,
+            "tokens_per_pass": 1.5, "formula_tokens_per_pass": 2.0, "predicted_speedup": 1.8, "speedup": speedup,
+            "speedup_min_max": (speedup, speedup), "speedup_cap": 1 + accepted, "above_cap": speedup > 1 + accepted,
+        }  # fmt: skip
+
+    report = {
+        "record": {"device": "cpu", "threads": 1, "torch": "x"},
+        "cost_ratio": {"model": 0.2, "lookup": 0.1},
+        "step_seconds": {"draft": 1e-3, "model": 4e-3},
+        "table": {"lookup": [row(1, 1.2, 0.5), row(4, 3.0, 0.2)]},
+        "prompts": {"lookup": 1},
+        "prompt_tokens": {"lookup": [291]},
+        "copied_share": {"lookup": 0.5},
+        "copied_runs": {"lookup": [[5, 5, 22]]},
+        "max_new_tokens": 64,
+        "rounds": 5,
+        "goals": {
+            "lookup": {"goal": 2.0, "met": True, "speedup": 3.0, "best_gamma": 4, "above_cap": True, "speedup_cap": 1.2}
+        },
+        "identical": True,
+        "lookup_counts": {},
+        "bandwidth": 1e10,
+        "matmul_flops": 1e10,
+        "weight_bytes": 3e6,
+        "forward_by_tokens": {1: 4e-3},
+        "forward_ratio_by_tokens": {1: 1.0},
+        "roofline_by_tokens": {1: 3e-4},
+    }
+    lines = bench_spec.format_spec(report).splitlines()
+    assert [line.endswith("*") for line in lines if line.startswith(("    1 ", "    4 "))] == [False, True]
+    assert any("1.20  3.00x" in line for line in lines)
+    assert any(line.startswith("goal 2.0x: met, 3.00x") and "noise, not a verdict" in line for line in lines)
+
+
 @pytest.mark.slow
 def test_bench_spec_quick_reports_every_part():
     """Check that a quick `kvlib bench spec` run reports each part, with identical tokens."""
