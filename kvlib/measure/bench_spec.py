@@ -91,10 +91,12 @@ def own_document_prompt(
     The document is `start` (the course's English anchor question) and the model's greedy text after it,
     n_tokens tokens, cut after its last full line; the prompt is the document, then `start` again. The model
     cannot copy, but it writes the same text again where its context reads the same, so the continuation
-    repeats the context (copied_share says how much). Full recompute (train.greedy_text): no learner code."""
+    repeats the context (copied_share says how much). Full recompute (train.greedy_text): no learner code; one
+    thread, so the same document whatever the caller's thread count (a near tie could otherwise flip a token)."""
     from kvlib.study.train import greedy_text  # noqa: PLC0415 (start-up time: the training module is large)
 
-    written = start + greedy_text(model, tokenizer, start, n_tokens)
+    with num_threads(1):
+        written = start + greedy_text(model, tokenizer, start, n_tokens)
     if "\n" not in written[len(start) :]:
         raise ValueError(f"the model wrote no full line in {n_tokens} tokens after {start!r}: no document to give back")
     document = written[: written.rindex("\n") + 1]
