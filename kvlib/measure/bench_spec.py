@@ -8,10 +8,10 @@ ratio c of a draft step to a model step, and the speedup predicted by Leviathan 
 time against the tokens fed at once (1 ... 16), beside notebook 05's roofline. Every run checks
 that the tokens equal plain greedy decoding's. One thread by default.
 
-Prompt lookup runs on two prompts, each said for what it is (LOOKUP_PROMPTS): repeating_prompt, whose
-prompt repeats but whose continuation does not (the tiny model never learned to copy, so it writes a
-record of its own), and own_document_prompt, the model's own greedy text given back with its beginning
-again, whose continuation does repeat the context. copied_share measures, without a drafter, how much
+Prompt lookup runs on two prompts, each printed with what it is (WAY_TITLES): repeating_prompt, whose
+prompt repeats but whose continuation does not (the tiny model writes a record of its own instead of
+copying one), and own_document_prompt, the model's own greedy text given back with its beginning again,
+whose continuation does repeat the context. copied_share measures, without a drafter, how much
 of each continuation repeats earlier text; lookup_counts counts (no clock) what other lookup policies
 (shorter n-grams, the earliest occurrence, the prompt alone as source) would propose and keep.
 """
@@ -75,9 +75,9 @@ def plain_greedy(model, input_ids: torch.Tensor, max_new_tokens: int, cache) -> 
 def repeating_prompt(tokenizer, n_records: int = 4, times: int = 2) -> torch.Tensor:
     """Training records, written twice, then the first half of the first again: a prompt that repeats.
 
-    Its continuation does not: the tiny model, trained on shuffled records (no record ever repeats within a
-    training row), never learned to copy, and writes a record of its own ("...capital of Serbia?" where the
-    prompt's record asks about France), so prompt lookup finds little to propose here."""
+    Its continuation does not: the tiny model, trained on rows of records drawn at random (a record comes back
+    within a row in well under 1% of rows), does not copy the repeated records but writes one of its own
+    ("...capital of Serbia?" where the prompt's record asks about France), so prompt lookup finds little here."""
     records = corpus.records("train")[:: len(corpus.records("train")) // n_records][:n_records]
     text = "\n".join(records) + "\n"
     return torch.tensor([tokenizer.encode(text * times + records[0][: len(records[0]) // 2])])
@@ -89,9 +89,9 @@ def own_document_prompt(
     """A document the model wrote itself, given back with its beginning again, as an editing task gives one back.
 
     The document is `start` (the course's English anchor question) and the model's greedy text after it,
-    n_tokens tokens, cut after its last full line; the prompt is the document, then `start` again. The model
-    cannot copy, but it writes the same text again where its context reads the same, so the continuation
-    repeats the context (copied_share says how much). Full recompute (train.greedy_text): no learner code; one
+    n_tokens tokens, cut after its last full line; the prompt is the document, then `start` again. Whether the
+    model copies or writes the same text again where its context reads the same, the continuation repeats the
+    context (copied_share says how much). Full recompute (train.greedy_text): no learner code; one
     thread, so the same document whatever the caller's thread count (a near tie could otherwise flip a token)."""
     from kvlib.study.train import greedy_text  # noqa: PLC0415 (start-up time: the training module is large)
 
@@ -159,12 +159,9 @@ class PolicyDrafter:
         self.policy = dict(policy)
         if self.policy.get("source") == "prompt":
             self.policy["source"] = prompt_len
-        self.proposed: list[int] = []  # tokens proposed per call
 
     def propose(self, tokens: list[int], k: int) -> list[int]:
-        drafts = lookup_policy(tokens, k, **self.policy)
-        self.proposed.append(len(drafts))
-        return drafts
+        return lookup_policy(tokens, k, **self.policy)
 
 
 # name -> lookup_policy's arguments; None: the learner's own prompt_lookup (exercise 10.4) through LookupDrafter(3)
@@ -485,8 +482,8 @@ WAY_TITLES = {
     "lookup": (
         "prompt lookup (exercise 10.4, n=3) on repeating_prompt",
         "four training records written twice, then half of the first again. The prompt repeats, its continuation "
-        "does not: the tiny model never learned to copy (trained on shuffled records) and writes a record of its "
-        "own, so lookup finds little to propose: a case where lookup does not pay",
+        "does not: the tiny model, trained on records drawn at random, writes a record of its own instead of "
+        "copying one, so lookup finds little to propose: a case where lookup does not pay",
     ),
     "lookup_document": (
         "prompt lookup (exercise 10.4, n=3) on own_document_prompt",
