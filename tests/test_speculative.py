@@ -4,6 +4,8 @@ the benchmark's shape of report.
 
 Runs in reference mode (conftest). No test asserts on time."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -98,11 +100,117 @@ def test_prompt_lookup_speculation_equals_greedy_on_a_repeating_prompt(models):
         assert len(calls) < 40
 
 
+# ---------------------------------------------------------------------------------------------
+# Prompt lookup: where it finds little, where the continuation copies, and the choices it makes
+
+
+@pytest.fixture(scope="module")
+def lookup_prompts(models):
+    (model, tokenizer), _ = models
+    return {
+        "repeating_prompt": bench_spec.repeating_prompt(tokenizer),
+        "own_document_prompt": bench_spec.own_document_prompt(model, tokenizer),
+    }
+
+
+@pytest.fixture(scope="module")
+def lookup_counted(models, lookup_prompts):
+    (model, _), _ = models
+    return bench_spec.lookup_counts(model, lookup_prompts, 64, gammas=(4, 8))
+
+
+def test_own_document_prompt_gives_the_models_text_back_with_its_beginning_again(models, lookup_prompts):
+    """Check that the prompt is the model's own greedy text after the anchor, cut after a full line, then the anchor,
+    and that the model's continuation repeats that context where repeating_prompt's does not (counted, no clock)."""
+    (model, tokenizer), _ = models
+    anchor = corpus.ANCHORS[1][0]
+    ids = lookup_prompts["own_document_prompt"]
+    text = tokenizer.decode(ids[0].tolist())
+    document = text[: -len(anchor)]
+    assert text.startswith(anchor) and text.endswith("\n" + anchor)
+    written = tokenizer.decode(_plain(model, torch.tensor([tokenizer.encode(anchor)]), 200)[0].tolist())
+    assert written.startswith(document), "the document is what greedy decoding writes after the anchor"
+    shares = {}
+    for name, prompt in lookup_prompts.items():
+        want = _plain(model, prompt, 64)[0].tolist()
+        shares[name] = bench_spec.copied_share(want, prompt.shape[1])[0]
+    assert shares["own_document_prompt"] > 0.9 > 0.6 > shares["repeating_prompt"], shares
+
+
+def test_no_lookup_policy_keeps_one_draft_a_pass_on_repeating_prompt(lookup_counted):
+    """Check the docs' reading of repeating_prompt: whatever n-gram, occurrence or source, no lookup policy keeps
+    one draft per verify pass, so 1 + accepted per pass, which caps the speedup, stays below 2x for any lookup
+    there; on the model's own document 10.4's lookup makes 3+ tokens a pass."""
+    for policy, per_gamma in lookup_counted["repeating_prompt"].items():
+        assert all(r["accepted_per_pass"] < 1 for r in per_gamma.values()), (policy, per_gamma)
+    ours = lookup_counted["own_document_prompt"]["n=3, latest (exercise 10.4)"]
+    assert ours[8]["tokens_per_pass"] > 3 and ours[8]["alpha"] > 0.8, ours
+    for per_gamma in lookup_counted["repeating_prompt"].values():
+        assert all(r["accepted_per_pass"] <= r["proposed_per_pass"] for r in per_gamma.values())
+
+
+def test_lookup_policy_defaults_to_exercise_10_4_and_makes_each_published_choice():
+    """Check that lookup_policy with its defaults is prompt_lookup (n=3, latest), and each choice it offers:
+    the earliest occurrence, shorter n-grams, k whole tokens or none, the prompt alone as source."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        tokens = [int(t) for t in rng.integers(4, size=int(rng.integers(1, 30)))]
+        assert bench_spec.lookup_policy(tokens, 4) == speculative.prompt_lookup(tokens, 3, 4), tokens
+    text = [5, 1, 2, 7, 8, 1, 2, 9, 1, 2]
+    assert bench_spec.lookup_policy(text, 2, n=2) == [9, 1]
+    assert bench_spec.lookup_policy(text, 2, n=2, latest=False) == [7, 8]
+    assert bench_spec.lookup_policy([1, 2, 3, 1, 2, 3, 1, 2, 3], 2, n=3, n_min=1, latest=False, whole=True) == [1, 2]
+    assert bench_spec.lookup_policy([1, 2, 3, 4, 5, 6, 7, 8, 9], 2, n=3, n_min=1) == []
+    assert bench_spec.lookup_policy([4, 6, 1, 2, 3, 9, 5, 3], 2, n=3) == []  # no 3-gram match
+    assert bench_spec.lookup_policy([4, 6, 1, 2, 3, 9, 5, 3], 2, n=3, n_min=1) == [9, 5]  # the 1-gram [3]
+    assert bench_spec.lookup_policy([3, 1, 2, 3], 4, n=1) == [1, 2, 3]  # what there is, up to k
+    assert bench_spec.lookup_policy([3, 1, 2, 3], 4, n=1, whole=True) == []  # k whole tokens or none
+    prompt_then_text = [1, 2, 3, 6, 1, 2, 4, 1, 2]  # the prompt is the first 4
+    assert bench_spec.lookup_policy(prompt_then_text, 3, n=2, source=4) == [3, 6]
+    assert bench_spec.lookup_policy(prompt_then_text, 3, n=2) == [4, 1, 2]
+
+
+def test_speedup_sweep_counts_tokens_per_pass(models):
+    """Check that speedup_sweep reports alpha and tokens per model pass as counts: a drafter that knows the text
+    (alpha 1) at gamma 3 makes 8 tokens in 3 passes (the prefill's 1, then 4, then 3 cut at the 8th)."""
+    (model, tokenizer), _ = models
+    ids = torch.tensor([tokenizer.encode(corpus.ANCHORS[1][0])])
+    truth = _plain(model, ids, 8)[0].tolist()
+    out = bench_spec.speedup_sweep(model, {"oracle": lambda: bench_spec.NoisyOracle(truth, 1.0)}, ids, 8, (3,), 1)
+    assert out["oracle"]["alpha"] == 1.0
+    assert out["oracle"]["tokens_per_pass"] == [8 / 3]
+    assert out["oracle"]["speedup_cap"] == [7 / 2]  # 7 tokens after the prefill's, in 2 verify passes
+    assert len(out["oracle"]["speedup"]) == 1
+
+
+def test_copied_share_counts_runs_found_earlier():
+    """Check copied_share on a copy, a copy of a copy (overlapping), new tokens and runs below min_span."""
+    assert bench_spec.copied_share([1, 2, 3, 4, 5, 1, 2, 3, 4, 5], 5) == (1.0, [5])
+    assert bench_spec.copied_share([1, 2, 1, 2, 1, 2, 1, 2], 2) == (1.0, [6])
+    assert bench_spec.copied_share([1, 2, 3, 4, 9, 8, 7, 6], 4) == (0.0, [])
+    assert bench_spec.copied_share([1, 2, 3, 9, 1, 2, 3, 4, 5, 6, 7, 0], 4, min_span=3) == (0.375, [3])
+
+
 def test_drafter_model_shares_the_vocabulary_and_is_smaller(models):
     """Check that the shipped drafter is smaller than the tiny model and speaks its vocabulary."""
     (model, _), draft = models
     assert draft.config.vocab_size == model.config.vocab_size
     assert draft.num_params() * 4 < model.num_params()
+
+
+def test_drafter_ships_with_its_checksum_and_the_manifest_of_its_training_preset():
+    """Check that assets/draft records, as assets/tiny does, its checksum, settings and evaluation, and that its
+    config is what `python -m kvlib.study.train --preset draft` trains, for DRAFT_STEPS steps."""
+    from kvlib.core.weights import DRAFT_DIR, TINY_DIR, sha256_of  # noqa: PLC0415
+    from kvlib.study.train import DRAFT_STEPS, draft_config  # noqa: PLC0415
+
+    manifest = json.loads((DRAFT_DIR / "manifest.json").read_text(encoding="utf-8"))
+    tiny = json.loads((TINY_DIR / "manifest.json").read_text(encoding="utf-8"))
+    assert set(tiny) <= set(manifest)
+    assert manifest["weights_sha256"] == sha256_of(DRAFT_DIR / "model.pt")
+    assert manifest["config"] == draft_config(manifest["config"]["vocab_size"]).to_dict()
+    assert manifest["settings"]["steps"] == DRAFT_STEPS
+    assert manifest["corpus"]["train_text_sha256"] == tiny["corpus"]["train_text_sha256"]  # the same corpus
 
 
 def test_bad_inputs_name_the_problem(models):
@@ -410,22 +518,73 @@ def test_tokens_per_pass_formula_is_the_geometric_sum():
     assert bench_spec.alpha_formula(1.0, 3) == 4
 
 
+def test_format_spec_marks_a_speedup_above_its_cap_as_noise():
+    """Check that a measured speedup above 1 + accepted per pass is printed with its cap, marked, and that the goal
+    line it would decide says it is no verdict (no clock: a made-up report)."""
+
+    def row(gamma, speedup, accepted):
+        return {
+            "gamma": gamma, "alpha": 0.9, "drafted_per_pass": 1.0, "accepted_per_pass": accepted,
+            "tokens_per_pass": 1.5, "formula_tokens_per_pass": 2.0, "predicted_speedup": 1.8, "speedup": speedup,
+            "speedup_min_max": (speedup, speedup), "speedup_cap": 1 + accepted, "above_cap": speedup > 1 + accepted,
+        }  # fmt: skip
+
+    report = {
+        "record": {"device": "cpu", "threads": 1, "torch": "x"},
+        "cost_ratio": {"model": 0.2, "lookup": 0.1},
+        "step_seconds": {"draft": 1e-3, "model": 4e-3},
+        "table": {"lookup": [row(1, 1.2, 0.5), row(4, 3.0, 0.2)]},
+        "prompts": {"lookup": 1},
+        "prompt_tokens": {"lookup": [291]},
+        "copied_share": {"lookup": 0.5},
+        "copied_runs": {"lookup": [[5, 5, 22]]},
+        "max_new_tokens": 64,
+        "rounds": 5,
+        "goals": {
+            "lookup": {"goal": 2.0, "met": True, "speedup": 3.0, "best_gamma": 4, "above_cap": True, "speedup_cap": 1.2}
+        },
+        "identical": True,
+        "lookup_counts": {},
+        "bandwidth": 1e10,
+        "matmul_flops": 1e10,
+        "weight_bytes": 3e6,
+        "forward_by_tokens": {1: 4e-3},
+        "forward_ratio_by_tokens": {1: 1.0},
+        "roofline_by_tokens": {1: 3e-4},
+    }
+    lines = bench_spec.format_spec(report).splitlines()
+    assert [line.endswith("*") for line in lines if line.startswith(("    1 ", "    4 "))] == [False, True]
+    assert any("1.20  3.00x" in line for line in lines)
+    assert any(line.startswith("goal 2.0x: met, 3.00x") and "noise, not a verdict" in line for line in lines)
+
+
 @pytest.mark.slow
 def test_bench_spec_quick_reports_every_part():
     """Check that a quick `kvlib bench spec` run reports each part, with identical tokens."""
     report = bench_spec.bench_spec(quick=True, max_new_tokens=8)
     assert report["identical"]
-    assert set(report["table"]) == {"model", "lookup"}
+    assert set(report["table"]) == {"model", "lookup", "lookup_document"}
     for rows in report["table"].values():
         for row in rows:
             assert {
                 "gamma",
                 "alpha",
                 "tokens_per_pass",
+                "drafted_per_pass",
+                "accepted_per_pass",
+                "speedup_cap",
+                "above_cap",
                 "formula_tokens_per_pass",
                 "predicted_speedup",
                 "speedup",
             } <= set(row)
     assert set(report["forward_by_tokens"]) == {1, 2, 4, 8, 16}
-    assert set(report["goals"]) == {"model", "lookup"}
-    assert "kvlib bench spec" in bench_spec.format_spec(report)
+    assert set(report["goals"]) == {"model", "lookup", "lookup_document"}
+    assert set(report["copied_share"]) == set(report["table"])
+    assert set(report["lookup_counts"]) == {"repeating_prompt", "own_document_prompt"}
+    assert set(report["lookup_counts"]["repeating_prompt"]) == set(bench_spec.LOOKUP_POLICIES)
+    text = bench_spec.format_spec(report)
+    assert "kvlib bench spec" in text
+    assert json.loads(json.dumps(report))["identical"]  # what --json prints
+    for name, what in bench_spec.WAY_TITLES.values():  # every prompt is said for what it is
+        assert name in text and what in text

@@ -175,8 +175,9 @@ BENCHES = {
         "format_fused",
     ),
     "spec": (
-        "speculative decoding: a drafter model and prompt lookup against gamma, alpha, tokens per pass beside the "
-        "formula, the cost ratio c, predicted and measured speedup, a forward's time against tokens fed at once",
+        "speculative decoding: a drafter model, and prompt lookup on a prompt that repeats and on the model's own "
+        "document given back, against gamma: alpha, tokens per pass beside the formula, the cost ratio c, predicted "
+        "and measured speedup; lookup's choices counted; a forward's time against tokens fed at once",
         "bench_spec",
         "format_spec",
     ),
