@@ -489,7 +489,14 @@ def prompt_lookup_proposes_what_followed_the_latest_match(sp, rng):
     hint = HINT.format("10.4")
     for tokens, n, k, want, slip in (
         ([1, 2, 3, 9, 1, 2], 2, 3, [3, 9, 1], None),
-        ([5, 1, 7, 8, 5, 1, 9, 5, 1], 2, 2, [9, 5], "the first occurrence was used: propose what followed the LATEST"),
+        (
+            [5, 1, 7, 8, 5, 1, 9, 5, 1],
+            2,
+            2,
+            [9, 5],
+            "the first occurrence was used: this exercise asks for what followed the LATEST "
+            "(the earliest, as vLLM takes, is another valid drafter)",
+        ),
         ([4, 2, 4], 1, 3, [2, 4], None),
         ([3, 3, 3, 3], 2, 2, [3], None),
         ([6, 7, 8, 9], 2, 4, [], None),
