@@ -9,6 +9,7 @@ browser is downloaded. Without them the test is skipped, unless KVLIB_BROWSER_TE
 (set by .ci/run), where it fails instead.
 """
 
+import builtins
 import json
 import math
 import os
@@ -16,6 +17,7 @@ import re
 import shutil
 import socket
 import subprocess
+import symtable
 import time
 import urllib.error
 import urllib.request
@@ -182,9 +184,10 @@ KERNEL_IDLE = f"""(path) => {{
     const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
     return !!(k && k.status === 'idle' && w.content && w.content.model && w.context.path === path);
 }}"""
-CELL_REPORT = f"""(upto) => {{
+CELL_REPORT = f"""(which) => {{
     const m = {CURRENT}.content.model, report = {{errors: [], unrun: 0, code: 0}};
-    for (let i = 0; i < (upto == null ? m.cells.length : upto); i++) {{
+    const cells = which == null ? [...Array(m.cells.length).keys()] : which;
+    for (const i of cells) {{
         const c = m.cells.get(i);
         if (c.type !== 'code') continue;
         report.code += 1;
@@ -202,19 +205,25 @@ def _open(page, server, notebook: str):
     page.wait_for_function(KERNEL_IDLE, arg=notebook, timeout=90_000)
 
 
-def _open_and_run_all(page, server, notebook: str, timeout_s: float = 120, through: int | None = None):
-    """Open the notebook and run its cells: all of them, or those up to and including cell `through`."""
-    _open(page, server, notebook)
-    if through is not None:  # run-all-above runs the cells above the active one
-        page.evaluate(f"window.jupyterapp.shell.currentWidget.content.activeCellIndex = {through + 1}")
-    command = "notebook:run-all-cells" if through is None else "notebook:run-all-above"
+def _run(page, command: str, timeout_s: float) -> None:
+    """Run a JupyterLab command and wait until its promise settles (a run command's, when its cells have run)."""
     page.evaluate(
         f"window.__ran = undefined; window.jupyterapp.commands.execute('{command}')"
         ".then(r => { window.__ran = String(r); }, e => { window.__ran = 'failed: ' + e; })"
     )
     page.wait_for_function("window.__ran !== undefined", timeout=timeout_s * 1000)
+
+
+def _open_and_run_all(page, server, notebook: str, timeout_s: float = 120, cells: list[int] | None = None):
+    """Open the notebook and run its cells: all of them, or only `cells` (indices), one by one, in order."""
+    _open(page, server, notebook)
+    if cells is None:
+        _run(page, "notebook:run-all-cells", timeout_s)
+    for i in cells or ():
+        page.evaluate(f"window.jupyterapp.shell.currentWidget.content.activeCellIndex = {i}")
+        _run(page, "notebook:run-cell", timeout_s)
     page.wait_for_function(KERNEL_IDLE, arg=notebook, timeout=60_000)
-    report = page.evaluate(CELL_REPORT, None if through is None else through + 1)
+    report = page.evaluate(CELL_REPORT, cells)
     assert not report["errors"], f"{notebook}: kernel errors in the browser: {report['errors']}"
     assert report["unrun"] == 0, (
         f"{notebook}: {report['unrun']} of {report['code']} code cells did not run ({page.evaluate('window.__ran')})"
@@ -222,11 +231,35 @@ def _open_and_run_all(page, server, notebook: str, timeout_s: float = 120, throu
     return report
 
 
-def _first_widget_cell(path: Path) -> int | None:
-    """The index of the notebook's first cell that makes an interactive widget (None where it is the last cell)."""
+def _reads_and_writes(cell: dict) -> tuple[set[str], set[str]]:
+    """The global names a code cell reads that it does not define itself, and the names it assigns or imports at its
+    top level (symtable: names a function in the cell reads from the notebook's namespace count as read)."""
+    source = "\n".join(ln for ln in "".join(cell["source"]).splitlines() if not ln.lstrip().startswith(("%", "!")))
+    top = symtable.symtable(source, "<cell>", "exec")
+    writes = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()}
+    reads, scopes = set(), [top]
+    while scopes:
+        scope = scopes.pop()
+        reads |= {s.get_name() for s in scope.get_symbols() if (scope is top and s.is_referenced()) or s.is_global()}
+        scopes += scope.get_children()
+    return reads - writes - set(dir(builtins)) - {"display"}, writes  # display: IPython's, in every kernel
+
+
+def cells_for_first_widget(path: Path) -> list[int]:
+    """The code cells that the notebook's first interactive widget needs, in order, ending with the widget's own:
+    the first code cell (the setup), and, followed back from the widget, each cell that assigns or imports a name a
+    needed cell reads. The measurements a widget does not read stay out (that every cell runs is
+    tests/test_notebooks.py's); a name missed here fails the run with a NameError, never silently."""
     cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
     at = next(i for i, c in enumerate(cells) if c["cell_type"] == "code" and "interact(" in "".join(c["source"]))
-    return None if at == len(cells) - 1 else at
+    before = [i for i, c in enumerate(cells[:at]) if c["cell_type"] == "code"]
+    need, chosen = _reads_and_writes(cells[at])[0], [at]
+    for i in reversed(before):
+        reads, writes = _reads_and_writes(cells[i])
+        if writes & need or i == before[0]:
+            chosen.append(i)
+            need = (need - writes) | reads
+    return sorted(chosen)
 
 
 def _softmax(scores):
@@ -348,11 +381,11 @@ def test_learner_view_has_validate_and_no_instructor_tools(server, page):
 
 @pytest.mark.parametrize("path", WIDGET_NOTEBOOKS, ids=course.label)
 def test_notebook_widget_responds_in_a_real_browser(server, page, path):
-    """Check that the solved notebook runs in JupyterLab up to its first widget, the widget renders, and its first
-    slider redraws its output."""
+    """Check that the cells the solved notebook's first widget needs run in JupyterLab, the widget renders, and its
+    first slider redraws its output."""
     name = course.label(path)
-    # the cells up to its first widget: that every cell runs is tests/test_notebooks.py's, with nbclient
-    report = _open_and_run_all(page, server, path.relative_to(ROOT).as_posix(), 180, _first_widget_cell(path))
+    # the cells its first widget needs: that every cell runs is tests/test_notebooks.py's, with nbclient
+    report = _open_and_run_all(page, server, path.relative_to(ROOT).as_posix(), 180, cells_for_first_widget(path))
     assert page.get_by_text("Error displaying widget").count() == 0, f"{name}: a widget failed to render"
     widget = page.locator(".widget-interact").first
     widget.wait_for(state="visible", timeout=30_000)
@@ -387,6 +420,32 @@ def test_notebook_widget_responds_in_a_real_browser(server, page, path):
     assert slider.locator(".widget-readout").inner_text() != readout, f"{name}: the slider did not move"
     assert not page.errors, f"JavaScript errors in the page: {page.errors}"
     print(
-        f"{name}: {report['code']} code cells ran in the browser, through the first widget; slider {readout} -> "
+        f"{name}: {report['code']} code cells ran in the browser, those its first widget needs; slider {readout} -> "
         f"{slider.locator('.widget-readout').inner_text()}, redrawn {update_s:.2f} s later"
     )
+
+
+def test_a_widget_needs_the_setup_and_the_cells_whose_names_it_reads():
+    """Check that cells_for_first_widget keeps the setup cell, a cell whose name a function in the widget reads and the
+    cell that cell reads from, and leaves out a measurement the widget never reads (no browser needed)."""
+    import tempfile
+
+    def code(source):
+        return {"cell_type": "code", "source": source, "metadata": {}, "outputs": [], "execution_count": None}
+
+    cells = [
+        {"cell_type": "markdown", "source": "# a notebook", "metadata": {}},
+        code("%load_ext autoreload\nimport numpy as np\nfrom ipywidgets import interact"),
+        code("base = np.arange(3)"),
+        code("slow = sum(range(10**7))  # a measurement"),
+        code("table = base * 2"),
+        code("def show(i=0):\n    print(table[i], np.pi)\n\ninteract(show, i=(0, 2));"),
+        code("print('after the widget')"),
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "nb.ipynb"
+        path.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+        assert cells_for_first_widget(path) == [1, 2, 4, 5]
+    memory_wall = ROOT / "solutions" / "05-memory-wall" / "memory_wall.ipynb"
+    needed = cells_for_first_widget(memory_wall)
+    assert len(needed) == 2 and needed[0] == 1, f"notebook 05's first widget should need only its setup cell: {needed}"
