@@ -42,3 +42,19 @@ def test_course_init_lists_learner_files_and_earlier_modules(tmp_path):
         assert "np.exp(scores - scores.max" in given and "BEGIN SOLUTION" not in given
         assert "kvlib/attention.py" in learner_edited(later[0], "own")
         assert "kvlib/attention.py" not in learner_edited(later[0], "given")
+
+
+def test_your_files_warns_that_earlier_stubs_cost_this_notebooks_points():
+    """Check that with --earlier own, YOUR_FILES.md of a notebook whose module imports earlier exercises (04's
+    kv_cache.py: causal_mask, next_token) tells the learner to paste in their earlier files, naming each, and that
+    01 and --earlier given (the reference is shipped) say nothing of it."""
+    from kvlib.app.course_folder import earlier_used, your_files
+
+    assert ("kv_cache", "attention", "causal_mask", "1.3") in earlier_used("04-kv-cache")
+    assert ("kv_cache", "generation", "next_token", "2.1") in earlier_used("04-kv-cache")
+    note = " ".join(your_files("04-kv-cache", "own").split())
+    assert "Paste in your earlier files before you hand in" in note
+    assert "`causal_mask` (Exercise 1.3, `kvlib/attention.py`)" in note
+    assert "`next_token` (Exercise 2.1, `kvlib/generation.py`)" in note
+    assert "Paste in" not in your_files("04-kv-cache", "given")
+    assert earlier_used(NB) == [] and "Paste in" not in your_files(NB, "own")
