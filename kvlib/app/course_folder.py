@@ -517,6 +517,11 @@ On the hub: /etc/jupyter/nbgrader_config.py, or each student's ~/.jupyter/nbgrad
 c = get_config()  # noqa: F821 (provided by nbgrader)
 c.CourseDirectory.course_id = {course_id!r}
 c.Exchange.root = {exchange!r}
-# a submission readable by its student and the instructor's group only (nbgrader's own makes it 0777)
+# a submission readable by its student and the instructor's group only (nbgrader's own makes it 0777), without
+# the course's own files that autograde puts back anyway (assets/, kvlib's subpackages)
 c.ExchangeFactory.submit = "kvlib.app.exchange.PrivateSubmit"
+# Validate runs the notebook: as in the course's own repository, every graded cell finishes well inside this, and
+# the kernel client waits in short steps, so a lost zmq wake-up does not hold a student for the whole timeout
+c.Execute.timeout = 120
+c.AsyncKernelManager.client_class = "kvlib.grading.execute.SteppedKernelClient"
 '''
