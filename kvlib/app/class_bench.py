@@ -151,27 +151,41 @@ def _pg_bin() -> Path:
 
 
 @contextlib.contextmanager
-def throwaway_postgres(user: str | None = None):
+def throwaway_postgres(user: str | None = None, password: str | None = None):
     """A PostgreSQL cluster in a temporary folder, listening only on a Unix socket there; yields the
-    gradebook URL (database `gradebook`). As root it runs as `user` (default: nobody): PostgreSQL
-    refuses to run as root. Stopped and removed on exit."""
+    gradebook URL (database `gradebook`, role `kvlib`). As root it runs as `user` (default: nobody):
+    PostgreSQL refuses to run as root. Without `password` every local account may connect (trust: for one
+    account's benchmark); with it the server asks for it (scram-sha-256) and the URL carries it, as a hub
+    where every student has a shell needs. Stopped and removed on exit."""
     binary = _pg_bin()
     folder = Path(tempfile.mkdtemp(prefix="kvlib-pg-"))
     run_as: list[str] = []
+    account = pwd.getpwuid(os.geteuid())
     if os.geteuid() == 0:
         account = pwd.getpwnam(user or "nobody")
         os.chown(folder, account.pw_uid, account.pw_gid)
         run_as = ["runuser", "-u", account.pw_name, "--"]
     folder.chmod(0o755)  # the socket must be reachable; the data folder itself is 0700 (initdb)
     data, sock = folder / "data", folder
+    env = {**os.environ, **({"PGPASSWORD": password} if password else {})}
 
     def pg(*argv, **kw):
         return subprocess.run(
-            run_as + [str(binary / argv[0]), *argv[1:]], capture_output=True, text=True, timeout=120, **kw
+            run_as + [str(binary / argv[0]), *argv[1:]], capture_output=True, text=True, timeout=120, env=env, **kw
         )
 
     try:
-        proc = pg("initdb", "-D", str(data), "-A", "trust", "-U", "kvlib", "--no-sync")
+        auth = ["-A", "trust"]
+        if password:
+            pwfile = folder / "pwfile"
+            fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(password + "\n")
+            os.chown(pwfile, account.pw_uid, account.pw_gid)
+            auth = ["-A", "scram-sha-256", f"--pwfile={pwfile}"]
+        proc = pg("initdb", "-D", str(data), *auth, "-U", "kvlib", "--no-sync")
+        if password:
+            pwfile.unlink()
         if proc.returncode:
             raise RuntimeError(f"initdb failed: {proc.stderr[-2000:]}")
         opts = f"-c listen_addresses='' -k {sock} -c fsync=off -c max_connections=50"
@@ -181,7 +195,7 @@ def throwaway_postgres(user: str | None = None):
         proc = pg("createdb", "-h", str(sock), "-U", "kvlib", "gradebook")
         if proc.returncode:
             raise RuntimeError(f"createdb failed: {proc.stderr[-1000:]}")
-        yield f"postgresql+psycopg2://kvlib@/gradebook?host={sock}"
+        yield f"postgresql+psycopg2://kvlib{':' + password if password else ''}@/gradebook?host={sock}"
     finally:
         pg("pg_ctl", "-D", str(data), "-m", "immediate", "-w", "-t", "60", "stop")
         shutil.rmtree(folder, ignore_errors=True)
