@@ -254,3 +254,20 @@ def test_the_guides_grading_figure_is_drawn_from_its_records(tmp_path):
     assert (tmp_path / "figure.png").stat().st_size > 10_000
     with pytest.raises(ValueError, match="every score was as expected"):
         class_bench.plot_sweep([{**records[0], "all_scores_expected": False}], tmp_path / "bad.png")
+
+
+@pytest.mark.slow
+def test_bench_class_hands_in_through_the_exchange(monkeypatch):
+    """Check `kvlib bench class`'s synthetic class through nbgrader's exchange (each student's submit, collect
+    --update): a resubmission regraded in a second round, a link put into a submission in inbound/ refused (0), edited
+    test cells restored; every score as expected, nobody lost; and the record's fields."""
+    from kvlib.app import class_bench
+
+    monkeypatch.setattr(class_bench, "_MIX", ["correct", "resubmit", "link-to-reference", "partial", "edited-tests"])
+    r = class_bench.bench_class(students=5, assignment=NB, jobs=2)
+    assert r["all_scores_expected"] and r["wrong"] == {} and r["handed_in"] == "through nbgrader's exchange"
+    assert [(x["round"], x["graded"]) for x in r["rounds"]] == [(1, 5), (2, 1)]
+    assert len(r["rounds"][0]["worker_startup_s"]) == 2 and r["rounds"][0]["per_minute"] > 0
+    assert "handed in through nbgrader's exchange" in class_bench.format_class(r)
+    with pytest.raises(ValueError, match="--via"):
+        class_bench.bench_class(students=1, via="zip")
