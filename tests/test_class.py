@@ -201,8 +201,8 @@ def _grade_class():
 
 @pytest.mark.slow  # each run loads nbgrader: seconds apiece
 def test_bad_input_gets_a_clear_error(tmp_path):
-    """Check the errors: not a course folder, no kvlib grader, an assignment never released, a
-    gradebook that does not connect, a glob that matches nobody, nobody submitted."""
+    """Check the errors: not a course folder, no kvlib grader, an assignment never released (with the warning of a
+    course folder open to others first), a gradebook that does not connect."""
     from kvlib.app.course_folder import init_course  # noqa: PLC0415
 
     bare = tmp_path / "bare"
@@ -214,8 +214,10 @@ def test_bad_input_gets_a_clear_error(tmp_path):
     assert out.returncode == 2 and "does not configure kvlib's grader" in out.stderr
     course = tmp_path / "course"
     init_course(course, course_id="kvlib-test")
+    course.chmod(0o755)  # as a careless chmod leaves it: every run warns first
     out = kvlib("course", "autograde", NB, cwd=course, check=False)
     assert out.returncode == 2 and "was never released" in out.stderr
+    assert out.stderr.startswith("isolation: ") and f"warning: {course} is open to other accounts" in out.stderr
     with open(course / "nbgrader_config.py", "a") as f:
         f.write(f"\nc.CourseDirectory.db_url = 'postgresql+psycopg2://nobody@/nowhere?host={tmp_path}/no-socket'\n")
     out = kvlib("course", "autograde", NB, cwd=course, check=False)

@@ -320,11 +320,11 @@ def autograde(
     if jobs < 1:
         raise CourseError(f"--jobs must be at least 1, not {jobs}")
     course = open_course(root)
-    check_gradebook(course, assignment)
-    chosen = select(submitted(course, assignment), student, assignment)
-    print(isolation_line(course.isolation), file=out)
+    print(isolation_line(course.isolation), file=out)  # first, in every run: a refused one says it too
     for problem in permission_problems(course.root):
         print(f"warning: {problem}", file=out)
+    check_gradebook(course, assignment)
+    chosen = select(submitted(course, assignment), student, assignment)
     state = load_state(course, assignment)
     todo = [
         s
