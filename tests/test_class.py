@@ -235,8 +235,9 @@ def test_a_glob_that_matches_nobody_and_an_assignment_never_released(fresh):
 
 def test_the_guides_grading_figure_is_drawn_from_its_records(tmp_path):
     """Check that docs/class-grading.json holds record_sweep's runs (every class size for jobs 1 and 2, every score as
-    expected), that docs/instructors.md shows the figure drawn from them and quotes their rates, and that plot_sweep
-    draws it again from the records and refuses records with a wrong score."""
+    expected), that docs/instructors.md shows the figure drawn from them and quotes their rates, time a student,
+    speed-up and where the time goes as the records give them (and says the class of 100 has no record while none is
+    kept), and that plot_sweep draws it again from the records and refuses records with a wrong score."""
     import re
 
     from kvlib.app import class_bench
@@ -252,6 +253,24 @@ def test_the_guides_grading_figure_is_drawn_from_its_records(tmp_path):
         assert re.search(rf"{r['students']} students, --jobs {r['jobs']}: [\d.]+ s, {rate:.1f} a minute", guide), (
             f"docs/instructors.md does not quote the run of {r['students']} students with --jobs {r['jobs']} ({rate}/min)"
         )
+    flat = " ".join(guide.split())
+    per_student = {j: [r["rounds"][0]["wall_s"] / r["students"] for r in records if r["jobs"] == j] for j in (1, 2)}
+    span = {j: f"{min(v):.1f}-{max(v):.1f}" for j, v in per_student.items()}
+    assert f"(--jobs 1: {span[1]} s a student; --jobs 2: {span[2]})" in flat, span
+    top = max(sizes[1])
+    wall = {r["jobs"]: r["rounds"][0]["wall_s"] for r in records if r["students"] == top}
+    assert f"{wall[1] / wall[2]:.1f} times as fast as one at {top} students" in flat
+    first = [r["rounds"][0] for r in records]  # where the time goes, in the class's round
+    for phrase, values in (
+        ("nbgrader start-up, {}", [s for x in first for s in x["worker_startup_s"]]),
+        ("each submission takes {} in its worker", [x["mean_s_per_submission"] for x in first]),
+        ("of which the isolated checks {} (notebook 04", [x["mean_checks_s"] for x in first]),
+    ):
+        quoted = phrase.format(f"{min(values):.1f}-{max(values):.1f} s")
+        assert quoted in flat, f"docs/instructors.md does not say what the records say: {quoted!r}"
+    kept = [p for p in (ROOT / "docs").glob("*.json") if '"students": 100' in p.read_text(encoding="utf-8")]
+    if not kept:  # the class of 100 is quoted from a printout: the guide must say so
+        assert "A class of 100 was run too, but **its records were not kept**" in flat
     class_bench.plot_sweep(records, tmp_path / "figure.png")
     assert (tmp_path / "figure.png").stat().st_size > 10_000
     with pytest.raises(ValueError, match="every score was as expected"):
