@@ -28,9 +28,14 @@ import threading
 import time
 from pathlib import Path
 
+from nbgrader.apps.api import NbGraderAPI
+from nbgrader.auth import Authenticator
+from nbgrader.coursedir import CourseDirectory
+
 from kvlib import checks
-from kvlib.app.class_grading import Result, autograde
+from kvlib.app.class_grading import Result, _nbgrader_app, autograde
 from kvlib.app.course_folder import COURSE_MODES, EXCHANGE_ROOT_MODE, init_course
+from kvlib.app.exchange import PrivateSubmit
 from kvlib.app.release import BEGIN, END, ROOT
 from kvlib.course.exercises import EXERCISES
 
@@ -146,10 +151,6 @@ class Exchange:
     puts the link into their own submission in inbound/ afterwards (the folder is theirs)."""
 
     def __init__(self, course: Path, notebook: str, top: Path):
-        from nbgrader.apps.api import NbGraderAPI  # noqa: PLC0415 (start-up time: the exchange path alone)
-        from nbgrader.auth import Authenticator  # noqa: PLC0415 (as above)
-
-        from kvlib.app.class_grading import _nbgrader_app  # noqa: PLC0415 (as above)
 
         self.course, self.notebook, self.top = course, notebook, top
         cwd = os.getcwd()
@@ -163,10 +164,6 @@ class Exchange:
         self.authenticator = Authenticator(parent=self.app)
 
     def submit(self, student: str, variant: str) -> None:
-        from nbgrader.coursedir import CourseDirectory  # noqa: PLC0415 (as in __init__)
-
-        from kvlib.app.exchange import PrivateSubmit  # noqa: PLC0415 (as in __init__)
-
         coursedir = CourseDirectory(parent=self.app)
         coursedir.course_id = self.app.coursedir.course_id
         coursedir.assignment_id, coursedir.student_id = self.notebook, student
