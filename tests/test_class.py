@@ -114,12 +114,30 @@ def test_every_score_survives_a_sigkill_halfway(fresh, tmp_path):
     assert f"{CLASS} graded, 0 refused, 0 failed ({CLASS - graded_before} graded in this run" in again.stderr, (
         again.stderr[-2000:]
     )
+    assert "graded without refused files: s006: kvlib/attention.py" in again.stderr  # the link to the reference
     assert scores(killed) == expected()
 
     one = kvlib("course", "autograde", NB, "--student", "s002", "--quiet", cwd=killed)  # already graded: nothing to do
     assert "1 of 1 already graded" in one.stderr
     forced = kvlib("course", "autograde", NB, "--student", "s002", "--force", "--quiet", cwd=killed)
     assert "1 graded in this run" in forced.stderr and scores(killed) == expected()
+
+
+@pytest.mark.slow
+def test_a_refused_submission_is_summarised_with_its_reason_and_the_bar_counts_it(fresh, tmp_path):
+    """Check a run with its progress bar (done/total, failures, the time left) on a student whose timestamp.txt is a
+    link: not graded, refused, and the summary says why."""
+    course = tmp_path / "course"
+    shutil.copytree(fresh, course, symlinks=True)
+    stamp = course / "submitted" / "s001" / NB / "timestamp.txt"
+    stamp.unlink()
+    stamp.symlink_to(course / "grading_secret")
+    out = kvlib("course", "autograde", NB, "--student", "s001", cwd=course)
+    assert "0 graded, 1 refused, 0 failed" in out.stderr, out.stderr[-3000:]
+    assert "refused: s001: s001/01-attention: timestamp.txt in the submission is a symbolic link" in out.stderr
+    assert "(0 graded in this run of 1 taken" in out.stderr
+    bar = [ln for ln in out.stderr.replace("\r", "\n").splitlines() if ln.startswith(f"{NB}:") and "|" in ln]
+    assert bar and "1/1" in bar[-1] and "failed=1" in bar[-1] and "<" in bar[-1], bar  # tqdm: [elapsed<left]
 
 
 def _parent(pid: int) -> int:
