@@ -130,8 +130,9 @@ class Accounts:
         return Path(pwd.getpwnam(self.names[role]).pw_dir)
 
     def env(self, role: str, **extra) -> dict[str, str]:
+        """The account's environment; an extra variable given as None is left out."""
         name = self.names[role]
-        return {
+        env = {
             "HOME": str(self.home(role)),
             "USER": name,
             "LOGNAME": name,
@@ -144,6 +145,7 @@ class Accounts:
             **self.base_env,
             **extra,
         }
+        return {k: v for k, v in env.items() if v is not None}
 
     def run(self, role: str, *argv: str, cwd: Path | None = None, timeout: float = 600, check: bool = True, **extra):
         """argv as the account (runuser), in its home unless cwd; returns the CompletedProcess."""
@@ -190,3 +192,23 @@ class Accounts:
                 time.sleep(0.2)
             subprocess.run(["userdel", "--remove", "--force", name], capture_output=True, timeout=60)
         shutil.rmtree(self.tmp, ignore_errors=True)
+        left = self.leftovers()
+        if left:
+            raise RuntimeError(f"the class tests left behind: {'; '.join(left)}")
+
+    def leftovers(self) -> list[str]:
+        """What of these accounts is still here after close(): an account, its home, its processes, the folder."""
+        left = []
+        for name in self.names.values():
+            try:
+                entry = pwd.getpwnam(name)
+            except KeyError:
+                continue
+            left.append(f"the account {name}")
+            if self.processes(entry.pw_uid):
+                left.append(f"processes of {name}: {self.processes(entry.pw_uid)}")
+        homes = [p for p in Path("/home").glob(f"kvt-{self.tag}-*")] if Path("/home").is_dir() else []
+        left += [f"the home {p}" for p in homes]
+        if self.tmp.exists():
+            left.append(f"the folder {self.tmp}")
+        return left

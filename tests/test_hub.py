@@ -1,13 +1,16 @@
 """A class between real Unix accounts, as on a JupyterHub: an instructor and four students, nbgrader's
-exchange, notebook 01. The course folder comes from `kvlib course init --exchange`; students fetch
-and submit as their own accounts with nbgrader's commands (one twice, one late, one never, and one
-also in another's name); the instructor collects (--update for the resubmission), grades with
-`kvlib course autograde` (once as root, once as the instructor), releases feedback; each student
-fetches their own. Then every cross-student read or write the file system must refuse is tried.
-Last, a JupyterHub on 127.0.0.1: a student logs in through its login page in headless Chromium
-and fetches and submits from JupyterLab's Assignments panel.
+exchange, notebook 01. The course folder comes from `kvlib course init --exchange`; students fetch,
+validate and submit as their own accounts with nbgrader's commands (one twice, one late, one never, and
+one also in another's name); the instructor collects (--update for the resubmission), grades with
+`kvlib course autograde` (once as root, once as the instructor), releases feedback and exports the
+grades; each student fetches their own feedback. Then every cross-student read or write the file system
+must refuse is tried, as each student. Last, a JupyterHub on 127.0.0.1 whose course keeps its gradebook
+on a PostgreSQL server that asks for a password: a student logs in through its login page in headless
+Chromium, fetches, works, validates and submits from JupyterLab's Assignments panel; the instructor
+grades that class into PostgreSQL, and the student fetches the feedback.
 
-Needs root (it creates the accounts; all are removed at the end, with their processes and homes).
+Needs root (it creates the accounts; all are removed at the end, with their processes and homes, and the
+test fails if anything of them is left).
 """
 
 from __future__ import annotations
@@ -27,7 +30,18 @@ from conftest import ROOT
 
 NB = "01-attention"
 # the whole term runs in the first test's setup: on a loaded 2-core machine it takes minutes
-pytestmark = [pytest.mark.skipif(unavailable() is not None, reason=str(unavailable())), pytest.mark.timeout(1800)]
+pytestmark = pytest.mark.timeout(1800)
+# CI (.ci/run) sets KVLIB_CLASS_TEST=required: what these tests need (root, the proxy, PostgreSQL, Chromium) missing
+# fails them instead of skipping them
+REQUIRED = os.environ.get("KVLIB_CLASS_TEST") == "required"
+# A student's environment has no PYTHONPATH (the instructor's, in these tests, points at the checkout): IPython puts the
+# notebook's folder after PYTHONPATH, so there the checkout's kvlib stubs would shadow the student's own kvlib/
+STUDENT = {"PYTHONPATH": None}
+
+
+def _need(ok: bool, reason: str) -> None:
+    if not ok:
+        (pytest.fail if REQUIRED else pytest.skip)(reason)
 
 
 def _sources():
@@ -71,6 +85,21 @@ for op, path, *rest in json.loads(sys.argv[1]):
 print(json.dumps(out))
 """
 
+# connecting to the PostgreSQL gradebook as a student: refused unless the server took the login
+_PG_PROBE = r"""
+import json, sys
+import psycopg2
+out = {}
+for label, kw in json.loads(sys.argv[1]):
+    try:
+        psycopg2.connect(dbname="gradebook", connect_timeout=10, **kw).close()
+        out[label] = "allowed"
+    except psycopg2.OperationalError as err:
+        text = str(err)
+        out[label] = "refused" if ("password" in text or "authentication" in text) else "error: " + text
+print(json.dumps(out))
+"""
+
 LOG: dict = {}
 
 
@@ -79,6 +108,7 @@ def term():
     """The whole term, run once: returns what the tests look at."""
     from nbgrader.api import Gradebook  # noqa: PLC0415
 
+    _need(unavailable() is None, str(unavailable()))
     correct, partial, partial_score, total = _sources()
     acc = Accounts()
     try:
@@ -107,14 +137,16 @@ def term():
                 students[role],
             )
             os.chown(home / ".jupyter", *(os.stat(home).st_uid, os.stat(home).st_gid))
-            acc.run(role, nbg, "fetch_assignment", NB)
+            acc.run(role, nbg, "fetch_assignment", NB, **STUDENT)
 
         def submit(role, text, *extra):
             _write_as(acc.home(role) / NB / "kvlib" / "attention.py", text, students[role])
-            return acc.run(role, nbg, "submit", NB, *extra)
+            return acc.run(role, nbg, "submit", NB, *extra, **STUDENT)
 
         submit("alice", partial)
-        submit("dave", correct)
+        _write_as(acc.home("dave") / NB / "kvlib" / "attention.py", correct, students["dave"])
+        LOG["validate"] = acc.run("dave", nbg, "validate", f"{NB}/attention.ipynb", check=False, **STUDENT)
+        acc.run("dave", nbg, "submit", NB, **STUDENT)
         LOG["collect1"] = acc.run("inst", nbg, "collect", NB, cwd=course).stderr
         env = {**os.environ, "KVLIB_SOLUTIONS": "0", "PYTHONPATH": str(ROOT)}
         root_run = subprocess.run(  # as root, as the guide's `sudo` does: the namespaces jail
@@ -133,11 +165,14 @@ def term():
         time.sleep(1.1)
         submit("bob", correct)  # after the deadline
         _write_as(acc.home("bob") / NB / "kvlib" / "attention.py", partial, students["bob"])
-        LOG["impostor"] = acc.run("bob", nbg, "submit", NB, f"--student={students['alice']}", check=False)
+        LOG["impostor"] = acc.run("bob", nbg, "submit", NB, f"--student={students['alice']}", check=False, **STUDENT)
         LOG["collect2"] = acc.run("inst", nbg, "collect", NB, cwd=course).stderr
         LOG["collect3"] = acc.run("inst", nbg, "collect", NB, "--update", cwd=course).stderr
         inbound = exchange / course_id / "inbound"
         LOG["inbound"] = {p.name: p.stat() for p in inbound.iterdir()}
+        LOG["inbound files"] = {
+            p.name: sorted(f.relative_to(p).as_posix() for f in p.rglob("*") if f.is_file()) for p in inbound.iterdir()
+        }
         kvlib = [str(acc.bin / "python"), "-m", "kvlib", "course"]
         inst_run = acc.run("inst", *kvlib, "autograde", NB, "--jobs", "2", "--quiet", cwd=course)
         LOG["autograde inst"] = inst_run.stdout + inst_run.stderr
@@ -146,9 +181,11 @@ def term():
         acc.run("inst", nbg, "release_feedback", NB, cwd=course)
         fetched = {}
         for role in students:
-            acc.run(role, nbg, "fetch_feedback", NB)
+            acc.run(role, nbg, "fetch_feedback", NB, **STUDENT)
             fetched[role] = sorted(p.name for p in (acc.home(role) / NB / "feedback").glob("*/*.html"))
         LOG["canvas"] = acc.run("inst", *kvlib, "export-canvas", "--to", "-", cwd=course).stdout
+        acc.run("inst", nbg, "export", "--to", "grades.csv", cwd=course)
+        LOG["export"] = (course / "grades.csv").read_text()
         LOG["check"] = acc.run("inst", *kvlib, "init", str(course), "--check", check=False)
         with Gradebook(f"sqlite:///{course / 'gradebook.db'}", course_id) as gb:
             final = {
@@ -205,6 +242,17 @@ def test_exchange_has_the_modes_nbgrader_documents_and_sticky_inbound(term):
     for name, st in LOG["inbound"].items():
         assert st.st_mode & 0o7777 == 0o770, f"{name}: {oct(st.st_mode)}"
         assert grp.getgrgid(st.st_gid).gr_name == inst_group
+        files = LOG["inbound files"][name]  # the learner's files, not the course's (autograde copies those back)
+        assert "attention.ipynb" in files and "kvlib/attention.py" in files, files
+        assert not [f for f in files if f.startswith(("assets/", "kvlib/core/", "kvlib/course/"))], files
+
+
+@pytest.mark.slow
+def test_a_student_validates_before_submitting(term):
+    """Check that `nbgrader validate`, as a student with the config `kvlib course init` wrote, runs the notebook
+    against the student's own kvlib/attention.py and passes."""
+    out = LOG["validate"].stdout + LOG["validate"].stderr
+    assert LOG["validate"].returncode == 0 and "Success! Your notebook passes all the tests." in out, out[-3000:]
 
 
 @pytest.mark.slow
@@ -259,42 +307,63 @@ def test_canvas_csv_has_one_row_per_student_and_blanks(term):
 
 
 @pytest.mark.slow
-def test_every_cross_student_access_is_refused(term):
-    """Check, as bob, every read or write of another's work, submission, feedback, the course
-    folder, the gradebook and the exchange that a student must not do: all refused by the file system."""
-    acc, course, ex = term["acc"], term["course"], term["exchange"]
-    s = term["students"]
-    alice_home = acc.home("alice")
+def test_nbgrader_export_has_every_student(term):
+    """Check `nbgrader export` on the course folder: a row per student, the scores, carol (no submission) 0."""
+    s, total = term["students"], term["total"]
+    rows = {r["student_id"]: r for r in csv.DictReader(io.StringIO(LOG["export"])) if r["assignment"] == NB}
+    assert set(rows) == set(s.values())
+    assert {k: float(rows[s[k]]["score"]) for k in s} == {"alice": total, "bob": total, "carol": 0.0, "dave": total}
+    assert float(rows[s["bob"]]["late_submission_penalty"] or 0) == 0.0 and rows[s["carol"]]["timestamp"] == ""
+
+
+def _cross_ops(term, victim: str, prober: str) -> list[list[str]]:
+    """Every read or write of the victim's work, submission and feedback, of the course folder, the gradebook and
+    the exchange, that the prober (another student) must be refused."""
     import pwd  # noqa: PLC0415
 
-    alice_uid = pwd.getpwnam(s["alice"]).pw_uid
-    alice_inbound = next(n for n, st in LOG["inbound"].items() if st.st_uid == alice_uid)  # not bob's impostor
-    sub = course / "submitted" / s["alice"] / NB
-    ops = [
-        ["read", f"{alice_home}/{NB}/kvlib/attention.py"],
-        ["list", str(alice_home)],
-        ["read", f"{alice_home}/{NB}/feedback"],
+    acc, course, ex, s = term["acc"], term["course"], term["exchange"], term["students"]
+    home = acc.home(victim)
+    uid = pwd.getpwnam(s[victim]).pw_uid
+    inbound = next(n for n, st in LOG["inbound"].items() if st.st_uid == uid)  # not bob's impostor in alice's name
+    sub = course / "submitted" / s[victim] / NB
+    return [
+        ["read", f"{home}/{NB}/kvlib/attention.py"],
+        ["list", str(home)],
+        ["read", f"{home}/{NB}/feedback"],
         ["list", str(course)],
         ["read", f"{course}/source/{NB}/attention.ipynb"],
         ["read", f"{course}/gradebook.db"],
         ["read", f"{course}/grading_secret"],
         ["read", f"{sub}/kvlib/attention.py"],
         ["write", f"{sub}/kvlib/planted.py"],
-        ["mkdir", f"{course}/submitted/{s['bob']}-2"],
-        ["write", f"{course}/autograded/{s['alice']}/{NB}/planted.py"],
-        ["write", f"{course}/feedback/{s['alice']}/{NB}/planted.html"],
+        ["rename", f"{sub}/kvlib", f"{sub}/kvlib-moved"],
+        ["mkdir", f"{course}/submitted/{s[prober]}-2"],
+        ["read", f"{course}/autograded/{s[victim]}/{NB}/kvlib/attention.py"],
+        ["write", f"{course}/autograded/{s[victim]}/{NB}/planted.py"],
+        ["read", f"{course}/feedback/{s[victim]}/{NB}/attention.html"],
+        ["write", f"{course}/feedback/{s[victim]}/{NB}/planted.html"],
         ["list", f"{ex}/inbound"],
-        ["read", f"{ex}/inbound/{alice_inbound}/attention.ipynb"],
-        ["write", f"{ex}/inbound/{alice_inbound}/planted.py"],
-        ["delete", f"{ex}/inbound/{alice_inbound}/attention.ipynb"],
-        ["rename", f"{ex}/inbound/{alice_inbound}", f"{ex}/inbound/moved"],
+        ["read", f"{ex}/inbound/{inbound}/attention.ipynb"],
+        ["write", f"{ex}/inbound/{inbound}/planted.py"],
+        ["delete", f"{ex}/inbound/{inbound}/attention.ipynb"],
+        ["rename", f"{ex}/inbound/{inbound}", f"{ex}/inbound/moved"],
         ["list", f"{ex}/feedback"],
         ["write", f"{ex}/outbound/{NB}/planted.py"],
     ]
-    mine = f"{acc.home('bob')}/{NB}/kvlib/attention.py"
-    proc = acc.run("bob", str(acc.bin / "python"), "-c", _PROBE, json.dumps(ops + [["read", mine]]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prober", ["alice", "bob", "carol", "dave"])
+def test_every_cross_student_access_is_refused(term, prober):
+    """Check, as each student, every read or write of another's work, submission, feedback, the course
+    folder, the gradebook and the exchange that a student must not do: all refused by the file system."""
+    acc = term["acc"]
+    victim = "dave" if prober == "alice" else "alice"  # both submitted, were graded and got feedback
+    mine = f"{acc.home(prober)}/{NB}/kvlib/attention.py"
+    ops = _cross_ops(term, victim, prober) + [["read", mine]]
+    proc = acc.run(prober, str(acc.bin / "python"), "-c", _PROBE, json.dumps(ops))
     out = json.loads(proc.stdout)
-    assert out.pop(f"read {mine}") == "allowed"  # the probe can read what is bob's
+    assert out.pop(f"read {mine}") == "allowed"  # the probe can read what is the prober's
     assert {k: v for k, v in out.items() if v != "refused"} == {}
 
 
@@ -326,19 +395,32 @@ def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 120
 
 @pytest.fixture(scope="module")
 def hub():
-    """An instructor who released notebook 01 through the exchange, one student, and a JupyterHub on
-    127.0.0.1 (free ports, PAMAuthenticator against the student's Unix password, LocalProcessSpawner: the
-    student's server runs as the student)."""
+    """An instructor who released notebook 01 through the exchange, with the gradebook on a PostgreSQL server
+    that asks for a password (in the course's nbgrader_config.py, the instructor's alone), one student, and a
+    JupyterHub on 127.0.0.1 (free ports, PAMAuthenticator against the student's Unix password,
+    LocalProcessSpawner: the student's server runs as the student)."""
+    import contextlib  # noqa: PLC0415
+    import importlib.util  # noqa: PLC0415
     import secrets  # noqa: PLC0415
     import shutil  # noqa: PLC0415
     import signal  # noqa: PLC0415
 
-    if shutil.which("configurable-http-proxy") is None:
-        pytest.skip("needs configurable-http-proxy (npm install -g configurable-http-proxy)")
-    pytest.importorskip("jupyterhub")
+    from kvlib.app.class_bench import _pg_bin, throwaway_postgres  # noqa: PLC0415
+
+    _need(unavailable() is None, str(unavailable()))
+    _need(shutil.which("configurable-http-proxy") is not None, "needs configurable-http-proxy (npm install -g ...)")
+    _need(importlib.util.find_spec("jupyterhub") is not None, "needs jupyterhub (pip install -e '.[dev]')")
+    _need(importlib.util.find_spec("psycopg2") is not None, "needs psycopg2 (pip install -e '.[dev]')")
+    try:
+        _pg_bin()
+    except FileNotFoundError as err:
+        _need(False, str(err))
     acc = Accounts()
     proc = None
+    proxy_pid = None
+    stack = contextlib.ExitStack()
     try:
+        db_url = stack.enter_context(throwaway_postgres(password=secrets.token_hex(12)))
         acc.add("inst")
         student = acc.add("erin")
         exchange = acc.tmp / "exchange"
@@ -348,6 +430,9 @@ def hub():
         course = acc.home("inst") / "course"
         kvlib = [str(acc.bin / "python"), "-m", "kvlib", "course"]
         acc.run("inst", *kvlib, "init", str(course), "--exchange", str(exchange), "--course-id", course_id)
+        with open(course / "nbgrader_config.py", "a") as f:  # as docs/instructors.md says, and the test's kernel limits
+            f.write(f"\nc.CourseDirectory.db_url = {db_url!r}\nc.Execute.timeout = 10\n")
+            f.write("c.SandboxExecute.notebook_timeout = 30\n")
         nbg = str(acc.bin / "nbgrader")
         acc.run("inst", nbg, "generate_assignment", NB, "--log-level=WARN", cwd=course)
         acc.run("inst", nbg, "release_assignment", NB, cwd=course)
@@ -362,7 +447,7 @@ def hub():
         port, hub_port, api_port = _free_port(), _free_port(), _free_port()
         run = acc.tmp / "hub"
         run.mkdir()
-        env = {k: v for k, v in acc.env("erin").items() if k not in ("HOME", "USER", "LOGNAME")}
+        env = {k: v for k, v in acc.env("erin", **STUDENT).items() if k not in ("HOME", "USER", "LOGNAME")}
         (run / "jupyterhub_config.py").write_text(
             f"""c = get_config()
 c.JupyterHub.ip = "127.0.0.1"
@@ -391,35 +476,55 @@ c.Spawner.http_timeout = 240
                 env={**os.environ, "PATH": f"{acc.bin}:{os.environ['PATH']}"},
             )  # fmt: skip
         _wait_http(f"http://127.0.0.1:{port}/hub/login", proc, log)
+        if (run / "proxy.pid").exists():
+            proxy_pid = int((run / "proxy.pid").read_text().strip())
         yield {"acc": acc, "url": f"http://127.0.0.1:{port}", "student": student, "password": password,
-               "inbound": exchange / course_id / "inbound", "log": log}  # fmt: skip
+               "inbound": exchange / course_id / "inbound", "log": log, "course": course, "course_id": course_id,
+               "db_url": db_url, "kvlib": kvlib, "nbg": nbg}  # fmt: skip
     finally:
+        left = []
         if proc is not None:
             proc.send_signal(signal.SIGTERM)  # the hub stops the student's server and its proxy
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
-                pass
+                left.append(f"the hub (pid {proc.pid}) did not stop on SIGTERM within 60 s")
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        if proxy_pid is not None and _alive(proxy_pid):
+            left.append(f"the hub's proxy (pid {proxy_pid}) outlived it")
+            os.kill(proxy_pid, signal.SIGKILL)
+        stack.close()  # the PostgreSQL server: stopped and removed
         acc.close()
+        assert not left, left
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 @pytest.mark.slow
 def test_a_student_fetches_and_submits_through_the_hub_in_a_browser(hub):
     """Check, in headless Chromium: the hub's login page (PAM: a wrong password refused, the right one let in), the
-    student's JupyterLab (spawned as the student), nbgrader's Assignments panel: Fetch, then Submit; the
-    submission reaches inbound/ as the student's."""
+    student's JupyterLab (spawned as the student), nbgrader's Assignments panel: Fetch; the student's work (their
+    kvlib/attention.py); Validate, which passes; Submit; the submission reaches inbound/ as the student's, with
+    their work in it."""
     import pwd  # noqa: PLC0415
 
     from test_browser import ARTIFACTS, _chromium  # noqa: PLC0415
 
     chromium = _chromium()
-    if chromium is None:
-        pytest.skip("no Chromium found (apt-get install chromium)")
+    _need(chromium is not None, "no Chromium found (apt-get install chromium)")
     from playwright.sync_api import sync_playwright  # noqa: PLC0415
+
+    correct = _sources()[0]
+    work = hub["acc"].home("erin") / NB / "kvlib" / "attention.py"
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
@@ -440,6 +545,13 @@ def test_a_student_fetches_and_submits_through_the_hub_in_a_browser(hub):
             page.get_by_text("Assignment List", exact=True).first.click()
             panel = page.locator("#nbgrader-assignment-list")
             panel.get_by_role("button", name="Fetch").first.click(timeout=120_000)
+            panel.locator("#fetched_assignments_list .assignment-notebooks-link").first.click(timeout=120_000)
+            _write_as(work, correct, hub["student"])  # the student's work, done in their own folder
+            panel.get_by_role("button", name="Validate").first.click(timeout=120_000)
+            page.locator("#validation-message").wait_for(timeout=240_000)  # the notebook runs in the student's server
+            validation = page.locator("#validation-message").inner_text()
+            page.screenshot(path=str(ARTIFACTS / "hub-validate.png"))
+            page.locator(".jp-Dialog .jp-mod-accept").click()
             panel.get_by_role("button", name="Submit").first.click(timeout=120_000)
             panel.get_by_role("button", name="Fetch Feedback").first.wait_for(timeout=120_000)  # in the submitted list
             page.screenshot(path=str(ARTIFACTS / "hub-assignments.png"))
@@ -448,6 +560,45 @@ def test_a_student_fetches_and_submits_through_the_hub_in_a_browser(hub):
             raise AssertionError(f"see {ARTIFACTS / 'hub-failed.png'}; hub log: {hub['log'].read_text()[-3000:]}")
         finally:
             browser.close()
+    assert "Success! Your notebook passes all the tests." in validation, validation[-2000:]
     uid = pwd.getpwnam(hub["student"]).pw_uid
     mine = [p for p in hub["inbound"].iterdir() if p.name.startswith(hub["student"] + "+" + NB)]
     assert mine and all(p.stat().st_uid == uid and p.stat().st_mode & 0o7777 == 0o770 for p in mine)
+    assert (mine[-1] / "kvlib" / "attention.py").read_text(encoding="utf-8") == correct
+
+
+@pytest.mark.slow
+def test_the_hubs_class_is_graded_into_postgresql(hub):
+    """Check the rest of the hub's term with the gradebook on PostgreSQL (after the browser test's submission): the
+    instructor collects, autogrades, generates and releases feedback and exports; the student fetches the feedback;
+    the grade is in PostgreSQL; and the student, who can reach the server's socket, is refused without the password
+    that only the instructor's config holds, and cannot read that config."""
+    from nbgrader.api import Gradebook  # noqa: PLC0415
+
+    acc, course, nbg, kvlib = hub["acc"], hub["course"], hub["nbg"], hub["kvlib"]
+    assert any(p.name.startswith(hub["student"] + "+" + NB) for p in hub["inbound"].iterdir()), (
+        "no submission from the browser test to grade"
+    )
+    acc.run("inst", nbg, "collect", NB, cwd=course)
+    graded = acc.run("inst", *kvlib, "autograde", NB, "--quiet", cwd=course)
+    assert "1 graded, 0 refused, 0 failed" in graded.stderr, graded.stderr[-3000:]
+    acc.run("inst", nbg, "generate_feedback", NB, cwd=course)
+    acc.run("inst", nbg, "release_feedback", NB, cwd=course)
+    acc.run("erin", nbg, "fetch_feedback", NB, **STUDENT)
+    assert list((acc.home("erin") / NB / "feedback").glob("*/attention.html"))
+    acc.run("inst", nbg, "export", "--to", "grades.csv", cwd=course)
+    rows = list(csv.DictReader(io.StringIO((course / "grades.csv").read_text())))
+    total = _sources()[3]
+    assert [(r["student_id"], float(r["score"])) for r in rows] == [(hub["student"], total)]
+    assert not (course / "gradebook.db").exists()  # nothing went to a SQLite file
+    with Gradebook(hub["db_url"], hub["course_id"]) as gb:
+        assert [(s.student.id, s.score) for s in gb.assignment_submissions(NB)] == [(hub["student"], total)]
+    host = hub["db_url"].split("host=", 1)[1]
+    tries = [["no password", {"host": host, "user": "kvlib"}], ["a wrong one", {"host": host, "user": "kvlib",
+             "password": "guess"}]]  # fmt: skip
+    out = json.loads(acc.run("erin", str(acc.bin / "python"), "-c", _PG_PROBE, json.dumps(tries)).stdout)
+    assert out == {"no password": "refused", "a wrong one": "refused"}, out
+    probe = [["read", f"{course}/nbgrader_config.py"]]
+    assert json.loads(acc.run("erin", str(acc.bin / "python"), "-c", _PROBE, json.dumps(probe)).stdout) == {
+        f"read {course}/nbgrader_config.py": "refused"
+    }

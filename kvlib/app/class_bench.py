@@ -1,7 +1,9 @@
 """`kvlib bench class`: a synthetic class graded by `kvlib course autograde`, every score checked.
 
 A course folder from `kvlib course init --earlier given` in a temporary folder, one assignment
-released, N students handed in (as `nbgrader zip_collect` would leave them in submitted/):
+released, N students handed in through nbgrader's exchange (each one's submit, then collect; one
+account stands for them all: Exchange) or, with via="submitted", straight into submitted/ (as
+`nbgrader zip_collect` would leave them):
 correct, partial (the first exercise only), blank (the release untouched) and a few cheats the
 grading tests use (numpy patched at import, an exit at import, the module a link to the reference,
 the test cells edited), some of them submitting twice (partial, then correct after the first round).
@@ -26,9 +28,14 @@ import threading
 import time
 from pathlib import Path
 
+from nbgrader.apps.api import NbGraderAPI
+from nbgrader.auth import Authenticator
+from nbgrader.coursedir import CourseDirectory
+
 from kvlib import checks
-from kvlib.app.class_grading import autograde
-from kvlib.app.course_folder import init_course
+from kvlib.app.class_grading import Result, _nbgrader_app, autograde
+from kvlib.app.course_folder import COURSE_MODES, EXCHANGE_ROOT_MODE, init_course
+from kvlib.app.exchange import PrivateSubmit
 from kvlib.app.release import BEGIN, END, ROOT
 from kvlib.course.exercises import EXERCISES
 
@@ -104,6 +111,13 @@ def hand_in(course: Path, notebook: str, student: str, variant: str, when: float
     if sub.exists():
         shutil.rmtree(sub)
     shutil.copytree(course / "release" / notebook, sub)
+    work(sub, notebook, variant)
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(when)) + f".{int(when * 1e6) % 1000000:06d} UTC"
+    (sub / "timestamp.txt").write_text(stamp)
+
+
+def work(sub: Path, notebook: str, variant: str) -> None:
+    """The variant's work in sub, a copy of the release: its module and notebook."""
     target = sub / "kvlib" / f"{module_of(notebook)}.py"
     if variant in ("correct", "edited-tests"):
         target.write_text(module_source(notebook), encoding="utf-8")
@@ -126,8 +140,51 @@ def hand_in(course: Path, notebook: str, student: str, variant: str, when: float
                 if cell["metadata"].get("nbgrader", {}).get("grade"):
                     cell["source"] = "pass  # no test here\n"
             path.write_text(json.dumps(nb), encoding="utf-8")
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(when)) + f".{int(when * 1e6) % 1000000:06d} UTC"
-    (sub / "timestamp.txt").write_text(stamp)
+
+
+class Exchange:
+    """The synthetic class through nbgrader's exchange, in one process: each student works in a copy of what
+    fetch gives (outbound/), submits with the students' submit (PrivateSubmit); the instructor collects with
+    --update. One account stands for every student, so collect is nbgrader's own with links kept as links
+    (LinkKeepingCollect), not the course's owner check, whose students are Unix accounts. The link cheat is made
+    as a student would make it through the exchange: `nbgrader submit` copies what a link points to, so the student
+    puts the link into their own submission in inbound/ afterwards (the folder is theirs)."""
+
+    def __init__(self, course: Path, notebook: str, top: Path):
+
+        self.course, self.notebook, self.top = course, notebook, top
+        cwd = os.getcwd()
+        os.chdir(course)  # nbgrader reads the working folder's nbgrader_config.py too
+        try:
+            self.app = _nbgrader_app(course)
+        finally:
+            os.chdir(cwd)
+        self.app.log.setLevel("WARNING")  # not three lines a submission
+        self.api = NbGraderAPI(coursedir=self.app.coursedir, parent=self.app)
+        self.authenticator = Authenticator(parent=self.app)
+
+    def submit(self, student: str, variant: str) -> None:
+        coursedir = CourseDirectory(parent=self.app)
+        coursedir.course_id = self.app.coursedir.course_id
+        coursedir.assignment_id, coursedir.student_id = self.notebook, student
+        sub = PrivateSubmit(coursedir=coursedir, authenticator=self.authenticator, parent=self.app)
+        folder = self.top / "students" / student
+        if folder.exists():
+            shutil.rmtree(folder)
+        outbound = Path(sub.root) / coursedir.course_id / "outbound" / self.notebook
+        shutil.copytree(outbound, folder / self.notebook)  # what fetch_assignment gives
+        work(folder / self.notebook, self.notebook, "correct" if variant == "link-to-reference" else variant)
+        sub.assignment_dir = str(folder)
+        sub.start()
+        if variant == "link-to-reference":
+            target = Path(sub.inbound_path) / sub.assignment_filename / "kvlib" / f"{module_of(self.notebook)}.py"
+            target.unlink()
+            target.symlink_to(ROOT / "solutions" / "kvlib" / target.name)
+
+    def collect(self) -> None:
+        out = self.api.collect(self.notebook, update=True)
+        if not out.get("success"):
+            raise RuntimeError(f"nbgrader collect failed: {(out.get('log', '') + out.get('error', ''))[-2000:]}")
 
 
 def make_class(n: int) -> dict[str, str]:
@@ -151,27 +208,41 @@ def _pg_bin() -> Path:
 
 
 @contextlib.contextmanager
-def throwaway_postgres(user: str | None = None):
+def throwaway_postgres(user: str | None = None, password: str | None = None):
     """A PostgreSQL cluster in a temporary folder, listening only on a Unix socket there; yields the
-    gradebook URL (database `gradebook`). As root it runs as `user` (default: nobody): PostgreSQL
-    refuses to run as root. Stopped and removed on exit."""
+    gradebook URL (database `gradebook`, role `kvlib`). As root it runs as `user` (default: nobody):
+    PostgreSQL refuses to run as root. Without `password` every local account may connect (trust: for one
+    account's benchmark); with it the server asks for it (scram-sha-256) and the URL carries it, as a hub
+    where every student has a shell needs. Stopped and removed on exit."""
     binary = _pg_bin()
     folder = Path(tempfile.mkdtemp(prefix="kvlib-pg-"))
     run_as: list[str] = []
+    account = pwd.getpwuid(os.geteuid())
     if os.geteuid() == 0:
         account = pwd.getpwnam(user or "nobody")
         os.chown(folder, account.pw_uid, account.pw_gid)
         run_as = ["runuser", "-u", account.pw_name, "--"]
     folder.chmod(0o755)  # the socket must be reachable; the data folder itself is 0700 (initdb)
     data, sock = folder / "data", folder
+    env = {**os.environ, **({"PGPASSWORD": password} if password else {})}
 
     def pg(*argv, **kw):
         return subprocess.run(
-            run_as + [str(binary / argv[0]), *argv[1:]], capture_output=True, text=True, timeout=120, **kw
+            run_as + [str(binary / argv[0]), *argv[1:]], capture_output=True, text=True, timeout=120, env=env, **kw
         )
 
     try:
-        proc = pg("initdb", "-D", str(data), "-A", "trust", "-U", "kvlib", "--no-sync")
+        auth = ["-A", "trust"]
+        if password:
+            pwfile = folder / "pwfile"
+            fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(password + "\n")
+            os.chown(pwfile, account.pw_uid, account.pw_gid)
+            auth = ["-A", "scram-sha-256", f"--pwfile={pwfile}"]
+        proc = pg("initdb", "-D", str(data), *auth, "-U", "kvlib", "--no-sync")
+        if password:
+            pwfile.unlink()
         if proc.returncode:
             raise RuntimeError(f"initdb failed: {proc.stderr[-2000:]}")
         opts = f"-c listen_addresses='' -k {sock} -c fsync=off -c max_connections=50"
@@ -181,7 +252,7 @@ def throwaway_postgres(user: str | None = None):
         proc = pg("createdb", "-h", str(sock), "-U", "kvlib", "gradebook")
         if proc.returncode:
             raise RuntimeError(f"createdb failed: {proc.stderr[-1000:]}")
-        yield f"postgresql+psycopg2://kvlib@/gradebook?host={sock}"
+        yield f"postgresql+psycopg2://kvlib{':' + password if password else ''}@/gradebook?host={sock}"
     finally:
         pg("pg_ctl", "-D", str(data), "-m", "immediate", "-w", "-t", "60", "stop")
         shutil.rmtree(folder, ignore_errors=True)
@@ -235,13 +306,22 @@ def _tree_rss_mb(root: int) -> float:
 
 
 def bench_class(
-    students: int = 20, assignment: str = "01-attention", jobs: int = 1, db: str = "sqlite", keep: str | None = None
+    students: int = 20,
+    assignment: str = "01-attention",
+    jobs: int = 1,
+    db: str = "sqlite",
+    keep: str | None = None,
+    via: str = "exchange",
 ) -> dict:
-    """Grade a synthetic class; returns the record (raises RuntimeError if a score is not the expected one)."""
+    """Grade a synthetic class handed in `via` nbgrader's exchange (submit, collect --update) or straight into
+    submitted/ (as zip_collect leaves it); returns the record (raises RuntimeError if a score is not the expected
+    one). Only the grading is timed."""
     if students < 1:
         raise ValueError("--students must be at least 1")
     if db not in ("sqlite", "postgres"):
         raise ValueError(f"--db must be sqlite or postgres, not {db!r}")
+    if via not in ("exchange", "submitted"):
+        raise ValueError(f"--via must be exchange or submitted, not {via!r}")
     module_of(assignment)  # a notebook with exercises
     want = expected(assignment)
     klass = make_class(students)
@@ -251,20 +331,42 @@ def bench_class(
         if not keep:
             stack.callback(shutil.rmtree, top, True)
         url = stack.enter_context(throwaway_postgres()) if db == "postgres" else None
+        exchange = top / "exchange" if via == "exchange" else None
         init_course(course, earlier="given", course_id="kvlib-bench")
-        if url:
-            with open(course / "nbgrader_config.py", "a") as f:
+        with open(course / "nbgrader_config.py", "a") as f:
+            if url:
                 f.write(f"\nc.CourseDirectory.db_url = {url!r}\n")
+            if exchange:  # one account for the whole class (see Exchange): the exchange's folders with their modes,
+                # without init --exchange's check that the instructor's group is theirs alone (no other account here)
+                for rel, mode in {
+                    "": EXCHANGE_ROOT_MODE,
+                    **{f"kvlib-bench/{k}": v for k, v in COURSE_MODES.items()},
+                }.items():
+                    (exchange / rel).mkdir(parents=True, exist_ok=True)
+                    (exchange / rel).chmod(mode)
+                f.write(f"\nc.Exchange.root = {str(exchange)!r}\n")
+                f.write('c.ExchangeFactory.collect = "kvlib.grading.autograde.LinkKeepingCollect"\n')
+                f.write(
+                    f'c.ExchangeFactory.submit = "kvlib.app.exchange.PrivateSubmit"\nc.Exchange.cache = {str(top / "cache")!r}\n'
+                )
         env = {**os.environ, "KVLIB_SOLUTIONS": "0"}
-        proc = subprocess.run(
-            [_python(), "-m", "nbgrader", "generate_assignment", assignment, "--log-level=WARN"],
-            cwd=course, capture_output=True, text=True, env=env, timeout=600,
-        )  # fmt: skip
-        if proc.returncode:
-            raise RuntimeError(f"generate_assignment failed: {proc.stderr[-2000:]}")
+        for step in ["generate_assignment"] + (["release_assignment"] if exchange else []):
+            proc = subprocess.run(
+                [_python(), "-m", "nbgrader", step, assignment, "--log-level=WARN"],
+                cwd=course, capture_output=True, text=True, env=env, timeout=600,
+            )  # fmt: skip
+            if proc.returncode:
+                raise RuntimeError(f"{step} failed: {proc.stderr[-2000:]}")
+        ex = Exchange(course, assignment, top) if exchange else None
         now = time.time() - 3600
         for student, variant in klass.items():
-            hand_in(course, assignment, student, "partial" if variant == "resubmit" else variant, now)
+            first = "partial" if variant == "resubmit" else variant
+            if ex:
+                ex.submit(student, first)
+            else:
+                hand_in(course, assignment, student, first, now)
+        if ex:
+            ex.collect()
         rounds = []
         devnull = open(os.devnull, "w")
         stack.callback(devnull.close)
@@ -274,7 +376,12 @@ def bench_class(
                 if not resub:
                     break
                 for s in resub:
-                    hand_in(course, assignment, s, "correct", now + 60)
+                    if ex:
+                        ex.submit(s, "correct")
+                    else:
+                        hand_in(course, assignment, s, "correct", now + 60)
+                if ex:
+                    ex.collect()
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             start = time.perf_counter()
             stats: dict = {}
@@ -300,22 +407,19 @@ def bench_class(
                     "mean_checks_s": _mean([r.checks_s for s, r in results.items() if s in graded_now]),
                 }
             )
+    lost = Result("", "lost", reason="handed in, never graded (not collected, or not in submitted/)")
+    got = {s: results.get(s, lost) for s in klass}
     wrong = {
-        s: {
-            "variant": v,
-            "expected": want[v],
-            "got": results[s].score,
-            "status": results[s].status,
-            "reason": results[s].reason,
-        }
+        s: {"variant": v, "expected": want[v], "got": got[s].score, "status": got[s].status, "reason": got[s].reason}
         for s, v in klass.items()
-        if results[s].score != want[v] or results[s].status != "graded"
+        if got[s].score != want[v] or got[s].status != "graded"
     }
     report = {
         "assignment": assignment,
         "students": students,
         "jobs": jobs,
         "db": db,
+        "handed_in": "through nbgrader's exchange" if via == "exchange" else "into submitted/",
         "variants": {v: sum(x == v for x in klass.values()) for v in sorted(set(klass.values()))},
         "rounds": rounds,
         "all_scores_expected": not wrong,
@@ -339,7 +443,8 @@ def _python() -> str:
 def format_class(r: dict) -> str:
     lines = [
         f"kvlib bench class: {r['students']} students of {r['assignment']}, --jobs {r['jobs']}, gradebook {r['db']}, "
-        f"{r['cpus']} CPUs (load {r['load_average_1min_at_end']} at the end)",
+        f"handed in {r.get('handed_in', 'into submitted/')}, {r['cpus']} CPUs (load {r['load_average_1min_at_end']} "
+        "at the end)",
         "  " + ", ".join(f"{n} {v}" for v, n in r["variants"].items()),
     ]
     for x in r["rounds"]:

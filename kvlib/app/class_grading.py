@@ -320,11 +320,11 @@ def autograde(
     if jobs < 1:
         raise CourseError(f"--jobs must be at least 1, not {jobs}")
     course = open_course(root)
-    check_gradebook(course, assignment)
-    chosen = select(submitted(course, assignment), student, assignment)
-    print(isolation_line(course.isolation), file=out)
+    print(isolation_line(course.isolation), file=out)  # first, in every run: a refused one says it too
     for problem in permission_problems(course.root):
         print(f"warning: {problem}", file=out)
+    check_gradebook(course, assignment)
+    chosen = select(submitted(course, assignment), student, assignment)
     state = load_state(course, assignment)
     todo = [
         s
@@ -400,7 +400,7 @@ def autograde(
             bar.close()
             _hand_back(course, None, assignment)
     results = {s: done[s] for s in chosen}
-    print(summary(results, assignment, time.monotonic() - start, len(todo)), file=out)
+    print(summary(results, assignment, time.monotonic() - start, todo), file=out)
     return results
 
 
@@ -435,12 +435,15 @@ def isolation_line(mode: str) -> str:
     return f"isolation: {mode}: {what}"
 
 
-def summary(results: dict[str, Result], assignment: str, seconds: float, graded_now: int) -> str:
+def summary(results: dict[str, Result], assignment: str, seconds: float, taken: list[str]) -> str:
+    """The end of a run: every selected submission's status, and of those this run took (graded or not), how many
+    it graded and how fast it went through them."""
     counts = {k: sum(r.status == k for r in results.values()) for k in ("graded", "refused", "failed")}
-    rate = f", {graded_now / seconds * 60:.1f} submissions/min" if graded_now and seconds > 0 else ""
+    graded_now = sum(results[s].status == "graded" for s in taken if s in results)
+    rate = f", {len(taken) / seconds * 60:.1f} submissions/min" if taken and seconds > 0 else ""
     lines = [
         f"{assignment}: {len(results)} submissions: {counts['graded']} graded, {counts['refused']} refused, "
-        f"{counts['failed']} failed ({graded_now} graded in this run, {seconds:.0f} s{rate})"
+        f"{counts['failed']} failed ({graded_now} graded in this run of {len(taken)} taken, {seconds:.0f} s{rate})"
     ]
     for r in results.values():
         if r.status != "graded":

@@ -188,7 +188,9 @@ def cmd_bench_class(args) -> int:
     from kvlib.app.class_bench import bench_class, format_class  # noqa: PLC0415 (not in learners' folders: instructor only)
 
     try:
-        report = bench_class(students=args.students, assignment=args.assignment, jobs=args.jobs, db=args.db)
+        report = bench_class(
+            students=args.students, assignment=args.assignment, jobs=args.jobs, db=args.db, via=args.via
+        )
     except (FileNotFoundError, ValueError) as err:
         print(f"kvlib bench class: {err}", file=sys.stderr)
         return 2
@@ -417,6 +419,13 @@ def main(argv=None) -> int:
     p.add_argument("--jobs", type=int, default=1, help="class: parallel grading workers (default 1)")
     p.add_argument(
         "--db", choices=["sqlite", "postgres"], default="sqlite", help="class: the gradebook (default sqlite)"
+    )
+    p.add_argument(
+        "--via",
+        choices=["exchange", "submitted"],
+        default="exchange",
+        help="class: hand the class in through nbgrader's exchange (submit, collect; default) or straight into "
+        "submitted/ (as zip_collect leaves it)",
     )
     p.set_defaults(func=cmd_bench)
 

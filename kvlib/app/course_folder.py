@@ -15,6 +15,7 @@ for the course (setup_exchange). Not here: grading itself (kvlib.grading), paral
 
 from __future__ import annotations
 
+import ast
 import grp
 import os
 import pwd
@@ -121,6 +122,17 @@ def your_files(notebook: str, earlier: str) -> str:
         "",
     ]
     lines += [f"- `{f}`: Exercises {', '.join(ids)}" for f, ids in by_file.items()]
+    used = earlier_used(notebook) if earlier == "own" else []
+    if used:
+        importers = ", ".join(f"`kvlib/{m}.py`" for m in dict.fromkeys(u[0] for u in used))
+        calls = ", ".join(f"`{name}` (Exercise {ids}, `kvlib/{other}.py`)" for _, other, name, ids in used)
+        lines += [
+            "",
+            f"**Paste in your earlier files before you hand in.** {importers} imports your solutions of earlier",
+            f"notebooks: {calls}. Here those files are stubs until you put your own finished ones in their",
+            "place; while one is a stub, every graded check that reaches it fails, however right your exercises of",
+            "this notebook are.",
+        ]
     lines += [
         "",
         "Everything else in `kvlib/` (`core/`, `course/`, `measure/`, `study/`, `checks/`, `app/`) is the course's",
@@ -144,6 +156,28 @@ def your_files(notebook: str, earlier: str) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def earlier_used(notebook: str) -> list[tuple[str, str, str, str]]:
+    """What this notebook's own modules import of earlier notebooks' exercises, as the reference imports it:
+    [(importing module, earlier module, function or class, exercise ids), ...]."""
+    owners = module_notebooks()
+    by_name: dict[tuple[str, str], list[str]] = {}
+    for ex in EXERCISES:  # a class stands for its exercise methods (KVCache: 4.1)
+        by_name.setdefault((ex.module, ex.name.split(".")[0]), []).append(ex.id)
+    used = []
+    for module in sorted({ex.module for ex in EXERCISES if ex.notebook == notebook}):
+        tree = ast.parse((ROOT / "solutions" / "kvlib" / f"{module}.py").read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            other = (node.module or "").removeprefix("kvlib.") if isinstance(node, ast.ImportFrom) else ""
+            if other not in owners or _number(owners[other]) >= _number(notebook):
+                continue
+            for alias in node.names:
+                ids = by_name.get((other, alias.name))
+                entry = (module, other, alias.name, ", ".join(ids or []))
+                if ids and entry not in used:
+                    used.append(entry)
+    return used
 
 
 def learner_edited(notebook: str, earlier: str) -> list[str]:
@@ -483,6 +517,11 @@ On the hub: /etc/jupyter/nbgrader_config.py, or each student's ~/.jupyter/nbgrad
 c = get_config()  # noqa: F821 (provided by nbgrader)
 c.CourseDirectory.course_id = {course_id!r}
 c.Exchange.root = {exchange!r}
-# a submission readable by its student and the instructor's group only (nbgrader's own makes it 0777)
+# a submission readable by its student and the instructor's group only (nbgrader's own makes it 0777), without
+# the course's own files that autograde puts back anyway (assets/, kvlib's subpackages)
 c.ExchangeFactory.submit = "kvlib.app.exchange.PrivateSubmit"
+# Validate runs the notebook: as in the course's own repository, every graded cell finishes well inside this, and
+# the kernel client waits in short steps, so a lost zmq wake-up does not hold a student for the whole timeout
+c.Execute.timeout = 120
+c.AsyncKernelManager.client_class = "kvlib.grading.execute.SteppedKernelClient"
 '''

@@ -2,7 +2,9 @@
 
   PrivateSubmit        `nbgrader submit` (and the Assignments panel's Submit) as a student: the
                        submission readable by the student and the instructor's group only, where
-                       nbgrader makes it 0777 for everyone to write (set in the students' config)
+                       nbgrader makes it 0777 for everyone to write (set in the students' config);
+                       without the course's own files that autograde puts back from the source
+                       anyway (assets/, kvlib's subpackages: 2.3 of 2.4 MB of notebook 04's)
   OwnerCheckedCollect  `nbgrader collect` as the instructor: a submission is taken only from the
                        account whose name it carries, and only if every file in it is that
                        account's (nbgrader only warns); links are kept as links (LinkKeepingCollect)
@@ -14,6 +16,7 @@ from __future__ import annotations
 import glob
 import os
 import pwd
+import shutil
 import stat
 from collections import defaultdict
 
@@ -31,8 +34,32 @@ SUBMISSION_DIR_MODE = 0o770
 SUBMISSION_FILE_MODE = 0o644
 
 
+# Released folders a submission leaves out: never the learner's (the grader ignores a learner's file in a
+# subfolder of kvlib/, and autograde copies these from the source over whatever a submission holds), so a
+# copy in inbound/, the student's cache and submitted/ would only cost space: 1.5 MB of assets/ (the tiny
+# model, from notebook 02 on) and 0.8 MB of kvlib's subpackages, in every submission.
+NOT_SUBMITTED = ("assets", "kvlib/*/")
+
+
+def _not_submitted(dest: str) -> list[str]:
+    """The folders under dest that NOT_SUBMITTED names (kvlib's subfolders, not its top-level files)."""
+    out = []
+    for pattern in NOT_SUBMITTED:
+        out += [p.rstrip("/") for p in glob.glob(os.path.join(glob.escape(dest), pattern))]
+    return out
+
+
 class PrivateSubmit(ExchangeSubmit):
-    """nbgrader's submit, then the submission's modes narrowed to SUBMISSION_DIR_MODE and _FILE_MODE."""
+    """nbgrader's submit without NOT_SUBMITTED, then the submission's modes narrowed to SUBMISSION_DIR_MODE
+    and _FILE_MODE."""
+
+    def do_copy(self, src, dest, log=None):
+        super().do_copy(src, dest, log)
+        for path in _not_submitted(dest):
+            if os.path.islink(path):  # copytree followed no link here, but never follow one to delete
+                os.remove(path)
+            elif os.path.isdir(path):
+                shutil.rmtree(path)
 
     def copy_files(self):
         super().copy_files()
