@@ -124,20 +124,24 @@ def test_every_score_survives_a_sigkill_halfway(fresh, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_refused_submission_is_summarised_with_its_reason_and_the_bar_counts_it(fresh, tmp_path):
+def test_refused_and_failed_submissions_are_summarised_with_their_reasons_and_the_bar_counts_them(fresh, tmp_path):
     """Check a run with its progress bar (done/total, failures, the time left) on a student whose timestamp.txt is a
-    link: not graded, refused, and the summary says why."""
+    link (not graded: refused) and one whose notebook is not a notebook (grading breaks: failed), the summary saying
+    why for each."""
     course = tmp_path / "course"
     shutil.copytree(fresh, course, symlinks=True)
     stamp = course / "submitted" / "s001" / NB / "timestamp.txt"
     stamp.unlink()
     stamp.symlink_to(course / "grading_secret")
-    out = kvlib("course", "autograde", NB, "--student", "s001", cwd=course)
-    assert "0 graded, 1 refused, 0 failed" in out.stderr, out.stderr[-3000:]
+    (course / "submitted" / "s002" / NB / "attention.ipynb").write_text("{ not json", encoding="utf-8")
+    out = kvlib("course", "autograde", NB, "--student", "s00[12]", cwd=course, check=False)
+    assert out.returncode == 1, f"a run with a failed submission should exit 1: {out.returncode}\n{out.stderr[-3000:]}"
+    assert "0 graded, 1 refused, 1 failed" in out.stderr, out.stderr[-3000:]
     assert "refused: s001: s001/01-attention: timestamp.txt in the submission is a symbolic link" in out.stderr
-    assert "(0 graded in this run of 1 taken" in out.stderr
+    assert "failed: s002: nbformat.reader.NotJSONError: Notebook does not appear to be JSON" in out.stderr, out.stderr
+    assert "(0 graded in this run of 2 taken" in out.stderr
     bar = [ln for ln in out.stderr.replace("\r", "\n").splitlines() if ln.startswith(f"{NB}:") and "|" in ln]
-    assert bar and "1/1" in bar[-1] and "failed=1" in bar[-1] and "<" in bar[-1], bar  # tqdm: [elapsed<left]
+    assert bar and "2/2" in bar[-1] and "failed=2" in bar[-1] and "<" in bar[-1], bar  # tqdm: [elapsed<left]
 
 
 def _parent(pid: int) -> int:

@@ -223,6 +223,14 @@ def _kill_descendants(pid: int) -> None:
             pass
 
 
+_CAUSE = re.compile(
+    r"^\s*((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception): .+)$", re.MULTILINE
+)  # a traceback's last line
+_NBGRADER_WRAPPER = (
+    "nbgrader.converters.base.NbGraderException"  # "Please see the above traceback": no cause of its own
+)
+
+
 def _grade(api, course: Course, assignment: str, student: str, timestamp: str) -> Result:
     start = time.monotonic()
     out = api.autograde(assignment, student, force=True, create=True)
@@ -233,10 +241,13 @@ def _grade(api, course: Course, assignment: str, student: str, timestamp: str) -
         reason = re.search(r"PermissionError: (.+)", log)
         if reason:
             result.status, result.reason = "refused", reason.group(1).strip()
-        else:
+        else:  # the error under nbgrader's "see the above traceback", or else its last line that is not chatter
+            causes = [m.group(1) for m in _CAUSE.finditer(log) if not m.group(1).startswith(_NBGRADER_WRAPPER)]
             errors = [ln for ln in log.splitlines() if ln.strip() and not ln.startswith(("[INFO]", "[DEBUG]", " "))]
             result.status = "failed"
-            result.reason = (errors[-1] if errors else "nbgrader failed without a message")[:500]
+            result.reason = (causes[-1] if causes else errors[-1] if errors else "nbgrader failed without a message")[
+                :500
+            ]
     else:
         with Gradebook(course.db_url, course.course_id) as gb:
             sub = gb.find_submission(assignment, student)
