@@ -767,7 +767,7 @@ def _sandboxed_checks(kv_source: str) -> dict[str, str]:
     return verdicts
 
 
-def test_checks_count_flops_and_read_the_cache_in_the_isolated_child():
+def test_checks_count_mlp_tokens_and_read_the_cache_in_the_isolated_child():
     """Check that the reference passes every 4.x check in the grading child, and a cached_forward that reruns the
     model over the ids seen (only moving cache.pos) fails the cache-use check there, saying why."""
     from conftest import ROOT

@@ -64,6 +64,39 @@ def checks_for(ex: Exercise) -> list[Check]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Memory, where the isolated grader measures it
+
+MB = 1 << 20
+# what an honest child may hold beyond its boot: kvlib's modules, torch's lazy set-up, the check's small objects
+HELD_SLACK = 16 * MB
+
+
+def isolated(fn) -> bool:
+    """Whether fn runs in the isolated grader's child (a kvlib.grading sandbox function), not in this process."""
+    return getattr(fn, "memory", None) is not None
+
+
+def memory_of(fn, *args):
+    """(result, Usage) of fn(*args) where the grading process measures the call's memory (in the isolated grader:
+    fn.memory, read in the child's /proc by kvlib.grading.memory, out of the learner's code's reach); None where
+    it cannot (a local run, which watches the tensors fn allocates instead: kvlib.measure.timing.new_tensors)."""
+    memory = getattr(fn, "memory", None)
+    return None if memory is None else memory(*args)
+
+
+def held_nothing_before(usage, name: str, allowed: int = 0) -> None:
+    """Fail if the child held more than `allowed` bytes (the check's own objects there) plus HELD_SLACK beyond its
+    boot when fn was called: a buffer made at import or kept from an earlier call, written in place, would hide
+    what a call uses from the measure of its peak."""
+    extra = usage.held - allowed
+    assert extra <= HELD_SLACK, (
+        f"when {name} was called, its process already held {extra / MB:.0f} MB more than the learner's modules and "
+        f"the check's own objects need: memory kept between calls (a tensor at module level, a cache of results) "
+        "hides what a call uses, so the grader counts it as used. Keep no large tensors between calls"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
 # Running checks
 
 

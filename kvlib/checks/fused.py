@@ -1,23 +1,26 @@
 """Checks for notebook 09 (kvlib/fused.py): exercises 9.1-9.4.
 
 Sizes all differ (batch 2, 3 or 6 query heads, 2 key/value heads, head_dim 8, chunks and tiles that do
-not divide the lengths), so a swapped axis fails. Every expected value, FLOP count and size limit is
-computed here in float64 before learner code runs, from tensors the learner's code never receives (it
-gets clones). Named slips: the old sum or output not rescaled when the maximum grows, no maximum
-subtracted (exp(1000) overflows), nan from a chunk whose scores are all -inf, every tile computed
-(the future ones too), the diagonal tiles left unmasked, a mask aligned top-left, outs averaged instead
-of weighted by exp(lse), lse returned as a maximum, the int8 cache dequantised whole.
+not divide the lengths), so a swapped axis fails. Every expected value and size limit is computed here
+in float64 before learner code runs, from tensors the learner's code never receives (it gets clones).
+Named slips: the old sum or output not rescaled when the maximum grows, no maximum subtracted
+(exp(1000) overflows), nan from a chunk whose scores are all -inf, every tile computed (the future
+ones too: a nan planted in a future tile's values reaches earlier queries), the diagonal tiles left
+unmasked, a mask aligned top-left, outs averaged instead of weighted by exp(lse), lse returned as a
+maximum, the int8 cache dequantised whole. In the isolated grader the grading process measures the
+memory a large call holds (kvlib.grading.memory); 9.1's concatenation alone is watched beside the
+learner's code, where it runs (docs/instructors.md says why).
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
-from kvlib.checks import check
+from kvlib.checks import MB, check, held_nothing_before, memory_of
 from kvlib.checks.compress import _int8_cache, _int8_expected_and_slips
-from kvlib.core.flops import matmul_flops
 from kvlib.measure.timing import new_tensors
 
 B, H, H_KV, D = 2, 3, 2, 8
@@ -49,18 +52,6 @@ def _diagnose(got, slips: dict, default: str) -> str:
         if message != "__nonfinite__" and _close(got, tensor):
             return message
     return default
-
-
-def _new_tensors(fn, *args) -> list[tuple[str, tuple]]:
-    """What fn(*args) allocates: watched where fn runs (in the isolated grading child, fn.watch)."""
-    watch = getattr(fn, "watch", None)
-    return watch(*args) if watch is not None else new_tensors(fn, *args)
-
-
-def _flops(fn, *args) -> int:
-    """Matrix-multiply FLOPs of fn(*args), counted where fn runs (in the isolated grading child, fn.flops)."""
-    count = getattr(fn, "flops", None)
-    return count(*args) if count is not None else matmul_flops(fn, *args)
 
 
 def _attention(q, k, v, *, causal=True, top_left=False, scale=None, allowed=None):
@@ -154,13 +145,20 @@ def online_softmax_is_stable_and_handles_masked_keys(kv, rng):
 
 @check("9.1")
 def online_softmax_reads_one_chunk_at_a_time(kv, rng):
-    """Check that no tensor as long as all 29 keys together is made: the chunks are never concatenated."""
+    """Check that no tensor as long as all 29 keys together is made: the chunks are never concatenated.
+
+    Watched where the call runs (in the isolated grader, in the child beside the learner's code, which could
+    switch the watch off): a concatenation is no larger than the chunks the call receives, so the memory the
+    grading process measures cannot tell it from a copy of every chunk (float64, say), which is allowed."""
     lengths = (5, 4, 5, 3, 5, 4, 3)  # 29 keys: no other axis is 29 long
     scores, values = _chunked(rng, lengths)
     # the call itself first: a stub, or a function that fails, earns nothing here (a watch may see no tensor)
     out = kv.online_softmax([(s.clone(), v.clone()) for s, v in zip(scores, values)])
     assert tuple(out.shape) == tuple(values[0].shape[:-2]) + tuple(values[0].shape[-1:]), "online_softmax's shape"
-    made = _new_tensors(kv.online_softmax, [(s.clone(), v.clone()) for s, v in zip(scores, values)])
+    watch = getattr(kv.online_softmax, "watch", None)
+    made = (watch or (lambda *a: new_tensors(kv.online_softmax, *a)))(
+        [(s.clone(), v.clone()) for s, v in zip(scores, values)]
+    )
     total = sum(lengths)
     long = [(op, shape) for op, shape in made if total in shape]
     assert not long, (
@@ -171,20 +169,6 @@ def online_softmax_reads_one_chunk_at_a_time(kv, rng):
 
 # ---------------------------------------------------------------------------------------------
 # 9.2 tiled_attention
-
-
-def _tiles_flops(T: int, S: int, tile: int, batch: int, heads: int, head_dim: int) -> tuple[int, int]:
-    """(FLOPs of the tiles a causal tiled loop must compute, FLOPs of every tile): 2 matmuls per tile."""
-    offset, needed, every = S - T, 0, 0
-    for i0 in range(0, T, tile):
-        tq = min(tile, T - i0)
-        for j0 in range(0, S, tile):
-            tk = min(tile, S - j0)
-            cost = 2 * 2 * tq * tk * head_dim * batch * heads  # q k^T and p v, 2 FLOPs per multiply-add
-            every += cost
-            if j0 <= offset + i0 + tq - 1:  # some key of the tile is visible to some query of it
-                needed += cost
-    return needed, every
 
 
 def _whole_tiles(T: int, S: int, tile: int) -> torch.Tensor:
@@ -232,41 +216,77 @@ def tiled_attention_matches_causal_sdpa(kv, rng):
 
 @check("9.2")
 def tiled_attention_skips_future_tiles(kv, rng):
-    """Check the matmul FLOPs: exactly the tiles on and below the causal diagonal, about half of all tiles."""
+    """Check that a tile whose keys are all in its queries' future is never computed (a nan planted there stays out).
+
+    A nan in the values of the last key tile must reach exactly the queries that see it, not the query tiles before
+    it: a tile computed and masked away spreads it (0 x nan is nan)."""
     for T, S, tile in ((16, 16, 4), (6, 14, 4), (9, 9, 2)):
-        needed, every = _tiles_flops(T, S, tile, B, H, D)
         q, k, v = _randn(rng, B, H, T, D), _randn(rng, B, H, S, D), _randn(rng, B, H, S, D)
-        got = _flops(kv.tiled_attention, q.clone(), k.clone(), v.clone(), tile)
-        where = f"{T} queries, {S} keys, tiles of {tile}: {got:,} matmul FLOPs counted, {needed:,} needed"
-        if got == needed:
-            continue
-        if got >= every:
+        first = (S - 1) // tile * tile  # the last key tile's first key: every query before it must skip that tile
+        expected = _attention(q, k, v)  # rows before `first` never see it, whatever its value
+        v[:, :, first] = float("nan")
+        got = kv.tiled_attention(q.clone(), k.clone(), v.clone(), tile)
+        assert isinstance(got, torch.Tensor) and tuple(got.shape) == (B, H, T, D), (
+            f"tiled_attention should return (batch, n_heads, seq_len, head_dim) = {(B, H, T, D)}, got {_shape_of(got)}"
+        )
+        before = first - (S - T)  # query i sits at position S - T + i: the queries before key `first`
+        where = f"{T} queries, {S} keys, tiles of {tile}, a nan in the values of key {first}"
+        if not torch.isfinite(got[:, :, :before]).all():
             raise AssertionError(
-                f"{where}, {every:,} for every tile: the tiles whose keys are all in the future are computed "
-                "too (and masked away). Stop each query tile's loop over key tiles at its last query's position"
+                f"{where}: the queries before key {first} came out nan, though none of them sees it: the tiles whose "
+                "keys are all in the future are computed too (and masked away, but 0 x nan is nan). Stop each query "
+                "tile's loop over key tiles at its last query's position"
             )
-        if got == 0:
-            raise AssertionError(
-                f"{where}: no matrix multiply was counted; compute each score tile and its output with @ (or "
-                "torch.matmul / einsum) so that the work can be counted"
-            )
-        if got > needed:
-            raise AssertionError(
-                f"{where}: more than the tiles on and below the diagonal need, fewer than all: "
-                "a key tile is skipped only when its first key is past the query tile's last query"
-            )
-        # fewer: some products ran outside a matrix multiply (einsum over a length-1 axis multiplies
-        # elementwise); the output's exactness is checked by tiled_attention_matches_causal_sdpa
+        assert _close(got[:, :, :before], expected[:, :, :before]), (
+            f"{where}: the queries before key {first} differ from causal SDPA"
+        )
+        assert got[:, :, before:].isnan().all(), (
+            f"{where}: the queries at and after key {first} see it, and its value is nan, so their outputs must be nan "
+            "too; these are not: is a key these queries see skipped, or are the values cleaned of nan?"
+        )
+
+
+_SCORES = dict(T=2048, tile=128)  # the measured case: 2,048 queries and keys, every head's scores are 96 MB
+
+
+def _causal_rows(q, k, v, rows: int = 256) -> torch.Tensor:
+    """Causal attention in float64, `rows` queries at a time (the measured case is too large for one matrix)."""
+    T, S = q.shape[-2], k.shape[-2]
+    out = []
+    for i in range(0, T, rows):
+        part = _attention(q[:, :, i : i + rows], k[:, :, : S - T + i + rows], v[:, :, : S - T + i + rows])
+        out.append(part)
+    return torch.cat(out, -2)
 
 
 @check("9.2")
 def tiled_attention_never_builds_the_score_matrix(kv, rng):
-    """Check that 24 queries against 24 keys in tiles of 4 allocate no tensor of half the 24 x 24 scores or more."""
+    """Check that causal attention in tiles never holds as much as half the seq_len x kv_len scores.
+
+    In the isolated grader the grading process measures the memory the call holds (2,048 queries and keys in
+    tiles of 128: every head's scores are 96 MB); locally every tensor it allocates is watched (24 x 24, tiles of 4)."""
+    T, tile = _SCORES["T"], _SCORES["tile"]
+    q, k, v = _randn(rng, B, H, T, D), _randn(rng, B, H, T, D), _randn(rng, B, H, T, D)
+    measured = memory_of(kv.tiled_attention, q.clone(), k.clone(), v.clone(), tile)
+    if measured is not None:
+        got, usage = measured
+        assert _close(got, _causal_rows(q, k, v)), (
+            f"{T} queries against {T} keys in tiles of {tile}: the output differs from causal SDPA"
+        )
+        held_nothing_before(usage, "tiled_attention")
+        matrix = B * H * T * T * 4  # every head's scores, float32
+        assert usage.beyond_inputs < matrix // 2, (
+            f"tiled_attention held {usage.beyond_inputs / MB:.0f} MB beyond its inputs at its peak (the grader "
+            f"measures the process's memory) for {T} queries against {T} keys in tiles of {tile}: the whole score "
+            f"matrix of every head is {matrix / MB:.0f} MB. Tiles exist so that only a tile x tile block of scores "
+            "is held at a time"
+        )
+        return
     T = S = 24
     q, k, v = _randn(rng, B, H, T, D), _randn(rng, B, H, S, D), _randn(rng, B, H, S, D)
     out = kv.tiled_attention(q.clone(), k.clone(), v.clone(), 4)  # first the call: a stub earns nothing here
     assert tuple(out.shape) == tuple(q.shape), f"tiled_attention should return q's shape {tuple(q.shape)}"
-    made = _new_tensors(kv.tiled_attention, q.clone(), k.clone(), v.clone(), 4)
+    made = new_tensors(kv.tiled_attention, q.clone(), k.clone(), v.clone(), 4)
     limit = B * H * T * S // 2
     big = [(op, shape) for op, shape in made if math.prod(shape) >= limit]
     assert not big, (
@@ -391,15 +411,58 @@ def int8_folded_matches_int8_attention(kv, rng):
         _folded_case(kv, rng, kv_len, n_kv, f"{kv_len} int8 tokens, {n_kv} key/value heads")
 
 
+_INT8 = dict(H=4, H_KV=2, S=65_536, D=128, group=32)  # the measured step: the keys as float32 are 64 MB
+
+
+def _int8_big(rng):
+    """A large int8 cache (batch 1): what a float copy of its keys would cost shows against everything else."""
+    n = _INT8
+    groups, shape = n["S"] // n["group"], (1, n["H_KV"], n["S"] // n["group"], n["group"], n["D"])
+    k_values = torch.from_numpy(rng.integers(-127, 128, size=shape, dtype=np.int8))
+    k_scale = torch.from_numpy(rng.uniform(0.001, 0.05, size=(1, n["H_KV"], groups, 1, n["D"]))).float()
+    v_values = torch.from_numpy(rng.integers(-127, 128, size=(1, n["H_KV"], n["S"], n["D"]), dtype=np.int8))
+    v_scale = torch.from_numpy(rng.uniform(0.001, 0.05, size=(1, n["H_KV"], n["S"], 1))).float()
+    return k_values, k_scale, v_values, v_scale
+
+
+def _int8_reference(q, k_values, k_scale, v_values, v_scale) -> torch.Tensor:
+    """One decode query per head in float64 over the whole dequantised cache, each group's queries as rows."""
+    (Bq, Hq, _, Dq), (_, Hk, n_groups, group, _) = q.shape, k_values.shape
+    k = (k_values.double() * k_scale.double()).reshape(Bq, Hk, n_groups * group, Dq)
+    rows = q.double().reshape(Bq, Hk, Hq // Hk, Dq)
+    probs = (rows @ k.transpose(-2, -1) / math.sqrt(Dq)).softmax(-1)
+    return (probs @ (v_values.double() * v_scale.double())).reshape(Bq, Hq, 1, Dq)
+
+
 @check("9.4")
 def int8_folded_makes_no_float_copy_of_the_cache(kv, rng):
-    """Check that 2,048 int8 tokens are attended without a tensor of half the cached keys' numbers or more."""
+    """Check that a long int8 cache is attended without holding a float copy of half its keys or more.
+
+    In the isolated grader the grading process measures the memory the call holds (65,536 int8 tokens: their keys
+    as float32 are 64 MB); locally every tensor it allocates is watched (2,048 tokens, half the keys' numbers)."""
+    n = _INT8
+    q, cache = _randn(rng, 1, n["H"], 1, n["D"]), _int8_big(rng)
+    measured = memory_of(kv.int8_folded_attention, q.clone(), *(t.clone() for t in cache), n["S"])
+    if measured is not None:
+        got, usage = measured
+        assert _close(got, _int8_reference(q, *cache)), (
+            f"{n['S']:,} int8 tokens: the output differs from attention over (k_values * k_scale) and (v_values * v_scale)"
+        )
+        held_nothing_before(usage, "int8_folded_attention")
+        copy = cache[0].numel() * 4  # the keys as float32
+        assert usage.beyond_inputs < copy // 2, (
+            f"int8_folded_attention held {usage.beyond_inputs / MB:.0f} MB beyond its inputs at its peak (the grader "
+            f"measures the process's memory) for {n['S']:,} int8 tokens: the cached keys as float32 are "
+            f"{copy / MB:.0f} MB. That is the copy folding avoids: convert a block of tokens at a time, with k_scale "
+            "folded into the query and v_scale into the probabilities"
+        )
+        return
     kv_len = 2048
     q = _randn(rng, B, 6, 1, D)
     cache = _int8_cache(rng, kv_len)
     out = kv.int8_folded_attention(q.clone(), *(t.clone() for t in cache), kv_len)  # a stub earns nothing here
     assert tuple(out.shape) == tuple(q.shape), f"int8_folded_attention should return q's shape {tuple(q.shape)}"
-    made = _new_tensors(kv.int8_folded_attention, q.clone(), *(t.clone() for t in cache), kv_len)
+    made = new_tensors(kv.int8_folded_attention, q.clone(), *(t.clone() for t in cache), kv_len)
     limit = B * H_KV * kv_len * D // 2  # half the numbers of the cached keys (the values have as many)
     big = [(op, shape) for op, shape in made if math.prod(shape) >= limit]
     assert not big, (

@@ -10,7 +10,6 @@ expected value is computed before the learner's function runs, or from objects i
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 
@@ -18,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kvlib.checks import check
+from kvlib.checks import check, isolated
 from kvlib.core.model import MLP, Attention, Decoder, ModelConfig, RMSNorm, SlowDecoder, rotary_tables, rotate_half
 from kvlib.core.weights import load_tiny
 
@@ -214,25 +213,58 @@ def generate_samples_reproducibly(kv, rng):
 # 2.3 measure_ttft_itl
 
 
-def _stand_in() -> SlowDecoder:
+def _stand_in(per_token: float = 0.01) -> SlowDecoder:
     """A stand-in whose forwards cost known seconds on a fake clock: a prefill of T tokens 1.1 * T
-    units, a naive decode step 1 unit plus a tenth per token of the sequence (1 unit = 10 ms)."""
+    units, a naive decode step 1 unit plus a tenth per token of the sequence (1 unit = per_token s)."""
     torch.manual_seed(0)
     return SlowDecoder(
         ModelConfig(vocab_size=11, d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, hidden_dim=16, max_seq_len=64),
-        per_token=0.01,
+        per_token=per_token,
     ).eval()
 
 
-def _timed(kv, prompt_len: int, n: int):
+class TimedModel:
+    """2.3's stand-in as the isolated grader hands it: the SlowDecoder stays here, with its clock. The child gets a
+    stand-in: each call runs the model here, and the child's clocks (time.perf_counter and the rest, also where
+    the learner's module imported them by name) read this model's `now` (kvlib_clock), so time advances on the
+    grader's side, by the forwards it runs. Its price per token is never sent: only a measurement finds it."""
+
+    kvlib_public = ("config", "check_input", "now")
+    kvlib_clock = True
+
+    def __init__(self, model: SlowDecoder):
+        self._model = model
+
+    @property
+    def config(self) -> ModelConfig:
+        return self._model.config
+
+    @property
+    def now(self) -> float:
+        return self._model.now
+
+    def check_input(self, input_ids) -> None:
+        self._model.check_input(input_ids)
+
+    def __call__(self, input_ids, pos: int = 0):
+        with torch.inference_mode():
+            return self._model(input_ids, pos)
+
+    def __repr__(self) -> str:
+        return "<the check's model: model(ids) -> logits, timed on the grader's clock>"
+
+
+def _timed(kv, prompt_len: int, n: int, per_token: float):
     """measure_ttft_itl on a fresh stand-in, its clocks reading the fake one; and what it should find."""
-    model = _stand_in()
+    model = _stand_in(per_token)
     ttft = model.cost(prompt_len, prompt_len)  # the prefill: every prompt token is new
     itls = [model.cost(prompt_len + i, 1) for i in range(1, n)]  # naive step i runs prompt_len + i tokens, 1 new
     ids = torch.zeros(1, prompt_len, dtype=torch.long)
-    remote = getattr(kv.measure_ttft_itl, "watch", None) is not None  # isolated grading: the child fakes its own clock
-    with contextlib.nullcontext() if remote else model.fake_clock(kv):
-        result = kv.measure_ttft_itl(model, ids, n)
+    if isolated(kv.measure_ttft_itl):  # the model and its clock stay here: the child's clocks ask them
+        result = kv.measure_ttft_itl(TimedModel(model), ids, n)
+    else:
+        with model.fake_clock(kv):
+            result = kv.measure_ttft_itl(model, ids, n)
     assert isinstance(result, tuple) and len(result) == 2, "measure_ttft_itl should return (ttft, itls)"
     got_ttft, got_itls = result
     assert isinstance(got_ttft, float), f"ttft should be a float of seconds, got {type(got_ttft).__name__}"
@@ -245,6 +277,11 @@ def _timed(kv, prompt_len: int, n: int):
     return (ttft, itls), (got_ttft, [float(t) for t in got_itls])
 
 
+def _per_token(rng) -> float:
+    """The stand-in's seconds per token, drawn per check: what a measurement finds, never a number to copy."""
+    return float(rng.uniform(0.005, 0.02))
+
+
 def _same(a, b) -> bool:
     return abs(a - b) <= 1e-6 + 1e-6 * abs(b)
 
@@ -253,7 +290,7 @@ def _same(a, b) -> bool:
 def measure_ttft_itl_times_prefill_and_steps(kv, rng):
     """Check TTFT and each inter-token latency on a stand-in whose prefill and decode steps cost known, different times."""
     T, n = 12, 5
-    (ttft, itls), (got_ttft, got_itls) = _timed(kv, T, n)
+    (ttft, itls), (got_ttft, got_itls) = _timed(kv, T, n, _per_token(rng))
     total = ttft + sum(itls)
     if not _same(got_ttft, ttft):
         hint = ""
@@ -284,8 +321,9 @@ def measure_ttft_itl_times_prefill_and_steps(kv, rng):
 @check("2.3")
 def measure_ttft_itl_prefill_grows_with_prompt(kv, rng):
     """Check that TTFT grows with the prompt: on the stand-in, a prefill of 12 tokens costs 11 units more than one of 2."""
-    (short, _), (got_short, _) = _timed(kv, 2, 2)
-    (long, _), (got_long, itls) = _timed(kv, 12, 2)
+    per_token = _per_token(rng)
+    (short, _), (got_short, _) = _timed(kv, 2, 2, per_token)
+    (long, _), (got_long, itls) = _timed(kv, 12, 2, per_token)
     assert len(itls) == 1, f"2 new tokens have 1 gap between them, got {len(itls)} inter-token latencies"
     assert _same(got_long - got_short, long - short), (
         f"a prompt of 12 tokens takes {(long - short) * 1e3:.0f} ms longer to prefill than one of 2 here, got "

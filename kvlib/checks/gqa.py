@@ -4,7 +4,8 @@ Sizes all differ (batch 2, 6 query heads, 2 key/value heads, so groups of 3; 2 o
 against 5 or 9 keys; head_dim 8), so a swapped axis, a group size taken for the query count or a
 mask offset that only fits one shape fails. The known slips are named: `repeat` instead of
 `repeat_interleave` (the wrong head grouping), attention that copies the shared heads out to every
-query head (caught by watching every tensor torch allocates), a mask aligned top-left or tiled in
+query head (caught by the memory a long decode step holds, measured by the grading process in the
+isolated grader; by watching every tensor torch allocates in a local run), a mask aligned top-left or tiled in
 the wrong order, pooling strided heads or the wrong axis, keeping one head, converting a model that
 is already GQA as if it were MHA, losing the source model's dtype or train/eval mode.
 Every expected value is computed before learner code runs, from tensors and models the learner's
@@ -17,7 +18,7 @@ import math
 
 import torch
 
-from kvlib.checks import check
+from kvlib.checks import MB, check, held_nothing_before, memory_of
 from kvlib.core.model import Decoder, ModelConfig
 from kvlib.course.exercises import ExerciseNotDone
 from kvlib.measure.timing import new_tensors
@@ -182,15 +183,49 @@ def grouped_attention_boundaries(kv, rng):
         assert _close(got, expected), f"{case}: {_diagnose(got, slips)}"
 
 
-def _new_tensors(fn, *args) -> list[tuple[str, tuple]]:
-    """What fn(*args) allocates: watched where fn runs (in the isolated grading child, fn.watch)."""
-    watch = getattr(fn, "watch", None)
-    return watch(*args) if watch is not None else new_tensors(fn, *args)
+_BIG = dict(H=32, H_KV=2, S=16_384, D=64)  # the measured decode step: 16 query heads per key/value head
+
+
+def _grouped_reference(q, k, v) -> torch.Tensor:
+    """One decode query per head in float64, each group's queries as rows against its key/value head (no copies)."""
+    (B_, H_, _, D_), H_kv = q.shape, k.shape[1]
+    rows = q.double().reshape(B_, H_kv, H_ // H_kv, D_)  # (B, H, 1, D) -> (B, H_kv, G, D)
+    probs = (rows @ k.double().transpose(-2, -1) / math.sqrt(D_)).softmax(-1)
+    return (probs @ v.double()).reshape(B_, H_, 1, D_)
 
 
 @check("6.2")
 def grouped_attention_does_not_copy_heads(kv, rng):
-    """Check that a decode step (1 query, 40 cached keys) is right and never allocates n_heads heads of keys or values."""
+    """Check that a decode step against a long cache is right and never holds n_heads heads of keys or values.
+
+    In the isolated grader the grading process measures the memory the call holds (16 query heads per key/value
+    head, 16,384 cached keys: a copy of the keys to every query head is 128 MB); locally every tensor it
+    allocates is watched (1 query, 40 cached keys)."""
+    n = _BIG
+    q, k, v = (
+        _randn(rng, 1, n["H"], 1, n["D"]),
+        _randn(rng, 1, n["H_KV"], n["S"], n["D"]),
+        _randn(rng, 1, n["H_KV"], n["S"], n["D"]),
+    )
+    measured = memory_of(kv.grouped_attention, *_clones(q, k, v))
+    if measured is not None:
+        got, usage = measured
+        assert (
+            isinstance(got, torch.Tensor) and got.shape == q.shape and _close(got.double(), _grouped_reference(q, k, v))
+        ), (
+            f"a decode step ({n['H']} query heads, {n['H_KV']} key/value heads, {n['S']:,} cached keys) differs "
+            "from attention with the key/value heads repeat_interleave'd"
+        )
+        held_nothing_before(usage, "grouped_attention")
+        copy = q.shape[1] * n["S"] * n["D"] * 4  # the keys (or values) of one layer, once per query head, float32
+        assert usage.beyond_inputs < copy // 2, (
+            f"a decode step against {n['S']:,} cached keys held {usage.beyond_inputs / MB:.0f} MB beyond its inputs at "
+            f"its peak (the grader measures the process's memory): n_heads = {n['H']} copies of the {n['H_KV']} "
+            f"cached key/value heads take {copy / MB:.0f} MB for the keys alone. repeat_kv, repeat_interleave, "
+            ".expand(...).contiguous() and a broadcasting matmul all copy; reshape q to (batch, n_kv_heads, "
+            "group_size * seq_len, head_dim) and multiply by k itself"
+        )
+        return
     kv_len = 40
     q, k, v = _randn(rng, B, H, 1, D), _randn(rng, B, H_KV, kv_len, D), _randn(rng, B, H_KV, kv_len, D)
     expected, slips = _expected_and_slips(q, k, v)
@@ -198,7 +233,7 @@ def grouped_attention_does_not_copy_heads(kv, rng):
         *_clones(q, k, v)
     )  # first the right answer: a function that does nothing allocates nothing
     assert _close(got, expected), f"a decode step (1 query, {kv_len} cached keys): {_diagnose(got, slips)}"
-    made = _new_tensors(kv.grouped_attention, *_clones(q, k, v))
+    made = new_tensors(kv.grouped_attention, *_clones(q, k, v))
     limit = B * H * kv_len * D  # n_heads copies of the cached keys (or values) of this layer
     big = [(op, tuple(shape)) for op, shape in made if math.prod(shape) >= limit]
     assert not big, (

@@ -4,9 +4,11 @@ Every cached result is compared with full recompute on small random GQA decoders
 heads, 2 KV heads, every size distinct). Each check works out what it expects BEFORE the learner's
 code runs, from its own copy of the model and of every tensor (the learner's function may change
 what it is given). The cache exercises are graded on using the cache: a decode step must read what
-the cache holds (overwrite the cache and the answer must follow) and its matrix-multiply FLOPs,
-counted by torch.utils.flop_counter, must not grow with the prefix; a prefill runs the prompt once
-(each layer's MLP runs once: in the isolated grader the MLPs run, and are counted, in the grader).
+the cache holds (overwrite the cache and the answer must follow), and the tokens it runs through each
+layer's MLP must not grow with the prefix; a prefill runs the prompt once. In the isolated grader the
+MLPs run, and are counted, in the grader (GradersMLPs), and a long cache's updates are judged by the
+memory they hold, which the grading process reads in the child's /proc: nothing the learner's code
+does in its own process reaches those counts.
 Named slips: rotary positions restarting at 0, is_causal=True for new queries against more keys,
 torch.cat that reallocates, writes that clobber stored tokens, a cache not reset between prompts,
 recomputing from the token ids, a prompt fed one token at a time; in the cache's bytes, n_heads for
@@ -20,12 +22,10 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from kvlib.checks import check
+from kvlib.checks import MB, check, held_nothing_before, isolated
 from kvlib.core.configs import REAL_MODELS
-from kvlib.core.flops import matmul_flops
-from kvlib.core.model import Decoder, ModelConfig, matrix_params
+from kvlib.core.model import Decoder, ModelConfig
 from kvlib.core.weights import load_tiny
-from kvlib.measure.timing import new_tensors
 
 CONFIG = ModelConfig(vocab_size=29, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, hidden_dim=40, max_seq_len=48)
 L, H, H_KV, D = CONFIG.n_layers, CONFIG.n_heads, CONFIG.n_kv_heads, CONFIG.head_dim
@@ -53,19 +53,6 @@ def _cache(kv, batch=2, max_seq_len=None):
     return kv.KVCache(CONFIG, batch=batch, max_seq_len=max_seq_len)
 
 
-def _storage(cache) -> tuple[int, int]:
-    """Where cache.k and cache.v live: asked of the isolated child when the cache is kept there."""
-    if hasattr(type(cache), "kvlib_data_ptr"):  # a kvlib.grading RemoteObject
-        return cache.kvlib_data_ptr("k"), cache.kvlib_data_ptr("v")
-    return cache.k.data_ptr(), cache.v.data_ptr()
-
-
-def _flops(fn, *args) -> int:
-    """Matrix-multiply FLOPs of fn(*args), counted where fn runs (in the isolated grading child, fn.flops)."""
-    count = getattr(fn, "flops", None)
-    return count(*args) if count is not None else matmul_flops(fn, *args)
-
-
 class GradersMLPs:
     """A model whose every layer's MLP stays with the grader: handed to the learner's code in the isolated child,
     the model goes there without its MLP weights and each layer.mlp(x) there is run, and counted, here."""
@@ -91,16 +78,41 @@ class _CountedMLP:
     forward = __call__
 
 
+class _LocalCountedMLP(torch.nn.Module):
+    """A layer's MLP that records (layer, tokens) of each call, in a local run (the learner's own process)."""
+
+    def __init__(self, mlp, layer: int, calls: list):
+        super().__init__()
+        self.inner, self.layer, self.calls = mlp, layer, calls
+
+    def forward(self, x):
+        self.calls.append((self.layer, int(x.shape[1]) if x.dim() == 3 else 1))
+        return self.inner(x)
+
+
+def _counted(fn, decoder: Decoder):
+    """(model, calls): the model to hand fn, each of whose layers' MLP appends (layer, tokens per row) to calls.
+    In the isolated grader the MLPs stay here (GradersMLPs) and run, and are counted, in the grader, where no
+    code beside the learner's can hide or fake a call; locally they are wrapped in place."""
+    if isolated(fn):
+        counted = GradersMLPs(decoder)
+        return counted, counted.calls
+    calls: list[tuple[int, int]] = []
+    for i, layer in enumerate(decoder.layers):
+        layer.mlp = _LocalCountedMLP(layer.mlp, i, calls)
+    return decoder, calls
+
+
 def _mlp_passes(fn, model, *args) -> int:
-    """How many tensors of width hidden_dim fn(model, *args) allocates: 4 per layer per forward pass (gate, up,
-    silu, product). In the isolated grader the count is the grader's: the model's MLPs run here (GradersMLPs),
-    4 for each call, where no code beside the learner's can hide one."""
-    if getattr(fn, "watch", None) is None:
-        made = new_tensors(fn, model, *args)
-        return sum(1 for _, shape in made if shape and shape[-1] == CONFIG.hidden_dim)
-    counted = GradersMLPs(model)
+    """How many times fn(model, *args) runs a layer's MLP: n_layers for each forward pass (_counted)."""
+    counted, calls = _counted(fn, model)
     fn(counted, *args)
-    return 4 * len(counted.calls)
+    return len(calls)
+
+
+def _mlp_tokens(calls) -> int:
+    """Tokens (per sequence of the batch) the calls ran through the MLPs, summed over layers and calls."""
+    return sum(tokens for _, tokens in calls)
 
 
 def _keys_values(model, ids) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -128,17 +140,56 @@ def _fill(cache, kvs) -> None:
 # 4.1 KVCache.update
 
 
+_LONG = 65_536  # max_seq_len of the cache whose updates the isolated grader measures: 25 MB of keys, as many values
+
+
+def _reallocates(kv, rng) -> None:
+    """In the isolated grader: fail if making a long cache holds more than it, or an update holds a sizable part of it
+    (the grading process measures the child's memory, kvlib.grading.memory)."""
+    made, usage = kv.KVCache.memory(dataclasses.replace(CONFIG, max_seq_len=_LONG), batch=2, max_seq_len=_LONG)
+    size = 2 * L * 2 * H_KV * _LONG * D * 4  # k and v, float32
+    assert usage.beyond_inputs <= size + size // 4, (
+        f"KVCache(config, batch=2, max_seq_len={_LONG:,}) held {usage.beyond_inputs / MB:.0f} MB at its peak (the "
+        f"grader measures the process's memory), and its k and v need {size / MB:.0f} MB: allocate them once, and "
+        "nothing else of that size"
+    )
+    for step, (layer, T) in enumerate(((0, 3), (1, 3), (2, 3), (0, 1))):
+        k_new, v_new = _randn(rng, 2, H_KV, T, D), _randn(rng, 2, H_KV, T, D)
+        _, usage = made.update.memory(layer, k_new, v_new)
+        held_nothing_before(usage, "KVCache.update", allowed=size)
+        assert usage.beyond_inputs < size // 8, (
+            f"update({layer}, ...) #{step + 1} on a cache of max_seq_len {_LONG:,} held {usage.beyond_inputs / MB:.0f} "
+            f"MB beyond its inputs at its peak (the grader measures the process's memory); the cache's keys are "
+            f"{size / 2 / MB:.0f} MB: the cache was reallocated. Write into self.k / self.v in place (no torch.cat)"
+        )
+        if layer == L - 1:
+            made.advance(3)
+
+
+def _randn(rng, *shape) -> torch.Tensor:
+    return torch.from_numpy(rng.normal(size=shape)).float()
+
+
 @check("4.1")
 def kv_cache_update_writes_in_place(kv, rng):
-    """Check that update writes one layer's keys and values at [pos, pos + seq_len) of the pre-allocated cache."""
+    """Check that update writes one layer's keys and values at [pos, pos + seq_len) of the pre-allocated cache.
+
+    Reallocation is judged by the cache's address in a local run, by the memory an update of a long cache holds
+    in the isolated grader (measured by the grading process)."""
     cache = _cache(kv, max_seq_len=10)
-    storage = _storage(cache)
+    remote = isolated(kv.KVCache)
+    storage = None if remote else (cache.k.data_ptr(), cache.v.data_ptr())
     k1, v1 = torch.randn(2, H_KV, 3, D), torch.randn(2, H_KV, 3, D)
     k, v = cache.update(1, k1.clone(), v1.clone())
     assert tuple(k.shape) == (2, H_KV, 3, D) and tuple(v.shape) == (2, H_KV, 3, D), (
         f"after 3 tokens update should return (2, {H_KV}, 3, {D}), got {tuple(k.shape)}"
     )
-    assert _storage(cache) == storage, "the cache was reallocated: write into self.k / self.v in place (no torch.cat)"
+    if remote:
+        _reallocates(kv, rng)
+    else:
+        assert (cache.k.data_ptr(), cache.v.data_ptr()) == storage, (
+            "the cache was reallocated: write into self.k / self.v in place (no torch.cat)"
+        )
     assert torch.equal(k, k1) and torch.equal(v, v1), (
         "update should return the keys and values stored so far (here the 3 just written)"
     )
@@ -349,7 +400,7 @@ def cached_forward_matches_full_forward(kv, rng):
 
 @check("4.3")
 def cached_forward_decode_uses_the_cache(kv, rng):
-    """Check that a decode step reads what the cache holds, and that its FLOPs do not grow with the prefix."""
+    """Check that a decode step reads what the cache holds, and that the tokens it runs do not grow with the prefix."""
     prompt, other, token = _ids(rng, 2, 6), _ids(rng, 2, 6), _ids(rng, 2, 1)
     ref = _model(4)
     with torch.inference_mode():
@@ -370,25 +421,24 @@ def cached_forward_decode_uses_the_cache(kv, rng):
         raise AssertionError(
             "after the cache was filled with another prompt's keys and values, the step should continue that prompt"
         )
-    per_token = 2 * 2 * matrix_params(CONFIG)  # one token through every matrix, batch 2
-    attention = 4 * 2 * L * H * D  # the one query against one more cached key, in every layer and head
-    flops = {}
+    tokens = {}  # what a decode step runs through each layer's MLP: 1 new token, however long the prefix
     for n in (4, 36):
-        model, cache = _model(4), _cache(kv)
+        model, calls = _counted(kv.cached_forward, _model(4))
+        cache = _cache(kv)
         with torch.inference_mode():
             kv.cached_forward(model, _ids(rng, 2, n), cache)
-            flops[n] = _flops(kv.cached_forward, model, _ids(rng, 2, 1), cache)
-    growth = (flops[36] - flops[4]) / 32
-    assert flops[4] >= per_token // 2, (
-        f"a decode step did {flops[4]:,} matrix FLOPs, under half of one token's forward ({per_token:,})"
+            del calls[:]
+            kv.cached_forward(model, _ids(rng, 2, 1), cache)
+        tokens[n] = _mlp_tokens(calls)
+    assert tokens[4] > 0, "a decode step ran no token through the layers' MLPs: run the new token through every layer"
+    assert tokens[36] <= tokens[4], (
+        f"a decode step after 36 cached tokens ran {tokens[36]} tokens through the layers' MLPs, after 4 tokens "
+        f"{tokens[4]}: the step recomputes the earlier tokens instead of reading their keys and values from the cache"
+        + (" (the MLPs run, and are counted, by the grader)" if isolated(kv.cached_forward) else "")
     )
-    assert growth <= 2 * attention, (
-        f"a decode step after 36 cached tokens did {flops[36]:,} matrix FLOPs, after 4 {flops[4]:,}: {growth:,.0f} more per cached "
-        f"token, {growth / per_token:.1f} times a whole token's forward ({per_token:,}). Reading the cache adds only {attention:,}: "
-        "the step recomputes the earlier tokens instead of reading their keys and values from the cache"
-    )
-    assert flops[4] <= 2 * (per_token + 5 * attention), (
-        f"a decode step after 4 cached tokens did {flops[4]:,} matrix FLOPs, {flops[4] / per_token:.1f} tokens' worth: run the one new token only"
+    assert tokens[4] == L, (
+        f"a decode step after 4 cached tokens ran {tokens[4]} tokens through the {L} layers' MLPs: run the one new "
+        "token only, once through each layer"
     )
 
 
@@ -586,17 +636,21 @@ def generate_cached_resets_between_prompts(kv, rng):
 
 @check("4.5")
 def generate_cached_uses_the_cache(kv, rng):
-    """Check that generation runs the prompt once and then one token per step: FLOPs and forward passes counted."""
+    """Check that generation runs the prompt once and then one token per step: MLP tokens and forward passes counted."""
     ids = _ids(rng, 2, 8)
-    cached = 2 * 2 * matrix_params(CONFIG) * (8 + 23) + 4 * 2 * L * H * D * sum(range(8, 32))  # prefill, 23 steps
+    cached = L * (8 + 23)  # tokens through the layers' MLPs: the prompt once, then 23 steps of one token
+    model, calls = _counted(kv.generate_cached, _model(7))
     with torch.inference_mode():
-        flops = _flops(kv.generate_cached, _model(7), ids, 24)
-    assert flops >= cached // 2, (
-        f"24 new tokens after a prompt of 8 took {flops:,} matrix FLOPs, under half of the {cached:,} they need: run the model"
+        kv.generate_cached(model, ids, 24)
+    ran = _mlp_tokens(calls)
+    assert ran >= cached // 2, (
+        f"24 new tokens after a prompt of 8 ran {ran} tokens through the layers' MLPs, under half of the {cached} "
+        "they need: run the model"
     )
-    assert flops <= 2 * cached, (
-        f"24 new tokens after a prompt of 8 took {flops:,} matrix FLOPs, {flops / cached:.1f} times what the prompt once and one token per "
-        "step need: the loop reruns earlier tokens. Call prefill once, then decode_step with the new token only"
+    assert ran <= 2 * cached, (
+        f"24 new tokens after a prompt of 8 ran {ran} tokens through the layers' MLPs, {ran / cached:.1f} times what "
+        "the prompt once and one token per step need: the loop reruns earlier tokens. Call prefill once, then "
+        "decode_step with the new token only"
     )
     one, eight = (_mlp_passes(kv.generate_cached, _model(7), _ids(rng, 2, n), 4) for n in (1, 8))
     assert one > 0, "4 new tokens allocated no MLP activations: run the model's layers"

@@ -390,8 +390,8 @@ class SlowDecoder(Decoder):
     prompt in a prefill, one token in a naive decode step) plus a tenth of that for every token of
     the sequence: like a model that keeps earlier work, so that a prefill and a decode step cost
     clearly different amounts. Inside `with model.fake_clock():` time.perf_counter, monotonic and
-    time (and their _ns forms) read the fake clock. The grader rebuilds it on its side of an
-    isolated call from its config, weights and per_token, so it lives beside Decoder.
+    time (and their _ns forms) read the fake clock. In the isolated grader it stays on the grader's
+    side (kvlib.checks.generation.TimedModel), where the child's clocks ask for its time (fake_clock).
     """
 
     START = 1000.0  # the fake clock's reading before any forward: not 0, so absolute times show
@@ -419,37 +419,43 @@ class SlowDecoder(Decoder):
         self.now += self.cost(ids.shape[1], new)
         return super().forward(input_ids, pos, past_key_values, attention)
 
-    @contextmanager
     def fake_clock(self, *namespaces):
-        """Make the time module's clocks read this model's fake clock while inside.
+        """Make the time module's clocks read this model's fake clock while inside (see fake_clock)."""
+        return fake_clock(lambda: self.now, *namespaces)
 
-        namespaces: modules or functions whose globals imported a clock by name (from time import
-        perf_counter) and should read the fake one too.
-        """
-        seconds = {"perf_counter": lambda: self.now, "monotonic": lambda: self.now, "time": lambda: 1.7e9 + self.now}
-        fakes = {
-            **seconds,
-            **{f"{name}_ns": (lambda f: lambda: int(round(f() * 1e9)))(f) for name, f in seconds.items()},
-        }
-        real = {id(getattr(time, name)): fakes[name] for name in fakes}
-        spaces = [vars(time)] + ([vars(sys.modules["timeit"])] if "timeit" in sys.modules else [])
-        for space in namespaces:  # a module: its globals; a function, or an object holding functions: theirs
-            if isinstance(space, type(sys)):
-                spaces.append(vars(space))
-                continue
-            for fn in [space] if callable(space) else list(getattr(space, "__dict__", {}).values()):
-                while hasattr(fn, "__wrapped__"):
-                    fn = fn.__wrapped__
-                if hasattr(fn, "__globals__"):
-                    spaces.append(fn.__globals__)
-        saved = []
-        for space in spaces:
-            for key, value in list(space.items()):
-                if id(value) in real and callable(value) and not any(s is space and k == key for s, k, _ in saved):
-                    saved.append((space, key, value))
-                    space[key] = real[id(value)]
-        try:
-            yield self
-        finally:
-            for space, key, value in reversed(saved):
-                space[key] = value
+
+@contextmanager
+def fake_clock(now: Callable[[], float], *namespaces):
+    """Make time.perf_counter, monotonic and time (and their _ns forms) read now() while inside.
+
+    namespaces: modules or functions whose globals imported a clock by name (from time import
+    perf_counter) and should read the fake one too. The isolated grading child uses it with a clock
+    that asks the grader (Exercise 2.3: the stand-in model and its clock stay on the grader's side).
+    """
+    seconds = {"perf_counter": now, "monotonic": now, "time": lambda: 1.7e9 + now()}
+    fakes = {
+        **seconds,
+        **{f"{name}_ns": (lambda f: lambda: int(round(f() * 1e9)))(f) for name, f in seconds.items()},
+    }
+    real = {id(getattr(time, name)): fakes[name] for name in fakes}
+    spaces = [vars(time)] + ([vars(sys.modules["timeit"])] if "timeit" in sys.modules else [])
+    for space in namespaces:  # a module: its globals; a function, or an object holding functions: theirs
+        if isinstance(space, type(sys)):
+            spaces.append(vars(space))
+            continue
+        for fn in [space] if callable(space) else list(getattr(space, "__dict__", {}).values()):
+            while hasattr(fn, "__wrapped__"):
+                fn = fn.__wrapped__
+            if hasattr(fn, "__globals__"):
+                spaces.append(fn.__globals__)
+    saved = []
+    for space in spaces:
+        for key, value in list(space.items()):
+            if id(value) in real and callable(value) and not any(s is space and k == key for s, k, _ in saved):
+                saved.append((space, key, value))
+                space[key] = real[id(value)]
+    try:
+        yield
+    finally:
+        for space, key, value in reversed(saved):
+            space[key] = value

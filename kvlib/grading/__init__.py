@@ -7,6 +7,7 @@ execute.py          SandboxExecute: nbgrader's Execute with the kernel jailed, a
 checks_registry.py  which checks grade a notebook, and which of them run in the isolated child
 sandbox.py          the grader's side of isolated checking: the child runs the learner's functions
 _child.py           the isolated child, the only process that runs a submission's kvlib code
+memory.py           the child's memory as the grading process reads it in /proc, around a measured call
 _kernel_boot.py     starts an IPython kernel inside the jail
 _kernel_checks.py   kvlib.checks as that kernel sees it while graded: grade() and no checks
 jail.py             a throwaway root for one untrusted process (the kernel, or the child)

@@ -2,10 +2,12 @@
 
 Started as `python -I -S _child.py CONFIG_JSON` (no site, no .pth, no PYTHON* variables), in a
 jail (kvlib.grading.jail). It puts the site-packages on sys.path, imports the real numpy (and
-torch) before any learner code, then the learner's modules, then serves calls: each request is
-a length-prefixed .npz (function name, arguments), each reply a .npz of plain numbers or an error.
-Everything it replies is untrusted: the grader reads it with allow_pickle=False and checks it.
-Stdlib and numpy only (this file is copied into the jail; kvlib is the learner's there).
+torch), closes process creation (close_process_creation), waits for the grader's go (the grader
+then holds this process's /proc files, whose memory figures it reads around a call), imports the
+learner's modules, then serves calls: each request is a length-prefixed frame (a JSON head, the
+arguments' arrays read in place), each reply a .npz of plain numbers or an error. Everything it
+replies is untrusted: the grader reads it with allow_pickle=False and checks it. Stdlib and numpy
+only (this file is copied into the jail; kvlib is the learner's there).
 """
 
 import builtins
@@ -22,7 +24,7 @@ import types
 
 MAX_DEPTH = 4
 MAX_ITEMS = 4096
-_DECODERS = ("Decoder", "SlowDecoder")  # kvlib.core.model's, sent as config and weights (and the sleep per token)
+_DECODERS = ("Decoder",)  # kvlib.core.model's, sent as config and weights
 _REQUEST_FIELDS = ("id", "prompt", "max_new_tokens", "out")  # a kvlib.core.paging.Request travels as these (07-serving)
 _NUMBER_KINDS = "biufc"
 
@@ -34,21 +36,118 @@ def _send(fd, payload: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _recv(fd) -> bytes | None:
-    def exact(n):
-        chunks, left = [], n
-        while left:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                return None
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
-
-    head = exact(8)
-    if head is None:
+def _recv(fd) -> bytearray | None:
+    """One length-prefixed frame, read straight into one buffer: a request's arrays are views of it
+    (unframe), so receiving them costs their bytes once (the grader measures what a call holds)."""
+    head = bytearray(8)
+    if _read_into(fd, memoryview(head)) < 8:
         return None
-    return exact(struct.unpack(">Q", head)[0])
+    buf = bytearray(struct.unpack(">Q", head)[0])
+    return buf if _read_into(fd, memoryview(buf)) == len(buf) else None
+
+
+def _read_into(fd, view) -> int:
+    got = 0
+    while got < len(view):
+        n = os.readv(fd, [view[got:]])
+        if not n:
+            break
+        got += n
+    return got
+
+
+_ALIGN = 64  # each array of a frame starts at a multiple of this, from the start of the frame's body
+
+
+def frame(head: dict, arrays: dict) -> bytes:
+    """The grader's requests and answers, length-prefixed: a body of an 8-byte length, a JSON head whose "_arrays"
+    says each array's dtype, shape and offset, then the arrays' bytes, each at a multiple of _ALIGN from the body's
+    start (the child reads them in place)."""
+    layout, parts, offset = {}, [], 0
+    for key, arr in arrays.items():
+        data = arr.tobytes()  # C order
+        layout[key] = [arr.dtype.str, list(arr.shape), offset]
+        pad = -len(data) % _ALIGN
+        parts += [data, b"\0" * pad]
+        offset += len(data) + pad
+    text = json.dumps({**head, "_arrays": layout}).encode()
+    text += b" " * (-(8 + len(text)) % _ALIGN)
+    body = struct.pack(">Q", len(text)) + text + b"".join(parts)
+    return struct.pack(">Q", len(body)) + body  # _recv reads body into one buffer
+
+
+def unframe(np, buf: bytearray) -> tuple[dict, dict]:
+    """(head, arrays) of a frame's body (kvlib.grading.sandbox writes them): each array a view of buf, not a copy."""
+    size = struct.unpack(">Q", bytes(buf[:8]))[0]
+    head = json.loads(bytes(buf[8 : 8 + size]))
+    start, arrays = 8 + size, {}
+    for key, (dtype, shape, offset) in head.pop("_arrays").items():
+        dtype, count = np.dtype(dtype), 1
+        for n in shape:
+            count *= n
+        arr = np.frombuffer(buf, dtype, count, start + offset) if count else np.zeros(0, dtype)
+        arrays[key] = arr.reshape(shape)
+    return head, arrays
+
+
+# Process creation closed: work done in another process is out of the grader's sight (it reads this
+# process's memory in /proc), so before any learner code runs a seccomp filter refuses fork, vfork and
+# clone without CLONE_THREAD (threads stay: their memory and time are this process's), and answers
+# clone3 ENOSYS (glibc then makes its threads with clone). Syscall numbers per architecture:
+_SPAWN = {
+    "x86_64": (0xC000003E, {"fork": 57, "vfork": 58, "clone": 56, "clone3": 435}),
+    "aarch64": (0xC00000B7, {"clone": 220, "clone3": 435}),
+}
+
+
+def close_process_creation() -> str:
+    """Install the filter on this process (and whatever it becomes); "closed", or why not."""
+    import ctypes  # noqa: PLC0415 (isolated child: loaded only here)
+    import errno  # noqa: PLC0415 (isolated child: loaded only here)
+    import platform  # noqa: PLC0415 (isolated child: loaded only here)
+
+    arch = platform.machine()
+    if sys.platform != "linux" or arch not in _SPAWN:
+        return f"no seccomp filter for {sys.platform} {arch}"
+    audit, nr = _SPAWN[arch]
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ/JGE/JSET|K, BPF_RET|K
+    allow, deny, nosys = 0x7FFF0000, 0x00050000 | errno.EPERM, 0x00050000 | errno.ENOSYS
+    # (code, true target, false target, k): targets are labels, resolved to relative jumps below
+    program = [(ld, None, None, 4), (jeq, None, "deny", audit), (ld, None, None, 0)]  # arch, then syscall number
+    if arch == "x86_64":
+        program.append((jge, "deny", None, 0x40000000))  # the x32 ABI's numbers
+    program += [(jeq, "deny", None, nr[n]) for n in ("fork", "vfork") if n in nr]
+    program += [(jeq, "nosys", None, nr["clone3"]), (jeq, "clone", None, nr["clone"]), (ret, None, None, allow)]
+    labels = {"clone": len(program), "allow": len(program) + 3, "deny": len(program) + 4, "nosys": len(program) + 5}
+    program += [(ld, None, None, 16), (jset, "allow", None, 0x10000), (ret, None, None, deny)]  # clone's flags
+    program += [(ret, None, None, allow), (ret, None, None, deny), (ret, None, None, nosys)]
+    code = b"".join(
+        struct.pack("=HBBI", op, labels[t] - i - 1 if t else 0, labels[f] - i - 1 if f else 0, k)
+        for i, (op, t, f, k) in enumerate(program)
+    )
+    buf = ctypes.create_string_buffer(code)
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS (the jail's setpriv sets it already)
+        return f"prctl(PR_SET_NO_NEW_PRIVS) failed: errno {ctypes.get_errno()}"
+    if libc.prctl(22, 2, ctypes.byref(Program(len(program), ctypes.addressof(buf))), 0, 0) != 0:  # SECCOMP_MODE_FILTER
+        return f"this kernel refuses seccomp filters (errno {ctypes.get_errno()})"
+    return "closed"
+
+
+def _settle() -> None:
+    """Free what earlier calls left (cyclic garbage, glibc's free pages): a measured call starts from what is held."""
+    import ctypes  # noqa: PLC0415 (isolated child: loaded only here)
+    import gc  # noqa: PLC0415 (isolated child: loaded only here)
+
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def _config_fields(config) -> dict:
@@ -127,16 +226,13 @@ class Encoder:
             state = obj.state_dict()
             if len(state) > MAX_ITEMS:
                 raise TypeError(f"a Decoder of more than {MAX_ITEMS} weights")
-            node = {
+            return {
                 "t": "decoder",
                 "config": _config_fields(obj.config),
                 "names": list(state),
                 "tensors": [self.encode(v, depth + 1) for v in state.values()],
                 "training": bool(obj.training),
             }
-            if t.__name__ == "SlowDecoder":
-                node["per_token"] = float(obj.per_token)
-            return node
         if self.parents is not None and getattr(t, "kvlib_remote_mlps", False):  # a Decoder whose MLPs stay here
             node = self.encode(obj.decoder, depth)
             keep = [i for i, name in enumerate(node["names"]) if ".mlp." not in name]
@@ -181,7 +277,10 @@ class Encoder:
             self.callbacks.append(obj)  # the child records the calls; the parent replays them (requests only)
             return {"t": "callback", "i": len(self.callbacks) - 1}
         if self.parents is not None and grader_side(t):  # a check's own object: it stays with the grader
-            return {"t": "phandle", "id": self.parents(obj), "type": t.__name__[:100]}
+            node = {"t": "phandle", "id": self.parents(obj), "type": t.__name__[:100]}
+            if getattr(t, "kvlib_clock", False):  # the child's clocks read its `now` (Exercise 2.3's stand-in model)
+                node["clock"] = True
+            return node
         if self.handles is not None and t.__module__ in self.owners:  # the learner's own object: it stays here
             key = len(self.handles)
             self.handles[key] = obj
@@ -226,9 +325,7 @@ def decode(np, torch, head, files, node):
     if t == "decoder":  # the child's kvlib.core.model (the instructor's file), loaded with the weights sent
         model = importlib.import_module("kvlib.core.model")
         config = model.ModelConfig(**node["config"])
-        decoder = (
-            model.SlowDecoder(config, float(node["per_token"])) if "per_token" in node else model.Decoder(config)
-        ).eval()
+        decoder = model.Decoder(config).eval()
         state = dict(zip(node["names"], (decode(np, torch, head, files, x) for x in node["tensors"])))
         dtype = next((v.dtype for v in state.values() if v.is_floating_point()), None)
         if dtype is not None:  # the weights' own dtype (Exercise 6.4 keeps it), not Decoder's float32
@@ -266,7 +363,7 @@ def decode(np, torch, head, files, node):
     if t == "method":  # the grader's answer "that attribute is a method": the stand-in makes it a call
         return _Method()
     if t == "phandle":
-        return _Parent(int(node["id"]), str(node.get("type", "object"))[:100])
+        return _Parent(int(node["id"]), str(node.get("type", "object"))[:100], node.get("clock") is True)
     if t == "generator":  # one per key: the calls of a batch (many) draw from the same generator, in turn
         made = head.setdefault("_generators", {})
         if node["k"] not in made:
@@ -381,11 +478,12 @@ class _Parent:
     attribute, calling a method or the object itself asks the grader, which runs it there and replies with
     numbers (or another stand-in). What the grader counts there, no code in this process can reach."""
 
-    __slots__ = ("_kvlib_pid", "_kvlib_type")
+    __slots__ = ("_kvlib_pid", "_kvlib_type", "_kvlib_clock")
 
-    def __init__(self, pid, type_name):
+    def __init__(self, pid, type_name, clock=False):
         object.__setattr__(self, "_kvlib_pid", pid)
         object.__setattr__(self, "_kvlib_type", type_name)
+        object.__setattr__(self, "_kvlib_clock", clock)  # a call handed it reads time from it: _serve's fake clock
 
     def __getattr__(self, attr):
         if attr.startswith("_"):
@@ -435,11 +533,12 @@ def _ask(op, proxy, attr, args, kwargs):
         data = _recv(_SESSION["rfd"])
         if data is None:
             raise SystemExit(0)
-        with np.load(io.BytesIO(data), allow_pickle=False) as z:
-            files_in = {k: z[k] for k in z.files}
-        req = json.loads(str(files_in.pop("__head__")))
+        req, files_in = unframe(np, data)
+        del data
         if "answer" not in req:  # a request of the grader's own, made while it answers: served first
-            _send(_SESSION["wfd"], _serve(req, files_in))
+            reply = _serve(req, files_in)
+            del req, files_in
+            _send(_SESSION["wfd"], reply)
             continue
         if req["answer"] != "ok":
             name = str(req.get("type", "RuntimeError"))
@@ -452,6 +551,32 @@ def _ask(op, proxy, attr, args, kwargs):
         return decode(np, torch, scope, files_in, req["result"])
 
 
+def _is_tensor(torch, obj) -> bool:
+    return torch is not None and type(obj) is torch.Tensor
+
+
+def _fingerprint(torch, t):
+    """A tensor's dtype, shape and the CRC of its bytes (None if it is not contiguous): an argument whose
+    fingerprint a call did not change is not sent back."""
+    import zlib  # noqa: PLC0415 (isolated child: loaded only here)
+
+    raw = t.detach()
+    if not raw.is_contiguous():
+        return None
+    return raw.dtype, tuple(raw.shape), zlib.crc32(raw.reshape(-1).view(torch.uint8).numpy())
+
+
+def _is_clock(obj) -> bool:
+    return type(obj) is _Parent and object.__getattribute__(obj, "_kvlib_clock")
+
+
+def _clock_of(proxy, modules):
+    """The time module's clocks (and those the learner's modules imported by name) reading the grader's object's
+    `now`: time advances on the grader's side, by the forwards its model runs there."""
+    model = importlib.import_module("kvlib.core.model")
+    return model.fake_clock(lambda: float(_ask("getattr", proxy, "now", (), {})), *modules.values())
+
+
 def _serve(req, files_in) -> bytes:
     """The reply to one request of the grader: a call of an exercise function, or an operation on an
     object the child handed out earlier."""
@@ -461,6 +586,9 @@ def _serve(req, files_in) -> bytes:
     calls = []
     try:
         op = req.get("op", "call")
+        if op == "settle":  # before a call whose memory the grader measures
+            _settle()
+            return enc.payload({"status": "ok", "result": enc.encode(None), "callbacks": []})
         if req["fn"] not in _SESSION["allowed"]:
             raise ValueError(f"{req['fn']} is not an exercise function")
         if op == "call":
@@ -468,7 +596,7 @@ def _serve(req, files_in) -> bytes:
             fn = getattr(modules[module], name)
             if isinstance(fn, type):  # a learner's class (KVCache): the object it makes stays here, as a handle
                 enc.owners = _LearnersModules()
-        elif op in ("getattr", "method", "data_ptr", "setattr"):  # on an object the child handed out earlier
+        elif op in ("getattr", "method", "setattr"):  # on an object the child handed out earlier
             attr = str(req["attr"])
             if attr.startswith("_"):
                 raise ValueError(f"{attr} is private")
@@ -478,7 +606,6 @@ def _serve(req, files_in) -> bytes:
             fn = {
                 "getattr": lambda: _attribute(obj, attr),
                 "method": getattr(obj, attr) if op == "method" else None,
-                "data_ptr": lambda: int(getattr(obj, attr).data_ptr()),
                 "setattr": lambda value: setattr(obj, attr, value),
             }[op]
         else:
@@ -503,18 +630,16 @@ def _serve(req, files_in) -> bytes:
         return enc.payload(head)
     _SESSION["stack"].append(req)
     try:
-        if req.get(
-            "watch"
-        ):  # the allocations the call makes (or, watch "flops", its matmul FLOPs), instead of its result
+        results = []
+        before = {id(a): _fingerprint(torch, a) for a in (*batch[0][0], *batch[0][1].values()) if _is_tensor(torch, a)}
+        if req.get("watch"):  # the shapes the call allocates, watched beside it (9.1 only: docs/instructors.md)
             args, kwargs = batch[0]
-            measure = importlib.import_module("kvlib.measure.timing")
-            result = (measure.matmul_flops if req["watch"] == "flops" else measure.new_tensors)(fn, *args, **kwargs)
+            result = importlib.import_module("kvlib.measure.timing").new_tensors(fn, *args, **kwargs)
         else:
-            results = []
             for args, kwargs in batch:
-                stand_in = next((a for a in (*args, *kwargs.values()) if type(a).__name__ == "SlowDecoder"), None)
-                with stand_in.fake_clock(*modules.values()) if stand_in is not None else contextlib.nullcontext():
-                    results.append(fn(*args, **kwargs))  # a SlowDecoder's calls read its fake clock (Exercise 2.3)
+                clock = next((a for a in (*args, *kwargs.values()) if _is_clock(a)), None)
+                with _clock_of(clock, modules) if clock is not None else contextlib.nullcontext():
+                    results.append(fn(*args, **kwargs))  # the grader's stand-in model keeps the time (Exercise 2.3)
             result = results if many is not None else results[0]
     except BaseException as err:  # SystemExit and KeyboardInterrupt too: the call failed
         head = _error(err, files, "call")
@@ -526,6 +651,8 @@ def _serve(req, files_in) -> bytes:
             def after(a):
                 if type(a).__name__ in _DECODERS and getattr(a, "kvlib_remote_parts", False):
                     return None  # a model with the grader's MLPs: nothing of it to copy back
+                if _is_tensor(torch, a) and before.get(id(a)) is not None and _fingerprint(torch, a) == before[id(a)]:
+                    return None  # left as it came: nothing to copy back (nor to hold twice while the reply is made)
                 return enc.encode(a) if type(a) in changeable or type(a).__name__ in _DECODERS else None
 
             head = {"status": "ok", "result": enc.encode(result), "callbacks": calls}
@@ -573,7 +700,10 @@ def main() -> None:
     except BaseException as err:
         _send(wfd, json.dumps({"status": "boot_error", "message": f"{type(err).__name__}: {err}"}).encode())
         return
-    _send(wfd, json.dumps({"status": "booted"}).encode())  # from here on, failures are the submission's
+    spawn = close_process_creation()  # before any learner code: its work stays in this process
+    _send(wfd, json.dumps({"status": "booted", "spawn": spawn}).encode())  # from here on, failures are the submission's
+    if _recv(rfd) is None:  # the grader's go: it holds this process's /proc files open before learner code runs
+        return
     os.chdir(cfg["work"])
     sys.path.insert(0, cfg["work"])
     files = [f"kvlib/{m}.py" for m in cfg["modules"]]
@@ -598,16 +728,17 @@ def main() -> None:
         if data is None:
             return
         try:
-            with np.load(io.BytesIO(data), allow_pickle=False) as z:
-                files_in = {k: z[k] for k in z.files}
-            req = json.loads(str(files_in.pop("__head__")))
+            req, files_in = unframe(np, data)
             if not isinstance(req, dict) or "answer" in req:
                 raise ValueError("an answer with no question")
         except BaseException as err:
             head = {"status": "error", "what": "request", "type": type(err).__name__, "message": str(err)[:500]}
             _send(wfd, Encoder(np, torch).payload({**head, "where": ""}))
             continue
-        _send(wfd, _serve(req, files_in))
+        del data
+        reply = _serve(req, files_in)
+        del req, files_in  # the request's arrays go before the reply does: the grader reads what is held then
+        _send(wfd, reply)
 
 
 if __name__ == "__main__":

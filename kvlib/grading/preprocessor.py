@@ -128,6 +128,15 @@ class IsolatedGrading(NbGraderPreprocessor):
         finally:
             if sandbox is not None:
                 sandbox.close()
+        if sandbox is not None and sandbox.spawn and sandbox.spawn != "closed":
+            self.log.warning(
+                "isolated checks of %s/%s/%s: the child could start processes (%s): memory a process it starts "
+                "uses is not measured (docs/instructors.md)",
+                student,
+                assignment,
+                notebook,
+                sandbox.spawn,
+            )
         if sandbox is not None:
             passed = sum(ok for ok, _ in results.values())
             self.log.info(

@@ -14,6 +14,8 @@ classes that a learner module re-exports (Request, OutOfBlocks) are the grader's
 Request here, and an OutOfBlocks the child raises is raised here as the grader's OutOfBlocks.
 The child is started lazily, serves every call of one submission, and is killed and restarted
 after a call that times out or kills it; a function that hung once fails at once afterwards.
+A call whose memory is graded (fn.memory(...)) is measured by this process in the child's /proc
+(kvlib.grading.memory), where the learner's code cannot reach; the child cannot start processes.
 Not here: which files and checks (kvlib.grading.preprocessor), the jail itself (jail.py).
 """
 
@@ -40,6 +42,7 @@ import numpy as np
 from kvlib.course.exercises import BY_ID, ExerciseNotDone
 from kvlib.grading import _child
 from kvlib.grading.jail import Jail, Limits, jail_python, kill, site_dirs
+from kvlib.grading.memory import Watch, python_pid
 
 _NUMBER_KINDS = "biufc"
 _TENSOR_DTYPES = {
@@ -453,12 +456,16 @@ class Sandbox:
         self.import_note = ""  # added to an import failure's message (a learner's module the grader refused)
         self.calls = self.starts = 0
         self.questions = 0  # what the child asked of the grader's objects (calls of a check's model, its drafter...)
+        self.sent = 0  # bytes of arrays sent to the child (a measured call's inputs: it holds them while it runs)
         self._parents: dict[int, object] = {}  # key -> a check's object handed to the child, for one outermost call
         self._parent_keys: dict[int, int] = {}  # id(object) -> key; keys are never reused
         self._next_key = 0
         self._depth = 0
         self._proc: subprocess.Popen | None = None
         self._jail: Jail | None = None
+        self._watch: Watch | None = None  # the child's /proc files, opened before its learner code runs
+        self.unwatched = ""  # why the child's memory cannot be read here, if it cannot
+        self.spawn = ""  # "closed", or why the child can still start processes (kvlib.grading._child)
         self._tmp = Path(tempfile.mkdtemp(prefix="kvlib-sandbox-"))
         self._write_scratch()
 
@@ -501,6 +508,11 @@ class Sandbox:
             "OMP_NUM_THREADS": "1",
             "MKL_NUM_THREADS": "1",
             "OPENBLAS_NUM_THREADS": "1",
+            # glibc's fixed thresholds (setting them turns its adaptive ones off): a block of 16 KiB or more is
+            # its own mapping, given back when freed, so what a call holds is what it uses (Watch reads it), and
+            # a loop's temporaries cannot fragment the heap by more than 16 KiB a step
+            "MALLOC_MMAP_THRESHOLD_": "16384",
+            "MALLOC_TRIM_THRESHOLD_": "131072",
         }
         stderr = open(jail.dir / "stderr.log", "wb")
         try:
@@ -554,6 +566,9 @@ class Sandbox:
             except OSError:
                 pass
         self._proc = None
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
         if self._jail is not None:
             self._jail.close()
             self._jail = None
@@ -565,8 +580,9 @@ class Sandbox:
             return ""
 
     def _boot(self) -> dict | None:
-        """The child's first two frames: "booted" (numpy imported: the set-up works), then the
-        import of the learner's modules, "ready" or an error. None on timeout."""
+        """The child's first two frames: "booted" (numpy imported: the set-up works), then, after the
+        grader's go (sent once it holds the child's /proc files), the import of the learner's modules,
+        "ready" or an error. None on timeout."""
         deadline = time.monotonic() + self.start_timeout
         try:
             data = self._read_frame(deadline)
@@ -584,6 +600,17 @@ class Sandbox:
                 f"the isolated child could not start (exit code {rc}): "
                 f"{first.get('message') or self._stderr_tail() or 'no message'}"
             )
+        self.spawn = str(first.get("spawn", ""))[:300]
+        try:  # before the learner's code runs: it may make itself undumpable, which closes /proc/<pid> to others
+            self._watch = Watch(python_pid(self._proc.pid, jailed=self.mode != "plain"))
+            self.unwatched = ""
+        except OSError as err:
+            self._watch, self.unwatched = None, str(err)
+        try:
+            if not _write_all(self._proc.stdin.fileno(), _child.frame({"go": True}, {}), deadline):
+                return None
+        except EOFError:  # it died: the read below says so
+            pass
         deadline = min(time.monotonic() + self.call_timeout, max(self.deadline, time.monotonic() + 1))
         try:
             data = self._read_frame(deadline)
@@ -626,15 +653,19 @@ class Sandbox:
             raise SetupError(f"call_many takes 1 to {_child.MAX_ITEMS} calls, got {len(calls)}")
         return self.call(fn, (), {}, many=[(tuple(a), dict(k)) for a, k in calls])
 
-    def call(self, fn: str, args: tuple, kwargs: dict, watch: bool = False, on: tuple | None = None, many=None):
+    def call(
+        self, fn: str, args: tuple, kwargs: dict, measure: bool = False, on: tuple | None = None, many=None, watch=False
+    ):
         """fn(*args, **kwargs) in the child: its result, with what it did to tensor and Decoder
         arguments copied back into them, and functions passed as arguments (on_token) called with what
         the child's stand-ins for them recorded. on=(op, handle, attr): instead of fn itself, an
-        attribute of an object the child handed out ("getattr", "method", "data_ptr", "setattr": args is (value,)).
-        watch=True: instead of the result, [(op, shape)] of every
-        tensor the call allocated (kvlib.measure.timing.new_tensors, run in the child beside the call: a
-        submission could hide an allocation from it there, but not change any other check's result);
-        watch="flops": its matrix-multiply FLOPs (kvlib.measure.timing.matmul_flops), likewise."""
+        attribute of an object the child handed out ("getattr", "method", "setattr": args is (value,)).
+        measure=True: (result, Usage), the call's memory as this process reads it in the child's /proc
+        (kvlib.grading.memory), from just before the request is sent until its reply has come: nothing
+        the learner's code does in the child can hide what it holds from it. watch=True: instead of the result,
+        [(op, shape)] of every tensor the call allocated (kvlib.measure.timing.new_tensors), watched in the child
+        beside the call, where the learner's code can switch the watch off: only 9.1's check uses it, where no
+        measure of this process's can tell a concatenation from a copy of every chunk (docs/instructors.md)."""
         name = fn.split(".", 1)[1]
         if self.broken:
             raise SandboxError(self.broken)
@@ -646,6 +677,13 @@ class Sandbox:
             self._start()
             if self.broken:
                 raise SandboxError(self.broken)
+        if measure and self._watch is None:
+            raise SetupError(
+                f"{name}'s memory is graded, and this grader cannot read the isolated child's: {self.unwatched} "
+                "(the grader reads /proc/<pid>/status and clear_refs: Linux)"
+            )
+        if measure:
+            self.call(fn, (), {}, on=("settle", -1, ""))  # its garbage freed first: the start is what it holds
         self.calls += 1
         enc = _child.Encoder(np, _torch_if_loaded(), parents=self._register)
         try:
@@ -653,7 +691,7 @@ class Sandbox:
                 "fn": fn,
                 "args": [enc.encode(a) for a in args],
                 "kwargs": {k: enc.encode(v) for k, v in kwargs.items()},
-                "watch": watch if watch == "flops" else bool(watch),
+                "watch": bool(watch),
             }
             if on is not None:
                 head.update(op=on[0], h=on[1], attr=on[2])
@@ -664,16 +702,25 @@ class Sandbox:
                 ]
         except TypeError as err:
             raise SetupError(f"a check passed {fn} something the sandbox cannot send: {err}") from None
-        data = enc.payload(head)
+        data = _child.frame(head, enc.arrays)
         deadline = min(time.monotonic() + self.call_timeout, self.deadline)
-        self._depth += 1
         try:
-            if not _write_all(self._proc.stdin.fileno(), struct.pack(">Q", len(data)) + data, deadline):
+            sent, start = self.sent, self._watch.start() if measure else None
+        except OSError:  # the process ended since the settle
+            self._stop()
+            self.failed[fn] = f"{name} ended the Python process running it"
+            raise SandboxError(self.failed[fn]) from None
+        self._depth += 1
+        self.sent += sum(a.nbytes for a in enc.arrays.values())
+        try:
+            if not _write_all(self._proc.stdin.fileno(), data, deadline):
                 reply = None
             else:
                 reply = self._read_reply(deadline)
                 while isinstance(reply, dict) and reply.get("status") == "callback":  # it uses an object of ours
                     reply = self._read_reply(deadline) if self._answer(reply, fn, deadline) else None
+            if start is not None and isinstance(reply, dict):  # read before anything else reaches the child
+                usage = self._watch.usage(start, inputs=self.sent - sent)
         except EOFError:
             reply = "died"
         except SandboxError as err:
@@ -728,7 +775,7 @@ class Sandbox:
                 ):
                     raise SandboxError("a malformed reply")
                 enc.callbacks[call[0]](*[_check_node(n, arrays) for n in call[1]])
-            return value
+            return (value, usage) if measure else value
         if reply.get("what") == "result":
             raise SandboxError(
                 f"{name} returned {reply.get('message')}: return numbers (a numpy array, or a tuple of them)"
@@ -802,8 +849,8 @@ class Sandbox:
             base = next(c for c in type(err).__mro__ if c.__module__ == "builtins")
             enc = _child.Encoder(np, torch)
             answer = {"answer": "error", "type": base.__name__, "message": str(err)[:2000]}
-        data = enc.payload(answer)
-        return _write_all(self._proc.stdin.fileno(), struct.pack(">Q", len(data)) + data, deadline)
+        self.sent += sum(a.nbytes for a in enc.arrays.values())
+        return _write_all(self._proc.stdin.fileno(), _child.frame(answer, enc.arrays), deadline)
 
     def module(self, name: str) -> "SandboxModule":
         return SandboxModule(self, name, [f.split(".", 1)[1] for f in self.functions if f.split(".", 1)[0] == name])
@@ -837,16 +884,16 @@ class SandboxModule:
         def forward(*args, **kwargs):
             return self._sandbox.call(fn, args, kwargs)
 
-        def watch(*args, **kwargs):
-            return self._sandbox.call(fn, args, kwargs, watch=True)
+        def memory(*args, **kwargs):  # (result, kvlib.grading.memory.Usage): the child's memory, read by the grader
+            return self._sandbox.call(fn, args, kwargs, measure=True)
 
-        def flops(*args, **kwargs):
-            return self._sandbox.call(fn, args, kwargs, watch="flops")
+        def watch(*args, **kwargs):  # the shapes it allocates, watched in the child: untrusted (9.1 only)
+            return self._sandbox.call(fn, args, kwargs, watch=True)
 
         def many(calls):
             return self._sandbox.call_many(fn, calls)
 
-        forward.__name__, forward.watch, forward.flops, forward.many = name, watch, flops, many
+        forward.__name__, forward.memory, forward.watch, forward.many = name, memory, watch, many
         return forward
 
     def __repr__(self) -> str:
@@ -879,7 +926,10 @@ class RemoteObject:
         def method(*args, **kwargs):
             return sandbox.call(fn, args, kwargs, on=("method", key, attr))
 
-        method.__name__ = attr
+        def memory(*args, **kwargs):  # (result, Usage), as SandboxModule's functions have it
+            return sandbox.call(fn, args, kwargs, measure=True, on=("method", key, attr))
+
+        method.__name__, method.memory = attr, memory
         return method
 
     def __setattr__(self, attr: str, value):
@@ -887,11 +937,6 @@ class RemoteObject:
             raise SandboxError(f"a {self._state[3]} in the isolated child cannot be given a private attribute ({attr})")
         sandbox, fn, key, _ = self._state
         sandbox.call(fn, (value,), {}, on=("setattr", key, attr))
-
-    def kvlib_data_ptr(self, attr: str) -> int:
-        """The address of the tensor attribute's memory, in the child: did a method reallocate it?"""
-        sandbox, fn, key, _ = self._state
-        return sandbox.call(fn, (), {}, on=("data_ptr", key, attr))
 
     def __repr__(self) -> str:
         return f"<{self._state[3]} in the sandbox>"

