@@ -4,6 +4,8 @@ target and full marks elsewhere, run in the isolated grading child as autograde 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -117,14 +119,15 @@ def test_the_childs_drift_is_the_checks_drift():
 def test_a_recompute_hidden_from_the_instruments_earns_nothing_on_its_cell():
     """Check that generate_cached recomputing every token inside _disable_current_modes() (torch's FLOP counter and
     the allocation watch see nothing) plus a dummy matmul of a cached run's size fails 4.5's "uses the cache" cell,
-    and only it: the reference passes every check of notebook 04 in the child, the attack every other one."""
+    and only it: the reference passes every check of notebook 04 in the child, the attack every other one. The
+    tokens the layers' MLPs ran, counted by the grader, say so first (the drift effect would too)."""
     reference = (ROOT / "solutions" / "kvlib" / "kv_cache.py").read_text(encoding="utf-8")
     honest = _kv_checks_in_child(reference)
     assert set(honest.values()) == {"pass"}, {k: v for k, v in honest.items() if v != "pass"}
     attacked = _kv_checks_in_child(reference + HIDDEN_RECOMPUTE)
     failed = {k: v for k, v in attacked.items() if v != "pass"}
     assert set(failed) == {"generate_cached_uses_the_cache"}, failed
-    assert "recomputes earlier tokens" in failed["generate_cached_uses_the_cache"], failed
+    assert "reruns earlier tokens" in failed["generate_cached_uses_the_cache"], failed  # the grader counted its MLPs
 
 
 @pytest.mark.slow
@@ -406,3 +409,372 @@ def _only_in_child(
             except Exception as err:  # noqa: BLE001 - any failure scores 0, as in the grader
                 verdicts[name] = describe(err)
     return verdicts
+
+
+# ---------------------------------------------------------------------------------------------
+# Measures the grading process takes: each attack does work out of sight of an instrument that ran beside the
+# learner's code in the child (torch's dispatch modes switched off, or what the instrument read patched), and scores
+# 0 on the cells that measure that work, full marks elsewhere
+
+EARLIER = {
+    "generation": ("attention",),
+    "kv_cache": ("attention", "generation"),
+    "gqa": (),
+    "compress": (),
+    "fused": ("compress",),
+}
+
+REALLOCATING_CACHE = '''
+
+_Honest = KVCache
+_REPORTED = {}
+_real_data_ptr = torch.Tensor.data_ptr
+
+
+def _data_ptr(t):
+    return _REPORTED.get(id(t)) or _real_data_ptr(t)
+
+
+torch.Tensor.data_ptr = _data_ptr  # what the grader read in the child: the cache's address
+
+
+class KVCache(_Honest):
+    """The attack: every update reallocates the cache (a copy of the whole of it, as torch.cat makes), and torch is
+    made to report the old address, which was what the isolated grader read to see a reallocation."""
+
+    def update(self, layer, k_new, v_new):
+        where = _data_ptr(self.k), _data_ptr(self.v)
+        self.k, self.v = torch.cat([self.k[:, :, :, :0], self.k], 3), torch.cat([self.v[:, :, :, :0], self.v], 3)
+        _REPORTED[id(self.k)], _REPORTED[id(self.v)] = where
+        return super().update(layer, k_new, v_new)
+'''
+
+HIDDEN_REPLAY = '''
+
+_honest_forward = cached_forward
+
+
+def cached_forward(model, input_ids, cache):
+    """The attack: before a decode step reads the cache (as it should), every earlier position runs through the model
+    again where torch's FLOP counter sees nothing, the result thrown away."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    if input_ids.shape[1] == 1 and cache.pos:
+        with _disable_current_modes(), torch.inference_mode():
+            model(torch.zeros(input_ids.shape[0], cache.pos, dtype=torch.long))
+    return _honest_forward(model, input_ids, cache)
+'''
+
+HIDDEN_REPEAT = '''
+
+def grouped_attention(q, k, v):
+    """The attack: keys and values copied to every query head (repeat_interleave), where torch's allocation watch sees
+    nothing."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        G, (T, S) = q.shape[1] // k.shape[1], (q.shape[2], k.shape[2])
+        mask = torch.ones(T, S, dtype=torch.bool).tril(S - T)
+        k, v = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+'''
+
+KEPT_BUFFER = '''
+
+_BUFFER = torch.ones(2 * 32 * 16_384 * 64)  # made at import: resident before any call
+_reference_grouped = grouped_attention
+
+
+def grouped_attention(q, k, v):
+    """The attack: keys and values copied to every query head into a buffer made at import, so the copy adds nothing to
+    the call's peak memory; out of sight of torch's allocation watch too."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        (B, H, T, D), (H_kv, S) = q.shape, k.shape[1:3]
+        n = B * H * S * D
+        if 2 * n > _BUFFER.numel():
+            return _reference_grouped(q, k, v)
+        idx = torch.arange(H) // (H // H_kv)
+        kr = torch.index_select(k, 1, idx, out=_BUFFER[:n].view(B, H, S, D))
+        vr = torch.index_select(v, 1, idx, out=_BUFFER[n : 2 * n].view(B, H, S, D))
+        mask = torch.ones(T, S, dtype=torch.bool).tril(S - T)
+        return torch.nn.functional.scaled_dot_product_attention(q, kr, vr, attn_mask=mask)
+'''
+
+HIDDEN_PER_HEAD_KEYS = '''
+
+def mla_absorbed(q_nope, q_rope, latent, k_rope, w_uk, w_uv):
+    """The attack: every head's keys and values rebuilt (8.5's way), where torch's allocation watch sees nothing."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        return mla_reconstruct(q_nope, q_rope, latent, k_rope, w_uk, w_uv)
+'''
+
+HIDDEN_EVERY_TILE = '''
+
+def tiled_attention(q, k, v, tile):
+    """The attack: every tile computed and the future ones masked away, where torch's FLOP counter sees nothing, then
+    matrix multiplies of exactly the FLOPs of the tiles a causal loop needs, for the counter to see."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    (B, H, T, D), S = q.shape, k.shape[2]
+    with _disable_current_modes():
+        out, needed = torch.empty(q.shape), 0
+        for i0 in range(0, T, tile):
+            qi = q[:, :, i0 : i0 + tile] / math.sqrt(D)
+            rows = S - T + i0 + torch.arange(qi.shape[2])
+            m = torch.full(qi.shape[:3], float("-inf"))
+            l, acc = torch.zeros(qi.shape[:3]), torch.zeros(qi.shape)
+            for j0 in range(0, S, tile):
+                kj, vj = k[:, :, j0 : j0 + tile], v[:, :, j0 : j0 + tile]
+                if j0 <= rows[-1]:
+                    needed += 4 * B * H * qi.shape[2] * kj.shape[2] * D
+                s = (qi @ kj.transpose(-2, -1)).masked_fill(rows[:, None] < j0 + torch.arange(kj.shape[2]), float("-inf"))
+                new = torch.maximum(m, s.amax(-1))
+                p, rescale = torch.exp(s - new[..., None]), torch.exp(m - new)
+                l, acc, m = l * rescale + p.sum(-1), acc * rescale[..., None] + p @ vj, new
+            out[:, :, i0 : i0 + tile] = acc / l[..., None]
+    _feed_the_counter(needed)
+    return out
+
+
+def _feed_the_counter(flops):
+    """Matrix multiplies of exactly `flops` FLOPs (2 per multiply-add), when a FLOP counter is watching."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    if not any("Flop" in type(mode).__name__ for mode in _get_current_dispatch_mode_stack()):
+        return
+    a = torch.ones(16, 16)
+    for _ in range(flops // (2 * 16**3)):
+        a @ a
+    for _ in range(flops % (2 * 16**3) // 2):
+        torch.ones(1, 1) @ torch.ones(1, 1)
+'''
+
+HIDDEN_SCORE_MATRIX = '''
+
+def tiled_attention(q, k, v, tile):
+    """The attack: plain attention over the whole score matrix, where torch's allocation watch and FLOP counter see
+    nothing, then matrix multiplies of the FLOPs a causal tiled loop needs, for the counter to see."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    (B, H, T, D), S = q.shape, k.shape[2]
+    with _disable_current_modes():
+        scores = q @ k.transpose(-2, -1) / math.sqrt(D)  # (B, H, T, S): every score at once
+        out = scores.masked_fill(~torch.ones(T, S, dtype=torch.bool).tril(S - T), float("-inf")).softmax(-1) @ v
+    needed = sum(
+        4 * B * H * min(tile, T - i0) * min(tile, S - j0) * D
+        for i0 in range(0, T, tile)
+        for j0 in range(0, S, tile)
+        if j0 <= S - T + min(i0 + tile, T) - 1
+    )
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    if any("Flop" in type(mode).__name__ for mode in _get_current_dispatch_mode_stack()):  # a FLOP counter watches
+        a = torch.ones(16, 16)
+        for _ in range(needed // (2 * 16**3)):
+            a @ a
+        for _ in range(needed % (2 * 16**3) // 2):
+            torch.ones(1, 1) @ torch.ones(1, 1)
+    return out
+'''
+
+HIDDEN_DEQUANTISED = '''
+
+def int8_folded_attention(q, k_values, k_scale, v_values, v_scale, kv_len):
+    """The attack: the whole cache dequantised to float (8.2's way), where torch's allocation watch sees nothing."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    from kvlib.compress import int8_attention
+
+    with _disable_current_modes():
+        return int8_attention(q, k_values, k_scale, v_values, v_scale, kv_len)
+'''
+
+READ_THE_PRICE = '''
+
+def measure_ttft_itl(model, input_ids, max_new_tokens):
+    """The attack: no clock read, no generation: the stand-in's own price per token gives what a measurement finds."""
+    T = input_ids.shape[1]
+    return float(model.cost(T, T)), [float(model.cost(T + i, 1)) for i in range(1, max_new_tokens)]
+'''
+
+COPIED_PRICE = '''
+
+def measure_ttft_itl(model, input_ids, max_new_tokens):
+    """The attack: no clock read: the public stand-in's price (10 ms a token) and cost formula, copied."""
+    T = input_ids.shape[1]
+    return 0.01 * (T + T / 10), [0.01 * (1 + (T + i) / 10) for i in range(1, max_new_tokens)]
+'''
+
+ATTACKS = {
+    "4.1 reallocating, the address faked": ("kv_cache", REALLOCATING_CACHE, {"kv_cache_update_writes_in_place"}),
+    "4.3/4.5 earlier tokens replayed out of the FLOP counter's sight": (
+        "kv_cache",
+        HIDDEN_REPLAY,
+        {"cached_forward_decode_uses_the_cache", "generate_cached_uses_the_cache"},
+    ),
+    "6.2 heads copied out of the watch's sight": ("gqa", HIDDEN_REPEAT, {"grouped_attention_does_not_copy_heads"}),
+    "6.2 heads copied into a buffer kept from import": ("gqa", KEPT_BUFFER, {"grouped_attention_does_not_copy_heads"}),
+    "8.6 per-head keys out of the watch's sight": (
+        "compress",
+        HIDDEN_PER_HEAD_KEYS,
+        {"mla_absorbed_never_builds_per_head_keys"},
+    ),
+    "9.2 every tile computed, the counter fed": ("fused", HIDDEN_EVERY_TILE, {"tiled_attention_skips_future_tiles"}),
+    "9.2 the whole score matrix, the counter fed": (
+        "fused",
+        HIDDEN_SCORE_MATRIX,
+        {"tiled_attention_skips_future_tiles", "tiled_attention_never_builds_the_score_matrix"},
+    ),
+    "9.4 the cache dequantised out of the watch's sight": (
+        "fused",
+        HIDDEN_DEQUANTISED,
+        {"int8_folded_makes_no_float_copy_of_the_cache"},
+    ),
+    "2.3 the stand-in's price read, no clock": (
+        "generation",
+        READ_THE_PRICE,
+        {"measure_ttft_itl_times_prefill_and_steps", "measure_ttft_itl_prefill_grows_with_prompt"},
+    ),
+    "2.3 the public price copied, no clock": (
+        "generation",
+        COPIED_PRICE,
+        {"measure_ttft_itl_times_prefill_and_steps", "measure_ttft_itl_prefill_grows_with_prompt"},
+    ),
+}
+
+
+@functools.cache
+def _reference_verdicts(module: str) -> dict[str, str]:
+    """Every check of the module's notebook on the reference, in the isolated child (computed once per module)."""
+    reference = (ROOT / "solutions" / "kvlib" / f"{module}.py").read_text(encoding="utf-8")
+    return _checks_in_child(module, reference, EARLIER[module])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attack", list(ATTACKS))
+def test_work_out_of_the_instruments_sight_earns_nothing_on_the_cells_that_measure_it(attack):
+    """Check that work the isolated grader once measured beside the learner's code (an allocation watch, a FLOP
+    counter, a tensor's address, a fake clock, all in the child), done out of their sight, scores 0 on exactly the
+    cells that measure it: the grading process now reads the child's memory in /proc, runs and counts the MLPs, plants
+    a nan the future tiles would spread, and keeps 2.3's model and clock. The reference passes every check."""
+    module, attack_source, targeted = ATTACKS[attack]
+    honest = _reference_verdicts(module)
+    assert set(honest.values()) == {"pass"}, {k: v for k, v in honest.items() if v != "pass"}
+    reference = (ROOT / "solutions" / "kvlib" / f"{module}.py").read_text(encoding="utf-8")
+    attacked = _checks_in_child(module, reference + attack_source, EARLIER[module])
+    failed = {k: v for k, v in attacked.items() if v != "pass"}
+    assert set(failed) == targeted, failed
+
+
+def _helpers(fn, module) -> list:
+    """fn and the functions of the same test module it names (recursively), helpers first."""
+    import types
+
+    def names(code):
+        out = set(code.co_names)
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                out |= names(const)
+        return out
+
+    found: list = []
+
+    def visit(f):
+        for name in sorted(names(f.__code__)):
+            g = vars(module).get(name)
+            if isinstance(g, types.FunctionType) and g.__module__ == module.__name__ and g not in found and g is not f:
+                visit(g)
+        if f not in found:
+            found.append(f)
+
+    visit(fn)
+    return found
+
+
+def _pasted(module: str, name: str, obj, test_module) -> str:
+    """Source that makes kvlib.<module>.<name> the test module's correct alternative `obj` (a function, or a KVCache
+    whose update is one), pasted after the reference as a learner's module would hold it, its helpers with it."""
+    import inspect
+
+    fn = obj.__dict__["update"] if isinstance(obj, type) else obj
+    header = (
+        "\n\nimport math\n\nimport torch\nimport torch.nn.functional as F\n\n"
+        f"from kvlib import {module}\nfrom kvlib.core.model import causal_mask_tensor\n"
+        + ("from kvlib.generation import next_token\n" if module == "kv_cache" else "")
+    )
+    body = "\n\n".join(inspect.getsource(f) for f in _helpers(fn, test_module))
+    body = body.replace(f"{module}.{name}(", f"_reference_{name}(")  # absorbed_float64 calls the reference itself
+    if isinstance(obj, type):
+        tail = f"\n\nclass {name}({name}):\n    update = {fn.__name__}\n"
+    else:
+        tail = f"\n\n_reference_{name} = {name}\n{name} = {fn.__name__}\n"
+    return header + "\n\n" + body + tail
+
+
+def _measured_shapes() -> list[tuple[str, str, str, object, object]]:
+    """(module, exercise, name, correct alternative, its test module): the test banks' other correct ways of every
+    exercise whose cells the grading process measures."""
+    import test_compress
+    import test_fused
+    import test_gqa
+    import test_kv_cache
+
+    out = []
+    for test_module, module in (
+        (test_kv_cache, "kv_cache"),
+        (test_gqa, "gqa"),
+        (test_compress, "compress"),
+        (test_fused, "fused"),
+    ):
+        bank = test_module.ALTERNATIVES
+        entries = (
+            [(ex, name, fn) for ex, (name, fns) in bank.items() for fn in fns]
+            if isinstance(bank, dict)
+            else [(ex, *next(iter(replaced.items()))) for ex, replaced in bank]
+        )
+        for ex, name, fn in entries:
+            if ex in ("4.1", "4.3", "4.5", "6.2", "8.6", "9.2", "9.4"):
+                out.append((module, ex, name, fn, test_module))
+    return out
+
+
+def _shape_id(ex: str, obj) -> str:
+    return f"{ex}-{(obj.__dict__['update'] if isinstance(obj, type) else obj).__name__}"
+
+
+MEASURED_SHAPES = [
+    *(f"4.1-_update_{way}" for way in ("index_copy", "loop", "narrow")),
+    *(f"4.3-_forward_{way}" for way in ("past_key_values", "blocks", "float64_head")),
+    *(f"4.5-_generate_{way}" for way in ("preallocated", "while_cat", "past_key_values")),
+    *(f"6.2-attention_{way}" for way in ("einsum", "loop", "sdpa")),
+    *(f"8.6-absorbed_{way}" for way in ("matmul", "folded_rope", "float64")),
+    *(f"9.2-tiled_{way}" for way in ("query_rows", "float64", "mask_everywhere")),
+    *(f"9.4-folded_{way}" for way in ("per_group", "einsum", "float64")),
+]
+
+
+def test_the_measured_shapes_are_the_banks():
+    """Check that the shapes run in the isolated child are every correct alternative the test banks hold for the
+    exercises whose cells the grading process measures, no more and no fewer."""
+    assert sorted(_shape_id(ex, fn) for _, ex, _, fn, _ in _measured_shapes()) == sorted(MEASURED_SHAPES)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", MEASURED_SHAPES)
+def test_correct_code_in_another_shape_earns_the_measured_cells(shape):
+    """Check that the test banks' other correct ways (loops, einsum, float64, SDPA, index_copy_...) of every exercise
+    whose cells the grading process measures earn every check of that exercise in the isolated child."""
+    from kvlib.checks import checks_for
+    from kvlib.course.exercises import BY_ID, EXERCISES
+
+    module, ex, name, fn, test_module = next(s for s in _measured_shapes() if _shape_id(s[1], s[3]) == shape)
+    reference = (ROOT / "solutions" / "kvlib" / f"{module}.py").read_text(encoding="utf-8")
+    source = reference + _pasted(module, name, fn, test_module)
+    functions = sorted({f"{e.module}.{e.name.split('.')[0]}" for e in EXERCISES if e.module == module})
+    names = [c.name for c in checks_for(BY_ID[ex])]
+    verdicts = _only_in_child(module, source, functions, names, EARLIER[module])
+    assert set(verdicts.values()) == {"pass"}, {k: v for k, v in verdicts.items() if v != "pass"}
