@@ -24,8 +24,9 @@ SLOW_FIXTURES = {"graded", "graded_sizes", "released", "server", "page", "quick_
 
 
 # Files whose tests stand apart per notebook: each notebook's tests may run on either worker (its own
-# executed notebook or graded course there), instead of the whole file waiting on one worker.
-SPLIT_BY_NOTEBOOK = {"test_notebooks.py", "test_course_notebooks.py"}
+# executed notebook there), instead of the whole file waiting on one worker. (tests/grading/test_course_notebooks.py
+# is one unit: it grades every notebook in one nbgrader process, whose start-up costs more than a notebook's grading.)
+SPLIT_BY_NOTEBOOK = {"test_notebooks.py"}
 _NOTEBOOK = re.compile(r"(?:notebook_|\[)(\d\d)")
 
 
@@ -56,7 +57,7 @@ def pytest_xdist_make_scheduler(config, log):
 
 # The files whose one scheduling unit takes minutes (a graded class, a hub term, a browser), started first so
 # that the two workers end together: the shorter units (one notebook each, the quick files) fill in behind them.
-LONGEST_FIRST = ("test_attacks.py", "test_browser.py", "test_hub.py", "test_class.py")
+LONGEST_FIRST = ("test_attacks.py", "test_course_notebooks.py", "test_hub.py", "test_browser.py", "test_class.py")
 
 
 def pytest_collection_modifyitems(items):

@@ -109,24 +109,28 @@ EARLIER_DONE = {
 
 
 @pytest.fixture(scope="module")
-def graded_sizes(tmp_path_factory):
-    """grade(notebook) -> {student: (score, max_score)}: the notebook released from a `kvlib course init`
-    folder, a correct, a patching and an untouched submission (and in 04 a helper one) autograded,
-    once per notebook (so `-k 07` grades 07 only)."""
+def graded_sizes(request, tmp_path_factory):
+    """grade(notebook) -> {student: (score, max_score)}: every notebook this run's tests ask for (so `-k 07` grades
+    07 only), released from one `kvlib course init` folder, a correct, a patching and an untouched submission (and
+    in 04 a helper one) handed in for each, all graded in ONE `nbgrader autograde "*"`: nbgrader, the checks and
+    torch load once, not once a notebook (this file is one scheduling unit, tests/conftest.py)."""
     from nbgrader.api import Gradebook
 
+    wanted = sorted(
+        {
+            item.callspec.params["nb"]
+            for item in request.session.items
+            if item.path == request.path and "nb" in getattr(getattr(item, "callspec", None), "params", {})
+        }
+    )
     course = tmp_path_factory.mktemp("course-sizes")
     proc = run_kvlib("course", "init", str(course))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     with open(course / "nbgrader_config.py", "a") as f:  # the kernel's run is cut short: scores never wait on it
         f.write("\nc.Execute.timeout = 4\nc.SandboxExecute.notebook_timeout = 12\n")
-    done: dict[str, dict] = {}
-
-    def grade(nb: str) -> dict:
-        if nb in done:
-            return done[nb]
+    nbgrader(course, "generate_assignment", "*", "--log-level=WARN")  # every assignment, in one process
+    for nb in wanted:
         module = dict(ISOLATED)[nb]
-        nbgrader(course, "generate_assignment", nb, "--log-level=WARN")
         students = [
             ("correct", (ROOT / "solutions" / "kvlib" / f"{module}.py").read_text(encoding="utf-8")),
             ("patching", _stub_with(module, PATCHING_PRELUDE, "return 0")),
@@ -146,9 +150,12 @@ def graded_sizes(tmp_path_factory):
                 (sub / "kvlib" / "my_helpers.py").write_text(helper, encoding="utf-8")
             for earlier in EARLIER_DONE.get(module, ()):
                 shutil.copy(ROOT / "solutions" / "kvlib" / f"{earlier}.py", sub / "kvlib" / f"{earlier}.py")
-        nbgrader(course, "autograde", nb, "--log-level=WARN", timeout=1500)
-        with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
-            done[nb] = {s.student.id: (s.score, s.max_score) for s in gb.assignment_submissions(nb)}
+    if wanted:
+        nbgrader(course, "autograde", "*", "--log-level=WARN", timeout=3000)  # every handed-in notebook at once
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        done = {nb: {s.student.id: (s.score, s.max_score) for s in gb.assignment_submissions(nb)} for nb in wanted}
+
+    def grade(nb: str) -> dict:
         return done[nb]
 
     return grade
