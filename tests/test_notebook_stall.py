@@ -69,15 +69,17 @@ def _kernel_clock(stamp: str) -> float:
 
 @pytest.mark.slow
 def test_notebook_01_runs_show_no_wait_outside_the_kernel():
-    """Check that in six fresh-kernel runs of notebook 01 (as `kvlib present --check` runs it), the time the
+    """Check that in three fresh-kernel runs of notebook 01 (as `kvlib present --check` runs it), the time the
     client spends outside the kernel's own clock (start, shutdown, waits for replies) stays under 30 s.
 
     This asserts on a hang, not on speed: normally it is 1-3 s (kernel start and shutdown), and the stall
-    made it the whole 60 s timeout. Six runs catch a stall that comes back at its old rate (one run in 20)
-    about one time in four; the simulated test above catches a lost stepped wait every time.
+    made it the whole 60 s timeout. Three runs catch a stall that comes back at its old rate (one run in 20)
+    about one time in seven, and every run of the suite adds three more (the notebook's other runs: its test,
+    the browser, Validate, grading all wait through the same stepped client); the simulated test above catches
+    a lost stepped wait every time.
     """
     outside = []
-    for _ in range(6):
+    for _ in range(3):
         start = time.time()
         run = lab.run_notebook(NOTEBOOK_01, timeout=60)
         end = time.time()

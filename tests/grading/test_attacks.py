@@ -613,10 +613,10 @@ def graded(tmp_path_factory):
     proc = run_kvlib("course", "init", str(course))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     with open(course / "nbgrader_config.py", "a") as f:  # tight limits: the scores never wait on the kernel
-        # (a cell's 6 s: a21's printed proof comes from the kernel's first cell, whose imports take 1-2 s since
+        # (a cell's 5 s: a21's printed proof comes from the kernel's first cell, whose imports take 1-2 s since
         # notebook 01's kernel loads no torch; they took over 4 s on a loaded CI machine when it did)
         f.write(
-            "\nc.Execute.timeout = 6\nc.SandboxExecute.notebook_timeout = 15\n"
+            "\nc.Execute.timeout = 5\nc.SandboxExecute.notebook_timeout = 10\n"
             "c.IsolatedGrading.call_timeout = 3\nc.IsolatedGrading.notebook_timeout = 60\n"
         )
     nbgrader(course, "generate_assignment", NB, "--log-level=WARN")
