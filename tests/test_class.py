@@ -258,8 +258,8 @@ def test_a_glob_that_matches_nobody_and_an_assignment_never_released(fresh):
 def test_the_guides_grading_figure_is_drawn_from_its_records(tmp_path):
     """Check that docs/class-grading.json holds record_sweep's runs (every class size for jobs 1 and 2, every score as
     expected), that docs/instructors.md shows the figure drawn from them and quotes their rates, time a student,
-    speed-up and where the time goes as the records give them (and says the class of 100 has no record while none is
-    kept), and that plot_sweep draws it again from the records and refuses records with a wrong score."""
+    speed-up and where the time goes as the records give them, the class of 100 with --jobs 2 in SQLite and in
+    PostgreSQL (docs/class-100-postgres.json) among them, and that plot_sweep draws it again from the records and refuses records with a wrong score."""
     import re
 
     from kvlib.app import class_bench
@@ -290,9 +290,12 @@ def test_the_guides_grading_figure_is_drawn_from_its_records(tmp_path):
     ):
         quoted = phrase.format(f"{min(values):.1f}-{max(values):.1f} s")
         assert quoted in flat, f"docs/instructors.md does not say what the records say: {quoted!r}"
-    kept = [p for p in (ROOT / "docs").glob("*.json") if '"students": 100' in p.read_text(encoding="utf-8")]
-    if not kept:  # the class of 100 is quoted from a printout: the guide must say so
-        assert "A class of 100 was run too, but **its records were not kept**" in flat
+    assert 100 in sizes[2], "the goal's class of 100 (with --jobs 2) must be in the kept records"
+    pg = json.loads((ROOT / "docs" / "class-100-postgres.json").read_text(encoding="utf-8"))
+    assert (pg["students"], pg["jobs"], pg["db"], pg["all_scores_expected"]) == (100, 2, "postgres", True), pg["db"]
+    for r in (next(r for r in records if (r["students"], r["jobs"]) == (100, 2)), pg):
+        x = r["rounds"][0]
+        assert f"{x['wall_s']} s, **{x['per_minute']:.1f} a minute**" in flat, f"the guide does not quote {r['db']}'s 100"
     class_bench.plot_sweep(records, tmp_path / "figure.png")
     assert (tmp_path / "figure.png").stat().st_size > 10_000
     with pytest.raises(ValueError, match="every score was as expected"):

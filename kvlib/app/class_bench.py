@@ -168,6 +168,7 @@ class Exchange:
         coursedir.course_id = self.app.coursedir.course_id
         coursedir.assignment_id, coursedir.student_id = self.notebook, student
         sub = PrivateSubmit(coursedir=coursedir, authenticator=self.authenticator, parent=self.app)
+        sub.log.setLevel("WARNING")  # the API's collect leaves the shared log at INFO (before the resubmissions)
         folder = self.top / "students" / student
         if folder.exists():
             shutil.rmtree(folder)
