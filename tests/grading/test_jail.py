@@ -119,8 +119,10 @@ def test_the_guides_sudo_command_from_an_ordinary_account_grades_jailed():
 
     from kvlib.grading.jail import tool
 
-    if any(tool(t) is None for t in SUDO_TOOLS):
-        pytest.skip(f"needs {', '.join(SUDO_TOOLS)} (apt-get install sudo)")
+    if any(tool(t) is None for t in SUDO_TOOLS):  # CI (.ci/run) installs sudo and sets KVLIB_CLASS_TEST=required
+        (pytest.fail if os.environ.get("KVLIB_CLASS_TEST") == "required" else pytest.skip)(
+            f"needs {', '.join(SUDO_TOOLS)} (apt-get install sudo)"
+        )
     user = f"kvjail{secrets.token_hex(4)}"
     sudoers = Path("/etc/sudoers.d") / f"kvlib-test-{user}"
     course = Path(tempfile.mkdtemp(prefix="kvlib-sudo-course-"))
