@@ -259,7 +259,8 @@ def test_the_guides_grading_figure_is_drawn_from_its_records(tmp_path):
     """Check that docs/class-grading.json holds record_sweep's runs (every class size for jobs 1 and 2, every score as
     expected), that docs/instructors.md shows the figure drawn from them and quotes their rates, time a student,
     speed-up and where the time goes as the records give them, the class of 100 with --jobs 2 in SQLite and in
-    PostgreSQL (docs/class-100-postgres.json) among them, and that plot_sweep draws it again from the records and refuses records with a wrong score."""
+    PostgreSQL (docs/class-100-postgres.json) among them, and that plot_sweep draws it again from the records and
+    refuses records with a wrong score."""
     import re
 
     from kvlib.app import class_bench
@@ -295,7 +296,9 @@ def test_the_guides_grading_figure_is_drawn_from_its_records(tmp_path):
     assert (pg["students"], pg["jobs"], pg["db"], pg["all_scores_expected"]) == (100, 2, "postgres", True), pg["db"]
     for r in (next(r for r in records if (r["students"], r["jobs"]) == (100, 2)), pg):
         x = r["rounds"][0]
-        assert f"{x['wall_s']} s, **{x['per_minute']:.1f} a minute**" in flat, f"the guide does not quote {r['db']}'s 100"
+        assert f"{x['wall_s']} s, **{x['per_minute']:.1f} a minute**" in flat, (
+            f"the guide does not quote {r['db']}'s 100"
+        )
     class_bench.plot_sweep(records, tmp_path / "figure.png")
     assert (tmp_path / "figure.png").stat().st_size > 10_000
     with pytest.raises(ValueError, match="every score was as expected"):
