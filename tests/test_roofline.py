@@ -629,6 +629,20 @@ def test_course_roof_is_one_roof_for_notebooks_05_and_07(tmp_path):
     assert machine.course_roof(path=unwritable / "roof.json", **small)["stored"] is None
 
 
+def test_lift_roof_raises_each_ceiling_only_to_a_point_above_it():
+    """Check that lift_roof leaves a roof every point sits under as it is, raises the compute ceiling for a point above
+    it on the flat part and the bandwidth for one above the slope, each only to that point, after which no point sits
+    above the roof (notebook 05's cell), and refuses a point with no positive intensity."""
+    points = [("decode", 1.0, 0.9e9), ("prefill", 50.0, 8e9)]
+    assert machine.lift_roof(10e9, 1e9, points) == (10e9, 1e9, [])
+    points = [("decode", 1.0, 1.5e9), ("prefill", 50.0, 12e9), ("between", 5.0, 9.5e9)]
+    peak, bandwidth, above = machine.lift_roof(10e9, 1e9, points)
+    assert above == ["decode", "prefill", "between"] and (peak, bandwidth) == (12e9, 9.5e9 / 5.0)
+    assert all(rate <= min(peak, intensity * bandwidth) for _, intensity, rate in points)
+    with pytest.raises(ValueError, match="intensity must be positive"):
+        machine.lift_roof(10e9, 1e9, [("empty", 0.0, 1e9)])
+
+
 def test_measure_batches_times_every_batch():
     """Check that measure_batches gives one positive median per batch, with the record."""
     model = machine.random_model(

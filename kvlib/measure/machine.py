@@ -262,6 +262,21 @@ def course_roof(*, reuse: bool = False, path: Path | None = None, **measure) -> 
     return roof
 
 
+def lift_roof(peak: float, bandwidth: float, points) -> tuple[float, float, list[str]]:
+    """The roof is a ceiling, so a rate this machine reached raises it: (peak, bandwidth, labels) where no point
+    (label, FLOP/B, FLOP/s) sits above min(peak, intensity * bandwidth), each ceiling raised only as far as a point
+    above it reached (its FLOP/s, or its FLOP/s / FLOP/B bytes a second); labels: the points that were above.
+    Example: lift_roof(10e9, 1e9, [("prefill", 50.0, 12e9)]) == (12e9, 1e9, ["prefill"])"""
+    above = []
+    for label, intensity, rate in points:
+        if intensity <= 0 or rate < 0:
+            raise ValueError(f"{label}: intensity must be positive and rate non-negative, not {intensity}, {rate}")
+        if rate > min(peak, intensity * bandwidth):
+            above.append(label)
+            peak, bandwidth = max(peak, rate), max(bandwidth, rate / intensity)
+    return peak, bandwidth, above
+
+
 def measure_batches(
     model, batches: list[int], device: str | torch.device = "cpu", threads: int | None = 1, rounds: int = 5
 ) -> dict:
