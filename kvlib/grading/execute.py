@@ -40,7 +40,7 @@ from traitlets import Bool, Enum, Integer, List, Type, Unicode
 from traitlets.config import Configurable
 
 from kvlib.grading.checks_registry import isolated_cell_ids
-from kvlib.grading.jail import Jail, Limits, find_mode, jail_python, site_dirs
+from kvlib.grading.jail import Jail, Limits, find_mode, jail_python, remove_tree, site_dirs
 
 
 def _chunked(get_msg, step: float = 0.5):
@@ -300,7 +300,7 @@ class SandboxKernelManager(AsyncKernelManager):
             self._kernel_jail.close()
             self._kernel_jail = None
         if self._kernel_files is not None:
-            shutil.rmtree(self._kernel_files, ignore_errors=True)
+            remove_tree(self._kernel_files)
             self._kernel_files = None
 
     async def _async_cleanup_resources(self, restart: bool = False) -> None:

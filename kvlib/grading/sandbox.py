@@ -41,7 +41,7 @@ import numpy as np
 
 from kvlib.course.exercises import BY_ID, ExerciseNotDone
 from kvlib.grading import _child
-from kvlib.grading.jail import Jail, Limits, jail_python, kill, site_dirs
+from kvlib.grading.jail import Jail, Limits, jail_python, kill, remove_tree, site_dirs
 from kvlib.grading.memory import Watch, python_pid
 
 _NUMBER_KINDS = "biufc"
@@ -857,7 +857,7 @@ class Sandbox:
 
     def close(self) -> None:
         self._stop()
-        shutil.rmtree(self._tmp, ignore_errors=True)
+        remove_tree(self._tmp)
 
     def __enter__(self):
         return self

@@ -64,6 +64,41 @@ print("cpu", torch.backends.cpu.get_cpu_capability())
     assert str(sites[0]) not in out and connections == []
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to become an account that is not root")
+def test_a_grader_that_is_not_root_removes_its_handed_over_folders():
+    """Check that an instructor grading without root (chroot or plain mode, where the grader owns what it handed over,
+    folders 0o500) leaves no folder of the sandbox's behind: each hub term left three in /tmp before remove_tree."""
+    from kvlib.grading.jail import Jail, remove_tree
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: an ordinary account, as a hub's instructor
+        code = 1
+        try:
+            os.close(read)
+            os.setgid(65534)
+            os.setuid(65534)
+            top = Path(tempfile.mkdtemp(prefix="kvlib-test-remove-"))
+            (top / "work" / "kvlib" / "core").mkdir(parents=True)
+            (top / "work" / "kvlib" / "core" / "model.py").write_text("x = 1\n")
+            jail = Jail("plain", binds={}, network=False)
+            jail.hand_over(top / "work")
+            jail.close()
+            assert (top / "work" / "kvlib").stat().st_mode & 0o777 == 0o500
+            shutil.rmtree(top, ignore_errors=True)  # what the grader did before: the tree stays
+            stayed = (top / "work" / "kvlib" / "core" / "model.py").exists()
+            remove_tree(top)
+            os.write(write, json.dumps({"stayed": stayed, "removed": not top.exists()}).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as f:
+        out = f.read()
+    assert os.waitpid(pid, 0)[1] == 0 and out, "the child failed"
+    assert json.loads(out) == {"stayed": True, "removed": True}, out
+
+
 def test_a_course_folder_refuses_plain_mode_unless_allowed(tmp_path):
     """Check that a course folder from `kvlib course init` refuses to grade without a jail: its config sets
     c.GradingJail.allow_plain = False, and in plain mode GradingJail names the setting that would allow it."""
