@@ -449,7 +449,7 @@ def cached_forward_prefill_runs_once(kv, rng):
     one = _mlp_passes(kv.cached_forward, model, _ids(rng, 2, 1), cache)
     model, cache = _model(5), _cache(kv)
     twelve = _mlp_passes(kv.cached_forward, model, _ids(rng, 2, 12), cache)
-    assert one > 0, "a forward over one token allocated no MLP activations: run the tokens through every layer's mlp"
+    assert one > 0, "a forward over one token ran no layer's MLP: run the tokens through every layer's mlp"
     assert twelve <= one, (
         f"a prefill of 12 tokens ran the MLPs {twelve / one:.0f} times as often as a decode step: the prompt went through the "
         "model in pieces (one token at a time?). Run all seq_len tokens in one forward pass: that is what a prefill is"
@@ -653,7 +653,7 @@ def generate_cached_uses_the_cache(kv, rng):
         "decode_step with the new token only"
     )
     one, eight = (_mlp_passes(kv.generate_cached, _model(7), _ids(rng, 2, n), 4) for n in (1, 8))
-    assert one > 0, "4 new tokens allocated no MLP activations: run the model's layers"
+    assert one > 0, "4 new tokens ran no layer's MLP: run the model's layers"
     assert eight <= one, (
         f"a prompt of 8 took {eight / max(one, 1) * 4 - 4:.0f} more forward passes than a prompt of 1: "
         "the prompt went in one token at a time. One prefill over the whole prompt"
