@@ -67,9 +67,15 @@ class BlockStore:
 
     def read(self, layer: int, blocks: list[int], length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The first length tokens' keys and values of one layer through a block table: each (n_kv_heads, length, head_dim)."""
-        k, v = self.k[layer, blocks], self.v[layer, blocks]  # (n_blocks_of_seq, H_kv, bs, D): gathered in table order
-        H_kv, D = k.shape[1], k.shape[3]
-        return k.transpose(0, 1).reshape(H_kv, -1, D)[:, :length], v.transpose(0, 1).reshape(H_kv, -1, D)[:, :length]
+        used = blocks[: -(-length // self.block_size)]  # the blocks that hold those tokens, in table order
+        if len(used) == 0:  # no tokens: (n_kv_heads, 0, head_dim)
+            return self.k[layer, 0, :, :0], self.v[layer, 0, :, :0]
+        k_layer, v_layer = self.k[layer], self.v[layer]  # (n_blocks, H_kv, bs, D)
+        # one block at a time, each (H_kv, bs, D), joined along the token axis: a copy as long as the sequence, where
+        # gathering the blocks first (self.k[layer, blocks]) and moving the heads to the front copies twice
+        k = torch.cat([k_layer[b] for b in used], dim=1)[:, :length]
+        v = torch.cat([v_layer[b] for b in used], dim=1)[:, :length]
+        return k, v
 
     def owners(self, tables: dict) -> list[int]:
         """Who holds each block: a request id from tables {id: block table}, -1 free, -2 shared by several."""
