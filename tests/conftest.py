@@ -41,7 +41,7 @@ def scheduling_unit(nodeid: str) -> str:
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """Schedule by scheduling_unit (pyproject: -n 2 --dist loadscope). Read off the test ids, as the controller
+    """Schedule by scheduling_unit (pyproject: -n 3 --dist loadscope). Read off the test ids, as the controller
     sees them: xdist's own loadgroup renames ids, which pytest 9.2 no longer honours, so each test was sent
     alone and a file's module fixture was made on both workers (the graded course and the hub's term twice)."""
     if config.getoption("dist") != "loadscope":
@@ -56,7 +56,7 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 # The files whose one scheduling unit takes minutes (a graded class, a hub term, a browser), started first so
-# that the two workers end together: the shorter units (one notebook each, the quick files) fill in behind them.
+# that the workers end together: the shorter units (one notebook each, the quick files) fill in behind them.
 LONGEST_FIRST = ("test_attacks.py", "test_course_notebooks.py", "test_hub.py", "test_browser.py", "test_class.py")
 
 
