@@ -19,7 +19,8 @@ from conftest import case_ids, check_failures, handed_in, run_kvlib
 from kvlib import serving
 from kvlib.checks import checks_for
 from kvlib.checks.serving import CONFIG
-from kvlib.core.paging import Engine
+from kvlib.core.model import ModelConfig
+from kvlib.core.paging import BlockStore, Engine
 from kvlib.course.exercises import BY_ID
 
 SERVING_CHECKS = [c for i in range(1, 6) for c in checks_for(BY_ID[f"7.{i}"])]
@@ -47,6 +48,20 @@ def _module(**over):
 
     ns.Scheduler = Scheduler
     return ns
+
+
+def test_a_block_tables_read_is_its_tokens_in_table_order():
+    """Check that BlockStore.read (what paged attention reads through) gives a table's first length tokens, token t
+    from slot t % block_size of its (t // block_size)-th block, for every length from none to all its slots."""
+    store = BlockStore(ModelConfig(vocab_size=50), n_blocks=8, block_size=4)
+    store.k.normal_(), store.v.normal_()
+    blocks = [5, 0, 7]
+    for length in range(13):
+        k, v = store.read(1, blocks, length)
+        assert k.shape == v.shape == (store.k.shape[2], length, store.k.shape[4]), (length, k.shape)
+        for t in range(length):
+            assert torch.equal(k[:, t], store.k[1, blocks[t // 4], :, t % 4]), (length, t)
+            assert torch.equal(v[:, t], store.v[1, blocks[t // 4], :, t % 4]), (length, t)
 
 
 @pytest.mark.parametrize("check", SERVING_CHECKS, ids=lambda c: c.name)
