@@ -18,7 +18,6 @@ import time
 
 import numpy as np
 import torch
-import torch._inductor.config as inductor_config
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
@@ -254,6 +253,8 @@ def decode_rows(
     """Each way's median time over interleaved rounds, its bytes read, its share of the bandwidth ceiling."""
     compiled, compile_s, compile_error = None, None, None
     if compile_it:
+        import torch._inductor.config as inductor_config  # noqa: PLC0415 (start-up time: inductor loads only when a step is compiled)
+
         inductor_fn = torch.compile(folded_reduction, dynamic=False)
 
         def compiled(*args):  # inductor's kernels named in the profiler, so the step's time can be split by kernel
