@@ -15,6 +15,11 @@ import pytest
 
 os.environ["KVLIB_SOLUTIONS"] = "1"
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Bytecode is cached, as Python does unless told not to: where PYTHONDONTWRITEBYTECODE is set (on this project's
+# machines it is), each of the three workers rewrote every test file's asserts again (2.4 CPU-s of its collection)
+# and every kernel and command the suite starts compiled kvlib again. The caches go to __pycache__ (git ignores it).
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 ROOT = Path(__file__).resolve().parent.parent
 

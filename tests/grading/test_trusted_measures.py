@@ -92,8 +92,26 @@ def _checks_in_child(module: str, source: str, earlier: tuple[str, ...], extra: 
     return verdicts
 
 
+# the earlier notebooks' modules each module's checks use, the reference's (as a correct learner has them)
+EARLIER = {
+    "generation": ("attention",),
+    "kv_cache": ("attention", "generation"),
+    "gqa": (),
+    "compress": (),
+    "fused": ("compress",),
+    "serving": ("gqa",),
+}
+
+
+@functools.cache
+def _reference_verdicts(module: str) -> dict[str, str]:
+    """Every check of the module's notebook on the reference, in the isolated child (computed once per module)."""
+    reference = (ROOT / "solutions" / "kvlib" / f"{module}.py").read_text(encoding="utf-8")
+    return _checks_in_child(module, reference, EARLIER[module])
+
+
 def _kv_checks_in_child(source: str) -> dict[str, str]:
-    return _checks_in_child("kv_cache", source, ("attention", "generation"))
+    return _checks_in_child("kv_cache", source, EARLIER["kv_cache"])
 
 
 def test_the_childs_drift_is_the_checks_drift():
@@ -122,7 +140,7 @@ def test_a_recompute_hidden_from_the_instruments_earns_nothing_on_its_cell():
     and only it: the reference passes every check of notebook 04 in the child, the attack every other one. The
     tokens the layers' MLPs ran, counted by the grader, say so first (the drift effect would too)."""
     reference = (ROOT / "solutions" / "kvlib" / "kv_cache.py").read_text(encoding="utf-8")
-    honest = _kv_checks_in_child(reference)
+    honest = _reference_verdicts("kv_cache")
     assert set(honest.values()) == {"pass"}, {k: v for k, v in honest.items() if v != "pass"}
     attacked = _kv_checks_in_child(reference + HIDDEN_RECOMPUTE)
     failed = {k: v for k, v in attacked.items() if v != "pass"}
@@ -139,9 +157,9 @@ def test_a_scheduler_that_recomputes_earns_nothing_on_the_steps_cells():
     from kvlib.course.exercises import BY_ID
 
     reference = (ROOT / "solutions" / "kvlib" / "serving.py").read_text(encoding="utf-8")
-    honest = _checks_in_child("serving", reference, ("gqa",))
+    honest = _reference_verdicts("serving")
     assert set(honest.values()) == {"pass"}, {k: v for k, v in honest.items() if v != "pass"}
-    attacked = _checks_in_child("serving", reference + RECOMPUTING_SCHEDULER, ("gqa",))
+    attacked = _checks_in_child("serving", reference + RECOMPUTING_SCHEDULER, EARLIER["serving"])
     failed = {k: v for k, v in attacked.items() if v != "pass"}
     step_cells = {c.name for c in checks_for(BY_ID["7.4"])}
     assert set(failed) == step_cells and len(step_cells) == 3, failed
@@ -382,9 +400,9 @@ def test_a_piecemeal_prefill_hidden_from_the_watch_earns_nothing_on_its_cells():
         "cached_forward_prefill_runs_once",
         "generate_cached_uses_the_cache",
     ]
-    earlier = ("attention", "generation")
-    assert _only_in_child("kv_cache", reference, functions, names, earlier) == dict.fromkeys(names, "pass")
-    verdicts = _only_in_child("kv_cache", reference + HIDDEN_PIECEMEAL_PREFILL, functions, names, earlier)
+    honest = _reference_verdicts("kv_cache")  # every check of notebook 04 on the reference, these three among them
+    assert {name: honest[name] for name in names} == dict.fromkeys(names, "pass")
+    verdicts = _only_in_child("kv_cache", reference + HIDDEN_PIECEMEAL_PREFILL, functions, names, EARLIER["kv_cache"])
     assert verdicts[names[0]] == "pass", verdicts
     assert "in pieces" in verdicts[names[1]] and "one token at a time" in verdicts[names[2]], verdicts
 
@@ -416,13 +434,6 @@ def _only_in_child(
 # learner's code in the child (torch's dispatch modes switched off, or what the instrument read patched), and scores
 # 0 on the cells that measure that work, full marks elsewhere
 
-EARLIER = {
-    "generation": ("attention",),
-    "kv_cache": ("attention", "generation"),
-    "gqa": (),
-    "compress": (),
-    "fused": ("compress",),
-}
 
 REALLOCATING_CACHE = '''
 
@@ -645,13 +656,6 @@ ATTACKS = {
         {"measure_ttft_itl_times_prefill_and_steps", "measure_ttft_itl_prefill_grows_with_prompt"},
     ),
 }
-
-
-@functools.cache
-def _reference_verdicts(module: str) -> dict[str, str]:
-    """Every check of the module's notebook on the reference, in the isolated child (computed once per module)."""
-    reference = (ROOT / "solutions" / "kvlib" / f"{module}.py").read_text(encoding="utf-8")
-    return _checks_in_child(module, reference, EARLIER[module])
 
 
 @pytest.mark.slow
