@@ -293,6 +293,18 @@ def spoil_config_tensors_models(x) -> None:
                 p.zero_()
 
 
+# The earlier notebooks' modules whose exercises a module's own use: a correct learner has done those too, so a test that
+# grades or checks one module hands in the reference's of these (any module not named uses none)
+EARLIER_DONE = {
+    "generation": ("attention",),  # 2.4 joins the heads through Exercise 1.4's causal_self_attention
+    "kv_cache": ("attention", "generation"),  # 4.x use Exercise 1.3's mask and 2.1's sampling
+    "roofline": ("kv_cache",),  # 5.3 uses Exercise 4.4's kv_cache_bytes
+    "fused": ("compress",),  # 9.4's cells compare with Exercise 8.2 over an Int8KVCache (8.1's quantize)
+    "serving": ("gqa",),  # 7.3 uses Exercise 6.2's grouped_attention
+    "speculative": ("kv_cache", "attention", "generation"),  # 10.x run on 4.1's KVCache (and so 1.3's mask, 2.1)
+}
+
+
 def checks_in_child(module: str, source: str, exercise_ids) -> dict[str, str]:
     """Every check of the exercises on kvlib/<module>.py as `source`, run in the isolated grading child:
     check name -> "pass" or its message."""
@@ -302,8 +314,8 @@ def checks_in_child(module: str, source: str, exercise_ids) -> dict[str, str]:
 
     files = package_files(ROOT / "kvlib")
     files[f"kvlib/{module}.py"] = source.encode()
-    if module == "roofline":  # step_cost (5.3) uses kv_cache_bytes, Exercise 4.4: done, as notebook 05's learner has
-        files["kvlib/kv_cache.py"] = (ROOT / "solutions" / "kvlib" / "kv_cache.py").read_bytes()
+    for earlier in EARLIER_DONE.get(module, ()):
+        files[f"kvlib/{earlier}.py"] = (ROOT / "solutions" / "kvlib" / f"{earlier}.py").read_bytes()
     functions = sorted({f"{ex.module}.{ex.name}" for ex in EXERCISES if ex.module == module})
     verdicts = {}
     with Sandbox(files, [module], functions, mode="plain", torch=True, call_timeout=60, budget=300) as sandbox:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from conftest import ROOT, nbgrader, run_kvlib
+from conftest import EARLIER_DONE, ROOT, nbgrader, run_kvlib
 
 from kvlib.app.class_bench import points
 from kvlib.course.exercises import EXERCISES
@@ -97,15 +97,6 @@ def _top_level_split(params: str) -> list[str]:
 ISOLATED = [(nb, m) for nb, m in dict((ex.notebook, ex.module) for ex in EXERCISES).items() if m in PROXYABLE_MODULES][
     1:
 ]
-# earlier notebooks' exercises a notebook's own use: the correct and helper students did those too
-EARLIER_DONE = {
-    "generation": ("attention",),  # 2.4 joins the heads through Exercise 1.4's causal_self_attention
-    "kv_cache": ("attention", "generation"),  # 4.x use Exercise 1.3's mask and 2.1's sampling
-    "roofline": ("kv_cache",),  # 5.3 uses Exercise 4.4's kv_cache_bytes
-    "fused": ("compress",),  # 9.4's cells compare with Exercise 8.2 over an Int8KVCache (8.1's quantize)
-    "serving": ("gqa",),  # 7.3 uses Exercise 6.2's grouped_attention
-    "speculative": ("kv_cache", "attention", "generation"),  # 10.x run on 4.1's KVCache (and so 1.3's mask, 2.1)
-}
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import functools
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT
+from conftest import EARLIER_DONE, ROOT
 
 HIDDEN_RECOMPUTE = '''
 
@@ -92,26 +92,15 @@ def _checks_in_child(module: str, source: str, earlier: tuple[str, ...], extra: 
     return verdicts
 
 
-# the earlier notebooks' modules each module's checks use, the reference's (as a correct learner has them)
-EARLIER = {
-    "generation": ("attention",),
-    "kv_cache": ("attention", "generation"),
-    "gqa": (),
-    "compress": (),
-    "fused": ("compress",),
-    "serving": ("gqa",),
-}
-
-
 @functools.cache
 def _reference_verdicts(module: str) -> dict[str, str]:
     """Every check of the module's notebook on the reference, in the isolated child (computed once per module)."""
     reference = (ROOT / "solutions" / "kvlib" / f"{module}.py").read_text(encoding="utf-8")
-    return _checks_in_child(module, reference, EARLIER[module])
+    return _checks_in_child(module, reference, EARLIER_DONE.get(module, ()))
 
 
 def _kv_checks_in_child(source: str) -> dict[str, str]:
-    return _checks_in_child("kv_cache", source, EARLIER["kv_cache"])
+    return _checks_in_child("kv_cache", source, EARLIER_DONE["kv_cache"])
 
 
 def test_the_childs_drift_is_the_checks_drift():
@@ -159,7 +148,7 @@ def test_a_scheduler_that_recomputes_earns_nothing_on_the_steps_cells():
     reference = (ROOT / "solutions" / "kvlib" / "serving.py").read_text(encoding="utf-8")
     honest = _reference_verdicts("serving")
     assert set(honest.values()) == {"pass"}, {k: v for k, v in honest.items() if v != "pass"}
-    attacked = _checks_in_child("serving", reference + RECOMPUTING_SCHEDULER, EARLIER["serving"])
+    attacked = _checks_in_child("serving", reference + RECOMPUTING_SCHEDULER, EARLIER_DONE["serving"])
     failed = {k: v for k, v in attacked.items() if v != "pass"}
     step_cells = {c.name for c in checks_for(BY_ID["7.4"])}
     assert set(failed) == step_cells and len(step_cells) == 3, failed
@@ -402,7 +391,9 @@ def test_a_piecemeal_prefill_hidden_from_the_watch_earns_nothing_on_its_cells():
     ]
     honest = _reference_verdicts("kv_cache")  # every check of notebook 04 on the reference, these three among them
     assert {name: honest[name] for name in names} == dict.fromkeys(names, "pass")
-    verdicts = _only_in_child("kv_cache", reference + HIDDEN_PIECEMEAL_PREFILL, functions, names, EARLIER["kv_cache"])
+    verdicts = _only_in_child(
+        "kv_cache", reference + HIDDEN_PIECEMEAL_PREFILL, functions, names, EARLIER_DONE["kv_cache"]
+    )
     assert verdicts[names[0]] == "pass", verdicts
     assert "in pieces" in verdicts[names[1]] and "one token at a time" in verdicts[names[2]], verdicts
 
@@ -669,7 +660,7 @@ def test_work_out_of_the_instruments_sight_earns_nothing_on_the_cells_that_measu
     honest = _reference_verdicts(module)
     assert set(honest.values()) == {"pass"}, {k: v for k, v in honest.items() if v != "pass"}
     reference = (ROOT / "solutions" / "kvlib" / f"{module}.py").read_text(encoding="utf-8")
-    attacked = _checks_in_child(module, reference + attack_source, EARLIER[module])
+    attacked = _checks_in_child(module, reference + attack_source, EARLIER_DONE.get(module, ()))
     failed = {k: v for k, v in attacked.items() if v != "pass"}
     assert set(failed) == targeted, failed
 
@@ -780,5 +771,5 @@ def test_correct_code_in_another_shape_earns_the_measured_cells(shape):
     source = reference + _pasted(module, name, fn, test_module)
     functions = sorted({f"{e.module}.{e.name.split('.')[0]}" for e in EXERCISES if e.module == module})
     names = [c.name for c in checks_for(BY_ID[ex])]
-    verdicts = _only_in_child(module, source, functions, names, EARLIER[module])
+    verdicts = _only_in_child(module, source, functions, names, EARLIER_DONE.get(module, ()))
     assert set(verdicts.values()) == {"pass"}, {k: v for k, v in verdicts.items() if v != "pass"}
