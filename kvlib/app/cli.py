@@ -218,6 +218,11 @@ def cmd_bench(args) -> int:
             )
             return 2
         on = {"devices": [args.device]} if args.which == "memory" else {"device": args.device}
+    if args.ways:
+        if args.which != "cache":
+            print(f"kvlib bench {args.which}: --ways is for kvlib bench cache only", file=sys.stderr)
+            return 2
+        on = {"ways": [w.strip() for w in args.ways.split(",") if w.strip()]}
     try:
         report = getattr(bench, run)(threads=args.threads, quick=args.quick, **on)
     except (FileNotFoundError, ValueError) as err:
@@ -235,6 +240,9 @@ def cmd_bench(args) -> int:
         print(f"kvlib bench {args.which}: {err}", file=sys.stderr)
         return 1
     print(json.dumps(report, indent=1) if args.json else getattr(bench, fmt)(report))
+    if args.which == "cache" and (crashed := bench.crashed_asked(report)):  # a way asked for by name did not run
+        print(f"kvlib bench cache: {', '.join(crashed)} crashed (the table says how)", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -413,6 +421,12 @@ def main(argv=None) -> int:
         choices=["cpu", "cuda"],
         default=None,
         help="memory, gqa: where to measure (default: memory the CPU then a GPU if present; gqa the CPU)",
+    )
+    p.add_argument(
+        "--ways",
+        metavar="WAY,...",
+        help="cache: run only these ways beside kvlib's (no_cache, kvlib_rows, kvlib_compiled, hf_dynamic, hf_static, "
+        "llama_f32, llama_q8_0); exit 1 if one of them crashes (by default a crash is a row and the rest is measured)",
     )
     p.add_argument("--students", type=int, default=20, help="class: how many students (default 20)")
     p.add_argument("--assignment", default="01-attention", help="class: the notebook graded (default 01-attention)")
