@@ -38,14 +38,14 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "02a.prefill-short",
-        "Does doubling a short prompt (8 to 16 tokens) double the TTFT?",
+        "Is a short prompt's TTFT mostly fixed cost: does doubling it (8 to 16 tokens) multiply the TTFT by under 1.5?",
         "below",
         "a forward costs a + b n: doubling n multiplies it by (a + 2bn) / (a + bn), below 1.5 when the fixed part a "
         "(a few hundred aten calls of Python and dispatch) outweighs the work b n of so few tokens",
     ),
     Claim(
         "02a.prefill-long",
-        "Does doubling a long prompt (128 to 256 tokens) double the TTFT?",
+        "Is a long prompt's TTFT mostly work: does doubling it (128 to 256 tokens) multiply the TTFT by over 1.5?",
         "above",
         "at 128 tokens the work b n outweighs the fixed part a, so a doubling costs more than 1.5x",
     ),
