@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, run_kvlib
+from conftest import ROOT
 
 from kvlib.core.configs import gpt2_size_config
 from kvlib.core.weights import load_tiny
@@ -196,19 +196,14 @@ def test_gpt2_size_config_is_about_124m_parameters():
     assert 110e6 < n < 140e6
 
 
-def test_kvlib_bench_rejects_bad_threads():
-    """Check that --threads 0 is a clear error."""
-    proc = run_kvlib("bench", "cache", "--threads", "0")
-    assert proc.returncode == 2 and "--threads must be at least 1" in proc.stderr
-
-
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is here: --device cuda would run")
-def test_kvlib_bench_device_cuda_without_a_gpu_is_a_clear_error():
-    """Check that --device cuda names the problem where torch sees no GPU, and that cache refuses it anywhere."""
-    proc = run_kvlib("bench", "gqa", "--device", "cuda", "--quick", env={"KVLIB_SOLUTIONS": "1"})
-    assert proc.returncode == 2 and "sees no CUDA GPU" in proc.stderr
-    proc = run_kvlib("bench", "cache", "--device", "cuda")
-    assert proc.returncode == 2 and "CPU only" in proc.stderr
+def test_kvlib_bench_device_cuda_without_a_gpu_is_a_clear_error(capsys):
+    """Check that --device cuda names the problem where torch sees no GPU (the options of each benchmark and the
+    other bad inputs are tests/test_cli.py's)."""
+    from kvlib.app import cli
+
+    assert cli.main(["bench", "gqa", "--device", "cuda", "--quick", "--reference"]) == 2
+    assert "sees no CUDA GPU" in capsys.readouterr().err
 
 
 RECORDINGS = sorted((ROOT / "assets" / "recordings").glob("*.json"))
