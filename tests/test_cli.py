@@ -8,6 +8,7 @@ import argparse
 import ast
 import json
 import re
+import shlex
 
 import pytest
 from conftest import ROOT
@@ -87,6 +88,34 @@ def test_each_benchmark_offers_only_the_options_its_function_takes(capsys):
     assert [name for name, b in cli.BENCHES.items() if b.device] == ["memory", "gqa"]
     code, out, _ = _run(["bench", "class", "--help"], capsys)
     assert _options(out) == {"--json", "--students", "--assignment", "--jobs", "--db", "--via"}
+
+
+def _documented_commands():
+    """(file, line number, argv) of every `kvlib` command in the bash blocks of README.md and docs/*.md."""
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        language = None
+        for n, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), start=1):
+            if line.lstrip().startswith("```"):
+                language = None if language is not None else line.strip()[3:] or "text"
+            elif language == "bash" and (m := re.match(r"^\s*(?:[A-Z_]+=\S+\s+)*kvlib\s+(.*)$", line)):
+                command = re.split(r"\s*(?:\s#\s|&&|\||>|;)", m.group(1))[0]  # the comment, what follows
+                yield doc.relative_to(ROOT).as_posix(), n, shlex.split(command)
+
+
+def test_every_documented_command_parses_as_written(capsys):
+    """Check that each `kvlib` command of the README's and the docs' bash blocks is one the command line takes
+    as written (no option its subcommand lacks), and that the README's benchmarks for presenters name
+    --reference, which a fresh clone's stubs need."""
+    found = list(_documented_commands())
+    assert len(found) >= 15
+    for doc, n, argv in found:
+        try:
+            args, extra = cli.build_parser().parse_known_args(argv)
+        except SystemExit:
+            pytest.fail(f"{doc}:{n}: kvlib {' '.join(argv)}: {capsys.readouterr().err.strip()}")
+        assert not extra, f"{doc}:{n}: kvlib {' '.join(argv)}: {extra} is not an option of kvlib {args.parser.prog}"
+    benches = [argv for doc, _, argv in found if doc == "README.md" and argv[0] == "bench"]
+    assert len(benches) == len(cli.BENCHES) and all("--reference" in argv for argv in benches)
 
 
 # ---------------------------------------------------------------------------------------------
