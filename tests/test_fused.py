@@ -5,6 +5,7 @@ checks, likely slips named, bad input, and the benchmark's shape of report.
 Runs in reference mode (conftest). No test asserts on time."""
 
 import math
+import os
 import types
 
 import numpy as np
@@ -128,6 +129,19 @@ def test_int8_folded_equals_notebook_08s_int8_attention():
             rtol=1e-5,
             atol=1e-5,
         )
+
+
+def test_profiling_leaves_only_what_the_code_writes_on_stderr(capfd):
+    """Check that peak_bytes leaves no line of the profiler's own on stderr (kineto's start and stop) and passes
+    through what the profiled code writes there."""
+
+    def noisy(x):
+        os.write(2, b"the code's own line\n")
+        return x * 2
+
+    peak, out = bench_fused.peak_bytes(noisy, torch.ones(256))
+    assert peak >= 256 * 4 and torch.equal(out, torch.full((256,), 2.0))
+    assert capfd.readouterr().err == "the code's own line\n"
 
 
 def test_peak_memory_of_tiled_is_far_below_naive():

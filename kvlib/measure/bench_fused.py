@@ -13,8 +13,12 @@ from __future__ import annotations
 import datetime
 import math
 import os
+import re
 import statistics
+import sys
+import tempfile
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -83,12 +87,38 @@ def sdpa_causal(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=T == S)
 
 
+# kineto, the profiler's C++ side, writes a "USDT:" line to the process's stderr at each start and stop
+# (pytorch/kineto#1325), at every KINETO_LOG_LEVEL but 6, which silences its errors too, and only when set before
+# the process's first profile. So _profiled takes these lines out of stderr, and only these.
+_KINETO_LINE = re.compile(rb"^USDT:\S+ \S+ \d+:\d+ \w+\.cpp:\d+\] .*\n?", re.MULTILINE)
+
+
+@contextmanager
+def _profiled(**options):
+    """torch.profiler.profile(**options) on the CPU, with stderr (file descriptor 2) passed through a file
+    meanwhile, and written back without kineto's start and stop lines (in a terminal or a notebook's cell)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            with profile(activities=[ProfilerActivity.CPU], **options) as prof:
+                yield prof
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            if rest := _KINETO_LINE.sub(b"", caught.read()):
+                os.write(2, rest)
+
+
 def peak_bytes(fn, *args) -> tuple[int, object]:
     """(the most bytes fn(*args) held allocated at once, beyond its inputs; its result), from torch's profiler.
 
     Every allocation and free the CPU allocator reports while fn runs, summed in the order they happened.
     """
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _profiled(profile_memory=True) as prof:
         out = fn(*args)
     live = peak = 0
     for event in prof.profiler.kineto_results.events():  # in the order recorded
@@ -240,7 +270,7 @@ def _decode_ways(kv_len: int, compiled=None, seed: int = 0):
 
 def _kernel_times(fn, calls: int = 5) -> dict:
     """Mean seconds per call of each inductor kernel fn runs (torch.profiler), longest first."""
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with _profiled() as prof:
         for _ in range(calls):
             fn()
     times = {e.key: e.cpu_time_total / e.count / 1e6 for e in prof.key_averages() if "cpp_fused" in e.key}
