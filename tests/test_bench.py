@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, on_a_terminal, shown_progress
 
 from kvlib.core.configs import gpt2_size_config
 from kvlib.core.weights import load_tiny
@@ -24,10 +24,22 @@ def test_growth_fit_recovers_a_known_quadratic():
     )
 
 
+SHOWN = {}  # what the module fixture's run showed on stderr, a terminal
+
+
 @pytest.fixture(scope="module")
 def quick_cache_report():
     """One short `bench_cache --quick` run (2 interleaved rounds), shared by the tests that read it."""
-    return bench_cache.bench_cache(lengths=(8, 16), quick=True)
+    with on_a_terminal() as err:
+        report = bench_cache.bench_cache(lengths=(8, 16), quick=True)
+    SHOWN["cache"] = err.getvalue()
+    return report
+
+
+def test_bench_cache_shows_its_rounds_on_a_terminal(quick_cache_report):
+    """Check that `kvlib bench cache` shows a progress bar per model, counting its rounds."""
+    for name in ("tiny", "small-stand-in"):
+        assert shown_progress(SHOWN["cache"], f"kvlib bench cache: {name}"), SHOWN["cache"][-500:]
 
 
 def test_bench_cache_reports_every_way_paired_per_round(quick_cache_report):
@@ -146,7 +158,9 @@ def test_bench_memory_takes_the_highest_of_five_kernels_as_the_ceiling():
     each reported."""
     from kvlib.measure import bench_memory
 
-    run = bench_memory.bench_memory(quick=True)["runs"][0]
+    with on_a_terminal() as err:
+        run = bench_memory.bench_memory(quick=True)["runs"][0]
+    assert shown_progress(err.getvalue(), "kvlib bench memory: cpu")  # its rounds, on a terminal
     rates = run["bandwidth_per_kernel"]
     assert set(rates) == {"read", "copy", "triad", "multi_read", "gemv"}
     assert run["bandwidth"] == max(rates.values()) and rates[run["bandwidth_kernel"]] == run["bandwidth"]

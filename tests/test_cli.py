@@ -75,7 +75,7 @@ def test_version_names_the_package_and_the_course_folder(capsys):
 def test_each_benchmark_offers_only_the_options_its_function_takes(capsys):
     """Check that `kvlib bench NAME --help` lists the common options and --device only where bench_NAME takes a
     device, and never another benchmark's options (class's --students, --db, --via)."""
-    common = {"--json", "--threads", "--quick", "--reference"}
+    common = {"--json", "--threads", "--quick", "--reference", "--quiet"}
     for name in cli.BENCHES:
         tree = ast.parse((ROOT / "kvlib" / "measure" / f"bench_{name}.py").read_text(encoding="utf-8"))
         fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == f"bench_{name}")
@@ -215,6 +215,7 @@ BAD_INPUTS = [
     (["lab", "--port", "0"], "--port: expected a whole number from 1 to 65535"),
     (["present", "--figures", "x"], "--figures belongs to a --check run; add --check"),
     (["present", "--timeout", "30"], "--timeout belongs to a --check run; add --check"),
+    (["present", "--quiet"], "--quiet belongs to a --check run; add --check"),
     (["present", "--check", "--figures", A_FILE], f"--figures: {A_FILE} is a file, not a folder"),
     (["present", "--check", "99"], "no notebook '99'"),
     (["present", "--check", "--timeout", "0"], "--timeout: expected a whole number of at least 1"),

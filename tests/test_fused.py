@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import handed_in
+from conftest import handed_in, on_a_terminal, shown_progress
 
 from kvlib import compress, fused
 from kvlib.checks import checks_for, run
@@ -488,7 +488,11 @@ def test_check_names_the_known_mistake(ex_id, name, fake, words):
 @pytest.mark.slow  # runs the benchmark (quick): a few seconds, no torch.compile
 def test_bench_fused_quick_reports_every_part():
     """Check that `kvlib bench fused --quick` gives peak memory, FLOPs and decode rows, and formats them."""
-    report = bench_fused.bench_fused(quick=True)
+    with on_a_terminal() as err:
+        report = bench_fused.bench_fused(quick=True)
+    for desc in ("kvlib bench fused", "peak memory", "a decode step's attention"):
+        assert shown_progress(err.getvalue(), desc), desc
+    assert "USDT" not in err.getvalue()  # the profiler's own lines are gone
     assert [r["seq_len"] for r in report["memory"]["rows"]] == [256, 512]
     assert all(r["tiled_peak_bytes"] < r["naive_peak_bytes"] for r in report["memory"]["rows"])
     assert all(0.4 < r["causal_share"] < 0.7 for r in report["flops"])

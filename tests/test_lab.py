@@ -4,12 +4,13 @@ The real browser is tests/test_browser.py; these tests need no browser and start
 """
 
 import ast
+import io
 import json
 import re
 
 import nbformat
 import pytest
-from conftest import ROOT
+from conftest import ROOT, on_a_terminal, shown_progress
 
 from kvlib.app import lab
 from kvlib.app import release as course
@@ -96,8 +97,9 @@ def test_present_check_covers_every_assignment():
         lab.solution_notebooks("attention")
 
 
-def test_run_notebook_reports_the_first_error_and_the_figures(tmp_path):
-    """Check that the presenter check names a failing cell's error and collects the figures shown before it."""
+def test_present_check_reports_the_first_error_the_figures_and_its_progress(tmp_path, monkeypatch):
+    """Check that the presenter check names a failing cell's error, collects the figures shown before it, prints
+    one line for the notebook and, on a terminal, shows a bar counting the cells run."""
     nb = nbformat.v4.new_notebook()
     nb.cells = [
         nbformat.v4.new_code_cell(
@@ -108,8 +110,13 @@ def test_run_notebook_reports_the_first_error_and_the_figures(tmp_path):
     ]
     path = tmp_path / "broken.ipynb"
     nbformat.write(nb, path)
-    run = lab.run_notebook(path, timeout=60)
+    monkeypatch.setattr(lab, "solution_notebooks", lambda selector=None: [path])
+    out = io.StringIO()
+    with on_a_terminal() as err:
+        [run] = lab.check_course(timeout=60, out=out)
     assert run.error is not None and "the third cell is broken" in run.error
+    assert out.getvalue().startswith(str(path)) and "FAILED: " in out.getvalue()
+    assert shown_progress(err.getvalue(), "kvlib present --check") and "/3 [" in err.getvalue()
     figures = run.figures()
     assert [i for i, _ in figures] == [0] and figures[0][1].startswith(b"\x89PNG")
 

@@ -31,6 +31,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from kvlib import checks
+from kvlib.core import progress
 from kvlib.core.paths import ROOT
 from kvlib.course import hints
 from kvlib.course.exercises import SELECTORS, ExerciseNotDone, solutions_enabled, solutions_used
@@ -361,7 +362,12 @@ def cmd_lab(args) -> int:
 
 def cmd_present(args) -> int:
     if not args.check:
-        misplaced = [o for o, v in (("--figures", args.figures), ("--timeout", args.timeout)) if v is not None]
+        given = (
+            ("--figures", args.figures is not None),
+            ("--timeout", args.timeout is not None),
+            ("--quiet", args.quiet),
+        )
+        misplaced = [option for option, there in given if there]
         if misplaced:
             print(f"kvlib present: {misplaced[0]} belongs to a --check run; add --check", file=sys.stderr)
             return 2
@@ -515,6 +521,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--quick", action="store_true", help="small stand-in models and few repeats (seconds, for tests)"
     )
     common.add_argument("--reference", action="store_true", help="run the reference solutions, not your kvlib")
+    common.add_argument("--quiet", action="store_true", help="no progress bar (one shows only on a terminal)")
     for name, bench in BENCHES.items():
         b = _command(benches, name, bench.help, bench.description, parents=[common])
         if bench.device:
@@ -586,6 +593,9 @@ def build_parser() -> argparse.ArgumentParser:
                 type=_folder,
                 help="with --check: save every figure the notebooks show as a PNG in DIR",
             )
+            p.add_argument(
+                "--quiet", action="store_true", help="with --check: no progress bar (one shows only on a terminal)"
+            )
         p.set_defaults(func=cmd_present if name == "present" else cmd_lab)
 
     p = _command(
@@ -649,7 +659,8 @@ def main(argv=None) -> int:
     if extra:  # named by the subcommand they were given to, not by `kvlib`
         args.parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        return args.func(args)
+        with progress.quiet(getattr(args, "quiet", False)):
+            return args.func(args)
     except KeyboardInterrupt:
         print(f"\n{args.parser.prog}: stopped", file=sys.stderr)
         return 130

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvlib.app.release import ROOT, label
+from kvlib.core import progress
 from kvlib.course.exercises import notebook_files
 
 # ---------------------------------------------------------------------------------------------
@@ -162,8 +163,11 @@ def solution_notebooks(selector: str | None = None) -> list[Path]:
     return notebook_files(selector, folder="solutions")
 
 
-def run_notebook(path: Path, *, timeout: int = 300) -> NotebookRun:
-    """Execute one notebook in reference mode with nbclient (nothing is written back) and time it."""
+def run_notebook(path: Path, *, timeout: int = 300, on_cell=None) -> NotebookRun:
+    """Execute one notebook in reference mode with nbclient (nothing is written back) and time it.
+
+    on_cell(): called as each code cell is done (a progress bar).
+    """
     import nbformat  # noqa: PLC0415 (start-up time: only `kvlib present --check` runs notebooks)
     from nbclient.exceptions import CellExecutionError  # noqa: PLC0415 (start-up time: only `kvlib present --check` runs notebooks)
 
@@ -181,6 +185,8 @@ def run_notebook(path: Path, *, timeout: int = 300) -> NotebookRun:
             client = SteppedNotebookClient(
                 nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
             )
+            if on_cell is not None:
+                client.on_cell_executed = lambda **_: on_cell()
             client.execute(stderr=kernel_log)
         except CellExecutionError as err:
             error = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
@@ -203,9 +209,15 @@ def check_course(
 
     figures: a folder to save every figure into, as <notebook>-cell<NN>.png (to look at them)
     """
-    runs = []
-    for path in solution_notebooks(selector):
-        run = run_notebook(path, timeout=timeout)
+    runs, paths = [], solution_notebooks(selector)
+    cells = {path: _code_cells(path) for path in paths}
+    bar = progress.bar(desc="kvlib present --check", total=sum(cells.values()), unit="cell")
+    for path in paths:
+        name = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
+        bar.set_postfix_str(name)
+        done = bar.n
+        run = run_notebook(path, timeout=timeout, on_cell=bar.update)
+        bar.update(done + cells[path] - bar.n)  # the cells a failure left unrun
         runs.append(run)
         status = "ok" if run.error is None else f"FAILED: {run.error}"
         saved = ""
@@ -214,5 +226,10 @@ def check_course(
             for i, png in run.figures():
                 (Path(figures) / f"{label(path, sep='-')}-cell{i:02d}.png").write_bytes(png)
             saved = f"  {len(run.figures())} figures -> {figures}"
-        print(f"{path.relative_to(ROOT).as_posix():<45} {run.seconds:7.1f} s  {status}{saved}", file=out, flush=True)
+        progress.write(f"{name:<45} {run.seconds:7.1f} s  {status}{saved}", file=out)
+    bar.close()
     return runs
+
+
+def _code_cells(path: Path) -> int:
+    return sum(cell["cell_type"] == "code" for cell in json.loads(path.read_text(encoding="utf-8"))["cells"])

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kvlib.core import progress
 from kvlib.core.configs import gpt2_size_config, quick_cache_config
 from kvlib.core.gguf_export import write_gguf
 from kvlib.core.model import Decoder, matrix_params
@@ -140,7 +141,7 @@ def _bench_model(
         times = {k: [] for k in ways}  # per round: seconds until each of the n tokens existed
         tokens = {}
         naive_lengths, naive_steps = None, []
-        for r in range(rounds):
+        for r in progress.bar(range(rounds), desc=f"kvlib bench cache: {name}", unit="round"):
             rotated = order[r % len(order) :] + order[: r % len(order)]
             for key in rotated:
                 if key == "no_cache" and not full_naive:

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
+from kvlib.core import progress
 from kvlib.core.flops import matmul_flops
 from kvlib.core.model import ModelConfig
 from kvlib.measure.machine import bandwidth_kernels
@@ -156,7 +157,7 @@ def memory_rows(lengths=(1024, 4096, 16384), tile: int = 128, rounds: int = 3) -
     from kvlib.fused import tiled_attention  # noqa: PLC0415 (late binding: runs the learner's code)
 
     rows, skipped = [], []
-    for n in lengths:
+    for n in progress.bar(lengths, desc="peak memory", unit="length"):
         if 4 * n * n * 4 > _available_bytes() // 2:  # naive holds about three n x n float32 matrices
             skipped.append(n)
             continue
@@ -294,7 +295,7 @@ def decode_rows(
     kernels = bandwidth_kernels(ceiling_bytes, streams=8)
     ceiling_samples = {name: [] for name in kernels}
     rows = []
-    for S in kv_lens:
+    for S in progress.bar(kv_lens, desc="a decode step's attention", unit="kv_len"):
         ways, reads, diffs, float_bytes, int8_bytes = (None,) * 5
         try:
             start = time.perf_counter()
@@ -365,12 +366,22 @@ def bench_fused(threads: int = 1, quick: bool = False, device: str = "cpu") -> d
     """Peak memory naive vs tiled, causal FLOPs, and the decode step's attention four ways (quick: small, no compile)."""
     if torch.device(device).type != "cpu":
         raise ValueError("kvlib bench fused runs on the CPU only: its peak memory is the CPU allocator's record")
-    with num_threads(threads), torch.inference_mode():
+    with (
+        num_threads(threads),
+        torch.inference_mode(),
+        progress.bar(desc="kvlib bench fused", total=3, unit="part") as parts,
+    ):
+        parts.set_postfix_str("peak memory, naive against tiled")
         memory = memory_rows((256, 512), tile=64, rounds=1) if quick else memory_rows()
+        parts.update()
+        parts.set_postfix_str("causal FLOPs counted")
         flops = flop_rows((256, 512), tile=64) if quick else flop_rows()
+        parts.update()
+        parts.set_postfix_str("a decode step's attention, float32 against int8")
         decode = (
             decode_rows((512, 1024), rounds=2, compile_it=False, ceiling_bytes=32 << 20) if quick else decode_rows()
         )
+        parts.update()
         record = environment(
             "cpu",
             dtype="float32 / int8",
