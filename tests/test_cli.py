@@ -224,6 +224,8 @@ BAD_INPUTS = [
     (["course", "init", "x", "--exchange", A_FILE], f"--exchange: {A_FILE} is a file, not a folder"),
     (["course", "autograde", "01-attention", "--jobs", "0"], "--jobs: expected a whole number of at least 1"),
     (["course", "autograde"], "the following arguments are required: assignment"),
+    (["course", "site", "--out", A_FILE], f"--out: {A_FILE} is a file, not a folder"),
+    (["course", "site", "--timeout", "0"], "--timeout: expected a whole number of at least 1"),
 ]
 
 

@@ -107,19 +107,21 @@ def test_learner_install_has_what_the_learner_runs():
 
 def test_learner_install_holds_nothing_of_the_contributors_or_instructors():
     """Check that the learner's dependencies, with everything they bring, hold none of [dev]'s and
-    [instructor]'s packages (pytest, ruff, playwright, JupyterHub, the PostgreSQL driver ...), and that [dev]
-    brings the instructor's stack, which its tests run."""
+    [instructor]'s and [site]'s packages (pytest, ruff, playwright, JupyterHub, the PostgreSQL driver, Sphinx ...),
+    and that [dev] brings the instructor's stack and the site's, which its tests and CI run."""
     learner = closure(PROJECT["dependencies"])
     assert "jupyterlab" in learner and "nbgrader" in learner
-    others = {_name(s) for s in EXTRAS["dev"] + EXTRAS["instructor"] + EXTRAS["peers"]} - {"kvlib"}
+    others = {_name(s) for s in EXTRAS["dev"] + EXTRAS["instructor"] + EXTRAS["site"] + EXTRAS["peers"]} - {"kvlib"}
     assert not learner & others, f"the learner's install brings {sorted(learner & others)}"
-    assert "kvlib[instructor]" in EXTRAS["dev"]
+    assert "kvlib[instructor,site]" in EXTRAS["dev"]
 
 
 def test_environment_yml_lists_the_same_packages_as_pyproject():
-    """Check that environment.yml installs exactly the learner's, the instructor's and the dev packages of
-    pyproject.toml."""
-    pip = {_name(s) for s in PROJECT["dependencies"] + EXTRAS["dev"] + EXTRAS["instructor"]} - {"kvlib"}
+    """Check that environment.yml installs exactly the learner's, the instructor's, the site's and the dev packages
+    of pyproject.toml."""
+    pip = {_name(s) for s in PROJECT["dependencies"] + EXTRAS["dev"] + EXTRAS["instructor"] + EXTRAS["site"]} - {
+        "kvlib"
+    }
     conda = set()
     text = (ROOT / "environment.yml").read_text()
     for line in text.split("\ndependencies:\n", 1)[1].splitlines():

@@ -7,6 +7,7 @@ kvlib bench NAME [--json]           cache, memory, gqa, serve, compress, fused, 
 kvlib lab [SELECTOR]                open JupyterLab on the course (learner view: nbgrader's Validate button)
 kvlib present [SELECTOR] [--check]  the solved notebooks in reference mode; --check runs them and times each
 kvlib course release [--check]      regenerate kvlib/ stubs and notebooks/ from solutions/
+kvlib course site                   the course as a static site: reference notebooks executed, glossary, guides
 kvlib course init DIR               an nbgrader course folder for instructors (docs/instructors.md)
 kvlib course autograde A            grade a class in parallel, resumable (--jobs N, --student GLOB, --force)
 kvlib course export-canvas          the gradebook as a CSV for Canvas's gradebook import
@@ -265,6 +266,22 @@ def cmd_course_release(args) -> int:
         print("\nrewrote the files above")
     else:
         print("kvlib/ and notebooks/ match solutions/")
+    return 0
+
+
+def cmd_course_site(args) -> int:
+    from kvlib.app import site  # noqa: PLC0415 (start-up time: only this command builds the site)
+
+    if missing := site.missing_tools():
+        print(f"kvlib course site: {', '.join(missing)} missing: pip install -e '.[site]'", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    try:
+        index = site.build(args.out, executed=args.executed, timeout=args.timeout)
+    except RuntimeError as err:
+        print(f"kvlib course site: {err}", file=sys.stderr)
+        return 1
+    print(f"built the site in {time.perf_counter() - start:.0f} s: open {index}")
     return 0
 
 
@@ -609,6 +626,25 @@ def build_parser() -> argparse.ArgumentParser:
     r = _command(course_sub, "release", "regenerate kvlib/ stubs and notebooks/ from solutions/")
     r.add_argument("--check", action="store_true", help="write nothing; exit 1 if anything differs")
     r.set_defaults(func=cmd_course_release)
+    s = _command(
+        course_sub,
+        "site",
+        "the course as a static site: the reference notebooks executed, the glossary and the guides",
+        "Build the course as a static HTML site (Sphinx with MyST-NB): the README as its front page, every reference "
+        "notebook executed in reference mode with its figures and outputs, the glossary and the guides. Fails on a "
+        "broken link or a notebook page without its figures. Needs the site extra: pip install -e '.[site]'.",
+    )
+    s.add_argument("--out", type=_folder, default=ROOT / "build" / "site", help="where (default build/site)")
+    s.add_argument(
+        "--executed",
+        metavar="DIR",
+        type=_folder,
+        help="executed notebooks laid out as solutions/ to reuse (the tests leave them in $KVLIB_EXECUTED_DIR); the "
+        "others are run",
+    )
+    s.add_argument("--timeout", type=_whole(1), default=120, help="seconds one cell may take (default 120)")
+    s.add_argument("--quiet", action="store_true", help="no progress bar (one shows only on a terminal)")
+    s.set_defaults(func=cmd_course_site)
     i = _command(course_sub, "init", "instructors: write an nbgrader course folder with isolated grading")
     i.add_argument("dir", type=_folder, help="the course folder to create or update")
     i.add_argument(
