@@ -31,7 +31,19 @@ CORE_OVER_AN_HOUR = {
     "09-fused",
     "10-speculative",
 }
-CORE_WITHOUT_NEXT = {name for name in NAMES.values() if name != "01-attention"}
+CORE_WITHOUT_NEXT = {
+    "02-generation/generation",
+    "02-generation/layer",
+    "03-recompute",
+    "04-kv-cache",
+    "05-memory-wall",
+    "06-gqa",
+    "07-serving",
+    "08-compress/compress",
+    "08-compress/mla",
+    "09-fused",
+    "10-speculative",
+}
 
 
 def marked(names: set[str], reason: str) -> list:
