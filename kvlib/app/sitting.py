@@ -21,6 +21,7 @@ import ast
 import hashlib
 import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -440,25 +441,38 @@ def calibration_table(rows: list[tuple[Sitting, int]] | None = None) -> str:
 
 
 def record_outputs(selector: str | None = None, out=sys.stdout) -> dict:
-    """Run the solution notebooks (all, or one notebook number) in reference mode and record the lines each code cell
-    prints into RECORD; notebooks that are gone are dropped from it. Raises RuntimeError, recording nothing of a
-    notebook, if it fails."""
+    """Run the solution notebooks (all, or one notebook number) in reference mode, on the CPU as most learners do
+    (CUDA_VISIBLE_DEVICES empty: 05 and 06 then show their GPU recordings), and record the lines each code cell prints
+    into RECORD, notebook by notebook; notebooks that are gone are dropped from it. A notebook that fails raises
+    RuntimeError, and nothing of it is recorded."""
     from kvlib.app.lab import run_notebook, solution_notebooks  # noqa: PLC0415 (start-up time: only --record runs notebooks)
 
-    record = load_record()
-    for nb_path in solution_notebooks(selector):
-        rel = nb_path.relative_to(ROOT / "solutions").as_posix()
-        run = run_notebook(nb_path)
-        if run.error:
-            raise RuntimeError(f"solutions/{rel} failed in reference mode, nothing recorded for it: {run.error}")
-        cells = [c for c in run.notebook.cells if c.cell_type == "code"]
-        record[rel] = {c.id: {"lines": printed_lines(c), "source": source_hash(c.source)} for c in cells}
-        print(f"solutions/{rel}: {sum(printed_lines(c) for c in cells)} printed lines in {run.seconds:.1f} s", file=out)
-    record = {rel: record[rel] for rel in notebook_paths() if rel in record}
+    record = {rel: cells for rel, cells in load_record().items() if rel in notebook_paths()}
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the notebook's kernel inherits it
+    try:
+        for nb_path in solution_notebooks(selector):
+            rel = nb_path.relative_to(ROOT / "solutions").as_posix()
+            run = run_notebook(nb_path)
+            if run.error:
+                raise RuntimeError(f"solutions/{rel} failed in reference mode, nothing recorded for it: {run.error}")
+            cells = [c for c in run.notebook.cells if c.cell_type == "code"]
+            record[rel] = {c.id: {"lines": printed_lines(c), "source": source_hash(c.source)} for c in cells}
+            _write_record({path: record[path] for path in notebook_paths() if path in record})
+            lines = sum(printed_lines(c) for c in cells)
+            print(f"solutions/{rel}: {lines} printed lines, recorded ({run.seconds:.1f} s)", file=out, flush=True)
+    finally:
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
+    return record
+
+
+def _write_record(notebooks: dict) -> None:
     about = (
-        "The lines each code cell of the solution notebooks prints, from a reference run on a CPU "
+        "The lines each code cell of the solution notebooks prints, from a reference run on the CPU "
         "(`kvlib course plan --record`); kvlib/app/sitting.py reads them, tests/test_notebooks.py checks them."
     )
     RECORD.parent.mkdir(parents=True, exist_ok=True)
-    RECORD.write_text(json.dumps({"about": about, "notebooks": record}, indent=1) + "\n", encoding="utf-8")
-    return record
+    RECORD.write_text(json.dumps({"about": about, "notebooks": notebooks}, indent=1) + "\n", encoding="utf-8")
