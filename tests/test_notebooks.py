@@ -2,7 +2,10 @@
 
 import os
 import re
+import shutil
+import tempfile
 import time
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -19,11 +22,13 @@ _executed = {}
 
 
 def execute(path):
-    """Run a notebook once per session in reference mode; returns (notebook, seconds)."""
+    """Run a notebook once per session in reference mode, its claims recorded in a folder of its own; returns
+    (notebook, seconds)."""
     if path not in _executed:
         nb = nbformat.read(path, as_version=4)
         env_before = os.environ.get("KVLIB_SOLUTIONS")
         os.environ["KVLIB_SOLUTIONS"] = "1"
+        os.environ["KVLIB_CLAIMS_DIR"] = str(_claims_dir(path))  # the kernel inherits it
         start = time.perf_counter()
         try:
             # 120 s a cell, as nbgrader_config.py gives a graded cell (the slowest cell takes seconds). Stepped waits:
@@ -36,6 +41,16 @@ def execute(path):
             os.environ["KVLIB_SOLUTIONS"] = env_before or ""
         _executed[path] = (nb, time.perf_counter() - start)
     return _executed[path]
+
+
+def _claims_dir(path) -> Path:
+    return Path(tempfile.gettempdir()) / f"kvlib-claims-{os.getpid()}" / course.part(path)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _remove_claims_records():
+    yield
+    shutil.rmtree(Path(tempfile.gettempdir()) / f"kvlib-claims-{os.getpid()}", ignore_errors=True)
 
 
 def text_output(nb) -> str:
@@ -98,6 +113,24 @@ def test_recorded_printed_lines_match_the_run(path):
         f"solutions/{rel} printed {after} lines, {before} recorded: run kvlib course plan --record {rel[:2]} "
         f"(cells that differ, recorded and now: {differ})"
     )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=course.label)
+def test_notebook_records_each_of_its_claims_true_to_its_values(path):
+    """Check that the reference run evaluated every claim declared for this notebook (kvlib/course/claims_table.py),
+    each recorded sentence saying what its values show (claims.check_record), and that the sentence was printed."""
+    from kvlib.course import claims
+    from kvlib.course.claims_table import CLAIMS as DECLARED
+
+    nb, _ = execute(path)
+    part = course.part(path)
+    records = {r["id"]: r for r in claims.load(_claims_dir(path), notebooks=[part])}
+    declared = [c.id for c in DECLARED if c.notebook == part]
+    assert not set(declared) - set(records), f"declared, never evaluated by the run: {set(declared) - set(records)}"
+    printed = text_output(nb)
+    for claim_id in declared:
+        assert claims.check_record(records[claim_id]) == [], records[claim_id]
+        assert records[claim_id]["text"] in printed, f"{claim_id}: recorded but not printed"
 
 
 def test_notebook_01_shows_the_seed_numbers():

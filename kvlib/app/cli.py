@@ -11,6 +11,7 @@ kvlib course plan              each notebook's core and going-further minutes, e
 kvlib course init DIR          an nbgrader course folder for instructors (docs/instructors.md)
 kvlib course autograde A       grade a class in parallel, resumable (--jobs N, --student GLOB, --force)
 kvlib course export-canvas     the gradebook as a CSV for Canvas's gradebook import
+kvlib course claims [NN ...]   run the reference notebooks, then every claim: holds / does not hold / not decided
 """
 
 from __future__ import annotations
@@ -219,6 +220,11 @@ def cmd_bench(args) -> int:
             )
             return 2
         on = {"devices": [args.device]} if args.which == "memory" else {"device": args.device}
+    if args.ways:
+        if args.which != "cache":
+            print(f"kvlib bench {args.which}: --ways is for kvlib bench cache only", file=sys.stderr)
+            return 2
+        on = {"ways": [w.strip() for w in args.ways.split(",") if w.strip()]}
     try:
         report = getattr(bench, run)(threads=args.threads, quick=args.quick, **on)
     except (FileNotFoundError, ValueError) as err:
@@ -236,6 +242,9 @@ def cmd_bench(args) -> int:
         print(f"kvlib bench {args.which}: {err}", file=sys.stderr)
         return 1
     print(json.dumps(report, indent=1) if args.json else getattr(bench, fmt)(report))
+    if args.which == "cache" and (crashed := bench.crashed_asked(report)):  # a way asked for by name did not run
+        print(f"kvlib bench cache: {', '.join(crashed)} crashed (the table says how)", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -358,6 +367,32 @@ def cmd_course_export_canvas(args) -> int:
     return 0
 
 
+def cmd_course_claims(args) -> int:
+    from kvlib.app import lab, release  # noqa: PLC0415 (not in learners' folders: lab needs app/release.py)
+    from kvlib.course import claims  # noqa: PLC0415 (start-up time: only this command reads the claims)
+
+    try:
+        paths = [p for s in args.notebooks or [None] for p in lab.solution_notebooks(s)]
+    except ValueError as err:
+        print(f"kvlib course claims: {err}", file=sys.stderr)
+        return 2
+    parts = sorted({release.part(p) for p in paths})
+    failed = []
+    if not args.last:  # run them now: this machine's verdicts, this sitting's
+        for part in parts:
+            (claims.record_dir() / f"{part}.json").unlink(missing_ok=True)
+        for path in paths:
+            run = lab.run_notebook(path, timeout=args.timeout)
+            print(
+                f"{release.label(path):<26} {run.seconds:6.1f} s  {'ok' if run.error is None else run.error}",
+                file=sys.stderr,
+            )
+            failed += [path] if run.error else []
+    records = claims.load(notebooks=parts if args.notebooks else None)
+    print(json.dumps(records, indent=1, ensure_ascii=False) if args.json else claims.report(records))
+    return 1 if failed else 0
+
+
 def cmd_lab(args) -> int:
     from kvlib.app import lab  # noqa: PLC0415 (not in learners' folders: lab needs app/release.py)
 
@@ -438,6 +473,12 @@ def main(argv=None) -> int:
         choices=["cpu", "cuda"],
         default=None,
         help="memory, gqa: where to measure (default: memory the CPU then a GPU if present; gqa the CPU)",
+    )
+    p.add_argument(
+        "--ways",
+        metavar="WAY,...",
+        help="cache: run only these ways beside kvlib's (no_cache, kvlib_rows, kvlib_compiled, hf_dynamic, hf_static, "
+        "llama_f32, llama_q8_0); exit 1 if one of them crashes (by default a crash is a row and the rest is measured)",
     )
     p.add_argument("--students", type=int, default=20, help="class: how many students (default 20)")
     p.add_argument("--assignment", default="01-attention", help="class: the notebook graded (default 01-attention)")
@@ -533,6 +574,15 @@ def main(argv=None) -> int:
     a.add_argument("--course", default=".", help="the course folder (default: the current one)")
     a.add_argument("--quiet", action="store_true", help="no progress bar")
     a.set_defaults(func=cmd_course_autograde)
+    c = course_sub.add_parser(
+        "claims",
+        help="presenters: run the reference notebooks here and print every claim: holds, does not hold, not decided",
+    )
+    c.add_argument("notebooks", nargs="*", help="notebook numbers (01 06 ...); default: all")
+    c.add_argument("--last", action="store_true", help="run nothing: report the last run's record on this machine")
+    c.add_argument("--json", action="store_true", help="print the records as JSON")
+    c.add_argument("--timeout", type=int, default=120, help="seconds one cell may take (default 120)")
+    c.set_defaults(func=cmd_course_claims)
     e = course_sub.add_parser("export-canvas", help="instructors: the gradebook as a CSV for Canvas's gradebook import")
     e.add_argument("--course", default=".", help="the course folder (default: the current one)")
     e.add_argument("--assignment", action="append", help="only these assignments (repeat; default: all)")

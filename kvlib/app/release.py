@@ -59,6 +59,14 @@ def assignments() -> list[str]:
     return sorted(p.name for p in (ROOT / "solutions").iterdir() if p.is_dir() and p.name[:2].isdigit())
 
 
+def part(notebook: Path) -> str:
+    """A notebook's short name, as claims and `kvlib lab` spell it: "06" for a folder's only notebook, "02a" and
+    "02b" for the first and second of a folder's two parts (in file-name order)."""
+    siblings = sorted(notebook.parent.glob("*.ipynb"))
+    number = notebook.parent.name.split("-")[0]
+    return number if len(siblings) < 2 else number + "abcdefgh"[siblings.index(notebook)]
+
+
 def label(notebook: Path, sep: str = "/") -> str:
     """A notebook's name in tables, test ids and file names: its folder ("01-attention"), or folder, sep, stem where
     the folder holds two parts of one notebook ("02-generation/layer": part 02b, graded in the same assignment)."""
