@@ -13,6 +13,7 @@ import pytest
 from conftest import ROOT
 
 from kvlib.app import release as course
+from kvlib.app import sitting
 from kvlib.grading.execute import SteppedNotebookClient
 
 pytestmark = pytest.mark.slow  # every test here executes a whole notebook
@@ -117,6 +118,24 @@ def longest_idle_gap(nb) -> tuple[float, str]:
 
 def _clock(stamp: str) -> float:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=course.label)
+def test_recorded_printed_lines_match_the_run(path):
+    """Check that the lines this run printed are those recorded for the sitting estimate (assets/sitting/outputs.json):
+    the notebook's total within 10% or 5 lines, as a timing table's notes vary a little from run to run."""
+    nb, _ = execute(path)
+    rel = path.relative_to(ROOT / "solutions").as_posix()
+    recorded = {cell_id: entry["lines"] for cell_id, entry in sitting.load_record().get(rel, {}).items()}
+    now = {c["id"]: sitting.printed_lines(c) for c in nb.cells if c["cell_type"] == "code"}
+    differ = {
+        cell_id: (recorded.get(cell_id), lines) for cell_id, lines in now.items() if recorded.get(cell_id) != lines
+    }
+    before, after = sum(recorded.values()), sum(now.values())
+    assert abs(after - before) <= max(5, 0.1 * before), (
+        f"solutions/{rel} printed {after} lines, {before} recorded: run kvlib course plan --record {rel[:2]} "
+        f"(cells that differ, recorded and now: {differ})"
+    )
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=course.label)
