@@ -73,18 +73,21 @@ def test_version_names_the_package_and_the_course_folder(capsys):
 
 
 def test_each_benchmark_offers_only_the_options_its_function_takes(capsys):
-    """Check that `kvlib bench NAME --help` lists the common options and --device only where bench_NAME takes a
-    device, and never another benchmark's options (class's --students, --db, --via)."""
+    """Check that `kvlib bench NAME --help` lists the common options and, beyond them, only options that bench_NAME
+    takes as parameters (--device where it takes a device, cache's --ways), never another benchmark's (class's
+    --students, --db, --via)."""
     common = {"--json", "--threads", "--quick", "--reference", "--quiet"}
     for name in cli.BENCHES:
         tree = ast.parse((ROOT / "kvlib" / "measure" / f"bench_{name}.py").read_text(encoding="utf-8"))
         fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == f"bench_{name}")
         params = {a.arg for a in fn.args.args + fn.args.kwonlyargs}
+        params |= {"device"} if "devices" in params else set()  # memory's --device is one of its devices
         assert {"threads", "quick"} <= params
-        device = cli.BENCHES[name].device
-        assert not device or {"device", "devices"} & params, f"bench_{name} takes no device"
         code, out, _ = _run(["bench", name, "--help"], capsys)
-        assert code == 0 and _options(out) == common | ({"--device"} if device else set()), name
+        own = _options(out) - common
+        assert code == 0 and common <= _options(out), name
+        assert {o.removeprefix("--") for o in own} <= params, f"bench {name} offers {own}, bench_{name} takes {params}"
+        assert ("--device" in own) == cli.BENCHES[name].device, name
     assert [name for name, b in cli.BENCHES.items() if b.device] == ["memory", "gqa"]
     code, out, _ = _run(["bench", "class", "--help"], capsys)
     assert _options(out) == {"--json", "--students", "--assignment", "--jobs", "--db", "--via"}

@@ -8,9 +8,11 @@ kvlib lab [SELECTOR]                open JupyterLab on the course (learner view:
 kvlib present [SELECTOR] [--check]  the solved notebooks in reference mode; --check runs them and times each
 kvlib course release [--check]      regenerate kvlib/ stubs and notebooks/ from solutions/
 kvlib course site                   the course as a static site: reference notebooks executed, glossary, guides
+kvlib course plan                   each notebook's core and going-further minutes, each exercise's (--record)
 kvlib course init DIR               an nbgrader course folder for instructors (docs/instructors.md)
 kvlib course autograde A            grade a class in parallel, resumable (--jobs N, --student GLOB, --force)
 kvlib course export-canvas          the gradebook as a CSV for Canvas's gradebook import
+kvlib course claims [SELECTOR ...]  run the reference notebooks, then every claim: holds / does not hold / not decided
 A SELECTOR is one grammar everywhere (kvlib.course.exercises): 1.2, 01, 02b or a notebook's path. Every
 subcommand has its own --help; a bad argument is a one-line message and exit status 2.
 """
@@ -235,6 +237,8 @@ def cmd_bench(args) -> int:
     on = {}
     if getattr(args, "device", None):
         on = {"devices": [args.device]} if args.which == "memory" else {"device": args.device}
+    if getattr(args, "ways", None):
+        on = {"ways": [w.strip() for w in args.ways.split(",") if w.strip()]}
     try:
         with solutions_used() if args.reference else contextlib.nullcontext():
             report = getattr(bench, f"bench_{args.which}")(threads=args.threads, quick=args.quick, **on)
@@ -243,7 +247,7 @@ def cmd_bench(args) -> int:
         return 2
     except NotImplementedError as err:  # ExerciseNotDone (a RuntimeError too, so first): it runs the learner's kvlib
         print(
-            f"kvlib bench {args.which}: {err}\n(benchmarks run your own kvlib; --reference runs the reference)",
+            f"kvlib bench {args.which}: {err}\n(benchmarks run your own kvlib; --reference, or KVLIB_SOLUTIONS=1, runs the reference)",
             file=sys.stderr,
         )
         return 2
@@ -251,13 +255,20 @@ def cmd_bench(args) -> int:
         print(f"kvlib bench {args.which}: {err}", file=sys.stderr)
         return 1
     print(json.dumps(report, indent=1) if args.json else getattr(bench, f"format_{args.which}")(report))
+    if args.which == "cache" and (crashed := bench.crashed_asked(report)):  # a way asked for by name did not run
+        print(f"kvlib bench cache: {', '.join(crashed)} crashed (the table says how)", file=sys.stderr)
+        return 1
     return 0
 
 
 def cmd_course_release(args) -> int:
-    from kvlib.app import release  # noqa: PLC0415 (not in learners' folders: instructor only)
+    from kvlib.app import release, sitting  # noqa: PLC0415 (not in learners' folders: instructor only)
 
-    problems = release.release(check=args.check)
+    try:  # the header lines first: notebooks/ is made from solutions/ with them
+        problems = sitting.sync_headers(check=args.check) + release.release(check=args.check)
+    except ValueError as err:  # a hint file out of form, or printed lines not recorded for a changed cell
+        print(f"kvlib course release: {err}", file=sys.stderr)
+        return 2
     if problems:
         print("\n".join(problems))
         if args.check:
@@ -282,6 +293,26 @@ def cmd_course_site(args) -> int:
         print(f"kvlib course site: {err}", file=sys.stderr)
         return 1
     print(f"built the site in {time.perf_counter() - start:.0f} s: open {index}")
+    return 0
+
+
+def cmd_course_plan(args) -> int:
+    from kvlib.app import sitting  # noqa: PLC0415 (not in learners' folders: instructor only)
+
+    try:
+        if args.record:
+            sitting.record_outputs(None if args.record == "all" else args.record)
+        if args.calibration:
+            print(sitting.calibration_table())
+            return 0
+        sittings = sitting.course()
+    except (ValueError, FileNotFoundError) as err:  # a stale record, an unknown notebook, no git history
+        print(f"kvlib course plan: {err}", file=sys.stderr)
+        return 2
+    except RuntimeError as err:  # a notebook failed while recording
+        print(f"kvlib course plan: {err}", file=sys.stderr)
+        return 1
+    print(sitting.plan_table(sittings) + "\n\nWhat fits a workshop, from 01:\n" + sitting.workshop_plan(sittings))
     return 0
 
 
@@ -363,6 +394,32 @@ def cmd_course_export_canvas(args) -> int:
             f.write(text)
         print(f"wrote {args.to}: {text.count(chr(10)) - 2} students", file=sys.stderr)
     return 0
+
+
+def cmd_course_claims(args) -> int:
+    from kvlib.app import lab, release  # noqa: PLC0415 (not in learners' folders: lab needs app/release.py)
+    from kvlib.course import claims  # noqa: PLC0415 (start-up time: only this command reads the claims)
+
+    try:
+        paths = [p for s in args.notebooks or [None] for p in lab.solution_notebooks(s)]
+    except ValueError as err:
+        print(f"kvlib course claims: {err}", file=sys.stderr)
+        return 2
+    parts = sorted({release.part(p) for p in paths})
+    failed = []
+    if not args.last:  # run them now: this machine's verdicts, this sitting's
+        for part in parts:
+            (claims.record_dir() / f"{part}.json").unlink(missing_ok=True)
+        for path in paths:
+            run = lab.run_notebook(path, timeout=args.timeout)
+            print(
+                f"{release.label(path):<26} {run.seconds:6.1f} s  {'ok' if run.error is None else run.error}",
+                file=sys.stderr,
+            )
+            failed += [path] if run.error else []
+    records = claims.load(notebooks=parts if args.notebooks else None)
+    print(json.dumps(records, indent=1, ensure_ascii=False) if args.json else claims.report(records))
+    return 1 if failed else 0
 
 
 def cmd_lab(args) -> int:
@@ -549,6 +606,14 @@ def build_parser() -> argparse.ArgumentParser:
                 help="where to measure (default: "
                 + ("the CPU, then a GPU if present)" if name == "memory" else "the CPU)"),
             )
+        if name == "cache":
+            b.add_argument(
+                "--ways",
+                metavar="WAY,...",
+                help="run only these ways beside kvlib's (no_cache, kvlib_rows, kvlib_compiled, hf_dynamic, hf_static, "
+                "llama_f32, llama_q8_0); exit 1 if one of them crashes (by default a crash is a row and the rest is "
+                "measured)",
+            )
         b.set_defaults(func=cmd_bench)
     b = _command(
         benches,
@@ -645,6 +710,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--timeout", type=_whole(1), default=120, help="seconds one cell may take (default 120)")
     s.add_argument("--quiet", action="store_true", help="no progress bar (one shows only on a terminal)")
     s.set_defaults(func=cmd_course_site)
+    pl = _command(
+        course_sub,
+        "plan",
+        "each notebook's core and going-further minutes and each exercise's, by the sitting estimate",
+    )
+    pl.add_argument(
+        "--record",
+        nargs="?",
+        const="all",
+        metavar="NN",
+        help="first run the solution notebooks (all, or notebook NN) and record the lines their cells print",
+    )
+    pl.add_argument("--calibration", action="store_true", help="the estimate beside the careful readers' minutes")
+    pl.set_defaults(func=cmd_course_plan)
     i = _command(course_sub, "init", "instructors: write an nbgrader course folder with isolated grading")
     i.add_argument("dir", type=_folder, help="the course folder to create or update")
     i.add_argument(
@@ -681,6 +760,16 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--course", default=".", help="the course folder (default: the current one)")
     a.add_argument("--quiet", action="store_true", help="no progress bar")
     a.set_defaults(func=cmd_course_autograde)
+    c = _command(
+        course_sub,
+        "claims",
+        "presenters: run the reference notebooks here and print every claim: holds, does not hold, not decided",
+    )
+    c.add_argument("notebooks", nargs="*", metavar="SELECTOR", help=f"{SELECTORS}; default: every notebook")
+    c.add_argument("--last", action="store_true", help="run nothing: report the last run's record on this machine")
+    c.add_argument("--json", action="store_true", help="print the records as JSON")
+    c.add_argument("--timeout", type=_whole(1), default=120, help="seconds one cell may take (default 120)")
+    c.set_defaults(func=cmd_course_claims)
     e = _command(course_sub, "export-canvas", "instructors: the gradebook as a CSV for Canvas's gradebook import")
     e.add_argument("--course", default=".", help="the course folder (default: the current one)")
     e.add_argument("--assignment", action="append", help="only these assignments (repeat; default: all)")
