@@ -466,6 +466,10 @@ def cmd_present(args) -> int:
 # The parser: a subcommand per command, each with its own description and only its own options
 
 
+QUIET_HELP = "no progress bar (one shows only on a terminal)"
+REFERENCE_HELP = "run the reference solutions, not your kvlib"
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, with a bad argument a one-line message (not the usage block) and exit status 2."""
 
@@ -575,7 +579,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--stop", default="\n", help="stop when the answer contains this text (default: a newline; '' never stops)"
     )
     p.add_argument("--threads", type=_whole(1), default=1, help="torch threads (default 1)")
-    p.add_argument("--reference", action="store_true", help="run the reference solutions, not your kvlib")
+    p.add_argument("--reference", action="store_true", help=REFERENCE_HELP)
     p.set_defaults(func=cmd_generate)
 
     p = _command(
@@ -594,8 +598,8 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--quick", action="store_true", help="small stand-in models and few repeats (seconds, for tests)"
     )
-    common.add_argument("--reference", action="store_true", help="run the reference solutions, not your kvlib")
-    common.add_argument("--quiet", action="store_true", help="no progress bar (one shows only on a terminal)")
+    common.add_argument("--reference", action="store_true", help=REFERENCE_HELP)
+    common.add_argument("--quiet", action="store_true", help=QUIET_HELP)
     for name, bench in BENCHES.items():
         b = _command(benches, name, bench.help, bench.description, parents=[common])
         if bench.device:
@@ -675,9 +679,7 @@ def build_parser() -> argparse.ArgumentParser:
                 type=_folder,
                 help="with --check: save every figure the notebooks show as a PNG in DIR",
             )
-            p.add_argument(
-                "--quiet", action="store_true", help="with --check: no progress bar (one shows only on a terminal)"
-            )
+            p.add_argument("--quiet", action="store_true", help="with --check: " + QUIET_HELP)
         p.set_defaults(func=cmd_present if name == "present" else cmd_lab)
 
     p = _command(
@@ -708,7 +710,7 @@ def build_parser() -> argparse.ArgumentParser:
         "others are run",
     )
     s.add_argument("--timeout", type=_whole(1), default=120, help="seconds one cell may take (default 120)")
-    s.add_argument("--quiet", action="store_true", help="no progress bar (one shows only on a terminal)")
+    s.add_argument("--quiet", action="store_true", help=QUIET_HELP)
     s.set_defaults(func=cmd_course_site)
     pl = _command(
         course_sub,
