@@ -324,7 +324,7 @@ def bench_cache(
             )
         record = timing.environment("cpu", dtype="float32", threads_requested=threads)
     try:
-        import transformers  # noqa: PLC0415 (optional dependency: transformers, in the dev extra)
+        import transformers  # noqa: PLC0415 (start-up time: transformers imports for seconds; only its ways need it)
 
         record["transformers"] = transformers.__version__
     except ImportError:
