@@ -758,3 +758,63 @@ def test_timing_checks_read_the_fake_clock_in_the_isolated_child():
             else:
                 with pytest.raises(AssertionError, match="an average"):
                     check.fn(module, np.random.default_rng(0))
+
+
+@pytest.mark.slow
+def test_predictions_are_graded_as_in_the_isolated_child():
+    """Check 2.7 and 2.8 as nbgrader grades them, in the isolated child: other right ways (a power renormalised by
+    the largest entry; a loop over the layers) earn every check; a named slip (the probabilities back unchanged)
+    fails naming it, and a result the grader cannot take as a plain dict (a subclass equal to anything) earns nothing."""
+    from conftest import ROOT, checks_in_child
+
+    from kvlib.grading.sandbox import Sandbox, package_files
+
+    reference = (ROOT / "solutions" / "kvlib" / "generation.py").read_text(encoding="utf-8")
+    right = """
+
+def temper(probs, temperature):
+    if temperature == 0:
+        return torch.nn.functional.one_hot(probs.argmax(dim=-1), probs.shape[-1]).to(probs.dtype)
+    w = (probs / probs.amax(dim=-1, keepdim=True)) ** (1 / temperature)
+    return w / w.sum(dim=-1, keepdim=True)
+
+
+def param_counts(config):
+    C, D = config.d_model, config.head_dim
+    out = {"embedding": config.vocab_size * C, "attention": 0, "mlp": 0, "norms": C, "lm_head": config.vocab_size * C}
+    for _ in range(config.n_layers):
+        out["attention"] += C * D * (2 * config.n_heads + 2 * config.n_kv_heads)
+        out["mlp"] += 3 * C * config.hidden_dim
+        out["norms"] += 2 * C
+    return out
+"""
+    wrong = """
+
+def temper(probs, temperature):
+    return probs / temperature / (probs / temperature).sum(dim=-1, keepdim=True)
+
+
+class _Anything(dict):
+    def __eq__(self, other):
+        return True
+
+
+def param_counts(config):
+    return _Anything(embedding=0, attention=0, mlp=0, norms=0, lm_head=0)
+"""
+    verdicts = checks_in_child("generation", reference + right, ("2.7", "2.8"))
+    assert set(verdicts.values()) == {"pass"}, verdicts
+    files = package_files(ROOT / "kvlib")
+    files["kvlib/generation.py"] = (reference + wrong).encode()
+    files["kvlib/attention.py"] = (ROOT / "solutions" / "kvlib" / "attention.py").read_bytes()
+    functions = [f"generation.{BY_ID[i].name}" for i in IDS]
+    failed = {}
+    with Sandbox(files, ["generation"], functions, mode="plain", torch=True, call_timeout=60, budget=300) as sandbox:
+        for check in checks_for(BY_ID["2.7"]) + checks_for(BY_ID["2.8"]):
+            try:
+                check.fn(sandbox.module("generation"), np.random.default_rng(0))
+            except Exception as err:  # noqa: BLE001 - any failure scores 0, as in the grader
+                failed[check.name] = f"{type(err).__name__}: {err}"
+    assert "came back unchanged" in failed["temper_matches_softmax_of_scaled_logits"], failed
+    assert {c.name for c in checks_for(BY_ID["2.8"])} <= set(failed), failed
+    assert "returned a kvlib.generation._Anything" in failed["param_counts_match_built_decoders"], failed
