@@ -54,6 +54,25 @@ def _sources():
     return class_bench.module_source(NB), class_bench.module_source(NB, ("1.1",)), want["partial"], want["correct"]
 
 
+def _as_root(acc, title: str, names: dict[str, str]) -> str:
+    """Run the guide's block `title` as root (docs/instructors.md, as written but for the names); its output."""
+    from accounts import guide_block  # noqa: PLC0415
+
+    proc = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", guide_block(title, names)],
+        capture_output=True, text=True, timeout=300, env={**os.environ, **acc.base_env},
+    )  # fmt: skip
+    assert proc.returncode == 0, f"the guide's {title!r} failed: {proc.stdout[-2000:]}{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def _hand_out_config(acc, role: str) -> None:
+    """The students' config from the instructor's course folder into the student's ~/.jupyter, as the guide does."""
+    _as_root(acc, "hand out the students' config to one student (as root)", {
+        "/home/teacher": str(acc.home("inst")), "/home/alice": str(acc.home(role)), "alice": acc.names[role],
+    })  # fmt: skip
+
+
 def _write_as(path: Path, text: str, owner: str) -> None:
     import pwd  # noqa: PLC0415
 
@@ -98,7 +117,8 @@ for label, kw in json.loads(sys.argv[1]):
         out[label] = "allowed"
     except psycopg2.OperationalError as err:
         text = str(err)
-        out[label] = "refused" if ("password" in text or "authentication" in text) else "error: " + text
+        refused = ("password" in text, "authentication" in text, "Permission denied" in text)
+        out[label] = "refused" if any(refused) else "error: " + text
 print(json.dumps(out))
 """
 
@@ -191,17 +211,12 @@ def term():
         nbg = str(acc.bin / "nbgrader")
         acc.run("inst", nbg, "generate_assignment", NB, "--log-level=WARN", cwd=course)
         acc.run("inst", nbg, "release_assignment", NB, cwd=course)
+        LOG["env check"] = _as_root(acc, "check the environment (as root)", {"/opt/kvlib": str(acc.bin.parent)})
         everyone = {**students, **attackers}
         outbound = exchange / course_id / "outbound" / NB
-        for role in everyone:  # the admin hands each student the config `kvlib course init` wrote
+        for role in everyone:  # root hands each student the config `kvlib course init` wrote, as the guide says
             home = acc.home(role)
-            (home / ".jupyter").mkdir()
-            _write_as(
-                home / ".jupyter" / "nbgrader_config.py",
-                (course / "student_nbgrader_config.py").read_text(),
-                everyone[role],
-            )
-            os.chown(home / ".jupyter", *(os.stat(home).st_uid, os.stat(home).st_gid))
+            _hand_out_config(acc, role)
             if role in students:
                 acc.run(role, nbg, "fetch_assignment", NB, **STUDENT)
             else:  # what fetch gives, copied by hand (quicker; the attacks come after it)
@@ -515,32 +530,31 @@ def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 120
 
 @pytest.fixture(scope="module")
 def hub():
-    """An instructor who released notebook 01 through the exchange, with the gradebook on a PostgreSQL server
-    that asks for a password (in the course's nbgrader_config.py, the instructor's alone), one student, and a
-    JupyterHub on 127.0.0.1 (free ports, PAMAuthenticator against the student's Unix password,
+    """An instructor who released notebook 01 through the exchange, then started a PostgreSQL server for the class
+    that asks for a password and moved the course's gradebook onto it (docs/instructors.md's blocks, run as written:
+    the password in the course's nbgrader_config.py, the instructor's alone), one student, and a JupyterHub on
+    127.0.0.1 (free ports, PAMAuthenticator against the student's Unix password,
     LocalProcessSpawner: the student's server runs as the student)."""
-    import contextlib  # noqa: PLC0415
     import importlib.util  # noqa: PLC0415
     import secrets  # noqa: PLC0415
     import shutil  # noqa: PLC0415
     import signal  # noqa: PLC0415
 
-    from kvlib.app.class_bench import _pg_bin, throwaway_postgres  # noqa: PLC0415
+    from accounts import guide_block  # noqa: PLC0415
 
     _need(unavailable() is None, str(unavailable()))
     _need(shutil.which("configurable-http-proxy") is not None, "needs configurable-http-proxy (npm install -g ...)")
     _need(importlib.util.find_spec("jupyterhub") is not None, "needs jupyterhub (pip install -e '.[dev]')")
     _need(importlib.util.find_spec("psycopg2") is not None, "needs psycopg2 (pip install -e '.[dev]')")
-    try:
-        _pg_bin()
-    except FileNotFoundError as err:
-        _need(False, str(err))
+    _need(
+        Path("/usr/lib/postgresql/15/bin/initdb").exists(),
+        "needs Debian 12's PostgreSQL 15 (apt-get install postgresql)",
+    )
     acc = Accounts()
     proc = None
     proxy_pid = None
-    stack = contextlib.ExitStack()
+    pg_data = None
     try:
-        db_url = stack.enter_context(throwaway_postgres(password=secrets.token_hex(12)))
         acc.add("inst")
         student = acc.add("erin")
         exchange = acc.tmp / "exchange"
@@ -550,18 +564,34 @@ def hub():
         course = acc.home("inst") / "course"
         kvlib = [str(acc.bin / "python"), "-m", "kvlib", "course"]
         acc.run("inst", *kvlib, "init", str(course), "--exchange", str(exchange), "--course-id", course_id)
-        with open(course / "nbgrader_config.py", "a") as f:  # as docs/instructors.md says, and the test's kernel limits
-            f.write(f"\nc.CourseDirectory.db_url = {db_url!r}\nc.Execute.timeout = 10\n")
-            f.write("c.SandboxExecute.notebook_timeout = 30\n")
+        with open(course / "nbgrader_config.py", "a") as f:  # the test's kernel limits
+            f.write("\nc.Execute.timeout = 10\nc.SandboxExecute.notebook_timeout = 30\n")
         nbg = str(acc.bin / "nbgrader")
         acc.run("inst", nbg, "generate_assignment", NB, "--log-level=WARN", cwd=course)
         acc.run("inst", nbg, "release_assignment", NB, cwd=course)
-        home = acc.home("erin")
-        (home / ".jupyter").mkdir()
-        _write_as(
-            home / ".jupyter" / "nbgrader_config.py", (course / "student_nbgrader_config.py").read_text(), student
+        # the guide's PostgreSQL server for the class, started as the instructor, and the course moved onto it
+        pg_password = secrets.token_hex(12)
+        names = {"CHANGE-ME": pg_password}
+        pg_data = acc.home("inst") / "gradebook-pg"
+        acc.run(
+            "inst",
+            "bash",
+            "-euo",
+            "pipefail",
+            "-c",
+            guide_block("start PostgreSQL for the class (as the instructor)", names),
         )
-        os.chown(home / ".jupyter", os.stat(home).st_uid, os.stat(home).st_gid)
+        moved = acc.run(
+            "inst",
+            "bash",
+            "-euo",
+            "pipefail",
+            "-c",
+            guide_block("move the course onto PostgreSQL (as the instructor)", names),
+        )
+        db_url = f"postgresql+psycopg2://kvlib:{pg_password}@/gradebook?host={pg_data}"
+        assert "moved " in moved.stderr and repr(db_url) in (course / "nbgrader_config.py").read_text(), moved.stderr
+        _hand_out_config(acc, "erin")
         password = secrets.token_hex(8)  # the student's Unix password: the hub logs in through PAM, as a real one does
         subprocess.run(["chpasswd"], input=f"{student}:{password}\n", text=True, check=True, timeout=60)
         port, hub_port, api_port = _free_port(), _free_port(), _free_port()
@@ -616,7 +646,10 @@ c.Spawner.http_timeout = 240
         if proxy_pid is not None and _alive(proxy_pid):
             left.append(f"the hub's proxy (pid {proxy_pid}) outlived it")
             os.kill(proxy_pid, signal.SIGKILL)
-        stack.close()  # the PostgreSQL server: stopped and removed
+        if pg_data is not None and (pg_data / "postmaster.pid").exists():  # the class's server, stopped
+            acc.run(
+                "inst", "/usr/lib/postgresql/15/bin/pg_ctl", "-D", str(pg_data), "-m", "immediate", "stop", check=False
+            )
         acc.close()
         assert not left, left
 
@@ -710,14 +743,17 @@ def test_the_hubs_class_is_graded_into_postgresql(hub):
     rows = list(csv.DictReader(io.StringIO((course / "grades.csv").read_text())))
     total = _sources()[3]
     assert [(r["student_id"], float(r["score"])) for r in rows] == [(hub["student"], total)]
-    assert not (course / "gradebook.db").exists()  # nothing went to a SQLite file
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", hub["course_id"]) as gb:  # the one before the move
+        assert gb.assignment_submissions(NB) == []  # nothing went there
     with Gradebook(hub["db_url"], hub["course_id"]) as gb:
         assert [(s.student.id, s.score) for s in gb.assignment_submissions(NB)] == [(hub["student"], total)]
     host = hub["db_url"].split("host=", 1)[1]
     tries = [["no password", {"host": host, "user": "kvlib"}], ["a wrong one", {"host": host, "user": "kvlib",
              "password": "guess"}]]  # fmt: skip
     out = json.loads(acc.run("erin", str(acc.bin / "python"), "-c", _PG_PROBE, json.dumps(tries)).stdout)
-    assert out == {"no password": "refused", "a wrong one": "refused"}, out
+    assert out == {"no password": "refused", "a wrong one": "refused"}, out  # the socket is in a closed home
+    as_root = subprocess.run([sys.executable, "-c", _PG_PROBE, json.dumps(tries)], capture_output=True, text=True)
+    assert json.loads(as_root.stdout) == out, as_root.stdout + as_root.stderr  # and the server asks for the password
     probe = [["read", f"{course}/nbgrader_config.py"]]
     assert json.loads(acc.run("erin", str(acc.bin / "python"), "-c", _PROBE, json.dumps(probe)).stdout) == {
         f"read {course}/nbgrader_config.py": "refused"
