@@ -295,6 +295,49 @@ def test_a_course_moved_to_postgres_is_graded_by_two_runs_at_once_each_submissio
     assert {r.status for r in records.values()} == {"graded"} and len(records) == CLASS
 
 
+@pytest.mark.slow  # a PostgreSQL server and a process killed: seconds
+def test_a_killed_runs_students_are_taken_over_and_a_live_runs_are_left(tmp_path):
+    """Check kvlib's grading record on PostgreSQL without grading anything: a run (another process) that claimed
+    students is alive while its lease is held, so a second run takes none of them; killed with SIGKILL, its lease is
+    gone with its connection and the second run takes them over; and on SQLite a second run is refused while the
+    first holds the gradebook."""
+    import importlib.util  # noqa: PLC0415
+
+    from kvlib.app.class_bench import _pg_bin, throwaway_postgres  # noqa: PLC0415
+    from kvlib.app.grading_record import GradebookBusy, GradingRecord  # noqa: PLC0415
+
+    _need(importlib.util.find_spec("psycopg2") is not None, "needs psycopg2 (pip install -e '.[dev]')")
+    try:
+        _pg_bin()
+    except FileNotFoundError as err:
+        _need(False, str(err))
+    holder = (
+        "import sys, time\nfrom kvlib.app.grading_record import GradingRecord\n"
+        "r = GradingRecord(sys.argv[1], 'c', NB).__enter__()\n"
+        "print(r.claim({'s1': 't1', 's2': 't1'}, current=None)[0], flush=True)\ntime.sleep(600)\n"
+    ).replace("NB", repr(NB))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with throwaway_postgres() as url:
+        proc = subprocess.Popen([sys.executable, "-c", holder, url], stdout=subprocess.PIPE, text=True, env=env)
+        try:
+            assert proc.stdout.readline().strip() == "['s1', 's2']"
+            with GradingRecord(url, "c", NB) as second:
+                assert second.claim({"s1": "t1", "s3": "t1"}, current=None)[0] == ["s3"]  # s1 is the live run's
+                proc.kill()
+                proc.wait()
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline and second.alive(second.rows()["s1"]):
+                    time.sleep(0.2)  # the server notices the dropped connection
+                assert second.claim({"s1": "t1", "s2": "t1"}, current=None)[0] == ["s1", "s2"]
+        finally:
+            proc.kill()
+            proc.wait()
+    db = f"sqlite:///{tmp_path / 'gradebook.db'}"
+    with GradingRecord(db, "c", NB):
+        with pytest.raises(GradebookBusy, match="SQLite is not safe for two graders at once"):
+            GradingRecord(db, "c", NB).__enter__()
+
+
 def _grade_class():
     from nbgrader.api import Grade  # noqa: PLC0415
 

@@ -203,11 +203,12 @@ class GradingRecord:
         if not done:
             conn.execute(TABLE.insert().values(**key, **values))
 
-    def claim(self, students: dict[str, str], *, current) -> tuple[list[str], dict[str, Row]]:
+    def claim(self, students: dict[str, str], *, current, _tries: int = 5) -> tuple[list[str], dict[str, Row]]:
         """Mark students ({student: timestamp}) in flight for this run, each unless another live run holds it or
         current(row, timestamp) says it is already graded at that submission. One transaction; on PostgreSQL the
-        rows are locked (FOR UPDATE) while it decides, and a row two runs insert at once is taken by one.
-        Returns (taken, {student: the row of one not taken})."""
+        rows are locked (FOR UPDATE, in the students' order, so two runs never wait on each other in a circle) while
+        it decides, and a row two runs insert at once is taken by one. Returns (taken, {student: the row of one not
+        taken})."""
         taken, left = [], {}
         try:
             with self.engine.begin() as conn:
@@ -216,9 +217,10 @@ class GradingRecord:
                     TABLE.c.assignment == self.assignment,
                     TABLE.c.student.in_(list(students)),
                 )
-                rows = {r.student: r for r in self._as_rows(conn.execute(q.with_for_update()).mappings())}
-                for student, stamp in students.items():
-                    row = rows.get(student)
+                locked = conn.execute(q.order_by(TABLE.c.student).with_for_update()).mappings()
+                rows = {r.student: r for r in self._as_rows(locked)}
+                for student in sorted(students):
+                    stamp, row = students[student], rows.get(student)
                     if row is not None and (
                         (row.status == IN_FLIGHT and row.holder_key != self.key and self.alive(row))
                         or (current is not None and current(row, stamp))
@@ -227,8 +229,14 @@ class GradingRecord:
                         continue
                     self._set(conn, student, stamp, IN_FLIGHT, {})
                     taken.append(student)
-        except IntegrityError:  # another run inserted one of these rows first: decide again, with its row
-            return self.claim(students, current=current)
+        except (IntegrityError, OperationalError) as err:
+            # another run inserted one of these rows first, or PostgreSQL broke a wait between two runs (40P01):
+            # decide again, with their rows
+            retry = isinstance(err, IntegrityError) or getattr(err.orig, "pgcode", None) in ("40P01", "40001")
+            if not retry or _tries <= 1:
+                raise
+            time.sleep(0.05)
+            return self.claim(students, current=current, _tries=_tries - 1)
         return taken, left
 
     @staticmethod
