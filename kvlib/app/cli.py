@@ -7,10 +7,12 @@ kvlib bench NAME [--json]      cache, memory, gqa, serve, compress, fused, spec:
 kvlib lab [NN]                 open JupyterLab on the course (learner view: nbgrader's Validate button)
 kvlib present [NN] [--check]   the solved notebooks in reference mode; --check runs them all and times each
 kvlib course release [--check] regenerate kvlib/ stubs and notebooks/ from solutions/
+kvlib course plan              each notebook's core and going-further minutes, each exercise's (--record)
 kvlib course init DIR          an nbgrader course folder for instructors (docs/instructors.md)
 kvlib course autograde A       grade a class in parallel, resumable (--jobs N, --student GLOB, --force)
 kvlib course export-canvas     the gradebook as a CSV for Canvas's gradebook import
 kvlib course move-gradebook U  copy the course's gradebook into an empty database (PostgreSQL) and use it
+kvlib course claims [NN ...]   run the reference notebooks, then every claim: holds / does not hold / not decided
 """
 
 from __future__ import annotations
@@ -219,6 +221,11 @@ def cmd_bench(args) -> int:
             )
             return 2
         on = {"devices": [args.device]} if args.which == "memory" else {"device": args.device}
+    if args.ways:
+        if args.which != "cache":
+            print(f"kvlib bench {args.which}: --ways is for kvlib bench cache only", file=sys.stderr)
+            return 2
+        on = {"ways": [w.strip() for w in args.ways.split(",") if w.strip()]}
     try:
         report = getattr(bench, run)(threads=args.threads, quick=args.quick, **on)
     except (FileNotFoundError, ValueError) as err:
@@ -236,13 +243,20 @@ def cmd_bench(args) -> int:
         print(f"kvlib bench {args.which}: {err}", file=sys.stderr)
         return 1
     print(json.dumps(report, indent=1) if args.json else getattr(bench, fmt)(report))
+    if args.which == "cache" and (crashed := bench.crashed_asked(report)):  # a way asked for by name did not run
+        print(f"kvlib bench cache: {', '.join(crashed)} crashed (the table says how)", file=sys.stderr)
+        return 1
     return 0
 
 
 def cmd_course_release(args) -> int:
-    from kvlib.app import release  # noqa: PLC0415 (not in learners' folders: instructor only)
+    from kvlib.app import release, sitting  # noqa: PLC0415 (not in learners' folders: instructor only)
 
-    problems = release.release(check=args.check)
+    try:  # the header lines first: notebooks/ is made from solutions/ with them
+        problems = sitting.sync_headers(check=args.check) + release.release(check=args.check)
+    except ValueError as err:  # a hint file out of form, or printed lines not recorded for a changed cell
+        print(f"kvlib course release: {err}", file=sys.stderr)
+        return 2
     if problems:
         print("\n".join(problems))
         if args.check:
@@ -251,6 +265,26 @@ def cmd_course_release(args) -> int:
         print("\nrewrote the files above")
     else:
         print("kvlib/ and notebooks/ match solutions/")
+    return 0
+
+
+def cmd_course_plan(args) -> int:
+    from kvlib.app import sitting  # noqa: PLC0415 (not in learners' folders: instructor only)
+
+    try:
+        if args.record:
+            sitting.record_outputs(None if args.record == "all" else args.record)
+        if args.calibration:
+            print(sitting.calibration_table())
+            return 0
+        sittings = sitting.course()
+    except (ValueError, FileNotFoundError) as err:  # a stale record, an unknown notebook, no git history
+        print(f"kvlib course plan: {err}", file=sys.stderr)
+        return 2
+    except RuntimeError as err:  # a notebook failed while recording
+        print(f"kvlib course plan: {err}", file=sys.stderr)
+        return 1
+    print(sitting.plan_table(sittings) + "\n\nWhat fits a workshop, from 01:\n" + sitting.workshop_plan(sittings))
     return 0
 
 
@@ -346,6 +380,32 @@ def cmd_course_export_canvas(args) -> int:
     return 0
 
 
+def cmd_course_claims(args) -> int:
+    from kvlib.app import lab, release  # noqa: PLC0415 (not in learners' folders: lab needs app/release.py)
+    from kvlib.course import claims  # noqa: PLC0415 (start-up time: only this command reads the claims)
+
+    try:
+        paths = [p for s in args.notebooks or [None] for p in lab.solution_notebooks(s)]
+    except ValueError as err:
+        print(f"kvlib course claims: {err}", file=sys.stderr)
+        return 2
+    parts = sorted({release.part(p) for p in paths})
+    failed = []
+    if not args.last:  # run them now: this machine's verdicts, this sitting's
+        for part in parts:
+            (claims.record_dir() / f"{part}.json").unlink(missing_ok=True)
+        for path in paths:
+            run = lab.run_notebook(path, timeout=args.timeout)
+            print(
+                f"{release.label(path):<26} {run.seconds:6.1f} s  {'ok' if run.error is None else run.error}",
+                file=sys.stderr,
+            )
+            failed += [path] if run.error else []
+    records = claims.load(notebooks=parts if args.notebooks else None)
+    print(json.dumps(records, indent=1, ensure_ascii=False) if args.json else claims.report(records))
+    return 1 if failed else 0
+
+
 def cmd_lab(args) -> int:
     from kvlib.app import lab  # noqa: PLC0415 (not in learners' folders: lab needs app/release.py)
 
@@ -427,6 +487,12 @@ def main(argv=None) -> int:
         default=None,
         help="memory, gqa: where to measure (default: memory the CPU then a GPU if present; gqa the CPU)",
     )
+    p.add_argument(
+        "--ways",
+        metavar="WAY,...",
+        help="cache: run only these ways beside kvlib's (no_cache, kvlib_rows, kvlib_compiled, hf_dynamic, hf_static, "
+        "llama_f32, llama_q8_0); exit 1 if one of them crashes (by default a crash is a row and the rest is measured)",
+    )
     p.add_argument("--students", type=int, default=20, help="class: how many students (default 20)")
     p.add_argument("--assignment", default="01-attention", help="class: the notebook graded (default 01-attention)")
     p.add_argument("--jobs", type=int, default=1, help="class: parallel grading workers (default 1)")
@@ -474,6 +540,18 @@ def main(argv=None) -> int:
     r = course_sub.add_parser("release", help="regenerate kvlib/ stubs and notebooks/ from solutions/")
     r.add_argument("--check", action="store_true", help="write nothing; exit 1 if anything differs")
     r.set_defaults(func=cmd_course_release)
+    pl = course_sub.add_parser(
+        "plan", help="each notebook's core and going-further minutes and each exercise's, by the sitting estimate"
+    )
+    pl.add_argument(
+        "--record",
+        nargs="?",
+        const="all",
+        metavar="NN",
+        help="first run the solution notebooks (all, or notebook NN) and record the lines their cells print",
+    )
+    pl.add_argument("--calibration", action="store_true", help="the estimate beside the careful readers' minutes")
+    pl.set_defaults(func=cmd_course_plan)
     i = course_sub.add_parser("init", help="instructors: write an nbgrader course folder with isolated grading")
     i.add_argument("dir", help="the course folder to create or update")
     i.add_argument(
@@ -518,6 +596,15 @@ def main(argv=None) -> int:
     m.add_argument("url", help="the new gradebook, e.g. postgresql+psycopg2://kvlib:PASSWORD@127.0.0.1/gradebook")
     m.add_argument("--course", default=".", help="the course folder (default: the current one)")
     m.set_defaults(func=cmd_course_move_gradebook)
+    c = course_sub.add_parser(
+        "claims",
+        help="presenters: run the reference notebooks here and print every claim: holds, does not hold, not decided",
+    )
+    c.add_argument("notebooks", nargs="*", help="notebook numbers (01 06 ...); default: all")
+    c.add_argument("--last", action="store_true", help="run nothing: report the last run's record on this machine")
+    c.add_argument("--json", action="store_true", help="print the records as JSON")
+    c.add_argument("--timeout", type=int, default=120, help="seconds one cell may take (default 120)")
+    c.set_defaults(func=cmd_course_claims)
     e = course_sub.add_parser("export-canvas", help="instructors: the gradebook as a CSV for Canvas's gradebook import")
     e.add_argument("--course", default=".", help="the course folder (default: the current one)")
     e.add_argument("--assignment", action="append", help="only these assignments (repeat; default: all)")

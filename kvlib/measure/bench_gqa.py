@@ -235,6 +235,7 @@ def bench_gqa(
                     "group_size": n_heads // h,
                     "method": _gqa_method(method, h == n_heads),
                     "median_s": median,
+                    "rounds_s": times,  # one step per round, in round order: ratios pair round by round
                     "min_s": min(times),
                     "max_s": max(times),
                     "bytes": moved,
