@@ -235,7 +235,9 @@ def _grade(api, course: Course, assignment: str, student: str, timestamp: str) -
     refused_files = re.findall(r"Refused [^/\s]+/[^/\s]+/(\S+): ", log)
     result = Result(student=student, status="graded", timestamp=timestamp, refused_files=refused_files)
     if not out.get("success"):
-        reason = re.search(r"PermissionError: (.+)", log)
+        # refused by the screening (kvlib.grading.autograde: "<student>/<assignment>: ..."); any other PermissionError
+        # (an autograded/ folder a root run left, say) is a failure, tried again by the next run
+        reason = re.search(rf"PermissionError: ({re.escape(student)}/{re.escape(assignment)}: .+)", log)
         if reason:
             result.status, result.reason = "refused", reason.group(1).strip()
         else:  # the error under nbgrader's "see the above traceback", or else its last line that is not chatter
