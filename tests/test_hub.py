@@ -1,13 +1,15 @@
 """A class between real Unix accounts, as on a JupyterHub: an instructor and four students, nbgrader's
-exchange, notebook 01. The course folder comes from `kvlib course init --exchange`; students fetch,
-validate and submit as their own accounts with nbgrader's commands (one twice, one late, one never, and
-one also in another's name); the instructor collects (--update for the resubmission), grades with
-`kvlib course autograde` (once as root, once as the instructor), releases feedback and exports the
-grades; each student fetches their own feedback. Then every cross-student read or write the file system
-must refuse is tried, as each student. Last, a JupyterHub on 127.0.0.1 whose course keeps its gradebook
-on a PostgreSQL server that asks for a password: a student logs in through its login page in headless
-Chromium, fetches, works, validates and submits from JupyterLab's Assignments panel; the instructor
-grades that class into PostgreSQL, and the student fetches the feedback.
+exchange, notebook 01, a deadline with nbgrader's "zero" late penalty. The course folder comes from `kvlib
+course init --exchange`; root hands out the students' config and checks the environment with the guide's own
+commands (docs/instructors.md's marked blocks, run as written); students fetch, validate and submit as their
+own accounts with nbgrader's commands (one twice, one late, one never, and one also in another's name), and four
+more each backdate a submission in their own folder in inbound/ (ATTACKS); the instructor collects (--update for
+the resubmission), grades with `kvlib course autograde` (once as root, once as the instructor), releases
+feedback and exports the grades; each student fetches their own feedback. Then every cross-student read or
+write the file system must refuse is tried, as each student. Last, a JupyterHub on 127.0.0.1 whose course moves
+its gradebook onto a PostgreSQL server the instructor starts as the guide says, asking for a password: a student
+logs in through its login page in headless Chromium, fetches, works, validates and submits from JupyterLab's
+Assignments panel; the instructor grades that class into PostgreSQL, and the student fetches the feedback.
 
 Needs root (it creates the accounts; all are removed at the end, with their processes and homes, and the
 test fails if anything of them is left).
