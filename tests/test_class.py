@@ -182,19 +182,19 @@ def test_killed_runs_resume_exactly_what_is_left(fresh, tmp_path):
 def test_refused_failed_and_over_budget_submissions_are_summarised_and_the_bar_names_the_slowest(fresh, tmp_path):
     """Check a run with its progress bar (done/total, failures, the time left, the submission in flight longest) on a
     student whose timestamp.txt is a link (not graded: refused), one whose notebook is not a notebook (grading breaks:
-    failed) and one whose notebook loops (stopped at --budget: failed), the summary saying why for each."""
+    failed) and one whose notebook stalls (stopped at --budget: failed), the summary saying why for each."""
     course = tmp_path / "course"
     shutil.copytree(fresh, course, symlinks=True)
     stamp = course / "submitted" / "s001" / NB / "timestamp.txt"
     stamp.unlink()
     stamp.symlink_to(course / "grading_secret")
     (course / "submitted" / "s002" / NB / "attention.ipynb").write_text("{ not json", encoding="utf-8")
-    looping = course / "submitted" / "s003" / NB / "attention.ipynb"
-    nb = json.loads(looping.read_text(encoding="utf-8"))
-    nb["cells"].append({"cell_type": "code", "metadata": {}, "source": "while True:\n    pass\n", "outputs": [],
+    stalling = course / "submitted" / "s003" / NB / "attention.ipynb"
+    nb = json.loads(stalling.read_text(encoding="utf-8"))
+    nb["cells"].append({"cell_type": "code", "metadata": {}, "source": "import time\ntime.sleep(600)\n", "outputs": [],
                         "execution_count": None})  # fmt: skip
-    looping.write_text(json.dumps(nb), encoding="utf-8")
-    budget = 8  # the loop's cell alone runs to the cell timeout, 10 s; the other two take a second or two
+    stalling.write_text(json.dumps(nb), encoding="utf-8")
+    budget = 8  # the stalling cell alone runs to the cell timeout, 10 s; the other two take a second or two
     out = kvlib("course", "autograde", NB, "--student", "s00[123]", "--budget", str(budget), cwd=course, check=False)
     assert out.returncode == 1, f"a run with a failed submission should exit 1: {out.returncode}\n{out.stderr[-3000:]}"
     assert "0 graded, 1 refused, 2 failed" in out.stderr, out.stderr[-3000:]
