@@ -57,7 +57,7 @@ TABLE = Table(
 
 
 class GradebookBusy(Exception):
-    """Another run holds the lease of a gradebook that takes one run at a time (SQLite)."""
+    """The lease of a gradebook that takes one run at a time (SQLite) is another run's, or cannot be taken."""
 
 
 @dataclass
@@ -152,9 +152,15 @@ class GradingRecord:
             return  # nothing on disk for two runs to share
         path = Path(db).resolve().with_name(Path(db).name + ".kvlib-lock")
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        except PermissionError:  # made by root's run: taking the lock needs no write
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            except PermissionError:  # made by root's run: taking the lock needs no write
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError as err:
+            raise GradebookBusy(
+                f"cannot open {path}, the lock beside the SQLite gradebook that keeps a second run out ({err.strerror}): "
+                f"let this account write in {path.parent}"
+            ) from None
         self._stack.callback(os.close, fd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
