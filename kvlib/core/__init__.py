@@ -8,6 +8,7 @@ configs.py      every named configuration: published models (sizes only) and the
 devices.py      published peak FLOP/s and bandwidth of GPUs (notebook 05's roofline)
 flops.py        FLOPs counted by torch itself (torch.utils.flop_counter), the CPU attention kernel too
 paging.py       notebook 07's serving engine below the learner's kvlib/serving.py: blocks, paged view
+stream.py       a list whose items are made as they are read (notebook 09's chunks, as its memory is checked)
 gguf_export.py  a Decoder written as a GGUF file for llama.cpp (`kvlib bench cache`)
 paths.py        where the repository's own files are
 """
