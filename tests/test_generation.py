@@ -255,6 +255,11 @@ def swiglu_float64(x, w_gate, w_up, w_down):
     return ((g / (1 + torch.exp(-g))) * (x64 @ w_up.double().T) @ w_down.double().T).to(x.dtype)
 
 
+def swiglu_float32_out(x, w_gate, w_up, w_down):  # slip: 16-bit x computed in float32 and left there
+    x, w_gate, w_up, w_down = (t.float() for t in (x, w_gate, w_up, w_down))
+    return (F.silu(x @ w_gate.T) * (x @ w_up.T)) @ w_down.T
+
+
 ALTERNATIVES = [
     ("2.1", {"next_token": next_token_gumbel}),
     ("2.1", {"next_token": next_token_inverse_cdf}),
@@ -560,6 +565,7 @@ SLIPS = [
     ("2.6", {"swiglu": lambda x, g, u, d: _swiglu(x, g, u, d, act="relu")}, "ReLU"),
     ("2.6", {"swiglu": lambda x, g, u, d: _swiglu(x, g, u, d, transposed=False)}, "(out_features, in_features)"),
     ("2.6", {"swiglu": lambda x, g, u, d: _swiglu(x, g, u, d, down=False)}, "w_down"),
+    ("2.6", {"swiglu": swiglu_float32_out}, "returned torch.float32 for torch.bfloat16 x"),
 ]
 
 
