@@ -17,12 +17,14 @@ import importlib
 import io
 import json
 import os
+import re
 import struct
 import sys
 import traceback
 import types
 
 MAX_DEPTH = 4
+_REMOTE_PART = re.compile(r"\.mlp\.|^lm_head\.")  # weights of a model's parts that stay with the grader (04's count)
 MAX_ITEMS = 4096
 _DECODERS = ("Decoder",)  # kvlib.core.model's, sent as config and weights
 _REQUEST_FIELDS = ("id", "prompt", "max_new_tokens", "out")  # a kvlib.core.paging.Request travels as these (07-serving)
@@ -268,11 +270,12 @@ class Encoder:
                 "tensors": [self.encode(v, depth + 1) for v in state.values()],
                 "training": bool(obj.training),
             }
-        if self.parents is not None and getattr(t, "kvlib_remote_mlps", False):  # a Decoder whose MLPs stay here
+        if self.parents is not None and getattr(t, "kvlib_remote_mlps", False):  # its MLPs and head stay here
             node = self.encode(obj.decoder, depth)
-            keep = [i for i, name in enumerate(node["names"]) if ".mlp." not in name]
+            keep = [i for i, name in enumerate(node["names"]) if not _REMOTE_PART.search(name)]
             node["names"], node["tensors"] = [node["names"][i] for i in keep], [node["tensors"][i] for i in keep]
             node["mlps"] = [{"t": "phandle", "id": self.parents(m), "type": "MLP"} for m in obj.mlps]
+            node["head"] = {"t": "phandle", "id": self.parents(obj.head), "type": "Linear"}
             return node
         if torch is not None and t is torch.Generator:  # its state: the same draws follow on the other side
             seen = self.__dict__.setdefault("_generators", {})  # one generator passed to many calls stays one
@@ -370,14 +373,16 @@ def decode(np, torch, head, files, node):
         mlps = node.get("mlps")
         if mlps is None:
             decoder.load_state_dict(state)
-        else:  # each layer's MLP stays with the grader (a check's count of forward passes): a stand-in here
+        else:  # each layer's MLP and the head stay with the grader (a check's count of tokens): stand-ins here
             missing = decoder.load_state_dict(state, strict=False).missing_keys
-            if any(".mlp." not in k for k in missing) or len(mlps) != len(decoder.layers):
+            if any(not _REMOTE_PART.search(k) for k in missing) or len(mlps) != len(decoder.layers):
                 raise ValueError("a Decoder whose weights do not match its config")
             for layer, stand_in in zip(decoder.layers, mlps):
                 del layer._modules["mlp"]
                 layer.mlp = decode(np, torch, head, files, stand_in)
-            decoder.kvlib_remote_parts = True  # never sent back: its MLPs' weights are not here
+            del decoder._modules["lm_head"]
+            decoder.lm_head = decode(np, torch, head, files, node["head"])
+            decoder.kvlib_remote_parts = True  # never sent back: its MLPs' and head's weights are not here
         head.setdefault("_decoders", []).append(decoder)  # what a drifting callback of this request drifts
         return decoder.train(node.get("training") is True)
     if t == "attention":
