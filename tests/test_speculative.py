@@ -363,6 +363,11 @@ def _generate(model, drafter, input_ids, max_new_tokens, gamma, eos_token=None, 
     return torch.tensor([prompt + new])
 
 
+def generate_prefill_all_but_last(model, drafter, input_ids, max_new_tokens, gamma, eos_token=None, cache=None):
+    """Prefill all the prompt but its last token, which the first verify pass carries with the first drafts."""
+    return _generate(model, drafter, input_ids, max_new_tokens, gamma, eos_token, cache, mode="prefill_all_but_last")
+
+
 def _mode(mode):
     def generate(*args, **kwargs):
         return _generate(*args, **kwargs, mode=mode)
@@ -485,7 +490,7 @@ def lookup_reversed(tokens, n, k):
 
 ALTERNATIVES = {
     "10.1": ("verify_greedy", [verify_cumprod]),
-    "10.2": ("speculative_generate", [_mode("no_clip"), _mode("right"), _mode("prefill_all_but_last")]),
+    "10.2": ("speculative_generate", [_mode("no_clip"), _mode("right"), generate_prefill_all_but_last]),
     "10.3": ("accept_sampled", [accept_uniforms_first]),
     "10.4": ("prompt_lookup", [lookup_numpy, lookup_reversed]),
 }

@@ -4,12 +4,16 @@ Sizes all differ (batch 2, 3 or 6 query heads, 2 key/value heads, head_dim 8, ch
 not divide the lengths), so a swapped axis fails. Every expected value and size limit is computed here
 in float64 before learner code runs, from tensors the learner's code never receives (it gets clones).
 Named slips: the old sum or output not rescaled when the maximum grows, no maximum subtracted
-(exp(1000) overflows), nan from a chunk whose scores are all -inf, every tile computed (the future
-ones too: a nan planted in a future tile's values reaches earlier queries), the diagonal tiles left
-unmasked, a mask aligned top-left, outs averaged instead of weighted by exp(lse), lse returned as a
-maximum, the int8 cache dequantised whole. In the isolated grader the grading process measures the
-memory a large call holds (kvlib.grading.memory); 9.1's concatenation alone is watched beside the
-learner's code, where it runs (docs/instructors.md says why).
+(exp(1000) overflows), nan from a chunk whose scores are all -inf, the chunks kept or concatenated,
+every tile computed (the future ones too: a nan planted in a future tile's values reaches earlier
+queries), the diagonal tiles left unmasked or only the last one masked, key tiles stopped at a query
+tile's first query (kv_len - seq_len not a multiple of the tile), a tile of queries against all its
+keys, torch's fused attention, a mask aligned top-left, outs averaged instead of weighted by
+exp(lse), lse returned as a maximum, the int8 cache dequantised whole or its last partial group
+dropped, float64 returned for float32. In the isolated grader the grading process measures the
+memory a large call holds (kvlib.grading.memory), 9.1's chunks handed in one at a time from it, and
+torch's fused attention kernel is replaced there by its math path (kvlib.grading._child); every 9.2
+cell includes the measured case, so only tiles earn its points (docs/instructors.md).
 """
 
 from __future__ import annotations
@@ -109,8 +113,13 @@ def _softmax_expected_and_slips(scores, values):
 
 
 def _softmax_case(kv, scores, values, what, call=None):
-    """online_softmax on copies of the chunks (or call(chunks)) against softmax over them all, its slips named."""
-    expected, slips = _softmax_expected_and_slips(scores, values)
+    """online_softmax on copies of the chunks (or call(chunks)) against softmax over them all, its slips named (in
+    small cases: a long one's slips are the small cases' too)."""
+    if sum(s.numel() for s in scores) <= 1 << 16:
+        expected, slips = _softmax_expected_and_slips(scores, values)
+    else:
+        s, v = torch.cat(scores, -1).double(), torch.cat(values, -2).double()
+        expected, slips = (s.softmax(-1)[..., None, :] @ v).squeeze(-2), {}
     chunks = [(s.clone(), v.clone()) for s, v in zip(scores, values)]
     got = kv.online_softmax(chunks) if call is None else call(chunks)
     shape = tuple(expected.shape)

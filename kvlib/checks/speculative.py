@@ -7,10 +7,12 @@ the learner's code gets stand-ins, so the count is kept where that code cannot r
 number of passes a speculative loop needs is computed here, before learner code runs; greedy tokens made without drafting fail on that count. Every
 expected token, cache content and distribution is computed before the learner's code runs, from
 copies it never receives. Named slips: verifying without the cache or one pass per draft, the bonus
-token forgotten, the cache rewound one too far or not far enough, an end token inside the accepted
-drafts, acceptance by rank (top-k) instead of min(1, p/q), resampling from p instead of max(0, p - q),
-prompt lookup matching the tail itself or the first occurrence.
-Sampling checks are chi-squared tests at significance 0.001 with fixed seeds.
+token forgotten, the cache rewound one too far or not far enough, a cache handed in not reset, an end
+token inside the accepted drafts or in the prompt, acceptance by rank (top-k) instead of min(1, p/q),
+one uniform shared by a round's drafts, resampling from p instead of max(0, p - q), draws not from
+the generator passed in, prompt lookup matching the tail itself or the first occurrence.
+Sampling checks are chi-squared tests at significance 0.001 with fixed seeds; each replays some rounds
+with generators of their own, in two orders, so that only a function of its generator's draws passes.
 """
 
 from __future__ import annotations
