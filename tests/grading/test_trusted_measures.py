@@ -308,6 +308,9 @@ def speculative_generate(model, drafter, input_ids, max_new_tokens, gamma, eos_t
 
     import torch
 
+    from kvlib.kv_cache import KVCache
+
+    cache = cache if cache is not None else KVCache(model.config, max_seq_len=input_ids.shape[1] + max_new_tokens)
     cache.reset()
     prompt = input_ids[0].tolist()
     with torch.inference_mode():
@@ -626,10 +629,14 @@ ATTACKS = {
         {"mla_absorbed_never_builds_per_head_keys"},
     ),
     "9.2 every tile computed, the counter fed": ("fused", HIDDEN_EVERY_TILE, {"tiled_attention_skips_future_tiles"}),
-    "9.2 the whole score matrix, the counter fed": (
+    "9.2 the whole score matrix, the counter fed": (  # every 9.2 cell holds a measured case: the whole cell
         "fused",
         HIDDEN_SCORE_MATRIX,
-        {"tiled_attention_skips_future_tiles", "tiled_attention_never_builds_the_score_matrix"},
+        {
+            "tiled_attention_matches_causal_sdpa",
+            "tiled_attention_skips_future_tiles",
+            "tiled_attention_never_builds_the_score_matrix",
+        },
     ),
     "9.4 the cache dequantised out of the watch's sight": (
         "fused",
