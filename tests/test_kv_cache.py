@@ -361,33 +361,30 @@ def _forward_blocks(model, input_ids, cache):
     return model.lm_head(model.norm(x[:, -1:]))[:, 0]
 
 
-def _forward_einsum_head(model, input_ids, cache):
-    """The layer loop by hand; the last position through the head's weight with einsum."""
+def _through_layers(model, input_ids, cache):
+    """The new tokens' hidden states after every layer, each reading and extending the cache; the cache advanced."""
     x = model.embed(input_ids)
     for i, layer in enumerate(model.layers):
         x = x + kv_cache.cached_attention(layer.attn, layer.attn_norm(x), cache, i, model.rope_cos, model.rope_sin)
         x = x + layer.mlp(layer.mlp_norm(x))
     cache.advance(input_ids.shape[1])
+    return x
+
+
+def _forward_einsum_head(model, input_ids, cache):
+    """The layer loop by hand; the last position through the head's weight with einsum."""
+    x = _through_layers(model, input_ids, cache)
     return torch.einsum("bc,vc->bv", model.norm(x[:, -1]), model.lm_head.weight)
 
 
 def _forward_head_everywhere(model, input_ids, cache):
     """Slip: the layer loop right, then every position through the head, the last kept."""
-    x = model.embed(input_ids)
-    for i, layer in enumerate(model.layers):
-        x = x + kv_cache.cached_attention(layer.attn, layer.attn_norm(x), cache, i, model.rope_cos, model.rope_sin)
-        x = x + layer.mlp(layer.mlp_norm(x))
-    cache.advance(input_ids.shape[1])
-    return model.lm_head(model.norm(x))[:, -1]
+    return model.lm_head(model.norm(_through_layers(model, input_ids, cache)))[:, -1]
 
 
 def _forward_float64_head(model, input_ids, cache):
     """The layer loop by hand, the output head in float64."""
-    h = model.embed(input_ids)
-    for i, layer in enumerate(model.layers):
-        h = h + kv_cache.cached_attention(layer.attn, layer.attn_norm(h), cache, i, model.rope_cos, model.rope_sin)
-        h = h + layer.mlp(layer.mlp_norm(h))
-    cache.advance(input_ids.shape[-1])
+    h = _through_layers(model, input_ids, cache)
     last = model.norm(h[:, -1:]).double() @ model.lm_head.weight.double().T
     return last[:, 0].float()
 
