@@ -2,15 +2,18 @@
 the issue asks for (no assertion on speed: timing claims live in the benchmark's output)."""
 
 import json
+import os
 
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, run_kvlib
+from conftest import ROOT, on_a_terminal, shown_progress
 
 from kvlib.core.configs import gpt2_size_config
 from kvlib.core.weights import load_tiny
 from kvlib.measure import bench_cache, bench_gqa
+from kvlib.measure.llama_child import extra_buffers
+from kvlib.measure.peers import llama_cpp_available
 
 
 def test_growth_fit_recovers_a_known_quadratic():
@@ -24,10 +27,22 @@ def test_growth_fit_recovers_a_known_quadratic():
     )
 
 
+SHOWN = {}  # what the module fixture's run showed on stderr, a terminal
+
+
 @pytest.fixture(scope="module")
 def quick_cache_report():
     """One short `bench_cache --quick` run (2 interleaved rounds), shared by the tests that read it."""
-    return bench_cache.bench_cache(lengths=(8, 16), quick=True)
+    with on_a_terminal() as err:
+        report = bench_cache.bench_cache(lengths=(8, 16), quick=True)
+    SHOWN["cache"] = err.getvalue()
+    return report
+
+
+def test_bench_cache_shows_its_rounds_on_a_terminal(quick_cache_report):
+    """Check that `kvlib bench cache` shows a progress bar per model, counting its rounds."""
+    for name in ("tiny", "small-stand-in"):
+        assert shown_progress(SHOWN["cache"], f"kvlib bench cache: {name}"), SHOWN["cache"][-500:]
 
 
 def test_bench_cache_reports_every_way_paired_per_round(quick_cache_report):
@@ -42,6 +57,11 @@ def test_bench_cache_reports_every_way_paired_per_round(quick_cache_report):
             and r["ways"]["hf_dynamic"] == "transformers, DynamicCache"
         )
         assert set(r["ways"]) | set(r["missing"]) == set(bench_cache.WAYS)  # llama.cpp run, or why not said
+        assert not r["crashed"], f"a peer crashed on this CPU: {r['crashed']}"  # a crash is a row, and a failure here
+        if os.environ.get("KVLIB_PEERS_TEST") == "required":  # CI: llama.cpp ran, set up as this CPU needs
+            assert set(bench_cache.LLAMA) <= set(r["ways"])
+            info, decided = report["record"]["llama_cpp_system_info"], report["record"]["llama_cpp_extra_buffers"]
+            assert decided["on"] == extra_buffers(info)[0]
         assert [row["new_tokens"] for row in r["rows"]] == [8, 16]
         for row in r["rows"]:
             assert set(row["tokens_per_s"]) == set(r["ways"]) and all(v > 0 for v in row["tokens_per_s"].values())
@@ -54,19 +74,44 @@ def test_bench_cache_reports_every_way_paired_per_round(quick_cache_report):
     assert "transformers, StaticCache" in text and "kvlib/way" in text and "identical greedy tokens" in text
 
 
+def test_bench_cache_turns_a_crashed_peer_into_a_row(monkeypatch):
+    """Check that a llama.cpp process that kills itself (SIGSEGV) becomes a row saying so, and every other way is still
+    measured; a way asked for by name that crashed is what fails the command."""
+    if llama_cpp_available() and os.environ.get("KVLIB_PEERS_TEST") != "required":
+        pytest.skip(llama_cpp_available())
+    monkeypatch.setenv("KVLIB_LLAMA_FAULT", "Q8_0")  # kvlib.measure.llama_child: that model's child segfaults
+    tiny, _ = load_tiny()
+    with torch.inference_mode():
+        r = bench_cache._bench_model("tiny", tiny, (4,), 1, 4, 1, True, True, False)
+    assert set(r["crashed"]) == {"llama_q8_0"} and "crashed (signal 11, SIGSEGV)" in r["crashed"]["llama_q8_0"]
+    assert {"kvlib", "no_cache", "hf_static", "llama_f32"} <= set(r["ways"]) <= set(r["rows"][0]["tokens_per_s"])
+    assert "llama.cpp, Q8_0 weights: crashed (signal 11, SIGSEGV)" in bench_cache.format_cache(
+        {"record": {"device": "cpu", "threads": 1, "torch": torch.__version__}, "results": [r]}
+    )
+    report = {"ways_asked": ["llama_q8_0"], "results": [r]}
+    assert bench_cache.crashed_asked(report) == ["llama_q8_0"]
+    assert bench_cache.crashed_asked(report | {"ways_asked": None}) == []  # not asked by name: a row, not a failure
+
+
+def test_bench_cache_refuses_an_unknown_way():
+    """Check that --ways names the way it does not know and lists the ones it does, before measuring anything."""
+    with pytest.raises(ValueError, match="unknown way.*llama_q4.*choose from no_cache"):
+        bench_cache.bench_cache(ways=["llama_q4"])
+
+
 def test_bench_cache_fails_loudly_when_two_ways_disagree(monkeypatch):
     """Check that a way whose greedy tokens differ from kvlib's stops the run with a message naming both."""
     real = bench_cache._model_ways
 
     def tampered(*args, **kwargs):
-        ways, missing = real(*args, **kwargs)
+        ways, missing, crashed = real(*args, **kwargs)
         honest = ways["hf_static"]
 
         def off_by_one(ids, n):
             tokens, stamps = honest(ids, n)
             return tokens[:-1] + [(tokens[-1] + 1) % 7], stamps
 
-        return {**ways, "hf_static": off_by_one}, missing
+        return {**ways, "hf_static": off_by_one}, missing, crashed
 
     monkeypatch.setattr(bench_cache, "_model_ways", tampered)
     with pytest.raises(RuntimeError, match="transformers, StaticCache and kvlib, KVCache .* disagree"):
@@ -146,7 +191,9 @@ def test_bench_memory_takes_the_highest_of_five_kernels_as_the_ceiling():
     each reported."""
     from kvlib.measure import bench_memory
 
-    run = bench_memory.bench_memory(quick=True)["runs"][0]
+    with on_a_terminal() as err:
+        run = bench_memory.bench_memory(quick=True)["runs"][0]
+    assert shown_progress(err.getvalue(), "kvlib bench memory: cpu")  # its rounds, on a terminal
     rates = run["bandwidth_per_kernel"]
     assert set(rates) == {"read", "copy", "triad", "multi_read", "gemv"}
     assert run["bandwidth"] == max(rates.values()) and rates[run["bandwidth_kernel"]] == run["bandwidth"]
@@ -196,19 +243,14 @@ def test_gpt2_size_config_is_about_124m_parameters():
     assert 110e6 < n < 140e6
 
 
-def test_kvlib_bench_rejects_bad_threads():
-    """Check that --threads 0 is a clear error."""
-    proc = run_kvlib("bench", "cache", "--threads", "0")
-    assert proc.returncode == 2 and "--threads must be at least 1" in proc.stderr
-
-
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is here: --device cuda would run")
-def test_kvlib_bench_device_cuda_without_a_gpu_is_a_clear_error():
-    """Check that --device cuda names the problem where torch sees no GPU, and that cache refuses it anywhere."""
-    proc = run_kvlib("bench", "gqa", "--device", "cuda", "--quick", env={"KVLIB_SOLUTIONS": "1"})
-    assert proc.returncode == 2 and "sees no CUDA GPU" in proc.stderr
-    proc = run_kvlib("bench", "cache", "--device", "cuda")
-    assert proc.returncode == 2 and "CPU only" in proc.stderr
+def test_kvlib_bench_device_cuda_without_a_gpu_is_a_clear_error(capsys):
+    """Check that --device cuda names the problem where torch sees no GPU (the options of each benchmark and the
+    other bad inputs are tests/test_cli.py's)."""
+    from kvlib.app import cli
+
+    assert cli.main(["bench", "gqa", "--device", "cuda", "--quick", "--reference"]) == 2
+    assert "sees no CUDA GPU" in capsys.readouterr().err
 
 
 RECORDINGS = sorted((ROOT / "assets" / "recordings").glob("*.json"))

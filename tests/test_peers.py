@@ -115,9 +115,12 @@ def test_llama_cpp_f32_greedy_tokens_equal_kvlib(which, tmp_path):
         assert torch.allclose(torch.from_numpy(logits), model(ids)[0, -1], atol=1e-3)
 
 
-def test_llama_cpp_runs_q8_0(tmp_path):
-    """Check that the Q8_0 file (8-bit blocks, 34 bytes per 32 weights) is about 3.8x smaller than F32 and runs."""
+def test_llama_cpp_runs_q8_0_set_up_as_this_cpu_needs(tmp_path):
+    """Check that the Q8_0 file (8-bit blocks, 34 bytes per 32 weights) is about 3.8x smaller than F32 and runs, its
+    weights in the buffers decided for this CPU: plain CPU buffers where it has AMX (no AMX kernels), llama.cpp's
+    defaults elsewhere. A crash here fails the test (PeerCrashed), never the worker."""
     _need("llama_cpp")
+    from kvlib.measure.llama_child import extra_buffers, plain
     from kvlib.measure.peers import LlamaCpp
 
     model = _small(n_kv_heads=4)
@@ -129,3 +132,53 @@ def test_llama_cpp_runs_q8_0(tmp_path):
     finally:
         engine.close()
     assert len(tokens) == 8 and all(0 <= t < model.config.vocab_size for t in tokens)
+    assert engine.system_info.startswith("CPU :") and engine.model_buffers  # read off llama.cpp itself
+    assert engine.extra_buffers == extra_buffers(engine.system_info)[0]
+    if not engine.extra_buffers:
+        assert plain(engine.model_buffers), engine.model_buffers
+    if "AMX_INT8 = 1" in engine.system_info:
+        assert "AMX" not in engine.model_buffers and not engine.extra_buffers
+
+
+# llama_print_system_info()'s CPU line: this project's AMD EPYC machine (recorded 2026-12-04), and the same form with
+# AMX_INT8 = 1 as llama.cpp prints it on a Sapphire Rapids Xeon (the flag as issue 43 and dspy PR 10079 quote it)
+EPYC = (
+    "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | AVX512 = 1 | AVX512_VBMI = 1 | "
+    "AVX512_VNNI = 1 | AVX512_BF16 = 1 | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 |"
+)
+XEON_AMX = EPYC.replace("AVX512_BF16 = 1 |", "AVX512_BF16 = 1 | AMX_INT8 = 1 |")
+
+
+def test_extra_buffers_are_off_exactly_where_the_cpu_has_amx():
+    """Check the decision on recorded CPU lines: AMX present -> plain buffers, with the llama.cpp issue named;
+    no AMX, or AMX_INT8 = 0 -> llama.cpp's defaults; and that the load log's buffer types are read off."""
+    from kvlib.measure.llama_child import AMX_ISSUE, extra_buffers, model_buffers, plain
+
+    on, why = extra_buffers(XEON_AMX)
+    assert on is False and AMX_ISSUE in why
+    assert extra_buffers(EPYC)[0] is True and extra_buffers(XEON_AMX.replace("AMX_INT8 = 1", "AMX_INT8 = 0"))[0]
+    log = "load_tensors:          AMX model buffer size = 1953.78 MiB\nload_tensors:   CPU_Mapped model buffer size =  0.08 MiB\n"
+    assert model_buffers(log) == ["AMX", "CPU_Mapped"] and not plain(model_buffers(log))
+    assert plain(["CPU_Mapped"]) and not plain(["CPU_REPACK"])
+
+
+def test_a_crashed_llama_cpp_is_an_error_that_names_the_signal(tmp_path, monkeypatch):
+    """Check that a llama.cpp child that kills itself (SIGSEGV) raises PeerCrashed in the caller, naming the signal and
+    the cause, at this call and the next, while the calling process (a test worker, a benchmark) lives on."""
+    _need("llama_cpp")
+    from kvlib.measure.peers import LlamaCpp, PeerCrashed
+
+    monkeypatch.setenv("KVLIB_LLAMA_FAULT", "all")
+    engine = LlamaCpp(write_gguf(_small(), tmp_path / "m.gguf"), n_ctx=64)
+    try:
+        for _ in range(2):
+            with pytest.raises(
+                PeerCrashed,
+                match=r"crashed \(signal 11, SIGSEGV\) on this CPU during generate.*"
+                r"KVLIB_LLAMA_FAULT asked for it",
+            ):
+                engine(torch.tensor([[1, 2, 3]]), 4)
+    finally:
+        engine.close()
+    with pytest.raises(RuntimeError, match="Model path does not exist"):  # a Python error is an answer, not a crash
+        LlamaCpp(tmp_path / "absent.gguf", n_ctx=64)

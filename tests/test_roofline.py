@@ -629,6 +629,24 @@ def test_course_roof_is_one_roof_for_notebooks_05_and_07(tmp_path):
     assert machine.course_roof(path=unwritable / "roof.json", **small)["stored"] is None
 
 
+def test_course_roof_is_one_measurement_a_sitting_said_one_way(tmp_path):
+    """Check that a roof stored in another sitting (over SITTING_HOURS ago) is measured afresh, not reused nor merged,
+    and that roof_line says the bandwidth with each run's and the last run's rounds' spread, the time and the load."""
+    path, small = tmp_path / "roof.json", {"n_bytes": 1 << 20, "n": 64, "rounds": 3}
+    first = machine.course_roof(path=path, **small)
+    second = machine.course_roof(path=path, **small)
+    assert second["runs"] == 2 and len(second["bandwidths"]) == 2 and len(second["bandwidth_rounds"]) == 3
+    line = machine.roof_line(second)
+    assert line.startswith(f"this machine's bandwidth: {second['bandwidth'] / 1e9:.1f} GB/s (")
+    assert "the best of 2 runs this sitting" in line and "rounds" in line and "load average" in line
+    stored = json.loads(path.read_text())
+    stored["roof"]["measured_at"] = "2026-01-01T00:00:00+00:00"  # yesterday's machine, or last month's
+    path.write_text(json.dumps(stored))
+    fresh = machine.course_roof(path=path, reuse=True, **small)
+    assert not fresh["reused"] and fresh["runs"] == 1 and first["bandwidth"] > 0
+    assert "not measured again" in machine.roof_line(machine.course_roof(path=path, reuse=True))
+
+
 def test_lift_roof_raises_each_ceiling_only_to_a_point_above_it():
     """Check that lift_roof leaves a roof every point sits under as it is, raises the compute ceiling for a point above
     it on the flat part and the bandwidth for one above the slope, each only to that point, after which no point sits

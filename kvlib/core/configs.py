@@ -24,6 +24,13 @@ class RealModel:
     attention: str  # "MHA", "GQA" or "MQA"
     source: str  # where the figures come from
     sliding_window: int | None = None  # tokens each layer attends to, and so caches (rolling buffer); None: all
+    mlp: str = "SwiGLU"  # SwiGLU: gate and up (d_model -> hidden_dim), down back; GELU: two matrices, no gate
+    trained_context: int | None = None  # tokens per sequence in training, where the paper says (else max_seq_len)
+
+    @property
+    def context(self) -> int:
+        """The tokens it was trained to attend to: trained_context where the paper gives it, else its config's."""
+        return self.trained_context or self.config.max_seq_len
 
     def cached_tokens(self, kv_len: int) -> int:
         """Tokens the KV cache holds after kv_len tokens of context: all of them, or the sliding window's last ones."""
@@ -52,7 +59,7 @@ def _gpt2_small() -> RealModel:
     layer = 4 * (C * C + C) + (C * F + F) + (F * C + C) + 2 * 2 * C
     params = V * C + P * C + L * layer + 2 * C  # = 124,439,808, the count transformers reports
     config = ModelConfig(vocab_size=V, d_model=C, n_layers=L, n_heads=12, n_kv_heads=12, hidden_dim=F, max_seq_len=P)
-    return RealModel("GPT-2 small", config, params, "MHA", _hub("openai-community/gpt2"))
+    return RealModel("GPT-2 small", config, params, "MHA", _hub("openai-community/gpt2"), mlp="GELU")
 
 
 def _falcon_7b() -> RealModel:
@@ -62,7 +69,7 @@ def _falcon_7b() -> RealModel:
     layer = C * (71 + 2) * D + C * C + 2 * C * F + 2 * C
     params = V * C + L * layer + 2 * C  # = 6,921,720,704
     config = ModelConfig(vocab_size=V, d_model=C, n_layers=L, n_heads=71, n_kv_heads=1, hidden_dim=F, max_seq_len=2048)
-    return RealModel("Falcon-7B", config, params, "MQA", _hub("tiiuae/falcon-7b"))
+    return RealModel("Falcon-7B", config, params, "MQA", _hub("tiiuae/falcon-7b"), mlp="GELU")
 
 
 REAL_MODELS: dict[str, RealModel] = {
@@ -120,7 +127,8 @@ REAL_MODELS: dict[str, RealModel] = {
             rope_theta=500000.0,
         ),
         # sliding_window 4096 in its config.json: each layer attends to (and caches) the last 4,096 tokens only
-        # (Jiang et al., "Mistral 7B", arXiv:2310.06825, "rolling buffer cache")
+        # (Jiang et al., "Mistral 7B", arXiv:2310.06825, "rolling buffer cache"). Its config.json's
+        # max_position_embeddings is 32,768, but the paper's Table 1 gives context_len 8,192: trained at 8,192
         replace(
             _llama(
                 "Mistral-7B",
@@ -135,6 +143,7 @@ REAL_MODELS: dict[str, RealModel] = {
                 max_seq_len=32768,
             ),
             sliding_window=4096,
+            trained_context=8192,
         ),
         # Qwen2.5 adds biases to q, k and v (a few hundred thousand parameters, left out here)
         _llama(

@@ -19,6 +19,7 @@ class Device:
     tensor16_flops: float  # dense 16-bit tensor-core FLOP/s (BF16, or FP16 where no BF16)
     bandwidth: float  # bytes/s
     memory: float  # bytes of device memory: weights and KV cache must fit in it
+    memory_type: str  # what the bandwidth is of: HBM (stacked beside the chip) or GDDR (chips on the board)
     source: str
     note: str = ""
 
@@ -37,23 +38,39 @@ TERA, GIGA = 1e12, 1e9  # FLOP/s and bytes/s in the units datasheets print
 DEVICES: dict[str, Device] = {
     d.name: d
     for d in (
-        Device("T4", 8.1 * TERA, 65 * TERA, 320 * GIGA, 16 * GIGA, "NVIDIA T4 datasheet", "16-bit is FP16: no BF16"),
-        Device("L4", 30.3 * TERA, 121 * TERA, 300 * GIGA, 24 * GIGA, "NVIDIA L4 datasheet"),
-        Device("A100 40GB SXM", 19.5 * TERA, 312 * TERA, 1555 * GIGA, 40 * GIGA, _A100),
+        Device(
+            "T4",
+            8.1 * TERA,
+            65 * TERA,
+            320 * GIGA,
+            16 * GIGA,
+            "GDDR6",
+            "NVIDIA T4 datasheet",
+            "16-bit is FP16: no BF16",
+        ),
+        Device("L4", 30.3 * TERA, 121 * TERA, 300 * GIGA, 24 * GIGA, "GDDR6", "NVIDIA L4 datasheet"),
+        Device("A100 40GB SXM", 19.5 * TERA, 312 * TERA, 1555 * GIGA, 40 * GIGA, "HBM2", _A100),
         Device(
             "A100 80GB PCIe",
             19.5 * TERA,
             312 * TERA,
             1935 * GIGA,
             80 * GIGA,
+            "HBM2e",
             _A100,
             "the '~1.9 TB/s' of the article 'KV Cache：以空间换时间' (CSDN)",
         ),
-        Device("A100 80GB SXM", 19.5 * TERA, 312 * TERA, 2039 * GIGA, 80 * GIGA, _A100),
-        Device("H100 SXM", 67 * TERA, 989 * TERA, 3350 * GIGA, 80 * GIGA, _H100),
-        Device("H100 PCIe", 51 * TERA, 756 * TERA, 2000 * GIGA, 80 * GIGA, _H100),
+        Device("A100 80GB SXM", 19.5 * TERA, 312 * TERA, 2039 * GIGA, 80 * GIGA, "HBM2e", _A100),
+        Device("H100 SXM", 67 * TERA, 989 * TERA, 3350 * GIGA, 80 * GIGA, "HBM3", _H100),
+        Device("H100 PCIe", 51 * TERA, 756 * TERA, 2000 * GIGA, 80 * GIGA, "HBM2e", _H100),
         Device(
-            "H200 SXM", 67 * TERA, 989 * TERA, 4800 * GIGA, 141 * GIGA, "NVIDIA H200 datasheet (compute as H100 SXM)"
+            "H200 SXM",
+            67 * TERA,
+            989 * TERA,
+            4800 * GIGA,
+            141 * GIGA,
+            "HBM3e",
+            "NVIDIA H200 datasheet (compute as H100 SXM)",
         ),
         Device(
             "RTX 4090",
@@ -61,6 +78,7 @@ DEVICES: dict[str, Device] = {
             165 * TERA,
             1008 * GIGA,
             24 * GIGA,
+            "GDDR6X",
             "NVIDIA Ada (RTX 4090) whitepaper",
             "16-bit with FP32 accumulate",
         ),

@@ -13,4 +13,5 @@ bench_fused.py     `kvlib bench fused` (notebook 09): peak memory naive vs tiled
 bench_spec.py      `kvlib bench spec` (notebook 10): speculative decoding against gamma, predicted and measured
 compiled.py        kvlib's model decoding through torch.compile on a CPU (a way of `kvlib bench cache`)
 peers.py           the engines `kvlib bench cache` compares kvlib with: transformers, llama.cpp
+llama_child.py     llama.cpp in a child process of its own, so that its crash is a row, not the benchmark's end
 """

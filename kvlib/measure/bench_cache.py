@@ -26,13 +26,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kvlib.core import progress
 from kvlib.core.configs import gpt2_size_config, quick_cache_config
 from kvlib.core.gguf_export import write_gguf
 from kvlib.core.model import Decoder, matrix_params
 from kvlib.core.weights import load_tiny, to_transformers
 from kvlib.measure import timing
 from kvlib.measure.compiled import compiled_way
-from kvlib.measure.peers import LlamaCpp, kvlib_way, llama_cpp_available, transformers_way
+from kvlib.measure.peers import LlamaCpp, PeerCrashed, kvlib_way, llama_cpp_available, transformers_way
 
 # way -> what it is, in the order of the table; "kvlib" is the reference every ratio is taken against
 WAYS = {
@@ -46,6 +47,7 @@ WAYS = {
     "llama_q8_0": "llama.cpp, Q8_0 weights",
 }
 INEXACT = {"llama_q8_0"}  # other weights (8-bit): may pick other tokens, so not held to equality
+LLAMA = {"llama_f32": "F32", "llama_q8_0": "Q8_0"}  # llama.cpp's ways, each in a child process: a crash is a row
 NAIVE_CHECK_TOKENS = 24  # the large model's naive tokens are checked over this many new tokens
 
 
@@ -84,53 +86,102 @@ def _summary(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def _model_ways(model, threads: int, n_ctx: int, folder: Path, llama: bool, compiled: bool) -> tuple[dict, dict]:
-    """way name -> run(ids, n) for one model, and what could not run (way -> why)."""
+def _model_ways(
+    model, threads: int, n_ctx: int, folder: Path, llama: bool, compiled: bool, only: set[str] | None = None
+) -> tuple[dict, dict, dict]:
+    """way name -> run(ids, n) for one model, what could not run (way -> why), and what crashed (way -> how).
+
+    only: the ways to run (kvlib's cached way always runs: every ratio is taken against it); None runs them all.
+    """
     from kvlib.generation import generate  # noqa: PLC0415 (late binding: runs the learner's code)
     from kvlib.kv_cache import generate_cached  # noqa: PLC0415 (late binding: runs the learner's code)
 
-    hf = to_transformers(model)
-    # the same model with every weight row after row in memory (nn.Linear's default) instead of the order
-    # kvlib.core.model.decode_layout picks per matrix: what that choice alone buys a decode step
+    wanted = lambda key: key == "kvlib" or only is None or key in only
+    hf = to_transformers(model) if wanted("hf_dynamic") or wanted("hf_static") else None
+    ways, missing, crashed = {}, {}, {}
+    for key, make in (
+        ("no_cache", lambda: kvlib_way(generate, model)),
+        ("kvlib", lambda: kvlib_way(generate_cached, model)),
+        ("kvlib_rows", lambda: kvlib_way(generate_cached, _row_major(model))),
+        ("hf_dynamic", lambda: transformers_way(hf)),
+        ("hf_static", lambda: transformers_way(hf, "static")),
+    ):
+        if wanted(key):
+            ways[key] = make()
+    if wanted("kvlib_compiled"):
+        if compiled:  # kvlib's model through torch.compile (kvlib.measure.compiled): compiled in the warm-up
+            ways["kvlib_compiled"] = compiled_way(model, min(n_ctx, model.config.max_seq_len))
+        else:
+            missing["kvlib_compiled"] = "--quick skips it: compiling takes tens of seconds per model"
+    for key, kind in LLAMA.items():
+        if not wanted(key):
+            continue
+        if not llama:
+            missing[key] = llama_cpp_available() or "not asked for (llama=False)"
+            continue
+        path = write_gguf(model, folder / f"model-{kind}.gguf", kind)
+        try:
+            ways[key] = LlamaCpp(path, n_ctx=n_ctx, threads=threads)
+        except PeerCrashed as err:  # it died loading the model: a row that says so, the other ways go on
+            crashed[key] = str(err)
+    return ways, missing, crashed
+
+
+def _row_major(model):
+    """The same model with every weight row after row in memory (nn.Linear's default) instead of the order
+    kvlib.core.model.decode_layout picks per matrix: what that choice alone buys a decode step."""
     rows = copy.deepcopy(model)
     for m in rows.modules():
         if isinstance(m, torch.nn.Linear):
             m.weight = torch.nn.Parameter(m.weight.detach().contiguous(), requires_grad=False)
-    ways = {
-        "no_cache": kvlib_way(generate, model),
-        "kvlib": kvlib_way(generate_cached, model),
-        "kvlib_rows": kvlib_way(generate_cached, rows),
-        "hf_dynamic": transformers_way(hf),
-        "hf_static": transformers_way(hf, "static"),
+    return rows
+
+
+def llama_setup(ways: dict) -> dict | None:
+    """How llama.cpp ran here, from the first llama.cpp way: its CPU features line, the extra buffers' decision."""
+    engine = next((w for k, w in ways.items() if k in LLAMA), None)
+    if engine is None:
+        return None
+    return {
+        "system_info": engine.system_info,
+        "extra_buffers": engine.extra_buffers,
+        "why": engine.why,
+        "model_buffers": {k: w.model_buffers for k, w in ways.items() if k in LLAMA},
     }
-    missing = {}
-    if compiled:  # kvlib's model through torch.compile (kvlib.measure.compiled): compiled in the warm-up
-        ways["kvlib_compiled"] = compiled_way(model, min(n_ctx, model.config.max_seq_len))
-    else:
-        missing["kvlib_compiled"] = "--quick skips it: compiling takes tens of seconds per model"
-    if llama:
-        for key, kind in (("llama_f32", "F32"), ("llama_q8_0", "Q8_0")):
-            path = write_gguf(model, folder / f"model-{kind}.gguf", kind)
-            ways[key] = LlamaCpp(path, n_ctx=n_ctx, threads=threads)
-    else:
-        missing |= {k: llama_cpp_available() for k in ("llama_f32", "llama_q8_0")}
-    return ways, missing
 
 
 def _bench_model(
-    name: str, model, lengths, threads: int, prompt_len: int, rounds: int, full_naive: bool, llama: bool, compiled: bool
+    name: str,
+    model,
+    lengths,
+    threads: int,
+    prompt_len: int,
+    rounds: int,
+    full_naive: bool,
+    llama: bool,
+    compiled: bool,
+    only: set[str] | None = None,
 ) -> dict:
     cap = model.config.max_seq_len - prompt_len
     ns = sorted({min(n, cap) for n in lengths})
     n = max(ns)
     ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(1))
     with tempfile.TemporaryDirectory(prefix="kvlib-gguf-") as folder:
-        ways, missing = _model_ways(model, threads, prompt_len + n + 8, Path(folder), llama, compiled)
-        for key, run in list(
-            ways.items()
-        ):  # warm-up of each path: first touches, kernel choice, compiling, files paged in
+        ways, missing, crashed = _model_ways(model, threads, prompt_len + n + 8, Path(folder), llama, compiled, only)
+        setup = llama_setup(ways)
+
+        def crash(key, err):  # a peer's process died: its row says how, the other ways go on
+            crashed[key] = str(err)
+            ways.pop(key).close()
+            times.pop(key, None)
+            tokens.pop(key, None)
+
+        times, tokens = {}, {}
+        for key, run in list(ways.items()):  # warm-up of each path: first touches, kernel choice, compiling, paging in
             try:
                 run(ids, 8)
+            except PeerCrashed as err:
+                crash(key, err)
             except RuntimeError as err:  # torch.compile cannot compile here (no C++ compiler...): say why, go on
                 if key != "kvlib_compiled":
                     raise
@@ -138,23 +189,28 @@ def _bench_model(
                 missing[key] = str(err)
         order = list(ways)
         times = {k: [] for k in ways}  # per round: seconds until each of the n tokens existed
-        tokens = {}
         naive_lengths, naive_steps = None, []
-        for r in range(rounds):
+        for r in progress.bar(range(rounds), desc=f"kvlib bench cache: {name}", unit="round"):
             rotated = order[r % len(order) :] + order[: r % len(order)]
             for key in rotated:
+                if key not in ways:  # crashed in an earlier round
+                    continue
                 if key == "no_cache" and not full_naive:
                     curve, naive_lengths, step = _naive_estimate(model, prompt_len, n, repeats=1)
                     times[key].append(curve)
                     naive_steps.append(step)
                     continue
-                got, stamps = ways[key](ids, n)
+                try:
+                    got, stamps = ways[key](ids, n)
+                except PeerCrashed as err:
+                    crash(key, err)
+                    continue
                 if len(stamps) != n:
                     raise RuntimeError(f"{WAYS[key]}: {len(stamps)} timestamps for {n} tokens")
                 times[key].append(stamps)
                 if tokens.setdefault(key, got) != got:
                     raise RuntimeError(f"{name}: {WAYS[key]} generated other tokens in round {r + 1} than in round 1")
-        if not full_naive:  # the naive way's tokens, over a shorter generation
+        if "no_cache" in ways and not full_naive:  # the naive way's tokens, over a shorter generation
             tokens["no_cache"], _ = ways["no_cache"](ids, min(n, NAIVE_CHECK_TOKENS))
         for way in ways.values():
             if hasattr(way, "close"):
@@ -169,7 +225,9 @@ def _bench_model(
                 f"{name}: {WAYS[key]} and {WAYS['kvlib']} disagree on the greedy tokens at new token {i} "
                 f"({got[i] if i < len(got) else 'none'} against {reference[i]}): the ways do not compute the same model"
             )
-    if not full_naive:
+    if "no_cache" not in times:
+        step, how = [], "not run"
+    elif not full_naive:
         step = [statistics.median(col) for col in zip(*naive_steps)]
         how = (
             f"in each round, the sum of forward times measured at {len(naive_lengths)} lengths, interpolated; "
@@ -217,11 +275,13 @@ def _bench_model(
         "rounds": rounds,
         "ways": {k: WAYS[k] for k in ways},
         "missing": missing,
+        "crashed": crashed,
+        "llama_cpp": setup,
         "no_cache_method": how,
         "agreement": agreement,
         "rows": rows,
         "weight_bytes_per_step": {"F32": 4 * matrix_params(c), "Q8_0": 34 * matrix_params(c) // 32},
-        "no_cache_step_growth": _growth(naive_lengths, step),
+        "no_cache_step_growth": _growth(naive_lengths, step) if step else None,
     }
 
 
@@ -232,17 +292,27 @@ def bench_cache(
     quick: bool = False,
     rounds: int | None = None,
     llama: bool | None = None,
+    ways: list[str] | None = None,
 ) -> dict:
     """Tokens per second at each generated length, every way, for the tiny and the GPT-2-size model.
 
     rounds: interleaved rounds per model (default 5; 2 with quick). llama: run llama.cpp (default:
-    when llama-cpp-python and gguf are installed).
+    when llama-cpp-python and gguf are installed). ways: run only these (names of WAYS; kvlib's cached way
+    always runs, every ratio being taken against it); a llama.cpp way asked for by name needs llama.cpp.
+    A llama.cpp way whose process crashes becomes a row that says so ("crashed"); the other ways are measured.
     """
     rounds = rounds or (2 if quick else 5)
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
+    if ways is not None:
+        unknown = [w for w in ways if w not in WAYS]
+        if unknown or not ways:
+            raise ValueError(f"unknown way(s) {', '.join(unknown) or '(none given)'}: choose from {', '.join(WAYS)}")
     if llama is None:
         llama = llama_cpp_available() is None
+        if not llama and ways is not None and set(ways) & set(LLAMA):
+            raise ValueError(f"{', '.join(sorted(set(ways) & set(LLAMA)))} asked for, but {llama_cpp_available()}")
+    only = set(ways) if ways is not None else None
     results = []
     with timing.num_threads(threads), torch.inference_mode():
         tiny, _ = load_tiny()
@@ -250,11 +320,11 @@ def bench_cache(
         big = Decoder(gpt2_size_config() if not quick else quick_cache_config()).eval()
         for name, model, full_naive in (("tiny", tiny, True), ("small-stand-in" if quick else "gpt2-size", big, quick)):
             results.append(
-                _bench_model(name, model, lengths, threads, prompt_len, rounds, full_naive, llama, not quick)
+                _bench_model(name, model, lengths, threads, prompt_len, rounds, full_naive, llama, not quick, only)
             )
         record = timing.environment("cpu", dtype="float32", threads_requested=threads)
     try:
-        import transformers  # noqa: PLC0415 (optional dependency: transformers, in the dev extra)
+        import transformers  # noqa: PLC0415 (start-up time: transformers imports for seconds; only its ways need it)
 
         record["transformers"] = transformers.__version__
     except ImportError:
@@ -263,7 +333,17 @@ def bench_cache(
         import llama_cpp  # noqa: PLC0415 (optional dependency: llama_cpp, in the peers extra)
 
         record["llama_cpp_python"] = llama_cpp.__version__
-    return {"benchmark": "cache", "quick": quick, "record": record, "results": results}
+        setup = next((r["llama_cpp"] for r in results if r["llama_cpp"]), None)
+        if setup:  # the CPU features line and the extra buffers' decision, as llama.cpp's child reported them
+            record["llama_cpp_system_info"] = setup["system_info"]
+            record["llama_cpp_extra_buffers"] = {"on": setup["extra_buffers"], "why": setup["why"]}
+    return {"benchmark": "cache", "quick": quick, "ways_asked": ways, "record": record, "results": results}
+
+
+def crashed_asked(report: dict) -> list[str]:
+    """The ways asked for by name (bench_cache's ways) whose process crashed: the run failed for its user."""
+    asked = set(report.get("ways_asked") or ())
+    return sorted({k for r in report["results"] for k in r.get("crashed", {}) if k in asked})
 
 
 def _goals(r: dict) -> list[str]:
@@ -293,6 +373,9 @@ def format_cache(report: dict) -> str:
         + (f", {versions}" if versions else "")
         + ", float32 unless said, greedy, batch 1"
     ]
+    if "llama_cpp_extra_buffers" in rec:
+        x = rec["llama_cpp_extra_buffers"]
+        lines.append(f"llama.cpp's extra weight buffers {'on' if x['on'] else 'off'}: {x['why']}")
     for r in report["results"]:
         g, keys = r["no_cache_step_growth"], list(r["ways"])
         lines += [
@@ -314,6 +397,8 @@ def format_cache(report: dict) -> str:
                     )
         for key, why in r["missing"].items():
             lines.append(f"  {WAYS[key]}: not run: {why}")
+        for key, how in r.get("crashed", {}).items():
+            lines.append(f"  {WAYS[key]}: {how.removeprefix('llama.cpp: ')}")
         for key, a in r["agreement"].items():
             if a["first_difference"] is not None:
                 lines.append(
@@ -322,10 +407,11 @@ def format_cache(report: dict) -> str:
                 )
         exact = [WAYS[k] for k, a in r["agreement"].items() if a["first_difference"] is None]
         lines.append(f"  identical greedy tokens: {'; '.join(exact)}")
-        lines.append(
-            f"  per-step time without cache ~ {g['a_s'] * 1e3:.2f} ms + {g['b_s_per_token'] * 1e6:.2f} us*S "
-            f"+ {g['c_s_per_token2'] * 1e9:.3f} ns*S^2 (log-log slope {g['loglog_slope']:.2f}) at S cached tokens"
-        )
+        if g:
+            lines.append(
+                f"  per-step time without cache ~ {g['a_s'] * 1e3:.2f} ms + {g['b_s_per_token'] * 1e6:.2f} us*S "
+                f"+ {g['c_s_per_token2'] * 1e9:.3f} ns*S^2 (log-log slope {g['loglog_slope']:.2f}) at S cached tokens"
+            )
         last, wb = r["rows"][-1], r["weight_bytes_per_step"]
         rates = [
             f"{WAYS[k]} {wb['Q8_0' if k == 'llama_q8_0' else 'F32'] * last['tokens_per_s'][k] / 1e9:.1f}"

@@ -175,7 +175,8 @@ def measure_roof(
             sum(2 * rows * w.numel() for w in weights),
         )
     jobs = {**streams, **flops}
-    best = dict.fromkeys(jobs, float("inf"))
+    seconds = {name: [] for name in jobs}
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None  # what else the machine ran, as it started
     with num_threads(threads), torch.inference_mode():
         for r in range(rounds + 1):  # round 0 warms up: first touches, kernel choice
             for name, (fn, _) in jobs.items():
@@ -184,14 +185,17 @@ def measure_roof(
                 fn()
                 synchronize(device)
                 if r:
-                    best[name] = min(best[name], time.perf_counter() - start)
-        record = environment(device, threads=torch.get_num_threads(), rounds=rounds)
+                    seconds[name].append(time.perf_counter() - start)
+        record = environment(device, threads=torch.get_num_threads(), rounds=rounds, load_average=load)
+    best = {name: min(times) for name, times in seconds.items()}
     rates = {name: amount / best[name] for name, (_, amount) in jobs.items()}
     bw_kernel = max(streams, key=rates.get)
     flop_kernel = max(flops, key=rates.get)
     return {
         "bandwidth": rates[bw_kernel],
         "bandwidth_kernel": bw_kernel,
+        # that kernel's rate in each round: the run's spread, which a ceiling (the best round) hides
+        "bandwidth_rounds": [jobs[bw_kernel][1] / t for t in seconds[bw_kernel]],
         "flops": rates[flop_kernel],
         "flops_kernel": flop_kernel,
         "ridge": rates[flop_kernel] / rates[bw_kernel],
@@ -200,6 +204,17 @@ def measure_roof(
         "rounds": rounds,
         "record": record,
     }
+
+
+SITTING_HOURS = 8  # a roof measured longer ago than this belongs to another sitting: measured again, not reused
+
+
+def _this_sitting(roof: dict, now: datetime | None = None) -> bool:
+    try:
+        then = datetime.fromisoformat(roof["measured_at"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    return ((now or datetime.now(timezone.utc)) - then).total_seconds() < SITTING_HOURS * 3600
 
 
 def roof_path() -> Path:
@@ -216,12 +231,14 @@ def course_roof(*, reuse: bool = False, path: Path | None = None, **measure) -> 
     """One roof for the whole course on this machine, so notebooks 05 and 07 draw the same ridge.
 
     reuse=False (notebook 05): measure_roof(**measure) (5 rounds unless told), then keep, ceiling by
-    ceiling, the best of this run and of the roof stored before for the same machine (a ceiling is
-    the best of its runs), and store the result. reuse=True (notebook 07): return the stored roof
-    unchanged, measuring (and storing) only where none is stored for this machine. A folder that
+    ceiling, the best of this run and of the roof stored before for the same machine in this sitting
+    (a ceiling is the best of its runs), and store the result. reuse=True (notebooks 06, 07, 09): return
+    the stored roof unchanged, measuring (and storing) only where none is stored for this machine in
+    this sitting. A sitting: SITTING_HOURS; an older roof is another day's machine, measured afresh. A folder that
     cannot be written (a grading jail) only means nothing is stored. Returns measure_roof's dict plus
-    "runs" (the runs it is the best of), "measured_at" (UTC, ISO, of the last run), "reused" (True:
-    read from the file, nothing measured) and "stored" (the file it came from or went to, or None).
+    "runs" (the runs it is the best of), "bandwidths" (each run's bandwidth, this sitting), "measured_at" (UTC,
+    ISO, of the last run), "reused" (True: read from the file, nothing measured) and "stored" (the file it came
+    from or went to, or None). roof_line(roof) says it in one sentence, the same in every notebook.
     Example: course_roof(reuse=True)["ridge"] is the ridge notebook 05 last printed on this machine
     """
     try:
@@ -231,16 +248,18 @@ def course_roof(*, reuse: bool = False, path: Path | None = None, **measure) -> 
     key = _roof_key(environment("cpu", threads=1))
     try:
         stored = json.loads(path.read_text(encoding="utf-8"))
-        stored = stored if stored.get("key") == key else None
-    except (OSError, ValueError, AttributeError):  # none stored, half a file, or no path
+        stored = stored if stored.get("key") == key and _this_sitting(stored["roof"]) else None
+    except (OSError, ValueError, AttributeError, KeyError):  # none stored, half a file, or no path
         stored = None
     if reuse and stored is not None:
         return {**stored["roof"], "stored": str(path), "reused": True}
     roof = measure_roof(**{"rounds": 5, **measure})
     roof["runs"], roof["reused"] = 1, False
     roof["measured_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    roof["bandwidths"] = [roof["bandwidth"]]  # each run's ceiling this sitting: their spread is shown beside the best
     if stored is not None:  # the best of both runs, each ceiling on its own
         old = stored["roof"]
+        roof["bandwidths"] = old.get("bandwidths", [old["bandwidth"]]) + roof["bandwidths"]
         roof["per_kernel"] = {
             k: max(roof["per_kernel"].get(k, 0.0), old["per_kernel"].get(k, 0.0))
             for k in [*roof["per_kernel"], *(k for k in old["per_kernel"] if k not in roof["per_kernel"])]
@@ -260,6 +279,26 @@ def course_roof(*, reuse: bool = False, path: Path | None = None, **measure) -> 
     except OSError:
         roof["stored"] = None
     return roof
+
+
+def roof_line(roof: dict) -> str:
+    """The course's one sentence for this machine's bandwidth, with its spread, date and load, in every notebook.
+    Example: "this machine's bandwidth: 5.5 GB/s (read: the best of 2 runs this sitting, 5.2-5.5 GB/s; its rounds
+    4.9-5.5 GB/s), measured 2026-12-04 13:02 UTC, load average 1.2 as it started" """
+    gb = lambda x: f"{x / 1e9:.1f}"
+    runs = roof.get("bandwidths") or [roof["bandwidth"]]
+    rounds = roof.get("bandwidth_rounds") or []
+    parts = [f"{roof['bandwidth_kernel']}: the best of {len(runs)} run{'s' * (len(runs) > 1)} this sitting"]
+    if len(runs) > 1:
+        parts.append(f"{gb(min(runs))}-{gb(max(runs))} GB/s")
+    if rounds:
+        parts.append(f"the last run's rounds {gb(min(rounds))}-{gb(max(rounds))} GB/s")
+    when = roof.get("measured_at", "")
+    when = f", measured {when[:16].replace('T', ' ')} UTC" if when else ""
+    load = roof.get("record", {}).get("load_average")
+    load = f", load average {load:.1f} as it started" if load is not None else ""
+    reused = " (stored by an earlier notebook: not measured again)" if roof.get("reused") else ""
+    return f"this machine's bandwidth: {gb(roof['bandwidth'])} GB/s ({'; '.join(parts)}){when}{load}{reused}"
 
 
 def lift_roof(peak: float, bandwidth: float, points) -> tuple[float, float, list[str]]:

@@ -3,7 +3,8 @@
   transformers, DynamicCache   generate(use_cache=True): its default cache, grown by concatenation
   transformers, StaticCache    generate(cache_implementation="static"): preallocated, what a user
                                tuning transformers picks (compiled only on a GPU; eager here)
-  llama.cpp (F32, Q8_0)        llama-cpp-python on a GGUF file kvlib writes (kvlib.core.gguf_export)
+  llama.cpp (F32, Q8_0)        llama-cpp-python on a GGUF file kvlib writes (kvlib.core.gguf_export), run in a
+                               child process (kvlib.measure.llama_child), so that its crash is a row, not the end
 
 Every way is a function (input_ids (1, T), n) -> (the n new token ids, seconds from the start
 until each one existed), so the benchmark can time them alike and check that they agree.
@@ -12,18 +13,28 @@ transformers and llama.cpp are optional: `pip install -e ".[peers]"` brings llam
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
+from multiprocessing.connection import Connection
+from pathlib import Path
 
 import numpy as np
 import torch
+
+from kvlib.measure import llama_child
 
 Way = Callable[[torch.Tensor, int], tuple[list[int], list[float]]]
 
 
 def transformers_way(hf_model, cache_implementation: str | None = None) -> Way:
     """transformers' generate, greedy, timed by a streamer; cache_implementation "static" or None (DynamicCache)."""
-    from transformers.generation.streamers import BaseStreamer  # noqa: PLC0415 (optional dependency: transformers, in the dev extra)
+    from transformers.generation.streamers import BaseStreamer  # noqa: PLC0415 (start-up time: transformers imports for seconds; only its ways need it)
 
     class Stamps(BaseStreamer):
         def __init__(self):
@@ -84,57 +95,113 @@ def llama_cpp_available() -> str | None:
     return f'{" and ".join(missing)} not installed (pip install -e ".[peers]")' if missing else None
 
 
-class LlamaCpp:
-    """llama.cpp on a GGUF file through llama-cpp-python: token ids in, greedy token ids out.
+class PeerCrashed(RuntimeError):
+    """A peer's process ended without answering: a crash (a signal), an exit, or no answer in time."""
 
+
+def _signal_name(returncode: int) -> str:
+    try:
+        return f"signal {-returncode}, {signal.Signals(-returncode).name}"
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+class LlamaCpp:
+    """llama.cpp on a GGUF file, in a child process of its own: token ids in, greedy token ids out.
+
+    The engine runs in kvlib.measure.llama_child, so that a crash in llama.cpp's C++ ends that child only:
+    every call then raises PeerCrashed, which says how it ended and the cause where it is known, and the
+    benchmark or test that called goes on. Times are taken inside the child, so the pipe costs no time.
     threads: llama.cpp's thread count for both the prompt and each step (kvlib's torch threads).
-    The KV cache is float32, as kvlib's is (whatever the weights' type).
-    Greedy as kvlib does it: the argmax of each step's logits (ties to the lowest id); the
-    prompt is fed as ids, so no tokenizer is involved.
+    extra_buffers: None (default) lets llama_child.extra_buffers decide from this CPU's features (off where it has
+    AMX); True or False forces llama.cpp's extra (AMX, repacked) weight buffers on or off.
+    The KV cache is float32, as kvlib's is (whatever the weights' type). Greedy as kvlib does it: the argmax of
+    each step's logits (ties to the lowest id); the prompt is fed as ids, so no tokenizer is involved.
+    After loading: system_info (llama.cpp's CPU features line), extra_buffers and why, model_buffers (the buffer
+    types the weights went to, from llama.cpp's own load log).
     """
 
-    def __init__(self, path, n_ctx: int, threads: int = 1):
-        from llama_cpp import Llama  # noqa: PLC0415 (optional dependency: llama_cpp, in the peers extra)
+    TIMEOUT_S = 600  # one request's answer: far beyond any run here; a child that hangs is killed and reported
 
-        # type_k, type_v 0 (GGML_TYPE_F32): keys and values cached in float32 as kvlib caches them; llama.cpp's
-        # default, float16, would round them and could flip a near-tied greedy pick
-        self.llm = Llama(
-            model_path=str(path),
-            n_ctx=n_ctx,
-            n_batch=min(n_ctx, 512),
-            n_threads=threads,
-            n_threads_batch=threads,
-            type_k=0,
-            type_v=0,
-            logits_all=False,
-            verbose=False,
+    def __init__(self, path, n_ctx: int, threads: int = 1, extra_buffers: bool | None = None):
+        self.path = path
+        parent, child = socket.socketpair()
+        self._stderr = tempfile.TemporaryFile()  # the child's last words, for the message if it crashes
+        with child:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "kvlib.measure.llama_child", str(child.fileno())],
+                pass_fds=(child.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=self._stderr,
+            )
+        self._conn = Connection(parent.detach())
+        self.system_info = self.extra_buffers = self.why = None
+        self.model_buffers: list[str] = []
+        hello = self._answer("start")
+        self.system_info, self.llama_cpp_python = hello["hello"], hello["llama_cpp_python"]
+        loaded = self._ask(
+            {"op": "load", "path": str(path), "n_ctx": n_ctx, "threads": threads, "extra_buffers": extra_buffers}
         )
-        self.path, self.vocab = path, self.llm.n_vocab()
+        self.vocab, self.extra_buffers, self.why = loaded["vocab"], loaded["extra_buffers"], loaded["why"]
+        self.model_buffers = loaded["model_buffers"]
 
-    def _last_logits(self) -> np.ndarray:
-        """A view of llama.cpp's logits for the last token evaluated, (vocab,) float32, without a copy."""
-        return np.ctypeslib.as_array(self.llm._ctx.get_logits(), shape=(self.vocab,))
+    def _answer(self, what: str) -> dict:
+        try:
+            if not self._conn.poll(self.TIMEOUT_S):
+                self._proc.kill()
+                self._proc.wait()
+                raise PeerCrashed(f"llama.cpp: no answer to {what} within {self.TIMEOUT_S} s on this CPU (killed)")
+            answer = self._conn.recv()
+        except (EOFError, OSError):
+            raise PeerCrashed(self._death(what)) from None
+        if "error" in answer:
+            raise RuntimeError(f"llama.cpp ({Path(self.path).name}): {answer['error']}")
+        return answer
+
+    def _ask(self, request: dict) -> dict:
+        try:
+            self._conn.send(request)
+        except OSError:
+            raise PeerCrashed(self._death(request["op"])) from None
+        return self._answer(request["op"])
+
+    def _death(self, what: str) -> str:
+        """How the child ended, in a sentence: the signal or exit status, the cause where known, its last words."""
+        code = self._proc.wait()
+        how = f"crashed ({_signal_name(code)})" if code < 0 else f"exited with status {code}"
+        if os.environ.get("KVLIB_LLAMA_FAULT"):
+            cause = "KVLIB_LLAMA_FAULT asked for it"
+        elif self.system_info and self.extra_buffers and llama_child.extra_buffers(self.system_info)[0] is False:
+            cause = f"extra buffers were forced on a CPU with AMX ({llama_child.AMX_ISSUE})"
+        else:
+            cause = "cause unknown"
+        self._stderr.seek(0)
+        lines = [ln.strip() for ln in self._stderr.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+        if code < 0:  # faulthandler's stack, innermost frame first: where in Python the C++ was entered
+            frame = next((ln for ln in lines if ln.startswith("File ")), None)
+            said = f"; innermost Python frame: {frame}" if frame else ""
+        else:
+            said = f"; its last words: {' / '.join(lines[-3:])}" if lines else ""
+        return f"llama.cpp: {how} on this CPU during {what} ({Path(self.path).name}): {cause}{said}"
 
     def logits(self, ids: list[int]) -> np.ndarray:
         """(vocab,) logits for the token after ids, computed from position 0 (no reuse of earlier calls)."""
-        self.llm.reset()
-        self.llm.eval(ids)
-        return self._last_logits().copy()
+        return self._ask({"op": "logits", "ids": list(ids)})["logits"]
 
     def __call__(self, ids: torch.Tensor, n: int):
         if ids.shape[0] != 1:
             raise ValueError(f"llama.cpp runs one sequence here, got a batch of {ids.shape[0]}")
-        llm, tokens, stamps = self.llm, [], []
-        start = time.perf_counter()
-        llm.reset()  # forget the previous run: its cache entries are overwritten from position 0
-        llm.eval(ids[0].tolist())  # prefill
-        for i in range(n):
-            token = int(np.argmax(self._last_logits()))
-            tokens.append(token)
-            stamps.append(time.perf_counter())
-            if i + 1 < n:
-                llm.eval([token])  # one decode step against llama.cpp's KV cache
-        return tokens, [t - start for t in stamps]
+        answer = self._ask({"op": "generate", "ids": ids[0].tolist(), "n": n})
+        return answer["tokens"], answer["stamps"]
 
     def close(self):
-        self.llm.close()
+        if self._proc.poll() is None:
+            try:
+                self._conn.send({"op": "close"})
+                self._proc.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                self._proc.kill()
+                self._proc.wait()
+        self._conn.close()
+        self._stderr.close()
