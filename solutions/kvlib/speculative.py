@@ -103,13 +103,11 @@ def speculative_generate(
     """Greedy decoding with drafts: the tokens of greedy cached decoding, in fewer forward passes of model.
 
     Args:    model: called as in verify_greedy; drafter: drafter.propose(tokens: list[int], k) -> at most k ids;
-             input_ids: (1, seq_len) long; gamma >= 1: the most tokens drafted per pass; eos_token: generation
-             stops right after the model makes this token (it is returned; one in the prompt ends nothing);
-             cache: the model's cache (reset first, whatever it held), or None for a new KVCache
+             input_ids: (1, seq_len) long; gamma >= 1: the most tokens drafted per pass; eos_token: generation stops
+             right after the model makes it (returned); cache: reset first, or None for a new KVCache
     Returns: (1, seq_len + n_new) long, n_new <= max_new_tokens (fewer only when eos_token came): greedy decoding's
-             tokens, from one forward pass over the prompt (or over all of it but its last token, which then goes
-             with the first drafts), then one per round, each drafting min(gamma, tokens still to make - 1).
-             On return the cache holds every returned token but the last, as plain cached decoding leaves it.
+             tokens, from a pass over the prompt (or all but its last token, verified with the first drafts) and one
+             per round drafting min(gamma, tokens left - 1); the cache holds all but the last, as plain decoding's.
     Raises:  ValueError for gamma < 1, a drafter with another vocabulary, or a cache without room for seq_len +
              max_new_tokens tokens
     Example:
@@ -151,7 +149,6 @@ def accept_sampled(
     Args:    p: (gamma + 1, vocab) float, the model's probabilities for the token after the newest kept one (row 0)
              and after each drafted token (row i + 1 after draft[i]); q: (gamma, vocab) float, the drafter's
              probabilities draft[i] was sampled from; draft: gamma ids; generator: every random draw comes from it
-             (a generator in the same state gives the same tokens: no global RNG, nothing kept between calls)
     Returns: list of 1 to gamma + 1 ids: the accepted drafts, then one token the model's rule picks. Over many calls
              the first token follows p[0], and each later one p's row after the tokens before it, whatever q is.
     Raises:  ValueError if p or q is not a table of probabilities of those shapes, or a draft id is out of range
