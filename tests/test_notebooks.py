@@ -202,11 +202,21 @@ def test_notebook_08_prints_what_its_text_claims():
 
 
 def test_notebook_08b_prints_the_prefill_and_the_table():
-    """Check that 08b prints both MLA paths' prefill cost, the flop counter's agreement, and every scheme's row."""
+    """Check that 08b prints both MLA paths' prefill cost, 8.8's prediction equal to torch's count of 8.5 and 8.6,
+    MLA's own saving against DeepSeek 67B beside the paper's 93.3%, every scheme's row, and no crossing of the
+    weights past a model's context left unflagged."""
     nb, _ = execute(ROOT / "solutions" / "08-compress" / "mla.ipynb")
     text = text_output(nb)
-    assert "a prefill of 8,192 tokens" in text and "formula checked against torch's flop counter" in text
+    assert "a prefill of 8,192 tokens" in text
+    counts = re.findall(r"predicted +([\d,]+), torch counted +([\d,]+) FLOPs", text)
+    assert len(counts) == 4 and all(a == b for a, b in counts), counts
+    assert re.search(r"\d+\.\d% less, both 16-bit; 93\.3% less with V2's latents at 6 bits", text)
     assert re.search(r"DeepSeek-V2\s+MLA", text), "the table of schemes has no MLA row"
+    from kvlib.measure.bench_compress import bytes_table
+
+    for r in bytes_table():  # every crossing past its model's context is flagged where it is printed
+        if r["past_context"]:
+            assert f"{r['outweighs_weights_at']:,} (past its {r['context']:,}-token context)" in text, r
     from kvlib.core.configs import MLA_MODELS, REAL_MODELS
     from kvlib.measure import bench_compress
 

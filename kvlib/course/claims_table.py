@@ -42,7 +42,68 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     # --- 07 serving
     # --- 08a compress
+    Claim(
+        "08a.int8-agreement",
+        "Does the int8 cache pick float32's greedy token at more positions than the course's goal?",
+        "above",
+        "8-bit keys per channel and values per token err by at most half a step of a small scale (KIVI, "
+        "arXiv 2402.02750, keeps quality at far fewer bits)",
+    ),
+    Claim(
+        "08a.int8-step-vs-float32",
+        "At 16k cached tokens, does the int8 cache part of a decode step (8.2: dequantise, then attend) run faster "
+        "than float32's?",
+        "slower",
+        "8.2 writes a float32 copy of the cache and attention reads it back: more bytes than float32 reads alone; "
+        "only a kernel that reads int8 directly gains (notebook 09)",
+    ),
+    Claim(
+        "08a.window-holding-the-question",
+        "Does a rolling window of 32 tokens, longer than the questions, answer as many capitals as the full cache?",
+        "equal",
+        "a window that still holds every token of the question changes nothing the answer attends to",
+    ),
+    Claim(
+        "08a.window-evicting-the-question",
+        "Does a window of 8 tokens answer fewer capitals than the full cache?",
+        "below",
+        "8 tokens cannot hold the question's country: the answer's evidence is evicted",
+    ),
+    Claim(
+        "08a.sinks-cost-room",
+        "Do 4 sinks plus a window of 12 answer fewer capitals than a plain window of 16 on the tiny model?",
+        "below",
+        "a model that formed no attention sinks gains nothing from keeping its first tokens, and loses 4 slots of "
+        "recent context to them (StreamingLLM, arXiv 2309.17453: sinks form in pre-training)",
+    ),
+    Claim(
+        "08a.keys-per-channel",
+        "At 2 bits, is the attention error with keys rounded per token larger than per channel?",
+        "above",
+        "outlier channels set a per-token scale and crush the other channels (KIVI, arXiv 2402.02750)",
+    ),
+    Claim(
+        "08a.sinks-formed",
+        "Does any layer of the tiny model give the first 4 tokens more attention than uniform attention would?",
+        "below",
+        "the tiny model was trained on short question-and-answer rows, where no position is always present to "
+        "park surplus attention on",
+    ),
     # --- 08b mla
+    Claim(
+        "08b.decode-absorbed-fewer-flops",
+        "For one new token over 8,192 DeepSeek-V2 latents, does the absorbed path need fewer FLOPs than rebuilding?",
+        "above",
+        "rebuilding multiplies every latent by each head's up-projections at every step; absorbed, each query "
+        "pays that once (counted by Exercise 8.8, checked against torch's FLOP counter)",
+    ),
+    Claim(
+        "08b.prefill-rebuild-fewer-flops",
+        "For a prefill of 8,192 tokens, does rebuilding keys and values need fewer FLOPs than the absorbed path?",
+        "below",
+        "a prefill's 8,192 queries share one rebuild, while absorbed each scores kv_rank + rope_dim = 576 numbers "
+        "per key instead of nope_dim + rope_dim = 192 (vLLM's MLA backend rebuilds for prefill)",
+    ),
     # --- 09 fused
     # --- 10 speculative
 )
