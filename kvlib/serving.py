@@ -67,6 +67,22 @@ class BlockTable:
         raise NotImplementedError("Exercise 7.2 (notebooks/07-serving): BlockTable.append")
 
 
+@exercise("7.6", validate=inputs.check_utilisation)
+def block_utilisation(lengths: list[int], block_size: int) -> float:
+    """Predict: the share of the slots in the blocks that sequences of these lengths hold that hold a token.
+
+    Each sequence keeps its own block table (nothing shared) and holds exactly the blocks BlockTable.append (7.2)
+    takes for its tokens; a block holds block_size slots.
+    Args:    lengths: tokens each sequence holds, each >= 1;  block_size: slots per block, >= 1
+    Returns: float in (0, 1]: tokens held / slots of the blocks held
+    Raises:  ValueError if lengths is empty or holds a length < 1, or block_size is not a positive int
+    Example:
+        >>> block_utilisation([4, 4], block_size=4), block_utilisation([3], block_size=1)
+        (1.0, 1.0)
+    """
+    raise NotImplementedError("Exercise 7.6 (notebooks/07-serving): block_utilisation")
+
+
 @exercise("7.3", validate=inputs.check_paged)
 def paged_attention(q: torch.Tensor, pool: BlockPool, layer: int, tables: list[BlockTable]) -> torch.Tensor:
     """Attention for a batch of sequences of different lengths, reading K/V through their block tables.
@@ -147,4 +163,13 @@ class Scheduler(Engine):
         raise NotImplementedError("Exercise 7.4 (notebooks/07-serving): Scheduler.step")
 
 
-__all__ = ["BlockPool", "BlockTable", "OutOfBlocks", "Request", "Scheduler", "copy_on_write", "paged_attention"]
+__all__ = [
+    "BlockPool",
+    "BlockTable",
+    "OutOfBlocks",
+    "Request",
+    "Scheduler",
+    "block_utilisation",
+    "copy_on_write",
+    "paged_attention",
+]

@@ -226,27 +226,39 @@ def test_notebook_08b_prints_the_prefill_and_the_table():
     assert len(set(sizes.values())) == len(sizes), f"the ordering quiz has a tie at its default: {sizes}"
 
 
-def test_notebook_07_prints_what_holds_by_construction():
-    """Check that notebook 07's run shows every policy exact and preempting, labels contiguous KV use as modelled
-    beside the paper's measured range, measures the iteration-level arm, inter-token latency and TPOT, runs more
-    requests at once with a shared prefix where blocks bind, draws notebook 05's roof, and shows its figures (the
-    comparison, the block map, the batch roofline)."""
+def test_notebook_07a_predicts_what_its_blocks_hold():
+    """Check that 07a's prediction of how full the blocks are (7.6) equals the count its block tables (7.2) give at
+    every block size, that blocks of max_seq_len give notebook 04's reservation, and that it ends with a Next."""
+    nb, _ = execute(ROOT / "solutions" / "07-serving" / "paging.ipynb")
+    text = text_output(nb)
+    rows = re.findall(r"blocks of +(\d+): predicted +([\d.]+)%; [\d,]+ tokens in [\d,]+ slots held, +([\d.]+)%", text)
+    assert [int(b) for b, _, _ in rows] == [1, 4, 16, 64, 512], rows
+    assert all(p == held for _, p, held in rows), rows
+    reserved = re.search(r"a finished request holds on average \d+ tokens, (\d+)% of 512 slots", text)
+    assert reserved and round(float(rows[-1][2])) == int(reserved.group(1)), (reserved, rows[-1])
+
+
+def test_notebook_07b_prints_what_holds_by_construction():
+    """Check that notebook 07b's run shows every policy exact and preempting, labels a reservation's KV use as
+    modelled beside the paper's measured range, runs each way in three rounds with inter-token latency and TPOT,
+    runs more requests at once with a shared prefix where blocks bind, draws notebook 05's roof in its one sentence,
+    and shows its figures (the comparison, the block map, the batch roofline)."""
     nb, _ = execute(ROOT / "solutions" / "07-serving" / "serving.ipynb")
     text = text_output(nb)
     assert text.count("32 of 32 requests exact") == 3, "every victim policy should leave every request exact"
-    assert "KV in use with contiguous reservation is modelled, from an assumed 512 slots" in text
-    assert "20.4-38.2%" in text and "iteration-level, contiguous" in text and "ITL p50" in text
-    # one roof for the course: notebook 05's, stored for this machine (kvlib.measure.machine.course_roof)
-    assert re.search(
-        r"ridge \d+\.\d\d FLOP/B \(.*: (notebook 05's roof of this machine|measured now, as notebook 05 does)", text
-    )
-    assert "TPOT" in text, "07 defines TPOT beside ITL: it should print it"
-    more = re.search(r"where blocks bind, ([\d.]+)x the requests ran at once", text)  # the scheduler is deterministic
+    assert "KV in use with a reservation is modelled, from an assumed max_seq_len slots" in text
+    assert "20.4-38.2%" in text and "continuous, reserved" in text and "ITL p99" in text and "TPOT" in text
+    assert text.count("(medians of 3 rounds)") == 3, "each way of the equal-memory comparison runs three rounds"
+    assert "iteration-level" not in text, "one name for one mechanism: continuous batching, reserved or paged"
+    assert re.search(r"this machine's bandwidth: [\d.]+ GB/s \(.*\); ridge \d+\.\d\d FLOP/B", text)
+    more = re.search(r"where blocks bind, requests at once, sharing on / off: ([\d.]+), above", text)
     assert more and float(more.group(1)) > 1, "sharing a prefix should let more requests run at once where blocks bind"
     (line,) = [ln for ln in text.splitlines() if ln.startswith("your victim()")]
     assert int(line.split(":")[1].split("preemptions")[0]) > 0, f"24 blocks should force preemptions: {line}"
     images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
-    assert len(images) >= 3, f"notebook 07 shows {len(images)} figures, expected the comparison, block map and roofline"
+    assert len(images) >= 3, (
+        f"notebook 07b shows {len(images)} figures, expected the comparison, block map and roofline"
+    )
 
 
 def test_notebook_06_prints_what_its_text_says():

@@ -40,7 +40,57 @@ CLAIMS: tuple[Claim, ...] = (
         "faster",
         "it reads a quarter of MHA's cache bytes (notebook 05: a memory-bound step takes bytes / bandwidth)",
     ),
-    # --- 07 serving
+    # --- 07a paging
+    # --- 07b serving
+    Claim(
+        "07b.continuous-vs-static",
+        "In the same reserved memory, does continuous batching serve the trace at a higher throughput than static "
+        "batching?",
+        "faster",
+        "a static batch computes every row until its longest member is done; continuous batching (Orca's "
+        "iteration-level scheduling) computes no finished row and fills its place at once",
+    ),
+    Claim(
+        "07b.paged-vs-reserved",
+        "At equal KV memory, does continuous batching on paged memory serve the trace at a higher throughput than in "
+        "reserved memory?",
+        "faster",
+        "paging runs more requests at once in the same memory (PagedAttention, arXiv 2309.06180: 2-4x on GPUs, "
+        "where a larger batch costs little more per step)",
+    ),
+    Claim(
+        "07b.paged-tpot",
+        "Does each request of the paged way get its tokens at a higher rate (a shorter time per output token) than "
+        "in reserved memory?",
+        "slower",
+        "paged steps carry more rows, so each takes longer, and prefill-first admission stalls the running rows "
+        "more often",
+    ),
+    Claim(
+        "07b.paged-runs-more",
+        "Does the paged way run more requests in a step, on average, than the reserved one?",
+        "above",
+        "a request holds only the blocks it fills, not max_seq_len slots",
+    ),
+    Claim(
+        "07b.sharing-runs-more",
+        "Where blocks bind, do more requests run at once with a shared system prompt's blocks shared?",
+        "above",
+        "the prefix's blocks are held once, not once per request (SGLang's RadixAttention, arXiv 2312.07104)",
+    ),
+    Claim(
+        "07b.sharing-fewer-steps",
+        "Does the trace take fewer scheduler steps with prefixes shared?",
+        "below",
+        "more requests run at once, so the same tokens take fewer batched forwards",
+    ),
+    Claim(
+        "07b.sharing-throughput",
+        "Does sharing the system prompt's blocks serve the trace at a higher throughput?",
+        "faster",
+        "its prefill is skipped and more requests run at once; against it, more rows per step and a copy-on-write "
+        "per request admitted onto a whole shared prompt",
+    ),
     # --- 08a compress
     Claim(
         "08a.int8-agreement",

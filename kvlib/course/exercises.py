@@ -70,6 +70,7 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("6.4", "Convert MHA to GQA", "06-gqa", "gqa", "to_gqa"),
     Exercise("7.1", "Give a block back", "07-serving", "serving", "BlockPool.release"),
     Exercise("7.2", "Room for the next tokens", "07-serving", "serving", "BlockTable.append"),
+    Exercise("7.6", "Predict how full the blocks are", "07-serving", "serving", "block_utilisation"),
     Exercise("7.3", "Paged attention", "07-serving", "serving", "paged_attention"),
     Exercise("7.4", "One step of continuous batching", "07-serving", "serving", "Scheduler.step"),
     Exercise("7.5", "Copy on write", "07-serving", "serving", "copy_on_write"),

@@ -390,6 +390,14 @@ def check_append(table, pool, n=1):
         raise ValueError(f"the table's block_size ({table.block_size}) differs from the pool's ({pool.block_size})")
 
 
+def check_utilisation(lengths, block_size):
+    positive_int("block_size", block_size)
+    if isinstance(lengths, (str, bytes)) or not hasattr(lengths, "__len__") or len(lengths) == 0:
+        raise ValueError(f"lengths must be a non-empty list of token counts, got {lengths!r}")
+    for n in lengths:
+        positive_int("every length", n)
+
+
 def check_paged(q, pool, layer, tables):
     if not _is_tensor(q) or q.dim() != 4:
         raise ValueError(f"q must be (batch, n_heads, seq_len, head_dim), got {_shape(q)}")

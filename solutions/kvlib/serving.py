@@ -81,6 +81,25 @@ class BlockTable:
         ### END SOLUTION
 
 
+@exercise("7.6", validate=inputs.check_utilisation)
+def block_utilisation(lengths: list[int], block_size: int) -> float:
+    """Predict: the share of the slots in the blocks that sequences of these lengths hold that hold a token.
+
+    Each sequence keeps its own block table (nothing shared) and holds exactly the blocks BlockTable.append (7.2)
+    takes for its tokens; a block holds block_size slots.
+    Args:    lengths: tokens each sequence holds, each >= 1;  block_size: slots per block, >= 1
+    Returns: float in (0, 1]: tokens held / slots of the blocks held
+    Raises:  ValueError if lengths is empty or holds a length < 1, or block_size is not a positive int
+    Example:
+        >>> block_utilisation([4, 4], block_size=4), block_utilisation([3], block_size=1)
+        (1.0, 1.0)
+    """
+    ### BEGIN SOLUTION
+    slots = sum(-(-n // block_size) * block_size for n in lengths)  # each sequence's last block partly empty
+    return sum(lengths) / slots
+    ### END SOLUTION
+
+
 @exercise("7.3", validate=inputs.check_paged)
 def paged_attention(q: torch.Tensor, pool: BlockPool, layer: int, tables: list[BlockTable]) -> torch.Tensor:
     """Attention for a batch of sequences of different lengths, reading K/V through their block tables.
@@ -189,4 +208,13 @@ class Scheduler(Engine):
         ### END SOLUTION
 
 
-__all__ = ["BlockPool", "BlockTable", "OutOfBlocks", "Request", "Scheduler", "copy_on_write", "paged_attention"]
+__all__ = [
+    "BlockPool",
+    "BlockTable",
+    "OutOfBlocks",
+    "Request",
+    "Scheduler",
+    "block_utilisation",
+    "copy_on_write",
+    "paged_attention",
+]
