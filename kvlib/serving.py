@@ -145,7 +145,7 @@ class Scheduler(Engine):
 
     @exercise("7.4")
     def step(self) -> None:
-        """One iteration of continuous batching: admit, retire, make room, decode, retire.
+        """One iteration of continuous batching: after it, every request has moved on as the contract below says.
         The contract, held by the checks as invariants whatever victim() you choose:
           - first come first served admission: never past an earlier request that waits, and one that fits
             (blocks_to_admit(r) blocks free) is admitted while fewer than max_batch run; admit(r) prefills it;

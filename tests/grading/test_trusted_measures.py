@@ -155,6 +155,75 @@ def test_a_scheduler_that_recomputes_earns_nothing_on_the_steps_cells():
     assert all("recomputes earlier tokens" in v for v in failed.values()), failed
 
 
+DOUBLE_ADMISSION = """
+
+_Honest = Scheduler
+
+
+class Scheduler(_Honest):
+    \"\"\"7.4's slip issue 46 names: each request admitted, but left first in the waiting line.\"\"\"
+
+    def step(self):
+        while self.waiting and len(self.running) < self.max_batch and self.blocks_to_admit(self.waiting[0]) <= self.pool.n_free:
+            self.admit(self.waiting[0])
+        self.retire()
+        while self.running and self.blocks_to_decode() > self.pool.n_free:
+            self.preempt(self.victim())
+        if self.running:
+            self.decode()
+            self.retire()
+"""
+
+
+def _with_body(source: str, function: str, body: str) -> str:
+    """A solution module's text with one exercise's solution block replaced by `body` (indented lines)."""
+    lines = source.splitlines(keepends=True)
+    at = next(i for i, ln in enumerate(lines) if ln.lstrip().startswith(f"def {function}("))
+    begin = next(i for i in range(at, len(lines)) if lines[i].strip() == "### BEGIN SOLUTION")
+    end = next(i for i in range(begin, len(lines)) if lines[i].strip() == "### END SOLUTION")
+    return "".join(lines[:begin] + [body] + lines[end + 1 :])
+
+
+# the numbers each prediction's notebook cell prints, returned whatever is asked: what a learner who copied the
+# reference run's output would hand in (notebook 07a's utilisation by block size, 08a's bytes per token of its
+# timed config, 08b's FLOPs at the try-it's sizes)
+HARD_CODED_PREDICTIONS = {
+    "serving": {
+        "block_utilisation": "    return {1: 1.0, 4: 0.99, 16: 0.947, 64: 0.817, 512: 0.233}.get(block_size, 0.9)\n",
+    },
+    "compress": {
+        "int8_bytes_per_token": "    return 4480.0 if scale_bytes == 4 else 4352.0\n",
+        "mla_flops": "    return {('reconstruct', 1): 477184, ('absorbed', 1): 44032, ('reconstruct', 8): 606208,\n"
+        "            ('absorbed', 8): 352256}.get((path, new_tokens), 0)\n",
+    },
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module", list(HARD_CODED_PREDICTIONS))
+def test_a_prediction_copied_from_the_notebooks_output_earns_nothing(module):
+    """Check, in the isolated child as autograde runs it, that predictions (7.6, 8.7, 8.8) returning the numbers
+    their notebook cell prints, whatever they are asked, fail every check of their exercise (the checks ask other
+    sizes); and that 7.4's double admission is named, not an AttributeError inside the engine (issue 46)."""
+    from kvlib.checks import checks_for
+    from kvlib.course.exercises import EXERCISES
+
+    source = (ROOT / "solutions" / "kvlib" / f"{module}.py").read_text(encoding="utf-8")
+    want = {}
+    for function, body in HARD_CODED_PREDICTIONS[module].items():
+        source = _with_body(source, function, body)
+        (ex,) = [e for e in EXERCISES if e.module == module and e.name == function]
+        want.update({c.name: "expected" for c in checks_for(ex)})
+    if module == "serving":
+        source += DOUBLE_ADMISSION
+        want["step_serves_every_request_exactly"] = "admitted twice"
+    names = list(want)
+    functions = sorted({f"{e.module}.{e.name.split('.')[0]}" for e in EXERCISES if e.module == module})
+    verdicts = _only_in_child(module, source, functions, names, EARLIER_DONE.get(module, ()))
+    for name, words in want.items():
+        assert verdicts[name] != "pass" and words in verdicts[name], (name, verdicts[name])
+
+
 def test_the_checks_are_not_the_learners_library():
     """Check that a learner module importing the checks' reference computations (kvlib.checks.compress) does not
     import in the isolated child, saying which module was missing, while the same module without that line does;
