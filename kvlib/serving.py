@@ -141,7 +141,7 @@ class Scheduler(Engine):
     def victim(self) -> Request:
         """Your preemption policy (Exercise 7.4): the running request (one of self.running) that step() preempts
         while a decode is short of blocks. Any choice keeps every request exact; it decides what is recomputed."""
-        return self.running[-1]  # the newest, vLLM's choice: change it, and measure it in notebook 07
+        return self.running[-1]  # the newest, vLLM's choice: change it, and measure it in notebook 07b
 
     @exercise("7.4")
     def step(self) -> None:

@@ -1,4 +1,4 @@
-"""Checks for notebook 08 (kvlib/compress.py): exercises 8.1-8.6.
+"""Checks for notebook 08 (kvlib/compress.py): exercises 8.1-8.8 (08a: 8.1, 8.2, 8.7; 08b: 8.5, 8.6, 8.8; 08c: 8.3, 8.4).
 
 Sizes all differ (batch 2, 6 query heads, 2 key/value heads, head_dim 8, groups of 4 tokens, 2 or 3
 queries against 11 or 13 keys), so a swapped axis fails. Every expected value is computed here,

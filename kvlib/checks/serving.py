@@ -1,4 +1,4 @@
-"""Checks for notebook 07 (kvlib/serving.py): exercises 7.1-7.5.
+"""Checks for notebook 07 (kvlib/serving.py): exercises 7.1-7.6 (07a: 7.1-7.3, 7.6; 07b: 7.4, 7.5).
 
 Expectations come first, from kvlib's own model and plain attention (never the code under test):
 greedy tokens by full recompute, attention over each sequence's keys laid out contiguously. The

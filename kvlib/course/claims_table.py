@@ -1,6 +1,6 @@
 """Every claim of the course: a sentence whose truth depends on a run, declared once (kvlib.course.claims).
 
-One section per notebook, in course order. An id is the notebook (01, 02a, 02b, 03, ..., 08a, 08b, 09, 10),
+One section per notebook, in course order. An id is the notebook (01, 02a, 02b, 03, ..., 07a, 07b, 08a, 08b, 08c, 09, 10),
 a dot and a name; `expect` is the outcome the course's argument predicts (faster, slower, above, below,
 equal), and `why` that argument or its source. The notebook evaluates the claim on its own run with
 claims.compare / against / exact; tests/test_notebooks.py checks that every claim declared for a notebook
@@ -108,36 +108,10 @@ CLAIMS: tuple[Claim, ...] = (
         "only a kernel that reads int8 directly gains (notebook 09)",
     ),
     Claim(
-        "08a.window-holding-the-question",
-        "Does a rolling window of 32 tokens, longer than the questions, answer as many capitals as the full cache?",
-        "equal",
-        "a window that still holds every token of the question changes nothing the answer attends to",
-    ),
-    Claim(
-        "08a.window-evicting-the-question",
-        "Does a window of 8 tokens answer fewer capitals than the full cache?",
-        "below",
-        "8 tokens cannot hold the question's country: the answer's evidence is evicted",
-    ),
-    Claim(
-        "08a.sinks-cost-room",
-        "Do 4 sinks plus a window of 12 answer fewer capitals than a plain window of 16 on the tiny model?",
-        "below",
-        "a model that formed no attention sinks gains nothing from keeping its first tokens, and loses 4 slots of "
-        "recent context to them (StreamingLLM, arXiv 2309.17453: sinks form in pre-training)",
-    ),
-    Claim(
         "08a.keys-per-channel",
         "At 2 bits, is the attention error with keys rounded per token larger than per channel?",
         "above",
         "outlier channels set a per-token scale and crush the other channels (KIVI, arXiv 2402.02750)",
-    ),
-    Claim(
-        "08a.sinks-formed",
-        "Does any layer of the tiny model give the first 4 tokens more attention than uniform attention would?",
-        "below",
-        "the tiny model was trained on short question-and-answer rows, where no position is always present to "
-        "park surplus attention on",
     ),
     # --- 08b mla
     Claim(
@@ -153,6 +127,33 @@ CLAIMS: tuple[Claim, ...] = (
         "below",
         "a prefill's 8,192 queries share one rebuild, while absorbed each scores kv_rank + rope_dim = 576 numbers "
         "per key instead of nope_dim + rope_dim = 192 (vLLM's MLA backend rebuilds for prefill)",
+    ),
+    # --- 08c window
+    Claim(
+        "08c.window-holding-the-question",
+        "Does a rolling window of 32 tokens, longer than the questions, answer as many capitals as the full cache?",
+        "equal",
+        "a window that still holds every token of the question changes nothing the answer attends to",
+    ),
+    Claim(
+        "08c.window-evicting-the-question",
+        "Does a window of 8 tokens answer fewer capitals than the full cache?",
+        "below",
+        "8 tokens cannot hold the question's country: the answer's evidence is evicted",
+    ),
+    Claim(
+        "08c.sinks-cost-room",
+        "Do 4 sinks plus a window of 12 answer fewer capitals than a plain window of 16 on the tiny model?",
+        "below",
+        "a model that formed no attention sinks gains nothing from keeping its first tokens, and loses 4 slots of "
+        "recent context to them (StreamingLLM, arXiv 2309.17453: sinks form in pre-training)",
+    ),
+    Claim(
+        "08c.sinks-formed",
+        "Does any layer of the tiny model give the first 4 tokens more attention than uniform attention would?",
+        "below",
+        "the tiny model was trained on short question-and-answer rows, where no position is always present to "
+        "park surplus attention on",
     ),
     # --- 09 fused
     # --- 10 speculative

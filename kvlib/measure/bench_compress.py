@@ -118,7 +118,7 @@ def bytes_table(window: int = 4096, context: int = 32768) -> list[dict]:
     add(
         "tiny",
         "window",
-        "MHA, 4 sinks + window 28 (08a)",
+        "MHA, 4 sinks + window 28",
         mha,
         tiny.n_layers,
         tiny_weights,
