@@ -25,16 +25,7 @@ from kvlib.core.paging import BlockStore, Engine
 from kvlib.course.exercises import BY_ID
 
 SERVING_CHECKS = [c for i in range(1, 7) for c in checks_for(BY_ID[f"7.{i}"])]
-NAMES = (
-    "BlockPool",
-    "BlockTable",
-    "OutOfBlocks",
-    "Request",
-    "Scheduler",
-    "block_utilisation",
-    "copy_on_write",
-    "paged_attention",
-)
+NAMES = tuple(serving.__all__)
 
 
 def _module(**over):
@@ -520,6 +511,7 @@ class _StepPolicy(serving.Scheduler):
     """The reference step with one comparison or loop changed: the boundary slips of 7.4."""
 
     admit_when_equal, preempt_when_equal, preempt_at_most_once, retire_after_prefill = True, False, False, True
+    leaves_the_line = True  # False: issue 46's slip, a request admitted but left first in the waiting line
 
     def step(self):
         def fits(need, free):
@@ -530,7 +522,7 @@ class _StepPolicy(serving.Scheduler):
             and len(self.running) < self.max_batch
             and fits(self.blocks_to_admit(self.waiting[0]), self.pool.n_free)
         ):
-            self.admit(self.waiting.popleft())
+            self.admit(self.waiting.popleft() if self.leaves_the_line else self.waiting[0])
         if self.retire_after_prefill:
             self.retire()
         for _ in range(1 if self.preempt_at_most_once else len(self.running)):
@@ -564,21 +556,7 @@ class _StepNoRetireAfterPrefill(_StepPolicy):
 
 
 class _StepAdmitsWithoutLeavingTheLine(_StepPolicy):
-    """7.4's slip issue 46 names: a request admitted, but left first in the waiting line."""
-
-    def step(self):
-        while (
-            self.waiting
-            and len(self.running) < self.max_batch
-            and self.blocks_to_admit(self.waiting[0]) <= self.pool.n_free
-        ):
-            self.admit(self.waiting[0])
-        self.retire()
-        while self.running and self.blocks_to_decode() > self.pool.n_free:
-            self.preempt(self.victim())
-        if self.running:
-            self.decode()
-            self.retire()
+    leaves_the_line = False
 
 
 def _utilisation_floor(lengths, block_size):

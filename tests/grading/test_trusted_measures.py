@@ -5,6 +5,7 @@ target and full marks elsewhere, run in the isolated grading child as autograde 
 from __future__ import annotations
 
 import functools
+import inspect
 
 import numpy as np
 import pytest
@@ -155,24 +156,13 @@ def test_a_scheduler_that_recomputes_earns_nothing_on_the_steps_cells():
     assert all("recomputes earlier tokens" in v for v in failed.values()), failed
 
 
-DOUBLE_ADMISSION = """
+def _double_admission() -> str:
+    """Issue 46's slip of 7.4, appended to the reference kvlib/serving.py: tests/test_serving.py's step whose admitted
+    request is left first in the waiting line."""
+    import test_serving
 
-_Honest = Scheduler
-
-
-class Scheduler(_Honest):
-    \"\"\"7.4's slip issue 46 names: each request admitted, but left first in the waiting line.\"\"\"
-
-    def step(self):
-        while self.waiting and len(self.running) < self.max_batch and self.blocks_to_admit(self.waiting[0]) <= self.pool.n_free:
-            self.admit(self.waiting[0])
-        self.retire()
-        while self.running and self.blocks_to_decode() > self.pool.n_free:
-            self.preempt(self.victim())
-        if self.running:
-            self.decode()
-            self.retire()
-"""
+    policy = inspect.getsource(test_serving._StepPolicy).replace("(serving.Scheduler)", "(Scheduler)")
+    return f"\n\n{policy}\n\nclass Scheduler(_StepPolicy):\n    leaves_the_line = False\n"
 
 
 def _with_body(source: str, function: str, body: str) -> str:
@@ -215,7 +205,7 @@ def test_a_prediction_copied_from_the_notebooks_output_earns_nothing(module):
         (ex,) = [e for e in EXERCISES if e.module == module and e.name == function]
         want.update({c.name: "expected" for c in checks_for(ex)})
     if module == "serving":
-        source += DOUBLE_ADMISSION
+        source += _double_admission()
         want["step_serves_every_request_exactly"] = "admitted twice"
     names = list(want)
     functions = sorted({f"{e.module}.{e.name.split('.')[0]}" for e in EXERCISES if e.module == module})
