@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from kvlib.core.model import Decoder
+from kvlib.core.model import Decoder, matrix_params
 from kvlib.core.weights import load_checked
 from kvlib.course import inputs
 from kvlib.course.exercises import exercise
@@ -120,3 +120,28 @@ def to_gqa(model: Decoder, n_kv_heads: int, pool: Callable | None = None) -> Dec
         2
     """
     raise NotImplementedError("Exercise 6.4 (notebooks/06-gqa): to_gqa")
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 6.5: predict, then measure: what sharing buys a decode step
+
+
+@exercise("6.5", validate=inputs.check_speedup)
+def predicted_speedup(config, n_kv_heads: int, kv_len: int, batch: int = 1) -> float:
+    """Your prediction: how many times faster a decode step runs with n_kv_heads key/value heads than as MHA.
+
+    Both are the model of config (its widths, layers and n_heads query heads; config.n_kv_heads is not read),
+    one with n_heads key/value heads, one with n_kv_heads, each decoding `batch` sequences of kv_len cached
+    tokens. The step is memory-bound (notebook 05): it lasts as long as reading what it must read takes, at
+    the same bandwidth for both, every number in one dtype. Notebook 06 then times both on your machine.
+    Args:    config: a ModelConfig;  n_kv_heads: a divisor of config.n_heads;  kv_len, batch: positive ints
+    Returns: float >= 1: MHA's step time over the step time with n_kv_heads key/value heads
+    Raises:  ValueError if config is not a ModelConfig, n_kv_heads does not divide n_heads, or a count is not a
+             positive int
+    Example:
+        >>> from kvlib.core.configs import real_model
+        >>> predicted_speedup(real_model("Llama-2-7B").config, 32, 4096)  # MHA against itself
+        1.0
+    """
+
+    raise NotImplementedError("Exercise 6.5 (notebooks/06-gqa): predicted_speedup")

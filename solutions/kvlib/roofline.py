@@ -139,27 +139,36 @@ def predicted_tokens_per_second(
 
 
 # ---------------------------------------------------------------------------------------------
-# A consequence (no exercise): where decode turns compute-bound
+# Exercise 5.5: predict, then measure: the batch at which decode turns compute-bound
 
 
+@exercise("5.5", validate=inputs.check_compute_bound)
 def compute_bound_batch(
-    config, kv_len: int, peak_flops: float, bandwidth: float, dtype: torch.dtype = torch.float16, limit: int = 1 << 16
+    config, kv_len: int, peak_flops: float, bandwidth: float, dtype: torch.dtype = torch.float16
 ) -> int | None:
-    """Smallest batch whose decode step reaches the ridge point (None if not below `limit`).
+    """Your prediction: the fewest sequences a decode step must batch to reach the device's ridge point.
 
-    With a long cache the KV bytes grow with the batch as fast as the FLOPs do, so the batch
-    may never get there: that is the point of notebook 06.
+    The step is Exercise 5.3's: one new token for each of `batch` sequences, each against kv_len cached
+    tokens, in dtype; the ridge is peak_flops / bandwidth, in FLOPs per byte. Notebook 05 then times decode
+    at growing batches on your machine to see where its throughput stops growing.
+    Args:    config: a ModelConfig;  kv_len: positive int;  peak_flops (FLOP/s), bandwidth (bytes/s): positive
+             dtype: a torch dtype
+    Returns: int batch >= 1 whose step reaches the ridge while batch - 1's does not, or None if no batch does
+    Raises:  ValueError if config is not a ModelConfig, kv_len is not a positive int, a rate is not positive, or
+             dtype is not a torch.dtype
+    Example:
+        >>> from kvlib.core.configs import real_model
+        >>> compute_bound_batch(real_model("Llama-2-7B").config, 1, 989e12, 3.35e12)  # an H100's tensor cores
+        299
     """
+    ### BEGIN SOLUTION
+    flops, moved = step_cost(config, 1, kv_len, 1, dtype)  # one sequence's step
+    cache = kv_cache_bytes(config, kv_len, 1, dtype)  # each sequence reads its own cache...
+    weights = moved - cache  # ...but the weights once, whatever the batch
     ridge = peak_flops / bandwidth
-
-    def intensity(batch):
-        work, traffic = step_cost(config, 1, kv_len, batch, dtype)  # FLOPs, bytes
-        return work / traffic
-
-    if intensity(limit) < ridge:
+    # batch * flops >= ridge * (weights + batch * cache)  <=>  batch * (flops - ridge * cache) >= ridge * weights
+    slope = flops - ridge * cache
+    if slope <= 0:  # the cache alone brings at least a byte per ridge's FLOPs: no batch gets there
         return None
-    low, high = 1, limit  # intensity grows with batch: bisect for the first batch at the ridge
-    while low < high:
-        mid = (low + high) // 2
-        low, high = (mid + 1, high) if intensity(mid) < ridge else (low, mid)
-    return low
+    return max(1, math.ceil(ridge * weights / slope))
+    ### END SOLUTION

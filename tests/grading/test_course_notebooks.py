@@ -1,6 +1,7 @@
-"""Notebooks 02 to 08 graded by nbgrader from a `kvlib course init` folder: a correct submission gets
+"""Notebooks 02 to 10 graded by nbgrader from a `kvlib course init` folder: a correct submission gets
 every point (in 04 also one with code moved into a helper module of the learner's own), the
-untouched release and a submission that patches the checks in its kernel get none.
+untouched release and a submission that patches the checks in its kernel get none, and in 05 and 06 a
+prediction hard-coded to the notebook's number loses exactly that exercise's points.
 (Notebook 01, with its many attacks: tests/grading/test_attacks.py.)"""
 
 from __future__ import annotations
@@ -50,6 +51,24 @@ def _stub_with(module: str, prelude: str, body: str) -> str:
     return "".join(out).replace(
         "from kvlib.course.exercises import exercise\n", "from kvlib.course.exercises import exercise\n" + prelude, 1
     )
+
+
+def _with_body(module: str, exercise_id: str, body: str) -> str:
+    """The reference kvlib/<module>.py with Exercise exercise_id's solution replaced by `body` (one line)."""
+    lines = (ROOT / "solutions" / "kvlib" / f"{module}.py").read_text(encoding="utf-8").splitlines(keepends=True)
+    at = next(i for i, ln in enumerate(lines) if ln.strip().startswith(f'@exercise("{exercise_id}"'))
+    begin = next(i for i in range(at, len(lines)) if lines[i].strip() == "### BEGIN SOLUTION")
+    end = next(i for i in range(begin, len(lines)) if lines[i].strip() == "### END SOLUTION")
+    indent = lines[begin][: len(lines[begin]) - len(lines[begin].lstrip())]
+    return "".join(lines[:begin] + [indent + body + "\n"] + lines[end + 1 :])
+
+
+# A prediction written as the number the notebook shows, not as the count it asks for: full marks but for that
+# exercise (issue 46: an exercise that cannot be transcribed, and whose answer cannot be copied from the try cell)
+HARD_CODED = {
+    "roofline": ("5.5", "return 299  # Llama-2-7B on an H100, as the docstring's example prints"),
+    "gqa": ("6.5", "return 2.8716  # GQA-2 of the timing model at 8k, as the try cell prints"),
+}
 
 
 def _with_helper_module(module: str, exercise_id: str, helper: str) -> tuple[str, str]:
@@ -131,6 +150,8 @@ def graded_sizes(request, tmp_path_factory):
         if module == "kv_cache":  # issue 15's learner: 4.2's code in kvlib/my_helpers.py, imported by kv_cache.py
             text, helper = _with_helper_module("kv_cache", "4.2", "attention_with_cache")
             students.append(("helper", text))
+        if module in HARD_CODED:
+            students.append(("hard-coded", _with_body(module, *HARD_CODED[module])))
         for student, text in students:
             sub = course / "submitted" / student / nb
             shutil.copytree(course / "release" / nb, sub)
@@ -155,7 +176,8 @@ def graded_sizes(request, tmp_path_factory):
 @pytest.mark.parametrize("nb", [nb for nb, _ in ISOLATED])
 def test_scores_come_from_the_isolated_child(graded_sizes, nb):
     """Check that the scores of notebooks 02 to 10 come from the isolated child: correct -> full marks, the
-    untouched release -> 0, and a submission that patches the checks and grade() in its kernel -> 0
+    untouched release -> 0, a submission that patches the checks and grade() in its kernel -> 0, and in 05 and 06
+    a prediction hard-coded to the number the notebook shows -> every point but that exercise's
     (notebook 01: tests/grading/test_attacks.py)."""
     scores = graded_sizes(nb)
     correct, max_score = scores["correct"]
@@ -165,3 +187,6 @@ def test_scores_come_from_the_isolated_child(graded_sizes, nb):
     assert scores["patching"][0] == 0
     if "helper" in scores:  # code moved into the learner's own kvlib/my_helpers.py: full marks too
         assert scores["helper"] == (max_score, max_score)
+    if "hard-coded" in scores:  # a prediction copied as a number: that exercise's points lost, every other kept
+        per, _ = points(nb)
+        assert scores["hard-coded"] == (max_score - per[HARD_CODED[dict(ISOLATED)[nb]][0]], max_score)
