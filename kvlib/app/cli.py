@@ -7,6 +7,7 @@ kvlib bench NAME [--json]      cache, memory, gqa, serve, compress, fused, spec:
 kvlib lab [NN]                 open JupyterLab on the course (learner view: nbgrader's Validate button)
 kvlib present [NN] [--check]   the solved notebooks in reference mode; --check runs them all and times each
 kvlib course release [--check] regenerate kvlib/ stubs and notebooks/ from solutions/
+kvlib course plan              each notebook's core and going-further minutes, each exercise's (--record)
 kvlib course init DIR          an nbgrader course folder for instructors (docs/instructors.md)
 kvlib course autograde A       grade a class in parallel, resumable (--jobs N, --student GLOB, --force)
 kvlib course export-canvas     the gradebook as a CSV for Canvas's gradebook import
@@ -248,9 +249,13 @@ def cmd_bench(args) -> int:
 
 
 def cmd_course_release(args) -> int:
-    from kvlib.app import release  # noqa: PLC0415 (not in learners' folders: instructor only)
+    from kvlib.app import release, sitting  # noqa: PLC0415 (not in learners' folders: instructor only)
 
-    problems = release.release(check=args.check)
+    try:  # the header lines first: notebooks/ is made from solutions/ with them
+        problems = sitting.sync_headers(check=args.check) + release.release(check=args.check)
+    except ValueError as err:  # a hint file out of form, or printed lines not recorded for a changed cell
+        print(f"kvlib course release: {err}", file=sys.stderr)
+        return 2
     if problems:
         print("\n".join(problems))
         if args.check:
@@ -259,6 +264,26 @@ def cmd_course_release(args) -> int:
         print("\nrewrote the files above")
     else:
         print("kvlib/ and notebooks/ match solutions/")
+    return 0
+
+
+def cmd_course_plan(args) -> int:
+    from kvlib.app import sitting  # noqa: PLC0415 (not in learners' folders: instructor only)
+
+    try:
+        if args.record:
+            sitting.record_outputs(None if args.record == "all" else args.record)
+        if args.calibration:
+            print(sitting.calibration_table())
+            return 0
+        sittings = sitting.course()
+    except (ValueError, FileNotFoundError) as err:  # a stale record, an unknown notebook, no git history
+        print(f"kvlib course plan: {err}", file=sys.stderr)
+        return 2
+    except RuntimeError as err:  # a notebook failed while recording
+        print(f"kvlib course plan: {err}", file=sys.stderr)
+        return 1
+    print(sitting.plan_table(sittings) + "\n\nWhat fits a workshop, from 01:\n" + sitting.workshop_plan(sittings))
     return 0
 
 
@@ -502,6 +527,18 @@ def main(argv=None) -> int:
     r = course_sub.add_parser("release", help="regenerate kvlib/ stubs and notebooks/ from solutions/")
     r.add_argument("--check", action="store_true", help="write nothing; exit 1 if anything differs")
     r.set_defaults(func=cmd_course_release)
+    pl = course_sub.add_parser(
+        "plan", help="each notebook's core and going-further minutes and each exercise's, by the sitting estimate"
+    )
+    pl.add_argument(
+        "--record",
+        nargs="?",
+        const="all",
+        metavar="NN",
+        help="first run the solution notebooks (all, or notebook NN) and record the lines their cells print",
+    )
+    pl.add_argument("--calibration", action="store_true", help="the estimate beside the careful readers' minutes")
+    pl.set_defaults(func=cmd_course_plan)
     i = course_sub.add_parser("init", help="instructors: write an nbgrader course folder with isolated grading")
     i.add_argument("dir", help="the course folder to create or update")
     i.add_argument(
