@@ -175,9 +175,9 @@ def test_notebook_01_shows_the_seed_numbers():
 
 
 def test_notebook_05_puts_no_measured_point_above_its_roof():
-    """Check that notebook 05's measured decode and prefill sit at or under its roof (the best of its runs, raised to a
+    """Check that notebook 05b's measured decode and prefill sit at or under its roof (the best of its runs, raised to a
     point that passed it while the roof cell's runs were slowed), and its figures show."""
-    nb, _ = execute(ROOT / "solutions" / "05-memory-wall" / "memory_wall.ipynb")
+    nb, _ = execute(ROOT / "solutions" / "05-memory-wall" / "your_machine.ipynb")
     text = text_output(nb)
     shares = [int(s) for s in re.findall(r"= (\d+)% of the roof there", text)]
     assert len(shares) == 2, "notebook 05 no longer prints where decode and prefill sit against its roof"

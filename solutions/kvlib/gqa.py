@@ -94,9 +94,8 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torc
 def mean_pool_heads(w: torch.Tensor, n_heads: int, n_kv_heads: int) -> torch.Tensor:
     """Shrink a key or value projection from n_heads heads to n_kv_heads: each new head the mean of the old ones it replaces.
 
-    New key/value head j serves the query heads that repeat_kv (Exercise 6.1) sends to it; in the MHA
-    model each of those query heads read its own head, so head j is the mean of exactly those old heads.
-    Which rows of an nn.Linear weight hold a head is for you to work out (Attention.project_kv in
+    New key/value head j replaces the heads that the query heads now sharing it (repeat_kv, Exercise 6.1) read
+    before. Which rows of an nn.Linear weight hold a head is for you to work out (Attention.project_kv in
     kvlib/core/model.py splits k_proj's output into heads). The invariant the checks hold you to:
     pooling a weight whose heads are repeat_kv's copies of a smaller one gives the smaller one back.
     Args:    w: (n_heads * head_dim, d_model) float tensor;  n_heads, n_kv_heads: n_kv_heads divides n_heads

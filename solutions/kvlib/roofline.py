@@ -45,9 +45,9 @@ def roofline_time(flops: float, bytes_moved: float, peak_flops: float, bandwidth
 
 @exercise("5.1", validate=inputs.check_matmul)
 def matmul_intensity(m: int, k: int, n: int, dtype: torch.dtype = torch.float16) -> float:
-    """Arithmetic intensity, FLOPs per byte, of (m, k) @ (k, n) -> (m, n) with each matrix moved once.
+    """Arithmetic intensity, FLOPs per byte, of (m, k) @ (k, n) -> (m, n), each of its three matrices moved once.
 
-    FLOPs: 2 per multiply-add. Bytes: both inputs read and the output written, once each, in dtype.
+    FLOPs as notebook 03 counts them (a multiply-add is 2); bytes at dtype's size.
     Args:    m, k, n: positive ints;  dtype: a torch dtype (its size in bytes counts, not bits)
     Returns: float FLOPs per byte
     Raises:  ValueError if a size is not a positive int or dtype is not a torch.dtype
@@ -93,12 +93,12 @@ def ridge_batch(k: int, n: int, peak_flops: float, bandwidth: float, dtype: torc
 def step_cost(
     config, new_tokens: int, kv_len: int, batch: int = 1, dtype: torch.dtype = torch.float16
 ) -> tuple[int, int]:
-    """(FLOPs, bytes) of one forward step: new_tokens tokens per sequence against kv_len cached ones.
+    """(FLOPs, bytes) of one forward step of batch sequences, each feeding new_tokens tokens against kv_len positions.
 
-    Decode is step_cost(config, 1, kv_len); a prefill of T tokens is step_cost(config, T, T). FLOPs:
-    every matrix weight (matrix_params) and attention (scores and values, every head and layer) for
-    every new token of every sequence, 2 per multiply-add. Bytes: the matrix weights, read once per step,
-    and the KV cache of kv_len tokens of every sequence (Exercise 4.4).
+    Decode is step_cost(config, 1, kv_len); a prefill of T tokens is step_cost(config, T, T). FLOPs as notebook 03
+    counts them: the matrix products and attention's, 2 per multiply-add. Bytes: what the step must bring from
+    memory, each number once: the matrix weights (matrix_params) and the KV cache it attends to, in dtype
+    (Exercise 4.4). Activations, norms and the embedding's one row are left out.
     Args:    config: a ModelConfig;  new_tokens, kv_len, batch: positive ints, new_tokens <= kv_len;  dtype: a torch dtype
     Returns: (flops, bytes), two ints
     Raises:  ValueError if a count is not a positive int, new_tokens > kv_len, or dtype is not a torch.dtype
@@ -120,9 +120,9 @@ def step_cost(
 def predicted_tokens_per_second(
     config, kv_len: int, batch: int, dtype: torch.dtype, peak_flops: float, bandwidth: float
 ) -> float:
-    """Tokens per second that decode at kv_len cached tokens can reach on a device, by the roofline.
+    """Tokens per second, all batch sequences together, that decode at kv_len cached tokens reaches by the roofline.
 
-    One decode step makes one new token for each of batch sequences; its time is roofline_time of its cost.
+    The device is its peak FLOP/s and bandwidth; the step is Exercise 5.3's.
     Args:    config: a ModelConfig;  kv_len, batch: positive ints;  dtype: a torch dtype
              peak_flops (FLOP/s), bandwidth (bytes/s): the device's, positive
     Returns: float tokens per second, all sequences together
