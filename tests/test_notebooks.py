@@ -179,14 +179,15 @@ def test_notebook_01_shows_the_seed_numbers():
 
 
 def test_notebook_05_puts_no_measured_point_above_its_roof():
-    """Check that notebook 05's measured decode and prefill sit at or under its roof (the best of its runs, raised to a
+    """Check that notebook 05b's measured decode and prefill sit at or under its roof (the best of its runs, raised to a
     point that passed it while the roof cell's runs were slowed), and its figures show."""
-    nb, _ = execute(ROOT / "solutions" / "05-memory-wall" / "memory_wall.ipynb")
+    nb, _ = execute(ROOT / "solutions" / "05-memory-wall" / "your_machine.ipynb")
     text = text_output(nb)
     shares = [int(s) for s in re.findall(r"= (\d+)% of the roof there", text)]
     assert len(shares) == 2, "notebook 05 no longer prints where decode and prefill sit against its roof"
     assert max(shares) <= 100, f"a measured point above the roof ({shares}%): a rate reached must raise it (lift_roof)"
-    assert re.search(r"ridge \d+\.\d\d FLOP/B \(best of \d+ run", text), "notebook 05 prints no measured ridge"
+    assert re.search(r"ridge \d+\.\d\d FLOP/B", text), "notebook 05 prints no measured ridge"
+    assert "this machine's bandwidth: " in text, "notebook 05 prints its roof without roof_line's one sentence"
     busy = re.search(r"eager the GPU was busy at most (\d+)% of the step", text)
     assert busy and int(busy.group(1)) < 50, "the recording's text says eager decode leaves the GPU mostly idle"
     batching = next(c for c in nb.cells if c.get("id") == "23c126bb")

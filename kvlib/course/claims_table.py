@@ -16,7 +16,7 @@ from dataclasses import dataclass
 class Claim:
     """A sentence of the course whose truth depends on a run: declared once, evaluated where the run happens."""
 
-    id: str  # "06.grouped-vs-mha": the notebook (01, 02a, 02b, 03, ... 08b, 10), a dot, a name
+    id: str  # "06a.grouped-vs-mha": the notebook (01, 02a, 02b, 03, ... 08b, 10), a dot, a name
     question: str  # what the text asks, answered by the run
     expect: str  # the outcome the course's argument predicts: faster, slower, above, below or equal
     why: str = ""  # the argument behind the expectation, or its source
@@ -58,13 +58,53 @@ CLAIMS: tuple[Claim, ...] = (
     # --- 02b layer
     # --- 03 recompute
     # --- 04 kv cache
-    # --- 05 memory wall
-    # --- 06 gqa
+    # --- 05a memory wall
+    # --- 05b your machine
     Claim(
-        "06.grouped-vs-mha",
+        "05b.decode-slower-than-its-bytes",
+        "Does a decode step of the timing model take longer than reading its weights at this machine's roof would?",
+        "above",
+        "the roof is the best rate any kernel reached here, and a step also runs small operations and Python",
+    ),
+    Claim(
+        "05b.batching-pays",
+        "Does decoding 64 sequences at once make more tokens per second than decoding one?",
+        "faster",
+        "a decode step reads the weights once whatever the batch (below the ridge, the roofline predicts 64 times)",
+    ),
+    Claim(
+        "05b.tall-weights-column-major",
+        "Does one core stream GPT-2 small's widening MLP weight faster stored column after column, the order "
+        "kvlib's Decoder gives tall weights, than row after row?",
+        "faster",
+        "kvlib.core.model.decode_layout: 1.2-1.7x on the CPU the course was built on (docs/benchmarks.md)",
+    ),
+    # --- 06a gqa
+    Claim(
+        "06a.grouped-vs-mha",
         "At 8k cached tokens, does a GQA-2 decode step that reads the shared heads in place run faster than MHA's?",
         "faster",
         "it reads a quarter of MHA's cache bytes (notebook 05: a memory-bound step takes bytes / bandwidth)",
+    ),
+    Claim(
+        "06a.copied-slower-than-mha",
+        "At 8k cached tokens, does GQA-2 copied out (repeat_kv, then MHA attention) decode slower than MHA?",
+        "below",
+        "every step writes n_heads heads of copies and reads them back: more traffic than MHA's (Raschka's "
+        "from-scratch GQA decoded at 63 against its MHA's 72 tokens/s)",
+    ),
+    Claim(
+        "06a.speedup-below-prediction",
+        "Does GQA-2's decode step at 8k cached tokens speed up as much as the bytes it reads shrink (Exercise 6.5)?",
+        "below",
+        "a step also pays a cost per operation (Python, small kernels) that sharing key/value heads does not shrink",
+    ),
+    # --- 06b quality
+    Claim(
+        "06b.uptraining-recovers",
+        "Do twenty steps of uptraining bring GQA-2's held-out loss below its loss right after conversion?",
+        "below",
+        "Ainslie et al., arXiv:2305.13245: a little uptraining recovers most of the quality conversion costs",
     ),
     # --- 07a paging
     # --- 07b serving

@@ -317,6 +317,10 @@ def check_predicted(config, kv_len, batch, dtype, peak_flops, bandwidth):
     check_positive(peak_flops=peak_flops, bandwidth=bandwidth)
 
 
+def check_compute_bound(config, kv_len, peak_flops, bandwidth, dtype=_FLOAT16):
+    check_predicted(config, kv_len, 1, dtype, peak_flops, bandwidth)
+
+
 # ---------------------------------------------------------------------------------------------
 # Notebook 06: grouped-query attention
 
@@ -376,6 +380,17 @@ def check_to_gqa(model, n_kv_heads, pool=None):
         divisors = [d for d in range(1, have + 1) if have % d == 0]
         raise ValueError(
             f"the model has {have} key/value heads: n_kv_heads must divide it, one of {divisors}; got {n_kv_heads!r}"
+        )
+
+
+def check_speedup(config, n_kv_heads, kv_len, batch=1):
+    check_config(config)
+    check_count("kv_len", kv_len)
+    check_count("batch", batch)
+    if isinstance(n_kv_heads, bool) or not isinstance(n_kv_heads, int) or n_kv_heads < 1 or config.n_heads % n_kv_heads:
+        divisors = [d for d in range(1, config.n_heads + 1) if config.n_heads % d == 0]
+        raise ValueError(
+            f"config has {config.n_heads} query heads: n_kv_heads must divide it, one of {divisors}; got {n_kv_heads!r}"
         )
 
 

@@ -1,8 +1,8 @@
 """Notebooks 02 to 10 graded by nbgrader from a `kvlib course init` folder: a correct submission gets
 every point (in 04 also one with code moved into a helper module of the learner's own), the
-untouched release and a submission that patches the checks in its kernel get none; in 04, 06, 09 and
-10 also BANK's cheats, library shortcuts and other right ways, each scored cell by cell, in the same
-autograde run. (Notebook 01, with its many attacks: tests/grading/test_attacks.py.)"""
+untouched release and a submission that patches the checks in its kernel get none; in 04, 05, 06, 09
+and 10 also BANK's cheats (05 and 06: a prediction hard-coded), library shortcuts and other right ways, each
+scored cell by cell, in the same autograde run. (Notebook 01, with its many attacks: tests/grading/test_attacks.py.)"""
 
 from __future__ import annotations
 
@@ -264,6 +264,20 @@ def _alternatives(module: str, exercises: dict) -> str:
     )
 
 
+HARD_CODED_05 = '''
+
+def compute_bound_batch(config, kv_len, peak_flops, bandwidth, dtype=None):
+    """The cheat: 5.5's prediction written as the number its docstring's example prints, whatever it is asked."""
+    return 299
+'''
+
+HARD_CODED_06 = '''
+
+def predicted_speedup(config, n_kv_heads, kv_len, batch=1):
+    """The cheat: 6.5's prediction written as the number its try cell prints, whatever it is asked."""
+    return 2.8716
+'''
+
 # module -> student -> (code appended to the reference, exercises kept, {exercise: "full" | 0 | {check: words}})
 BANK = {
     "fused": {
@@ -322,6 +336,10 @@ BANK = {
             {"6.1", "6.2"},
             {"6.2": {"grouped_attention_does_not_copy_heads": "scaled_dot_product_attention"}},
         ),
+        "hard-coded": (HARD_CODED_06, {"6.1", "6.2", "6.3", "6.4", "6.5"}, {"6.4": "full", "6.5": 0}),
+    },
+    "roofline": {  # a prediction (issue 46) copied as the number the notebook shows: no point for it, the rest kept
+        "hard-coded": (HARD_CODED_05, {"5.1", "5.2", "5.3", "5.4", "5.5"}, {"5.4": "full", "5.5": 0}),
     },
     "kv_cache": {
         "shortcut-model": (
