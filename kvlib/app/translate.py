@@ -401,7 +401,7 @@ def glossary_terms(path: Path = GLOSSARY) -> list[Term]:
     return terms
 
 
-_CODE = re.compile(r"`[^`\n]+`")
+_CODE = re.compile(r"`[^`]+`")  # a code span may run over a line's end
 _MATH = re.compile(r"\$[^$\n]+\$")
 _TARGET = re.compile(r"\]\([^)]*\)|<[^>]+>")
 _NUMBER = re.compile(r"(?<![A-Za-z0-9_.])\d[\d,]*(?:\.\d+)?")  # ASCII: 约63分钟 holds the number 63
@@ -434,8 +434,9 @@ def content_problems(english_text: str, translated: str) -> list[str]:
     numbers = {n.replace(",", "") for n in _NUMBER.findall(prose(english_text))}
     have = {n.replace(",", "") for n in _NUMBER.findall(translated)}
     problems += [f"the number {n} is not in the translation" for n in sorted(numbers - have)]
-    spans = dict.fromkeys(_CODE.findall(english_text))
-    problems += [f"the code {s} is not in the translation" for s in spans if s not in translated]
+    kept = {" ".join(s.split()) for s in _CODE.findall(translated)}
+    spans = dict.fromkeys(" ".join(s.split()) for s in _CODE.findall(english_text))
+    problems += [f"the code {s} is not in the translation" for s in spans if s not in kept]
     words = re.findall(r"[A-Za-z]{2,}", prose(english_text))
     han = sum("\u4e00" <= ch <= "\u9fff" for ch in translated)
     if len(words) >= 3 and han < len(words) / 2:
