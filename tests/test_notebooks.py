@@ -196,28 +196,38 @@ def test_notebook_05_puts_no_measured_point_above_its_roof():
 
 
 def test_notebook_02_prints_what_its_run_shows():
-    """Check that notebook 02a samples where its model is unsure, prints the held-out count with its misses, and
-    counts the same aten calls at 8 and 256 tokens."""
+    """Check that notebook 02a samples where its model is unsure, that 2,000 draws at t = 3 land near 2.7's
+    predicted share for 巴, that it prints the held-out count with its misses, and counts the same aten calls at 8
+    and 256 tokens."""
     import re
 
     nb, _ = execute(ROOT / "solutions" / "02-generation" / "generation.ipynb")
     text = text_output(nb)
-    t1 = re.search(r"t = 1\.0: '.+?' (\d\.\d+)", text)
-    assert t1 and float(t1.group(1)) < 0.9, "the temperature demo should sit where the top token is far from sure"
+    top = re.search(r"'.+?'  drawn \d\.\d+   probability (\d\.\d+)", text)
+    assert top and float(top.group(1)) < 0.9, "the sampling demo should sit where the top token is far from sure"
     kinds = re.search(r"(\d+) different characters in 1,000 draws", text)
     assert kinds and int(kinds.group(1)) > 2, "1,000 draws at t = 1 should visibly vary"
+    predicted, drawn = map(float, re.search(r"巴 at t = 3: predicted ([\d.]+), drawn ([\d.]+) of 2,000", text).groups())
+    assert predicted < 0.25 and abs(predicted - drawn) < 0.03, (
+        predicted,
+        drawn,
+    )  # 2,000 draws: a standard error of 0.01
     assert re.search(r"\d+ of 24 held-out questions answered exactly; wrong: ", text)
     calls = re.search(r"one forward makes (\d+) calls to torch's kernels at 8 tokens, (\d+) at 256", text)
     assert calls and calls.group(1) == calls.group(2), "a forward's aten calls should not depend on the prompt's length"
 
 
 def test_notebook_02b_builds_the_models_forward():
-    """Check that 02b's forward built from 2.4-2.6 gives the model's logits and its next token, 巴."""
+    """Check that 02b's forward built from 2.4-2.6 gives the model's logits and its next token, 巴, and that 2.8's
+    prediction of the tiny model's parameters is what the built model counts, part by part."""
     nb, _ = execute(ROOT / "solutions" / "02-generation" / "layer.ipynb")
     text = text_output(nb)
     diff = re.search(r"largest difference from model\(ids\): (\S+)", text)
     assert diff and float(diff.group(1)) < 1e-4
     assert "next token '巴'" in text
+    rows = re.findall(r"^\s+(\w+(?: all)?)\s+predicted\s+([\d,]+)\s+counted\s+([\d,]+)", text, re.M)
+    assert len(rows) == 6 and all(a == b for _, a, b in rows), rows
+    assert "Llama-2-7B: 6.74 billion predicted (6.74 in kvlib's table" in text
 
 
 def test_notebook_08_prints_what_its_text_claims():

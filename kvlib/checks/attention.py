@@ -1,11 +1,12 @@
-"""Checks for notebook 01 (kvlib/attention.py): exercises 1.1-1.4.
+"""Checks for notebook 01 (kvlib/attention.py): exercises 1.1-1.5.
 
 References are torch ops (torch.softmax, scaled_dot_product_attention) in float64 and notebook 01's
 three-token example worked by hand; near-misses (wrong axis, no max subtraction or a shift by something
 other than each row's max, no 1/sqrt(d), mask on the wrong side or aligned top-left, float32 turned into
 float64) are recognised and named. Every expected value is computed before the learner's function runs,
 from inputs it never sees (it gets its own copies), so a function that changes its arguments cannot
-change what is expected of it.
+change what is expected of it. Exercise 1.5 is a design: any query within its length budget that meets the
+target earns the points, judged by the reference's weights on the check's own float64 copy of the query.
 """
 
 from __future__ import annotations
@@ -378,3 +379,38 @@ def causal_self_attention_equals_one_query_at_a_time(kv, rng):
     for i in range(4):
         assert _close(out[i], rows[i]), f"row {i} should equal attention of query {i} over keys 0..{i} alone"
     assert np.all(probs[np.triu_indices(4, 1)] == 0), "weights above the diagonal (the future) must be exactly 0"
+
+
+# ---------------------------------------------------------------------------------------------
+# 1.5 aimed_query: a design under a budget; any query that meets both limits earns the points
+
+AIM_BUDGET = 3.0  # the query's length, at most
+AIM_TARGET = 0.9  # 爱's weight among the three keys, at least (the best a query of length 3 can give it is 0.926)
+
+
+@check("1.5")
+def aimed_query_meets_the_target_within_the_budget(kv, rng):
+    """Check that the query is a (2,) array of length at most 3 under which 爱 takes at least 0.9 of AI's attention."""
+    query = kv.aimed_query()
+    assert isinstance(query, np.ndarray), f"aimed_query should return a numpy array (2,), got {type(query).__name__}"
+    q = np.array(query, dtype=np.float64, copy=True, subok=False)  # the check's own copy, a plain float64 array
+    assert q.shape == (2,), f"aimed_query should return one query of shape (2,), got shape {q.shape}"
+    assert np.all(np.isfinite(q)), f"the query holds nan or inf: {q}"
+    length = float(np.sqrt(q @ q))
+    assert length <= AIM_BUDGET + 1e-9, (
+        f"the query {np.round(q, 3)} is {length:.2f} long, more than {AIM_BUDGET:g}: a longer query sharpens any "
+        "weights (drag the sliders out), so the budget is what makes this a design"
+    )
+    _, probs = _attention(q, SEED_K, SEED_V, scale=1.0)
+    if probs[1] >= AIM_TARGET:
+        return
+    if abs(probs[1] - probs[2]) < 1e-3:
+        raise AssertionError(
+            f"爱 and AI take {probs[1]:.3f} each: a query that raises 爱's score raises AI's as much, since AI's key "
+            "[1, 1] holds 爱's [0, 1]. What is in AI's key that is not in 爱's?"
+        )
+    raise AssertionError(
+        f"爱 takes {probs[1]:.3f} of AI's attention with the query {np.round(q, 3)} (我 {probs[0]:.3f}, AI "
+        f"{probs[2]:.3f}), short of {AIM_TARGET:g}: which key takes the weight 爱 lacks, and which direction lowers "
+        "its score alone?"
+    )

@@ -29,6 +29,32 @@ class Claim:
 CLAIMS: tuple[Claim, ...] = (
     # --- 01 attention
     # --- 02a generation
+    Claim(
+        "02a.held-out",
+        "Asked in 24 phrasings it never read (held out), does the model answer more than half: did it learn the facts?",
+        "above",
+        "a held-out phrasing never appears in the training text, so only a fact learned apart from its wording "
+        "answers it; half of 24 is the line between mostly right and mostly wrong",
+    ),
+    Claim(
+        "02a.prefill-short",
+        "Is a short prompt's TTFT mostly fixed cost: does doubling it (8 to 16 tokens) multiply the TTFT by under 1.5?",
+        "below",
+        "a forward costs a + b n: doubling n multiplies it by (a + 2bn) / (a + bn), below 1.5 when the fixed part a "
+        "(a few hundred aten calls of Python and dispatch) outweighs the work b n of so few tokens",
+    ),
+    Claim(
+        "02a.prefill-long",
+        "Is a long prompt's TTFT mostly work: does doubling it (128 to 256 tokens) multiply the TTFT by over 1.5?",
+        "above",
+        "at 128 tokens the work b n outweighs the fixed part a, so a doubling costs more than 1.5x",
+    ),
+    Claim(
+        "02a.decode-grows",
+        "Over 128 new tokens, does a naive decode step (the whole sequence rerun) take longer as the sequence grows?",
+        "above",
+        "each naive step runs every token so far: the work grows with the length, the fixed part does not",
+    ),
     # --- 02b layer
     # --- 03 recompute
     # --- 04 kv cache

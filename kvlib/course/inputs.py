@@ -111,6 +111,18 @@ def check_measure(model, input_ids, max_new_tokens):
         raise ValueError("time per output token needs max_new_tokens >= 2 (one prefill, then decode steps)")
 
 
+def check_temper(probs, temperature):
+    """probs (..., vocab_size) float, rows >= 0 summing to 1; temperature a number >= 0."""
+    if not _is_tensor(probs) or probs.dim() < 1 or not probs.dtype.is_floating_point:
+        raise ValueError(f"probs must be a float tensor (..., vocab_size), got {_shape(probs)}")
+    if not bool((probs >= 0).all()) or not bool(((probs.double().sum(-1) - 1).abs() < 1e-3).all()):
+        raise ValueError(
+            "probs must be a distribution: every entry >= 0 and every row summing to 1 (softmax of logits)"
+        )
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
+        raise ValueError(f"temperature must be a number >= 0 (0 means greedy), got {temperature!r}")
+
+
 def check_attention_block(attn, h, cos, sin):
     """attn one layer's Attention, not grouped; h (batch, seq_len, d_model) float32; cos, sin (seq_len, head_dim)."""
     C = getattr(getattr(attn, "q_proj", None), "in_features", None)
