@@ -161,6 +161,15 @@ def self_attention_float64_torch(q, k, v):
     return (probs @ t[2]).numpy().astype(dtype), probs.numpy().astype(dtype)
 
 
+def self_attention_logsumexp(q, k, v):  # probs = exp(scores - logsumexp(scores)), the log-sum-exp kept whole
+    T, S = q.shape[-2], k.shape[-2]
+    scores = np.where(mask_aranges(T, S), q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1]), -np.inf)
+    m = scores.max(axis=-1, keepdims=True)
+    lse = m + np.log(np.exp(scores - m).sum(axis=-1, keepdims=True))  # at scores of -2.8e12, right to ~5e-4
+    probs = np.exp(scores - lse)
+    return probs @ v, probs
+
+
 # 1.5 aimed_query: a design, so any query within the budget that meets the target earns the points ------
 def query_away_from_wo():
     return np.array([-3.0, 0.0])  # away from 我 alone: 爱 and AI 0.909 and 0.045
@@ -188,6 +197,7 @@ ALTERNATIVES = [
     ("1.4", {"causal_self_attention": self_attention_per_query}),
     ("1.4", {"causal_self_attention": self_attention_bias}),
     ("1.4", {"causal_self_attention": self_attention_float64_torch}),
+    ("1.4", {"causal_self_attention": self_attention_logsumexp}),
     ("1.5", {"aimed_query": query_away_from_wo}),
     ("1.5", {"aimed_query": query_float32}),
     ("1.5", {"aimed_query": query_at_the_edge}),

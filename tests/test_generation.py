@@ -264,6 +264,11 @@ def swiglu_float64(x, w_gate, w_up, w_down):
     return ((g / (1 + torch.exp(-g))) * (x64 @ w_up.double().T) @ w_down.double().T).to(x.dtype)
 
 
+def swiglu_float32_out(x, w_gate, w_up, w_down):  # slip: 16-bit x computed in float32 and left there
+    x, w_gate, w_up, w_down = (t.float() for t in (x, w_gate, w_up, w_down))
+    return (F.silu(x @ w_gate.T) * (x @ w_up.T)) @ w_down.T
+
+
 # 2.7 -----------------------------------------------------------------------------------------
 def _one_hot(probs):
     return F.one_hot(probs.argmax(dim=-1), probs.shape[-1]).to(probs.dtype)
@@ -659,6 +664,7 @@ SLIPS = [
     ("2.6", {"swiglu": lambda x, g, u, d: _swiglu(x, g, u, d, act="relu")}, "ReLU"),
     ("2.6", {"swiglu": lambda x, g, u, d: _swiglu(x, g, u, d, transposed=False)}, "(out_features, in_features)"),
     ("2.6", {"swiglu": lambda x, g, u, d: _swiglu(x, g, u, d, down=False)}, "w_down"),
+    ("2.6", {"swiglu": swiglu_float32_out}, "returned torch.float32 for torch.bfloat16 x"),
     ("2.7", {"temper": lambda p, t: _temper(p, t, how="divide")}, "came back unchanged"),
     ("2.7", {"temper": lambda p, t: _temper(p, t, how="power t")}, "raised to the power t"),
     ("2.7", {"temper": lambda p, t: _temper(p, t, how="softmax")}, "probabilities are not logits"),

@@ -299,16 +299,25 @@ def causal_mask_aligns_bottom_right(kv, rng):
 
 
 def _masked_weight_is_exactly_zero(kv):
-    """Scores far below any finite fill (about -2.8e12): a mask filled with -1e9 instead of -inf leaks there."""
+    """Scores far below any finite fill (about -2.8e12): a mask filled with -1e9 instead of -inf leaks there.
+
+    The allowed keys' weights are judged to 1e-3: a softmax by log-sum-exp, exp(s - logsumexp(s)), is right, and at
+    scores this large float64 keeps its exponent only to about 5e-4 (one unit in the last place of 2.8e12)."""
     q, k, v = np.full((3, 8), 1e6), np.full((3, 8), -1e6), np.arange(6.0).reshape(3, 2)
     _, probs = _pair(kv.causal_self_attention(*_copies(q, k, v)), "causal_self_attention")
-    expected = np.tril(np.ones((3, 3))) / np.arange(1, 4)[:, None]  # equal scores: uniform over the allowed keys
-    if not _close(probs, expected):
+    _array("probs", probs, (3, 3))
+    allowed = np.tril(np.ones((3, 3), dtype=bool))
+    if np.any(probs[~allowed] != 0):
         raise AssertionError(
             "with every score about -2.8e12, the masked keys got weight: the mask was filled with a finite number, "
             f"which is larger than such scores (weights of query 0: {np.round(probs[0], 3)}). Fill with -np.inf, "
             "whose exponential is exactly 0 whatever the scores"
         )
+    expected = allowed / np.arange(1, 4)[:, None]  # equal scores: uniform over the allowed keys
+    assert _close(probs, expected, 1e-3), (
+        "with every score about -2.8e12 (all equal), the allowed keys should share the weight equally, got "
+        f"{np.round(probs, 3).tolist()}: is the largest score subtracted before exp (exp(-2.8e12) is 0)?"
+    )
 
 
 @check("1.4")

@@ -439,7 +439,7 @@ def _close(got, want, rtol=1e-4, atol=1e-5) -> bool:
     return got.shape == want.shape and torch.allclose(got.double(), want.double(), rtol=rtol, atol=atol)
 
 
-def _judge(got, want, slips, where, what):
+def _judge(got, want, slips, where, what, rtol=1e-4, atol=1e-5):
     """Pass if got matches want; else fail naming the first slip got matches, or by how much it differs."""
     assert isinstance(got, torch.Tensor), f"{what} should return a torch tensor, got {type(got).__name__}" + (
         " (torch.from_numpy turns notebook 01's numpy result back into one)" if isinstance(got, np.ndarray) else ""
@@ -448,12 +448,14 @@ def _judge(got, want, slips, where, what):
         f"{where}: {what} should have shape {tuple(want.shape)}, got {tuple(got.shape)}"
     )
     got = got.detach()
-    if _close(got, want):
+    if _close(got, want, rtol, atol):
         return
     for wrong, message in slips:
-        if _close(got, wrong):
+        if _close(got, wrong, rtol, atol):
             raise AssertionError(f"{where}: {message}")
-    raise AssertionError(f"{where}: {what} differs from the model's own by up to {(got - want).abs().max().item():.2g}")
+    raise AssertionError(
+        f"{where}: {what} differs from the model's own by up to {(got.double() - want.double()).abs().max().item():.2g}"
+    )
 
 
 def _angles(D: int, start: int, T: int):
@@ -638,7 +640,7 @@ def _mlp(seed: int, d_model: int, hidden_dim: int) -> MLP:
     return MLP(config).eval()
 
 
-def _judge_swiglu(kv, mlp, x, where):
+def _judge_swiglu(kv, mlp, x, where, rtol=1e-4, atol=1e-5):
     Wg, Wu, Wd = (p.detach().clone() for p in (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight))
     silu, g, u = F.silu, x @ Wg.T, x @ Wu.T
     with torch.no_grad():
@@ -669,8 +671,11 @@ def _judge_swiglu(kv, mlp, x, where):
         raise AssertionError(
             f"{where}: the result is hidden_dim wide: w_down (d_model, hidden_dim) brings it back to d_model"
         )
-    _judge(got, want, slips, where, "swiglu")
-    assert got.dtype == x.dtype, f"{where}: swiglu should return x's dtype ({x.dtype}), got {got.dtype}"
+    assert not isinstance(got, torch.Tensor) or got.dtype == x.dtype, (
+        f"{where}: swiglu returned {got.dtype} for {x.dtype} x: return x's dtype (the model's layers run in it: a "
+        "16-bit model's MLP gives 16-bit hidden states; compute in float32 if you like, then .to(x.dtype))"
+    )
+    _judge(got, want, slips, where, "swiglu", rtol, atol)
 
 
 @check("2.6")
@@ -689,10 +694,13 @@ def swiglu_matches_the_model(kv, rng):
 
 @check("2.6")
 def swiglu_takes_any_leading_axes(kv, rng):
-    """Check one token of shape (d_model,) and a (3, 2, 4, d_model) batch, on an MLP narrower inside (10 -> 6 -> 10)."""
+    """Check one token of shape (d_model,) and a (3, 2, 4, d_model) batch, on an MLP narrower inside (10 -> 6 -> 10),
+    and the same MLP in bfloat16 (the result in x's dtype)."""
     mlp = _mlp(int(rng.integers(1000)), 10, 6)
     _judge_swiglu(kv, mlp, torch.from_numpy(rng.normal(size=10)).float(), "one token, x of shape (10,)")
     _judge_swiglu(kv, mlp, torch.from_numpy(rng.normal(size=(3, 2, 4, 10))).float(), "x of shape (3, 2, 4, 10)")
+    x16 = torch.from_numpy(rng.normal(size=(2, 5, 10))).to(torch.bfloat16)
+    _judge_swiglu(kv, mlp.to(torch.bfloat16), x16, "a bfloat16 MLP, x (2, 5, 10) bfloat16", rtol=3e-2, atol=3e-2)
 
 
 # ---------------------------------------------------------------------------------------------

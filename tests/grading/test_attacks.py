@@ -288,6 +288,22 @@ _os.write(2, b"z" * 3_000_000)
             files={"kvlib/my_helpers.py": HELPER},
         ),
         "z-untouched": dict(expected=0, attention="release"),
+        # Exercise 1.4 with a softmax by log-sum-exp, exp(s - logsumexp(s)): right, to ~5e-4 at scores of -2.8e12
+        "z-logsumexp": dict(
+            expected=TOTAL,
+            attention=attention(
+                ALL,
+                replace={
+                    "1.4": (
+                        "T, S = q.shape[-2], k.shape[-2]\n"
+                        "scores = np.where(causal_mask(T, S), q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1]), -np.inf)\n"
+                        "m = scores.max(axis=-1, keepdims=True)\n"
+                        "probs = np.exp(scores - (m + np.log(np.exp(scores - m).sum(axis=-1, keepdims=True))))\n"
+                        "return probs @ v, probs"
+                    )
+                },
+            ),
+        ),
     }
     if ZH_NOTEBOOK.is_file():  # m-partial's code with the Chinese notebook: m-partial's score (issue 50)
         subs["m-partial-zh-CN"] = dict(subs["m-partial"], notebook_file=ZH_NOTEBOOK)
@@ -663,13 +679,13 @@ def expected_score(graded, student):
 
 
 @pytest.mark.parametrize(
-    "student", ["z-correct", "z-untouched", "m-partial", "z-helper-module", "m-aim-slip", "m-aim-other"]
+    "student", ["z-correct", "z-untouched", "m-partial", "z-helper-module", "m-aim-slip", "m-aim-other", "z-logsumexp"]
 )
 def test_honest_submissions_get_exactly_their_score(graded, student):
     """Check that honest submissions get exactly their score after every attack: correct -> full marks,
     untouched release -> 0, softmax and mask only -> their points, correct with Exercise 1.1 in a module of the
     learner's own (kvlib/my_helpers.py) -> full marks; 1.5's design aimed straight at 爱 -> all but 1.5's points,
-    another query that meets its target -> full marks."""
+    another query that meets its target -> full marks; 1.4's softmax by log-sum-exp -> full marks."""
     (score, max_score), want = expected_score(graded, student)
     assert (score, max_score) == (want, TOTAL)
 
