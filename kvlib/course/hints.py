@@ -19,7 +19,7 @@ change points: nothing here is read by a check or the grader.
 In another language (KVLIB_LANG, kvlib.course.i18n) the hints come from locale/<lang>/hints/<module>.md, the same
 format, each section's title ending in `<!-- sha256:... -->`, the hash of the English section it translates
 (section_hash). A section whose English has changed since is stale: the English hints show instead, with a line
-that says so, until it is translated again (tests/test_i18n.py names it).
+that says so, until it is translated again (tests/test_translations.py names it).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ A scope is where the English lives ("kvlib/checks/attention.py::softmax_is_stabl
 An English text is a str.format template for tr ("hint {level} of {n}") and, for what the code words with an
 f-string, a template whose {0}, {1}, ... stand for its replacement fields in order: a message is translated
 when it is one of them with the fields filled in. A translation whose English no longer exists in the code is
-never shown (tests/test_i18n.py names it); what has no translation is shown in English.
+never shown (tests/test_translations.py names it); what has no translation is shown in English.
 Not here: the notebooks' translations (kvlib/app/translate.py), which only the course's build reads.
 """
 
