@@ -497,6 +497,10 @@ def cmd_present(args) -> int:
             print(f"kvlib present: {misplaced[0]} belongs to a --check run; add --check", file=sys.stderr)
             return 2
         return cmd_lab(args)
+    if args.lang:
+        print("kvlib present: --check runs the English notebooks, whose code the translated ones share; drop --lang",
+              file=sys.stderr)  # fmt: skip
+        return 2
     from kvlib.app import lab  # noqa: PLC0415 (not in learners' folders: lab needs app/release.py)
 
     start = time.perf_counter()
