@@ -95,7 +95,7 @@ def test_each_benchmark_offers_only_the_options_its_function_takes(capsys):
 
 def _documented_commands():
     """(file, line number, argv) of every `kvlib` command in the bash blocks of README.md and docs/*.md."""
-    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for doc in [ROOT / "README.md", *sorted(ROOT.glob("README.*.md")), *sorted((ROOT / "docs").glob("*.md"))]:
         language = None
         for n, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), start=1):
             if line.lstrip().startswith("```"):

@@ -112,7 +112,7 @@ LEARNER_MODULES = tuple(dict.fromkeys(ex.module for ex in EXERCISES))  # kvlib/<
 
 _NOTEBOOK = re.compile(r"(\d{1,2})([a-z]?)|(\d\d)-[\w-]+")
 _EXERCISE_ID = re.compile(r"\d+\.\d+")
-HEADING = re.compile(r"^#+ Exercise (\d+\.\d+) — (.*?)\s*$", re.MULTILINE)  # a task's heading in a notebook
+HEADING = re.compile(r"^#+ (?:Exercise|练习) (\d+\.\d+) — (.*?)\s*$", re.MULTILINE)  # a task's heading, any language
 SELECTORS = "an exercise (1.2), a notebook (01), a part (02b) or a notebook's path"
 
 

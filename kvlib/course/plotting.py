@@ -3,7 +3,8 @@
 Each function builds one matplotlib Figure and returns it, already closed to pyplot, so a notebook
 cell shows it exactly once. Okabe-Ito colours (safe for colour-blind readers), fonts sized for a
 projector, titles that state the takeaway. Chinese tokens use a CJK font when one is installed,
-else their pinyin (wǒ, ài), never empty boxes. Not here: computing anything, or widgets.
+else their pinyin (wǒ, ài), never empty boxes; so do titles and labels in Chinese (KVLIB_LANG=zh-CN), which fall
+back to English without one. Not here: computing anything, or widgets.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from matplotlib import font_manager
 from matplotlib.colors import ListedColormap
 from matplotlib.ft2font import FT2Font
 from matplotlib.patches import Patch
+from matplotlib.text import Text
+
+from kvlib.course import i18n
 
 # ---------------------------------------------------------------------------------------------
 # Style
@@ -157,9 +161,37 @@ def to_png(fig) -> bytes:
 
 
 def _finish(fig):
-    """Close the figure to pyplot (so Jupyter shows it once, as the cell's value) and return it."""
+    """Close the figure to pyplot (so Jupyter shows it once, as the cell's value) and return it, its texts in the
+    learner's language (KVLIB_LANG, kvlib.course.i18n) where a CJK font can draw them; else in English, so a
+    figure never shows empty boxes."""
+    if i18n.language() != i18n.DEFAULT and cjk_font() is not None:
+        translate_texts(fig)
     plt.close(fig)
     return fig
+
+
+def missing_glyphs(fig) -> list[str]:
+    """What drawing the figure could not draw: matplotlib's "Glyph ... missing from font(s)" warnings, each an empty
+    box on the figure ([] when every character has a glyph in its font)."""
+    import warnings  # noqa: PLC0415 (start-up time: only tests and checks of a figure need it)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fig.canvas.draw()
+    return [str(w.message) for w in caught if "missing from font" in str(w.message)]
+
+
+def translate_texts(fig, lang: str | None = None) -> int:
+    """Every text of a figure (titles, labels, ticks, legends, notes) in the learner's language, in place, where the
+    catalogue translates it (kvlib.course.i18n.translate); returns how many changed."""
+    changed = 0
+    for text in fig.findobj(Text):
+        old = text.get_text()
+        new = i18n.translate(old, lang)
+        if new != old:
+            text.set_text(new)
+            changed += 1
+    return changed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -521,6 +553,8 @@ __all__ = [
     "time_per_token",
     "to_png",
     "token_label",
+    "missing_glyphs",
+    "translate_texts",
     "ttft_against_prompt_length",
     "wasted_share",
 ]
