@@ -31,6 +31,39 @@ CLAIMS: tuple[Claim, ...] = (
     # --- 02a generation
     # --- 02b layer
     # --- 03 recompute
+    Claim(
+        "03.old-keys-unchanged",
+        "Do the earlier positions' keys and values stay the same from one naive step to the next, up to float32 "
+        "rounding (a change below 1e-5 of the largest entry)?",
+        "below",
+        "the causal mask: position i's key and value depend on tokens 0..i only (article 2's observation)",
+    ),
+    Claim(
+        "03.kept-grows-slower",
+        "Does the total FLOPs of a generation with every key and value kept grow more slowly with N than naive "
+        "decoding's?",
+        "below",
+        "a kept step runs one token against t keys (a + c t), a naive one all t tokens (a t + c t^2): Exercise 3.3",
+    ),
+    Claim(
+        "03.kept-above-linear",
+        "At the tiny model's lengths (256-512 tokens), does the kept total grow faster than in proportion to N?",
+        "above",
+        "a kept step is a + c t: its attention part, c t, is a large share of it at these lengths (Exercise 3.4)",
+    ),
+    Claim(
+        "03.clock-below-flops",
+        "Does the naive step at 512 tokens take fewer times the step at 8 by the clock than by the FLOP count?",
+        "below",
+        "every forward pays a fixed cost (Python and its aten calls, the same number at every length) that the count "
+        "leaves out, so short steps take longer than their FLOPs say",
+    ),
+    Claim(
+        "03.attention-share-grows",
+        "Does attention take a larger share of a naive step's time at 512 tokens than at 64?",
+        "above",
+        "its FLOPs grow with T^2, the rest's with T (Exercise 3.4's prediction)",
+    ),
     # --- 04 kv cache
     # --- 05 memory wall
     # --- 06 gqa

@@ -55,6 +55,7 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("3.1", "FLOPs of one forward pass", "03-recompute", "recompute", "forward_flops"),
     Exercise("3.2", "FLOPs one new token needs", "03-recompute", "recompute", "new_token_flops"),
     Exercise("3.3", "FLOPs of a whole generation, naive and kept", "03-recompute", "recompute", "generation_flops"),
+    Exercise("3.4", "Predict: attention's share of a step", "03-recompute", "recompute", "attention_share"),
     Exercise("4.1", "Write into the cache", "04-kv-cache", "kv_cache", "KVCache.update"),
     Exercise("4.2", "Attention with a cache", "04-kv-cache", "kv_cache", "cached_attention"),
     Exercise("4.3", "Prefill and decode step", "04-kv-cache", "kv_cache", "cached_forward"),
