@@ -61,6 +61,7 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("4.3", "Prefill and decode step", "04-kv-cache", "kv_cache", "cached_forward"),
     Exercise("4.4", "Bytes of the cache", "04-kv-cache", "kv_cache", "kv_cache_bytes"),
     Exercise("4.5", "Generation with the cache", "04-kv-cache", "kv_cache", "generate_cached"),
+    Exercise("4.6", "Predict: how many conversations fit", "04-kv-cache", "kv_cache", "sequences_that_fit"),
     Exercise("5.1", "Arithmetic intensity of a matmul", "05-memory-wall", "roofline", "matmul_intensity"),
     Exercise("5.2", "Rows that reach the ridge", "05-memory-wall", "roofline", "ridge_batch"),
     Exercise("5.3", "FLOPs and bytes of a step", "05-memory-wall", "roofline", "step_cost"),
