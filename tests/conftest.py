@@ -4,10 +4,12 @@ The environment variable is set here, before anything imports kvlib, so that not
 and command-line runs started by the tests inherit it. Tests of learner mode override it.
 """
 
+import io
 import os
 import re
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -111,6 +113,28 @@ def learner_mode(monkeypatch):
     kvlib.use_solutions(False)
     yield
     kvlib.course.exercises._forced = None
+
+
+class Terminal(io.StringIO):
+    """A stream that says it is a terminal and keeps what is written: the progress bars a run shows there."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@contextmanager
+def on_a_terminal():
+    """sys.stderr as a Terminal for the with block (a module fixture's run too); yields it."""
+    before, sys.stderr = sys.stderr, Terminal()
+    try:
+        yield sys.stderr
+    finally:
+        sys.stderr = before
+
+
+def shown_progress(text: str, desc: str) -> bool:
+    """Whether a progress bar named desc showed in text, with how far it was (n/total)."""
+    return re.search(rf"{re.escape(desc)}[^\r\n%|]*:\s+\d+%\|[^\r\n]*\| \d+/\d+ \[", text) is not None
 
 
 def run_kvlib(*args, env=None, cwd=ROOT, timeout=300):

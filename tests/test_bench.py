@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, run_kvlib
+from conftest import ROOT, on_a_terminal, shown_progress
 
 from kvlib.core.configs import gpt2_size_config
 from kvlib.core.weights import load_tiny
@@ -27,10 +27,22 @@ def test_growth_fit_recovers_a_known_quadratic():
     )
 
 
+SHOWN = {}  # what the module fixture's run showed on stderr, a terminal
+
+
 @pytest.fixture(scope="module")
 def quick_cache_report():
     """One short `bench_cache --quick` run (2 interleaved rounds), shared by the tests that read it."""
-    return bench_cache.bench_cache(lengths=(8, 16), quick=True)
+    with on_a_terminal() as err:
+        report = bench_cache.bench_cache(lengths=(8, 16), quick=True)
+    SHOWN["cache"] = err.getvalue()
+    return report
+
+
+def test_bench_cache_shows_its_rounds_on_a_terminal(quick_cache_report):
+    """Check that `kvlib bench cache` shows a progress bar per model, counting its rounds."""
+    for name in ("tiny", "small-stand-in"):
+        assert shown_progress(SHOWN["cache"], f"kvlib bench cache: {name}"), SHOWN["cache"][-500:]
 
 
 def test_bench_cache_reports_every_way_paired_per_round(quick_cache_report):
@@ -179,7 +191,9 @@ def test_bench_memory_takes_the_highest_of_five_kernels_as_the_ceiling():
     each reported."""
     from kvlib.measure import bench_memory
 
-    run = bench_memory.bench_memory(quick=True)["runs"][0]
+    with on_a_terminal() as err:
+        run = bench_memory.bench_memory(quick=True)["runs"][0]
+    assert shown_progress(err.getvalue(), "kvlib bench memory: cpu")  # its rounds, on a terminal
     rates = run["bandwidth_per_kernel"]
     assert set(rates) == {"read", "copy", "triad", "multi_read", "gemv"}
     assert run["bandwidth"] == max(rates.values()) and rates[run["bandwidth_kernel"]] == run["bandwidth"]
@@ -229,19 +243,14 @@ def test_gpt2_size_config_is_about_124m_parameters():
     assert 110e6 < n < 140e6
 
 
-def test_kvlib_bench_rejects_bad_threads():
-    """Check that --threads 0 is a clear error."""
-    proc = run_kvlib("bench", "cache", "--threads", "0")
-    assert proc.returncode == 2 and "--threads must be at least 1" in proc.stderr
-
-
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is here: --device cuda would run")
-def test_kvlib_bench_device_cuda_without_a_gpu_is_a_clear_error():
-    """Check that --device cuda names the problem where torch sees no GPU, and that cache refuses it anywhere."""
-    proc = run_kvlib("bench", "gqa", "--device", "cuda", "--quick", env={"KVLIB_SOLUTIONS": "1"})
-    assert proc.returncode == 2 and "sees no CUDA GPU" in proc.stderr
-    proc = run_kvlib("bench", "cache", "--device", "cuda")
-    assert proc.returncode == 2 and "CPU only" in proc.stderr
+def test_kvlib_bench_device_cuda_without_a_gpu_is_a_clear_error(capsys):
+    """Check that --device cuda names the problem where torch sees no GPU (the options of each benchmark and the
+    other bad inputs are tests/test_cli.py's)."""
+    from kvlib.app import cli
+
+    assert cli.main(["bench", "gqa", "--device", "cuda", "--quick", "--reference"]) == 2
+    assert "sees no CUDA GPU" in capsys.readouterr().err
 
 
 RECORDINGS = sorted((ROOT / "assets" / "recordings").glob("*.json"))

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import case_ids, check_failures, handed_in
+from conftest import case_ids, check_failures, handed_in, on_a_terminal, shown_progress
 
 from kvlib import compress
 from kvlib.checks import checks_for, run
@@ -724,7 +724,10 @@ def test_mla_absorbed_moves_fewer_bytes_and_flops_than_reconstructing():
 @pytest.mark.slow  # runs the benchmark (quick): a few seconds
 def test_bench_compress_quick_reports_every_part():
     """Check that `kvlib bench compress --quick` gives bytes, quality, speed and MLA rows, and formats them."""
-    report = bench_compress.bench_compress(quick=True)
+    with on_a_terminal() as err:
+        report = bench_compress.bench_compress(quick=True)
+    for desc in ("kvlib bench compress", "int8 agreement: int8", "window study", "window accuracy", "int8 against"):
+        assert shown_progress(err.getvalue(), desc), desc  # a bar for the run, one for each study's pass
     assert {r["scheme"] for r in report["bytes"]} >= {"MHA float32", "MLA, latent 512 + rotary 64"}
     assert 0 <= report["int8_agreement"]["agreement"] <= 1
     assert set(report["window"]["loss"]) == {

@@ -5,13 +5,14 @@ checks, likely slips named, bad input, and the benchmark's shape of report.
 Runs in reference mode (conftest). No test asserts on time."""
 
 import math
+import os
 import types
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import handed_in
+from conftest import handed_in, on_a_terminal, shown_progress
 
 from kvlib import compress, fused
 from kvlib.checks import checks_for, run
@@ -128,6 +129,19 @@ def test_int8_folded_equals_notebook_08s_int8_attention():
             rtol=1e-5,
             atol=1e-5,
         )
+
+
+def test_profiling_leaves_only_what_the_code_writes_on_stderr(capfd):
+    """Check that peak_bytes leaves no line of the profiler's own on stderr (kineto's start and stop) and passes
+    through what the profiled code writes there."""
+
+    def noisy(x):
+        os.write(2, b"the code's own line\n")
+        return x * 2
+
+    peak, out = bench_fused.peak_bytes(noisy, torch.ones(256))
+    assert peak >= 256 * 4 and torch.equal(out, torch.full((256,), 2.0))
+    assert capfd.readouterr().err == "the code's own line\n"
 
 
 def test_peak_memory_of_tiled_is_far_below_naive():
@@ -474,7 +488,11 @@ def test_check_names_the_known_mistake(ex_id, name, fake, words):
 @pytest.mark.slow  # runs the benchmark (quick): a few seconds, no torch.compile
 def test_bench_fused_quick_reports_every_part():
     """Check that `kvlib bench fused --quick` gives peak memory, FLOPs and decode rows, and formats them."""
-    report = bench_fused.bench_fused(quick=True)
+    with on_a_terminal() as err:
+        report = bench_fused.bench_fused(quick=True)
+    for desc in ("kvlib bench fused", "peak memory", "a decode step's attention"):
+        assert shown_progress(err.getvalue(), desc), desc
+    assert "USDT" not in err.getvalue()  # the profiler's own lines are gone
     assert [r["seq_len"] for r in report["memory"]["rows"]] == [256, 512]
     assert all(r["tiled_peak_bytes"] < r["naive_peak_bytes"] for r in report["memory"]["rows"])
     assert all(0.4 < r["causal_share"] < 0.7 for r in report["flops"])

@@ -19,6 +19,8 @@ from conftest import (
     check_failures,
     checks_in_child,
     handed_in,
+    on_a_terminal,
+    shown_progress,
     spoil_config_tensors_models,
     vandal,
 )
@@ -639,8 +641,21 @@ def test_kv_cache_bytes_halves_when_n_kv_heads_halves():
 
 @pytest.fixture(scope="module")
 def quick_gqa_report():
-    """One `kvlib bench gqa --quick` run, shared by the tests that read its report."""
-    return bench_gqa.bench_gqa(quick=True)
+    """One `kvlib bench gqa --quick` run, shared by the tests that read its report (its stderr on a terminal in
+    SHOWN)."""
+    with on_a_terminal() as err:
+        report = bench_gqa.bench_gqa(quick=True)
+    SHOWN["gqa"] = err.getvalue()
+    return report
+
+
+SHOWN = {}
+
+
+@pytest.mark.slow
+def test_bench_gqa_shows_its_rounds_on_a_terminal(quick_gqa_report):
+    """Check that `kvlib bench gqa` shows a progress bar counting its rounds."""
+    assert shown_progress(SHOWN["gqa"], "kvlib bench gqa")
 
 
 @pytest.mark.slow

@@ -132,9 +132,27 @@ def test_hint_shows_the_next_level_each_time(cache_home):
         text = hints.show("4.2")
         assert f"hint {level} of {n}" in text and f"\n{level}. " in text
     assert "no more hints" in hints.show("4.2")
-    assert json.loads(hints.state_file().read_text())["4.2"] == n
+    assert json.loads(hints.state_file().read_text())[str(ROOT)]["4.2"] == n
     assert hints.state_file().is_relative_to(cache_home)
     assert "hint 1 of" in hints.show("4.3"), "each exercise keeps its own level"
+
+
+def test_hint_levels_are_kept_per_course_folder(cache_home, monkeypatch, tmp_path):
+    """Check that another course folder (a second clone) starts at level 1 and leaves this folder's levels as
+    they were, and that a file of the old flat form is read as no levels seen."""
+    hints.state_file().parent.mkdir(parents=True)
+    hints.state_file().write_text(json.dumps({"1.2": 3}))  # kvlib before the levels were kept per folder
+    assert "hint 1 of" in hints.show("1.2")
+    assert "hint 2 of" in hints.show("1.2")
+    monkeypatch.setattr(hints, "ROOT", tmp_path / "another-clone")
+    assert "hint 1 of" in hints.show("1.2")
+    monkeypatch.undo()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache_home))
+    assert "hint 3 of" in hints.show("1.2")
+    assert json.loads(hints.state_file().read_text()) == {
+        str(ROOT): {"1.2": 3},
+        str(tmp_path / "another-clone"): {"1.2": 1},
+    }
 
 
 def test_hint_level_and_reset(cache_home):

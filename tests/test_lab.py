@@ -4,12 +4,13 @@ The real browser is tests/test_browser.py; these tests need no browser and start
 """
 
 import ast
+import io
 import json
 import re
 
 import nbformat
 import pytest
-from conftest import ROOT, run_kvlib
+from conftest import ROOT, on_a_terminal, shown_progress
 
 from kvlib.app import lab
 from kvlib.app import release as course
@@ -85,25 +86,21 @@ def test_resolve_open_picks_a_part_by_letter():
 
 
 def test_present_check_covers_every_assignment():
-    """Check that `kvlib present --check` runs every solution notebook of every assignment, in course order (02 and 08
-    hold two parts each: both run)."""
+    """Check that `kvlib present --check` runs every solution notebook of every assignment, in course order (02, 04 and
+    08 hold two parts each: both run)."""
     names = [p.parent.name for p in lab.solution_notebooks()]
     assert list(dict.fromkeys(names)) == course.assignments()
     assert [p.name for p in lab.solution_notebooks("02")] == ["generation.ipynb", "layer.ipynb"]
-    with pytest.raises(ValueError, match="notebook number"):
+    assert [p.name for p in lab.solution_notebooks("02b")] == ["layer.ipynb"]
+    assert lab.solution_notebooks("4.2") == lab.solution_notebooks("04a")  # an exercise names the part that asks it
+    assert lab.solution_notebooks("4.5") == lab.solution_notebooks("04b") and len(lab.solution_notebooks("04")) == 2
+    with pytest.raises(ValueError, match="no exercise, notebook or path 'attention'"):
         lab.solution_notebooks("attention")
 
 
-def test_cli_rejects_bad_arguments_with_a_clear_message():
-    """Check that kvlib lab / present name the problem with a bad notebook or a misplaced option."""
-    proc = run_kvlib("lab", "99")
-    assert proc.returncode == 2 and "no notebook '99'" in proc.stderr
-    proc = run_kvlib("present", "--figures", "x")
-    assert proc.returncode == 2 and "add --check" in proc.stderr
-
-
-def test_run_notebook_reports_the_first_error_and_the_figures(tmp_path):
-    """Check that the presenter check names a failing cell's error and collects the figures shown before it."""
+def test_present_check_reports_the_first_error_the_figures_and_its_progress(tmp_path, monkeypatch):
+    """Check that the presenter check names a failing cell's error, collects the figures shown before it, prints
+    one line for the notebook and, on a terminal, shows a bar counting the cells run."""
     nb = nbformat.v4.new_notebook()
     nb.cells = [
         nbformat.v4.new_code_cell(
@@ -114,8 +111,13 @@ def test_run_notebook_reports_the_first_error_and_the_figures(tmp_path):
     ]
     path = tmp_path / "broken.ipynb"
     nbformat.write(nb, path)
-    run = lab.run_notebook(path, timeout=60)
+    monkeypatch.setattr(lab, "solution_notebooks", lambda selector=None: [path])
+    out = io.StringIO()
+    with on_a_terminal() as err:
+        [run] = lab.check_course(timeout=60, out=out)
     assert run.error is not None and "the third cell is broken" in run.error
+    assert out.getvalue().startswith(str(path)) and "FAILED: " in out.getvalue()
+    assert shown_progress(err.getvalue(), "kvlib present --check") and "/3 [" in err.getvalue()
     figures = run.figures()
     assert [i for i, _ in figures] == [0] and figures[0][1].startswith(b"\x89PNG")
 

@@ -8,13 +8,14 @@ The check tests go under two names, built with conftest.handed_in: ALTERNATIVES
 wrong ones, which fail the check or exercise named, with a message naming the slip)."""
 
 import json
+import re
 import time
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import case_ids, check_failures, handed_in, run_kvlib
+from conftest import case_ids, check_failures, handed_in, on_a_terminal, shown_progress
 
 from kvlib import serving
 from kvlib.checks import checks_for
@@ -708,11 +709,25 @@ def test_bad_input_names_the_problem(tiny):
 # The benchmark (no assertion on time: only on what the trace and the memory accounting fix)
 
 
+SHOWN = {}  # what the module fixture's run showed on stderr, a terminal
+
+
 @pytest.fixture(scope="module")
 def quick_serve_report():
-    proc = run_kvlib("bench", "serve", "--json", "--quick", timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    """One `kvlib bench serve --json --quick` run, in this process (its record as the JSON it prints)."""
+    from kvlib.measure import bench_serve
+
+    with on_a_terminal() as err:
+        report = bench_serve.bench_serve(quick=True)
+    SHOWN["serve"] = err.getvalue()
+    return json.loads(json.dumps(report))
+
+
+@pytest.mark.slow
+def test_bench_serve_shows_the_requests_served_on_a_terminal(quick_serve_report):
+    """Check that `kvlib bench serve` shows one progress bar, counting the requests its runs have served."""
+    assert shown_progress(SHOWN["serve"], "kvlib bench serve")
+    assert re.search(r"\d+/\d+ \[[^\]]*request", SHOWN["serve"])
 
 
 @pytest.mark.slow

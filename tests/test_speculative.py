@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import handed_in
+from conftest import handed_in, on_a_terminal, shown_progress
 
 from kvlib import speculative
 from kvlib.checks import checks_for
@@ -561,7 +561,9 @@ def test_format_spec_marks_a_speedup_above_its_cap_as_noise():
 @pytest.mark.slow
 def test_bench_spec_quick_reports_every_part():
     """Check that a quick `kvlib bench spec` run reports each part, with identical tokens."""
-    report = bench_spec.bench_spec(quick=True, max_new_tokens=8)
+    with on_a_terminal() as err:
+        report = bench_spec.bench_spec(quick=True, max_new_tokens=8)
+    assert shown_progress(err.getvalue(), "kvlib bench spec")
     assert report["identical"]
     assert set(report["table"]) == {"model", "lookup", "lookup_document"}
     for rows in report["table"].values():

@@ -3,10 +3,12 @@
 cli.py            `kvlib check | generate | bench | course | lab | present` (`python -m kvlib`)
 lab.py            JupyterLab for learners and presenters; runs solution notebooks
 release.py        learner stubs and notebooks generated from solutions/ (`kvlib course release`)
+sitting.py        how long each notebook takes, calibrated to careful readers (`kvlib course plan`)
 course_folder.py  an instructor's nbgrader course folder (`kvlib course init DIR`), its modes, the exchange
 exchange.py       nbgrader's submit and collect between accounts, with the gaps closed
 class_grading.py  a whole class: `kvlib course autograde` (parallel, resumable), `kvlib course export-canvas`
 class_bench.py    `kvlib bench class`: a synthetic class graded, every score checked, timed
+site.py           the course as a static site (`kvlib course site`): executed notebooks, glossary, guides
 Everything below stands without it: nothing in core, course, the learner modules, measure,
 study, checks or grading imports kvlib.app.
 """

@@ -1,43 +1,63 @@
-"""The `kvlib` command: check your progress, and (for maintainers) rebuild the learner release.
+"""The `kvlib` command: check your progress, run the course, measure it, and (for instructors) grade it.
 
-kvlib check [ID|NN] [--json]   one row per exercise: id, title, notebook, status, message
-kvlib hint ID [--level N]      the next hint of one exercise, only when asked (--reset starts again)
-kvlib generate PROMPT          stream the tiny model's answer, then its TTFT and TPOT
-kvlib bench NAME [--json]      cache, memory, gqa, serve, compress, fused, spec: measured here (kvlib bench -h)
-kvlib lab [NN]                 open JupyterLab on the course (learner view: nbgrader's Validate button)
-kvlib present [NN] [--check]   the solved notebooks in reference mode; --check runs them all and times each
-kvlib course release [--check] regenerate kvlib/ stubs and notebooks/ from solutions/
-kvlib course init DIR          an nbgrader course folder for instructors (docs/instructors.md)
-kvlib course autograde A       grade a class in parallel, resumable (--jobs N, --student GLOB, --force)
-kvlib course export-canvas     the gradebook as a CSV for Canvas's gradebook import
-kvlib course claims [NN ...]   run the reference notebooks, then every claim: holds / does not hold / not decided
+kvlib check [SELECTOR] [--json]     one row per exercise: id, title, notebook, status, message
+kvlib hint ID [--level N]           the next hint of one exercise, only when asked (--reset starts again)
+kvlib generate PROMPT               stream the tiny model's answer, then its TTFT and TPOT
+kvlib bench NAME [--json]           cache, memory, gqa, serve, compress, fused, spec, class: measured here
+kvlib lab [SELECTOR]                open JupyterLab on the course (learner view: nbgrader's Validate button)
+kvlib present [SELECTOR] [--check]  the solved notebooks in reference mode; --check runs them and times each
+kvlib course release [--check]      regenerate kvlib/ stubs and notebooks/ from solutions/
+kvlib course site                   the course as a static site: reference notebooks executed, glossary, guides
+kvlib course plan                   each notebook's core and going-further minutes, each exercise's (--record)
+kvlib course init DIR               an nbgrader course folder for instructors (docs/instructors.md)
+kvlib course autograde A            grade a class in parallel, resumable (--jobs N, --student GLOB, --force)
+kvlib course export-canvas          the gradebook as a CSV for Canvas's gradebook import
+kvlib course claims [SELECTOR ...]  run the reference notebooks, then every claim: holds / does not hold / not decided
+A SELECTOR is one grammar everywhere (kvlib.course.exercises): 1.2, 01, 02b or a notebook's path. Every
+subcommand has its own --help; a bad argument is a one-line message and exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
+import math
 import shutil
 import statistics
 import sys
 import textwrap
 import time
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 from kvlib import checks
+from kvlib.core import progress
+from kvlib.core.paths import ROOT
 from kvlib.course import hints
-from kvlib.course.exercises import ExerciseNotDone, solutions_enabled
+from kvlib.course.exercises import SELECTORS, ExerciseNotDone, solutions_enabled, solutions_used
 
 
 def _table(results) -> str:
+    """The rows of `kvlib check`: titles whole; the message beside them where the terminal has room, else below."""
     width = shutil.get_terminal_size((100, 20)).columns
-    head = f"{'id':<5} {'status':<6} {'notebook':<14} {'title':<27} message"
-    lines = [head, "-" * min(width, 110)]
-    indent = " " * 56
+    title = max([5, *(len(r.title) for r in results)])
+    left = 5 + 1 + 6 + 1 + 14 + 1 + title + 1
+    beside = width - left >= 40  # room for a readable message column
+    indent = " " * (left if beside else 6)
+    head = f"{'id':<5} {'status':<6} {'notebook':<14} {'title':<{title}} message"
+    lines = [head, "-" * min(width, len(head) + 40)]
     for r in results:
         msg = textwrap.wrap(r.message, max(30, width - len(indent))) or [""]
-        lines.append(f"{r.id:<5} {r.status:<6} {r.notebook:<14} {r.title[:27]:<27} {msg[0]}")
-        lines += [indent + m for m in msg[1:]]
+        row = f"{r.id:<5} {r.status:<6} {r.notebook:<14} {r.title:<{title}}"
+        if beside:
+            lines.append(f"{row} {msg[0]}".rstrip())
+            lines += [indent + m for m in msg[1:]]
+        else:
+            lines.append(row.rstrip())
+            lines += [indent + m for m in msg if m]
     done = sum(r.status == "pass" for r in results)
     lines.append(
         f"\n{done} of {len(results)} exercises pass"
@@ -90,12 +110,14 @@ def cmd_generate(args) -> int:
     from kvlib.measure.timing import environment, num_threads  # noqa: PLC0415 (start-up time: torch only for the commands that run a model)
 
     args.prompt = args.prompt.replace("\\n", "\n")  # a typed \n is a newline, as in the course's prompts
+    if not args.prompt:
+        print(
+            "kvlib generate: the prompt is empty: give the model something to continue, e.g. kvlib generate '法国的首都是'",
+            file=sys.stderr,
+        )
+        return 2
     try:
         model, tokenizer = load_tiny()
-        if not args.prompt:
-            raise ValueError(
-                "the prompt is empty: give the model something to continue, e.g. kvlib generate '法国的首都是'"
-            )
         ids = torch.tensor([tokenizer.encode(args.prompt)])
     except (ValueError, FileNotFoundError) as err:
         print(f"kvlib generate: {err}", file=sys.stderr)
@@ -112,7 +134,7 @@ def cmd_generate(args) -> int:
 
     print(args.prompt, end="", flush=True)
     generator = torch.Generator().manual_seed(args.seed)
-    with num_threads(args.threads):
+    with num_threads(args.threads), solutions_used() if args.reference else contextlib.nullcontext():
         env = environment("cpu")  # the setting the tokens are generated under
         start = time.perf_counter()
         try:
@@ -122,7 +144,9 @@ def cmd_generate(args) -> int:
         except _Stop:
             pass
         except ExerciseNotDone as err:
-            print(f"\nkvlib generate runs your generation loop: {err}", file=sys.stderr)
+            print(
+                f"\nkvlib generate runs your generation loop: {err} (--reference runs the reference)", file=sys.stderr
+            )
             return 1
         except ValueError as err:
             print(f"\nkvlib generate: {err}", file=sys.stderr)
@@ -139,48 +163,54 @@ def cmd_generate(args) -> int:
     return 0
 
 
-# kvlib bench NAME: help, then the module kvlib.measure.bench_<name> with its measuring function and
-# formatter; each function takes threads= and quick= and returns a JSON-ready record
+@dataclass(frozen=True)
+class Bench:
+    """One `kvlib bench NAME`: its module kvlib.measure.bench_<name> has bench_<name>(threads=, quick=, ...), which
+    returns a JSON-ready record, and format_<name>(record)."""
+
+    help: str  # one line, in `kvlib bench --help`'s list
+    description: str  # `kvlib bench NAME --help`
+    device: bool = False  # takes --device cpu|cuda
+
+
 BENCHES = {
-    "cache": (
-        "tokens/s without and with a KV cache, against transformers (DynamicCache, StaticCache) and llama.cpp "
-        "(F32, Q8_0; with the peers extra), paired and interleaved",
-        "bench_cache",
-        "format_cache",
+    "cache": Bench(
+        "tokens/s with and without a KV cache, against transformers and llama.cpp (notebook 04)",
+        "Tokens per second without a cache, with kvlib's KVCache (eager and compiled), with transformers' "
+        "DynamicCache and StaticCache and with llama.cpp (F32, Q8_0; with the peers extra), on the tiny model and a "
+        "GPT-2-size one, paired and interleaved. CPU only.",
     ),
-    "memory": (
-        "bandwidth (ceiling: the highest of five kernels), matmul FLOP/s, a memory-bound decode step predicted and "
-        "measured",
-        "bench_memory",
-        "format_memory",
+    "memory": Bench(
+        "bandwidth, matmul FLOP/s, a decode step predicted then timed (notebook 05)",
+        "The bandwidth ceiling (the highest of five kernels), matmul FLOP/s and a memory-bound decode step "
+        "predicted from bytes / bandwidth and measured, eager and compiled: on the CPU, then on a GPU if present.",
+        device=True,
     ),
-    "gqa": (
-        "decode time at long context against n_kv_heads: MHA, repeated heads, grouped; each step's fixed part",
-        "bench_gqa",
-        "format_gqa",
+    "gqa": Bench(
+        "decode time at long context against n_kv_heads (notebook 06)",
+        "One decode step at long context against n_kv_heads (MHA, GQA, MQA), attention done three ways "
+        "(repeated heads, grouped, SDPA) and split-K, with each step's fixed part and the roofline's prediction.",
+        device=True,
     ),
-    "serve": (
-        "many requests at equal KV memory: static vs continuous batching, paged KV use, shared prefixes",
-        "bench_serve",
-        "format_serve",
+    "serve": Bench(
+        "many requests: static vs continuous batching, paged KV, shared prefixes (notebook 07)",
+        "64 requests at equal KV memory, served by static, iteration-level and continuous batching: throughput, "
+        "TTFT and inter-token latency p50/p99, KV in use, preemption, shared prefixes; decode steps against batch.",
     ),
-    "compress": (
-        "smaller caches: bytes of every scheme, int8 and window quality on the tiny model, int8 vs float32 decode, MLA's two paths",
-        "bench_compress",
-        "format_compress",
+    "compress": Bench(
+        "smaller caches: bytes, int8 and window quality, int8 vs float32, MLA (notebook 08)",
+        "Bytes per token of every cache scheme with published configs, int8 and rolling-window quality on the tiny "
+        "model, int8 against float32 decode (predicted, measured) and MLA's two paths counted. CPU only.",
     ),
-    "fused": (
-        "fused attention: peak memory naive vs tiled, causal FLOPs, a decode step's attention float32 vs int8 "
-        "(copied, folded, compiled)",
-        "bench_fused",
-        "format_fused",
+    "fused": Bench(
+        "attention's peak memory naive vs tiled, causal FLOPs, int8 decode (notebook 09)",
+        "Peak memory of causal attention naive, tiled and fused, the FLOPs causal tiles skip, and a decode step's "
+        "attention float32 against int8 copied, folded and compiled, beside the bandwidth ceiling. CPU only.",
     ),
-    "spec": (
-        "speculative decoding: a drafter model, and prompt lookup on a prompt that repeats and on the model's own "
-        "document given back, against gamma: alpha, tokens per pass beside the formula, the cost ratio c, predicted "
-        "and measured speedup; lookup's choices counted; a forward's time against tokens fed at once",
-        "bench_spec",
-        "format_spec",
+    "spec": Bench(
+        "speculative decoding against gamma: acceptance, speedup (notebook 10)",
+        "Speculative decoding with a drafter model and with prompt lookup, against gamma: alpha, tokens per pass "
+        "beside the formula, the cost ratio c, predicted and measured speedup; a forward's time against tokens fed.",
     ),
 }
 
@@ -203,44 +233,28 @@ def cmd_bench_class(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    if args.which == "class":
-        return cmd_bench_class(args)
-    if args.threads < 1:
-        print("kvlib bench: --threads must be at least 1", file=sys.stderr)
-        return 2
-    _, run, fmt = BENCHES[args.which]
     bench = importlib.import_module(f"kvlib.measure.bench_{args.which}")
     on = {}
-    if args.device:
-        if args.which == "cache":
-            print(
-                "kvlib bench cache: runs on the CPU only (it times transformers and llama.cpp beside kvlib there)",
-                file=sys.stderr,
-            )
-            return 2
+    if getattr(args, "device", None):
         on = {"devices": [args.device]} if args.which == "memory" else {"device": args.device}
-    if args.ways:
-        if args.which != "cache":
-            print(f"kvlib bench {args.which}: --ways is for kvlib bench cache only", file=sys.stderr)
-            return 2
+    if getattr(args, "ways", None):
         on = {"ways": [w.strip() for w in args.ways.split(",") if w.strip()]}
     try:
-        report = getattr(bench, run)(threads=args.threads, quick=args.quick, **on)
+        with solutions_used() if args.reference else contextlib.nullcontext():
+            report = getattr(bench, f"bench_{args.which}")(threads=args.threads, quick=args.quick, **on)
     except (FileNotFoundError, ValueError) as err:
-        print(f"kvlib bench: {err}", file=sys.stderr)
+        print(f"kvlib bench {args.which}: {err}", file=sys.stderr)
         return 2
-    except (
-        NotImplementedError
-    ) as err:  # ExerciseNotDone (a RuntimeError too, so first): a benchmark runs the learner's kvlib
+    except NotImplementedError as err:  # ExerciseNotDone (a RuntimeError too, so first): it runs the learner's kvlib
         print(
-            f"kvlib bench {args.which}: {err}\n(benchmarks run your own kvlib; KVLIB_SOLUTIONS=1 runs the reference)",
+            f"kvlib bench {args.which}: {err}\n(benchmarks run your own kvlib; --reference, or KVLIB_SOLUTIONS=1, runs the reference)",
             file=sys.stderr,
         )
         return 2
     except RuntimeError as err:  # e.g. two ways of generating disagreed on the greedy tokens: no table to trust
         print(f"kvlib bench {args.which}: {err}", file=sys.stderr)
         return 1
-    print(json.dumps(report, indent=1) if args.json else getattr(bench, fmt)(report))
+    print(json.dumps(report, indent=1) if args.json else getattr(bench, f"format_{args.which}")(report))
     if args.which == "cache" and (crashed := bench.crashed_asked(report)):  # a way asked for by name did not run
         print(f"kvlib bench cache: {', '.join(crashed)} crashed (the table says how)", file=sys.stderr)
         return 1
@@ -248,9 +262,13 @@ def cmd_bench(args) -> int:
 
 
 def cmd_course_release(args) -> int:
-    from kvlib.app import release  # noqa: PLC0415 (not in learners' folders: instructor only)
+    from kvlib.app import release, sitting  # noqa: PLC0415 (not in learners' folders: instructor only)
 
-    problems = release.release(check=args.check)
+    try:  # the header lines first: notebooks/ is made from solutions/ with them
+        problems = sitting.sync_headers(check=args.check) + release.release(check=args.check)
+    except ValueError as err:  # a hint file out of form, or printed lines not recorded for a changed cell
+        print(f"kvlib course release: {err}", file=sys.stderr)
+        return 2
     if problems:
         print("\n".join(problems))
         if args.check:
@@ -259,6 +277,42 @@ def cmd_course_release(args) -> int:
         print("\nrewrote the files above")
     else:
         print("kvlib/ and notebooks/ match solutions/")
+    return 0
+
+
+def cmd_course_site(args) -> int:
+    from kvlib.app import site  # noqa: PLC0415 (start-up time: only this command builds the site)
+
+    if missing := site.missing_tools():
+        print(f"kvlib course site: {', '.join(missing)} missing: pip install -e '.[site]'", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    try:
+        index = site.build(args.out, executed=args.executed, timeout=args.timeout)
+    except RuntimeError as err:
+        print(f"kvlib course site: {err}", file=sys.stderr)
+        return 1
+    print(f"built the site in {time.perf_counter() - start:.0f} s: open {index}")
+    return 0
+
+
+def cmd_course_plan(args) -> int:
+    from kvlib.app import sitting  # noqa: PLC0415 (not in learners' folders: instructor only)
+
+    try:
+        if args.record:
+            sitting.record_outputs(None if args.record == "all" else args.record)
+        if args.calibration:
+            print(sitting.calibration_table())
+            return 0
+        sittings = sitting.course()
+    except (ValueError, FileNotFoundError) as err:  # a stale record, an unknown notebook, no git history
+        print(f"kvlib course plan: {err}", file=sys.stderr)
+        return 2
+    except RuntimeError as err:  # a notebook failed while recording
+        print(f"kvlib course plan: {err}", file=sys.stderr)
+        return 1
+    print(sitting.plan_table(sittings) + "\n\nWhat fits a workshop, from 01:\n" + sitting.workshop_plan(sittings))
     return 0
 
 
@@ -382,15 +436,21 @@ def cmd_lab(args) -> int:
 
 def cmd_present(args) -> int:
     if not args.check:
-        if args.figures:
-            print("kvlib present: --figures saves the figures of a --check run; add --check", file=sys.stderr)
+        given = (
+            ("--figures", args.figures is not None),
+            ("--timeout", args.timeout is not None),
+            ("--quiet", args.quiet),
+        )
+        misplaced = [option for option, there in given if there]
+        if misplaced:
+            print(f"kvlib present: {misplaced[0]} belongs to a --check run; add --check", file=sys.stderr)
             return 2
         return cmd_lab(args)
     from kvlib.app import lab  # noqa: PLC0415 (not in learners' folders: lab needs app/release.py)
 
     start = time.perf_counter()
     try:
-        runs = lab.check_course(args.notebook, timeout=args.timeout, figures=args.figures)
+        runs = lab.check_course(args.notebook, timeout=args.timeout or 120, figures=args.figures)
     except ValueError as err:
         print(f"kvlib present: {err}", file=sys.stderr)
         return 2
@@ -402,108 +462,272 @@ def cmd_present(args) -> int:
     return 1 if failed else 0
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="kvlib", description="The course on how LLMs generate text.")
-    sub = parser.add_subparsers(dest="command", required=True)
+# ---------------------------------------------------------------------------------------------
+# The parser: a subcommand per command, each with its own description and only its own options
 
-    p = sub.add_parser("check", help="check your exercises (one id like 1.2, a notebook like 01, or all)")
-    p.add_argument("selector", nargs="?", help="an exercise id (1.2) or a notebook number (01)")
+
+QUIET_HELP = "no progress bar (one shows only on a terminal)"
+REFERENCE_HELP = "run the reference solutions, not your kvlib"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a bad argument a one-line message (not the usage block) and exit status 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _whole(low: int, high: int | None = None):
+    """An argparse type: a whole number from low (to high)."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = None
+        if n is None or n < low or (high is not None and n > high):
+            bound = f"from {low} to {high}" if high is not None else f"of at least {low}"
+            raise argparse.ArgumentTypeError(f"expected a whole number {bound}, got {text!r}")
+        return n
+
+    return parse
+
+
+def _not_negative(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = math.nan
+    if not math.isfinite(x) or x < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of at least 0, got {text!r}")
+    return x
+
+
+def _folder(text: str) -> Path:
+    """An argparse type: a folder to write into, there or not yet (never an existing file)."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a folder")
+    return path
+
+
+def _version() -> str:
+    try:
+        number = version("kvlib")
+    except PackageNotFoundError:  # run from a folder on PYTHONPATH, not installed
+        number = "(not installed)"
+    return f"kvlib {number}, course folder {ROOT}"
+
+
+def _show_help(args) -> int:
+    args.parser.print_help()
+    return 0
+
+
+def _command(sub, name: str, help: str, description: str | None = None, **kwargs) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help, description=description or help, **kwargs)
+    p.set_defaults(parser=p, func=_show_help)
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="kvlib",
+        description="The course on how LLMs generate text: check your exercises, open the notebooks, measure.",
+        epilog=f"A SELECTOR is {SELECTORS}. `kvlib COMMAND --help` describes each command.",
+    )
+    parser.add_argument("--version", action="version", version=_version())
+    parser.set_defaults(parser=parser, func=_show_help)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+
+    p = _command(
+        sub,
+        "check",
+        "check your exercises: all, one, a notebook's or a part's",
+        "Run every check of your exercises and print one row each: id, title, notebook, status (pass, fail with "
+        "the mistake named, todo) and the first failure's message. Exit 0 when all pass, 1 otherwise.",
+    )
+    p.add_argument("selector", nargs="?", metavar="SELECTOR", help=f"{SELECTORS}; default: every exercise")
     p.add_argument("--json", action="store_true", help="print a JSON list of {id, title, notebook, status, message}")
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser(
-        "hint", help="the next hint of one exercise (1.2): a nudge first, then the idea, then the last step"
+    p = _command(
+        sub,
+        "hint",
+        "the next hint of one exercise: a nudge first, then the idea, then the last step",
+        "Show the next hint of one exercise, only when asked: level 1 is a nudge, 2 the idea, 3 the last step "
+        f"short of code. The levels seen are kept per course folder in {hints.state_file()}.",
     )
     p.add_argument("exercise", help="an exercise id, e.g. 1.2")
-    p.add_argument("--level", type=int, help="show hint N (1 is the nudge) instead of the next one")
+    p.add_argument("--level", type=_whole(1), help="show hint N (1 is the nudge) instead of the next one")
     p.add_argument("--reset", action="store_true", help="forget the hints seen of this exercise: the next is 1 again")
     p.set_defaults(func=cmd_hint)
 
-    p = sub.add_parser("generate", help="stream the tiny model's continuation of PROMPT, then TTFT and TPOT")
+    p = _command(
+        sub,
+        "generate",
+        "stream the tiny model's continuation of PROMPT, then TTFT and TPOT",
+        "Stream the tiny model's continuation of PROMPT through your generation loop (Exercise 2.2), then its time "
+        "to first token and time per output token.",
+    )
     p.add_argument("prompt", help='e.g. "法国的首都是" or "Q: What is the capital of France?\\nA:"')
-    p.add_argument("--max-new-tokens", type=int, default=40, help="at most this many new tokens (default 40)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default); above 0 samples")
+    p.add_argument("--max-new-tokens", type=_whole(1), default=40, help="at most this many new tokens (default 40)")
+    p.add_argument("--temperature", type=_not_negative, default=0.0, help="0 is greedy (default); above 0 samples")
     p.add_argument("--seed", type=int, default=0, help="seed for sampling")
     p.add_argument(
         "--stop", default="\n", help="stop when the answer contains this text (default: a newline; '' never stops)"
     )
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--threads", type=_whole(1), default=1, help="torch threads (default 1)")
+    p.add_argument("--reference", action="store_true", help=REFERENCE_HELP)
     p.set_defaults(func=cmd_generate)
 
-    p = sub.add_parser("bench", help="benchmarks measured on this machine")
-    p.add_argument(
-        "which",
-        choices=[*BENCHES, "class"],
-        help="; ".join(f"{k}: {v[0]}" for k, v in BENCHES.items())
-        + "; class: a synthetic class graded by `kvlib course autograde`, every score checked",
+    p = _command(
+        sub,
+        "bench",
+        "benchmarks measured on this machine: kvlib bench NAME",
+        "Benchmarks for the course, each measured on the machine it runs on. Every benchmark runs your kvlib; "
+        "--reference runs the reference solutions. `kvlib bench NAME --help` gives its options.",
     )
-    p.add_argument("--json", action="store_true", help="print the machine-readable record")
-    p.add_argument(
-        "--threads", type=int, default=1, help="torch threads (default 1: timings on a shared CPU are steadier)"
+    benches = p.add_subparsers(dest="which", metavar="NAME", title="benchmarks")
+    common = _Parser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print the machine-readable record")
+    common.add_argument(
+        "--threads", type=_whole(1), default=1, help="torch threads (default 1: timings on a shared CPU are steadier)"
     )
-    p.add_argument("--quick", action="store_true", help="small stand-in models and few repeats (seconds, for tests)")
-    p.add_argument(
-        "--device",
-        choices=["cpu", "cuda"],
-        default=None,
-        help="memory, gqa: where to measure (default: memory the CPU then a GPU if present; gqa the CPU)",
+    common.add_argument(
+        "--quick", action="store_true", help="small stand-in models and few repeats (seconds, for tests)"
     )
-    p.add_argument(
-        "--ways",
-        metavar="WAY,...",
-        help="cache: run only these ways beside kvlib's (no_cache, kvlib_rows, kvlib_compiled, hf_dynamic, hf_static, "
-        "llama_f32, llama_q8_0); exit 1 if one of them crashes (by default a crash is a row and the rest is measured)",
+    common.add_argument("--reference", action="store_true", help=REFERENCE_HELP)
+    common.add_argument("--quiet", action="store_true", help=QUIET_HELP)
+    for name, bench in BENCHES.items():
+        b = _command(benches, name, bench.help, bench.description, parents=[common])
+        if bench.device:
+            b.add_argument(
+                "--device",
+                choices=["cpu", "cuda"],
+                default=None,
+                help="where to measure (default: "
+                + ("the CPU, then a GPU if present)" if name == "memory" else "the CPU)"),
+            )
+        if name == "cache":
+            b.add_argument(
+                "--ways",
+                metavar="WAY,...",
+                help="run only these ways beside kvlib's (no_cache, kvlib_rows, kvlib_compiled, hf_dynamic, hf_static, "
+                "llama_f32, llama_q8_0); exit 1 if one of them crashes (by default a crash is a row and the rest is "
+                "measured)",
+            )
+        b.set_defaults(func=cmd_bench)
+    b = _command(
+        benches,
+        "class",
+        "a synthetic class graded by `kvlib course autograde`, every score checked (instructors)",
+        "Grade a synthetic class of submissions with `kvlib course autograde` in a throwaway course folder, check "
+        "every score against the one expected, and time the grading.",
     )
-    p.add_argument("--students", type=int, default=20, help="class: how many students (default 20)")
-    p.add_argument("--assignment", default="01-attention", help="class: the notebook graded (default 01-attention)")
-    p.add_argument("--jobs", type=int, default=1, help="class: parallel grading workers (default 1)")
-    p.add_argument(
-        "--db", choices=["sqlite", "postgres"], default="sqlite", help="class: the gradebook (default sqlite)"
-    )
-    p.add_argument(
+    b.add_argument("--json", action="store_true", help="print the machine-readable record")
+    b.add_argument("--students", type=_whole(1), default=20, help="how many students (default 20)")
+    b.add_argument("--assignment", default="01-attention", help="the notebook graded (default 01-attention)")
+    b.add_argument("--jobs", type=_whole(1), default=1, help="parallel grading workers (default 1)")
+    b.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite", help="the gradebook (default sqlite)")
+    b.add_argument(
         "--via",
         choices=["exchange", "submitted"],
         default="exchange",
-        help="class: hand the class in through nbgrader's exchange (submit, collect; default) or straight into "
+        help="hand the class in through nbgrader's exchange (submit, collect; default) or straight into "
         "submitted/ (as zip_collect leaves it)",
     )
-    p.set_defaults(func=cmd_bench)
+    b.set_defaults(func=cmd_bench_class)
 
-    for name, text in (
-        ("lab", "open JupyterLab on the course: the learner notebooks, your kvlib"),
-        ("present", "presenters: open the solved notebooks in reference mode (KVLIB_SOLUTIONS=1)"),
+    for name, text, description in (
+        (
+            "lab",
+            "open JupyterLab on the course: the learner notebooks, your kvlib",
+            "Open JupyterLab on the course in the learner view (nbgrader's Validate button, none of the instructor's "
+            "menus), on notebooks/ or the notebook a SELECTOR names. Your ~/.jupyter settings apply.",
+        ),
+        (
+            "present",
+            "presenters: the solved notebooks in reference mode; --check runs them all",
+            "Open JupyterLab on the solved notebooks (solutions/) in reference mode (KVLIB_SOLUTIONS=1), or with "
+            "--check run them headless, top to bottom, printing the seconds each took (exit 1 naming a failure).",
+        ),
     ):
-        p = sub.add_parser(name, help=text, description=text)
+        p = _command(sub, name, text, description)
+        p.add_argument("notebook", nargs="?", metavar="SELECTOR", help=f"{SELECTORS}; default: the folder")
         p.add_argument(
-            "notebook", nargs="?", help="a notebook number (01), a part (02b) or a path to open; default: the folder"
+            "--port",
+            type=_whole(1, 65535),
+            help="the port to serve on (default: Jupyter's, 8888 or the next free one)",
         )
-        p.add_argument("--port", type=int, help="the port to serve on (default: Jupyter's, 8888 or the next free one)")
         p.add_argument("--no-browser", action="store_true", help="print the URL instead of opening a browser")
         if name == "present":
             p.add_argument(
                 "--check",
                 action="store_true",
-                help="open nothing: run every solution notebook headless, top to bottom, and print the seconds each took",
+                help="open nothing: run the solution notebooks headless, top to bottom, and print the seconds each took",
             )
             p.add_argument(
                 "--timeout",
-                type=int,
-                default=120,
+                type=_whole(1),
                 help="with --check: seconds one cell may take (default 120, as nbgrader_config.py)",
             )
             p.add_argument(
-                "--figures", metavar="DIR", help="with --check: save every figure the notebooks show as a PNG in DIR"
+                "--figures",
+                metavar="DIR",
+                type=_folder,
+                help="with --check: save every figure the notebooks show as a PNG in DIR",
             )
+            p.add_argument("--quiet", action="store_true", help="with --check: " + QUIET_HELP)
         p.set_defaults(func=cmd_present if name == "present" else cmd_lab)
 
-    p = sub.add_parser("course", help="maintainers: build the learner release from solutions/")
-    course_sub = p.add_subparsers(dest="course_command", required=True)
-    r = course_sub.add_parser("release", help="regenerate kvlib/ stubs and notebooks/ from solutions/")
+    p = _command(
+        sub,
+        "course",
+        "maintainers and instructors: the learner release, a course folder, grading",
+        "Build the learner release from solutions/ (maintainers), make an nbgrader course folder, grade a class "
+        "and export its grades (instructors; docs/instructors.md).",
+    )
+    course_sub = p.add_subparsers(dest="course_command", metavar="COMMAND", title="commands")
+    r = _command(course_sub, "release", "regenerate kvlib/ stubs and notebooks/ from solutions/")
     r.add_argument("--check", action="store_true", help="write nothing; exit 1 if anything differs")
     r.set_defaults(func=cmd_course_release)
-    i = course_sub.add_parser("init", help="instructors: write an nbgrader course folder with isolated grading")
-    i.add_argument("dir", help="the course folder to create or update")
+    s = _command(
+        course_sub,
+        "site",
+        "the course as a static site: the reference notebooks executed, the glossary and the guides",
+        "Build the course as a static HTML site (Sphinx with MyST-NB): the README as its front page, every reference "
+        "notebook executed in reference mode with its figures and outputs, the glossary and the guides. Fails on a "
+        "broken link or a notebook page without its figures. Needs the site extra: pip install -e '.[site]'.",
+    )
+    s.add_argument("--out", type=_folder, default=ROOT / "build" / "site", help="where (default build/site)")
+    s.add_argument(
+        "--executed",
+        metavar="DIR",
+        type=_folder,
+        help="executed notebooks laid out as solutions/ to reuse (the tests leave them in $KVLIB_EXECUTED_DIR); the "
+        "others are run",
+    )
+    s.add_argument("--timeout", type=_whole(1), default=120, help="seconds one cell may take (default 120)")
+    s.add_argument("--quiet", action="store_true", help=QUIET_HELP)
+    s.set_defaults(func=cmd_course_site)
+    pl = _command(
+        course_sub,
+        "plan",
+        "each notebook's core and going-further minutes and each exercise's, by the sitting estimate",
+    )
+    pl.add_argument(
+        "--record",
+        nargs="?",
+        const="all",
+        metavar="NN",
+        help="first run the solution notebooks (all, or notebook NN) and record the lines their cells print",
+    )
+    pl.add_argument("--calibration", action="store_true", help="the estimate beside the careful readers' minutes")
+    pl.set_defaults(func=cmd_course_plan)
+    i = _command(course_sub, "init", "instructors: write an nbgrader course folder with isolated grading")
+    i.add_argument("dir", type=_folder, help="the course folder to create or update")
     i.add_argument(
         "--earlier",
         choices=["own", "given"],
@@ -517,6 +741,7 @@ def main(argv=None) -> int:
     i.add_argument(
         "--exchange",
         metavar="ROOT",
+        type=_folder,
         help="set up nbgrader's exchange for the course there (e.g. /srv/nbgrader/exchange) and write the students' config",
     )
     i.add_argument(
@@ -525,36 +750,50 @@ def main(argv=None) -> int:
         help="write nothing: say what lets anyone but the folder's owner in (exit 1 if any)",
     )
     i.set_defaults(func=cmd_course_init)
-    a = course_sub.add_parser(
-        "autograde", help="instructors: grade every collected submission in parallel workers, resumable"
+    a = _command(
+        course_sub, "autograde", "instructors: grade every collected submission in parallel workers, resumable"
     )
     a.add_argument("assignment", help="the assignment, e.g. 04-kv-cache")
     a.add_argument(
-        "--jobs", type=int, default=1, help="parallel workers, one nbgrader start-up each (about one a core)"
+        "--jobs", type=_whole(1), default=1, help="parallel workers, one nbgrader start-up each (about one a core)"
     )
     a.add_argument("--student", default="*", help="a glob of student ids (default: everyone who submitted)")
     a.add_argument("--force", action="store_true", help="regrade those already graded at their current submission")
     a.add_argument("--course", default=".", help="the course folder (default: the current one)")
     a.add_argument("--quiet", action="store_true", help="no progress bar")
     a.set_defaults(func=cmd_course_autograde)
-    c = course_sub.add_parser(
+    c = _command(
+        course_sub,
         "claims",
-        help="presenters: run the reference notebooks here and print every claim: holds, does not hold, not decided",
+        "presenters: run the reference notebooks here and print every claim: holds, does not hold, not decided",
     )
-    c.add_argument("notebooks", nargs="*", help="notebook numbers (01 06 ...); default: all")
+    c.add_argument("notebooks", nargs="*", metavar="SELECTOR", help=f"{SELECTORS}; default: every notebook")
     c.add_argument("--last", action="store_true", help="run nothing: report the last run's record on this machine")
     c.add_argument("--json", action="store_true", help="print the records as JSON")
-    c.add_argument("--timeout", type=int, default=120, help="seconds one cell may take (default 120)")
+    c.add_argument("--timeout", type=_whole(1), default=120, help="seconds one cell may take (default 120)")
     c.set_defaults(func=cmd_course_claims)
-    e = course_sub.add_parser("export-canvas", help="instructors: the gradebook as a CSV for Canvas's gradebook import")
+    e = _command(course_sub, "export-canvas", "instructors: the gradebook as a CSV for Canvas's gradebook import")
     e.add_argument("--course", default=".", help="the course folder (default: the current one)")
     e.add_argument("--assignment", action="append", help="only these assignments (repeat; default: all)")
     e.add_argument("--roster", help="a CSV exported from the Canvas gradebook: names, ids and sections to fill in")
     e.add_argument("--to", default="canvas_grades.csv", help="the file to write (- for standard output)")
     e.set_defaults(func=cmd_course_export_canvas)
+    return parser
 
-    args = parser.parse_args(argv)
-    return args.func(args)
+
+def main(argv=None) -> int:
+    args, extra = build_parser().parse_known_args(argv)
+    if extra:  # named by the subcommand they were given to, not by `kvlib`
+        args.parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        with progress.quiet(getattr(args, "quiet", False)):
+            return args.func(args)
+    except KeyboardInterrupt:
+        print(f"\n{args.parser.prog}: stopped", file=sys.stderr)
+        return 130
+    except OSError as err:  # a path that cannot be read or written: name it, with no traceback
+        print(f"{args.parser.prog}: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

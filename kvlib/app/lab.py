@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -24,7 +23,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvlib.app.release import ROOT, assignments, label
+from kvlib.app.release import ROOT, label
+from kvlib.core import progress
+from kvlib.course.exercises import notebook_files
 
 # ---------------------------------------------------------------------------------------------
 # The learner view
@@ -68,37 +69,17 @@ def lab_env(config_dir: Path, *, reference: bool, base: dict | None = None) -> d
 
 
 def resolve_open(target: str | None, *, folder: str, root: Path = ROOT) -> str:
-    """The path, relative to root, that JupyterLab opens: a notebook number (01), a path, or folder.
+    """The path, relative to root, that JupyterLab opens: what a selector names (kvlib.course.exercises' grammar:
+    1.2, 01, 02b, a path), or folder. A notebook of two parts opens its first; a folder path opens the folder.
 
-    A number opens its folder's first notebook; a letter picks a part where a folder holds two (02b: its second).
     Example: resolve_open("01", folder="solutions") -> "solutions/01-attention/attention.ipynb"
     """
     if not target:
         return folder
-    part = re.fullmatch(r"(\d+)([a-z]?)", target)
-    if part:
-        number, letter = part.groups()
-        names = [n for n in assignments() if n.split("-")[0] == number.zfill(2)]
-        if not names:
-            raise ValueError(
-                f"no notebook {target!r}: the course has {', '.join(n.split('-')[0] for n in assignments())}"
-            )
-        notebooks = sorted((root / folder / names[0]).glob("*.ipynb"))
-        if not notebooks:
-            raise ValueError(f"{folder}/{names[0]} holds no notebook")
-        index = ord(letter) - ord("a") if letter else 0
-        if index >= len(notebooks):
-            parts = ", ".join(f"{number.zfill(2)}{chr(ord('a') + i)}" for i in range(len(notebooks)))
-            raise ValueError(f"no part {target!r}: {names[0]} has {len(notebooks)} notebook(s): {parts}")
-        return notebooks[index].relative_to(root).as_posix()
     path = Path(target).resolve()
-    try:
-        rel = path.relative_to(root)
-    except ValueError:
-        raise ValueError(f"{target} is outside the course folder {root}") from None
-    if not path.exists():
-        raise ValueError(f"{target} does not exist")
-    return rel.as_posix()
+    if path.is_dir() and path.is_relative_to(root):
+        return path.relative_to(root).as_posix()
+    return notebook_files(target, folder=folder, root=root)[0].relative_to(root).as_posix()
 
 
 def lab_command(
@@ -178,21 +159,15 @@ class NotebookRun:
 
 
 def solution_notebooks(selector: str | None = None) -> list[Path]:
-    """The solution notebooks of every assignment, or of one notebook number (selector "01")."""
-    names = assignments()
-    if selector:
-        if not selector.isdigit():
-            raise ValueError(f"expected a notebook number such as 01, got {selector!r}")
-        names = [n for n in names if n.split("-")[0] == selector.zfill(2)]
-        if not names:
-            raise ValueError(
-                f"no notebook {selector!r}: the course has {', '.join(n.split('-')[0] for n in assignments())}"
-            )
-    return [p for name in names for p in sorted((ROOT / "solutions" / name).glob("*.ipynb"))]
+    """The solution notebooks a selector names (1.2, 01, 02b, a path; kvlib.course.exercises' grammar), or all."""
+    return notebook_files(selector, folder="solutions")
 
 
-def run_notebook(path: Path, *, timeout: int = 300) -> NotebookRun:
-    """Execute one notebook in reference mode with nbclient (nothing is written back) and time it."""
+def run_notebook(path: Path, *, timeout: int = 300, on_cell=None) -> NotebookRun:
+    """Execute one notebook in reference mode with nbclient (nothing is written back) and time it.
+
+    on_cell(): called as each code cell is done (a progress bar).
+    """
     import nbformat  # noqa: PLC0415 (start-up time: only `kvlib present --check` runs notebooks)
     from nbclient.exceptions import CellExecutionError  # noqa: PLC0415 (start-up time: only `kvlib present --check` runs notebooks)
 
@@ -210,6 +185,8 @@ def run_notebook(path: Path, *, timeout: int = 300) -> NotebookRun:
             client = SteppedNotebookClient(
                 nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
             )
+            if on_cell is not None:
+                client.on_cell_executed = lambda **_: on_cell()
             client.execute(stderr=kernel_log)
         except CellExecutionError as err:
             error = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
@@ -232,9 +209,15 @@ def check_course(
 
     figures: a folder to save every figure into, as <notebook>-cell<NN>.png (to look at them)
     """
-    runs = []
-    for path in solution_notebooks(selector):
-        run = run_notebook(path, timeout=timeout)
+    runs, paths = [], solution_notebooks(selector)
+    cells = {path: _code_cells(path) for path in paths}
+    bar = progress.bar(desc="kvlib present --check", total=sum(cells.values()), unit="cell")
+    for path in paths:
+        name = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
+        bar.set_postfix_str(name)
+        done = bar.n
+        run = run_notebook(path, timeout=timeout, on_cell=bar.update)
+        bar.update(done + cells[path] - bar.n)  # the cells a failure left unrun
         runs.append(run)
         status = "ok" if run.error is None else f"FAILED: {run.error}"
         saved = ""
@@ -243,5 +226,10 @@ def check_course(
             for i, png in run.figures():
                 (Path(figures) / f"{label(path, sep='-')}-cell{i:02d}.png").write_bytes(png)
             saved = f"  {len(run.figures())} figures -> {figures}"
-        print(f"{path.relative_to(ROOT).as_posix():<45} {run.seconds:7.1f} s  {status}{saved}", file=out, flush=True)
+        progress.write(f"{name:<45} {run.seconds:7.1f} s  {status}{saved}", file=out)
+    bar.close()
     return runs
+
+
+def _code_cells(path: Path) -> int:
+    return sum(cell["cell_type"] == "code" for cell in json.loads(path.read_text(encoding="utf-8"))["cells"])

@@ -3,6 +3,7 @@
   solutions/kvlib/<module>.py   -> kvlib/<module>.py          (solution blocks become a raise)
   solutions/NN-topic/*.ipynb    -> notebooks/NN-topic/*.ipynb (nbgrader generate_assignment)
   kvlib/course/hints/*.md       -> each exercise's collapsed hints block in solutions/NN-topic/*.ipynb
+  kvlib/app/sitting.py          -> each notebook's header line, its minutes (written first, by the CLI)
 `kvlib course release` rewrites both; `--check` only reports what differs (the tests use it).
 """
 
@@ -58,58 +59,6 @@ def assignments() -> list[str]:
     return sorted(p.name for p in (ROOT / "solutions").iterdir() if p.is_dir() and p.name[:2].isdigit())
 
 
-# One sitting: how long a learner who does the exercises needs for a notebook, estimated from the learner
-# notebook's text. The rates are assumptions, not timings of learners (docs/instructors.md, "How long each
-# notebook takes", gives the reasons):
-# - reading: 150 words a minute. Brysbaert (2019, Journal of Memory and Language 109:104047), a meta-analysis
-#   of 190 studies, puts adults' silent reading of English non-fiction at 238 wpm on average, most adults
-#   between 175 and 300, and finds it slower for longer words and for readers of English as a second language;
-#   it gives no rate for technical text. Carver (1992, Journal of Reading 36(2):84-95) gives college readers'
-#   rates by purpose: about 200 wpm reading to learn, 138 reading to memorise. 150 sits between those two:
-#   prose read to be learned and worked with, dense with numbers, formulas and code names, by many learners in
-#   their second language.
-# - an exercise: 8 minutes (read the task and the contract 1, decide and write the function 4, run the try cell
-#   and the check and fix one slip 3); its graded cell and its hints cell are inside those minutes.
-# - every other code cell: half a minute, to run it and read its output.
-WORDS_PER_MINUTE = 150
-MINUTES_PER_EXERCISE = 8
-MINUTES_PER_CODE_CELL = 0.5
-MAX_SITTING_MINUTES = 60
-MAX_CELLS = 45  # every cell of the learner notebook, graded and hints cells included
-MAX_WORDS = 1_600  # every markdown cell of the learner notebook
-_EXERCISE_CELLS = ("checks-", "hints-")  # cell ids of an exercise's graded cell and hints cell
-
-
-def sitting(notebook: Path) -> dict:
-    """Cells, markdown words, exercises, code cells and the estimated minutes of one notebook (learner or solution).
-
-    Every cell and every markdown word counts towards the limits; an exercise's graded and hints cells count in
-    its minutes, not as code cells to read.
-    """
-    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
-    words = sum(len("".join(c["source"]).split()) for c in cells if c["cell_type"] == "markdown")
-    code = sum(c["cell_type"] == "code" for c in cells)
-    read_code = sum(c["cell_type"] == "code" and not str(c.get("id", "")).startswith(_EXERCISE_CELLS) for c in cells)
-    ids = {str(c.get("id", "")) for c in cells}
-    exercises = sum(f"checks-{ex.id.replace('.', '-')}" in ids for ex in EXERCISES)  # graded here, not in a sibling
-    reading, exercising, running = (
-        words / WORDS_PER_MINUTE,
-        MINUTES_PER_EXERCISE * exercises,
-        MINUTES_PER_CODE_CELL * read_code,
-    )
-    return {
-        "notebook": label(notebook),
-        "cells": len(cells),
-        "words": words,
-        "exercises": exercises,
-        "code_cells": code,
-        "reading_minutes": round(reading),
-        "exercise_minutes": exercising,
-        "code_minutes": round(running),
-        "minutes": round(reading + exercising + running),
-    }
-
-
 def part(notebook: Path) -> str:
     """A notebook's short name, as claims and `kvlib lab` spell it: "06" for a folder's only notebook, "02a" and
     "02b" for the first and second of a folder's two parts (in file-name order)."""
@@ -124,27 +73,6 @@ def label(notebook: Path, sep: str = "/") -> str:
     if len(list(notebook.parent.glob("*.ipynb"))) > 1:
         return f"{notebook.parent.name}{sep}{notebook.stem}"
     return notebook.parent.name
-
-
-def learner_notebooks() -> list[Path]:
-    """Every learner notebook (notebooks/NN-topic/*.ipynb), in course order: what the limits are counted on."""
-    return [p for name in assignments() for p in sorted((ROOT / "notebooks" / name).glob("*.ipynb"))]
-
-
-def sitting_table() -> str:
-    """The estimate of every learner notebook as a markdown table (docs/instructors.md shows it)."""
-    rows = [
-        f"| notebook | cells (<= {MAX_CELLS}) | words (<= {MAX_WORDS:,}) | exercises | code cells "
-        f"| reading min | exercise min | code min | minutes (<= {MAX_SITTING_MINUTES}) |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for nb in learner_notebooks():
-        s = sitting(nb)
-        rows.append(
-            f"| {s['notebook']} | {s['cells']} | {s['words']:,} | {s['exercises']} | {s['code_cells']} "
-            f"| {s['reading_minutes']} | {s['exercise_minutes']} | {s['code_minutes']} | {s['minutes']} |"
-        )
-    return "\n".join(rows)
 
 
 # nbgrader generate_assignment for many assignments in one process: the command line tool takes one

@@ -11,4 +11,5 @@ flops.py        FLOPs counted by torch itself (torch.utils.flop_counter), the CP
 paging.py       notebook 07's serving engine below the learner's kvlib/serving.py: blocks, paged view
 gguf_export.py  a Decoder written as a GGUF file for llama.cpp (`kvlib bench cache`)
 paths.py        where the repository's own files are
+progress.py     progress of long work on stderr (tqdm), shown only on a terminal
 """

@@ -114,7 +114,7 @@ def from_transformers(hf_model) -> Decoder:
 def to_transformers(model: Decoder):
     """A transformers LlamaForCausalLM with the same weights (float32, eval mode): the inverse of
     from_transformers, so that kvlib can be compared with transformers on identical weights."""
-    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415 (optional dependency: transformers, in the dev extra)
+    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415 (start-up time: transformers only for a comparison)
 
     c = model.config
     hf_config = LlamaConfig(

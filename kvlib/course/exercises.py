@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import os
 import re
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,19 +97,105 @@ NOTEBOOKS = tuple(dict.fromkeys(ex.notebook for ex in EXERCISES))
 LEARNER_MODULES = tuple(dict.fromkeys(ex.module for ex in EXERCISES))  # kvlib/<module>.py, in course order
 
 
-def select(selector: str | None = None) -> list[Exercise]:
-    """Exercises matching an id ("1.2"), a notebook number ("1", "01") or folder ("01-attention")."""
+# ---------------------------------------------------------------------------------------------
+# Selectors: one grammar for `kvlib check`, `lab`, `present` and `present --check`
+#   1.2                    an exercise (check: that one; the others: the notebook that holds it)
+#   01, 1, 01-attention    a notebook, all its parts
+#   02b                    a part: the second notebook of folder 02 (02a its first)
+#   a path                 a notebook, or a folder of them, inside the course folder
+
+_NOTEBOOK = re.compile(r"(\d{1,2})([a-z]?)|(\d\d)-[\w-]+")
+_EXERCISE_ID = re.compile(r"\d+\.\d+")
+HEADING = re.compile(r"^#+ Exercise (\d+\.\d+) — (.*?)\s*$", re.MULTILINE)  # a task's heading in a notebook
+SELECTORS = "an exercise (1.2), a notebook (01), a part (02b) or a notebook's path"
+
+
+def headings(path: Path) -> dict[str, str]:
+    """The exercise headings of a notebook file, {id: title as the heading spells it}, in order."""
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    return {m.group(1): m.group(2) for m in HEADING.finditer(text)}
+
+
+def notebook_folders(folder: str = "notebooks", root: Path = ROOT) -> list[Path]:
+    """The notebook folders under root/folder (NN-topic), in course order."""
+    top = root / folder
+    return sorted(p for p in top.iterdir() if p.is_dir() and p.name[:2].isdigit()) if top.is_dir() else []
+
+
+def notebook_files(selector: str | None = None, *, folder: str = "notebooks", root: Path = ROOT) -> list[Path]:
+    """The notebook files under root/folder that a selector names (the grammar above), in course order.
+
+    Example: notebook_files("02b", folder="solutions") -> [ROOT / "solutions/02-generation/layer.ipynb"]
+    """
+    folders = notebook_folders(folder, root)
+    if not selector:
+        return [p for f in folders for p in sorted(f.glob("*.ipynb"))]
+    if selector in BY_ID:
+        ex = BY_ID[selector]
+        files = sorted((root / folder / ex.notebook).glob("*.ipynb"))
+        held = [p for p in files if ex.id in headings(p)]
+        if not held:
+            raise ValueError(f"no notebook under {folder}/{ex.notebook} holds Exercise {ex.id}")
+        return held[:1]
+    if _EXERCISE_ID.fullmatch(selector):
+        raise ValueError(
+            f"no exercise {selector!r}: the course's exercises are {EXERCISES[0].id} to {EXERCISES[-1].id}"
+        )
+    if m := _NOTEBOOK.fullmatch(selector):
+        number, letter, named = m.groups()
+        number = (number or named).zfill(2)
+        match = [f for f in folders if f.name.split("-")[0] == number and (named is None or f.name == selector)]
+        if not match:
+            have = ", ".join(f.name.split("-")[0] for f in folders) or f"none: {root / folder} holds no notebooks"
+            raise ValueError(f"no notebook {selector!r}: the course has {have}")
+        files = sorted(match[0].glob("*.ipynb"))
+        if not files:
+            raise ValueError(f"{folder}/{match[0].name} holds no notebook")
+        if not letter:
+            return files
+        index = ord(letter) - ord("a")
+        if index >= len(files):
+            parts = ", ".join(f"{number}{chr(ord('a') + i)}" for i in range(len(files)))
+            raise ValueError(f"no part {selector!r}: {match[0].name} has {len(files)} notebook(s): {parts}")
+        return [files[index]]
+    path = Path(selector).resolve()
+    if not path.is_relative_to(root):
+        raise ValueError(f"{selector} is outside the course folder {root}")
+    if not path.exists():
+        raise ValueError(f"no exercise, notebook or path {selector!r}: give {SELECTORS}")
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+        if not files:
+            raise ValueError(f"{selector} holds no notebook")
+        return files
+    if path.suffix != ".ipynb":
+        raise ValueError(f"{selector} is not a notebook (.ipynb)")
+    return [path]
+
+
+def select(selector: str | None = None, *, root: Path = ROOT) -> list[Exercise]:
+    """The exercises a selector names (the grammar above), in course order.
+
+    A whole notebook is read off the table, so it needs no notebook file; a part or a path takes the exercises
+    whose headings its notebooks hold.
+    """
     if not selector:
         return list(EXERCISES)
     if selector in BY_ID:
         return [BY_ID[selector]]
-    number = selector.split("-")[0]
-    if number.isdigit():
-        picked = [ex for ex in EXERCISES if int(ex.notebook.split("-")[0]) == int(number)]
-        if picked:
+    m = _NOTEBOOK.fullmatch(selector)
+    if m and not m.group(2):
+        number = (m.group(1) or m.group(3)).zfill(2)
+        picked = [ex for ex in EXERCISES if ex.notebook.split("-")[0] == number]
+        if picked and (m.group(3) is None or picked[0].notebook == selector):
             return picked
-    known = ", ".join(ex.id for ex in EXERCISES)
-    raise ValueError(f"no exercise or notebook {selector!r}; exercises are {known}, notebooks {', '.join(NOTEBOOKS)}")
+    files = notebook_files(selector, root=root)
+    held = {ex_id for path in files for ex_id in headings(path)}
+    picked = [ex for ex in EXERCISES if ex.id in held]
+    if not picked:
+        raise ValueError(f"{selector} holds no exercise")
+    return picked
 
 
 # ---------------------------------------------------------------------------------------------
@@ -124,6 +212,18 @@ def use_solutions(enabled: bool = True) -> None:
     """
     global _forced
     _forced = bool(enabled)
+
+
+@contextmanager
+def solutions_used(enabled: bool = True):
+    """use_solutions(enabled) for a with block: the mode before it comes back after (`kvlib bench --reference`)."""
+    global _forced
+    before = _forced
+    _forced = bool(enabled)
+    try:
+        yield
+    finally:
+        _forced = before
 
 
 def solutions_enabled() -> bool:

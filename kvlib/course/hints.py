@@ -146,25 +146,37 @@ def stuck(exercise_id: str) -> str:
 
 
 def state_file() -> Path:
-    """$XDG_CACHE_HOME/kvlib/hints.json, or ~/.cache/kvlib/hints.json: the last level shown per exercise."""
+    """$XDG_CACHE_HOME/kvlib/hints.json, or ~/.cache/kvlib/hints.json: the last level shown per exercise, kept
+    per course folder ({folder: {exercise id: level}}), so two clones of the course do not share it."""
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "kvlib" / "hints.json"
 
 
-def _read_state() -> dict[str, int]:
+def _read_all() -> dict[str, dict[str, int]]:
+    """Every course folder's levels; what is not a folder's table (the flat form of earlier versions) is
+    left out."""
     try:
         state = json.loads(state_file().read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}  # no file yet, or one we cannot read: start from level 1
-    return (
-        {k: v for k, v in state.items() if isinstance(k, str) and isinstance(v, int)} if isinstance(state, dict) else {}
-    )
+    if not isinstance(state, dict):
+        return {}
+    return {
+        folder: {k: v for k, v in levels.items() if isinstance(v, int)}
+        for folder, levels in state.items()
+        if isinstance(levels, dict)
+    }
+
+
+def _read_state() -> dict[str, int]:
+    return _read_all().get(str(ROOT), {})
 
 
 def _write_state(state: dict[str, int]) -> None:
+    everything = _read_all() | {str(ROOT): state}
     path = state_file()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(state, indent=1, sort_keys=True), encoding="utf-8")
+    path.write_text(json.dumps(everything, indent=1, sort_keys=True), encoding="utf-8")
 
 
 def reset(exercise_id: str | None = None) -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kvlib.core import progress
 from kvlib.core.configs import gpt2_size_config, quick_cache_config
 from kvlib.core.gguf_export import write_gguf
 from kvlib.core.model import Decoder, matrix_params
@@ -189,7 +190,7 @@ def _bench_model(
         order = list(ways)
         times = {k: [] for k in ways}  # per round: seconds until each of the n tokens existed
         naive_lengths, naive_steps = None, []
-        for r in range(rounds):
+        for r in progress.bar(range(rounds), desc=f"kvlib bench cache: {name}", unit="round"):
             rotated = order[r % len(order) :] + order[: r % len(order)]
             for key in rotated:
                 if key not in ways:  # crashed in an earlier round
@@ -323,7 +324,7 @@ def bench_cache(
             )
         record = timing.environment("cpu", dtype="float32", threads_requested=threads)
     try:
-        import transformers  # noqa: PLC0415 (optional dependency: transformers, in the dev extra)
+        import transformers  # noqa: PLC0415 (start-up time: transformers imports for seconds; only its ways need it)
 
         record["transformers"] = transformers.__version__
     except ImportError:

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
+from kvlib.core import progress
 from kvlib.core.configs import MLA_MODELS, REAL_MODELS, gqa_bench_config
 from kvlib.core.flops import matmul_flops
 from kvlib.core.model import ModelConfig, num_params
@@ -338,42 +339,46 @@ def speed(
                 n_bytes=(32 << 20) if quick else (256 << 20), threads=None, repeats=3 if quick else 7
             )["bandwidth"]
         rows = []
-        for S in kv_lens:
-            fns, float_bytes, int8_bytes = _speed_cases(S, config)
-            for fn in fns.values():
-                fn()  # warm-up
-            samples, parts = {name: [] for name in fns}, []
-            for _ in range(rounds):
-                for name, fn in fns.items():
-                    start = time.perf_counter()
-                    out = fn()
-                    samples[name].append(time.perf_counter() - start)
-                    if name == "int8_parts":
-                        parts.append(out)  # (dequantising, attending) seconds of this one run
-            ratio = [f / i for f, i in zip(samples["float32"], samples["int8"])]  # per round: >1 means int8 is faster
-            reused = [f / i for f, i in zip(samples["float32"], samples["int8_reused"])]
-            as_run = int8_bytes + 2 * float_bytes  # int8 read, float32 copy written, then read by attention
-            rows.append(
-                {
-                    "kv_len": S,
-                    "float32_bytes": float_bytes,
-                    "int8_bytes": int8_bytes,
-                    "int8_as_run_bytes": as_run,
-                    "predicted_float32_s": float_bytes / bandwidth,
-                    "predicted_int8_s": int8_bytes / bandwidth,
-                    "predicted_int8_as_run_s": as_run / bandwidth,
-                    "predicted_speedup": float_bytes / int8_bytes,
-                    **{f"{name}_s": statistics.median(t) for name, t in samples.items()},
-                    **{f"{name}_spread_s": [min(t), max(t)] for name, t in samples.items()},
-                    "measured_speedup": statistics.median(ratio),
-                    "measured_speedup_spread": [min(ratio), max(ratio)],
-                    "measured_speedup_reused": statistics.median(reused),
-                    # the split of one run into its parts, so "of which dequantising" can never exceed the run
-                    "dequantise_s": statistics.median(d for d, _ in parts),
-                    "attend_s": statistics.median(a for _, a in parts),
-                    "dequantise_share": statistics.median(d / (d + a) for d, a in parts),
-                }
-            )
+        with progress.bar(desc="int8 against float32", total=len(kv_lens) * rounds, unit="round") as timed:
+            for S in kv_lens:
+                fns, float_bytes, int8_bytes = _speed_cases(S, config)
+                for fn in fns.values():
+                    fn()  # warm-up
+                samples, parts = {name: [] for name in fns}, []
+                for _ in range(rounds):
+                    for name, fn in fns.items():
+                        start = time.perf_counter()
+                        out = fn()
+                        samples[name].append(time.perf_counter() - start)
+                        if name == "int8_parts":
+                            parts.append(out)  # (dequantising, attending) seconds of this one run
+                    timed.update()
+                ratio = [
+                    f / i for f, i in zip(samples["float32"], samples["int8"])
+                ]  # per round: >1 means int8 is faster
+                reused = [f / i for f, i in zip(samples["float32"], samples["int8_reused"])]
+                as_run = int8_bytes + 2 * float_bytes  # int8 read, float32 copy written, then read by attention
+                rows.append(
+                    {
+                        "kv_len": S,
+                        "float32_bytes": float_bytes,
+                        "int8_bytes": int8_bytes,
+                        "int8_as_run_bytes": as_run,
+                        "predicted_float32_s": float_bytes / bandwidth,
+                        "predicted_int8_s": int8_bytes / bandwidth,
+                        "predicted_int8_as_run_s": as_run / bandwidth,
+                        "predicted_speedup": float_bytes / int8_bytes,
+                        **{f"{name}_s": statistics.median(t) for name, t in samples.items()},
+                        **{f"{name}_spread_s": [min(t), max(t)] for name, t in samples.items()},
+                        "measured_speedup": statistics.median(ratio),
+                        "measured_speedup_spread": [min(ratio), max(ratio)],
+                        "measured_speedup_reused": statistics.median(reused),
+                        # the split of one run into its parts, so "of which dequantising" can never exceed the run
+                        "dequantise_s": statistics.median(d for d, _ in parts),
+                        "attend_s": statistics.median(a for _, a in parts),
+                        "dequantise_share": statistics.median(d / (d + a) for d, a in parts),
+                    }
+                )
         record = environment(
             "cpu",
             dtype="float32 vs int8",
@@ -394,17 +399,28 @@ def bench_compress(threads: int = 1, quick: bool = False, device: str = "cpu") -
         raise ValueError("kvlib bench compress runs on the CPU only: its speed question is one CPU thread's")
     model, tokenizer = load_tiny()
     model.eval()
-    with num_threads(threads):
+    with num_threads(threads), progress.bar(desc="kvlib bench compress", total=5, unit="part") as parts:
+        parts.set_postfix_str("int8 agreement")
         agreement = compress_quality.int8_agreement(model, tokenizer, stride=480 if quick else 48)
+        parts.update()
+        parts.set_postfix_str("loss by position in a window")
         window = compress_quality.window_study(
             model, tokenizer, n_rows=2 if quick else 32, seq_len=64 if quick else 256
         )
+        parts.update()
+        parts.set_postfix_str("which axis shares a key scale")
         key_axis = compress_quality.key_axis_study(
             model, tokenizer, n_rows=1 if quick else 8, seq_len=64 if quick else 256
         )
+        parts.update()
+        parts.set_postfix_str("answers through a window")
         window_right = compress_quality.window_accuracy(
             model, tokenizer, capacities=(16, 8) if quick else (32, 16, 8), stride=240 if quick else 96
         )
+        parts.update()
+        parts.set_postfix_str("int8 against float32, timed")
+        timed = speed(threads=threads, quick=quick)
+        parts.update()
     window.pop("per_position")
     mla = {
         name: [mla_step_cost(m, S, path) for S in (8192, 16384) for path in ("reconstruct", "absorbed")]
@@ -418,7 +434,7 @@ def bench_compress(threads: int = 1, quick: bool = False, device: str = "cpu") -
         "window": window,
         "key_axis": key_axis,
         "window_accuracy": window_right,
-        "speed": speed(threads=threads, quick=quick),
+        "speed": timed,
         "mla": mla,
         "mla_counted": mla_counted_flops(),
         "mla_prefill": {

@@ -13,14 +13,19 @@ from __future__ import annotations
 import datetime
 import math
 import os
+import re
 import statistics
+import sys
+import tempfile
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
+from kvlib.core import progress
 from kvlib.core.flops import matmul_flops
 from kvlib.core.model import ModelConfig
 from kvlib.measure.machine import bandwidth_kernels
@@ -83,12 +88,38 @@ def sdpa_causal(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=T == S)
 
 
+# kineto, the profiler's C++ side, writes a "USDT:" line to the process's stderr at each start and stop
+# (pytorch/kineto#1325), at every KINETO_LOG_LEVEL but 6, which silences its errors too, and only when set before
+# the process's first profile. So _profiled takes these lines out of stderr, and only these.
+_KINETO_LINE = re.compile(rb"^USDT:\S+ \S+ \d+:\d+ \w+\.cpp:\d+\] .*\n?", re.MULTILINE)
+
+
+@contextmanager
+def _profiled(**options):
+    """torch.profiler.profile(**options) on the CPU, with stderr (file descriptor 2) passed through a file
+    meanwhile, and written back without kineto's start and stop lines (in a terminal or a notebook's cell)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            with profile(activities=[ProfilerActivity.CPU], **options) as prof:
+                yield prof
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            if rest := _KINETO_LINE.sub(b"", caught.read()):
+                os.write(2, rest)
+
+
 def peak_bytes(fn, *args) -> tuple[int, object]:
     """(the most bytes fn(*args) held allocated at once, beyond its inputs; its result), from torch's profiler.
 
     Every allocation and free the CPU allocator reports while fn runs, summed in the order they happened.
     """
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _profiled(profile_memory=True) as prof:
         out = fn(*args)
     live = peak = 0
     for event in prof.profiler.kineto_results.events():  # in the order recorded
@@ -126,7 +157,7 @@ def memory_rows(lengths=(1024, 4096, 16384), tile: int = 128, rounds: int = 3) -
     from kvlib.fused import tiled_attention  # noqa: PLC0415 (late binding: runs the learner's code)
 
     rows, skipped = [], []
-    for n in lengths:
+    for n in progress.bar(lengths, desc="peak memory", unit="length"):
         if 4 * n * n * 4 > _available_bytes() // 2:  # naive holds about three n x n float32 matrices
             skipped.append(n)
             continue
@@ -240,7 +271,7 @@ def _decode_ways(kv_len: int, compiled=None, seed: int = 0):
 
 def _kernel_times(fn, calls: int = 5) -> dict:
     """Mean seconds per call of each inductor kernel fn runs (torch.profiler), longest first."""
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with _profiled() as prof:
         for _ in range(calls):
             fn()
     times = {e.key: e.cpu_time_total / e.count / 1e6 for e in prof.key_averages() if "cpp_fused" in e.key}
@@ -264,7 +295,7 @@ def decode_rows(
     kernels = bandwidth_kernels(ceiling_bytes, streams=8)
     ceiling_samples = {name: [] for name in kernels}
     rows = []
-    for S in kv_lens:
+    for S in progress.bar(kv_lens, desc="a decode step's attention", unit="kv_len"):
         ways, reads, diffs, float_bytes, int8_bytes = (None,) * 5
         try:
             start = time.perf_counter()
@@ -335,12 +366,22 @@ def bench_fused(threads: int = 1, quick: bool = False, device: str = "cpu") -> d
     """Peak memory naive vs tiled, causal FLOPs, and the decode step's attention four ways (quick: small, no compile)."""
     if torch.device(device).type != "cpu":
         raise ValueError("kvlib bench fused runs on the CPU only: its peak memory is the CPU allocator's record")
-    with num_threads(threads), torch.inference_mode():
+    with (
+        num_threads(threads),
+        torch.inference_mode(),
+        progress.bar(desc="kvlib bench fused", total=3, unit="part") as parts,
+    ):
+        parts.set_postfix_str("peak memory, naive against tiled")
         memory = memory_rows((256, 512), tile=64, rounds=1) if quick else memory_rows()
+        parts.update()
+        parts.set_postfix_str("causal FLOPs counted")
         flops = flop_rows((256, 512), tile=64) if quick else flop_rows()
+        parts.update()
+        parts.set_postfix_str("a decode step's attention, float32 against int8")
         decode = (
             decode_rows((512, 1024), rounds=2, compile_it=False, ceiling_bytes=32 << 20) if quick else decode_rows()
         )
+        parts.update()
         record = environment(
             "cpu",
             dtype="float32 / int8",

@@ -18,6 +18,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from kvlib.core import progress
 from kvlib.core.cache import attention_through_cache
 from kvlib.core.configs import gqa_bench_config
 from kvlib.core.model import Decoder
@@ -204,15 +205,15 @@ def bench_gqa(
         samples = [[] for _ in cases]
         # two blocks of interleaved rounds: the copying path allocates n_heads heads of fresh memory every
         # step, and measured among the others it slowed the steps right after it by up to 1.7x
-        for block in ({"grouped", "split-k", "sdpa"}, {"materialised"}):
-            for _ in range(rounds):
-                for i, (S, h, method, model, cache, step) in enumerate(cases):
-                    if method in block:
-                        timing.synchronize(device)
-                        start = time.perf_counter()
-                        step()
-                        timing.synchronize(device)
-                        samples[i].append(time.perf_counter() - start)
+        rounds_of = [block for block in ({"grouped", "split-k", "sdpa"}, {"materialised"}) for _ in range(rounds)]
+        for block in progress.bar(rounds_of, desc=f"kvlib bench gqa: {len(cases)} cases", unit="round"):
+            for i, (S, h, method, model, cache, step) in enumerate(cases):
+                if method in block:
+                    timing.synchronize(device)
+                    start = time.perf_counter()
+                    step()
+                    timing.synchronize(device)
+                    samples[i].append(time.perf_counter() - start)
         by_case = {(S, h, method): times for (S, h, method, *_), times in zip(cases, samples)}
         fixed = {
             (h, method): _fixed_part(kv_lens, [by_case[S, h, method] for S in kv_lens])

@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from kvlib.core import progress
 from kvlib.core.configs import gpu_decode_config, memory_bound_config, quick_memory_config
 from kvlib.core.devices import DEVICES
 from kvlib.measure import timing
@@ -136,7 +137,7 @@ def _memory_run(device: str, threads: int | None, quick: bool) -> dict:
         samples = {k: [] for k in jobs}
         for fn in jobs.values():  # warm-up: first touches, kernel selection
             fn()
-        for _ in range(rounds):
+        for _ in progress.bar(range(rounds), desc=f"kvlib bench memory: {device}", unit="round"):
             for k, fn in jobs.items():
                 timing.synchronize(device)
                 start = time.perf_counter()

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvlib.core import progress
 from kvlib.core.model import matrix_params
 from kvlib.core.weights import load_tiny
 from kvlib.measure import timing
@@ -94,11 +95,12 @@ def serve_continuous(
     reserve=None,
     scheduler=None,
     keep_tokens=False,
+    on_done=None,
 ):
     """Your Scheduler (or `scheduler`, a subclass of it) over the whole trace; returns the summary, with blocks held
     per step and the step times with and without a prefill. reserve: count each running request as reserving that
     many slots (contiguous reservation) instead of the blocks it holds. keep_tokens: the summary's "tokens" holds
-    each request's generated tokens, by id."""
+    each request's generated tokens, by id. on_done(k): called as k more requests are done (a progress bar)."""
     from kvlib.serving import BlockPool, Scheduler  # noqa: PLC0415 (late binding: runs the learner's code)
 
     pool = BlockPool(model.config, n_blocks, block_size)
@@ -107,7 +109,7 @@ def serve_continuous(
     for r in requests:
         sched.add(r)
     counts = {"steps": 0, "held": 0, "reserved": 0, "blocks": [], "running": 0, "prefill_steps": [], "decode_steps": []}
-    last = {"t": 0.0, "prefill": 0}
+    last = {"t": 0.0, "prefill": 0, "done": 0}
 
     def observe(s):
         now = time.perf_counter()
@@ -122,6 +124,10 @@ def serve_continuous(
         last["t"], last["prefill"] = now, s.stats["prefill_tokens"]
         if on_step is not None:
             on_step(s)
+        if on_done is not None and len(s.finished) > last["done"]:
+            on_done(len(s.finished) - last["done"])
+            last["done"] = len(s.finished)
+            last["t"] = time.perf_counter()  # the next step's time starts after the bar's update
 
     start = last["t"] = time.perf_counter()
     sched.run(on_step=observe)
@@ -150,19 +156,20 @@ def serve_continuous(
     )
 
 
-def serve_iteration_level(model, trace, n_blocks, block_size=16, reserve=None):
+def serve_iteration_level(model, trace, n_blocks, block_size=16, reserve=None, on_done=None):
     """Orca's iteration-level batching without paging: at most budget // reserve requests run, as contiguous
     reservation allows, but each leaves as soon as it is done and the first in line takes its place."""
     reserve = reserve or model.config.max_seq_len
     batch = n_blocks * block_size // reserve
     if batch < 1:
         raise ValueError(f"a budget of {n_blocks * block_size} slots holds no contiguous reservation of {reserve}")
-    out = serve_continuous(model, trace, n_blocks, block_size, max_batch=batch, reserve=reserve)
+    out = serve_continuous(model, trace, n_blocks, block_size, max_batch=batch, reserve=reserve, on_done=on_done)
     return {**out, "batch": batch, "reserve": reserve}
 
 
-def serve_static(model, trace, n_blocks, block_size=16, reserve=None):
-    """Static batching with contiguous reservation: batches of budget // reserve requests, each run to its longest member."""
+def serve_static(model, trace, n_blocks, block_size=16, reserve=None, on_done=None):
+    """Static batching with contiguous reservation: batches of budget // reserve requests, each run to its longest
+    member. on_done(k): called as a batch of k requests is done."""
     from kvlib.serving import BlockPool, Scheduler  # noqa: PLC0415 (late binding: runs the learner's code)
 
     reserve = reserve or model.config.max_seq_len
@@ -190,6 +197,8 @@ def serve_static(model, trace, n_blocks, block_size=16, reserve=None):
             del r.out[r.max_new_tokens :]  # what a finished row computed while it waited is thrown away
             del r.times["tokens"][r.max_new_tokens :]
         sched.retire()
+        if on_done is not None:
+            on_done(len(members))
     seconds = time.perf_counter() - start
     return _summary(sched.finished, start, seconds, steps, held, reserved, {"batch": batch, "reserve": reserve})
 
@@ -215,9 +224,10 @@ def decode_step_times(
     repeats=5,
     bandwidth: float | None = None,
     peak_flops: float | None = None,
+    on_done=None,
 ):
     """Seconds of one batched decode step with `batch` requests of `context` cached tokens each, beside
-    the roofline's time when bandwidth (bytes/s) and peak_flops (FLOP/s) are given."""
+    the roofline's time when bandwidth (bytes/s) and peak_flops (FLOP/s) are given. on_done(1): after each batch."""
     from kvlib.serving import BlockPool, Request, Scheduler  # noqa: PLC0415 (late binding: runs the learner's code)
 
     rows = []
@@ -242,6 +252,8 @@ def decode_step_times(
                 **step_roofline(model.config, b, context, bandwidth, peak_flops),
             }
         )
+        if on_done is not None:
+            on_done(1)
     return rows
 
 
@@ -275,20 +287,32 @@ def bench_serve(
     n = n_requests or (32 if quick else 64)
     trace = make_trace(tokenizer, n)
     shared_trace = make_trace(tokenizer, n, system_prompt=SYSTEM_PROMPT)
-    with timing.num_threads(threads):
-        static = serve_static(model, trace, n_blocks, block_size)
-        iteration = serve_iteration_level(model, trace, n_blocks, block_size)
-        continuous = serve_continuous(model, trace, n_blocks, block_size)
-        unshared = serve_continuous(model, shared_trace, prefix_blocks, block_size)
-        shared = serve_continuous(model, shared_trace, prefix_blocks, block_size, share_prefixes=True)
+    batches = (1, 4, 16, 32) if quick else (1, 2, 4, 8, 16, 32, 64)
+    # one bar, counting requests served (five runs of the trace), then the machine's two measures and the batches
+    with (
+        timing.num_threads(threads),
+        progress.bar(desc="kvlib bench serve", total=5 * n + 2 + len(batches), unit="request") as bar,
+    ):
+        bar.set_postfix_str("static batching")
+        static = serve_static(model, trace, n_blocks, block_size, on_done=bar.update)
+        bar.set_postfix_str("iteration-level batching")
+        iteration = serve_iteration_level(model, trace, n_blocks, block_size, on_done=bar.update)
+        bar.set_postfix_str("continuous batching")
+        continuous = serve_continuous(model, trace, n_blocks, block_size, on_done=bar.update)
+        bar.set_postfix_str("a shared system prompt, unshared")
+        unshared = serve_continuous(model, shared_trace, prefix_blocks, block_size, on_done=bar.update)
+        bar.set_postfix_str("a shared system prompt, shared")
+        shared = serve_continuous(
+            model, shared_trace, prefix_blocks, block_size, share_prefixes=True, on_done=bar.update
+        )
         # notebook 05's measurements, with its sizes: one ridge for the course on one machine
+        bar.set_postfix_str("bandwidth and matmul FLOP/s")
         bandwidth = measure_bandwidth(**({"n_bytes": 32 << 20, "repeats": 3} if quick else {}), threads=threads)
         peak = measure_matmul_flops(**({"repeats": 3} if quick else {}), threads=threads)
+        bar.update(2)
+        bar.set_postfix_str("decode steps against batch")
         steps = decode_step_times(
-            model,
-            batches=(1, 4, 16, 32) if quick else (1, 2, 4, 8, 16, 32, 64),
-            bandwidth=bandwidth["bandwidth"],
-            peak_flops=peak["flops"],
+            model, batches=batches, bandwidth=bandwidth["bandwidth"], peak_flops=peak["flops"], on_done=bar.update
         )
     prompt_lens = [len(p) for p, _ in trace]
     new_lens = [m for _, m in trace]

@@ -23,6 +23,7 @@ import time
 
 import torch
 
+from kvlib.core import progress
 from kvlib.core.weights import load_draft, load_tiny
 from kvlib.measure.machine import measure_bandwidth, measure_matmul_flops
 from kvlib.measure.timing import environment, measure, num_threads
@@ -365,7 +366,9 @@ def bench_spec(threads: int = 1, quick: bool = False, max_new_tokens: int | None
     }
     copied: dict = {way: [] for way in ways}  # per prompt: (share of the continuation copied, the copied runs)
     identical = True
-    with num_threads(threads):
+    runs = rounds * sum(len(p) for p in prompts.values())  # each: plain decoding, then speculative at every gamma
+    with num_threads(threads), progress.bar(desc="kvlib bench spec", total=runs + 4, unit="run") as bar:
+        bar.set_postfix_str(f"gamma {', '.join(map(str, gammas))}: every drafter on every prompt, {rounds} rounds")
         cache = KVCache(model.config, max_seq_len=512)
         for round_ in range(rounds):  # each round: every way on every prompt, plain decoding timed beside it
             for way, make in ways.items():
@@ -391,7 +394,9 @@ def bench_spec(threads: int = 1, quick: bool = False, max_new_tokens: int | None
                             r["checked"] + checked,
                             r["drafted"] + drafted,
                         )
+                    bar.update()
         # the cost ratio c: a draft step over a model step (decode, one token, at kv_len 32), paired per round
+        bar.set_postfix_str("the cost ratio c")
         text = list(range(400)) * 2
         steps = paired_medians(
             {
@@ -401,17 +406,24 @@ def bench_spec(threads: int = 1, quick: bool = False, max_new_tokens: int | None
             },
             rounds=3 if quick else 15,
         )
+        bar.update()
+        bar.set_postfix_str("a forward against tokens fed at once")
         fed = (1, 2, 4, 8, 16)
         by_tokens = paired_medians({t: _step(model, 64, t, KVCache) for t in fed}, rounds=3 if quick else 11)
+        bar.update()
+        bar.set_postfix_str("prompt lookup's choices counted")
         counted_policies = lookup_counts(
             model,
             {"repeating_prompt": prompts["lookup"][0], "own_document_prompt": prompts["lookup_document"][0]},
             n_new,
         )
+        bar.update()
+        bar.set_postfix_str("bandwidth and matmul FLOP/s")
         bandwidth = measure_bandwidth(n_bytes=(16 << 20) if quick else (128 << 20), threads=None, repeats=3)[
             "bandwidth"
         ]
         flops = measure_matmul_flops(n=256 if quick else 512, threads=None, repeats=3)["flops"]
+        bar.update()
     cost = {"model": steps["ratio"]["draft"], "lookup": steps["ratio"]["lookup"]}
     cost["lookup_document"] = cost["lookup"]
     table = {}

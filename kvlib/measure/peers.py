@@ -34,7 +34,7 @@ Way = Callable[[torch.Tensor, int], tuple[list[int], list[float]]]
 
 def transformers_way(hf_model, cache_implementation: str | None = None) -> Way:
     """transformers' generate, greedy, timed by a streamer; cache_implementation "static" or None (DynamicCache)."""
-    from transformers.generation.streamers import BaseStreamer  # noqa: PLC0415 (optional dependency: transformers, in the dev extra)
+    from transformers.generation.streamers import BaseStreamer  # noqa: PLC0415 (start-up time: transformers imports for seconds; only its ways need it)
 
     class Stamps(BaseStreamer):
         def __init__(self):

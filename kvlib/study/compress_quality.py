@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kvlib.core import progress
 from kvlib.core.model import Decoder
 from kvlib.study import corpus, train
 from kvlib.variants.compressed import Int8KVCache
@@ -23,13 +24,15 @@ def _prompts(tokenizer, stride: int, limit: int | None) -> list[tuple[list[int],
 
 
 @torch.inference_mode()
-def _continue(model: Decoder, prompts: list[list[int]], cache, new_tokens: int, forced=None) -> torch.Tensor:
+def _continue(
+    model: Decoder, prompts: list[list[int]], cache, new_tokens: int, forced=None, desc: str = "decode"
+) -> torch.Tensor:
     """Each prompt's greedy argmax after its last token and after each next one (forced ones if given), every
     prompt at once through one cache of batch len(prompts), one token a step: (N, new_tokens).
 
     Prompts of different lengths ride right-padded in one batch (a causal model never reads a later position);
     a row switches from its prompt to its new tokens at its own step. forced: (N, new_tokens) tokens fed instead
-    of the picks (the int8 run follows the float32 run's continuation).
+    of the picks (the int8 run follows the float32 run's continuation). desc: what the progress bar says runs.
     """
     lengths = torch.tensor([len(p) for p in prompts])
     width = int(lengths.max()) + new_tokens
@@ -40,7 +43,7 @@ def _continue(model: Decoder, prompts: list[list[int]], cache, new_tokens: int, 
     rows = torch.arange(len(prompts))
     fed = picks if forced is None else forced  # what a row reads once past its prompt
     cache.reset()
-    for t in range(width - 1):
+    for t in progress.bar(range(width - 1), desc=desc, unit="token"):
         logits, _ = model(ids[:, t : t + 1], past_key_values=cache)  # (N, 1, vocab): each row's next token after t
         i = t + 1 - lengths  # which new token position t + 1 is, per row (negative: still in the prompt)
         new = (i >= 0) & (i < new_tokens)
@@ -61,8 +64,11 @@ def int8_agreement(model: Decoder, tokenizer, stride: int = 48, limit: int | Non
     prompts = _prompts(tokenizer, stride, limit)
     questions = [p for p, _ in prompts]
     n, width = len(prompts), max(map(len, questions)) + new_tokens
-    f = _continue(model, questions, KVCache(model.config, batch=n, max_seq_len=width), new_tokens)
-    q = _continue(model, questions, Int8KVCache(model.config, batch=n, max_seq_len=width), new_tokens, forced=f)
+    f = _continue(
+        model, questions, KVCache(model.config, batch=n, max_seq_len=width), new_tokens, desc="int8 agreement: float32"
+    )
+    int8 = Int8KVCache(model.config, batch=n, max_seq_len=width)
+    q = _continue(model, questions, int8, new_tokens, forced=f, desc="int8 agreement: int8")
     right_f = sum(f[row, : len(a)].tolist() == a for row, (_, a) in enumerate(prompts))
     right_q = sum(q[row, : len(a)].tolist() == a for row, (_, a) in enumerate(prompts))
     return {
@@ -83,11 +89,12 @@ def held_out_rows(tokenizer, n_rows: int, seq_len: int) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def stepwise_loss(model: Decoder, rows: torch.Tensor, cache, attention=None) -> torch.Tensor:
-    """Next-token loss at every position (seq_len,), averaged over rows, feeding one token at a time through cache."""
+def stepwise_loss(model: Decoder, rows: torch.Tensor, cache, attention=None, desc: str = "loss") -> torch.Tensor:
+    """Next-token loss at every position (seq_len,), averaged over rows, feeding one token at a time through cache
+    (desc: what the progress bar says runs)."""
     cache.reset()
     losses = []
-    for t in range(rows.shape[1] - 1):
+    for t in progress.bar(range(rows.shape[1] - 1), desc=desc, unit="token"):
         logits, _ = model(rows[:, t : t + 1], past_key_values=cache, attention=attention)  # (N, 1, vocab)
         losses.append(F.cross_entropy(logits[:, -1], rows[:, t + 1], reduction="none"))
     return torch.stack(losses, 1).mean(0)
@@ -110,7 +117,7 @@ def window_study(
         f"{n_sink} sinks + window {capacity - n_sink}": SinkCache(model.config, n_sink, capacity - n_sink, batch=B),
     }
     per_position = {
-        name: stepwise_loss(model, rows, cache)  # each cache brings its own attention (kvlib.core.cache)
+        name: stepwise_loss(model, rows, cache, desc=f"window study: {name}")  # each cache brings its own attention
         for name, cache in caches.items()
     }
     edges = list(range(0, seq_len, band)) + [seq_len]
@@ -222,9 +229,8 @@ def window_accuracy(
     accuracy = {}
     for name, cache in caches.items():
         cache.reset()
-        picks = torch.stack(
-            [model(ids[:, t : t + 1], past_key_values=cache)[0][:, -1].argmax(-1) for t in range(width - 1)], 1
-        )
+        steps = progress.bar(range(width - 1), desc=f"window accuracy: {name}", unit="token")
+        picks = torch.stack([model(ids[:, t : t + 1], past_key_values=cache)[0][:, -1].argmax(-1) for t in steps], 1)
         right = [
             torch.equal(picks[row, len(p) - 1 : len(p) + len(a) - 1], ids[row, len(p) : len(p) + len(a)])
             for row, (p, a) in enumerate(encoded)

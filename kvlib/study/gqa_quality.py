@@ -11,6 +11,7 @@ import random
 import time
 from pathlib import Path
 
+from kvlib.core import progress
 from kvlib.core.model import Decoder
 from kvlib.core.paths import ASSETS
 from kvlib.study import corpus, train
@@ -52,7 +53,7 @@ def uptrain(
     optimizer = train.make_optimizer(model, lr, weight_decay=0.1)
     model.train()
     started = time.perf_counter()
-    for step in range(steps):
+    for step in progress.bar(range(steps), desc="uptraining", unit="step"):
         rows = train.sample_rows(records, batch_size, seq_len, rng)  # (B, T + 1)
         losses.append(train.train_step(model, optimizer, rows, lr * min(1.0, (step + 1) / 10), grad_clip=1.0))
     model.eval()
@@ -91,22 +92,26 @@ def conversion_study(
 
     pools = {"mean": None, "first": first_head_of_group}
     rows = []
-    for n_kv_heads in kv_heads:
-        for recipe in recipes if n_kv_heads != model.config.n_kv_heads else recipes[:1]:
-            converted = to_gqa(model, n_kv_heads, pool=pools[recipe])
-            row = {
-                "n_kv_heads": n_kv_heads,
-                "recipe": recipe if n_kv_heads != model.config.n_kv_heads else "original",
-                **quality(converted, tokenizer, stride, loss_rows),
-            }
-            if uptrain_steps:
-                cost = uptrain(converted, tokenizer, steps=uptrain_steps)
-                after = quality(converted, tokenizer, stride, loss_rows)
-                row.update(
-                    {f"uptrained_{k}": v for k, v in after.items() if k != "asked"},
-                    uptrain_steps=uptrain_steps,
-                    uptrain_seconds=cost["seconds"],
-                    uptrain_tokens=cost["tokens"],
-                )
-            rows.append(row)
+    plan = [
+        (n_kv_heads, recipe)
+        for n_kv_heads in kv_heads
+        for recipe in (recipes if n_kv_heads != model.config.n_kv_heads else recipes[:1])
+    ]
+    for n_kv_heads, recipe in progress.bar(plan, desc="GQA conversion study", unit="model"):
+        converted = to_gqa(model, n_kv_heads, pool=pools[recipe])
+        row = {
+            "n_kv_heads": n_kv_heads,
+            "recipe": recipe if n_kv_heads != model.config.n_kv_heads else "original",
+            **quality(converted, tokenizer, stride, loss_rows),
+        }
+        if uptrain_steps:
+            cost = uptrain(converted, tokenizer, steps=uptrain_steps)
+            after = quality(converted, tokenizer, stride, loss_rows)
+            row.update(
+                {f"uptrained_{k}": v for k, v in after.items() if k != "asked"},
+                uptrain_steps=uptrain_steps,
+                uptrain_seconds=cost["seconds"],
+                uptrain_tokens=cost["tokens"],
+            )
+        rows.append(row)
     return rows

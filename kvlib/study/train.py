@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from kvlib.core.model import Decoder, ModelConfig
+from kvlib.core.progress import bar, quiet
 from kvlib.core.tokenizer import Tokenizer
 from kvlib.core.weights import (
     CONFIG_FILE,
@@ -319,19 +320,11 @@ def train_step(
     return loss.item()
 
 
-def _bar(step: int, total: int, loss: float, started: float) -> str:
-    done = step / total
-    elapsed = time.perf_counter() - started
-    eta = elapsed / done - elapsed if done else 0.0
-    filled = int(30 * done)
-    bar = "#" * filled + "." * (30 - filled)
-    return f"\r[{bar}] {step}/{total} loss {loss:.3f} {elapsed:4.0f}s elapsed, ~{eta:3.0f}s left"
-
-
 def train(
     settings: TrainSettings, config: ModelConfig | None = None, progress: bool = True
 ) -> tuple[Decoder, Tokenizer, float]:
-    """Train from scratch; returns (model in eval mode, tokenizer, seconds spent)."""
+    """Train from scratch; returns (model in eval mode, tokenizer, seconds spent). progress: a bar on a terminal,
+    step, smoothed loss and time left (kvlib.core.progress)."""
     torch.manual_seed(settings.seed)
     tokenizer = build_tokenizer()
     config = config or ModelConfig(vocab_size=tokenizer.vocab_size)
@@ -347,17 +340,17 @@ def train(
     optimizer = make_optimizer(model, settings.lr, settings.weight_decay)
     model.train()
     started, smooth = time.perf_counter(), None
-    for step in range(settings.steps):
+    with quiet(not progress):
+        steps = bar(range(settings.steps), desc=f"training {model.num_params():,} parameters", unit="step")
+    for step in steps:
         if step < settings.steps - settings.long_steps:
             rows = sample_rows(records, settings.batch_size, settings.seq_len, rng)  # (B, T + 1)
         else:  # fewer, longer rows: positions up to max_seq_len, so long generations stay coherent
             rows = sample_rows(records, long_batch, config.max_seq_len, rng)  # (B', max_seq_len + 1)
         loss = train_step(model, optimizer, rows, lr_at(step, settings), settings.grad_clip)
         smooth = loss if smooth is None else 0.95 * smooth + 0.05 * loss
-        if progress and (step % 10 == 9 or step == settings.steps - 1):
-            print(_bar(step + 1, settings.steps, smooth, started), end="", file=sys.stderr, flush=True)
-    if progress:
-        print(file=sys.stderr)
+        if step % 10 == 9:
+            steps.set_postfix(loss=f"{smooth:.3f}", refresh=False)
     return model.eval(), tokenizer, time.perf_counter() - started
 
 
@@ -411,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     add("--force", action="store_true", help="replace a different model already in --out")
     add("--seed", type=int, default=defaults.seed, help=f"seed of weights and batches (default {defaults.seed})")
     add("--toy", action="store_true", help="a toy model and a quick evaluation, to test this script")
+    add("--quiet", action="store_true", help="no progress bar (one shows only on a terminal)")
     add(
         "--preset",
         choices=("tiny", "draft"),
@@ -444,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{out} already holds a model: only an identical one (or --force) replaces it", file=sys.stderr)
 
     print(f"training on {torch.get_num_threads()} threads: {settings}", file=sys.stderr)
-    model, tokenizer, seconds = train(settings, config)
+    model, tokenizer, seconds = train(settings, config, progress=not args.quiet)
     print(f"trained {model.num_params():,} parameters in {seconds:.0f} s; evaluating...", file=sys.stderr)
     metrics = evaluate(model, tokenizer, **quick)
     manifest = {
