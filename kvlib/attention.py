@@ -1,4 +1,4 @@
-"""Attention by hand (notebook 01-attention): softmax, one query, a causal mask, all queries at once.
+"""Attention by hand (notebook 01-attention): softmax, one query, a causal mask, all queries at once, a query aimed.
 
 numpy, one head, no batch: q (T, D), k and v (S, D). Every reduction uses a negative axis, so
 the same code runs unchanged on (B, H, T, D) arrays.
@@ -42,13 +42,11 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float | None = No
 
     Args:    q: (head_dim,)   k: (kv_len, head_dim)   v: (kv_len, d_v), float arrays of one dtype
              scale: multiplies every score q . k_j; None means 1 / sqrt(head_dim)
-    Returns: out: (d_v,), probs: (kv_len,) summing to 1, both in the inputs' dtype (float32 in, float32 out)
+    Returns: out: (d_v,), probs: (kv_len,) summing to 1, both in the inputs' dtype
     Raises:  ValueError if k's rows are not head_dim wide or v has not one row per key
     Example:
-        >>> k, v = np.array([[1.0, 0], [0, 1], [1, 1]]), np.array([[1.0, 0], [0, 2], [3, 1]])
-        >>> out, probs = attend(np.array([1.0, 1.0]), k, v, scale=1.0)
-        >>> out.round(3).tolist(), probs.round(3).tolist()
-        ([1.94, 1.0], [0.212, 0.212, 0.576])
+        >>> attend(np.array([1.0, 1.0]), np.eye(2), np.array([[1.0, 0], [3, 1]]), scale=1.0)[0].tolist()
+        [2.0, 0.5]
     """
     raise NotImplementedError("Exercise 1.2 (notebooks/01-attention): attend")
 
@@ -59,16 +57,16 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float | None = No
 
 @exercise("1.3", validate=inputs.check_causal_mask)
 def causal_mask(seq_len: int, kv_len: int) -> np.ndarray:
-    """Boolean (seq_len, kv_len) mask; True where query i may attend to key j (SDPA's bool attn_mask).
+    """Boolean (seq_len, kv_len) mask, True where a query may attend to a key (SDPA's bool attn_mask).
 
-    The queries are the last seq_len of kv_len positions: query i sits at position kv_len - seq_len + i
-    and may attend to every key at or before its own position, never to a later one.
+    The queries are the last seq_len of kv_len positions; each may attend to its own position and every
+    earlier one, never a later one.
     Args:    seq_len: new queries, 1 <= seq_len <= kv_len;  kv_len: keys
     Returns: bool array (seq_len, kv_len)
     Raises:  ValueError if seq_len > kv_len, or either is not a positive int
     Example:
-        >>> causal_mask(2, 3).tolist()
-        [[True, True, False], [True, True, True]]
+        >>> causal_mask(1, 3).tolist()
+        [[True, True, True]]
     """
     raise NotImplementedError("Exercise 1.3 (notebooks/01-attention): causal_mask")
 
@@ -81,15 +79,31 @@ def causal_mask(seq_len: int, kv_len: int) -> np.ndarray:
 def causal_self_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray):
     """Scaled dot-product attention of every query at once, under the causal mask (Exercise 1.3).
 
-    Args:    q: (..., seq_len, head_dim)   k: (..., kv_len, head_dim)   v: (..., kv_len, d_v), one float dtype;
-             the queries are the last seq_len of the kv_len positions; scores are scaled by 1 / sqrt(head_dim)
-    Returns: out: (..., seq_len, d_v), probs: (..., seq_len, kv_len), in q's dtype; probs is exactly 0
-             where the mask forbids, and row i of out equals attend(q[i], k[:p + 1], v[:p + 1]) with p = kv_len - seq_len + i
+    Args:    q: (..., seq_len, head_dim), k: (..., kv_len, head_dim), v: (..., kv_len, d_v), one float dtype;
+             the queries are the last seq_len of the kv_len positions; scores scaled by 1 / sqrt(head_dim)
+    Returns: out: (..., seq_len, d_v), probs: (..., seq_len, kv_len), in q's dtype; probs exactly 0 where the
+             mask forbids; row i of out equals attend (1.2) of query i over the keys it may see
     Raises:  ValueError if the shapes do not fit together, or seq_len > kv_len
     Example:
-        >>> k, v = np.array([[1.0, 0], [0, 1], [1, 1]]), np.array([[1.0, 0], [0, 2], [3, 1]])
-        >>> out, probs = causal_self_attention(k, k, v)
-        >>> probs[0].tolist(), out[2].round(3).tolist()
-        ([1.0, 0.0, 0.0], [1.759, 1.0])
+        >>> causal_self_attention(np.eye(2), np.eye(2), np.eye(2))[1][0].tolist()
+        [1.0, 0.0]
     """
     raise NotImplementedError("Exercise 1.4 (notebooks/01-attention): causal_self_attention")
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 1.5
+
+
+@exercise("1.5")
+def aimed_query() -> np.ndarray:
+    """A query for AI under which 爱 takes at least 0.9 of its attention, at most 3 long: a design under a budget.
+
+    Returns: (2,) float array q, np.linalg.norm(q) <= 3, softmax(k @ q)[1] >= 0.9 with notebook 01's keys
+             k = [[1, 0], [0, 1], [1, 1]] (我, 爱, AI), scale 1; any such q
+    Raises:  nothing: it takes no input
+    Example:
+        >>> aimed_query().shape
+        (2,)
+    """
+    raise NotImplementedError("Exercise 1.5 (notebooks/01-attention): aimed_query")

@@ -58,6 +58,25 @@ def int8_attention(q, k_values, k_scale, v_values, v_scale, kv_len: int) -> torc
     raise NotImplementedError("Exercise 8.2 (notebooks/08-compress): int8_attention")
 
 
+@exercise("8.7", validate=inputs.check_int8_bytes)
+def int8_bytes_per_token(config, group: int = 32, scale_bytes: int = 4) -> float:
+    """Predict: the bytes one more token adds to an int8 cache laid out as Int8KVCache (KIVI's axes), all layers.
+
+    The layout, per layer and key/value head: keys and values one int8 each per channel; a key scale for every
+    channel of every group of `group` tokens (a token carries its share of its group's scales); a value scale for
+    every token; each scale scale_bytes bytes (4: float32, as the tiny model's cache; 2: 16-bit). No float residual:
+    that is one group per cache, whatever its length.
+    Args:    config: a ModelConfig (its n_layers, n_kv_heads, head_dim);  group >= 1;  scale_bytes >= 1
+    Returns: float, bytes per token of context for one sequence
+    Raises:  ValueError if config is not a ModelConfig or group or scale_bytes is not a positive int
+    Example:
+        >>> from kvlib.core.model import ModelConfig
+        >>> int8_bytes_per_token(ModelConfig(vocab_size=50, n_layers=2, d_model=32, n_heads=2, n_kv_heads=1), group=4)
+        104.0
+    """
+    raise NotImplementedError("Exercise 8.7 (notebooks/08-compress): int8_bytes_per_token")
+
+
 # ---------------------------------------------------------------------------------------------
 # A rolling cache: n_sink first tokens, then the last `window` in a ring
 
@@ -136,9 +155,10 @@ def mla_reconstruct(q_nope, q_rope, latent, k_rope, w_uk, w_uv) -> torch.Tensor:
 
 @exercise("8.6", validate=inputs.check_mla)
 def mla_absorbed(q_nope, q_rope, latent, k_rope, w_uk, w_uv) -> torch.Tensor:
-    """MLA as DeepSeek serves it: w_uk folded into the query, w_uv applied after, attention in latent space.
+    """MLA as DeepSeek serves it for decode: mla_reconstruct's (8.5) answer without rebuilding keys or values.
 
-    As mla_reconstruct (8.5), but builds no per-head key or value and copies no latent per head (the grader measures memory).
+    No tensor holds a per-head key, value or copy of the latents for every cached token: the grader measures the
+    memory a decode step against many latents holds.
     Args:    as mla_reconstruct
     Returns: (B, H, T, Dv), equal to mla_reconstruct's up to rounding
     Raises:  ValueError if the shapes do not fit together or T > S
@@ -148,3 +168,21 @@ def mla_absorbed(q_nope, q_rope, latent, k_rope, w_uk, w_uv) -> torch.Tensor:
         True
     """
     raise NotImplementedError("Exercise 8.6 (notebooks/08-compress): mla_absorbed")
+
+
+@exercise("8.8", validate=inputs.check_mla_flops)
+def mla_flops(path: str, kv_len: int, new_tokens: int = 1, **sizes) -> int:
+    """Predict: the matmul FLOPs of one layer's MLA attention, for new_tokens queries (batch 1) over kv_len latents.
+
+    Counted as torch.utils.flop_counter counts them: 2 FLOPs per multiply-add of every matrix product (einsum and
+    @ alike); softmax, scaling and masking count nothing; a prefill's masked scores count (the product computes
+    them). path "reconstruct": the products mla_reconstruct (8.5) computes; "absorbed": those of mla_absorbed (8.6).
+    Args:    path: "reconstruct" or "absorbed";  kv_len >= new_tokens >= 1;  sizes: the MLA sizes as keywords,
+             n_heads, nope_dim, rope_dim, v_dim, kv_rank (MLAModel.sizes() gives a published model's)
+    Returns: int, FLOPs
+    Raises:  ValueError if path is neither, a size is missing or not a positive int, or new_tokens > kv_len
+    Example:
+        >>> mla_flops("reconstruct", 2, n_heads=1, nope_dim=1, rope_dim=1, v_dim=1, kv_rank=1)
+        20
+    """
+    raise NotImplementedError("Exercise 8.8 (notebooks/08-compress): mla_flops")

@@ -27,7 +27,9 @@ def online_softmax(chunks: list) -> torch.Tensor:
     Args:    chunks: a non-empty list of (scores (..., c), values (..., c, head_dim)) float32 pairs; the
              chunk length c may differ from chunk to chunk; a score of -inf is a key that may not be attended.
     Returns: (..., head_dim) float32, what softmax over the concatenated scores times the concatenated values
-             gives, for scores of any size (1,000 included). No tensor as long as all the keys together is made.
+             gives, for scores of any size (1,000 included). The chunks are read one at a time and none is kept
+             once the next is read: no tensor as long as all the keys together, no list of them all (the list may
+             make each chunk only when it is read; the grader hands them so, and measures what a call holds at once).
     Raises:  ValueError for an empty list, or a chunk whose scores and values disagree in shape.
     Example:
         >>> s1, v1 = torch.tensor([1.0, 1.0]), torch.tensor([[1.0, 0.0], [0.0, 2.0]])  # notebook 01's seed, in two chunks
@@ -46,11 +48,13 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tile: int
     """Causal attention computed tile by tile: a seq_len x kv_len score matrix never exists.
 
     Args:    q: (batch, n_heads, seq_len, head_dim), the last seq_len of the kv_len positions (bottom-right);
-             k, v: (batch, n_heads, kv_len, head_dim); tile: rows of queries and of keys per tile (> 0; it
-             need not divide seq_len or kv_len).
-    Returns: (batch, n_heads, seq_len, head_dim), SDPA's answer with a causal mask. Score tiles whose every
-             key is in every query's future are never computed; the matrix multiplies of the others are
-             all the work (each computed tile costs 2 of them).
+             k, v: (batch, n_heads, kv_len, head_dim), q's dtype; tile: rows of queries and of keys per tile (> 0;
+             it need not divide seq_len, kv_len or kv_len - seq_len); query tiles start at query 0, key tiles at key 0.
+    Returns: (batch, n_heads, seq_len, head_dim) in q's dtype, SDPA's answer with a causal mask. Score tiles whose
+             every key is in every query's future are never computed; the matrix multiplies of the others are all
+             the work (each computed tile costs 2 of them), and at most a tile x tile block of scores per head exists
+             at a time, never a tile of queries against all its keys (the grader measures the memory a call holds,
+             without torch's fused attention kernel: there, calling torch's attention holds every score it computes).
     Raises:  ValueError if tile is not a positive int, or k and v differ in shape, or seq_len > kv_len.
     Example:
         >>> q, k, v = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)

@@ -67,6 +67,22 @@ class BlockTable:
         raise NotImplementedError("Exercise 7.2 (notebooks/07-serving): BlockTable.append")
 
 
+@exercise("7.6", validate=inputs.check_utilisation)
+def block_utilisation(lengths: list[int], block_size: int) -> float:
+    """Predict: the share of the slots in the blocks that sequences of these lengths hold that hold a token.
+
+    Each sequence keeps its own block table (nothing shared) and holds exactly the blocks BlockTable.append (7.2)
+    takes for its tokens; a block holds block_size slots.
+    Args:    lengths: tokens each sequence holds, each >= 1;  block_size: slots per block, >= 1
+    Returns: float in (0, 1]: tokens held / slots of the blocks held
+    Raises:  ValueError if lengths is empty or holds a length < 1, or block_size is not a positive int
+    Example:
+        >>> block_utilisation([4, 4], block_size=4), block_utilisation([3], block_size=1)
+        (1.0, 1.0)
+    """
+    raise NotImplementedError("Exercise 7.6 (notebooks/07-serving): block_utilisation")
+
+
 @exercise("7.3", validate=inputs.check_paged)
 def paged_attention(q: torch.Tensor, pool: BlockPool, layer: int, tables: list[BlockTable]) -> torch.Tensor:
     """Attention for a batch of sequences of different lengths, reading K/V through their block tables.
@@ -125,11 +141,11 @@ class Scheduler(Engine):
     def victim(self) -> Request:
         """Your preemption policy (Exercise 7.4): the running request (one of self.running) that step() preempts
         while a decode is short of blocks. Any choice keeps every request exact; it decides what is recomputed."""
-        return self.running[-1]  # the newest, vLLM's choice: change it, and measure it in notebook 07
+        return self.running[-1]  # the newest, vLLM's choice: change it, and measure it in notebook 07b
 
     @exercise("7.4")
     def step(self) -> None:
-        """One iteration of continuous batching: admit, retire, make room, decode, retire.
+        """One iteration of continuous batching: after it, every request has moved on as the contract below says.
         The contract, held by the checks as invariants whatever victim() you choose:
           - first come first served admission: never past an earlier request that waits, and one that fits
             (blocks_to_admit(r) blocks free) is admitted while fewer than max_batch run; admit(r) prefills it;
@@ -147,4 +163,13 @@ class Scheduler(Engine):
         raise NotImplementedError("Exercise 7.4 (notebooks/07-serving): Scheduler.step")
 
 
-__all__ = ["BlockPool", "BlockTable", "OutOfBlocks", "Request", "Scheduler", "copy_on_write", "paged_attention"]
+__all__ = [
+    "BlockPool",
+    "BlockTable",
+    "OutOfBlocks",
+    "Request",
+    "Scheduler",
+    "block_utilisation",
+    "copy_on_write",
+    "paged_attention",
+]

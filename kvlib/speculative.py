@@ -92,11 +92,11 @@ def speculative_generate(
     """Greedy decoding with drafts: the tokens of greedy cached decoding, in fewer forward passes of model.
 
     Args:    model: called as in verify_greedy; drafter: drafter.propose(tokens: list[int], k) -> at most k ids;
-             input_ids: (1, seq_len) long; gamma >= 1: the most tokens drafted per pass; eos_token: generation
-             stops right after this token (it is returned); cache: the model's cache (reset first), or None for a
-             new KVCache
+             input_ids: (1, seq_len) long; gamma >= 1: the most tokens drafted per pass; eos_token: generation stops
+             right after the model makes it (returned); cache: reset first, or None for a new KVCache
     Returns: (1, seq_len + n_new) long, n_new <= max_new_tokens (fewer only when eos_token came): greedy decoding's
-             tokens. On return the cache holds every returned token but the last, as plain cached decoding leaves it.
+             tokens, from a pass over the prompt (or all but its last token, verified with the first drafts) and one
+             per round drafting min(gamma, tokens left - 1); the cache holds all but the last, as plain decoding's.
     Raises:  ValueError for gamma < 1, a drafter with another vocabulary, or a cache without room for seq_len +
              max_new_tokens tokens
     Example:

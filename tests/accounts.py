@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 import secrets
 import shutil
 import subprocess
@@ -23,7 +24,28 @@ from pathlib import Path
 
 from conftest import ROOT
 
-SCRIPTS = ["nbgrader", "alembic", "jupyter", "jupyterhub-singleuser", "jupyter-lab", "jupyter-server"]
+SCRIPTS = ["nbgrader", "alembic", "jupyter", "jupyterhub-singleuser", "jupyter-lab", "jupyter-server", "kvlib"]
+GUIDE = ROOT / "docs" / "instructors.md"
+# the names docs/instructors.md's blocks use, which a test replaces with its own
+GUIDE_NAMES = ("/opt/kvlib", "/home/teacher", "teacher", "/home/alice", "alice", "CHANGE-ME")
+
+
+def guide_block(title: str, names: dict[str, str]) -> str:
+    """The bash block that follows `<!-- guide: TITLE -->` in docs/instructors.md, as written, with the guide's
+    names (GUIDE_NAMES) replaced by the test's; raises if the guide has no such block, or if the block uses a name
+    the test did not give (it would run on the machine's own /opt/kvlib or /home/alice)."""
+    text = GUIDE.read_text(encoding="utf-8")
+    found = re.search(rf"<!-- guide: {re.escape(title)} -->\n```bash\n(.*?)\n```", text, re.S)
+    if found is None:
+        raise AssertionError(f"docs/instructors.md has no block marked <!-- guide: {title} -->")
+    block = found.group(1)
+    for name in GUIDE_NAMES:  # longest first, in this order: /home/teacher before teacher
+        if name in names:
+            block = re.sub(rf"(?<![\w-]){re.escape(name)}(?![\w-])", names[name].replace("\\", "\\\\"), block)
+    left = [n for n in GUIDE_NAMES if re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", block)]
+    if left:
+        raise AssertionError(f"the guide's block {title!r} uses {left}: give the test's own in names")
+    return block
 
 
 def unavailable() -> str | None:

@@ -19,8 +19,8 @@ from kvlib.checks import checks_for
 from kvlib.checks.attention import SEED_K, SEED_Q, SEED_V
 from kvlib.course.exercises import BY_ID, reference
 
-ATTENTION_CHECKS = [c for ex in ("1.1", "1.2", "1.3", "1.4") for c in checks_for(BY_ID[ex])]
-IDS = ["1.1", "1.2", "1.3", "1.4"]
+IDS = ["1.1", "1.2", "1.3", "1.4", "1.5"]
+ATTENTION_CHECKS = [c for ex in IDS for c in checks_for(BY_ID[ex])]
 
 
 @pytest.mark.parametrize("check", ATTENTION_CHECKS, ids=lambda c: c.name)
@@ -51,7 +51,7 @@ def test_causal_self_attention_equals_attend_per_query():
         np.testing.assert_allclose(probs[i, : 3 + i], p)
 
 
-NAMES = ("softmax", "attend", "causal_mask", "causal_self_attention")
+NAMES = ("softmax", "attend", "causal_mask", "causal_self_attention", "aimed_query")
 
 
 def _module(**replaced):
@@ -161,6 +161,28 @@ def self_attention_float64_torch(q, k, v):
     return (probs @ t[2]).numpy().astype(dtype), probs.numpy().astype(dtype)
 
 
+def self_attention_logsumexp(q, k, v):  # probs = exp(scores - logsumexp(scores)), the log-sum-exp kept whole
+    T, S = q.shape[-2], k.shape[-2]
+    scores = np.where(mask_aranges(T, S), q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1]), -np.inf)
+    m = scores.max(axis=-1, keepdims=True)
+    lse = m + np.log(np.exp(scores - m).sum(axis=-1, keepdims=True))  # at scores of -2.8e12, right to ~5e-4
+    probs = np.exp(scores - lse)
+    return probs @ v, probs
+
+
+# 1.5 aimed_query: a design, so any query within the budget that meets the target earns the points ------
+def query_away_from_wo():
+    return np.array([-3.0, 0.0])  # away from 我 alone: 爱 and AI 0.909 and 0.045
+
+
+def query_float32():
+    return np.array([-2.5, 1.5], dtype=np.float32)  # 0.909
+
+
+def query_at_the_edge():
+    return 3 * np.array([-0.958, 0.2857]) / np.hypot(-0.958, 0.2857)  # length 3 to rounding, near the best (0.926)
+
+
 ALTERNATIVES = [
     ("1.1", {"softmax": softmax_loop}),
     ("1.1", {"softmax": softmax_float64_inside}),
@@ -175,6 +197,10 @@ ALTERNATIVES = [
     ("1.4", {"causal_self_attention": self_attention_per_query}),
     ("1.4", {"causal_self_attention": self_attention_bias}),
     ("1.4", {"causal_self_attention": self_attention_float64_torch}),
+    ("1.4", {"causal_self_attention": self_attention_logsumexp}),
+    ("1.5", {"aimed_query": query_away_from_wo}),
+    ("1.5", {"aimed_query": query_float32}),
+    ("1.5", {"aimed_query": query_at_the_edge}),
 ]
 
 
@@ -324,6 +350,26 @@ def _self_attention_finite_fill(q, k, v):
     return probs @ v, probs
 
 
+def query_at_ai_too():
+    return np.array([0.0, 3.0])  # straight at 爱's key: AI's [1, 1] gets the same score
+
+
+def query_too_long():
+    return np.array([-4.0, 1.0])  # 爱 0.95, but 4.12 long
+
+
+def query_diagonal():
+    return np.array([-2.0, 2.0])  # away from 我, towards 爱: 0.867
+
+
+def query_as_list():
+    return [-2.8, 1.0]
+
+
+def query_as_row():
+    return np.array([[-2.8, 1.0]])
+
+
 SLIPS = [
     ("softmax_is_stable", {"softmax": _softmax_no_max}, "Subtract each row's max"),
     ("softmax_matches_torch", {"softmax": _softmax_wrong_axis}, "over axis -2"),
@@ -359,6 +405,11 @@ SLIPS = [
         "float32 inputs should give float32",
     ),
     ("causal_self_attention_matches_sdpa", {"causal_self_attention": _self_attention_finite_fill}, "a finite number"),
+    ("1.5", {"aimed_query": query_at_ai_too}, "爱 and AI take 0.488 each"),
+    ("1.5", {"aimed_query": query_too_long}, "4.12 long, more than 3"),
+    ("1.5", {"aimed_query": query_diagonal}, "爱 takes 0.867 of AI's attention"),
+    ("1.5", {"aimed_query": query_as_list}, "should return a numpy array"),
+    ("1.5", {"aimed_query": query_as_row}, "got shape (1, 2)"),
 ]
 
 
@@ -376,12 +427,13 @@ def test_every_exercise_has_three_slips():
 
 
 def test_checks_reject_trivial_answers():
-    """Check that echoing the input or returning zeros fails every check of 1.2 and 1.4."""
+    """Check that echoing the input or returning zeros fails every check of 1.2, 1.4 and 1.5."""
     echo = types.SimpleNamespace(
         attend=lambda q, k, v, scale=None: (v[0], np.zeros(len(k))),
         causal_self_attention=lambda q, k, v: (v[..., : q.shape[-2], :], np.zeros(q.shape[:-1] + k.shape[-2:])),
+        aimed_query=lambda: np.zeros(2),  # every weight 1/3
     )
-    for c in checks_for(BY_ID["1.2"]) + checks_for(BY_ID["1.4"]):
+    for c in checks_for(BY_ID["1.2"]) + checks_for(BY_ID["1.4"]) + checks_for(BY_ID["1.5"]):
         with pytest.raises(AssertionError):
             c.fn(echo, np.random.default_rng(0))
 
@@ -390,7 +442,7 @@ def test_checks_reject_trivial_answers():
 # A function that vandalises its arguments scores 0 on every check
 
 
-# 1.3's arguments are two ints: nothing to change in place
+# 1.3's arguments are two ints and 1.5 takes none: nothing to change in place
 VANDAL_CHECKS = [c for ex_id in ("1.1", "1.2", "1.4") for c in checks_for(BY_ID[ex_id])]
 
 

@@ -146,11 +146,15 @@ def test_every_exercise_heading_is_the_exercise_tables():
     [
         ("1.2", ["1.2"], ["01-attention/attention.ipynb"]),
         ("2.5", ["2.5"], ["02-generation/layer.ipynb"]),
-        ("01", ["1.1", "1.2", "1.3", "1.4"], ["01-attention/attention.ipynb"]),
-        ("8", [f"8.{i}" for i in range(1, 7)], ["08-compress/compress.ipynb", "08-compress/mla.ipynb"]),
-        ("02b", ["2.4", "2.5", "2.6"], ["02-generation/layer.ipynb"]),
-        ("08b", ["8.5", "8.6"], ["08-compress/mla.ipynb"]),
-        ("notebooks/02-generation/generation.ipynb", ["2.1", "2.2", "2.3"], None),
+        ("01", ["1.1", "1.2", "1.3", "1.4", "1.5"], ["01-attention/attention.ipynb"]),
+        (
+            "8",
+            ["8.1", "8.2", "8.7", "8.5", "8.6", "8.8", "8.3", "8.4"],
+            ["08-compress/compress.ipynb", "08-compress/mla.ipynb", "08-compress/window.ipynb"],
+        ),
+        ("02b", ["2.4", "2.5", "2.6", "2.8"], ["02-generation/layer.ipynb"]),
+        ("08b", ["8.5", "8.6", "8.8"], ["08-compress/mla.ipynb"]),
+        ("notebooks/02-generation/generation.ipynb", ["2.1", "2.2", "2.3", "2.7"], None),
         ("solutions/06-gqa", ["6.1", "6.2", "6.3", "6.4"], ["06-gqa/gqa.ipynb"]),
     ],
 )
@@ -176,7 +180,7 @@ def test_check_titles_are_whole_on_a_100_column_terminal(capsys, monkeypatch, le
     monkeypatch.setenv("COLUMNS", "100")
     code, out, _ = _run(["check", "03"], capsys)
     assert code == 1
-    for ex in EXERCISES[10:13]:
+    for ex in [ex for ex in EXERCISES if ex.notebook == "03-recompute"]:
         assert re.search(rf"^{re.escape(ex.id)}\s+todo\s+03-recompute\s+{re.escape(ex.title)}", out, re.MULTILINE)
     assert max(len(line) for line in out.splitlines()) <= 100
 

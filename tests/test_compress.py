@@ -8,6 +8,7 @@ Runs in reference mode (conftest). No test asserts on time."""
 
 import math
 import types
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -26,8 +27,18 @@ from kvlib.variants import compressed
 
 torch.set_num_threads(1)
 
-CHECKS_08 = [c for i in range(1, 7) for c in checks_for(BY_ID[f"8.{i}"])]
-NAMES = ("quantize", "dequantize", "int8_attention", "SinkCache", "cache_positions", "mla_reconstruct", "mla_absorbed")
+CHECKS_08 = [c for i in range(1, 9) for c in checks_for(BY_ID[f"8.{i}"])]
+NAMES = (
+    "quantize",
+    "dequantize",
+    "int8_attention",
+    "int8_bytes_per_token",
+    "SinkCache",
+    "cache_positions",
+    "mla_reconstruct",
+    "mla_absorbed",
+    "mla_flops",
+)
 
 
 @pytest.mark.parametrize("check", CHECKS_08, ids=lambda c: c.name)
@@ -64,10 +75,12 @@ def test_learner_stubs_are_todo(learner_mode):
         ("8.4", lambda: compress.cache_positions(5, 1, 3)),
         ("8.5", lambda: compress.mla_reconstruct(*mla)),
         ("8.6", lambda: compress.mla_absorbed(*mla)),
+        ("8.7", lambda: compress.int8_bytes_per_token(CONFIG)),
+        ("8.8", lambda: compress.mla_flops("absorbed", 4, n_heads=2, nope_dim=3, rope_dim=4, v_dim=3, kv_rank=5)),
     ):
         with pytest.raises(ExerciseNotDone, match=f"Exercise {ex_id}"):
             call()
-    assert {r.id: r.status for r in run("08")} == {f"8.{i}": "todo" for i in range(1, 7)}
+    assert {r.id: r.status for r in run("08")} == {f"8.{i}": "todo" for i in range(1, 9)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -531,6 +544,119 @@ def absorbed_no_rope(q_nope, q_rope, latent, k_rope, w_uk, w_uv):
     return compress.mla_absorbed(q_nope, torch.zeros_like(q_rope), latent, k_rope, w_uk, w_uv)
 
 
+def int8_bytes_loop(config, group=32, scale_bytes=4):  # layer by layer, head by head, in bits then back to bytes
+    bits = 0
+    for _ in range(config.n_layers):
+        for _ in range(config.n_kv_heads):
+            bits += 8 * (2 * config.head_dim) + 8 * scale_bytes * (config.head_dim / group + 1)
+    return bits / 8
+
+
+def int8_bytes_measured(config, group=32, scale_bytes=4):  # the cache's own tensors, two lengths a whole group apart
+    sizes = []
+    for groups in (1, 2):
+        cache = compressed.Int8KVCache(replace(config, max_seq_len=group * groups), group=group)
+        scales = sum(getattr(cache, n).nbytes for n in ("k_scale", "v_scale")) * scale_bytes // 4  # float32 -> width
+        sizes.append(cache.k.nbytes + cache.v.nbytes + scales)
+    return (sizes[1] - sizes[0]) / group
+
+
+def int8_bytes_fraction(config, group=32, scale_bytes=4):  # exact arithmetic, one term per stored tensor
+    from fractions import Fraction
+
+    per_head = 2 * config.head_dim + Fraction(config.head_dim * scale_bytes, group) + scale_bytes
+    return float(config.n_layers * config.n_kv_heads * per_head)
+
+
+def int8_bytes_no_scales(config, group=32, scale_bytes=4):
+    return float(config.n_layers * config.n_kv_heads * 2 * config.head_dim)
+
+
+def int8_bytes_key_scale_per_token(config, group=32, scale_bytes=4):
+    return float(
+        config.n_layers * config.n_kv_heads * (2 * config.head_dim + config.head_dim * scale_bytes + scale_bytes)
+    )
+
+
+def int8_bytes_bits(config, group=32, scale_bytes=4):
+    return (
+        8 * int8_bytes_no_scales(config)
+        + compress.int8_bytes_per_token(config, group, scale_bytes)
+        - int8_bytes_no_scales(config)
+    )
+
+
+def int8_bytes_query_heads(config, group=32, scale_bytes=4):
+    return compress.int8_bytes_per_token(replace(config, n_kv_heads=config.n_heads), group, scale_bytes)
+
+
+def int8_bytes_one_layer(config, group=32, scale_bytes=4):
+    return compress.int8_bytes_per_token(config, group, scale_bytes) / config.n_layers
+
+
+def _mla_products(path, S, T, H, Dn, Dr, Dv, r):
+    """(m, k, n, times) of every matrix product of a path, for the alternatives and slips below."""
+    if path == "reconstruct":
+        return [(S, r, Dn, H), (S, r, Dv, H), (T, Dn, S, H), (T, Dr, S, H), (T, S, Dv, H)]
+    return [(T, Dn, r, H), (T, r, S, H), (T, Dr, S, H), (T, S, r, H), (T, r, Dv, H)]
+
+
+def _mla_sizes(sizes):
+    return sizes["n_heads"], sizes["nope_dim"], sizes["rope_dim"], sizes["v_dim"], sizes["kv_rank"]
+
+
+def mla_flops_products(path, kv_len, new_tokens=1, **sizes):  # 2 m k n for each product, per head
+    H, Dn, Dr, Dv, r = _mla_sizes(sizes)
+    return sum(2 * m * k * n * times for m, k, n, times in _mla_products(path, kv_len, new_tokens, H, Dn, Dr, Dv, r))
+
+
+def mla_flops_numpy(path, kv_len, new_tokens=1, **sizes):  # an int64 from numpy, as a learner's array sum gives
+    H, Dn, Dr, Dv, r = _mla_sizes(sizes)
+    shapes = np.array(_mla_products(path, kv_len, new_tokens, H, Dn, Dr, Dv, r), dtype=np.int64)
+    return np.prod(shapes, axis=1).sum() * 2
+
+
+def mla_flops_meta(path, kv_len, new_tokens=1, **sizes):  # counted: the reference paths on meta tensors, no memory
+    from torch.utils.flop_counter import FlopCounterMode
+
+    H, Dn, Dr, Dv, r = _mla_sizes(sizes)
+    shapes = ((1, H, new_tokens, Dn), (1, H, new_tokens, Dr), (1, kv_len, r), (1, kv_len, Dr), (H, Dn, r), (H, Dv, r))
+    args = [torch.empty(s, device="meta") for s in shapes]
+    fn = compress.mla_reconstruct if path == "reconstruct" else compress.mla_absorbed
+    with FlopCounterMode(display=False) as counter:
+        fn(*args)
+    return counter.get_total_flops()
+
+
+def mla_flops_half(path, kv_len, new_tokens=1, **sizes):
+    return compress.mla_flops(path, kv_len, new_tokens, **sizes) // 2
+
+
+def mla_flops_no_rope(path, kv_len, new_tokens=1, **sizes):
+    return (
+        compress.mla_flops(path, kv_len, new_tokens, **sizes)
+        - 2 * sizes["n_heads"] * new_tokens * kv_len * sizes["rope_dim"]
+    )
+
+
+def mla_flops_rebuild_per_query(path, kv_len, new_tokens=1, **sizes):
+    H, Dn, Dr, Dv, r = _mla_sizes(sizes)
+    extra = (new_tokens - 1) * 2 * kv_len * r * H * (Dn + Dv) if path == "reconstruct" else 0
+    return compress.mla_flops(path, kv_len, new_tokens, **sizes) + extra
+
+
+def mla_flops_causal_half(path, kv_len, new_tokens=1, **sizes):
+    H, Dn, Dr, Dv, r = _mla_sizes(sizes)
+    width = Dn + Dr + Dv if path == "reconstruct" else 2 * r + Dr  # the (T, S) products' summed widths
+    masked = new_tokens * (new_tokens - 1) // 2
+    return compress.mla_flops(path, kv_len, new_tokens, **sizes) - 2 * H * masked * width
+
+
+def mla_flops_swapped(path, kv_len, new_tokens=1, **sizes):
+    other = "absorbed" if path == "reconstruct" else "reconstruct"
+    return compress.mla_flops(other, kv_len, new_tokens, **sizes)
+
+
 ALTERNATIVES = [
     ("8.1", {"quantize": quantize_multiply}),
     ("8.1", {"quantize": quantize_moved_axis}),
@@ -550,6 +676,12 @@ ALTERNATIVES = [
     ("8.6", {"mla_absorbed": absorbed_matmul}),
     ("8.6", {"mla_absorbed": absorbed_folded_rope}),
     ("8.6", {"mla_absorbed": absorbed_float64}),
+    ("8.7", {"int8_bytes_per_token": int8_bytes_loop}),
+    ("8.7", {"int8_bytes_per_token": int8_bytes_measured}),
+    ("8.7", {"int8_bytes_per_token": int8_bytes_fraction}),
+    ("8.8", {"mla_flops": mla_flops_products}),
+    ("8.8", {"mla_flops": mla_flops_numpy}),
+    ("8.8", {"mla_flops": mla_flops_meta}),
 ]
 
 
@@ -582,6 +714,16 @@ SLIPS = [  # (exercise, replaced function, words a failure must contain)
     ("8.6", {"mla_absorbed": absorbed_no_rope}, "rotary part is left out"),
     ("8.3", {"SinkCache": SinkRingOffByOne}, "first token past the sinks"),
     ("8.4", {"cache_positions": positions_oldest_off_by_one}, "count from the oldest kept token's slot"),
+    ("8.7", {"int8_bytes_per_token": int8_bytes_no_scales}, "scales are left out"),
+    ("8.7", {"int8_bytes_per_token": int8_bytes_key_scale_per_token}, "shared by a whole group"),
+    ("8.7", {"int8_bytes_per_token": int8_bytes_bits}, "bits, not bytes"),
+    ("8.7", {"int8_bytes_per_token": int8_bytes_query_heads}, "query heads are counted"),
+    ("8.7", {"int8_bytes_per_token": int8_bytes_one_layer}, "one layer only"),
+    ("8.8", {"mla_flops": mla_flops_half}, "2 FLOPs per multiply-add"),
+    ("8.8", {"mla_flops": mla_flops_no_rope}, "rotary scores are missing"),
+    ("8.8", {"mla_flops": mla_flops_rebuild_per_query}, "once per query"),
+    ("8.8", {"mla_flops": mla_flops_causal_half}, "causal half"),
+    ("8.8", {"mla_flops": mla_flops_swapped}, "path's count"),
 ]
 
 

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import ROOT
@@ -51,3 +52,44 @@ def test_a_submission_leaves_out_what_autograde_puts_back(tmp_path):
     mine = ["YOUR_FILES.md", "attention.ipynb", "kvlib/attention.py", "kvlib/my_helpers.py"]
     assert got == sorted(mine + ["submission_secret.txt", "timestamp.txt"])  # the last two: nbgrader's own
     assert all(p.stat().st_mode & 0o7777 == 0o770 for p in [sub, *sub.rglob("*")] if p.is_dir())
+
+
+def test_a_submission_is_timed_by_its_last_change_not_by_its_timestamp(tmp_path):
+    """Check that a submission folder is taken as submitted at the latest change time (ctime) of anything in it, which
+    `touch` cannot set: an honest one as of its last write, without a warning; one whose timestamp.txt was forged and
+    whose files were touched to an hour earlier still as of its last change, with a warning naming both times; and one
+    renamed later, as of the rename."""
+    from kvlib.app.exchange import last_change, submission_time, utc
+
+    sub = tmp_path / "alice+01-attention+2027-03-01 16:00:00.000000 UTC+abc"
+    (sub / "kvlib").mkdir(parents=True)
+    (sub / "kvlib" / "attention.py").write_text("# mine\n")
+    (sub / "timestamp.txt").write_text(time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
+    honest, warning = submission_time(str(sub))
+    assert warning == "" and honest == utc(last_change(str(sub)))
+    forged = time.time() - 3600
+    (sub / "timestamp.txt").write_text(time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(forged)))
+    for p in [sub, *sub.rglob("*")]:
+        os.utime(p, (forged, forged))  # touch -d
+    assert all(p.stat().st_mtime == forged for p in [sub, *sub.rglob("*")])
+    when, warning = submission_time(str(sub))
+    assert when >= honest and (when - utc(forged)).total_seconds() > 3000
+    assert "claims" in warning and "no student can set" in warning and str(when) in warning, warning
+    time.sleep(0.01)
+    moved = sub.rename(tmp_path / "alice+01-attention+2027-03-01 15:00:00.000000 UTC+abc")
+    assert submission_time(str(moved))[0] > when  # a rename changes the folder: it counts
+
+
+def test_collect_takes_no_folder_another_account_owns_part_of_or_not_made_by_submit(tmp_path):
+    """Check not_collectable: a folder whose files are all its student's, with nbgrader's submission_secret.txt, is
+    collected; one with a file of another account's, or without submission_secret.txt (made by hand), is not, with the
+    reason."""
+    from kvlib.app.exchange import not_collectable
+
+    sub = tmp_path / "sub"
+    (sub / "kvlib").mkdir(parents=True)
+    (sub / "submission_secret.txt").write_text("x" * 128)
+    uid = os.getuid()
+    assert not_collectable(str(sub), "alice", uid) == ""
+    assert "it was not made by `nbgrader submit`" in not_collectable(str(sub / "kvlib"), "alice", uid)
+    assert "in it belong to" in not_collectable(str(sub), "alice", uid + 1)

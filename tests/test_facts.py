@@ -24,9 +24,6 @@ KNOWN = {
         "256 MB", "2 GiB", "6.7 GB", "100%", "HBM", "~1 FLOP/B", "~150-400 FLOP/B",
     ],
     "06-gqa/gqa": ["8x", "8x", "32x", "71x", "8x", "2,048 KiB", "19%", "15 s", "20 seconds", "1%", "10 seconds", "3.4%"],
-    "07-serving/serving": ["14 GB"],
-    "08-compress/compress": ["99%", "3.7x", "30 seconds", "4 bytes"],
-    "08-compress/mla": ["82%"],
     "09-fused/fused": ["1 GiB"],
     "10-speculative/speculative": ["15 s"],
 }  # fmt: skip

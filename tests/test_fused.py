@@ -250,8 +250,20 @@ def online_lse(chunks):  # carry a running log-sum-exp instead of a maximum and 
     return out
 
 
-def online_float64(chunks):
+def online_float64(chunks):  # each chunk in float64 as it is read
+    return _online((s.double(), v.double()) for s, v in chunks).float()
+
+
+def online_keeps_float64_copies(chunks):  # right values, but every chunk kept (in float64) before the loop
     return _online([(s.double(), v.double()) for s, v in chunks]).float()
+
+
+def online_float64_out(chunks):  # right values, float64 out
+    return _online((s.double(), v.double()) for s, v in chunks)
+
+
+def online_zeros(chunks):  # the right shape, nothing computed
+    return torch.zeros(chunks[0][1].shape[:-2] + chunks[0][1].shape[-1:])
 
 
 def online_no_rescale_acc(chunks):
@@ -275,7 +287,11 @@ def online_last_chunk(chunks):
     return _online(chunks, keep=False)
 
 
-def _tiled(q, k, v, tile, *, skip=True, mask_diagonal=True, top_left=False, scale=True):
+def _tiled(q, k, v, tile, *, skip=True, mask_diagonal=True, top_left=False, scale=True, keys_to="last", masked="any"):
+    """The tiled loop with one of its parts wrong: the slips' common body. keys_to: the key tiles a query tile runs to
+    ("last": its last query's, "first": its first query's, "aligned": as if kv_len - seq_len were a multiple of the
+    tile); masked: which computed tiles are masked ("any": those with a key in some query's future, "last": only the
+    last one)."""
     T, S, D = q.shape[2], k.shape[2], q.shape[3]
     offset = 0 if top_left else S - T
     out = torch.empty(q.shape)
@@ -284,10 +300,12 @@ def _tiled(q, k, v, tile, *, skip=True, mask_diagonal=True, top_left=False, scal
         tq = qi.shape[2]
         rows = offset + i0 + torch.arange(tq)
         m, l, acc = torch.full(qi.shape[:3], float("-inf")), torch.zeros(qi.shape[:3]), torch.zeros(qi.shape)
-        for j0 in range(0, min(S, offset + i0 + tq) if skip else S, tile):
+        end = {"last": offset + i0 + tq, "first": offset + i0 + 1, "aligned": (i0 // tile + offset // tile + 1) * tile}
+        starts = list(range(0, min(S, end[keys_to]) if skip else S, tile))
+        for j0 in starts:
             kj, vj = k[:, :, j0 : j0 + tile], v[:, :, j0 : j0 + tile]
             s = qi @ kj.transpose(-2, -1)
-            if mask_diagonal or not skip:
+            if (mask_diagonal or not skip) and (masked == "any" or j0 == starts[-1]):
                 s = s.masked_fill(rows[:, None] < j0 + torch.arange(kj.shape[2]), float("-inf"))
             new = torch.maximum(m, s.amax(-1))
             shift = torch.where(torch.isfinite(new), new, 0.0)
@@ -334,6 +352,45 @@ def tiled_unmasked_diagonal(q, k, v, tile):
 
 def tiled_top_left(q, k, v, tile):
     return _tiled(q, k, v, tile, top_left=True)
+
+
+def tiled_keys_to_first_row(q, k, v, tile):
+    return _tiled(q, k, v, tile, keys_to="first")
+
+
+def tiled_keys_counted_aligned(q, k, v, tile):
+    return _tiled(q, k, v, tile, keys_to="aligned")
+
+
+def tiled_last_tile_masked(q, k, v, tile):
+    return _tiled(q, k, v, tile, masked="last")
+
+
+def tiled_float64_out(q, k, v, tile):  # right values, float64 out
+    return _tiled(q.double(), k.double(), v.double(), tile).double()
+
+
+def tiled_query_stripe(q, k, v, tile):  # one query tile against all its keys at once: right, and no key tiles
+    T, S, D = q.shape[2], k.shape[2], q.shape[3]
+    out = torch.empty(q.shape)
+    for i0 in range(0, T, tile):
+        qi, last = q[:, :, i0 : i0 + tile], S - T + i0 + min(tile, T - i0)
+        s = qi @ k[:, :, :last].transpose(-2, -1) / math.sqrt(D)
+        s = s.masked_fill(S - T + i0 + torch.arange(qi.shape[2])[:, None] < torch.arange(last), float("-inf"))
+        out[:, :, i0 : i0 + qi.shape[2]] = s.softmax(-1) @ v[:, :, :last]
+    return out
+
+
+def tiled_sdpa_per_query_tile(q, k, v, tile):  # torch's attention for each query tile over the keys it sees
+    T, S = q.shape[2], k.shape[2]
+    out = torch.empty(q.shape)
+    for i0 in range(0, T, tile):
+        qi, last = q[:, :, i0 : i0 + tile], S - T + i0 + min(tile, T - i0)
+        mask = torch.ones(qi.shape[2], last, dtype=torch.bool).tril(last - qi.shape[2])
+        out[:, :, i0 : i0 + qi.shape[2]] = F.scaled_dot_product_attention(
+            qi, k[:, :, :last], v[:, :, :last], attn_mask=mask
+        )
+    return out
 
 
 def tiled_full_matrix(q, k, v, tile):  # right answer, through the whole score matrix
@@ -424,6 +481,24 @@ def folded_float64(q, k_values, k_scale, v_values, v_scale, kv_len):
     ).float()
 
 
+def folded_groups_rounded_down(q, k_values, k_scale, v_values, v_scale, kv_len):  # kv_len // group groups
+    B, H_kv, n_groups, group, D = k_values.shape
+    G, per = q.shape[1] // H_kv, 64  # blocks of 64 groups
+    qg = q.reshape(B, H_kv, G, D) / math.sqrt(D)
+    scores = [
+        (qg[:, :, None] * k_scale[:, :, g : g + per]) @ k_values[:, :, g : g + per].float().transpose(-2, -1)
+        for g in range(0, max(1, kv_len // group), per)  # the slip: a partly filled last group past a block is lost
+    ]
+    probs = torch.cat([x.transpose(2, 3).flatten(3) for x in scores], -1)[..., :kv_len].softmax(-1)
+    S = probs.shape[-1]
+    out = (probs * v_scale[:, :, None, :S, 0]) @ v_values[:, :, :S].float()
+    return out.reshape(B, H_kv * G, 1, D)
+
+
+def folded_float64_out(q, k_values, k_scale, v_values, v_scale, kv_len):  # right values, float64 out
+    return folded_float64(q, k_values, k_scale, v_values, v_scale, kv_len).double()
+
+
 def folded_dequantise_all(q, k_values, k_scale, v_values, v_scale, kv_len):  # right answer, via the float copy
     return compress.int8_attention(q, k_values, k_scale, v_values, v_scale, kv_len)
 
@@ -457,12 +532,21 @@ SLIPS = [
     ("9.1", "online_softmax", online_no_rescale_acc, "running output is not rescaled"),
     ("9.1", "online_softmax", online_no_max, "subtract the running maximum"),
     ("9.1", "online_softmax", online_no_guard, "exp(-inf - (-inf))"),
-    ("9.1", "online_softmax", online_concat, "all 29 keys at once"),
+    ("9.1", "online_softmax", online_concat, "kept the chunks it read"),
+    ("9.1", "online_softmax", online_keeps_float64_copies, "kept the chunks it read"),
+    ("9.1", "online_softmax", online_float64_out, "returned torch.float64 for torch.float32 inputs"),
+    ("9.1", "online_softmax", online_zeros, "differs from softmax over all the chunks"),
     ("9.1", "online_softmax", online_last_chunk, "only the last chunk counts"),
     ("9.2", "tiled_attention", tiled_every_tile, "computed too"),
     ("9.2", "tiled_attention", tiled_unmasked_diagonal, "keys in a query's future are attended"),
     ("9.2", "tiled_attention", tiled_top_left, "top-left"),
-    ("9.2", "tiled_attention", tiled_full_matrix, "half the 24 x 24 score matrix"),
+    ("9.2", "tiled_attention", tiled_full_matrix, "the whole 32 x 200 score matrix"),
+    ("9.2", "tiled_attention", tiled_keys_to_first_row, "a partly visible key tile was skipped"),
+    ("9.2", "tiled_attention", tiled_keys_counted_aligned, "a partly visible key tile was skipped"),
+    ("9.2", "tiled_attention", tiled_last_tile_masked, "only the last key tile of each query tile is masked"),
+    ("9.2", "tiled_attention", tiled_float64_out, "returned torch.float64 for torch.float32 inputs"),
+    ("9.2", "tiled_attention", tiled_query_stripe, "one tile of 8 queries against all the 176 or more keys"),
+    ("9.2", "tiled_attention", tiled_sdpa_per_query_tile, "ran torch's fused attention"),
     ("9.3", "merge_partials", merge_mean, "averaged"),
     ("9.3", "merge_partials", merge_max_lse, "largest lse_c"),
     ("9.3", "merge_partials", merge_no_shift, "subtract the largest lse"),
@@ -470,6 +554,8 @@ SLIPS = [
     ("9.4", "int8_folded_attention", folded_dequantise_all, "the copy folding avoids"),
     ("9.4", "int8_folded_attention", folded_no_k_scale, "fold k_scale into the query"),
     ("9.4", "int8_folded_attention", folded_all_slots, "past kv_len"),
+    ("9.4", "int8_folded_attention", folded_groups_rounded_down, "the last, partly filled group of keys was left out"),
+    ("9.4", "int8_folded_attention", folded_float64_out, "returned torch.float64 for torch.float32 inputs"),
 ]
 
 

@@ -22,7 +22,7 @@ from kvlib.checks.generation import _model
 from kvlib.core.model import apply_rotary, rotate_half
 from kvlib.course.exercises import BY_ID, reference
 
-IDS = ["2.1", "2.2", "2.3", "2.4", "2.5", "2.6"]
+IDS = ["2.1", "2.2", "2.3", "2.4", "2.5", "2.6", "2.7", "2.8"]
 GEN_CHECKS = [c for ex_id in IDS for c in checks_for(BY_ID[ex_id])]
 
 
@@ -66,7 +66,16 @@ def test_next_token_rejects_wrong_shapes():
         generation.next_token(torch.zeros(2, 4), temperature=-1)
 
 
-NAMES = ("next_token", "generate", "measure_ttft_itl", "attention_block", "rms_norm", "swiglu")
+NAMES = (
+    "next_token",
+    "generate",
+    "measure_ttft_itl",
+    "attention_block",
+    "rms_norm",
+    "swiglu",
+    "temper",
+    "param_counts",
+)
 
 
 def _module(**replaced):
@@ -255,6 +264,67 @@ def swiglu_float64(x, w_gate, w_up, w_down):
     return ((g / (1 + torch.exp(-g))) * (x64 @ w_up.double().T) @ w_down.double().T).to(x.dtype)
 
 
+def swiglu_float32_out(x, w_gate, w_up, w_down):  # slip: 16-bit x computed in float32 and left there
+    x, w_gate, w_up, w_down = (t.float() for t in (x, w_gate, w_up, w_down))
+    return (F.silu(x @ w_gate.T) * (x @ w_up.T)) @ w_down.T
+
+
+# 2.7 -----------------------------------------------------------------------------------------
+def _one_hot(probs):
+    return F.one_hot(probs.argmax(dim=-1), probs.shape[-1]).to(probs.dtype)
+
+
+def temper_power(probs, temperature):
+    if temperature == 0:
+        return _one_hot(probs)
+    w = (probs / probs.amax(dim=-1, keepdim=True)) ** (1 / temperature)  # the largest entry is 1: no underflow
+    return w / w.sum(dim=-1, keepdim=True)
+
+
+def temper_logsumexp64(probs, temperature):
+    if temperature == 0:
+        return _one_hot(probs)
+    z = probs.double().log() / temperature
+    return torch.exp(z - torch.logsumexp(z, dim=-1, keepdim=True)).to(probs.dtype)
+
+
+def temper_numpy(probs, temperature):
+    if temperature == 0:
+        return _one_hot(probs)
+    with np.errstate(divide="ignore"):
+        z = np.log(probs.numpy().astype(np.float64)) / temperature
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    return torch.from_numpy(e / e.sum(axis=-1, keepdims=True)).to(probs.dtype)
+
+
+# 2.8 -----------------------------------------------------------------------------------------
+def params_per_layer_loop(config):
+    C, D = config.d_model, config.head_dim
+    out = {"embedding": config.vocab_size * C, "attention": 0, "mlp": 0, "norms": C, "lm_head": config.vocab_size * C}
+    for _ in range(config.n_layers):
+        for width in (config.n_heads, config.n_kv_heads, config.n_kv_heads, config.n_heads):  # q, k, v, o
+            out["attention"] += C * width * D
+        out["mlp"] += 3 * C * config.hidden_dim
+        out["norms"] += 2 * C
+    return out
+
+
+def params_by_group(config):
+    C, L = config.d_model, config.n_layers
+    kv = config.n_kv_heads * config.head_dim  # k and v: one head per group of config.group_size query heads
+    return {
+        "embedding": config.vocab_size * C,
+        "attention": L * (2 * C * C + 2 * C * kv),
+        "mlp": L * 3 * C * config.hidden_dim,
+        "norms": (2 * L + 1) * C,
+        "lm_head": config.vocab_size * C,
+    }
+
+
+def params_numpy_ints(config):
+    return {part: np.int64(n) for part, n in reference(BY_ID["2.8"])(config).items()}
+
+
 ALTERNATIVES = [
     ("2.1", {"next_token": next_token_gumbel}),
     ("2.1", {"next_token": next_token_inverse_cdf}),
@@ -274,6 +344,12 @@ ALTERNATIVES = [
     ("2.6", {"swiglu": swiglu_linear}),
     ("2.6", {"swiglu": swiglu_einsum}),
     ("2.6", {"swiglu": swiglu_float64}),
+    ("2.7", {"temper": temper_power}),
+    ("2.7", {"temper": temper_logsumexp64}),
+    ("2.7", {"temper": temper_numpy}),
+    ("2.8", {"param_counts": params_per_layer_loop}),
+    ("2.8", {"param_counts": params_by_group}),
+    ("2.8", {"param_counts": params_numpy_ints}),
 ]
 
 
@@ -508,6 +584,34 @@ def _swiglu(x, w_gate, w_up, w_down, *, act="silu", on="gate", transposed=True, 
     return hidden @ w_down.T if down else hidden
 
 
+# 2.7
+def _temper(probs, temperature, *, how="log", greedy=True, normalise=True):
+    """temper with one slip switched on by its keywords."""
+    if temperature == 0 and greedy:
+        return _one_hot(probs)
+    if how == "log":
+        return torch.softmax(probs.log() / temperature, dim=-1)
+    w = {"divide": probs / temperature, "power t": probs**temperature, "power": probs ** (1 / temperature)}.get(how)
+    if how == "softmax":
+        return torch.softmax(probs / temperature, dim=-1)
+    return w / w.sum(dim=-1, keepdim=True) if normalise else w
+
+
+# 2.8
+def _params(config, *, kv_heads=None, mlp_matrices=3, final_norm=True, lm_head=True, layers=None, cast=int):
+    """param_counts with one slip switched on by its keywords."""
+    C, D, L = config.d_model, config.head_dim, config.n_layers if layers is None else layers
+    kv = config.n_kv_heads if kv_heads is None else kv_heads
+    parts = {
+        "embedding": config.vocab_size * C,
+        "attention": L * (2 * C * config.n_heads * D + 2 * C * kv * D),
+        "mlp": L * mlp_matrices * C * config.hidden_dim,
+        "norms": (2 * L + final_norm) * C,
+        "lm_head": config.vocab_size * C if lm_head else 0,
+    }
+    return {k: cast(v) for k, v in parts.items()}
+
+
 # (check or exercise, replaced functions, words the failure must contain)
 SLIPS = [
     ("next_token_samples_from_softmax", {"next_token": _sample_without_temperature}, "temperature changes nothing"),
@@ -560,6 +664,24 @@ SLIPS = [
     ("2.6", {"swiglu": lambda x, g, u, d: _swiglu(x, g, u, d, act="relu")}, "ReLU"),
     ("2.6", {"swiglu": lambda x, g, u, d: _swiglu(x, g, u, d, transposed=False)}, "(out_features, in_features)"),
     ("2.6", {"swiglu": lambda x, g, u, d: _swiglu(x, g, u, d, down=False)}, "w_down"),
+    ("2.6", {"swiglu": swiglu_float32_out}, "returned torch.float32 for torch.bfloat16 x"),
+    ("2.7", {"temper": lambda p, t: _temper(p, t, how="divide")}, "came back unchanged"),
+    ("2.7", {"temper": lambda p, t: _temper(p, t, how="power t")}, "raised to the power t"),
+    ("2.7", {"temper": lambda p, t: _temper(p, t, how="softmax")}, "probabilities are not logits"),
+    ("2.7", {"temper": lambda p, t: _temper(p, t, how="power", normalise=False)}, "do not sum to 1"),
+    (
+        "temper_is_greedy_at_zero_and_finite_when_cold",
+        {"temper": lambda p, t: _temper(p, t, how="power")},
+        "underflows",
+    ),
+    ("temper_is_greedy_at_zero_and_finite_when_cold", {"temper": lambda p, t: _temper(p, t, greedy=False)}, "one-hot"),
+    ("2.8", {"param_counts": lambda c: _params(c, kv_heads=c.n_heads)}, "n_kv_heads heads of head_dim"),
+    ("2.8", {"param_counts": lambda c: _params(c, mlp_matrices=2)}, "three matrices"),
+    ("2.8", {"param_counts": lambda c: _params(c, final_norm=False)}, "before the lm_head is missing"),
+    ("2.8", {"param_counts": lambda c: _params(c, lm_head=False)}, "the lm_head is missing"),
+    ("2.8", {"param_counts": lambda c: _params(c, layers=1)}, "summed over all n_layers"),
+    ("2.8", {"param_counts": lambda c: _params(c, cast=float)}, "should be an int"),
+    ("2.8", {"param_counts": lambda c: {**_params(c), "biases": 0}}, "exactly the keys"),
 ]
 
 
@@ -642,3 +764,63 @@ def test_timing_checks_read_the_fake_clock_in_the_isolated_child():
             else:
                 with pytest.raises(AssertionError, match="an average"):
                     check.fn(module, np.random.default_rng(0))
+
+
+@pytest.mark.slow
+def test_predictions_are_graded_as_in_the_isolated_child():
+    """Check 2.7 and 2.8 as nbgrader grades them, in the isolated child: other right ways (a power renormalised by
+    the largest entry; a loop over the layers) earn every check; a named slip (the probabilities back unchanged)
+    fails naming it, and a result the grader cannot take as a plain dict (a subclass equal to anything) earns nothing."""
+    from conftest import ROOT, checks_in_child
+
+    from kvlib.grading.sandbox import Sandbox, package_files
+
+    reference = (ROOT / "solutions" / "kvlib" / "generation.py").read_text(encoding="utf-8")
+    right = """
+
+def temper(probs, temperature):
+    if temperature == 0:
+        return torch.nn.functional.one_hot(probs.argmax(dim=-1), probs.shape[-1]).to(probs.dtype)
+    w = (probs / probs.amax(dim=-1, keepdim=True)) ** (1 / temperature)
+    return w / w.sum(dim=-1, keepdim=True)
+
+
+def param_counts(config):
+    C, D = config.d_model, config.head_dim
+    out = {"embedding": config.vocab_size * C, "attention": 0, "mlp": 0, "norms": C, "lm_head": config.vocab_size * C}
+    for _ in range(config.n_layers):
+        out["attention"] += C * D * (2 * config.n_heads + 2 * config.n_kv_heads)
+        out["mlp"] += 3 * C * config.hidden_dim
+        out["norms"] += 2 * C
+    return out
+"""
+    wrong = """
+
+def temper(probs, temperature):
+    return probs / temperature / (probs / temperature).sum(dim=-1, keepdim=True)
+
+
+class _Anything(dict):
+    def __eq__(self, other):
+        return True
+
+
+def param_counts(config):
+    return _Anything(embedding=0, attention=0, mlp=0, norms=0, lm_head=0)
+"""
+    verdicts = checks_in_child("generation", reference + right, ("2.7", "2.8"))
+    assert set(verdicts.values()) == {"pass"}, verdicts
+    files = package_files(ROOT / "kvlib")
+    files["kvlib/generation.py"] = (reference + wrong).encode()
+    files["kvlib/attention.py"] = (ROOT / "solutions" / "kvlib" / "attention.py").read_bytes()
+    functions = [f"generation.{BY_ID[i].name}" for i in IDS]
+    failed = {}
+    with Sandbox(files, ["generation"], functions, mode="plain", torch=True, call_timeout=60, budget=300) as sandbox:
+        for check in checks_for(BY_ID["2.7"]) + checks_for(BY_ID["2.8"]):
+            try:
+                check.fn(sandbox.module("generation"), np.random.default_rng(0))
+            except Exception as err:  # noqa: BLE001 - any failure scores 0, as in the grader
+                failed[check.name] = f"{type(err).__name__}: {err}"
+    assert "came back unchanged" in failed["temper_matches_softmax_of_scaled_logits"], failed
+    assert {c.name for c in checks_for(BY_ID["2.8"])} <= set(failed), failed
+    assert "returned a kvlib.generation._Anything" in failed["param_counts_match_built_decoders"], failed

@@ -1,13 +1,15 @@
 """A class between real Unix accounts, as on a JupyterHub: an instructor and four students, nbgrader's
-exchange, notebook 01. The course folder comes from `kvlib course init --exchange`; students fetch,
-validate and submit as their own accounts with nbgrader's commands (one twice, one late, one never, and
-one also in another's name); the instructor collects (--update for the resubmission), grades with
-`kvlib course autograde` (once as root, once as the instructor), releases feedback and exports the
-grades; each student fetches their own feedback. Then every cross-student read or write the file system
-must refuse is tried, as each student. Last, a JupyterHub on 127.0.0.1 whose course keeps its gradebook
-on a PostgreSQL server that asks for a password: a student logs in through its login page in headless
-Chromium, fetches, works, validates and submits from JupyterLab's Assignments panel; the instructor
-grades that class into PostgreSQL, and the student fetches the feedback.
+exchange, notebook 01, a deadline with nbgrader's "zero" late penalty. The course folder comes from `kvlib
+course init --exchange`; root hands out the students' config and checks the environment with the guide's own
+commands (docs/instructors.md's marked blocks, run as written); students fetch, validate and submit as their
+own accounts with nbgrader's commands (one twice, one late, one never, and one also in another's name), and four
+more each backdate a submission in their own folder in inbound/ (ATTACKS); the instructor collects (--update for
+the resubmission), grades with `kvlib course autograde` (once as root, once as the instructor), releases
+feedback and exports the grades; each student fetches their own feedback. Then every cross-student read or
+write the file system must refuse is tried, as each student. Last, a JupyterHub on 127.0.0.1 whose course moves
+its gradebook onto a PostgreSQL server the instructor starts as the guide says, asking for a password: a student
+logs in through its login page in headless Chromium, fetches, works, validates and submits from JupyterLab's
+Assignments panel; the instructor grades that class into PostgreSQL, and the student fetches the feedback.
 
 Needs root (it creates the accounts; all are removed at the end, with their processes and homes, and the
 test fails if anything of them is left).
@@ -16,9 +18,11 @@ test fails if anything of them is left).
 from __future__ import annotations
 
 import csv
+import datetime
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -50,6 +54,25 @@ def _sources():
 
     want = class_bench.expected(NB)
     return class_bench.module_source(NB), class_bench.module_source(NB, ("1.1",)), want["partial"], want["correct"]
+
+
+def _as_root(acc, title: str, names: dict[str, str]) -> str:
+    """Run the guide's block `title` as root (docs/instructors.md, as written but for the names); its output."""
+    from accounts import guide_block  # noqa: PLC0415
+
+    proc = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", guide_block(title, names)],
+        capture_output=True, text=True, timeout=300, env={**os.environ, **acc.base_env},
+    )  # fmt: skip
+    assert proc.returncode == 0, f"the guide's {title!r} failed: {proc.stdout[-2000:]}{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def _hand_out_config(acc, role: str) -> None:
+    """The students' config from the instructor's course folder into the student's ~/.jupyter, as the guide does."""
+    _as_root(acc, "hand out the students' config to one student (as root)", {
+        "/home/teacher": str(acc.home("inst")), "/home/alice": str(acc.home(role)), "alice": acc.names[role],
+    })  # fmt: skip
 
 
 def _write_as(path: Path, text: str, owner: str) -> None:
@@ -96,11 +119,69 @@ for label, kw in json.loads(sys.argv[1]):
         out[label] = "allowed"
     except psycopg2.OperationalError as err:
         text = str(err)
-        out[label] = "refused" if ("password" in text or "authentication" in text) else "error: " + text
+        refused = ("password" in text, "authentication" in text, "Permission denied" in text)
+        out[label] = "refused" if any(refused) else "error: " + text
 print(json.dumps(out))
 """
 
 LOG: dict = {}
+
+
+def inbound_of(exchange: Path, course_id: str) -> str:
+    return str(exchange / course_id / "inbound")
+
+
+def _stamp(seconds: float) -> str:
+    """A time as nbgrader writes it in timestamp.txt and in a submission folder's name."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds)) + f".{int(seconds * 1e6) % 1000000:06d} UTC"
+
+
+# Backdating, after the deadline, each as one student would do it to their own folder in inbound/ (nbgrader's submit
+# prints its path): {student: plan(folder, deadline, correct code) -> what _ATTACK does}
+ATTACKS = {
+    # an honest late submission, then its timestamp.txt forged and every file touched to a minute before the deadline
+    "eve": lambda folder, due, code: {"folder": folder, "stamp": _stamp(due - 60), "touch": due - 60},
+    # a partial submission on time, its code made correct after the deadline, the file touched back
+    "frank": lambda folder, due, code: {"folder": folder, "write": {"kvlib/attention.py": code}, "touch": due - 30},
+    # no submit at all: a folder made by hand, named and stamped a second before the deadline, with correct code (and
+    # a submission_secret.txt of her own: collect takes no folder without one, as `nbgrader submit` always writes it)
+    "grace": lambda folder, due, code: {
+        "folder": f"{folder}+{_stamp(due - 1)}+handmade",
+        "make_from": "~/" + NB,
+        "write": {"kvlib/attention.py": code, "submission_secret.txt": "0" * 128},
+        "stamp": _stamp(due - 1),
+        "touch": due - 1,
+    },
+    # an honest late submission renamed to a second before the deadline, stamped and touched to match
+    "heidi": lambda folder, due, code: {
+        "folder": folder,
+        "rename": folder.rsplit("+", 2)[0] + f"+{_stamp(due - 1)}+renamed",
+        "stamp": _stamp(due - 1),
+        "touch": due - 1,
+    },
+}
+_ATTACK = r"""
+import json, os, shutil, sys
+plan = json.loads(sys.argv[1])
+folder = plan["folder"]
+if "make_from" in plan:
+    shutil.copytree(os.path.expanduser(plan["make_from"]), folder)
+    os.chmod(folder, 0o770)
+for rel, text in plan.get("write", {}).items():
+    with open(os.path.join(folder, rel), "w") as f:
+        f.write(text)
+if "stamp" in plan:
+    with open(os.path.join(folder, "timestamp.txt"), "w") as f:
+        f.write(plan["stamp"])
+if "rename" in plan:
+    os.rename(folder, plan["rename"])
+    folder = plan["rename"]
+for top, dirs, files in os.walk(folder, topdown=False):  # touch -d: every file and folder, the folder last
+    for name in files + dirs:
+        os.utime(os.path.join(top, name), (plan["touch"], plan["touch"]), follow_symlinks=False)
+os.utime(folder, (plan["touch"], plan["touch"]))
+print(folder)
+"""
 
 
 @pytest.fixture(scope="module")
@@ -108,12 +189,15 @@ def term():
     """The whole term, run once: returns what the tests look at."""
     from nbgrader.api import Gradebook  # noqa: PLC0415
 
+    from kvlib.app.class_grading import final_score  # noqa: PLC0415
+
     _need(unavailable() is None, str(unavailable()))
     correct, partial, partial_score, total = _sources()
     acc = Accounts()
     try:
         acc.add("inst")
         students = {r: acc.add(r) for r in ("alice", "bob", "carol", "dave")}
+        attackers = {r: acc.add(r) for r in ATTACKS}  # each backdates a submission one way
         exchange = acc.tmp / "exchange"
         exchange.mkdir(mode=0o1777)
         exchange.chmod(0o1777)  # as an admin makes /srv/nbgrader/exchange
@@ -125,23 +209,26 @@ def term():
         ).stdout  # fmt: skip
         with open(course / "nbgrader_config.py", "a") as f:  # tight limits: the scores never wait on the kernel
             f.write("\nc.Execute.timeout = 10\nc.SandboxExecute.notebook_timeout = 30\n")
+            f.write('c.LateSubmissionPlugin.penalty_method = "zero"\n')  # a late submission scores 0
         nbg = str(acc.bin / "nbgrader")
         acc.run("inst", nbg, "generate_assignment", NB, "--log-level=WARN", cwd=course)
         acc.run("inst", nbg, "release_assignment", NB, cwd=course)
-        for role in students:  # the admin hands each student the config `kvlib course init` wrote
+        LOG["env check"] = _as_root(acc, "check the environment (as root)", {"/opt/kvlib": str(acc.bin.parent)})
+        everyone = {**students, **attackers}
+        outbound = exchange / course_id / "outbound" / NB
+        for role in everyone:  # root hands each student the config `kvlib course init` wrote, as the guide says
             home = acc.home(role)
-            (home / ".jupyter").mkdir()
-            _write_as(
-                home / ".jupyter" / "nbgrader_config.py",
-                (course / "student_nbgrader_config.py").read_text(),
-                students[role],
-            )
-            os.chown(home / ".jupyter", *(os.stat(home).st_uid, os.stat(home).st_gid))
-            acc.run(role, nbg, "fetch_assignment", NB, **STUDENT)
+            _hand_out_config(acc, role)
+            if role in students:
+                acc.run(role, nbg, "fetch_assignment", NB, **STUDENT)
+            else:  # what fetch gives, copied by hand (quicker; the attacks come after it)
+                acc.run(role, "cp", "-r", str(outbound), str(home / NB))
 
         def submit(role, text, *extra):
-            _write_as(acc.home(role) / NB / "kvlib" / "attention.py", text, students[role])
-            return acc.run(role, nbg, "submit", NB, *extra, **STUDENT)
+            _write_as(acc.home(role) / NB / "kvlib" / "attention.py", text, everyone[role])
+            out = acc.run(role, nbg, "submit", NB, *extra, **STUDENT)
+            found = re.search(r"Destination: (.+)$", out.stdout + out.stderr, re.M)  # nbgrader tells the student
+            return found.group(1) if found else None
 
         submit("alice", partial)
         _write_as(acc.home("dave") / NB / "kvlib" / "attention.py", correct, students["dave"])
@@ -159,19 +246,30 @@ def term():
             first = {s.student.id: s.score for s in gb.assignment_submissions(NB)}
         time.sleep(1.1)  # nbgrader's timestamps: the resubmission is later
         submit("alice", correct)
+        on_time = {"frank": submit("frank", partial)}
         time.sleep(1.1)
-        due = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        due_s = time.time()
+        due = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(due_s))
         acc.run("inst", nbg, "db", "assignment", "add", NB, f"--duedate={due}", cwd=course)
         time.sleep(1.1)
         submit("bob", correct)  # after the deadline
+        late = {role: submit(role, correct) for role in ("eve", "heidi")}
+        for role, attack in ATTACKS.items():  # after the deadline, as the attacker, in their own folder in inbound/
+            folder = on_time.get(role) or late.get(role) or f"{inbound_of(exchange, course_id)}/{everyone[role]}+{NB}"
+            plan = attack(folder, due_s, correct)
+            LOG[f"attack {role}"] = acc.run(role, str(acc.bin / "python"), "-c", _ATTACK, json.dumps(plan)).stdout
         _write_as(acc.home("bob") / NB / "kvlib" / "attention.py", partial, students["bob"])
         LOG["impostor"] = acc.run("bob", nbg, "submit", NB, f"--student={students['alice']}", check=False, **STUDENT)
         LOG["collect2"] = acc.run("inst", nbg, "collect", NB, cwd=course).stderr
         LOG["collect3"] = acc.run("inst", nbg, "collect", NB, "--update", cwd=course).stderr
         inbound = exchange / course_id / "inbound"
-        LOG["inbound"] = {p.name: p.stat() for p in inbound.iterdir()}
+        LOG["inbound"] = {
+            p.name: p.stat() for p in inbound.iterdir() if not p.name.startswith(tuple(attackers.values()))
+        }
         LOG["inbound files"] = {
-            p.name: sorted(f.relative_to(p).as_posix() for f in p.rglob("*") if f.is_file()) for p in inbound.iterdir()
+            p.name: sorted(f.relative_to(p).as_posix() for f in p.rglob("*") if f.is_file())
+            for p in inbound.iterdir()
+            if p.name in LOG["inbound"]
         }
         kvlib = [str(acc.bin / "python"), "-m", "kvlib", "course"]
         inst_run = acc.run("inst", *kvlib, "autograde", NB, "--jobs", "2", "--quiet", cwd=course)
@@ -189,12 +287,12 @@ def term():
         LOG["check"] = acc.run("inst", *kvlib, "init", str(course), "--check", check=False)
         with Gradebook(f"sqlite:///{course / 'gradebook.db'}", course_id) as gb:
             final = {
-                s.student.id: (s.score, s.max_score, s.total_seconds_late, s.timestamp)
+                s.student.id: (final_score(s), s.max_score, s.total_seconds_late, s.timestamp, s.score)
                 for s in gb.assignment_submissions(NB)
             }
         yield {
-            "acc": acc, "students": students, "course": course, "exchange": exchange / course_id,
-            "first": first, "final": final, "fetched": fetched, "partial": partial_score, "total": total,
+            "acc": acc, "students": students, "attackers": attackers, "course": course, "exchange": exchange / course_id,
+            "first": first, "final": final, "fetched": fetched, "partial": partial_score, "total": total, "due": due,
         }  # fmt: skip
     finally:
         acc.close()
@@ -258,16 +356,41 @@ def test_a_student_validates_before_submitting(term):
 @pytest.mark.slow
 def test_latest_submission_counts_and_late_is_recorded(term):
     """Check the scores: alice's resubmission replaced her partial one (collect --update, regraded
-    without --force), dave graded once, bob late, carol nothing."""
+    without --force), dave graded once, bob late (nbgrader's penalty "zero": 14 before it, 0 after), carol nothing;
+    the autograde summary gives bob's score after the penalty, and says why."""
     s, total = term["students"], term["total"]
     assert term["first"] == {s["alice"]: term["partial"], s["dave"]: total}
-    final = term["final"]
+    final = {k: v for k, v in term["final"].items() if k in s.values()}
     assert set(final) == {s["alice"], s["bob"], s["dave"]}
-    assert {k: v[:2] for k, v in final.items()} == {k: (total, total) for k in final}
+    assert {k: (v[0], v[1], v[4]) for k, v in final.items()} == {
+        s["alice"]: (total, total, total), s["dave"]: (total, total, total), s["bob"]: (0.0, total, total)
+    }  # fmt: skip
     assert final[s["bob"]][2] > 0 and final[s["alice"]][2] == 0 and final[s["dave"]][2] == 0
     assert "use --update" in LOG["collect2"]
     assert "Updating submission" in LOG["collect3"]
-    assert "1 of 3 already graded" in LOG["autograde inst"]
+    assert f"1 of {3 + len(ATTACKS)} already graded" in LOG["autograde inst"]
+    late = re.search(rf"late: {s['bob']}: graded 0 of {total:g} \((\d+(\.\d+)?) s late: {total:g} before a penalty of "
+                     rf"{total:g}\)", LOG["autograde inst"])  # fmt: skip
+    assert late and abs(float(late.group(1)) - final[s["bob"]][2]) < 0.1, LOG["autograde inst"][-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attacker", list(ATTACKS))
+def test_a_backdated_submission_gains_nothing(term, attacker):
+    """Check each backdating attack, done as the student to their own folder in inbound/ after the deadline (a forged
+    timestamp.txt and touched files; code edited after submitting; a folder made by hand, named and stamped before the
+    deadline; a late one renamed to before it): collected as submitted when its files last changed, late, so 0 under
+    the penalty (as an honest late submission: bob), however correct its code (14 before the penalty), and the
+    collect's log names it."""
+    s, total = term["attackers"], term["total"]
+    name = s[attacker]
+    score, top, seconds_late, when, raw = term["final"][name]
+    assert (score, top, raw) == (0.0, total, total), term["final"][name]
+    due = datetime.datetime.strptime(term["due"], "%Y-%m-%d %H:%M:%S UTC")
+    assert seconds_late > 0 and when > due, (when, due)
+    assert LOG[f"attack {attacker}"].strip(), "the attack did not run"
+    warned = [ln for ln in LOG["collect2"].splitlines() if name in ln and "no student can set" in ln]
+    assert warned, LOG["collect2"][-3000:]
 
 
 @pytest.mark.slow
@@ -303,17 +426,31 @@ def test_canvas_csv_has_one_row_per_student_and_blanks(term):
     assert rows[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", NB]
     assert rows[1][0] == "Points Possible" and float(rows[1][5]) == total
     by_login = {r[3]: r[5] for r in rows[2:]}
-    assert by_login == {s["alice"]: f"{total:g}", s["bob"]: f"{total:g}", s["dave"]: f"{total:g}", s["carol"]: ""}
+    want = {s["alice"]: f"{total:g}", s["bob"]: "0", s["dave"]: f"{total:g}", s["carol"]: ""}  # bob: late, penalty
+    assert by_login == {**want, **{name: "0" for name in term["attackers"].values()}}
+
+
+@pytest.mark.slow
+def test_canvas_csv_gives_the_scores_nbgrader_exports(term):
+    """Check that every score in the Canvas CSV is the one in nbgrader's own export (after late penalties), and a
+    student without a submission is blank there (0 in nbgrader's)."""
+    canvas = {r[3]: r[5] for r in list(csv.reader(io.StringIO(LOG["canvas"])))[2:]}
+    nbg = {r["student_id"]: r for r in csv.DictReader(io.StringIO(LOG["export"])) if r["assignment"] == NB}
+    assert set(canvas) == set(nbg)
+    for student, row in nbg.items():
+        assert canvas[student] == ("" if row["timestamp"] == "" else f"{float(row['score']):g}"), (student, row)
 
 
 @pytest.mark.slow
 def test_nbgrader_export_has_every_student(term):
-    """Check `nbgrader export` on the course folder: a row per student, the scores, carol (no submission) 0."""
+    """Check `nbgrader export` on the course folder: a row per student, the scores, bob (late) 0 with the penalty,
+    carol (no submission) 0."""
     s, total = term["students"], term["total"]
     rows = {r["student_id"]: r for r in csv.DictReader(io.StringIO(LOG["export"])) if r["assignment"] == NB}
-    assert set(rows) == set(s.values())
-    assert {k: float(rows[s[k]]["score"]) for k in s} == {"alice": total, "bob": total, "carol": 0.0, "dave": total}
-    assert float(rows[s["bob"]]["late_submission_penalty"] or 0) == 0.0 and rows[s["carol"]]["timestamp"] == ""
+    assert set(rows) == set(s.values()) | set(term["attackers"].values())
+    assert {k: float(rows[s[k]]["score"]) for k in s} == {"alice": total, "bob": 0.0, "carol": 0.0, "dave": total}
+    assert float(rows[s["bob"]]["late_submission_penalty"]) == total and float(rows[s["bob"]]["raw_score"]) == total
+    assert rows[s["carol"]]["timestamp"] == ""
 
 
 def _cross_ops(term, victim: str, prober: str) -> list[list[str]]:
@@ -395,32 +532,31 @@ def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 120
 
 @pytest.fixture(scope="module")
 def hub():
-    """An instructor who released notebook 01 through the exchange, with the gradebook on a PostgreSQL server
-    that asks for a password (in the course's nbgrader_config.py, the instructor's alone), one student, and a
-    JupyterHub on 127.0.0.1 (free ports, PAMAuthenticator against the student's Unix password,
+    """An instructor who released notebook 01 through the exchange, then started a PostgreSQL server for the class
+    that asks for a password and moved the course's gradebook onto it (docs/instructors.md's blocks, run as written:
+    the password in the course's nbgrader_config.py, the instructor's alone), one student, and a JupyterHub on
+    127.0.0.1 (free ports, PAMAuthenticator against the student's Unix password,
     LocalProcessSpawner: the student's server runs as the student)."""
-    import contextlib  # noqa: PLC0415
     import importlib.util  # noqa: PLC0415
     import secrets  # noqa: PLC0415
     import shutil  # noqa: PLC0415
     import signal  # noqa: PLC0415
 
-    from kvlib.app.class_bench import _pg_bin, throwaway_postgres  # noqa: PLC0415
+    from accounts import guide_block  # noqa: PLC0415
 
     _need(unavailable() is None, str(unavailable()))
     _need(shutil.which("configurable-http-proxy") is not None, "needs configurable-http-proxy (npm install -g ...)")
     _need(importlib.util.find_spec("jupyterhub") is not None, "needs jupyterhub (pip install -e '.[dev]')")
     _need(importlib.util.find_spec("psycopg2") is not None, "needs psycopg2 (pip install -e '.[dev]')")
-    try:
-        _pg_bin()
-    except FileNotFoundError as err:
-        _need(False, str(err))
+    _need(
+        Path("/usr/lib/postgresql/15/bin/initdb").exists(),
+        "needs Debian 12's PostgreSQL 15 (apt-get install postgresql)",
+    )
     acc = Accounts()
     proc = None
     proxy_pid = None
-    stack = contextlib.ExitStack()
+    pg_data = None
     try:
-        db_url = stack.enter_context(throwaway_postgres(password=secrets.token_hex(12)))
         acc.add("inst")
         student = acc.add("erin")
         exchange = acc.tmp / "exchange"
@@ -430,18 +566,34 @@ def hub():
         course = acc.home("inst") / "course"
         kvlib = [str(acc.bin / "python"), "-m", "kvlib", "course"]
         acc.run("inst", *kvlib, "init", str(course), "--exchange", str(exchange), "--course-id", course_id)
-        with open(course / "nbgrader_config.py", "a") as f:  # as docs/instructors.md says, and the test's kernel limits
-            f.write(f"\nc.CourseDirectory.db_url = {db_url!r}\nc.Execute.timeout = 10\n")
-            f.write("c.SandboxExecute.notebook_timeout = 30\n")
+        with open(course / "nbgrader_config.py", "a") as f:  # the test's kernel limits
+            f.write("\nc.Execute.timeout = 10\nc.SandboxExecute.notebook_timeout = 30\n")
         nbg = str(acc.bin / "nbgrader")
         acc.run("inst", nbg, "generate_assignment", NB, "--log-level=WARN", cwd=course)
         acc.run("inst", nbg, "release_assignment", NB, cwd=course)
-        home = acc.home("erin")
-        (home / ".jupyter").mkdir()
-        _write_as(
-            home / ".jupyter" / "nbgrader_config.py", (course / "student_nbgrader_config.py").read_text(), student
+        # the guide's PostgreSQL server for the class, started as the instructor, and the course moved onto it
+        pg_password = secrets.token_hex(12)
+        names = {"CHANGE-ME": pg_password}
+        pg_data = acc.home("inst") / "gradebook-pg"
+        acc.run(
+            "inst",
+            "bash",
+            "-euo",
+            "pipefail",
+            "-c",
+            guide_block("start PostgreSQL for the class (as the instructor)", names),
         )
-        os.chown(home / ".jupyter", os.stat(home).st_uid, os.stat(home).st_gid)
+        moved = acc.run(
+            "inst",
+            "bash",
+            "-euo",
+            "pipefail",
+            "-c",
+            guide_block("move the course onto PostgreSQL (as the instructor)", names),
+        )
+        db_url = f"postgresql+psycopg2://kvlib:{pg_password}@/gradebook?host={pg_data}"
+        assert "moved " in moved.stderr and repr(db_url) in (course / "nbgrader_config.py").read_text(), moved.stderr
+        _hand_out_config(acc, "erin")
         password = secrets.token_hex(8)  # the student's Unix password: the hub logs in through PAM, as a real one does
         subprocess.run(["chpasswd"], input=f"{student}:{password}\n", text=True, check=True, timeout=60)
         port, hub_port, api_port = _free_port(), _free_port(), _free_port()
@@ -496,7 +648,10 @@ c.Spawner.http_timeout = 240
         if proxy_pid is not None and _alive(proxy_pid):
             left.append(f"the hub's proxy (pid {proxy_pid}) outlived it")
             os.kill(proxy_pid, signal.SIGKILL)
-        stack.close()  # the PostgreSQL server: stopped and removed
+        if pg_data is not None and (pg_data / "postmaster.pid").exists():  # the class's server, stopped
+            acc.run(
+                "inst", "/usr/lib/postgresql/15/bin/pg_ctl", "-D", str(pg_data), "-m", "immediate", "stop", check=False
+            )
         acc.close()
         assert not left, left
 
@@ -590,14 +745,17 @@ def test_the_hubs_class_is_graded_into_postgresql(hub):
     rows = list(csv.DictReader(io.StringIO((course / "grades.csv").read_text())))
     total = _sources()[3]
     assert [(r["student_id"], float(r["score"])) for r in rows] == [(hub["student"], total)]
-    assert not (course / "gradebook.db").exists()  # nothing went to a SQLite file
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", hub["course_id"]) as gb:  # the one before the move
+        assert gb.assignment_submissions(NB) == []  # nothing went there
     with Gradebook(hub["db_url"], hub["course_id"]) as gb:
         assert [(s.student.id, s.score) for s in gb.assignment_submissions(NB)] == [(hub["student"], total)]
     host = hub["db_url"].split("host=", 1)[1]
     tries = [["no password", {"host": host, "user": "kvlib"}], ["a wrong one", {"host": host, "user": "kvlib",
              "password": "guess"}]]  # fmt: skip
     out = json.loads(acc.run("erin", str(acc.bin / "python"), "-c", _PG_PROBE, json.dumps(tries)).stdout)
-    assert out == {"no password": "refused", "a wrong one": "refused"}, out
+    assert out == {"no password": "refused", "a wrong one": "refused"}, out  # the socket is in a closed home
+    as_root = subprocess.run([sys.executable, "-c", _PG_PROBE, json.dumps(tries)], capture_output=True, text=True)
+    assert json.loads(as_root.stdout) == out, as_root.stdout + as_root.stderr  # and the server asks for the password
     probe = [["read", f"{course}/nbgrader_config.py"]]
     assert json.loads(acc.run("erin", str(acc.bin / "python"), "-c", _PROBE, json.dumps(probe)).stdout) == {
         f"read {course}/nbgrader_config.py": "refused"

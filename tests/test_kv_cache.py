@@ -348,27 +348,44 @@ def _attention_no_o_proj(attn, x, cache, layer, rope_cos, rope_sin):  # slip: fo
 
 
 def _forward_past_key_values(model, input_ids, cache):
-    """The transformers-style call: the model runs its layers through cache.attention (Exercise 4.2)."""
+    """The shortcut: the model's own cached forward runs the layer loop (and its head on every position)."""
     logits, _ = model(input_ids, past_key_values=cache)
     return logits[:, -1]
 
 
 def _forward_blocks(model, input_ids, cache):
-    """Each Block with the cache and cached_attention passed in; the head over every position, then the last."""
+    """Each Block with the cache and cached_attention passed in; the last position through the head."""
     x = model.embed(input_ids)
     for i, layer in enumerate(model.layers):
         x = layer(x, model.rope_cos, model.rope_sin, cache, i, kv_cache.cached_attention)
     cache.advance(input_ids.shape[1])
-    return model.lm_head(model.norm(x))[:, -1]
+    return model.lm_head(model.norm(x[:, -1:]))[:, 0]
+
+
+def _through_layers(model, input_ids, cache):
+    """The new tokens' hidden states after every layer, each reading and extending the cache; the cache advanced."""
+    x = model.embed(input_ids)
+    for i, layer in enumerate(model.layers):
+        x = x + kv_cache.cached_attention(layer.attn, layer.attn_norm(x), cache, i, model.rope_cos, model.rope_sin)
+        x = x + layer.mlp(layer.mlp_norm(x))
+    cache.advance(input_ids.shape[1])
+    return x
+
+
+def _forward_einsum_head(model, input_ids, cache):
+    """The layer loop by hand; the last position through the head's weight with einsum."""
+    x = _through_layers(model, input_ids, cache)
+    return torch.einsum("bc,vc->bv", model.norm(x[:, -1]), model.lm_head.weight)
+
+
+def _forward_head_everywhere(model, input_ids, cache):
+    """Slip: the layer loop right, then every position through the head, the last kept."""
+    return model.lm_head(model.norm(_through_layers(model, input_ids, cache)))[:, -1]
 
 
 def _forward_float64_head(model, input_ids, cache):
     """The layer loop by hand, the output head in float64."""
-    h = model.embed(input_ids)
-    for i, layer in enumerate(model.layers):
-        h = h + kv_cache.cached_attention(layer.attn, layer.attn_norm(h), cache, i, model.rope_cos, model.rope_sin)
-        h = h + layer.mlp(layer.mlp_norm(h))
-    cache.advance(input_ids.shape[-1])
+    h = _through_layers(model, input_ids, cache)
     last = model.norm(h[:, -1:]).double() @ model.lm_head.weight.double().T
     return last[:, 0].float()
 
@@ -565,7 +582,7 @@ ALTERNATIVES = [
         ("4.2", {"cached_attention": f})
         for f in (_attention_float64_explicit, _attention_einsum_grouped, _attention_loop_over_queries)
     ],
-    *[("4.3", {"cached_forward": f}) for f in (_forward_past_key_values, _forward_blocks, _forward_float64_head)],
+    *[("4.3", {"cached_forward": f}) for f in (_forward_einsum_head, _forward_blocks, _forward_float64_head)],
     *[("4.4", {"kv_cache_bytes": f}) for f in (_kv_loop, _kv_tensor, _kv_group)],
     *[
         ("4.5", {"generate_cached": f})
@@ -635,6 +652,8 @@ SLIPS = [
         "it recomputes from the token ids",
     ),
     ("cached_forward_prefill_runs_once", {"cached_forward": _forward_one_at_a_time}, "one token at a time"),
+    ("cached_forward_prefill_runs_once", {"cached_forward": _forward_past_key_values}, "the layer loop is yours"),
+    ("cached_forward_prefill_runs_once", {"cached_forward": _forward_head_everywhere}, "12 position(s) of each"),
     ("cached_forward_matches_full_forward", {"cached_forward": _forward_advance_per_layer}, "advance by seq_len once"),
     ("cached_forward_matches_full_forward", {"cached_forward": _forward_all_positions}, "last position's logits"),
     (

@@ -200,35 +200,43 @@ def test_notebook_05_puts_no_measured_point_above_its_roof():
 
 
 def test_notebook_02_prints_what_its_run_shows():
-    """Check that notebook 02a samples where its model is unsure, prints the held-out count with its misses, and
-    counts the same aten calls at 8 and 256 tokens."""
+    """Check that notebook 02a samples where its model is unsure, that 2,000 draws at t = 3 land near 2.7's
+    predicted share for 巴, that it prints the held-out count with its misses, and counts the same aten calls at 8
+    and 256 tokens."""
     import re
 
     nb, _ = execute(ROOT / "solutions" / "02-generation" / "generation.ipynb")
     text = text_output(nb)
-    t1 = re.search(r"t = 1\.0: '.+?' (\d\.\d+)", text)
-    assert t1 and float(t1.group(1)) < 0.9, "the temperature demo should sit where the top token is far from sure"
+    top = re.search(r"'.+?'  drawn \d\.\d+   probability (\d\.\d+)", text)
+    assert top and float(top.group(1)) < 0.9, "the sampling demo should sit where the top token is far from sure"
     kinds = re.search(r"(\d+) different characters in 1,000 draws", text)
     assert kinds and int(kinds.group(1)) > 2, "1,000 draws at t = 1 should visibly vary"
+    predicted, drawn = map(float, re.search(r"巴 at t = 3: predicted ([\d.]+), drawn ([\d.]+) of 2,000", text).groups())
+    assert predicted < 0.25 and abs(predicted - drawn) < 0.03, (
+        predicted,
+        drawn,
+    )  # 2,000 draws: a standard error of 0.01
     assert re.search(r"\d+ of 24 held-out questions answered exactly; wrong: ", text)
     calls = re.search(r"one forward makes (\d+) calls to torch's kernels at 8 tokens, (\d+) at 256", text)
     assert calls and calls.group(1) == calls.group(2), "a forward's aten calls should not depend on the prompt's length"
 
 
 def test_notebook_02b_builds_the_models_forward():
-    """Check that 02b's forward built from 2.4-2.6 gives the model's logits and its next token, 巴."""
+    """Check that 02b's forward built from 2.4-2.6 gives the model's logits and its next token, 巴, and that 2.8's
+    prediction of the tiny model's parameters is what the built model counts, part by part."""
     nb, _ = execute(ROOT / "solutions" / "02-generation" / "layer.ipynb")
     text = text_output(nb)
     diff = re.search(r"largest difference from model\(ids\): (\S+)", text)
     assert diff and float(diff.group(1)) < 1e-4
     assert "next token '巴'" in text
+    rows = re.findall(r"^\s+(\w+(?: all)?)\s+predicted\s+([\d,]+)\s+counted\s+([\d,]+)", text, re.M)
+    assert len(rows) == 6 and all(a == b for _, a, b in rows), rows
+    assert "Llama-2-7B: 6.74 billion predicted (6.74 in kvlib's table" in text
 
 
-def test_notebook_08_prints_what_its_text_claims():
-    """Check notebook 08's printed claims: dequantising a share of its run, the int8 storage's parts adding up, a window
-    as long as the questions answering as the full cache and a short one not, the prompts used and the uniform share."""
-    import re
-
+def test_notebook_08a_prints_what_its_text_claims():
+    """Check notebook 08a's printed claims: dequantising a share of its run, the int8 storage's parts adding up, 8.7's
+    prediction equal to Int8KVCache's own bytes, the prompts used, and the key-axis study at 2 bits."""
     nb, _ = execute(ROOT / "solutions" / "08-compress" / "compress.ipynb")
     text = text_output(nb)
     shares = [int(s) for s in re.findall(r"(\d+)% of it dequantising", text)]
@@ -240,23 +248,42 @@ def test_notebook_08_prints_what_its_text_claims():
     assert m, "the int8 storage line is missing"
     f32, total, numbers, scales, residual = map(int, m.groups())
     assert numbers * 4 == f32 and abs(numbers + scales + residual - total) <= 1
+    predicted, held = re.search(r"per token: predicted ([\d,.]+) bytes, Int8KVCache holds ([\d,.]+)", text).groups()
+    assert predicted == held, (predicted, held)
+    assert re.search(r"\d+ prompts x 16 tokens", text) and re.search(r"2 bits: attention output error", text)
+
+
+def test_notebook_08c_prints_what_its_text_claims():
+    """Check notebook 08c's printed claims: a window as long as the questions answering as the full cache and a short
+    one not, the questions used, and the uniform share the sinks are compared with."""
+    nb, _ = execute(ROOT / "solutions" / "08-compress" / "window.ipynb")
+    text = text_output(nb)
     right = dict(re.findall(r"^\s+(full cache|window \d+)\s+([\d.]+)%", text, re.M))
     assert right["window 32"] == right["full cache"] and float(right["window 8"]) < float(right["full cache"]), right
     shares = [float(s) for s in re.findall(r"attention on the first 4 tokens ([\d.]+)%", text)]
-    if all(s < 2.9 for s in shares):  # "a model whose shares sit below uniform learned none: sinks only cost it room"
+    if all(s < 2.9 for s in shares):  # "a model that formed none only loses window room to them"
         sinks = re.search(r"^\s+4 sinks \+ window 12\s+([\d.]+)%", text, re.M)
         assert sinks and float(sinks.group(1)) <= float(right["window 16"]), (sinks, right)
-    assert re.search(r"\d+ prompts x 16 tokens", text) and re.search(r"\d+ questions of \d+-\d+ tokens", text)
+    assert re.search(r"\d+ questions of \d+-\d+ tokens", text)
     assert "uniform attention would give them 2.9%" in text
-    assert re.search(r"2 bits: attention output error", text)
 
 
 def test_notebook_08b_prints_the_prefill_and_the_table():
-    """Check that 08b prints both MLA paths' prefill cost, the flop counter's agreement, and every scheme's row."""
+    """Check that 08b prints both MLA paths' prefill cost, 8.8's prediction equal to torch's count of 8.5 and 8.6,
+    MLA's own saving against DeepSeek 67B beside the paper's 93.3%, every scheme's row, and no crossing of the
+    weights past a model's context left unflagged."""
     nb, _ = execute(ROOT / "solutions" / "08-compress" / "mla.ipynb")
     text = text_output(nb)
-    assert "a prefill of 8,192 tokens" in text and "formula checked against torch's flop counter" in text
+    assert "a prefill of 8,192 tokens" in text
+    counts = re.findall(r"predicted +([\d,]+), torch counted +([\d,]+) FLOPs", text)
+    assert len(counts) == 4 and all(a == b for a, b in counts), counts
+    assert re.search(r"\d+\.\d% less, both 16-bit; 93\.3% less with V2's latents at 6 bits", text)
     assert re.search(r"DeepSeek-V2\s+MLA", text), "the table of schemes has no MLA row"
+    from kvlib.measure.bench_compress import bytes_table
+
+    for r in bytes_table():  # every crossing past its model's context is flagged where it is printed
+        if r["past_context"]:
+            assert f"{r['outweighs_weights_at']:,} (past its {r['context']:,}-token context)" in text, r
     from kvlib.core.configs import MLA_MODELS, REAL_MODELS
     from kvlib.measure import bench_compress
 
@@ -266,27 +293,39 @@ def test_notebook_08b_prints_the_prefill_and_the_table():
     assert len(set(sizes.values())) == len(sizes), f"the ordering quiz has a tie at its default: {sizes}"
 
 
-def test_notebook_07_prints_what_holds_by_construction():
-    """Check that notebook 07's run shows every policy exact and preempting, labels contiguous KV use as modelled
-    beside the paper's measured range, measures the iteration-level arm, inter-token latency and TPOT, runs more
-    requests at once with a shared prefix where blocks bind, draws notebook 05's roof, and shows its figures (the
-    comparison, the block map, the batch roofline)."""
+def test_notebook_07a_predicts_what_its_blocks_hold():
+    """Check that 07a's prediction of how full the blocks are (7.6) equals the count its block tables (7.2) give at
+    every block size, that blocks of max_seq_len give notebook 04's reservation, and that it ends with a Next."""
+    nb, _ = execute(ROOT / "solutions" / "07-serving" / "paging.ipynb")
+    text = text_output(nb)
+    rows = re.findall(r"blocks of +(\d+): predicted +([\d.]+)%; [\d,]+ tokens in [\d,]+ slots held, +([\d.]+)%", text)
+    assert [int(b) for b, _, _ in rows] == [1, 4, 16, 64, 512], rows
+    assert all(p == held for _, p, held in rows), rows
+    reserved = re.search(r"a finished request holds on average \d+ tokens, (\d+)% of 512 slots", text)
+    assert reserved and round(float(rows[-1][2])) == int(reserved.group(1)), (reserved, rows[-1])
+
+
+def test_notebook_07b_prints_what_holds_by_construction():
+    """Check that notebook 07b's run shows every policy exact and preempting, labels a reservation's KV use as
+    modelled beside the paper's measured range, runs each way in three rounds with inter-token latency and TPOT,
+    runs more requests at once with a shared prefix where blocks bind, draws notebook 05's roof in its one sentence,
+    and shows its figures (the comparison, the block map, the batch roofline)."""
     nb, _ = execute(ROOT / "solutions" / "07-serving" / "serving.ipynb")
     text = text_output(nb)
     assert text.count("32 of 32 requests exact") == 3, "every victim policy should leave every request exact"
-    assert "KV in use with contiguous reservation is modelled, from an assumed 512 slots" in text
-    assert "20.4-38.2%" in text and "iteration-level, contiguous" in text and "ITL p50" in text
-    # one roof for the course: notebook 05's, stored for this machine (kvlib.measure.machine.course_roof)
-    assert re.search(
-        r"ridge \d+\.\d\d FLOP/B \(.*: (notebook 05's roof of this machine|measured now, as notebook 05 does)", text
-    )
-    assert "TPOT" in text, "07 defines TPOT beside ITL: it should print it"
-    more = re.search(r"where blocks bind, ([\d.]+)x the requests ran at once", text)  # the scheduler is deterministic
+    assert "KV in use with a reservation is modelled, from an assumed max_seq_len slots" in text
+    assert "20.4-38.2%" in text and "continuous, reserved" in text and "ITL p99" in text and "TPOT" in text
+    assert text.count("(medians of 3 rounds)") == 3, "each way of the equal-memory comparison runs three rounds"
+    assert "iteration-level" not in text, "one name for one mechanism: continuous batching, reserved or paged"
+    assert re.search(r"this machine's bandwidth: [\d.]+ GB/s \(.*\); ridge \d+\.\d\d FLOP/B", text)
+    more = re.search(r"where blocks bind, requests at once, sharing on / off: ([\d.]+), above", text)
     assert more and float(more.group(1)) > 1, "sharing a prefix should let more requests run at once where blocks bind"
     (line,) = [ln for ln in text.splitlines() if ln.startswith("your victim()")]
     assert int(line.split(":")[1].split("preemptions")[0]) > 0, f"24 blocks should force preemptions: {line}"
     images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
-    assert len(images) >= 3, f"notebook 07 shows {len(images)} figures, expected the comparison, block map and roofline"
+    assert len(images) >= 3, (
+        f"notebook 07b shows {len(images)} figures, expected the comparison, block map and roofline"
+    )
 
 
 def test_notebook_06_prints_what_its_text_says():

@@ -24,8 +24,8 @@ from kvlib.core.model import ModelConfig
 from kvlib.core.paging import BlockStore, Engine
 from kvlib.course.exercises import BY_ID
 
-SERVING_CHECKS = [c for i in range(1, 6) for c in checks_for(BY_ID[f"7.{i}"])]
-NAMES = ("BlockPool", "BlockTable", "OutOfBlocks", "Request", "Scheduler", "copy_on_write", "paged_attention")
+SERVING_CHECKS = [c for i in range(1, 7) for c in checks_for(BY_ID[f"7.{i}"])]
+NAMES = tuple(serving.__all__)
 
 
 def _module(**over):
@@ -280,6 +280,23 @@ def _cow_clone(pool, table, index):
     return table.blocks[index]
 
 
+def _utilisation_by_tables(lengths, block_size):  # counted: the reference's tables in a pool with room to spare
+    pool = serving.BlockPool(CONFIG, 1 + 2 * sum(lengths) // block_size + len(lengths), block_size)
+    for n in lengths:
+        serving.BlockTable(block_size).append(pool, n)
+    return sum(lengths) / ((pool.n_blocks - pool.n_free) * block_size)
+
+
+def _utilisation_empty_slots(lengths, block_size):  # 1 - the empty slots of each last block / all slots held
+    empty = sum((-n) % block_size for n in lengths)
+    return 1 - empty / (sum(lengths) + empty)
+
+
+def _utilisation_numpy(lengths, block_size):  # numpy's ceil, a numpy float back
+    lengths = np.asarray(lengths)
+    return lengths.sum() / (np.ceil(lengths / block_size) * block_size).sum()
+
+
 ALTERNATIVES = [
     ("7.1", {"BlockPool": _ReleaseFifo}),
     ("7.1", {"BlockPool": _ReleaseByFreeList}),
@@ -298,6 +315,9 @@ ALTERNATIVES = [
     ("7.5", {"copy_on_write": _cow_index_copy}),
     ("7.5", {"copy_on_write": _cow_copy_}),
     ("7.5", {"copy_on_write": _cow_clone}),
+    ("7.6", {"block_utilisation": _utilisation_by_tables}),
+    ("7.6", {"block_utilisation": _utilisation_empty_slots}),
+    ("7.6", {"block_utilisation": _utilisation_numpy}),
 ]
 
 
@@ -491,6 +511,7 @@ class _StepPolicy(serving.Scheduler):
     """The reference step with one comparison or loop changed: the boundary slips of 7.4."""
 
     admit_when_equal, preempt_when_equal, preempt_at_most_once, retire_after_prefill = True, False, False, True
+    leaves_the_line = True  # False: issue 46's slip, a request admitted but left first in the waiting line
 
     def step(self):
         def fits(need, free):
@@ -501,7 +522,7 @@ class _StepPolicy(serving.Scheduler):
             and len(self.running) < self.max_batch
             and fits(self.blocks_to_admit(self.waiting[0]), self.pool.n_free)
         ):
-            self.admit(self.waiting.popleft())
+            self.admit(self.waiting.popleft() if self.leaves_the_line else self.waiting[0])
         if self.retire_after_prefill:
             self.retire()
         for _ in range(1 if self.preempt_at_most_once else len(self.running)):
@@ -534,6 +555,26 @@ class _StepNoRetireAfterPrefill(_StepPolicy):
     retire_after_prefill = False
 
 
+class _StepAdmitsWithoutLeavingTheLine(_StepPolicy):
+    leaves_the_line = False
+
+
+def _utilisation_floor(lengths, block_size):
+    return sum(lengths) / max(1, sum(n // block_size * block_size for n in lengths))
+
+
+def _utilisation_pooled(lengths, block_size):
+    return sum(lengths) / (-(-sum(lengths) // block_size) * block_size)
+
+
+def _utilisation_extra_block(lengths, block_size):
+    return sum(lengths) / sum((n // block_size + 1) * block_size for n in lengths)
+
+
+def _utilisation_half_block(lengths, block_size):
+    return sum(lengths) / (sum(lengths) + len(lengths) * (block_size - 1) / 2)
+
+
 SLIPS = [  # (check, replaced pieces, words its failure must contain)
     ("release_counts_references", {"BlockPool": _ReleaseNoRefcount}, "other table still reads it"),
     ("release_twice_is_an_error", {"BlockPool": _ReleaseNoDoubleCheck}, "must raise ValueError"),
@@ -559,6 +600,11 @@ SLIPS = [  # (check, replaced pieces, words its failure must contain)
     ("step_preempts_the_newest_and_stays_exact", {"Scheduler": _StepPreemptsWhenJustEnough}, "that is enough"),
     ("step_preempts_the_newest_and_stays_exact", {"Scheduler": _StepPreemptsOnce}, "keep preempting"),
     ("step_serves_every_request_exactly", {"Scheduler": _StepNoRetireAfterPrefill}, "done right after its prefill"),
+    ("step_serves_every_request_exactly", {"Scheduler": _StepAdmitsWithoutLeavingTheLine}, "admitted twice"),
+    ("block_utilisation_counts_each_last_block", {"block_utilisation": _utilisation_floor}, "round each length up"),
+    ("block_utilisation_counts_each_last_block", {"block_utilisation": _utilisation_pooled}, "pooled"),
+    ("block_utilisation_counts_each_last_block", {"block_utilisation": _utilisation_extra_block}, "a block too many"),
+    ("block_utilisation_counts_each_last_block", {"block_utilisation": _utilisation_half_block}, "an average"),
 ]
 
 
@@ -676,6 +722,31 @@ def test_iteration_level_arm_and_inter_token_gaps(tiny):
         assert 0 < r["tpot_mean_s"] < r["seconds"]  # TPOT: each request's mean gap, averaged over the requests
 
 
+def test_serve_rounds_interleaves_the_ways_and_pairs_their_rounds(tiny):
+    """Check that serve_rounds runs every way once per round, in the given order within each round, that the
+    deterministic counts repeat round after round, and that paired ratios are taken round by round."""
+    from kvlib.measure import bench_serve
+
+    model, tokenizer = tiny
+    trace, order = bench_serve.make_trace(tokenizer, 4, seed=3, max_new=(2, 6)), []
+
+    def way(name, fn):
+        return lambda m, t: order.append(name) or fn(m, t)
+
+    ways = {n: way(n, fn) for n, fn in bench_serve.equal_memory_ways(n_blocks=64).items()}
+    runs = bench_serve.serve_rounds(model, trace, ways, rounds=3)
+    assert order == list(ways) * 3 and all(len(rs) == 3 for rs in runs.values())
+    for rs in runs.values():
+        assert len({(r["steps"], r["generated_tokens"], r["kv_utilisation"]) for r in rs}) == 1
+    ratios = bench_serve.paired(runs, "continuous, paged", "static, reserved")
+    assert ratios == [
+        a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs["continuous, paged"], runs["static, reserved"])
+    ]
+    assert "medians of 3 rounds" in bench_serve.format_rounds(runs)
+    with pytest.raises(ValueError, match="rounds must be a positive int"):
+        bench_serve.serve_rounds(model, trace, ways, rounds=0)
+
+
 # ---------------------------------------------------------------------------------------------
 # Bad input
 
@@ -703,6 +774,13 @@ def test_bad_input_names_the_problem(tiny):
         pool.allocate(5)
     with pytest.raises(ValueError, match="one block table per row"):
         serving.paged_attention(torch.zeros(2, CONFIG.n_heads, 1, CONFIG.head_dim), pool, 0, [])
+    with pytest.raises(ValueError, match="every length must be a positive integer"):
+        serving.block_utilisation([3, 0], 4)
+    sched = serving.Scheduler(model, serving.BlockPool(model.config, 8, 16))
+    sched.add(serving.Request(0, [1, 2, 3], 2))
+    sched.admit(sched.waiting[0])
+    with pytest.raises(ValueError, match="request 0 is admitted twice: it is already running and is still first"):
+        sched.admit(sched.waiting[0])
 
 
 # ---------------------------------------------------------------------------------------------

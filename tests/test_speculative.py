@@ -307,11 +307,27 @@ def _generate(model, drafter, input_ids, max_new_tokens, gamma, eos_token=None, 
     cache = (
         cache if cache is not None else KVCache(model.config, max_seq_len=input_ids.shape[1] + max_new_tokens + gamma)
     )
-    cache.reset()
+    if mode != "no_reset":
+        cache.reset()
     prompt = input_ids[0].tolist()
+    if mode == "prefill_all_but_last":  # the prompt's last token goes with the first drafts (10.1's try-it cell)
+        if len(prompt) > 1:
+            model(input_ids[:, :-1], past_key_values=cache)
+        new, last = [], prompt[-1]
+        while len(new) < max_new_tokens and eos_token not in new:
+            k = min(gamma, max_new_tokens - len(new) - 1)
+            draft = drafter.propose(prompt + new, k)[:k] if k else []
+            n, nxt = speculative.verify_greedy(model, cache, last, draft)
+            new += draft[:n] + [nxt]
+            last = new[-1]
+        if eos_token in new:
+            new = new[: new.index(eos_token) + 1]
+            cache.truncate(len(prompt) + len(new) - 1)
+        return torch.tensor([prompt + new])
     logits, _ = model(input_ids, past_key_values=cache)
     new = [int(logits[0, -1].argmax())]
-    while len(new) < max_new_tokens and (mode == "eos_inside" or eos_token not in new):
+    seen = prompt + new if mode == "eos_in_prompt" else new  # the slip: an end token in the prompt counts
+    while len(new) < max_new_tokens and (mode == "eos_inside" or eos_token not in seen):
         if mode == "plain":
             logits, _ = model(torch.tensor([[new[-1]]]), past_key_values=cache)
             new.append(int(logits[0, -1].argmax()))
@@ -332,6 +348,7 @@ def _generate(model, drafter, input_ids, max_new_tokens, gamma, eos_token=None, 
             new += draft
             continue
         new += draft[:n] + [nxt]
+        seen = prompt + new if mode == "eos_in_prompt" else new
     if mode == "eos_inside":
         new = new[:max_new_tokens]
         if eos_token in new:
@@ -346,6 +363,11 @@ def _generate(model, drafter, input_ids, max_new_tokens, gamma, eos_token=None, 
     return torch.tensor([prompt + new])
 
 
+def generate_prefill_all_but_last(model, drafter, input_ids, max_new_tokens, gamma, eos_token=None, cache=None):
+    """Prefill all the prompt but its last token, which the first verify pass carries with the first drafts."""
+    return _generate(model, drafter, input_ids, max_new_tokens, gamma, eos_token, cache, mode="prefill_all_but_last")
+
+
 def _mode(mode):
     def generate(*args, **kwargs):
         return _generate(*args, **kwargs, mode=mode)
@@ -354,9 +376,10 @@ def _mode(mode):
     return generate
 
 
-def _accept(p, q, draft, generator=None, *, rule="exact", residual="exact", bonus=True):
+def _accept(p, q, draft, generator=None, *, rule="exact", residual="exact", bonus=True, shared=False):
+    shared_u = float(torch.rand((), generator=generator)) if shared else None
     for i, token in enumerate(draft):
-        u = float(torch.rand((), generator=generator))
+        u = shared_u if shared else float(torch.rand((), generator=generator))
         if rule == "topk":
             ok = token in p[i].topk(2).indices.tolist()
         elif rule == "q_over_p":
@@ -384,6 +407,31 @@ def accept_no_bonus(p, q, draft, generator=None):
 
 def accept_q_over_p(p, q, draft, generator=None):
     return _accept(p, q, draft, generator, rule="q_over_p")
+
+
+def accept_global_rng(p, q, draft, generator=None):  # the generator ignored: torch's global RNG draws
+    return _accept(p, q, draft, None)
+
+
+def accept_shared_uniform(p, q, draft, generator=None):  # one u for every draft of the round
+    return _accept(p, q, draft, generator, shared=True)
+
+
+_SEEN = {"rounds": 0, "kept": 0.0}
+
+
+def accept_balanced(p, q, draft, generator=None):  # no randomness: acceptances spread evenly over the calls so far
+    out = []
+    for i, token in enumerate(draft):
+        _SEEN["kept"] += min(1.0, float(p[i, token]) / float(q[i, token]))
+        _SEEN["rounds"] += 1
+        if _SEEN["kept"] >= 1:
+            _SEEN["kept"] -= 1
+            out.append(token)
+            continue
+        rest = (p[i] - q[i]).clamp(min=0)
+        return out + [int(torch.multinomial(rest / rest.sum(), 1, generator=generator))]
+    return out + [int(torch.multinomial(p[len(draft)], 1, generator=generator))]
 
 
 def accept_uniforms_first(p, q, draft, generator=None):
@@ -442,7 +490,7 @@ def lookup_reversed(tokens, n, k):
 
 ALTERNATIVES = {
     "10.1": ("verify_greedy", [verify_cumprod]),
-    "10.2": ("speculative_generate", [_mode("no_clip"), _mode("right")]),
+    "10.2": ("speculative_generate", [_mode("no_clip"), _mode("right"), generate_prefill_all_but_last]),
     "10.3": ("accept_sampled", [accept_uniforms_first]),
     "10.4": ("prompt_lookup", [lookup_numpy, lookup_reversed]),
 }
@@ -467,10 +515,15 @@ SLIPS = [
     ("10.2", "speculative_generate", _mode("no_bonus"), "the model's own next token"),
     ("10.2", "speculative_generate", _mode("eos_inside"), "after eos_token"),
     ("10.2", "speculative_generate", _mode("eos_cache_kept"), "rejected drafts stay"),
+    ("10.2", "speculative_generate", _mode("no_reset"), "reset it first"),
+    ("10.2", "speculative_generate", _mode("eos_in_prompt"), "eos_token is in the prompt"),
     ("10.3", "accept_sampled", accept_topk, "top-k"),
     ("10.3", "accept_sampled", accept_resample_from_p, "not from p"),
     ("10.3", "accept_sampled", accept_no_bonus, "bonus token"),
     ("10.3", "accept_sampled", accept_q_over_p, "u < p/q"),
+    ("10.3", "accept_sampled", accept_global_rng, "left its generator as it came"),
+    ("10.3", "accept_sampled", accept_shared_uniform, "one uniform draw was shared"),
+    ("10.3", "accept_sampled", accept_balanced, "other tokens from a generator in the same state"),
     ("10.4", "prompt_lookup", lookup_first, "LATEST"),
     ("10.4", "prompt_lookup", lookup_matches_itself, "match themselves"),
     ("10.4", "prompt_lookup", lookup_no_clip, "at most k"),

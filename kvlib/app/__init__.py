@@ -6,7 +6,9 @@ release.py        learner stubs and notebooks generated from solutions/ (`kvlib 
 sitting.py        how long each notebook takes, calibrated to careful readers (`kvlib course plan`)
 course_folder.py  an instructor's nbgrader course folder (`kvlib course init DIR`), its modes, the exchange
 exchange.py       nbgrader's submit and collect between accounts, with the gaps closed
-class_grading.py  a whole class: `kvlib course autograde` (parallel, resumable), `kvlib course export-canvas`
+class_grading.py  a whole class: `kvlib course autograde` (parallel, resumable), `kvlib course export-canvas`,
+                  `kvlib course move-gradebook`
+grading_record.py what autograde graded, and which run grades what, in the gradebook's own database
 class_bench.py    `kvlib bench class`: a synthetic class graded, every score checked, timed
 site.py           the course as a static site (`kvlib course site`): executed notebooks, glossary, guides
 Everything below stands without it: nothing in core, course, the learner modules, measure,

@@ -3,9 +3,13 @@
   autograde(course, assignment, jobs=N)  N worker processes, each one nbgrader start-up (nbgrader's
                                          NbGraderAPI) grading one student at a time through the course's
                                          own nbgrader_config.py (so the isolated grader, screening, jail);
-                                         a progress bar; a state file written after each student, so a run
-                                         killed even by SIGKILL resumes with what is left
-  canvas_csv(course)                     the gradebook as a CSV for Canvas's gradebook import
+                                         a progress bar naming the submission in flight longest; a time
+                                         budget per submission; what is graded, and who grades what, in the
+                                         gradebook's own database (grading_record.py): a run killed even by
+                                         SIGKILL, a --force regrade too, resumes with exactly what is left,
+                                         and runs at once never grade one submission twice
+  canvas_csv(course)                     the gradebook as a CSV for Canvas's gradebook import, scores after
+                                         nbgrader's late penalty (final_score), as nbgrader's own export
 Not here: how one submission is graded (kvlib.grading), the course folder (course_folder.py), the
 synthetic class of the benchmark (class_bench.py).
 """
@@ -24,6 +28,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -31,12 +36,25 @@ from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.apps.api import NbGraderAPI
 from nbgrader.apps.baseapp import NbGrader
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SAWarning
 from tqdm import tqdm
 
 from kvlib.app.course_folder import permission_problems
+from kvlib.app.grading_record import (
+    FAILED,
+    GRADED,
+    IN_FLIGHT,
+    REFUSED,
+    GradebookBusy,
+    GradingRecord,
+    Row,
+    move_gradebook,
+    parse_time,
+)
+from kvlib.grading import scratch
 from kvlib.grading.execute import GradingJail
 
-STATE_DIR = ".kvlib-autograde"  # in the course folder (private with it): <assignment>.json, <assignment>.log
+STATE_DIR = ".kvlib-autograde"  # in the course folder (private with it): <assignment>.log, the workers' log
 
 
 class CourseError(Exception):
@@ -54,6 +72,14 @@ class Result:
     refused_files: list[str] = field(default_factory=list)
     seconds: float = 0.0  # grading this student, in the worker (no start-up)
     checks_s: float = 0.0  # of which the isolated checks (the rest: mostly the kernel's run of the notebook)
+    raw_score: float | None = None  # the cells' points before nbgrader's late penalty; score is after it
+    late_penalty: float = 0.0
+    seconds_late: float = 0.0
+
+
+def final_score(submission) -> float:
+    """A submission's score after its late penalty, as nbgrader's own `nbgrader export` computes it."""
+    return max(0.0, float(submission.score) - float(submission.late_submission_penalty or 0.0))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -167,35 +193,6 @@ def select(students: dict[str, str], pattern: str, assignment: str) -> dict[str,
 
 
 # ---------------------------------------------------------------------------------------------
-# The state file: what is graded, written after each student
-
-
-def state_path(course: Course, assignment: str) -> Path:
-    return course.root / STATE_DIR / f"{assignment}.json"
-
-
-def load_state(course: Course, assignment: str) -> dict[str, Result]:
-    path = state_path(course, assignment)
-    if not path.exists():
-        return {}
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError):  # a torn write cannot happen (os.replace), but an edited one can
-        return {}
-    return {s: Result(**r) for s, r in raw.get("students", {}).items()}
-
-
-def save_state(course: Course, assignment: str, state: dict[str, Result]) -> None:
-    path = state_path(course, assignment)
-    path.parent.mkdir(mode=0o700, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(
-        json.dumps({"assignment": assignment, "students": {s: asdict(r) for s, r in state.items()}}, indent=1)
-    )
-    os.replace(tmp, path)
-
-
-# ---------------------------------------------------------------------------------------------
 # The workers: one nbgrader start-up each, one student at a time over a pipe
 
 
@@ -238,7 +235,9 @@ def _grade(api, course: Course, assignment: str, student: str, timestamp: str) -
     refused_files = re.findall(r"Refused [^/\s]+/[^/\s]+/(\S+): ", log)
     result = Result(student=student, status="graded", timestamp=timestamp, refused_files=refused_files)
     if not out.get("success"):
-        reason = re.search(r"PermissionError: (.+)", log)
+        # refused by the screening (kvlib.grading.autograde: "<student>/<assignment>: ..."); any other PermissionError
+        # (an autograded/ folder a root run left, say) is a failure, tried again by the next run
+        reason = re.search(rf"PermissionError: ({re.escape(student)}/{re.escape(assignment)}: .+)", log)
         if reason:
             result.status, result.reason = "refused", reason.group(1).strip()
         else:  # the error under nbgrader's "see the above traceback", or else its last line that is not chatter
@@ -251,10 +250,22 @@ def _grade(api, course: Course, assignment: str, student: str, timestamp: str) -
     else:
         with Gradebook(course.db_url, course.course_id) as gb:
             sub = gb.find_submission(assignment, student)
-            result.score, result.max_score = float(sub.score), float(sub.max_score)
+            result.score, result.max_score, result.raw_score = final_score(sub), float(sub.max_score), float(sub.score)
+            result.late_penalty = float(sub.late_submission_penalty or 0.0)
+            result.seconds_late = float(sub.total_seconds_late or 0.0)
     result.seconds = round(time.monotonic() - start, 2)
     result.checks_s = round(sum(float(x) for x in re.findall(r"isolated checks of .* passed in ([\d.]+) s", log)), 2)
+    for line in log.splitlines():  # what the guide promises in the run's log, per notebook, and what went wrong
+        if _LOGGED.search(line):
+            print(line.strip(), file=sys.stderr)
     return result
+
+
+# the lines of nbgrader's log a run's log keeps: the isolated checks' sum per notebook, refused files, lateness,
+# warnings and errors (not nbgrader's line per copied file)
+_LOGGED = re.compile(
+    r"isolated checks of |Refused |seconds late|late submission penalty|\[(WARNING|ERROR|CRITICAL)\]", re.I
+)
 
 
 def worker_main(root: str, assignment: str) -> int:
@@ -263,6 +274,8 @@ def worker_main(root: str, assignment: str) -> int:
     out = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # what nbgrader, kernels or learners' code print never reaches the protocol
     signal.signal(signal.SIGTERM, lambda *_: (_kill_descendants(os.getpid()), os._exit(143)))
+    scratch.use_own_tempdir()  # the jails' and checkers' folders: the parent removes them if this worker is killed
+    _quiet_sqlalchemy()
     os.chdir(root)
     course = open_course(root)
     app = _nbgrader_app(Path(root))
@@ -270,12 +283,33 @@ def worker_main(root: str, assignment: str) -> int:
     out.write(json.dumps({"ready": os.getpid()}) + "\n")
     for line in sys.stdin:
         job = json.loads(line)
+        print(
+            f"grading {job['student']}/{assignment} (submitted {job['timestamp'] or 'at no recorded time'})",
+            file=sys.stderr,
+        )
         try:
             result = _grade(api, course, assignment, job["student"], job["timestamp"])
         except Exception as err:  # one submission's failure is not the worker's
             result = Result(job["student"], "failed", job["timestamp"], reason=f"{type(err).__name__}: {err}"[:500])
+        print(f"{result.student}/{assignment}: {_outcome(result)} in {result.seconds:.1f} s", file=sys.stderr)
         out.write(json.dumps(asdict(result)) + "\n")
     return 0
+
+
+def _quiet_sqlalchemy() -> None:
+    """nbgrader 0.9.6's models make SQLAlchemy 2 warn (SAWarning) at every start-up: not the grader's news."""
+    warnings.filterwarnings("ignore", category=SAWarning)
+
+
+def _outcome(r: Result) -> str:
+    if r.status != GRADED:
+        return f"{r.status}: {r.reason}"
+    late = (
+        f" ({r.seconds_late:.1f} s late: {r.raw_score:g} before a penalty of {r.late_penalty:g})"
+        if r.late_penalty
+        else ""
+    )
+    return f"graded {r.score:g} of {r.max_score:g}{late}"
 
 
 def _die_with_parent() -> None:
@@ -298,12 +332,15 @@ class _Worker:
             cwd=course.root,
             preexec_fn=_die_with_parent,
         )
+        self.scratch = scratch.folder_of(self.proc.pid)  # the worker's temporary folder, removed once it ends
         self.job: dict | None = None
         self.started = time.monotonic()
-        self.buffer = ""
+        self.job_started = 0.0
+        self.stopped = 0.0  # when it was told to stop (over the time budget)
 
     def send(self, job: dict) -> None:
         self.job = job
+        self.job_started = time.monotonic()
         self.proc.stdin.write(json.dumps(job) + "\n")
         self.proc.stdin.flush()
 
@@ -313,6 +350,12 @@ class _Worker:
         except OSError:
             pass
 
+    def reap(self) -> int:
+        code = self.proc.wait()
+        if self.scratch:
+            scratch.remove_tree(Path(scratch.system_tempdir()) / self.scratch)
+        return code
+
 
 def autograde(
     root: Path | str,
@@ -321,84 +364,157 @@ def autograde(
     jobs: int = 1,
     student: str = "*",
     force: bool = False,
+    budget: float | None = None,
     progress: bool = True,
     out=sys.stderr,
     stats: dict | None = None,
 ) -> dict[str, Result]:
-    """Grade every collected submission of `assignment` matching `student` (a glob) in `jobs` workers;
-    a submission graded or refused before (by its timestamp, in the state file) is skipped unless
-    force. Returns {student: Result} for the students selected; `stats` gets each worker's start-up seconds."""
+    """Grade every collected submission of `assignment` matching `student` (a glob) in `jobs` workers; a
+    submission the gradebook holds graded (or refused) at its current timestamp is skipped unless force, and one
+    another live run holds is left to it. `budget`: seconds one submission may take (its worker is then stopped,
+    and the submission failed). Returns {student: Result} for the students selected; `stats` gets each worker's
+    start-up seconds."""
     if jobs < 1:
         raise CourseError(f"--jobs must be at least 1, not {jobs}")
+    if budget is not None and budget <= 0:
+        raise CourseError(f"--budget must be a positive number of seconds, not {budget:g}")
     course = open_course(root)
     print(isolation_line(course.isolation), file=out)  # first, in every run: a refused one says it too
     for problem in permission_problems(course.root):
         print(f"warning: {problem}", file=out)
     check_gradebook(course, assignment)
     chosen = select(submitted(course, assignment), student, assignment)
-    state = load_state(course, assignment)
-    todo = [
-        s
-        for s, stamp in chosen.items()
-        if force or s not in state or state[s].status == "failed" or state[s].timestamp != stamp
-    ]
-    done = {s: state[s] for s in chosen if s not in todo}
+    swept = scratch.sweep()
+    if swept:
+        print(f"removed {len(swept)} temporary folder(s) of grading runs that were killed: {swept[0]} ...", file=out)
+    try:
+        record = GradingRecord(course.db_url, course.course_id, assignment).__enter__()
+    except GradebookBusy as err:
+        raise CourseError(str(err)) from None
+    try:
+        return _autograde(course, assignment, chosen, record, jobs, force, budget, progress, out, stats)
+    finally:
+        record.__exit__(None, None, None)
+
+
+def _gradebook_times(course: Course, assignment: str) -> dict:
+    """{student: the timestamp of their submission in the gradebook (None if it has none)}, for every submission."""
+    with Gradebook(course.db_url, course.course_id) as gb:
+        return {s.student.id: s.timestamp for s in gb.assignment_submissions(assignment)}
+
+
+def _autograde(course, assignment, chosen, record: GradingRecord, jobs, force, budget, progress, out, stats):
+    in_gradebook = {"times": _gradebook_times(course, assignment), "read": time.monotonic()}
+
+    def current(row: Row | None, stamp: str) -> bool:
+        """Graded (or refused) at this submission, and the gradebook holds it at that time (the gradebook is the
+        truth: a moved or restored one, without the submission, is graded again)."""
+        if row is None or row.timestamp != stamp or row.status not in (GRADED, REFUSED):
+            return False
+        if row.status == REFUSED:
+            return True
+        want = parse_time(stamp)
+        if in_gradebook["times"].get(row.student, ...) != want and time.monotonic() - in_gradebook["read"] > 1:
+            in_gradebook.update(times=_gradebook_times(course, assignment), read=time.monotonic())  # another run's
+        return in_gradebook["times"].get(row.student, ...) == want
+
+    rows = record.rows()
+    elsewhere = {s: r for s, r in rows.items() if s in chosen and r.status == IN_FLIGHT and record.alive(r)}
+    left_over = [s for s, r in rows.items() if s in chosen and r.status == IN_FLIGHT and s not in elsewhere]
+    todo = [s for s in chosen if s not in elsewhere and (force or not current(rows.get(s), chosen[s]))]
+    done = {s: Result(**rows[s].result) for s in chosen if s not in todo and s not in elsewhere}
     if done:
         print(
             f"{len(done)} of {len(chosen)} already graded at their current submission (--force regrades them)", file=out
         )
+    if left_over:
+        print(
+            f"{len(left_over)} left in flight by a run that ended before finishing them (killed?): grading them "
+            f"again: {', '.join(sorted(left_over)[:8])}{' ...' if len(left_over) > 8 else ''}",
+            file=out,
+        )
+    if elsewhere:
+        print(f"{len(elsewhere)} being graded by another run ({_holders(elsewhere.values())}): left to it", file=out)
+    if force and todo:  # in flight before anything starts: a kill at any point leaves them for the next run
+        todo, more = record.claim({s: chosen[s] for s in todo}, current=None)
+        elsewhere.update(more)
     start = time.monotonic()
     (course.root / STATE_DIR).mkdir(mode=0o700, exist_ok=True)
-    bar = tqdm(total=len(chosen), initial=len(done), desc=assignment, unit="sub", file=out, disable=not progress)
-    failures = sum(r.status != "graded" for r in done.values())
+    if os.geteuid() == 0:  # a run as root killed before handing back what it wrote: hand it back now
+        _hand_back(course, None, assignment)
+    total = len(chosen) - len(elsewhere)
+    bar = tqdm(total=total, initial=len(done), desc=assignment, unit="sub", file=out, disable=not progress)
+    failures = sum(r.status != GRADED for r in done.values())
     bar.set_postfix(failed=failures)
+    taken: list[str] = []
     with open(course.root / STATE_DIR / f"{assignment}.log", "a") as log:
         queue = [{"student": s, "timestamp": chosen[s]} for s in todo]
         workers = [_Worker(course, assignment, log) for _ in range(min(jobs, len(queue)))]
         sel = selectors.DefaultSelector()
         for w in workers:
             sel.register(w.proc.stdout, selectors.EVENT_READ, w)
+
+        def record_result(result: Result) -> None:
+            nonlocal failures
+            record.finish(result.student, result.timestamp, result.status, asdict(result))
+            done[result.student] = result
+            failures += result.status != GRADED
+            bar.update(1)
+            bar.set_postfix(failed=failures)
+
+        def next_job(w: _Worker) -> None:
+            while queue:
+                job = queue.pop(0)
+                if not force:  # taken only now, so that runs at once share the class
+                    got, other = record.claim({job["student"]: job["timestamp"]}, current=current)
+                    if not got:
+                        row = other[job["student"]]
+                        if row.status == IN_FLIGHT:
+                            elsewhere[job["student"]] = row
+                            bar.total -= 1
+                        else:  # graded meanwhile by another run
+                            done[job["student"]] = Result(**row.result)
+                            bar.update(1)
+                        continue
+                taken.append(job["student"])
+                w.send(job)
+                return
+            w.close()
+
+        for w in workers:
+            next_job(w)
         try:
             while sel.get_map():
-                for key, _ in sel.select():
+                for key, _ in sel.select(timeout=1.0):
                     w: _Worker = key.data
                     line = w.proc.stdout.readline()
                     if not line:  # the worker ended: after its last job, or by crashing in one
                         sel.unregister(w.proc.stdout)
-                        code = w.proc.wait()
+                        code = w.reap()
                         if w.job is not None:
-                            result = Result(
-                                w.job["student"],
-                                "failed",
-                                w.job["timestamp"],
-                                reason=f"the grading worker died (exit code {code})",
+                            why = (
+                                f"grading took longer than the budget of {budget:g} s (--budget): its worker was stopped"
+                                if w.stopped
+                                else f"the grading worker died (exit code {code})"
                             )
-                            state[result.student] = done[result.student] = result
-                            save_state(course, assignment, state)
-                            failures += 1
-                            bar.update(1)
-                            bar.set_postfix(failed=failures)
+                            record_result(Result(w.job["student"], FAILED, w.job["timestamp"], reason=why))
                             if queue:  # a fresh worker for the rest
                                 nw = _Worker(course, assignment, log)
                                 workers.append(nw)
                                 sel.register(nw.proc.stdout, selectors.EVENT_READ, nw)
+                                next_job(nw)
                         continue
                     msg = json.loads(line)
-                    if "ready" in msg and stats is not None:
-                        stats.setdefault("worker_startup_s", []).append(round(time.monotonic() - w.started, 2))
-                    if "ready" not in msg:
-                        result = Result(**msg)
-                        state[result.student] = done[result.student] = result
-                        save_state(course, assignment, state)
-                        _hand_back(course, result.student, assignment)
-                        failures += result.status != "graded"
-                        bar.update(1)
-                        bar.set_postfix(failed=failures)
+                    if "ready" in msg:
+                        if stats is not None:
+                            stats.setdefault("worker_startup_s", []).append(round(time.monotonic() - w.started, 2))
+                        continue
+                    result = Result(**msg)
+                    record_result(result)
+                    _hand_back(course, result.student, assignment)
                     w.job = None
-                    if queue:
-                        w.send(queue.pop(0))
-                    else:
-                        w.close()
+                    next_job(w)
+                _watch(workers, budget, bar, failures)
         finally:
             for w in workers:
                 w.close()
@@ -408,31 +524,54 @@ def autograde(
                         w.proc.wait(timeout=30)
                     except subprocess.TimeoutExpired:
                         w.proc.kill()
+                w.reap()
             bar.close()
             _hand_back(course, None, assignment)
-    results = {s: done[s] for s in chosen}
-    print(summary(results, assignment, time.monotonic() - start, todo), file=out)
+    results = {s: done[s] for s in chosen if s in done}
+    print(summary(results, assignment, time.monotonic() - start, taken, elsewhere), file=out)
     return results
+
+
+def _watch(workers: list[_Worker], budget: float | None, bar, failures: int) -> None:
+    """Once a second: name the submission in flight longest on the bar; stop a worker over the budget."""
+    now = time.monotonic()
+    busy = [w for w in workers if w.job is not None and w.proc.poll() is None]
+    if busy:
+        slowest = max(busy, key=lambda w: now - w.job_started)
+        bar.set_postfix(failed=failures, slowest=f"{slowest.job['student']} {now - slowest.job_started:.0f}s")
+    for w in busy:
+        if budget is not None and not w.stopped and now - w.job_started > budget:
+            w.stopped = now
+            w.proc.send_signal(signal.SIGTERM)  # it kills what it started, then exits; its submission fails
+        elif w.stopped and now - w.stopped > 10:  # a worker that does not stop: killed, with what it started
+            _kill_descendants(w.proc.pid)
+            w.proc.kill()
+
+
+def _holders(rows) -> str:
+    return ", ".join(sorted({r.holder for r in rows}))
 
 
 def _hand_back(course: Course, student: str | None, assignment: str) -> None:
     """Root grading an instructor's course: what it wrote goes back to the instructor, so that a later
-    run without root can write it (nbgrader would fail on root-owned autograded/)."""
+    run without root can write it (nbgrader would fail on root-owned autograded/). Without a student: the
+    whole of autograded/, the log and the SQLite gradebook with its lock."""
     uid, gid = course.owner
     if os.geteuid() != 0 or uid == 0:
         return
     top = course.root / "autograded"
-    paths = [top / student] if student else [course.root / STATE_DIR]
+    paths = [top / student] if student else [top, course.root / STATE_DIR]
     if top.exists() and top.stat().st_uid != uid:  # made by this run: the instructor's too (its folders are)
         os.lchown(top, uid, gid)
     if student is None and course.db_url.startswith("sqlite:///"):
         db = Path(course.db_url[len("sqlite:///") :])
-        paths += [db, db.with_name(db.name + "-journal")]
+        paths += [db, db.with_name(db.name + "-journal"), db.with_name(db.name + ".kvlib-lock")]
     for top in paths:
         if not top.exists():
             continue
         for p in [top, *(top.rglob("*") if top.is_dir() else [])]:
-            os.lchown(p, uid, gid)
+            if p.lstat().st_uid != uid or p.lstat().st_gid != gid:
+                os.lchown(p, uid, gid)
 
 
 def isolation_line(mode: str) -> str:
@@ -446,22 +585,65 @@ def isolation_line(mode: str) -> str:
     return f"isolation: {mode}: {what}"
 
 
-def summary(results: dict[str, Result], assignment: str, seconds: float, taken: list[str]) -> str:
+def summary(
+    results: dict[str, Result], assignment: str, seconds: float, taken: list[str], elsewhere: dict | None = None
+) -> str:
     """The end of a run: every selected submission's status, and of those this run took (graded or not), how many
-    it graded and how fast it went through them."""
-    counts = {k: sum(r.status == k for r in results.values()) for k in ("graded", "refused", "failed")}
-    graded_now = sum(results[s].status == "graded" for s in taken if s in results)
+    it graded and how fast it went through them; scores after nbgrader's late penalty, each late one named."""
+    counts = {k: sum(r.status == k for r in results.values()) for k in (GRADED, REFUSED, FAILED)}
+    graded_now = sum(results[s].status == GRADED for s in taken if s in results)
     rate = f", {len(taken) / seconds * 60:.1f} submissions/min" if taken and seconds > 0 else ""
     lines = [
-        f"{assignment}: {len(results)} submissions: {counts['graded']} graded, {counts['refused']} refused, "
-        f"{counts['failed']} failed ({graded_now} graded in this run of {len(taken)} taken, {seconds:.0f} s{rate})"
+        f"{assignment}: {len(results)} submissions: {counts[GRADED]} graded, {counts[REFUSED]} refused, "
+        f"{counts[FAILED]} failed ({graded_now} graded in this run of {len(taken)} taken, {seconds:.0f} s{rate})"
     ]
+    if elsewhere:
+        lines.append(f"  {len(elsewhere)} left to another run that is grading them: {_holders(elsewhere.values())}")
+    scores = [r.score for r in results.values() if r.status == GRADED and r.score is not None]
+    if scores:
+        top = max(r.max_score or 0 for r in results.values() if r.status == GRADED)
+        lines.append(
+            f"  scores (after late penalties, as nbgrader exports them): mean {sum(scores) / len(scores):.1f}, "
+            f"lowest {min(scores):g}, highest {max(scores):g} of {top:g}"
+        )
     for r in results.values():
-        if r.status != "graded":
+        if r.status != GRADED:
             lines.append(f"  {r.status}: {r.student}: {r.reason}")
-        elif r.refused_files:
-            lines.append(f"  graded without refused files: {r.student}: {', '.join(r.refused_files)}")
+        else:
+            if r.late_penalty or r.seconds_late:
+                lines.append(f"  late: {r.student}: {_outcome(r)}")
+            if r.refused_files:
+                lines.append(f"  graded without refused files: {r.student}: {', '.join(r.refused_files)}")
     return "\n".join(lines)
+
+
+def move_course_gradebook(root: Path | str, dest_url: str, *, out=sys.stderr) -> dict[str, int]:
+    """Copy the course's gradebook (every row of nbgrader's tables and of kvlib's record) into the empty database at
+    dest_url, then point the course's nbgrader_config.py at it (a line appended: c.CourseDirectory.db_url); the
+    old gradebook is left as it was. Refuses while a grading run holds the old gradebook."""
+    course = open_course(root)
+    try:
+        with GradingRecord(course.db_url, course.course_id, ""):  # no grading run while the rows move
+            copied = move_gradebook(course.db_url, dest_url)
+    except GradebookBusy as err:
+        raise CourseError(str(err)) from None
+    except ValueError as err:
+        raise CourseError(str(err)) from None
+    except Exception as err:  # sqlalchemy's OperationalError and friends: a server that does not connect
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CourseError(f"the gradebook {safe_url(dest_url)} does not connect: {first}") from err
+    with open(course.root / "nbgrader_config.py", "a") as f:
+        f.write(
+            f"\n# The gradebook, moved from {safe_url(course.db_url)} by `kvlib course move-gradebook` on "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}\nc.CourseDirectory.db_url = {dest_url!r}\n"
+        )
+    rows = sum(copied.values())
+    print(
+        f"moved {rows} rows ({copied.get('submitted_assignment', 0)} submissions, {copied.get('grade', 0)} grades) "
+        f"from {safe_url(course.db_url)} to {safe_url(dest_url)}; {course.root / 'nbgrader_config.py'} now uses it",
+        file=out,
+    )
+    return copied
 
 
 # ---------------------------------------------------------------------------------------------
@@ -507,7 +689,7 @@ def canvas_csv(root: Path | str, assignments: list[str] | None = None, roster: P
             scores[s.id] = {}
         for name in names:
             for sub in gb.assignment_submissions(name):
-                scores.setdefault(sub.student.id, {})[name] = sub.score
+                scores.setdefault(sub.student.id, {})[name] = final_score(sub)
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(CANVAS_COLUMNS + names)

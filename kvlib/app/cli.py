@@ -12,6 +12,7 @@ kvlib course plan                   each notebook's core and going-further minut
 kvlib course init DIR               an nbgrader course folder for instructors (docs/instructors.md)
 kvlib course autograde A            grade a class in parallel, resumable (--jobs N, --student GLOB, --force)
 kvlib course export-canvas          the gradebook as a CSV for Canvas's gradebook import
+kvlib course move-gradebook URL     copy the course's gradebook into an empty database (PostgreSQL) and use it
 kvlib course claims [SELECTOR ...]  run the reference notebooks, then every claim: holds / does not hold / not decided
 A SELECTOR is one grammar everywhere (kvlib.course.exercises): 1.2, 01, 02b or a notebook's path. Every
 subcommand has its own --help; a bad argument is a one-line message and exit status 2.
@@ -371,12 +372,24 @@ def cmd_course_autograde(args) -> int:
             jobs=args.jobs,
             student=args.student,
             force=args.force,
+            budget=args.budget,
             progress=not args.quiet,
         )
     except CourseError as err:
         print(f"kvlib course autograde: {err}", file=sys.stderr)
         return 2
     return 1 if any(r.status == "failed" for r in results.values()) else 0
+
+
+def cmd_course_move_gradebook(args) -> int:
+    from kvlib.app.class_grading import CourseError, move_course_gradebook  # noqa: PLC0415 (not in learners' folders: instructor only)
+
+    try:
+        move_course_gradebook(args.course, args.url)
+    except CourseError as err:
+        print(f"kvlib course move-gradebook: {err}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def cmd_course_export_canvas(args) -> int:
@@ -760,8 +773,17 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--student", default="*", help="a glob of student ids (default: everyone who submitted)")
     a.add_argument("--force", action="store_true", help="regrade those already graded at their current submission")
     a.add_argument("--course", default=".", help="the course folder (default: the current one)")
+    a.add_argument(
+        "--budget", type=float, metavar="SECONDS", help="stop grading a submission after this long (it fails)"
+    )
     a.add_argument("--quiet", action="store_true", help="no progress bar")
     a.set_defaults(func=cmd_course_autograde)
+    m = _command(
+        course_sub, "move-gradebook", "instructors: copy the course's gradebook into an empty database and use it there"
+    )
+    m.add_argument("url", help="the new gradebook, e.g. postgresql+psycopg2://kvlib:PASSWORD@127.0.0.1/gradebook")
+    m.add_argument("--course", default=".", help="the course folder (default: the current one)")
+    m.set_defaults(func=cmd_course_move_gradebook)
     c = _command(
         course_sub,
         "claims",

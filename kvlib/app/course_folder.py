@@ -35,6 +35,7 @@ _INSTRUCTOR_ONLY = {
     "app/release.py",
     "app/course_folder.py",
     "app/class_grading.py",
+    "app/grading_record.py",
     "app/class_bench.py",
     "app/exchange.py",
 }
@@ -248,6 +249,11 @@ c.Execute.timeout = 60
 c.SandboxExecute.notebook_timeout = 300
 c.IsolatedGrading.call_timeout = 10
 c.IsolatedGrading.notebook_timeout = 120
+
+# Late submissions (a due date: `nbgrader db assignment add A --duedate=...`): nbgrader's penalty, none by default;
+# "zero" scores a late submission 0. `kvlib course autograde`'s summary and `export-canvas` apply it, as nbgrader's
+# own export does. A submission's time is when its files last changed in the exchange (kvlib.app.exchange).
+# c.LateSubmissionPlugin.penalty_method = "zero"
 
 # Random inputs per student come from the secret in {SECRET} (never release it);
 # c.IsolatedGrading.seed = 1234 would fix them instead.

@@ -7,12 +7,23 @@
                        anyway (assets/, kvlib's subpackages: 2.3 of 2.4 MB of notebook 04's)
   OwnerCheckedCollect  `nbgrader collect` as the instructor: a submission is taken only from the
                        account whose name it carries, and only if every file in it is that
-                       account's (nbgrader only warns); links are kept as links (LinkKeepingCollect)
+                       account's (nbgrader only warns); links are kept as links (LinkKeepingCollect);
+                       and it is timed by the kernel, not by the student (submission_time)
 The folders and modes of the exchange itself: course_folder.setup_exchange.
+
+A student owns their folder in inbound/, so they can rewrite its timestamp.txt, `touch` its files, edit
+their code after the deadline, rename the folder or make one by hand. None of that can set a file's
+change time (st_ctime: the kernel sets it to the clock on every write, chmod, rename or link, and
+`touch` cannot set it), so the time a submission is collected as is the latest change time of every
+file and folder in it: the moment it last took its present form. timestamp.txt, what the student's
+nbgrader wrote, is only compared with it: a collect logs a submission whose timestamp.txt claims an
+earlier time (backdated), and writes the kernel's time into submitted/<student>/<assignment>/timestamp.txt,
+where autograde (and its late penalty) reads it.
 """
 
 from __future__ import annotations
 
+import datetime
 import glob
 import os
 import pwd
@@ -22,7 +33,7 @@ from collections import defaultdict
 
 from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.exchange.default.submit import ExchangeSubmit
-from nbgrader.utils import check_mode
+from nbgrader.utils import check_mode, parse_utc
 
 from kvlib.grading.autograde import LinkKeepingCollect
 
@@ -75,23 +86,103 @@ class PrivateSubmit(ExchangeSubmit):
             os.chmod(folder, SUBMISSION_DIR_MODE)
 
 
-def foreign_entries(path: str, uid: int) -> list[str]:
-    """Entries under path (itself included) that are not owned by uid, relative to path."""
-    out = []
-    if os.lstat(path).st_uid != uid:
-        out.append(".")
-    for folder, dirs, files in os.walk(path):
+def _entries(path: str):
+    """(relative path, lstat) of path itself and of everything under it, links not followed; raises
+    PermissionError for a folder that cannot be listed (nothing in a submission may be out of sight)."""
+    yield ".", os.lstat(path)
+
+    def fail(err: OSError):
+        raise PermissionError(f"{err.filename} cannot be listed: {err.strerror}") from err
+
+    for folder, dirs, files in os.walk(path, onerror=fail):
         for name in dirs + files:
             full = os.path.join(folder, name)
-            if os.lstat(full).st_uid != uid:
-                out.append(os.path.relpath(full, path))
-    return out
+            yield os.path.relpath(full, path), os.lstat(full)
+
+
+def foreign_entries(path: str, uid: int) -> list[str]:
+    """Entries under path (itself included) that are not owned by uid, relative to path."""
+    return [rel for rel, st in _entries(path) if st.st_uid != uid]
+
+
+def last_change(path: str) -> float:
+    """The latest change time (st_ctime, seconds since the epoch) of path and everything under it: no
+    file or folder in it has been written, renamed, linked or had its mode changed since."""
+    return max(st.st_ctime_ns for _, st in _entries(path)) / 1e9
+
+
+def utc(seconds: float) -> datetime.datetime:
+    """Seconds since the epoch as nbgrader keeps times: naive UTC."""
+    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).replace(tzinfo=None)
+
+
+TIMESTAMP_FORMAT = "%Y-%m-%d %H:%M:%S.%f UTC"  # nbgrader's own (Exchange.timestamp_format, in UTC)
+# timestamp.txt is written before the files are copied: an honest one is earlier than their last change by the
+# copy's duration, a fraction of a second; earlier than this, the submission changed after the time it claims
+BACKDATED_S = 2.0
+
+
+def claimed_time(path: str) -> datetime.datetime | None:
+    """The time the submission's timestamp.txt claims (naive UTC), or None if it is missing, a link or unreadable."""
+    try:
+        fd = os.open(os.path.join(path, "timestamp.txt"), os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd) as f:
+            return parse_utc(f.read(200).strip())
+    except (OSError, ValueError, OverflowError):
+        return None
+
+
+def submission_time(path: str) -> tuple[datetime.datetime, str]:
+    """The time a submission folder in inbound/ is taken as (naive UTC): the last change of anything in it
+    (last_change), which its student cannot set; and a warning when its timestamp.txt says otherwise ("" if not)."""
+    changed = utc(last_change(path))
+    claimed = claimed_time(path)
+    if claimed is None:
+        return changed, f"its timestamp.txt is missing or unreadable; taken as changed last at {changed} UTC"
+    if (changed - claimed).total_seconds() > BACKDATED_S:
+        return changed, (
+            f"its timestamp.txt claims {claimed} UTC, but its files were changed as late as {changed} UTC (the "
+            "kernel's change times, which no student can set): backdated, or changed after it was submitted; "
+            f"collected as submitted at {changed} UTC"
+        )
+    return changed, ""
+
+
+def not_collectable(path: str, username: str, uid: int) -> str:
+    """Why collect must not take the submission folder path, which names the student username (account uid), or "":
+    a file in it someone else owns (submitted in another's name, or planted), a part its student closed to the
+    instructor, or no submission_secret.txt (not made by `nbgrader submit`: release_feedback would fail on it)."""
+    try:
+        foreign = foreign_entries(path, uid)
+    except PermissionError as err:
+        return f"cannot be read whole: {err} (its student closed part of it to the instructor)"
+    if foreign:
+        owners = sorted({_owner(os.path.join(path, f)) for f in foreign})
+        return (
+            f"claims to be {username}'s, but {', '.join(foreign[:5])} in it belong to {', '.join(owners)} (submitted "
+            "in another's name, or files planted in it)"
+        )
+    secret = os.path.join(path, "submission_secret.txt")
+    if not os.path.isfile(secret) or os.path.islink(secret):
+        return "has no submission_secret.txt: it was not made by `nbgrader submit` (nbgrader's feedback needs one)"
+    return ""
+
+
+def _owner(path: str) -> str:
+    uid = os.lstat(path).st_uid
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
 
 
 class OwnerCheckedCollect(LinkKeepingCollect):
     """Collect that refuses a submission whose folder, or any file in it, is not owned by the
     account it names: one student cannot submit in another's name, nor plant a file in another's
-    submission. The refused ones are logged as errors and never reach submitted/."""
+    submission. The refused ones are logged as errors and never reach submitted/. Each submission is
+    timed by submission_time, which picks the latest of a student's and decides lateness."""
+
+    _times: dict[str, datetime.datetime]
 
     def _owned_by_its_student(self, path: str, username: str) -> bool:
         try:
@@ -99,17 +190,9 @@ class OwnerCheckedCollect(LinkKeepingCollect):
         except KeyError:
             self.log.error("Not collected: %s names %s, who has no account here", path, username)
             return False
-        foreign = foreign_entries(path, uid)
-        if foreign:
-            owners = sorted({pwd.getpwuid(os.lstat(os.path.join(path, f)).st_uid).pw_name for f in foreign})
-            self.log.error(
-                "Not collected: %s claims to be %s's, but %s in it belong to %s (submitted in another's name, or files "
-                "planted in it)",
-                path,
-                username,
-                ", ".join(foreign[:5]),
-                ", ".join(owners),
-            )
+        why = not_collectable(path, username, uid)
+        if why:
+            self.log.error("Not collected: %s %s", path, why)
             return False
         mode = os.lstat(path).st_mode
         if mode & stat.S_IWOTH:
@@ -121,9 +204,18 @@ class OwnerCheckedCollect(LinkKeepingCollect):
             )
         return True
 
+    def _timed(self, record: dict) -> dict:
+        """The record with the submission's own time (submission_time) for the one its folder's name claims."""
+        path = os.path.join(self.inbound_path, record["filename"])
+        record["timestamp"], warning = submission_time(path)
+        if warning:
+            self.log.warning("Submission %s: %s", record["filename"], warning)
+        self._times[path] = record["timestamp"]
+        return record
+
     def init_src(self):
         """nbgrader's ExchangeCollect.init_src, with the submissions that fail the owner check left out
-        before the latest one of each student is picked."""
+        and every one timed by submission_time before the latest one of each student is picked."""
         if self.coursedir.course_id == "":
             self.fail("No course id specified. Re-run with --course flag.")
         self.course_path = os.path.join(self.root, self.coursedir.course_id)
@@ -135,8 +227,9 @@ class OwnerCheckedCollect(LinkKeepingCollect):
         student_id = self.coursedir.student_id if self.coursedir.student_id else "*"
         pattern = os.path.join(self.inbound_path, "{}+{}+*".format(student_id, self.coursedir.assignment_id))
         records = [self._path_to_record(f) for f in glob.glob(pattern)]
+        self._times = {}
         records = [
-            r
+            self._timed(r)
             for r in records
             if self._owned_by_its_student(os.path.join(self.inbound_path, r["filename"]), r["username"])
         ]
@@ -155,6 +248,23 @@ class OwnerCheckedCollect(LinkKeepingCollect):
                 before = [r for r in records if r["timestamp"] <= self.duedate]
                 records = before or records
             self.src_records.append(records[0])
+
+    def do_copy(self, src, dest, log=None):
+        """The submission copied (links kept), with the time it is taken as in its timestamp.txt: the later of
+        its time when it was picked and its last change by the end of the copy (a change while it was copied)."""
+        super().do_copy(src, dest, log)
+        when = self._times.get(src)
+        after = utc(last_change(src))
+        if when is None or after > when:
+            if when is not None:
+                self.log.warning("Submission %s changed while it was collected: taken as of %s UTC", src, after)
+            when = after
+        stamp = os.path.join(dest, "timestamp.txt")
+        if os.path.lexists(stamp):
+            os.remove(stamp)  # the student's (a link too: never written through)
+        fd = os.open(stamp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(when.strftime(TIMESTAMP_FORMAT))
 
 
 __all__ = ["OwnerCheckedCollect", "PrivateSubmit"]

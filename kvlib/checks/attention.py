@@ -1,11 +1,12 @@
-"""Checks for notebook 01 (kvlib/attention.py): exercises 1.1-1.4.
+"""Checks for notebook 01 (kvlib/attention.py): exercises 1.1-1.5.
 
 References are torch ops (torch.softmax, scaled_dot_product_attention) in float64 and notebook 01's
 three-token example worked by hand; near-misses (wrong axis, no max subtraction or a shift by something
 other than each row's max, no 1/sqrt(d), mask on the wrong side or aligned top-left, float32 turned into
 float64) are recognised and named. Every expected value is computed before the learner's function runs,
 from inputs it never sees (it gets its own copies), so a function that changes its arguments cannot
-change what is expected of it.
+change what is expected of it. Exercise 1.5 is a design: any query within its length budget that meets the
+target earns the points, judged by the reference's weights on the check's own float64 copy of the query.
 """
 
 from __future__ import annotations
@@ -298,16 +299,25 @@ def causal_mask_aligns_bottom_right(kv, rng):
 
 
 def _masked_weight_is_exactly_zero(kv):
-    """Scores far below any finite fill (about -2.8e12): a mask filled with -1e9 instead of -inf leaks there."""
+    """Scores far below any finite fill (about -2.8e12): a mask filled with -1e9 instead of -inf leaks there.
+
+    The allowed keys' weights are judged to 1e-3: a softmax by log-sum-exp, exp(s - logsumexp(s)), is right, and at
+    scores this large float64 keeps its exponent only to about 5e-4 (one unit in the last place of 2.8e12)."""
     q, k, v = np.full((3, 8), 1e6), np.full((3, 8), -1e6), np.arange(6.0).reshape(3, 2)
     _, probs = _pair(kv.causal_self_attention(*_copies(q, k, v)), "causal_self_attention")
-    expected = np.tril(np.ones((3, 3))) / np.arange(1, 4)[:, None]  # equal scores: uniform over the allowed keys
-    if not _close(probs, expected):
+    _array("probs", probs, (3, 3))
+    allowed = np.tril(np.ones((3, 3), dtype=bool))
+    if np.any(probs[~allowed] != 0):
         raise AssertionError(
             "with every score about -2.8e12, the masked keys got weight: the mask was filled with a finite number, "
             f"which is larger than such scores (weights of query 0: {np.round(probs[0], 3)}). Fill with -np.inf, "
             "whose exponential is exactly 0 whatever the scores"
         )
+    expected = allowed / np.arange(1, 4)[:, None]  # equal scores: uniform over the allowed keys
+    assert _close(probs, expected, 1e-3), (
+        "with every score about -2.8e12 (all equal), the allowed keys should share the weight equally, got "
+        f"{np.round(probs, 3).tolist()}: is the largest score subtracted before exp (exp(-2.8e12) is 0)?"
+    )
 
 
 @check("1.4")
@@ -378,3 +388,38 @@ def causal_self_attention_equals_one_query_at_a_time(kv, rng):
     for i in range(4):
         assert _close(out[i], rows[i]), f"row {i} should equal attention of query {i} over keys 0..{i} alone"
     assert np.all(probs[np.triu_indices(4, 1)] == 0), "weights above the diagonal (the future) must be exactly 0"
+
+
+# ---------------------------------------------------------------------------------------------
+# 1.5 aimed_query: a design under a budget; any query that meets both limits earns the points
+
+AIM_BUDGET = 3.0  # the query's length, at most
+AIM_TARGET = 0.9  # 爱's weight among the three keys, at least (the best a query of length 3 can give it is 0.926)
+
+
+@check("1.5")
+def aimed_query_meets_the_target_within_the_budget(kv, rng):
+    """Check that the query is a (2,) array of length at most 3 under which 爱 takes at least 0.9 of AI's attention."""
+    query = kv.aimed_query()
+    assert isinstance(query, np.ndarray), f"aimed_query should return a numpy array (2,), got {type(query).__name__}"
+    q = np.array(query, dtype=np.float64, copy=True, subok=False)  # the check's own copy, a plain float64 array
+    assert q.shape == (2,), f"aimed_query should return one query of shape (2,), got shape {q.shape}"
+    assert np.all(np.isfinite(q)), f"the query holds nan or inf: {q}"
+    length = float(np.sqrt(q @ q))
+    assert length <= AIM_BUDGET + 1e-9, (
+        f"the query {np.round(q, 3)} is {length:.2f} long, more than {AIM_BUDGET:g}: a longer query sharpens any "
+        "weights (drag the sliders out), so the budget is what makes this a design"
+    )
+    _, probs = _attention(q, SEED_K, SEED_V, scale=1.0)
+    if probs[1] >= AIM_TARGET:
+        return
+    if abs(probs[1] - probs[2]) < 1e-3:
+        raise AssertionError(
+            f"爱 and AI take {probs[1]:.3f} each: a query that raises 爱's score raises AI's as much, since AI's key "
+            "[1, 1] holds 爱's [0, 1]. What is in AI's key that is not in 爱's?"
+        )
+    raise AssertionError(
+        f"爱 takes {probs[1]:.3f} of AI's attention with the query {np.round(q, 3)} (我 {probs[0]:.3f}, AI "
+        f"{probs[2]:.3f}), short of {AIM_TARGET:g}: which key takes the weight 爱 lacks, and which direction lowers "
+        "its score alone?"
+    )

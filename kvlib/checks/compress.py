@@ -1,4 +1,4 @@
-"""Checks for notebook 08 (kvlib/compress.py): exercises 8.1-8.6.
+"""Checks for notebook 08 (kvlib/compress.py): exercises 8.1-8.8 (08a: 8.1, 8.2, 8.7; 08b: 8.5, 8.6, 8.8; 08c: 8.3, 8.4).
 
 Sizes all differ (batch 2, 6 query heads, 2 key/value heads, head_dim 8, groups of 4 tokens, 2 or 3
 queries against 11 or 13 keys), so a swapped axis fails. Every expected value is computed here,
@@ -14,10 +14,12 @@ torch allocates, in a local run).
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
 from kvlib.checks import MB, check, held_nothing_before, memory_of
+from kvlib.core.configs import MLA_MODELS
 from kvlib.core.model import ModelConfig
 from kvlib.measure.timing import new_tensors
 
@@ -208,6 +210,74 @@ def int8_attention_boundaries(kv, rng):
         got = kv.int8_attention(q.clone(), *(t.clone() for t in cache), kv_len)
         assert _close(got, expected), f"{T} queries, {kv_len} tokens, {n_kv} key/value heads: " + _diagnose(
             got, slips, "the output differs from attention over the dequantised cache"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# 8.7 int8_bytes_per_token: a prediction, graded against the layout's count
+
+
+def _int8_terms(config, group: int, scale_bytes: int) -> dict[str, float]:
+    """Int8KVCache's bytes per token, all layers, term by term: int8 keys and values, key and value scales."""
+    L, H_kv, D = config.n_layers, config.n_kv_heads, config.head_dim
+    return {
+        "numbers": L * H_kv * 2 * D,
+        "key scales": L * H_kv * D * scale_bytes / group,
+        "value scales": L * H_kv * scale_bytes,
+    }
+
+
+def _int8_slips(config, group: int, scale_bytes: int) -> dict[str, float]:
+    t = _int8_terms(config, group, scale_bytes)
+    numbers, k_scales, v_scales = t["numbers"], t["key scales"], t["value scales"]
+    L, H, H_kv, D = config.n_layers, config.n_heads, config.n_kv_heads, config.head_dim
+    return {
+        "the scales are left out: every key scale and value scale is stored too": numbers,
+        "the key scales are counted once per token: one scale per channel is shared by a whole group of tokens, "
+        "so a token carries 1/group of them": numbers + L * H_kv * D * scale_bytes + v_scales,
+        "the value scales are counted per channel: values get one scale per token (per head)": numbers
+        + k_scales
+        + L * H_kv * D * scale_bytes,
+        "only keys or only values are counted: the cache holds both": numbers / 2 + k_scales + v_scales,
+        "bits, not bytes: an int8 number is one byte": 8 * numbers + k_scales + v_scales,
+        "the numbers are counted at the scales' width: an int8 number is one byte, a scale scale_bytes": numbers
+        * scale_bytes
+        + k_scales
+        + v_scales,
+        "the query heads are counted: the cache keeps n_kv_heads heads (this config is GQA)": (
+            numbers + k_scales + v_scales
+        )
+        * H
+        / H_kv,
+        "one layer only: every layer keeps its own cache": (numbers + k_scales + v_scales) / L,
+    }
+
+
+@check("8.7")
+def int8_bytes_per_token_counts_the_layout(kv, rng):
+    """Check the predicted bytes per token against Int8KVCache's layout on GQA configs of distinct sizes, groups and scale widths."""
+    cases = [
+        (ModelConfig(vocab_size=23, d_model=48, n_layers=3, n_heads=6, n_kv_heads=2, hidden_dim=40), 4, 4),
+        (ModelConfig(vocab_size=23, d_model=80, n_layers=5, n_heads=10, n_kv_heads=5, hidden_dim=40), 32, 2),
+        (ModelConfig(vocab_size=23, d_model=24, n_layers=2, n_heads=3, n_kv_heads=1, hidden_dim=40), 1, 4),
+    ]
+    for config, group, scale_bytes in cases:
+        expected = sum(_int8_terms(config, group, scale_bytes).values())
+        got = kv.int8_bytes_per_token(config, group=group, scale_bytes=scale_bytes)
+        where = (
+            f"{config.n_layers} layers, {config.n_kv_heads} key/value heads of {config.head_dim} "
+            f"({config.n_heads} query heads), groups of {group}, {scale_bytes}-byte scales"
+        )
+        assert isinstance(got, numbers.Real) and not isinstance(got, bool), (
+            f"int8_bytes_per_token should return a number of bytes, got {type(got).__name__}"
+        )
+        if math.isclose(got, expected, rel_tol=1e-9):
+            continue
+        slip = next(
+            (m for m, v in _int8_slips(config, group, scale_bytes).items() if math.isclose(got, v, rel_tol=1e-9)), None
+        )
+        raise AssertionError(
+            f"{where}: expected {expected:,.2f} bytes per token, got {got:,.2f}" + (f": {slip}" if slip else "")
         )
 
 
@@ -489,3 +559,105 @@ def mla_absorbed_never_builds_per_head_keys(kv, rng):
         "tokens, which is what absorbing avoids. Fold w_uk into the query (q_nope @ w_uk[h]) and apply w_uv "
         "to the (B, H, T, kv_rank) result of probs @ latent"
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# 8.8 mla_flops: a prediction, graded against the products 8.5 and 8.6 compute
+
+
+def _mla_flop_terms(path: str, S: int, T: int, H: int, Dn: int, Dr: int, Dv: int, r: int) -> dict[str, int]:
+    """The matrix products of each path, 2 FLOPs per multiply-add, as torch's counter counts them (the reference 8.8
+    passes these checks, and tests/test_compress.py holds it to torch.utils.flop_counter on the reference 8.5, 8.6)."""
+    if path == "reconstruct":
+        return {
+            "rebuild keys": 2 * S * r * H * Dn,
+            "rebuild values": 2 * S * r * H * Dv,
+            "scores": 2 * H * T * S * Dn,
+            "rotary scores": 2 * H * T * S * Dr,
+            "mix values": 2 * H * T * S * Dv,
+        }
+    return {
+        "absorb queries": 2 * H * T * Dn * r,
+        "latent scores": 2 * H * T * S * r,
+        "rotary scores": 2 * H * T * S * Dr,
+        "mix latents": 2 * H * T * S * r,
+        "up-project": 2 * H * T * r * Dv,
+    }
+
+
+def _mla_flop_slips(path: str, S: int, T: int, H: int, Dn: int, Dr: int, Dv: int, r: int) -> dict[str, int]:
+    terms = _mla_flop_terms(path, S, T, H, Dn, Dr, Dv, r)
+    total = sum(terms.values())
+    slips = {
+        "exactly half: count 2 FLOPs per multiply-add": total // 2,
+        "the rotary scores are missing: q_rope against the shared rotary key is a product too": total
+        - terms["rotary scores"],
+        f"that is the {'absorbed' if path == 'reconstruct' else 'reconstruct'} path's count": sum(
+            _mla_flop_terms("absorbed" if path == "reconstruct" else "reconstruct", S, T, H, Dn, Dr, Dv, r).values()
+        ),
+    }
+    if path == "reconstruct":
+        slips["the rebuild is counted once per query: it is paid once per call, whatever new_tokens"] = total + (
+            T - 1
+        ) * (terms["rebuild keys"] + terms["rebuild values"])
+        slips["only the keys are rebuilt: every head's values are rebuilt from the latents too"] = (
+            total - terms["rebuild values"]
+        )
+        slips["the rebuild is missing: every head's keys and values come from every latent, every call"] = total - (
+            terms["rebuild keys"] + terms["rebuild values"]
+        )
+    else:
+        slips[
+            "the absorbed scores and mixes are counted nope_dim and v_dim wide: in latent space they are kv_rank wide"
+        ] = total - terms["latent scores"] - terms["mix latents"] + 2 * H * T * S * (Dn + Dv)
+        slips["the queries' absorption or the up-projection is missing: each is a product per query and head"] = (
+            total - (terms["absorb queries"] + terms["up-project"])
+        )
+    if T > 1:
+        causal = T * S - T * (T - 1) // 2  # scores a causal mask keeps
+        per_score = sum(
+            v
+            for k, v in terms.items()
+            if k in ("scores", "rotary scores", "mix values", "latent scores", "mix latents")
+        ) // (T * S)
+        slips["only the causal half of the scores is counted: the products compute the masked ones too"] = (
+            total - per_score * (T * S - causal)
+        )
+    return slips
+
+
+def _mla_flops_case(kv, path: str, S: int, T: int, sizes: dict) -> None:
+    dims = (S, T, sizes["n_heads"], sizes["nope_dim"], sizes["rope_dim"], sizes["v_dim"], sizes["kv_rank"])
+    expected = sum(_mla_flop_terms(path, *dims).values())
+    got = kv.mla_flops(path, S, T, **sizes)
+    assert isinstance(got, numbers.Real) and not isinstance(got, bool), (
+        f"mla_flops should return a number of FLOPs, got {type(got).__name__}"
+    )
+    if got != expected:
+        slip = next((m for m, v in _mla_flop_slips(path, *dims).items() if got == v), None)
+        raise AssertionError(
+            f"path {path!r}, {T} new token(s) over {S} latents, sizes {sizes}: expected {expected:,} FLOPs, got "
+            f"{got:,}" + (f": {slip}" if slip else "")
+        )
+
+
+@check("8.8")
+def mla_flops_counts_both_paths(kv, rng):
+    """Check the predicted FLOPs of both paths, a decode step and a prefill, on MLA sizes that all differ."""
+    sizes = {"n_heads": 3, "nope_dim": 5, "rope_dim": 2, "v_dim": 7, "kv_rank": 11}
+    for S, T in ((13, 1), (9, 4), (6, 6), (200, 1)):
+        for path in ("reconstruct", "absorbed"):
+            _mla_flops_case(kv, path, S, T, sizes)
+
+
+@check("8.8")
+def mla_flops_scale_with_the_sizes(kv, rng):
+    """Check the prediction on DeepSeek-V2's sizes and on random ones: each size enters as the products use it."""
+    names = ("n_heads", "nope_dim", "rope_dim", "v_dim", "kv_rank")
+    cases = [MLA_MODELS["DeepSeek-V2"].sizes()]
+    cases += [dict(zip(names, (int(n) for n in rng.integers(2, 40, size=5)))) for _ in range(3)]  # no size-1 product
+    for sizes in cases:
+        S = int(rng.integers(2, 9000))
+        for T in (1, int(rng.integers(2, S + 1))):
+            for path in ("reconstruct", "absorbed"):
+                _mla_flops_case(kv, path, S, T, sizes)

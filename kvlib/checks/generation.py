@@ -1,11 +1,13 @@
-"""Checks for notebook 02 (kvlib/generation.py): exercises 2.1-2.6.
+"""Checks for notebook 02 (kvlib/generation.py): exercises 2.1-2.8.
 
 The loop is checked on small random decoders against a greedy loop written here, and on the
 shipped tiny model against the capital question; timing is checked on a stand-in model whose
 forwards cost known seconds on a fake clock (never real time, so the machine's load cannot
 matter), a prefill clearly more than a decode step. A layer's parts (2.4-2.6) are checked against
-the model's own modules, and each likely slip is computed too, so a failure names it. Every
-expected value is computed before the learner's function runs, or from objects it never sees.
+the model's own modules, and each likely slip is computed too, so a failure names it. The two
+predictions are graded against the analytic value, never a run: 2.7 against softmax(logits / t), 2.8
+against the parameters a built decoder holds (and, for real configs too large to build, kvlib's table).
+Every expected value is computed before the learner's function runs, or from objects it never sees.
 """
 
 from __future__ import annotations
@@ -18,7 +20,19 @@ import torch
 import torch.nn.functional as F
 
 from kvlib.checks import check, isolated
-from kvlib.core.model import MLP, Attention, Decoder, ModelConfig, RMSNorm, SlowDecoder, rotary_tables, rotate_half
+from kvlib.core.configs import REAL_MODELS
+from kvlib.core.model import (
+    MLP,
+    PARTS,
+    Attention,
+    Decoder,
+    ModelConfig,
+    RMSNorm,
+    SlowDecoder,
+    counted_params,
+    rotary_tables,
+    rotate_half,
+)
 from kvlib.core.weights import load_tiny
 
 
@@ -425,7 +439,7 @@ def _close(got, want, rtol=1e-4, atol=1e-5) -> bool:
     return got.shape == want.shape and torch.allclose(got.double(), want.double(), rtol=rtol, atol=atol)
 
 
-def _judge(got, want, slips, where, what):
+def _judge(got, want, slips, where, what, rtol=1e-4, atol=1e-5):
     """Pass if got matches want; else fail naming the first slip got matches, or by how much it differs."""
     assert isinstance(got, torch.Tensor), f"{what} should return a torch tensor, got {type(got).__name__}" + (
         " (torch.from_numpy turns notebook 01's numpy result back into one)" if isinstance(got, np.ndarray) else ""
@@ -434,12 +448,14 @@ def _judge(got, want, slips, where, what):
         f"{where}: {what} should have shape {tuple(want.shape)}, got {tuple(got.shape)}"
     )
     got = got.detach()
-    if _close(got, want):
+    if _close(got, want, rtol, atol):
         return
     for wrong, message in slips:
-        if _close(got, wrong):
+        if _close(got, wrong, rtol, atol):
             raise AssertionError(f"{where}: {message}")
-    raise AssertionError(f"{where}: {what} differs from the model's own by up to {(got - want).abs().max().item():.2g}")
+    raise AssertionError(
+        f"{where}: {what} differs from the model's own by up to {(got.double() - want.double()).abs().max().item():.2g}"
+    )
 
 
 def _angles(D: int, start: int, T: int):
@@ -624,7 +640,7 @@ def _mlp(seed: int, d_model: int, hidden_dim: int) -> MLP:
     return MLP(config).eval()
 
 
-def _judge_swiglu(kv, mlp, x, where):
+def _judge_swiglu(kv, mlp, x, where, rtol=1e-4, atol=1e-5):
     Wg, Wu, Wd = (p.detach().clone() for p in (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight))
     silu, g, u = F.silu, x @ Wg.T, x @ Wu.T
     with torch.no_grad():
@@ -655,8 +671,11 @@ def _judge_swiglu(kv, mlp, x, where):
         raise AssertionError(
             f"{where}: the result is hidden_dim wide: w_down (d_model, hidden_dim) brings it back to d_model"
         )
-    _judge(got, want, slips, where, "swiglu")
-    assert got.dtype == x.dtype, f"{where}: swiglu should return x's dtype ({x.dtype}), got {got.dtype}"
+    assert not isinstance(got, torch.Tensor) or got.dtype == x.dtype, (
+        f"{where}: swiglu returned {got.dtype} for {x.dtype} x: return x's dtype (the model's layers run in it: a "
+        "16-bit model's MLP gives 16-bit hidden states; compute in float32 if you like, then .to(x.dtype))"
+    )
+    _judge(got, want, slips, where, "swiglu", rtol, atol)
 
 
 @check("2.6")
@@ -675,7 +694,177 @@ def swiglu_matches_the_model(kv, rng):
 
 @check("2.6")
 def swiglu_takes_any_leading_axes(kv, rng):
-    """Check one token of shape (d_model,) and a (3, 2, 4, d_model) batch, on an MLP narrower inside (10 -> 6 -> 10)."""
+    """Check one token of shape (d_model,) and a (3, 2, 4, d_model) batch, on an MLP narrower inside (10 -> 6 -> 10),
+    and the same MLP in bfloat16 (the result in x's dtype)."""
     mlp = _mlp(int(rng.integers(1000)), 10, 6)
     _judge_swiglu(kv, mlp, torch.from_numpy(rng.normal(size=10)).float(), "one token, x of shape (10,)")
     _judge_swiglu(kv, mlp, torch.from_numpy(rng.normal(size=(3, 2, 4, 10))).float(), "x of shape (3, 2, 4, 10)")
+    x16 = torch.from_numpy(rng.normal(size=(2, 5, 10))).to(torch.bfloat16)
+    _judge_swiglu(kv, mlp.to(torch.bfloat16), x16, "a bfloat16 MLP, x (2, 5, 10) bfloat16", rtol=3e-2, atol=3e-2)
+
+
+# ---------------------------------------------------------------------------------------------
+# 2.7 temper: a prediction, graded against softmax(logits / t) of the logits that gave the probabilities
+
+
+def _temper_slips(logits, t):
+    """softmax(logits / t) from float64 logits, and what each likely slip gives from their probabilities."""
+    p = torch.softmax(logits.double(), dim=-1)
+    with np.errstate(all="ignore"):
+        slips = [
+            (
+                p,
+                "the probabilities came back unchanged: dividing them by t changes nothing once a row is "
+                "renormalised. Temperature divides the logits, and what are the logits in terms of p?",
+            ),
+            ((p**t) / (p**t).sum(-1, keepdim=True), "p was raised to the power t: t > 1 should flatten, t < 1 sharpen"),
+            (
+                torch.softmax(p / t, dim=-1),
+                "softmax of the probabilities divided by t: probabilities are not logits (log p is, up to a "
+                "constant of the row)",
+            ),
+            (p ** (1 / t), "the rows do not sum to 1: renormalise after the power"),
+        ]
+    return torch.softmax(logits.double() / t, dim=-1), slips
+
+
+def _judge_temper(kv, logits, t, where, dtype=torch.float32, atol=1e-5):
+    want, slips = _temper_slips(logits, t)
+    probs = torch.softmax(logits.double(), dim=-1).to(dtype)
+    got = kv.temper(probs.clone(), t)
+    assert isinstance(got, torch.Tensor), f"temper should return a tensor, got {type(got).__name__}"
+    assert tuple(got.shape) == tuple(probs.shape), (
+        f"{where}: temper should keep the shape {tuple(probs.shape)}, got {tuple(got.shape)}"
+    )
+    assert got.dtype == dtype, f"{where}: temper should return probs' dtype ({dtype}), got {got.dtype}"
+    got = got.detach().double()
+    if not torch.isfinite(got).all():
+        raise AssertionError(
+            f"{where}: the result holds nan or inf: p ** (1 / t) underflows to 0 for every token when t is small "
+            "(0.3 ** 100 is below float32's smallest number), and 0 / 0 is nan. Work with log p, or divide each "
+            "row by its largest entry first"
+        )
+    if torch.allclose(got, want, rtol=1e-4, atol=atol):
+        return
+    for wrong, message in slips:
+        if wrong.shape == got.shape and torch.allclose(got, wrong, rtol=1e-4, atol=atol):
+            raise AssertionError(f"{where}: {message}")
+    raise AssertionError(
+        f"{where}: temper differs from softmax(logits / {t:g}) by up to {(got - want).abs().max().item():.2g}"
+    )
+
+
+@check("2.7")
+def temper_matches_softmax_of_scaled_logits(kv, rng):
+    """Check temper against softmax(logits / t) at t = 0.5, 2 and 3, on a (2, 3, 11) batch and one row of 405."""
+    logits = torch.from_numpy(rng.normal(scale=2.0, size=(2, 3, 11)))
+    for t in (0.5, 2.0, 3.0):
+        _judge_temper(kv, logits, t, f"a (2, 3, 11) batch at t = {t:g}")
+    row = torch.from_numpy(rng.normal(scale=4.0, size=405))
+    row[int(rng.integers(405))] += 20.0  # one token nearly certain, as 巴 is after 法国的首都是
+    _judge_temper(kv, row, 3.0, "one row of 405 tokens, one of them nearly certain, at t = 3", dtype=torch.float64)
+
+
+@check("2.7")
+def temper_is_greedy_at_zero_and_finite_when_cold(kv, rng):
+    """Check t = 1 (unchanged), t = 0 (one-hot on the most likely token) and t = 0.01 on float32 rows whose largest
+    probability is about 0.3 (the power 1/t underflows float32 there)."""
+    logits = torch.from_numpy(rng.normal(size=(4, 9)))
+    _judge_temper(kv, logits, 1.0, "t = 1")
+    probs = torch.softmax(logits, dim=-1).float()
+    got = kv.temper(probs.clone(), 0.0)
+    want = torch.nn.functional.one_hot(probs.argmax(dim=-1), 9).float()
+    assert isinstance(got, torch.Tensor) and tuple(got.shape) == (4, 9), (
+        f"temper(probs, 0) should be (4, 9), one-hot rows, got {getattr(got, 'shape', got)}"
+    )
+    assert torch.equal(got.detach().float(), want), (
+        "at t = 0 every row should be one-hot on its most likely token (greedy), 1.0 there and 0.0 elsewhere"
+    )
+    cold = torch.from_numpy(np.log([0.3, 0.29, 0.25, 0.16]) + rng.normal(scale=1e-3, size=(3, 4)))
+    _judge_temper(kv, cold, 0.01, "float32 rows whose largest probability is about 0.3, at t = 0.01", atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------
+# 2.8 param_counts: a prediction, graded against the parameters of the decoder the config builds
+
+
+def _param_slips(config: ModelConfig) -> dict[str, list[tuple[int, str]]]:
+    """Per part, what each likely slip gives (from the config's sizes), and what to say about it."""
+    C, D, L, H, H_kv, F, V = (
+        config.d_model,
+        config.head_dim,
+        config.n_layers,
+        config.n_heads,
+        config.n_kv_heads,
+        config.hidden_dim,
+        config.vocab_size,
+    )
+    layers = "each part is summed over all n_layers layers"
+    return {
+        "attention": [
+            (
+                L * 4 * C * H * D,
+                "k_proj and v_proj give n_kv_heads heads of head_dim, not n_heads: with GQA they are narrower",
+            ),
+            (L * (C * H * D + 2 * C * H_kv * D), "o_proj is missing: it maps the heads side by side back to d_model"),
+            (2 * C * H * D + 2 * C * H_kv * D, layers),
+        ],
+        "mlp": [
+            (L * 2 * C * F, "SwiGLU has three matrices (gate, up and down), not two"),
+            (3 * C * F, layers),
+        ],
+        "norms": [
+            (2 * L * C, "the RMSNorm before the lm_head is missing: two a layer, and one more at the end"),
+            ((2 * L + 1), "each RMSNorm holds d_model weights, one scale per feature"),
+            (2 * C, layers),
+        ],
+        "lm_head": [
+            (0, "the lm_head is missing: this decoder's is its own vocab_size x d_model matrix, not the embedding's")
+        ],
+        "embedding": [(V, "the embedding holds a row of d_model numbers for each of vocab_size tokens")],
+    }
+
+
+def _judge_params(kv, config: ModelConfig, want: dict[str, int], where: str) -> None:
+    slips = _param_slips(config)
+    got = kv.param_counts(copy.deepcopy(config))
+    assert isinstance(got, dict), f"param_counts should return a dict of the five parts, got {type(got).__name__}"
+    assert set(got) == set(PARTS), f"param_counts should have exactly the keys {list(PARTS)}, got {sorted(got)}"
+    for part in PARTS:
+        value = got[part]
+        assert isinstance(value, (int, np.integer)) and not isinstance(value, bool), (
+            f"{where}: {part} should be an int, got {type(value).__name__}"
+        )
+        if int(value) == want[part]:
+            continue
+        for wrong, message in slips[part]:
+            if int(value) == wrong:
+                raise AssertionError(f"{where}: {part} is {int(value):,}, not {want[part]:,}: {message}")
+        raise AssertionError(f"{where}: {part} should be {want[part]:,}, got {int(value):,}")
+
+
+@check("2.8")
+def param_counts_match_built_decoders(kv, rng):
+    """Check the prediction against the parameters counted in two built decoders: the tiny model's config and a GQA
+    one of other sizes (3 layers, 6 query heads sharing 2 key/value heads of 4, hidden_dim 40, 37 tokens)."""
+    model, _ = load_tiny()
+    _judge_params(kv, model.config, counted_params(model), "the tiny model's config")
+    torch.manual_seed(int(rng.integers(1000)))
+    gqa = ModelConfig(vocab_size=37, d_model=24, n_layers=3, n_heads=6, n_kv_heads=2, hidden_dim=40, max_seq_len=16)
+    _judge_params(kv, gqa, counted_params(Decoder(gqa)), "a GQA config (d_model 24, 6 heads, 2 KV heads, 3 layers)")
+
+
+@check("2.8")
+def param_counts_scale_to_real_configs(kv, rng):
+    """Check the prediction for Llama-2-7B (MHA) and Llama-3-8B (GQA-8), too large to build here, against the
+    parameters their configs give (kvlib/core/configs.py: 6.74 and 8.03 billion, as published)."""
+    for name in ("Llama-2-7B", "Llama-3-8B"):
+        real = REAL_MODELS[name]
+        got = kv.param_counts(copy.deepcopy(real.config))
+        assert isinstance(got, dict) and set(got) == set(PARTS), (
+            f"param_counts should return a dict with the keys {list(PARTS)}, got {got!r}"[:300]
+        )
+        total = sum(int(v) for v in got.values())
+        assert total == real.params, (
+            f"{name}: the parts add up to {total:,} parameters; its config builds {real.params:,} ({real.source})"
+        )

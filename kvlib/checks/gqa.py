@@ -222,8 +222,9 @@ def grouped_attention_does_not_copy_heads(kv, rng):
             f"a decode step against {n['S']:,} cached keys held {usage.beyond_inputs / MB:.0f} MB beyond its inputs at "
             f"its peak (the grader measures the process's memory): n_heads = {n['H']} copies of the {n['H_KV']} "
             f"cached key/value heads take {copy / MB:.0f} MB for the keys alone. repeat_kv, repeat_interleave, "
-            ".expand(...).contiguous() and a broadcasting matmul all copy; reshape q to (batch, n_kv_heads, "
-            "group_size * seq_len, head_dim) and multiply by k itself"
+            ".expand(...).contiguous(), a broadcasting matmul and torch's scaled_dot_product_attention (whose fused "
+            "kernel the grader runs without: enable_gqa=True then repeats the heads) all copy; reshape q to (batch, "
+            "n_kv_heads, group_size * seq_len, head_dim) and multiply by k itself"
         )
         return
     kv_len = 40
@@ -234,6 +235,12 @@ def grouped_attention_does_not_copy_heads(kv, rng):
     )  # first the right answer: a function that does nothing allocates nothing
     assert _close(got, expected), f"a decode step (1 query, {kv_len} cached keys): {_diagnose(got, slips)}"
     made = new_tensors(kv.grouped_attention, *_clones(q, k, v))
+    fused = [op for op, _ in made if op == "_scaled_dot_product_flash_attention_for_cpu"]
+    assert not fused, (
+        "grouped_attention ran torch's fused attention kernel (scaled_dot_product_attention): it reads the shared "
+        "heads in place for you, which is the exercise. The grader runs without that kernel, and then "
+        "enable_gqa=True repeats the key/value heads to every query head: write the grouped matmuls yourself"
+    )
     limit = B * H * kv_len * D  # n_heads copies of the cached keys (or values) of this layer
     big = [(op, tuple(shape)) for op, shape in made if math.prod(shape) >= limit]
     assert not big, (

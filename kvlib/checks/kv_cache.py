@@ -56,58 +56,81 @@ def _cache(kv, batch=2, max_seq_len=None):
 
 
 class GradersMLPs:
-    """A model whose every layer's MLP stays with the grader: handed to the learner's code in the isolated child,
-    the model goes there without its MLP weights and each layer.mlp(x) there is run, and counted, here."""
+    """A model whose every layer's MLP, and its output head, stay with the grader: handed to the learner's code in the
+    isolated child, the model goes there without their weights, and each layer.mlp(x) and lm_head(x) there is run,
+    and counted, here."""
 
     kvlib_remote_mlps = True
 
     def __init__(self, decoder: Decoder):
-        self.decoder, self.calls = decoder, []  # calls: (layer, tokens fed) of every MLP call
-        self.mlps = [_CountedMLP(layer.mlp, i, self.calls) for i, layer in enumerate(decoder.layers)]
+        self.decoder, self.calls, self.heads = decoder, [], []  # (layer, tokens fed) of every MLP call; head calls
+        self.mlps = [_Counted(layer.mlp, i, self.calls) for i, layer in enumerate(decoder.layers)]
+        self.head = _CountedHead(decoder.lm_head, "head", self.heads)
 
 
-class _CountedMLP:
+def _rows(x) -> int:
+    """Tokens per sequence of a layer's input: (batch, seq_len, d_model), or (batch, d_model) for one."""
+    return int(x.shape[1]) if x.dim() == 3 else 1
+
+
+class _Counted:
     kvlib_public = ("forward",)  # not its weights: the learner's code can only call it
 
-    def __init__(self, mlp, layer: int, calls: list):
-        self._mlp, self._layer, self._calls = mlp, layer, calls
+    def __init__(self, part, tag, calls: list):
+        self._part, self._tag, self._calls = part, tag, calls
 
     def __call__(self, x):
-        self._calls.append((self._layer, int(x.shape[1]) if x.dim() == 3 else 1))
+        self._calls.append((self._tag, _rows(x)))
         with torch.inference_mode():
-            return self._mlp(x)
+            return self._part(x)
 
     forward = __call__
 
 
-class _LocalCountedMLP(torch.nn.Module):
-    """A layer's MLP that records (layer, tokens) of each call, in a local run (the learner's own process)."""
+class _CountedHead(_Counted):
+    kvlib_public = ("forward", "weight")  # the head's weight may be read (a head in float64): its calls are counted
 
-    def __init__(self, mlp, layer: int, calls: list):
+    @property
+    def weight(self) -> torch.Tensor:
+        return self._part.weight.detach()
+
+
+class _LocalCounted(torch.nn.Module):
+    """A layer's MLP, or the output head, that records (tag, tokens) of each call, in a local run (the learner's own
+    process)."""
+
+    def __init__(self, part, tag, calls: list):
         super().__init__()
-        self.inner, self.layer, self.calls = mlp, layer, calls
+        self.inner, self.tag, self.calls = part, tag, calls
 
     def forward(self, x):
-        self.calls.append((self.layer, int(x.shape[1]) if x.dim() == 3 else 1))
+        self.calls.append((self.tag, _rows(x)))
         return self.inner(x)
+
+    @property
+    def weight(self) -> torch.Tensor:  # a head's weight, read as the isolated grader's _CountedHead lets it be
+        return self.inner.weight
 
 
 def _counted(fn, decoder: Decoder):
-    """(model, calls): the model to hand fn, each of whose layers' MLP appends (layer, tokens per row) to calls.
-    In the isolated grader the MLPs stay here (GradersMLPs) and run, and are counted, in the grader, where no
-    code beside the learner's can hide or fake a call; locally they are wrapped in place."""
+    """(model, calls, heads): the model to hand fn, each of whose layers' MLP appends (layer, tokens per row) to calls,
+    and its output head ("head", positions per row) to heads. In the isolated grader they stay here (GradersMLPs) and
+    run, and are counted, in the grader, where no code beside the learner's can hide or fake a call; locally they are
+    wrapped in place."""
     if isolated(fn):
         counted = GradersMLPs(decoder)
-        return counted, counted.calls
+        return counted, counted.calls, counted.heads
     calls: list[tuple[int, int]] = []
+    heads: list[tuple[str, int]] = []
     for i, layer in enumerate(decoder.layers):
-        layer.mlp = _LocalCountedMLP(layer.mlp, i, calls)
-    return decoder, calls
+        layer.mlp = _LocalCounted(layer.mlp, i, calls)
+    decoder.lm_head = _LocalCounted(decoder.lm_head, "head", heads)
+    return decoder, calls, heads
 
 
 def _mlp_passes(fn, model, *args) -> int:
     """How many times fn(model, *args) runs a layer's MLP: n_layers for each forward pass (_counted)."""
-    counted, calls = _counted(fn, model)
+    counted, calls, _ = _counted(fn, model)
     fn(counted, *args)
     return len(calls)
 
@@ -425,7 +448,7 @@ def cached_forward_decode_uses_the_cache(kv, rng):
         )
     tokens = {}  # what a decode step runs through each layer's MLP: 1 new token, however long the prefix
     for n in (4, 36):
-        model, calls = _counted(kv.cached_forward, _model(4))
+        model, calls, _ = _counted(kv.cached_forward, _model(4))
         cache = _cache(kv)
         with torch.inference_mode():
             kv.cached_forward(model, _ids(rng, 2, n), cache)
@@ -446,15 +469,25 @@ def cached_forward_decode_uses_the_cache(kv, rng):
 
 @check("4.3")
 def cached_forward_prefill_runs_once(kv, rng):
-    """Check that a prefill runs the whole prompt through the model in one pass, not one token at a time."""
+    """Check that a prefill runs the whole prompt through the model in one pass, not one token at a time, and only its
+    last position through the output head."""
     model, cache = _model(5), _cache(kv)
     one = _mlp_passes(kv.cached_forward, model, _ids(rng, 2, 1), cache)
-    model, cache = _model(5), _cache(kv)
-    twelve = _mlp_passes(kv.cached_forward, model, _ids(rng, 2, 12), cache)
+    model, calls, heads = _counted(kv.cached_forward, _model(5))
+    kv.cached_forward(model, _ids(rng, 2, 12), _cache(kv))
+    twelve = len(calls)
     assert one > 0, "a forward over one token ran no layer's MLP: run the tokens through every layer's mlp"
     assert twelve <= one, (
         f"a prefill of 12 tokens ran the MLPs {twelve / one:.0f} times as often as a decode step: the prompt went through the "
         "model in pieces (one token at a time?). Run all seq_len tokens in one forward pass: that is what a prefill is"
+    )
+    positions = sum(rows for _, rows in heads)  # 0 when the head's weight is applied by hand (a float64 head)
+    assert positions <= 1, (
+        f"a prefill of 12 tokens ran {positions} position(s) of each sequence through the output head (model.lm_head), "
+        "and only the last one's logits are returned: run the last position alone through model.norm and the head "
+        "(a prompt of 8,000 tokens and a vocabulary of 128,000 would make 4 GB of logits to keep one row). "
+        "model(ids, past_key_values=cache) runs the head on every position: the layer loop is yours to write"
+        + (" (the head runs, and is counted, in the grader)" if isolated(kv.cached_forward) else "")
     )
 
 
@@ -641,7 +674,7 @@ def generate_cached_uses_the_cache(kv, rng):
     """Check that generation runs the prompt once and then one token per step: MLP tokens and forward passes counted."""
     ids = _ids(rng, 2, 8)
     cached = L * (8 + 23)  # tokens through the layers' MLPs: the prompt once, then 23 steps of one token
-    model, calls = _counted(kv.generate_cached, _model(7))
+    model, calls, _ = _counted(kv.generate_cached, _model(7))
     with torch.inference_mode():
         kv.generate_cached(model, ids, 24)
     ran = _mlp_tokens(calls)

@@ -1,4 +1,4 @@
-"""Checks for notebook 07 (kvlib/serving.py): exercises 7.1-7.5.
+"""Checks for notebook 07 (kvlib/serving.py): exercises 7.1-7.6 (07a: 7.1-7.3, 7.6; 07b: 7.4, 7.5).
 
 Expectations come first, from kvlib's own model and plain attention (never the code under test):
 greedy tokens by full recompute, attention over each sequence's keys laid out contiguously. The
@@ -9,6 +9,9 @@ victim() names, a copy that forgets the contents.
 """
 
 from __future__ import annotations
+
+import math
+import numbers
 
 import torch
 import torch.nn.functional as F
@@ -140,6 +143,56 @@ def append_leaves_the_table_alone_when_blocks_run_out(sv, rng):
 
 
 # ---------------------------------------------------------------------------------------------
+# 7.6 block_utilisation: a prediction, graded against the blocks BlockTable.append takes
+
+
+def _utilisation_slips(lengths: list[int], bs: int) -> dict[str, float]:
+    tokens, n = sum(lengths), len(lengths)
+    whole = sum(-(-x // bs) * bs for x in lengths)
+    floor = sum(x // bs * bs for x in lengths)
+    return {
+        "a sequence holds its tokens in whole blocks: round each length up to a block, not down": tokens / floor
+        if floor
+        else float("inf"),
+        "the sequences are pooled into one run of blocks: each sequence has blocks of its own, each with its own "
+        "part-empty last block": tokens / (-(-tokens // bs) * bs),
+        "a share is between 0 and 1, not a percentage": 100 * tokens / whole,
+        "a block too many where a length fills its blocks exactly: a sequence of a whole number of blocks has no "
+        "empty slot": tokens / sum((x // bs + 1) * bs for x in lengths),
+        "count the tokens the sequences hold, not one more each": tokens / sum(-(-(x + 1) // bs) * bs for x in lengths),
+        "half a block of waste per sequence is an average over many lengths: count each sequence's own last block": tokens
+        / (tokens + n * (bs - 1) / 2),
+        "upside down: tokens held / slots held": whole / tokens,
+    }
+
+
+@check("7.6")
+def block_utilisation_counts_each_last_block(kv, rng):
+    """Check the predicted share of held slots that hold a token, for lengths that fill their blocks, fall short and
+    fit in one block, at block sizes 1 to 512 (a block of max_seq_len is notebook 04's reservation)."""
+    cases = [
+        ([5, 8, 1], 4),
+        ([16, 32, 48], 16),
+        ([1, 2, 3], 1),
+        ([int(x) for x in rng.integers(1, 300, size=9)], 16),
+        ([int(x) for x in rng.integers(1, 300, size=7)] + [64], 64),
+        ([int(x) for x in rng.integers(1, 200, size=5)], 512),
+    ]
+    for lengths, bs in cases:
+        expected = sum(lengths) / sum(-(-x // bs) * bs for x in lengths)
+        got = kv.block_utilisation(list(lengths), bs)
+        assert isinstance(got, numbers.Real) and not isinstance(got, bool), (
+            f"block_utilisation should return a share, a float, got {type(got).__name__}"
+        )
+        if math.isclose(got, expected, rel_tol=1e-9):
+            continue
+        slip = next((m for m, v in _utilisation_slips(lengths, bs).items() if math.isclose(got, v, rel_tol=1e-9)), None)
+        raise AssertionError(
+            f"lengths {lengths}, blocks of {bs}: expected {expected:.4f}, got {got:.4f}" + (f": {slip}" if slip else "")
+        )
+
+
+# ---------------------------------------------------------------------------------------------
 # 7.3 paged_attention
 
 
@@ -224,6 +277,8 @@ def _step(sv, sched):
             f"the pool ran out of blocks inside step ({err}): admit only while blocks_to_admit fits, "
             "and preempt until blocks_to_decode fits before decode"
         ) from None
+    except ValueError as err:  # the engine refusing a misuse (a request admitted twice): its message names it
+        raise AssertionError(f"step() made the engine refuse: {err}") from None
 
 
 def _serve(sv, model, trace, n_blocks, max_batch=4, share=False):

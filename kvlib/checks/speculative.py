@@ -7,10 +7,12 @@ the learner's code gets stand-ins, so the count is kept where that code cannot r
 number of passes a speculative loop needs is computed here, before learner code runs; greedy tokens made without drafting fail on that count. Every
 expected token, cache content and distribution is computed before the learner's code runs, from
 copies it never receives. Named slips: verifying without the cache or one pass per draft, the bonus
-token forgotten, the cache rewound one too far or not far enough, an end token inside the accepted
-drafts, acceptance by rank (top-k) instead of min(1, p/q), resampling from p instead of max(0, p - q),
-prompt lookup matching the tail itself or the first occurrence.
-Sampling checks are chi-squared tests at significance 0.001 with fixed seeds.
+token forgotten, the cache rewound one too far or not far enough, a cache handed in not reset, an end
+token inside the accepted drafts or in the prompt, acceptance by rank (top-k) instead of min(1, p/q),
+one uniform shared by a round's drafts, resampling from p instead of max(0, p - q), draws not from
+the generator passed in, prompt lookup matching the tail itself or the first occurrence.
+Sampling checks are chi-squared tests at significance 0.001 with fixed seeds; each replays some rounds
+with generators of their own, in two orders, so that only a function of its generator's draws passes.
 """
 
 from __future__ import annotations
@@ -137,9 +139,12 @@ class OracleDrafter:
         return out
 
 
-def expected_passes(drafter_factory, sequence, prompt_len, n_new, gamma) -> tuple[int, list[int]]:
-    """Forward passes of the policy 'draft min(gamma, left - 1), verify once', and tokens kept per pass."""
-    drafter, new, passes, kept = drafter_factory(), [sequence[prompt_len]], 1, [1]
+def expected_passes(drafter_factory, sequence, prompt_len, n_new, gamma, whole_prompt=True) -> tuple[int, list[int]]:
+    """Forward passes of the policy 'draft min(gamma, left - 1), verify once', and tokens kept per pass: after a prefill
+    of the whole prompt (its pass makes the first token), or of all of it but its last token (whole_prompt=False:
+    the first verify pass carries that token with the first drafts, and the prefill makes none)."""
+    drafter = drafter_factory()
+    new, passes, kept = ([sequence[prompt_len]], 1, [1]) if whole_prompt else ([], 1, [0])
     while len(new) < n_new:
         k = min(gamma, n_new - len(new) - 1)
         draft = drafter.propose(sequence[: prompt_len + len(new)], k)[:k] if k else []
@@ -245,39 +250,64 @@ def verify_greedy_accepts_the_agreeing_prefix(sp, rng):
 # 10.2 speculative_generate
 
 
-def _generate_case(sp, decoder, prompt, n_new, gamma, spoil=True, eos=None):
+def _generate_case(sp, decoder, prompt, n_new, gamma, spoil=True, eos=None, cache="used"):
+    """speculative_generate against greedy decoding, its passes counted. cache: "used" (a cache that held another
+    prompt, to be reset first), or None (the learner's code makes its own: only the tokens and passes are judged)."""
     hint = HINT.format("10.2")
     want = greedy(decoder, prompt, n_new, eos)
     sequence = prompt + greedy(decoder, prompt, n_new + gamma + 2)  # what an oracle drafter may look ahead into
-    passes, _ = expected_passes(lambda: OracleDrafter(sequence, gamma, spoil), sequence, len(prompt), len(want), gamma)
+    passes = {  # one prefill of the whole prompt, or of all but its last token, then one verify per round
+        whole: expected_passes(
+            lambda: OracleDrafter(sequence, gamma, spoil), sequence, len(prompt), len(want), gamma, whole
+        )[0]
+        for whole in (True, False)
+    }
     reference = plain_cache(decoder, prompt + want[:-1], 48)
     label = f"gamma={gamma}, {n_new} new tokens" + (f", eos_token={eos}" if eos is not None else "")
+    label += ", cache=None" if cache is None else ""
     model, calls = counted(decoder)
-    cache = CheckCache(CONFIG, 48)
+    if cache is not None:  # a cache that held another text: what is in it must not count
+        held = [(t + 1) % CONFIG.vocab_size for t in prompt[::-1]]
+        cache = plain_cache(decoder, held, 48)
     drafter = OracleDrafter(sequence, gamma, spoil)
     got = sp.speculative_generate(model, drafter, torch.tensor([prompt]), n_new, gamma, eos, cache)
     got = got[0, len(prompt) :].tolist() if isinstance(got, torch.Tensor) and got.dim() == 2 else got
+    if calls and calls[0][2]:
+        raise AssertionError(
+            f"{label}: the cache handed in held {calls[0][2]} tokens of another text, and the first forward pass ran "
+            f"at position {calls[0][2]}: reset it first (cache.reset()), whatever it held{hint}"
+        )
     if eos is not None and isinstance(got, list) and eos in got and got.index(eos) < len(got) - 1:
         raise AssertionError(
             f"{label}: tokens were returned after eos_token (at place {got.index(eos)} of {len(got)}): an end token "
             f"inside the accepted drafts ends the text there; keep nothing after it{hint}"
+        )
+    if eos in prompt and isinstance(got, list) and len(got) < len(want) and eos not in got:
+        raise AssertionError(
+            f"{label}: generation stopped after {len(got)} token(s), {len(want)} expected: eos_token is in the "
+            f"prompt, and only an end token the model makes ends the text; look for it among the new tokens{hint}"
         )
     assert got == want, f"{label}: the tokens differ from greedy decoding's: got {got}, expected {want}{hint}"
     if not all(had for _, had, _ in calls):
         raise AssertionError(f"{label}: the model ran without the cache: prefill once, then verify through it{hint}")
     big = [t for t, _, _ in calls[1:] if t > gamma + 1]
     assert not big, f"{label}: a verify pass fed {big[0]} tokens, more than gamma + 1 = {gamma + 1}{hint}"
-    if len(calls) >= len(want) and passes < len(want) and all(t == 1 for t, _, _ in calls[1:]):
+    fewest = passes[calls[0][0] == len(prompt)] if calls else passes[True]
+    if len(calls) >= len(want) and fewest < len(want) and all(t == 1 for t, _, _ in calls[1:]):
         raise AssertionError(
             f"{label}: {len(calls)} forward passes for {len(want)} tokens: the drafts were never verified in one "
-            f"pass; a speculative loop needs {passes} here (one prefill, one verify per round){hint}"
+            f"pass; a speculative loop needs {fewest} here (one prefill, one verify per round){hint}"
         )
-    assert len(calls) == passes, (
-        f"{label}: {len(calls)} forward passes of the model, {passes} needed: one prefill, then one verify per "
-        f"round that keeps the accepted drafts AND the model's own next token (the bonus when all are kept){hint}"
+    assert len(calls) == fewest, (
+        f"{label}: {len(calls)} forward passes of the model, {fewest} needed: one prefill "
+        + ("of the whole prompt" if calls and calls[0][0] == len(prompt) else "of all the prompt but its last token")
+        + ", then one verify per round, each drafting min(gamma, tokens still to make - 1) and keeping the accepted "
+        f"drafts AND the model's own next token (the bonus when all are kept){hint}"
     )
     asked = [k for _, k in drafter.asked]
     assert all(0 <= k <= gamma for k in asked), f"{label}: the drafter was asked for {max(asked)} > gamma tokens{hint}"
+    if cache is None:  # the learner's own cache: its content is not the check's to read
+        return
     assert cache.pos > 0 or len(want) == 1, f"{label}: the cache handed in (cache=...) was never used{hint}"
     problem = _cache_diagnosis(cache, len(prompt) + len(want) - 1, hint)
     assert problem is None, f"{label}: on return, {problem}"
@@ -288,17 +318,20 @@ def _generate_case(sp, decoder, prompt, n_new, gamma, spoil=True, eos=None):
 
 @check("10.2")
 def speculative_generate_matches_greedy_in_fewer_passes(sp, rng):
-    """Check speculative_generate against greedy decoding for gamma 1, 3 and 5, counting the model's forward passes."""
+    """Check speculative_generate against greedy decoding for gamma 1, 3 and 5, counting the model's forward passes,
+    with a cache that held another text (reset first) and with cache=None (a cache of its own)."""
     decoder = make_model(rng)
     for gamma, n_new in ((1, 9), (3, 14), (5, 13)):
         prompt = [int(t) for t in rng.integers(CONFIG.vocab_size, size=5)]
         _generate_case(sp, decoder, prompt, n_new, gamma)
     _generate_case(sp, decoder, prompt, 13, 4, spoil=False)  # every draft right: 1 + ceil(12 / 5) passes
+    _generate_case(sp, decoder, prompt, 10, 3, cache=None)
 
 
 @check("10.2")
 def speculative_generate_stops_at_an_end_token(sp, rng):
-    """Check that an end token inside the accepted drafts ends the text, and the cache, right after it."""
+    """Check that an end token inside the accepted drafts ends the text, and the cache, right after it, and that one in
+    the prompt ends nothing."""
     decoder = make_model(rng)
     for _ in range(20):  # a prompt whose greedy text has a token that first appears a few places in
         prompt = [int(t) for t in rng.integers(CONFIG.vocab_size, size=5)]
@@ -306,7 +339,9 @@ def speculative_generate_stops_at_an_end_token(sp, rng):
         firsts = [i for i in range(2, 8) if text[i] not in text[:i]]
         if firsts:
             break
-    _generate_case(sp, decoder, prompt, 12, 5, spoil=False, eos=text[firsts[0]])
+    eos = text[firsts[0]]
+    _generate_case(sp, decoder, prompt, 12, 5, spoil=False, eos=eos)
+    _generate_case(sp, decoder, [eos, *prompt[1:]], 12, 5, spoil=False, eos=eos)  # the end token in the prompt too
 
 
 # ---------------------------------------------------------------------------------------------
@@ -333,16 +368,46 @@ def _chi2(counts: np.ndarray, probs: np.ndarray) -> tuple[float, float]:
 
 
 def _rounds(sp, calls: list[tuple], label: str, longest: int) -> list[list[int]]:
-    """accept_sampled on each (args, kwargs) in turn: in the isolated grader one request for all (fn.many)."""
+    """accept_sampled on each (args, kwargs) in turn (in the isolated grader one request for all: fn.many), then the
+    first 24 again, each with a generator of its own, in one order and in the other (_replayed)."""
+    results = [_tokens(got, label, longest) for got in _called(sp, calls)]
+    _replayed(sp, calls[:24], label, longest)
+    return results
+
+
+def _called(sp, calls: list[tuple]) -> list:
     fn = sp.accept_sampled
     many = getattr(fn, "many", None)
     if many is not None:  # the grader sends a tensor given to many calls once; each call gets its own copy there
-        results = many(calls)
-    else:
-        results = [
-            fn(*(a.clone() if isinstance(a, torch.Tensor) else a for a in args), **kwargs) for args, kwargs in calls
+        return many(calls)
+    return [fn(*(a.clone() if isinstance(a, torch.Tensor) else a for a in args), **kwargs) for args, kwargs in calls]
+
+
+def _replayed(sp, calls: list[tuple], label: str, longest: int) -> None:
+    """Fail unless a round's tokens are a function of its p, q, draft and generator alone, drawn from that generator:
+    the calls each get a generator of their own, seeded apart, and run forward, then backward with the same seeds.
+    The global RNG, state kept between calls, or a call steered by the ones around it (read from the caller's
+    frame) gives other tokens; a generator left where it was drew nothing from it."""
+    hint = HINT.format("10.3")
+    seeds = [100_003 * i + 7 for i in range(len(calls))]
+    runs = []
+    for order in (list(range(len(calls))), list(range(len(calls)))[::-1]):
+        gens = {i: torch.Generator().manual_seed(seeds[i]) for i in order}
+        got = _called(sp, [((*calls[i][0][:3], gens[i]), {}) for i in order])
+        runs.append({i: _tokens(g, label, longest) for i, g in zip(order, got)})
+        still = [
+            i for i in order if torch.equal(gens[i].get_state(), torch.Generator().manual_seed(seeds[i]).get_state())
         ]
-    return [_tokens(got, label, longest) for got in results]
+        assert not still, (
+            f"{label}: a round left its generator as it came ({len(still)} of {len(calls)}): every random draw must come "
+            f"from the generator passed in (torch.rand(..., generator=generator)), not the global RNG{hint}"
+        )
+    differ = [i for i in runs[0] if runs[0][i] != runs[1][i]]
+    assert not differ, (
+        f"{label}: {len(differ)} of {len(calls)} rounds gave other tokens from a generator in the same state, run in "
+        "another order: the tokens must depend only on p, q, the draft and the draws from `generator` (no global RNG, "
+        f"no state kept between calls, nothing read from the calls around it){hint}"
+    )
 
 
 def _tokens(got, label, longest):
@@ -383,6 +448,24 @@ def accept_sampled_accepts_with_probability_min_1_p_over_q(sp, rng):
     assert abs(z) < 3.29, (
         f"drafts sampled from q were accepted {accepted / trials:.3f} of the time, sum(min(p, q)) = {alpha:.3f} "
         f"(z = {z:.1f}){hint}"
+    )
+    # two drafts, each accepted with probability 1/2 on its own: both are kept a quarter of the time, by two draws
+    p2 = torch.tensor([[0.25, 0.25, 0.25, 0.25], [0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25]])
+    q2 = torch.tensor([[0.5, 0.5, 0.0, 0.0], [0.1, 0.6, 0.3, 0.0]])  # draft 1: p/q = 1/2, draft 1 again: 1/3
+    both = sum(
+        len(got) == 3 for got in _rounds(sp, [((p2, q2, [1, 1], gen), {}) for _ in range(trials)], "two drafts", 3)
+    )
+    want = 0.5 * (1 / 3)
+    if both / trials > 0.25:
+        raise AssertionError(
+            f"two drafts accepted with probability 1/2 and 1/3 each were both kept {both / trials:.0%} of the time, "
+            f"{want:.1%} expected: one uniform draw was shared by the drafts of the round (then the second is kept "
+            f"whenever u < 1/3); draw a new u for each draft{hint}"
+        )
+    z = (both / trials - want) / math.sqrt(want * (1 - want) / trials)
+    assert abs(z) < 3.29, (
+        f"two drafts accepted with probability 1/2 and 1/3 were both kept {both / trials:.3f} of the time, "
+        f"{want:.3f} expected (z = {z:.1f}): each draft gets its own uniform draw{hint}"
     )
 
 

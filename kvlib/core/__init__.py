@@ -9,6 +9,7 @@ devices.py      published peak FLOP/s, bandwidth and memory type of GPUs (notebo
 facts.py        the figures the notebooks state, each with its source; the check that their markdown states no other
 flops.py        FLOPs counted by torch itself (torch.utils.flop_counter), the CPU attention kernel too
 paging.py       notebook 07's serving engine below the learner's kvlib/serving.py: blocks, paged view
+stream.py       a list whose items are made as they are read (notebook 09's chunks, as its memory is checked)
 gguf_export.py  a Decoder written as a GGUF file for llama.cpp (`kvlib bench cache`)
 paths.py        where the repository's own files are
 progress.py     progress of long work on stderr (tqdm), shown only on a terminal

@@ -252,16 +252,21 @@ class MLAModel:
     v_dim: int  # v_head_dim: per-head value width rebuilt from c_t
     params: int  # total parameters (all experts), as the model card states
     source: str
+    context: int | None = None  # max_position_embeddings in its config.json (YaRN-extended), where known
 
     def weight_bytes(self, bytes_per_element: int = 2) -> int:
         return self.params * bytes_per_element
+
+    def sizes(self) -> dict[str, int]:
+        """The attention sizes notebook 08b's exercises take as keywords: n_heads, nope_dim, rope_dim, v_dim, kv_rank."""
+        return {k: getattr(self, k) for k in ("n_heads", "nope_dim", "rope_dim", "v_dim", "kv_rank")}
 
 
 MLA_MODELS: dict[str, MLAModel] = {
     m.name: m
     for m in (
         # config.json: num_hidden_layers 60, hidden_size 5120, num_attention_heads 128, kv_lora_rank 512,
-        # qk_rope_head_dim 64, qk_nope_head_dim 128, v_head_dim 128; 236B parameters (21B active)
+        # qk_rope_head_dim 64, qk_nope_head_dim 128, v_head_dim 128, max_position_embeddings 163840; 236B parameters (21B active)
         MLAModel(
             "DeepSeek-V2",
             60,
@@ -273,6 +278,7 @@ MLA_MODELS: dict[str, MLAModel] = {
             128,
             236_000_000_000,
             _hub("deepseek-ai/DeepSeek-V2") + "; arXiv 2405.04434",
+            context=163_840,
         ),
         # the same MLA sizes in 61 layers of width 7168; 671B parameters (37B active), arXiv 2412.19437
         MLAModel(
@@ -286,6 +292,7 @@ MLA_MODELS: dict[str, MLAModel] = {
             128,
             671_000_000_000,
             _hub("deepseek-ai/DeepSeek-V3") + "; arXiv 2412.19437",
+            context=163_840,
         ),
     )
 }

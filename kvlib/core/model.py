@@ -97,6 +97,23 @@ def num_params(config: ModelConfig) -> int:
     return matrix_params(config) + config.vocab_size * config.d_model + norms
 
 
+PARTS = ("embedding", "attention", "mlp", "norms", "lm_head")  # where a Decoder's parameters sit (Exercise 2.8)
+
+
+def counted_params(model: nn.Module) -> dict[str, int]:
+    """A built Decoder's parameters counted by name, part by part: what Exercise 2.8 predicts from a config.
+
+    Example: sum(counted_params(model).values()) == model.num_params()
+    """
+    counted = dict.fromkeys(PARTS, 0)
+    for name, p in model.named_parameters():
+        top, *rest = name.split(".")
+        inner = rest[1] if top == "layers" else top  # layers.<i>.<attn_norm | attn | mlp_norm | mlp>.<...>
+        part = {"embed": "embedding", "lm_head": "lm_head", "attn": "attention", "mlp": "mlp"}.get(inner, "norms")
+        counted[part] += p.numel()
+    return counted
+
+
 # ---------------------------------------------------------------------------------------------
 # Helpers: rotary embeddings and the causal mask
 

@@ -229,7 +229,14 @@ class Engine:
         return -(-(len(r.prompt) + len(r.out) + 1) // self.pool.block_size) - shared + (shared > 0)
 
     def admit(self, r: Request) -> None:
-        """Prefill r (its prompt and, after a preemption, what it had generated: recompute) and run it."""
+        """Prefill r (its prompt and, after a preemption, what it had generated: recompute) and run it. A request
+        already running is refused (ValueError): admitting it again would drop its blocks and run it twice."""
+        if r.table is not None or any(x is r for x in self.running):
+            where = " and is still first in the waiting line" if self.waiting and self.waiting[0] is r else ""
+            raise ValueError(
+                f"request {r.id} is admitted twice: it is already running{where}. Take a request off the waiting "
+                "line as you admit it (self.waiting.popleft()), so that it runs once"
+            )
         tokens, r.table, bs = r.prompt + r.out, self.new_table(self.pool.block_size), self.pool.block_size
         for b in self._match(tokens):
             self.pool.share(b)

@@ -1,6 +1,6 @@
 """Every claim of the course: a sentence whose truth depends on a run, declared once (kvlib.course.claims).
 
-One section per notebook, in course order. An id is the notebook (01, 02a, 02b, 03, 04a, 04b, ..., 08a, 08b, 09, 10),
+One section per notebook, in course order. An id is the notebook (01, 02a, 02b, 03, 04a, 04b, ..., 07a, 07b, 08a, 08b, 08c, 09, 10),
 a dot and a name; `expect` is the outcome the course's argument predicts (faster, slower, above, below,
 equal), and `why` that argument or its source. The notebook evaluates the claim on its own run with
 claims.compare / against / exact; tests/test_notebooks.py checks that every claim declared for a notebook
@@ -29,6 +29,32 @@ class Claim:
 CLAIMS: tuple[Claim, ...] = (
     # --- 01 attention
     # --- 02a generation
+    Claim(
+        "02a.held-out",
+        "Asked in 24 phrasings it never read (held out), does the model answer more than half: did it learn the facts?",
+        "above",
+        "a held-out phrasing never appears in the training text, so only a fact learned apart from its wording "
+        "answers it; half of 24 is the line between mostly right and mostly wrong",
+    ),
+    Claim(
+        "02a.prefill-short",
+        "Is a short prompt's TTFT mostly fixed cost: does doubling it (8 to 16 tokens) multiply the TTFT by under 1.5?",
+        "below",
+        "a forward costs a + b n: doubling n multiplies it by (a + 2bn) / (a + bn), below 1.5 when the fixed part a "
+        "(a few hundred aten calls of Python and dispatch) outweighs the work b n of so few tokens",
+    ),
+    Claim(
+        "02a.prefill-long",
+        "Is a long prompt's TTFT mostly work: does doubling it (128 to 256 tokens) multiply the TTFT by over 1.5?",
+        "above",
+        "at 128 tokens the work b n outweighs the fixed part a, so a doubling costs more than 1.5x",
+    ),
+    Claim(
+        "02a.decode-grows",
+        "Over 128 new tokens, does a naive decode step (the whole sequence rerun) take longer as the sequence grows?",
+        "above",
+        "each naive step runs every token so far: the work grows with the length, the fixed part does not",
+    ),
     # --- 02b layer
     # --- 03 recompute
     Claim(
@@ -129,9 +155,121 @@ CLAIMS: tuple[Claim, ...] = (
         "faster",
         "it reads a quarter of MHA's cache bytes (notebook 05: a memory-bound step takes bytes / bandwidth)",
     ),
-    # --- 07 serving
+    # --- 07a paging
+    # --- 07b serving
+    Claim(
+        "07b.continuous-vs-static",
+        "In the same reserved memory, does continuous batching serve the trace at a higher throughput than static "
+        "batching?",
+        "faster",
+        "a static batch computes every row until its longest member is done; continuous batching (Orca's "
+        "iteration-level scheduling) computes no finished row and fills its place at once",
+    ),
+    Claim(
+        "07b.paged-vs-reserved",
+        "At equal KV memory, does continuous batching on paged memory serve the trace at a higher throughput than in "
+        "reserved memory?",
+        "faster",
+        "paging runs more requests at once in the same memory (PagedAttention, arXiv 2309.06180: 2-4x on GPUs, "
+        "where a larger batch costs little more per step)",
+    ),
+    Claim(
+        "07b.paged-tpot",
+        "Does each request of the paged way get its tokens at a higher rate (a shorter time per output token) than "
+        "in reserved memory?",
+        "slower",
+        "paged steps carry more rows, so each takes longer, and prefill-first admission stalls the running rows "
+        "more often",
+    ),
+    Claim(
+        "07b.paged-runs-more",
+        "Does the paged way run more requests in a step, on average, than the reserved one?",
+        "above",
+        "a request holds only the blocks it fills, not max_seq_len slots",
+    ),
+    Claim(
+        "07b.sharing-runs-more",
+        "Where blocks bind, do more requests run at once with a shared system prompt's blocks shared?",
+        "above",
+        "the prefix's blocks are held once, not once per request (SGLang's RadixAttention, arXiv 2312.07104)",
+    ),
+    Claim(
+        "07b.sharing-fewer-steps",
+        "Does the trace take fewer scheduler steps with prefixes shared?",
+        "below",
+        "more requests run at once, so the same tokens take fewer batched forwards",
+    ),
+    Claim(
+        "07b.sharing-throughput",
+        "Does sharing the system prompt's blocks serve the trace at a higher throughput?",
+        "faster",
+        "its prefill is skipped and more requests run at once; against it, more rows per step and a copy-on-write "
+        "per request admitted onto a whole shared prompt",
+    ),
     # --- 08a compress
+    Claim(
+        "08a.int8-agreement",
+        "Does the int8 cache pick float32's greedy token at more positions than the course's goal?",
+        "above",
+        "8-bit keys per channel and values per token err by at most half a step of a small scale (KIVI, "
+        "arXiv 2402.02750, keeps quality at far fewer bits)",
+    ),
+    Claim(
+        "08a.int8-step-vs-float32",
+        "At 16k cached tokens, does the int8 cache part of a decode step (8.2: dequantise, then attend) run faster "
+        "than float32's?",
+        "slower",
+        "8.2 writes a float32 copy of the cache and attention reads it back: more bytes than float32 reads alone; "
+        "only a kernel that reads int8 directly gains (notebook 09)",
+    ),
+    Claim(
+        "08a.keys-per-channel",
+        "At 2 bits, is the attention error with keys rounded per token larger than per channel?",
+        "above",
+        "outlier channels set a per-token scale and crush the other channels (KIVI, arXiv 2402.02750)",
+    ),
     # --- 08b mla
+    Claim(
+        "08b.decode-absorbed-fewer-flops",
+        "For one new token over 8,192 DeepSeek-V2 latents, does the absorbed path need fewer FLOPs than rebuilding?",
+        "above",
+        "rebuilding multiplies every latent by each head's up-projections at every step; absorbed, each query "
+        "pays that once (counted by Exercise 8.8, checked against torch's FLOP counter)",
+    ),
+    Claim(
+        "08b.prefill-rebuild-fewer-flops",
+        "For a prefill of 8,192 tokens, does rebuilding keys and values need fewer FLOPs than the absorbed path?",
+        "below",
+        "a prefill's 8,192 queries share one rebuild, while absorbed each scores kv_rank + rope_dim = 576 numbers "
+        "per key instead of nope_dim + rope_dim = 192 (vLLM's MLA backend rebuilds for prefill)",
+    ),
+    # --- 08c window
+    Claim(
+        "08c.window-holding-the-question",
+        "Does a rolling window of 32 tokens, longer than the questions, answer as many capitals as the full cache?",
+        "equal",
+        "a window that still holds every token of the question changes nothing the answer attends to",
+    ),
+    Claim(
+        "08c.window-evicting-the-question",
+        "Does a window of 8 tokens answer fewer capitals than the full cache?",
+        "below",
+        "8 tokens cannot hold the question's country: the answer's evidence is evicted",
+    ),
+    Claim(
+        "08c.sinks-cost-room",
+        "Do 4 sinks plus a window of 12 answer fewer capitals than a plain window of 16 on the tiny model?",
+        "below",
+        "a model that formed no attention sinks gains nothing from keeping its first tokens, and loses 4 slots of "
+        "recent context to them (StreamingLLM, arXiv 2309.17453: sinks form in pre-training)",
+    ),
+    Claim(
+        "08c.sinks-formed",
+        "Does any layer of the tiny model give the first 4 tokens more attention than uniform attention would?",
+        "below",
+        "the tiny model was trained on short question-and-answer rows, where no position is always present to "
+        "park surplus attention on",
+    ),
     # --- 09 fused
     # --- 10 speculative
 )

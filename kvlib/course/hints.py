@@ -7,7 +7,7 @@ One file per learner module, kvlib/course/hints/<module>.md (shipped as package 
     ## X.Y Exercise title
     1. A question that points at the idea (a nudge).
     2. The idea or the invariant.
-    3. The last step short of code (the function or equation to use).
+    3. The last step: the function or equation to use; it may give code (issue 46), never a line of the reference.
 
 At least three levels per exercise, never a line of the reference. A hint may run over several
 lines (continuation lines indented). The levels a learner has seen are remembered in one small

@@ -111,6 +111,18 @@ def check_measure(model, input_ids, max_new_tokens):
         raise ValueError("time per output token needs max_new_tokens >= 2 (one prefill, then decode steps)")
 
 
+def check_temper(probs, temperature):
+    """probs (..., vocab_size) float, rows >= 0 summing to 1; temperature a number >= 0."""
+    if not _is_tensor(probs) or probs.dim() < 1 or not probs.dtype.is_floating_point:
+        raise ValueError(f"probs must be a float tensor (..., vocab_size), got {_shape(probs)}")
+    if not bool((probs >= 0).all()) or not bool(((probs.double().sum(-1) - 1).abs() < 1e-3).all()):
+        raise ValueError(
+            "probs must be a distribution: every entry >= 0 and every row summing to 1 (softmax of logits)"
+        )
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
+        raise ValueError(f"temperature must be a number >= 0 (0 means greedy), got {temperature!r}")
+
+
 def check_attention_block(attn, h, cos, sin):
     """attn one layer's Attention, not grouped; h (batch, seq_len, d_model) float32; cos, sin (seq_len, head_dim)."""
     C = getattr(getattr(attn, "q_proj", None), "in_features", None)
@@ -398,6 +410,14 @@ def check_append(table, pool, n=1):
         raise ValueError(f"the table's block_size ({table.block_size}) differs from the pool's ({pool.block_size})")
 
 
+def check_utilisation(lengths, block_size):
+    positive_int("block_size", block_size)
+    if isinstance(lengths, (str, bytes)) or not hasattr(lengths, "__len__") or len(lengths) == 0:
+        raise ValueError(f"lengths must be a non-empty list of token counts, got {lengths!r}")
+    for n in lengths:
+        positive_int("every length", n)
+
+
 def check_paged(q, pool, layer, tables):
     if not _is_tensor(q) or q.dim() != 4:
         raise ValueError(f"q must be (batch, n_heads, seq_len, head_dim), got {_shape(q)}")
@@ -528,6 +548,29 @@ def check_mla(q_nope, q_rope, latent, k_rope, w_uk, w_uv):
         )
     if S < T:
         raise ValueError(f"{T} queries need at least {T} cached tokens, got latent {_shape(latent)}")
+
+
+def check_int8_bytes(config, group=32, scale_bytes=4):
+    if not all(hasattr(config, a) for a in ("n_layers", "n_kv_heads", "head_dim")):
+        raise ValueError(f"config must be a ModelConfig (n_layers, n_kv_heads, head_dim), got {type(config).__name__}")
+    positive_int("group", group)
+    positive_int("scale_bytes", scale_bytes)
+
+
+def check_mla_flops(path, kv_len, new_tokens=1, **sizes):
+    if path not in ("reconstruct", "absorbed"):
+        raise ValueError(f"path must be 'reconstruct' (8.5) or 'absorbed' (8.6), got {path!r}")
+    positive_int("kv_len", kv_len)
+    positive_int("new_tokens", new_tokens)
+    if new_tokens > kv_len:
+        raise ValueError(
+            f"new_tokens ({new_tokens}) are among the kv_len ({kv_len}) tokens attended to: at most kv_len"
+        )
+    wanted = {"n_heads", "nope_dim", "rope_dim", "v_dim", "kv_rank"}
+    if set(sizes) != wanted:
+        raise ValueError(f"give the MLA sizes {sorted(wanted)} as keywords, got {sorted(sizes)}")
+    for name, n in sizes.items():
+        positive_int(name, n)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1120,57 +1120,51 @@ __all__ += ["rotary_scores"]
 # Notebook 07: serving many requests
 
 
-def serving_compare(static, continuous, *, iteration=None, note=None):
-    """Static batching with contiguous reservation against continuous batching with paging, on one trace; with
-    `iteration` (Orca's iteration-level batching, contiguous reservation) between them, each mechanism's share.
+def serving_compare(ways: dict, *, title: str, note=None):
+    """Ways of serving one trace at equal KV memory, each run in interleaved rounds (kvlib.measure.bench_serve's
+    serve_rounds): the median of the rounds with their min-max, for throughput and time per output token; the
+    scheduler's steps and the share of reserved slots holding a token (deterministic: the same every round).
 
-    Args:    static, continuous, iteration: `kvlib bench serve` summaries (tokens_per_s, steps, ttft_p50_s,
-             ttft_p99_s, kv_utilisation; contiguous reservation's utilisation is modelled from max_seq_len slots)
-    Returns: the Figure (throughput, scheduler steps, time to first token p50 and p99, share of reserved KV
-             slots holding tokens)
+    Args:    ways: {name: [a `kvlib bench serve` summary per round]} (tokens_per_s, tpot_mean_s, steps,
+             kv_utilisation; a reservation's utilisation is modelled from max_seq_len slots), in display order
+             title: the takeaway, worded by the caller from the rounds' verdicts (kvlib.course.claims)
+    Returns: the Figure (throughput, time per output token, steps, KV in use)
     """
-    arms = [("static,\ncontiguous", static, PALETTE["orange"])]
-    if iteration is not None:
-        arms.append(("iteration-level,\ncontiguous", iteration, PALETTE["green"]))
-    arms.append(("continuous,\npaged", continuous, PALETTE["blue"]))
-    ways, runs, colors = zip(*arms)
+    names = list(ways)
+    colors = [PALETTE[c] for c in ("orange", "green", "blue", "vermillion", "purple")[: len(names)]]
+    labels = [name.replace(", ", ",\n") for name in names]
+
+    def spread(key, scale=1.0):
+        values = [np.asarray([r[key] for r in ways[n]], dtype=float) * scale for n in names]
+        med = np.array([np.median(v) for v in values])
+        return med, np.array([med - [v.min() for v in values], [v.max() for v in values] - med])
+
     with style():
-        fig, ((ax, sx), (bx, cx)) = plt.subplots(2, 2, figsize=(13.5, 9.5))
-        fig.subplots_adjust(left=0.08, right=0.98, bottom=0.1, top=0.88, wspace=0.28, hspace=0.45)
-        ax.bar(ways, [r["tokens_per_s"] for r in runs], color=colors)
-        ax.set_ylabel("generated tokens per second")
-        ax.set_title("Throughput")
-        sx.bar(ways, [r["steps"] for r in runs], color=colors)
+        fig, ((ax, tx), (sx, cx)) = plt.subplots(2, 2, figsize=(13.5, 9.5))
+        fig.subplots_adjust(left=0.08, right=0.98, bottom=0.15, top=0.88, wspace=0.28, hspace=0.55)
+        for axis, key, scale, ylabel, head in (
+            (ax, "tokens_per_s", 1.0, "generated tokens per second", "Throughput (median, min-max of rounds)"),
+            (tx, "tpot_mean_s", 1e3, "ms per output token", "Time per output token (median, min-max)"),
+        ):
+            med, err = spread(key, scale)
+            axis.bar(
+                labels,
+                med,
+                yerr=err,
+                color=colors,
+                error_kw={"ecolor": PALETTE["black"], "capsize": 6, "color": PALETTE["black"]},
+            )
+            axis.set_ylabel(ylabel)
+            axis.set_title(head)
+        sx.bar(labels, [ways[n][0]["steps"] for n in names], color=colors)
         sx.set_ylabel("scheduler steps")
         sx.set_title("Steps (batched forwards) for the trace")
-        x = np.arange(len(runs))
-        for i, (key, label) in enumerate((("ttft_p50_s", "p50"), ("ttft_p99_s", "p99"))):
-            bx.bar(
-                x + (i - 0.5) * 0.38,
-                [r[key] for r in runs],
-                0.38,
-                color=colors,
-                alpha=0.55 if i == 0 else 1.0,
-                label=label,
-                edgecolor="black",
-                linewidth=0.5,
-            )
-        bx.set_xticks(x, ways)
-        bx.set_ylabel("seconds")
-        bx.set_title("TTFT (p50 light, p99 dark)")
-        cx.bar(ways, [100 * r["kv_utilisation"] for r in runs], color=colors)
+        cx.bar(labels, [100 * ways[n][0]["kv_utilisation"] for n in names], color=colors)
         cx.set_ylim(0, 100)
         cx.set_ylabel("% of reserved slots holding a token")
-        cx.set_title("KV used (contiguous: modelled)")
-        for axis in (ax, sx, bx, cx):
-            axis.set_xlabel("batching, KV reservation")
-        gain = continuous["tokens_per_s"] / static["tokens_per_s"]
-        title = f"Same KV memory: continuous batching with paging {gain:.1f}x the throughput of static batching"
-        if iteration is not None:
-            title += (
-                f"\n{iteration['tokens_per_s'] / static['tokens_per_s']:.1f}x from not computing finished rows, "
-                f"then {continuous['tokens_per_s'] / iteration['tokens_per_s']:.1f}x from paging's higher concurrency"
-            )
+        cx.set_title("KV in use (a reservation: modelled)")
+        for axis in (ax, tx, sx, cx):
+            axis.set_xlabel("batching, KV memory")
         fig.suptitle(title)
         _note(fig, note)
     return _finish(fig)

@@ -12,6 +12,7 @@ _kernel_boot.py     starts an IPython kernel inside the jail
 _kernel_checks.py   kvlib.checks as that kernel sees it while graded: grade() and no checks
 jail.py             a throwaway root for one untrusted process (the kernel, or the child)
 autograde.py        `nbgrader autograde` that screens each submission for links before it copies it
+scratch.py          a grading process's temporary folders in one of its own, removed after a kill too
 submission.py       what of a submission the grader reads: real files only, never through a link
 __main__.py         `python -m kvlib.grading`: the isolation autograde gets in this course folder, and why
 The course folder these run in is `kvlib course init DIR` (kvlib.app.course_folder).

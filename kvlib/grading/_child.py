@@ -17,12 +17,14 @@ import importlib
 import io
 import json
 import os
+import re
 import struct
 import sys
 import traceback
 import types
 
 MAX_DEPTH = 4
+_REMOTE_PART = re.compile(r"\.mlp\.|^lm_head\.")  # weights of a model's parts that stay with the grader (04's count)
 MAX_ITEMS = 4096
 _DECODERS = ("Decoder",)  # kvlib.core.model's, sent as config and weights
 _REQUEST_FIELDS = ("id", "prompt", "max_new_tokens", "out")  # a kvlib.core.paging.Request travels as these (07-serving)
@@ -138,6 +140,41 @@ def close_process_creation() -> str:
     return "closed"
 
 
+# Torch's one fused attention kernel on the CPU (found with torch._C._dispatch_get_all_op_names(): every other way to
+# attention there, F.scaled_dot_product_attention, torch.ops.aten.*, nn.MultiheadAttention, flex_attention, goes
+# through it or through plain matrix multiplies). Exercises 6.2 and 9.2 ask for attention written by hand that holds
+# little memory; this kernel holds little too, so with it a library call would pass for their work.
+_FUSED_ATTENTION = "_scaled_dot_product_flash_attention_for_cpu"
+
+
+def close_fused_attention(torch) -> str:
+    """Replace torch's fused CPU attention kernel by its math path, for this process and for good: every library
+    attention then holds the scores it computes, which the grader measures. The registration is kept alive by a
+    reference no Python object holds (the dispatcher's module is not tracked by gc), so no learner code can find it
+    to undo it, and the kernel it replaced cannot be called again (the dispatcher keeps no handle to it).
+    "closed", or why not."""
+    import ctypes  # noqa: PLC0415 (isolated child: loaded only here)
+    import warnings  # noqa: PLC0415 (isolated child: loaded only here)
+
+    math = torch.ops.aten._scaled_dot_product_attention_math
+
+    def without_fusion(query, key, value, dropout_p=0.0, is_causal=False, attn_mask=None, scale=None):
+        gqa = query.shape[-3] != key.shape[-3]  # the fused kernel reads shared heads in place; the math path copies
+        out, _ = math(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=gqa)
+        # the log-sum-exp the kernel also returns (for its backward pass), which no caller here reads
+        return out, torch.zeros(query.shape[:-1], dtype=torch.float32)
+
+    try:
+        module = torch._C._dispatch_library("IMPL", "aten", "CPU", "", 0)
+        with warnings.catch_warnings():  # "overriding a previously registered kernel": the point
+            warnings.simplefilter("ignore")
+            module.impl(_FUSED_ATTENTION, "CPU", without_fusion)
+    except (AttributeError, RuntimeError) as err:  # another torch, without this kernel
+        return f"torch's fused attention could not be replaced: {type(err).__name__}: {err}"
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(module))  # never released: the registration lasts the process
+    return "closed"
+
+
 def _settle() -> None:
     """Free what earlier calls left (cyclic garbage, glibc's free pages): a measured call starts from what is held."""
     import ctypes  # noqa: PLC0415 (isolated child: loaded only here)
@@ -233,11 +270,12 @@ class Encoder:
                 "tensors": [self.encode(v, depth + 1) for v in state.values()],
                 "training": bool(obj.training),
             }
-        if self.parents is not None and getattr(t, "kvlib_remote_mlps", False):  # a Decoder whose MLPs stay here
+        if self.parents is not None and getattr(t, "kvlib_remote_mlps", False):  # its MLPs and head stay here
             node = self.encode(obj.decoder, depth)
-            keep = [i for i, name in enumerate(node["names"]) if ".mlp." not in name]
+            keep = [i for i, name in enumerate(node["names"]) if not _REMOTE_PART.search(name)]
             node["names"], node["tensors"] = [node["names"][i] for i in keep], [node["tensors"][i] for i in keep]
             node["mlps"] = [{"t": "phandle", "id": self.parents(m), "type": "MLP"} for m in obj.mlps]
+            node["head"] = {"t": "phandle", "id": self.parents(obj.head), "type": "Linear"}
             return node
         if torch is not None and t is torch.Generator:  # its state: the same draws follow on the other side
             seen = self.__dict__.setdefault("_generators", {})  # one generator passed to many calls stays one
@@ -280,6 +318,8 @@ class Encoder:
             node = {"t": "phandle", "id": self.parents(obj), "type": t.__name__[:100]}
             if getattr(t, "kvlib_clock", False):  # the child's clocks read its `now` (Exercise 2.3's stand-in model)
                 node["clock"] = True
+            if getattr(t, "kvlib_sequence", False):  # a list whose items the child fetches one by one (9.1's chunks)
+                node["len"] = int(len(obj))
             return node
         if self.handles is not None and t.__module__ in self.owners:  # the learner's own object: it stays here
             key = len(self.handles)
@@ -333,14 +373,16 @@ def decode(np, torch, head, files, node):
         mlps = node.get("mlps")
         if mlps is None:
             decoder.load_state_dict(state)
-        else:  # each layer's MLP stays with the grader (a check's count of forward passes): a stand-in here
+        else:  # each layer's MLP and the head stay with the grader (a check's count of tokens): stand-ins here
             missing = decoder.load_state_dict(state, strict=False).missing_keys
-            if any(".mlp." not in k for k in missing) or len(mlps) != len(decoder.layers):
+            if any(not _REMOTE_PART.search(k) for k in missing) or len(mlps) != len(decoder.layers):
                 raise ValueError("a Decoder whose weights do not match its config")
             for layer, stand_in in zip(decoder.layers, mlps):
                 del layer._modules["mlp"]
                 layer.mlp = decode(np, torch, head, files, stand_in)
-            decoder.kvlib_remote_parts = True  # never sent back: its MLPs' weights are not here
+            del decoder._modules["lm_head"]
+            decoder.lm_head = decode(np, torch, head, files, node["head"])
+            decoder.kvlib_remote_parts = True  # never sent back: its MLPs' and head's weights are not here
         head.setdefault("_decoders", []).append(decoder)  # what a drifting callback of this request drifts
         return decoder.train(node.get("training") is True)
     if t == "attention":
@@ -363,7 +405,12 @@ def decode(np, torch, head, files, node):
     if t == "method":  # the grader's answer "that attribute is a method": the stand-in makes it a call
         return _Method()
     if t == "phandle":
-        return _Parent(int(node["id"]), str(node.get("type", "object"))[:100], node.get("clock") is True)
+        parent = _Parent(int(node["id"]), str(node.get("type", "object"))[:100], node.get("clock") is True)
+        if node.get("len") is None:
+            return parent
+        # a list the grader keeps, read item by item (9.1's chunks): kvlib.core's Stream (the instructor's file)
+        stream = importlib.import_module("kvlib.core.stream").Stream
+        return stream(lambda i: _ask("method", parent, "item", (i,), {}), range(int(node["len"])))
     if t == "generator":  # one per key: the calls of a batch (many) draw from the same generator, in turn
         made = head.setdefault("_generators", {})
         if node["k"] not in made:
@@ -632,15 +679,11 @@ def _serve(req, files_in) -> bytes:
     try:
         results = []
         before = {id(a): _fingerprint(torch, a) for a in (*batch[0][0], *batch[0][1].values()) if _is_tensor(torch, a)}
-        if req.get("watch"):  # the shapes the call allocates, watched beside it (9.1 only: docs/instructors.md)
-            args, kwargs = batch[0]
-            result = importlib.import_module("kvlib.measure.timing").new_tensors(fn, *args, **kwargs)
-        else:
-            for args, kwargs in batch:
-                clock = next((a for a in (*args, *kwargs.values()) if _is_clock(a)), None)
-                with _clock_of(clock, modules) if clock is not None else contextlib.nullcontext():
-                    results.append(fn(*args, **kwargs))  # the grader's stand-in model keeps the time (Exercise 2.3)
-            result = results if many is not None else results[0]
+        for args, kwargs in batch:
+            clock = next((a for a in (*args, *kwargs.values()) if _is_clock(a)), None)
+            with _clock_of(clock, modules) if clock is not None else contextlib.nullcontext():
+                results.append(fn(*args, **kwargs))  # the grader's stand-in model keeps the time (Exercise 2.3)
+        result = results if many is not None else results[0]
     except BaseException as err:  # SystemExit and KeyboardInterrupt too: the call failed
         head = _error(err, files, "call")
     else:
@@ -701,7 +744,9 @@ def main() -> None:
         _send(wfd, json.dumps({"status": "boot_error", "message": f"{type(err).__name__}: {err}"}).encode())
         return
     spawn = close_process_creation()  # before any learner code: its work stays in this process
-    _send(wfd, json.dumps({"status": "booted", "spawn": spawn}).encode())  # from here on, failures are the submission's
+    fused = close_fused_attention(torch) if torch is not None else "closed"  # and library attention holds its scores
+    booted = {"status": "booted", "spawn": spawn, "fused": fused}
+    _send(wfd, json.dumps(booted).encode())  # from here on, failures are the submission's
     if _recv(rfd) is None:  # the grader's go: it holds this process's /proc files open before learner code runs
         return
     os.chdir(cfg["work"])

@@ -11,7 +11,9 @@ first (kvlib.grading.submission.screen) and then:
   - logs every refused file, and hands the list to the NoteRefusedFiles preprocessor (resources
     ["nbgrader"]["refused"]), which tells the learner at the top of the graded notebook;
   - stops, before anything is read, a submission whose timestamp.txt is not a plain file (nbgrader
-    reads it before any hook runs), saying so in the log.
+    reads it before any hook runs), saying so in the log;
+  - writes each autograded notebook whole or not at all (a temporary file, then a rename), and makes
+    its temporary folders in one of its own (kvlib.grading.scratch), removing those a killed grader left.
 LinkKeepingCollect does the same for `nbgrader collect`: a link a student adds in the exchange
 arrives in submitted/ as a link, to be refused here. Nothing in submitted/ is changed.
 `install()` (called by the nbgrader_config.py that `kvlib course
@@ -26,6 +28,7 @@ from __future__ import annotations
 import datetime
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -37,6 +40,7 @@ from nbgrader.converters.base import BaseConverter
 from nbgrader.exchange.default.collect import ExchangeCollect
 from nbgrader.utils import find_all_files, ignore_patterns
 
+from kvlib.grading import scratch
 from kvlib.grading.execute import GradingJail
 from kvlib.grading.submission import Screened, open_screened, read, screen
 
@@ -112,6 +116,28 @@ class _ScreenedSteps(BaseConverter):
         output, resources = self.exporter.from_notebook_node(nb, resources=resources)
         self.write_single_notebook(output, resources)
 
+    def write_single_notebook(self, output: str, resources: ResourcesDict) -> None:
+        """BaseConverter.write_single_notebook, whole or not at all: a temporary file beside the notebook, then a
+        rename over it, so a grader killed while writing leaves the notebook as it was, never half of it."""
+        folder = self._format_dest(resources["nbgrader"]["assignment"], resources["nbgrader"]["student"])
+        self.writer.build_directory = folder  # where Autograde's second pass reads the notebook back
+        os.makedirs(folder, exist_ok=True)
+        final = os.path.join(folder, resources["unique_key"] + resources.get("output_extension", ".ipynb"))
+        fd, tmp = tempfile.mkstemp(prefix=".kvlib-", suffix=".tmp", dir=folder)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(output)
+                f.flush()
+                os.fsync(f.fileno())
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # the mode nbgrader's own writer gives it
+            os.replace(tmp, final)
+        except BaseException:
+            if os.path.lexists(tmp):
+                os.remove(tmp)
+            raise
+
 
 class ScreenedAutograde(Autograde, _ScreenedSteps):
     """nbgrader's Autograde, reading each submission only through kvlib.grading.submission, and
@@ -119,6 +145,10 @@ class ScreenedAutograde(Autograde, _ScreenedSteps):
 
     def start(self) -> None:
         GradingJail(config=self.config).announce(self.log)
+        scratch.use_own_tempdir()
+        swept = scratch.sweep()
+        if swept:
+            self.log.info("Removed %d temporary folder(s) of killed grading runs: %s", len(swept), swept)
         super().start()
 
     def init_destination(self, assignment_id: str, student_id: str) -> bool:

@@ -137,6 +137,15 @@ class IsolatedGrading(NbGraderPreprocessor):
                 notebook,
                 sandbox.spawn,
             )
+        if sandbox is not None and sandbox.fused and sandbox.fused != "closed":
+            self.log.warning(
+                "isolated checks of %s/%s/%s: %s: a library attention call holds little memory there, so 6.2's and "
+                "9.2's memory cells cannot tell it from attention written by hand (docs/instructors.md)",
+                student,
+                assignment,
+                notebook,
+                sandbox.fused,
+            )
         if sandbox is not None:
             passed = sum(ok for ok, _ in results.values())
             self.log.info(

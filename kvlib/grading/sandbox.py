@@ -466,6 +466,7 @@ class Sandbox:
         self._watch: Watch | None = None  # the child's /proc files, opened before its learner code runs
         self.unwatched = ""  # why the child's memory cannot be read here, if it cannot
         self.spawn = ""  # "closed", or why the child can still start processes (kvlib.grading._child)
+        self.fused = ""  # "closed", or why torch's fused attention kernel still runs there (a library call is light)
         self._tmp = Path(tempfile.mkdtemp(prefix="kvlib-sandbox-"))
         self._write_scratch()
 
@@ -601,6 +602,7 @@ class Sandbox:
                 f"{first.get('message') or self._stderr_tail() or 'no message'}"
             )
         self.spawn = str(first.get("spawn", ""))[:300]
+        self.fused = str(first.get("fused", ""))[:300]
         try:  # before the learner's code runs: it may make itself undumpable, which closes /proc/<pid> to others
             self._watch = Watch(python_pid(self._proc.pid, jailed=self.mode != "plain"))
             self.unwatched = ""
@@ -653,19 +655,14 @@ class Sandbox:
             raise SetupError(f"call_many takes 1 to {_child.MAX_ITEMS} calls, got {len(calls)}")
         return self.call(fn, (), {}, many=[(tuple(a), dict(k)) for a, k in calls])
 
-    def call(
-        self, fn: str, args: tuple, kwargs: dict, measure: bool = False, on: tuple | None = None, many=None, watch=False
-    ):
+    def call(self, fn: str, args: tuple, kwargs: dict, measure: bool = False, on: tuple | None = None, many=None):
         """fn(*args, **kwargs) in the child: its result, with what it did to tensor and Decoder
         arguments copied back into them, and functions passed as arguments (on_token) called with what
         the child's stand-ins for them recorded. on=(op, handle, attr): instead of fn itself, an
         attribute of an object the child handed out ("getattr", "method", "setattr": args is (value,)).
         measure=True: (result, Usage), the call's memory as this process reads it in the child's /proc
         (kvlib.grading.memory), from just before the request is sent until its reply has come: nothing
-        the learner's code does in the child can hide what it holds from it. watch=True: instead of the result,
-        [(op, shape)] of every tensor the call allocated (kvlib.measure.timing.new_tensors), watched in the child
-        beside the call, where the learner's code can switch the watch off: only 9.1's check uses it, where no
-        measure of this process's can tell a concatenation from a copy of every chunk (docs/instructors.md)."""
+        the learner's code does in the child can hide what it holds from it."""
         name = fn.split(".", 1)[1]
         if self.broken:
             raise SandboxError(self.broken)
@@ -691,7 +688,6 @@ class Sandbox:
                 "fn": fn,
                 "args": [enc.encode(a) for a in args],
                 "kwargs": {k: enc.encode(v) for k, v in kwargs.items()},
-                "watch": bool(watch),
             }
             if on is not None:
                 head.update(op=on[0], h=on[1], attr=on[2])
@@ -887,13 +883,10 @@ class SandboxModule:
         def memory(*args, **kwargs):  # (result, kvlib.grading.memory.Usage): the child's memory, read by the grader
             return self._sandbox.call(fn, args, kwargs, measure=True)
 
-        def watch(*args, **kwargs):  # the shapes it allocates, watched in the child: untrusted (9.1 only)
-            return self._sandbox.call(fn, args, kwargs, watch=True)
-
         def many(calls):
             return self._sandbox.call_many(fn, calls)
 
-        forward.__name__, forward.memory, forward.watch, forward.many = name, memory, watch, many
+        forward.__name__, forward.memory, forward.many = name, memory, many
         return forward
 
     def __repr__(self) -> str:

@@ -11,6 +11,7 @@ import datetime
 import math
 import statistics
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 
 import torch
@@ -56,8 +57,11 @@ def bytes_per_token_layer(
     D = config.head_dim
     if scheme in ("mha", "gqa"):
         return 2 * heads * D * bytes_per_number  # a key and a value per head
-    if scheme == "int8":
-        return 2 * heads * D + heads * D * bytes_per_number / group + heads * bytes_per_number
+    if scheme == "int8":  # the learner's prediction (Exercise 8.7), per layer
+        from kvlib.compress import int8_bytes_per_token  # noqa: PLC0415 (late binding: runs the learner's code)
+
+        one_layer = replace(config, n_layers=1, n_kv_heads=heads)
+        return int8_bytes_per_token(one_layer, group=group, scale_bytes=bytes_per_number)
     raise ValueError(f"unknown scheme {scheme!r}: mha, gqa, int8 or mla")
 
 
@@ -73,14 +77,17 @@ def outweighs_at(per_token_layer: float, n_layers: int, weight_bytes: float, win
     return None if window is not None and tokens > window else tokens
 
 
-def bytes_table(window: int = 4096, n_sink: int = 4, context: int = 32768) -> list[dict]:
-    """One row per (model, scheme): bytes per token per layer and per token, the cache at `context` tokens
-    and where one sequence's cache outweighs the weights. 16-bit numbers (scales too) unless stated;
-    the tiny model in float32, as it runs here. Window rows: Mistral 7B's 4,096 (arXiv 2310.06825) with
-    StreamingLLM's 4 sinks (arXiv 2309.17453)."""
+def bytes_table(window: int = 4096, context: int = 32768) -> list[dict]:
+    """One row per (model, scheme): bytes per token per layer and per token, the cache at `context` tokens, the
+    context at which one sequence's cache outweighs the weights, and the model's own context ("context": its trained
+    one, or its config's; None where unknown), with past_context True where that crossing lies beyond it. 16-bit
+    numbers (scales too) unless stated; the tiny model in float32, as it runs here. Mistral-7B caches its sliding
+    window of 4,096 as shipped (arXiv 2310.06825); the other models' window rows ask what a window of `window`
+    tokens would do for them."""
     rows = []
 
-    def add(model, scheme, label, per_layer, n_layers, weights, note="", cached=None):
+    def add(model, scheme, label, per_layer, n_layers, weights, model_context, note="", cached=None):
+        at = outweighs_at(per_layer, n_layers, weights, cached)
         rows.append(
             {
                 "model": model,
@@ -88,8 +95,10 @@ def bytes_table(window: int = 4096, n_sink: int = 4, context: int = 32768) -> li
                 "bytes_per_token_layer": per_layer,
                 "bytes_per_token": per_layer * n_layers,
                 "cache_bytes_at_context": cache_bytes(per_layer, n_layers, context, cached),
-                "context": context,
-                "outweighs_weights_at": outweighs_at(per_layer, n_layers, weights, cached),
+                "at_context": context,
+                "outweighs_weights_at": at,
+                "context": model_context,
+                "past_context": at is not None and model_context is not None and at > model_context,
                 "weight_bytes": weights,
                 "note": note,
             }
@@ -101,90 +110,63 @@ def bytes_table(window: int = 4096, n_sink: int = 4, context: int = 32768) -> li
         ("MHA float32", "mha", None),
         ("GQA-2 float32 (notebook 06)", "gqa", 2),
         ("MQA float32", "gqa", 1),
+        ("MHA int8 (8.1, 8.2)", "int8", None),
     ):
-        add(
-            "tiny",
-            scheme,
-            label,
-            bytes_per_token_layer(scheme, tiny, bytes_per_number=4, n_kv_heads=h),
-            tiny.n_layers,
-            tiny_weights,
-        )
-    add(
-        "tiny",
-        "int8",
-        "MHA int8 (8.1, 8.2)",
-        bytes_per_token_layer("int8", tiny, bytes_per_number=4),
-        tiny.n_layers,
-        tiny_weights,
-        "float32 scales",
-    )
+        per_layer = bytes_per_token_layer(scheme, tiny, bytes_per_number=4, n_kv_heads=h)
+        add("tiny", scheme, label, per_layer, tiny.n_layers, tiny_weights, tiny.max_seq_len)
+    mha = bytes_per_token_layer("mha", tiny, bytes_per_number=4)
     add(
         "tiny",
         "window",
         "MHA, 4 sinks + window 28",
-        bytes_per_token_layer("mha", tiny, bytes_per_number=4),
+        mha,
         tiny.n_layers,
         tiny_weights,
-        "32 tokens kept",
+        tiny.max_seq_len,
         cached=32,
     )
     for name in ("Llama-2-7B", "Llama-3-8B", "Mistral-7B"):
         m = REAL_MODELS[name]
-        c, w = m.config, m.weight_bytes(2)
+        c, w, shipped = m.config, m.weight_bytes(2), m.sliding_window
         base = "mha" if m.attention == "MHA" else "gqa"
-        add(name, base, f"{m.attention} 16-bit", bytes_per_token_layer(base, c), c.n_layers, w, m.source)
-        add(
-            name,
-            "int8",
-            f"{m.attention} int8, KIVI axes",
-            bytes_per_token_layer("int8", c),
-            c.n_layers,
-            w,
-            "16-bit scales, groups of 32",
-        )
-        add(
-            name,
-            "window",
-            f"{m.attention} 16-bit, {n_sink} sinks + window {window - n_sink}",
-            bytes_per_token_layer(base, c),
-            c.n_layers,
-            w,
-            "Mistral-7B ships this window" if name == "Mistral-7B" else "as if it had Mistral's window",
-            cached=window,
-        )
+        own = f", window {shipped:,} (as shipped)" if shipped else ""
+        add(name, base, f"{m.attention} 16-bit{own}", bytes_per_token_layer(base, c), c.n_layers, w, m.context,
+            m.source, cached=shipped)  # fmt: skip
+        add(name, "int8", f"{m.attention} int8, KIVI axes{own}", bytes_per_token_layer("int8", c), c.n_layers, w,
+            m.context, "16-bit scales, groups of 32", cached=shipped)  # fmt: skip
+        if not shipped:
+            add(name, "window", f"{m.attention} 16-bit, window {window:,}", bytes_per_token_layer(base, c), c.n_layers,
+                w, m.context, "as if it had Mistral-7B's window", cached=window)  # fmt: skip
     for name, m in MLA_MODELS.items():
         # the paper's comparison (arXiv 2405.04434, Table 1): MHA keeps 2 n_h d_h numbers per token and layer, GQA 2 n_g d_h
         heads = ModelConfig(
             vocab_size=1, d_model=m.n_heads * m.nope_dim, n_layers=m.n_layers, n_heads=m.n_heads, n_kv_heads=m.n_heads
         )
-        add(
-            name,
-            "mha",
-            f"as MHA, {m.n_heads} heads of {m.nope_dim} (not shipped)",
-            bytes_per_token_layer("mha", heads),
-            m.n_layers,
-            m.weight_bytes(2),
-            "the paper's Table 1 comparison",
-        )
-        add(
-            name,
-            "gqa",
-            "as GQA-8 (not shipped)",
-            bytes_per_token_layer("gqa", heads, n_kv_heads=8),
-            m.n_layers,
-            m.weight_bytes(2),
-        )
-        add(
-            name,
-            "mla",
-            f"MLA, latent {m.kv_rank} + rotary {m.rope_dim}",
-            bytes_per_token_layer("mla", mla=m),
-            m.n_layers,
-            m.weight_bytes(2),
-            m.source,
-        )
+        w = m.weight_bytes(2)
+        add(name, "mha", f"as MHA, {m.n_heads} heads of {m.nope_dim} (not shipped)",
+            bytes_per_token_layer("mha", heads), m.n_layers, w, m.context, "the paper's Table 1 comparison")  # fmt: skip
+        add(name, "gqa", "as GQA-8 (not shipped)", bytes_per_token_layer("gqa", heads, n_kv_heads=8), m.n_layers, w,
+            m.context)  # fmt: skip
+        add(name, "mla", f"MLA, latent {m.kv_rank} + rotary {m.rope_dim}", bytes_per_token_layer("mla", mla=m),
+            m.n_layers, w, m.context, m.source)  # fmt: skip
     return rows
+
+
+def format_bytes_row(r: dict) -> str:
+    """One row of bytes_table as the notebook and `kvlib bench compress` print it; a crossing past the model's own
+    context is flagged, since no sequence of that model ever reaches it."""
+    at = "never" if r["outweighs_weights_at"] is None else f"{r['outweighs_weights_at']:,}"
+    if r["past_context"]:
+        at += f" (past its {r['context']:,}-token context)"
+    return (
+        f"{r['model']:<12} {r['scheme']:<44} {r['bytes_per_token_layer']:>8,.0f} {_size(r['bytes_per_token']):>10} "
+        f"{_size(r['cache_bytes_at_context']):>10}   {at}"
+    )
+
+
+BYTES_HEADER = (
+    f"{'model':<12} {'scheme':<44} {'B/layer':>8} {'per token':>10} {'at 32k':>10}   outweighs the weights at"
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,38 +174,34 @@ def bytes_table(window: int = 4096, n_sink: int = 4, context: int = 32768) -> li
 
 
 def mla_step_cost(m, kv_len: int, path: str, bytes_per_number: int = 2, new_tokens: int = 1) -> dict:
-    """Matmul FLOPs and bytes moved by one layer's attention for new_tokens queries (batch 1) over kv_len latents.
-
-    reconstruct (8.5): rebuild every head's keys and values from every latent, then attend;
-    absorbed (8.6): the queries into latent space, attend there, one up-projection per head and query. Both
-    read the latent cache and w_uk, w_uv; the rebuilt keys and values are written and read once more.
-    new_tokens = 1 is a decode step; new_tokens = kv_len a prefill (the masked half counted, as torch counts it).
+    """Matmul FLOPs and bytes moved by one layer's attention for new_tokens queries (batch 1) over kv_len latents,
+    on path "reconstruct" (8.5) or "absorbed" (8.6). FLOPs: the learner's count (Exercise 8.8, checked against torch's
+    counter by mla_counted_flops). Bytes: both read the latent cache and w_uk, w_uv; reconstructing also writes every
+    head's keys and values and reads them back. new_tokens = 1 is a decode step; new_tokens = kv_len a prefill.
     """
-    H, Dn, Dr, Dv, r, S, b, T = (
-        m.n_heads,
-        m.nope_dim,
-        m.rope_dim,
-        m.v_dim,
-        m.kv_rank,
-        kv_len,
-        bytes_per_number,
-        new_tokens,
-    )
-    cache, weights = S * (r + Dr) * b, H * (Dn + Dv) * r * b
-    if path == "reconstruct":  # the rebuild is paid once per call, however many queries share it
-        flops = 2 * S * r * H * (Dn + Dv) + 2 * H * T * S * (Dn + Dr) + 2 * H * T * S * Dv
-        moved = cache + weights + 2 * S * H * (Dn + Dv) * b  # rebuilt keys and values: written, then read
-    elif path == "absorbed":  # every query pays r-wide scores and mixes: 512 + 64 wide, not 128 + 64
-        flops = 2 * H * T * Dn * r + 2 * H * T * S * (r + Dr) + 2 * H * T * S * r + 2 * H * T * r * Dv
-        moved = cache + weights
-    else:
+    from kvlib.compress import mla_flops  # noqa: PLC0415 (late binding: the learner's count, Exercise 8.8)
+
+    if path not in ("reconstruct", "absorbed"):
         raise ValueError(f"path must be 'reconstruct' or 'absorbed', got {path!r}")
-    return {"path": path, "kv_len": S, "new_tokens": T, "flops": flops, "bytes": moved, "flops_per_byte": flops / moved}
+    H, Dn, Dr, Dv, r, S, b = m.n_heads, m.nope_dim, m.rope_dim, m.v_dim, m.kv_rank, kv_len, bytes_per_number
+    cache, weights = S * (r + Dr) * b, H * (Dn + Dv) * r * b
+    sizes = {"n_heads": H, "nope_dim": Dn, "rope_dim": Dr, "v_dim": Dv, "kv_rank": r}
+    flops = mla_flops(path, kv_len, new_tokens, **sizes)
+    # rebuilt keys and values are written, then read; absorbed, only the cache and the weights move
+    moved = cache + weights + (2 * S * H * (Dn + Dv) * b if path == "reconstruct" else 0)
+    return {
+        "path": path,
+        "kv_len": S,
+        "new_tokens": new_tokens,
+        "flops": flops,
+        "bytes": moved,
+        "flops_per_byte": flops / moved,
+    }
 
 
 def mla_counted_flops(kv_len: int = 64, seed: int = 0, new_tokens: int = 1) -> dict:
     """torch.utils.flop_counter's count of the learner's 8.5 and 8.6 on a small MLA (batch 1, new_tokens queries),
-    beside mla_step_cost's formula for the same sizes: the formula is checked, not assumed."""
+    beside the learner's prediction for the same sizes (8.8, through mla_step_cost): the count is checked, not assumed."""
     from kvlib.compress import mla_absorbed, mla_reconstruct  # noqa: PLC0415 (late binding: runs the learner's code)
 
     g = torch.Generator().manual_seed(seed)
@@ -238,7 +216,7 @@ def mla_counted_flops(kv_len: int = 64, seed: int = 0, new_tokens: int = 1) -> d
         torch.randn(4, 12, 32, generator=g),
     )
     return {
-        path: {"counted": matmul_flops(fn, *args), "formula": mla_step_cost(m, kv_len, path, new_tokens=T)["flops"]}
+        path: {"formula": mla_step_cost(m, kv_len, path, new_tokens=T)["flops"], "counted": matmul_flops(fn, *args)}
         for path, fn in (("reconstruct", mla_reconstruct), ("absorbed", mla_absorbed))
     }
 
@@ -372,6 +350,7 @@ def speed(
                         **{f"{name}_spread_s": [min(t), max(t)] for name, t in samples.items()},
                         "measured_speedup": statistics.median(ratio),
                         "measured_speedup_spread": [min(ratio), max(ratio)],
+                        "speedup_rounds": ratio,  # each round's float32 time / int8 time, for a claim's spread
                         "measured_speedup_reused": statistics.median(reused),
                         # the split of one run into its parts, so "of which dequantising" can never exceed the run
                         "dequantise_s": statistics.median(d for d, _ in parts),
@@ -458,14 +437,9 @@ def format_compress(report: dict) -> str:
         "",
         "Cache bytes per token (one sequence); outweighs = context at which the cache is heavier than the 16-bit "
         "weights (tiny: float32)",
-        f"{'model':<12} {'scheme':<40} {'B/token/layer':>13} {'per token':>10} {'at 32k tokens':>13} {'outweighs at':>13}",
+        BYTES_HEADER,
     ]
-    for r in report["bytes"]:
-        at = "never" if r["outweighs_weights_at"] is None else f"{r['outweighs_weights_at']:,}"
-        lines.append(
-            f"{r['model']:<12} {r['scheme']:<40} {r['bytes_per_token_layer']:>13,.0f} {_size(r['bytes_per_token']):>10} "
-            f"{_size(r['cache_bytes_at_context']):>13} {at:>13}"
-        )
+    lines += [format_bytes_row(r) for r in report["bytes"]]
     a = report["int8_agreement"]
     lines += [
         "",

@@ -4,19 +4,21 @@ The trace: n requests (seed 0) on the tiny model. Each prompt joins k question p
 tiny model's corpus, k uniform in {1, 2, 3} (about 10 to 150 tokens); each request then generates
 max_new_tokens greedy tokens, drawn log-uniformly from 4 to 256 (many short answers, a few long
 ones, as chat traffic has). Every request arrives at time 0, so TTFT includes the wait in line.
-Measured on one KV budget (n_blocks * block_size token slots):
-  - static batching, contiguous reservation: each request reserves max_seq_len slots (notebook
-    04's KVCache), so budget // max_seq_len requests form a batch, which runs until its longest
-    member is done; a finished member keeps its row and its compute meanwhile, as a padded batch
-    does (Orca, Yu et al., OSDI 2022, section 2), and what it computes then is thrown away;
-  - iteration-level batching, contiguous reservation (Orca's): the same budget // max_seq_len
-    requests at most, but a finished one leaves at once and the next in line takes its place;
-  - continuous batching, paged (your Scheduler): admitted whenever blocks are free;
+Measured on one KV budget (n_blocks * block_size token slots), three ways:
+  - static batching, reserved: each request reserves max_seq_len slots (notebook 04's KVCache), so
+    budget // max_seq_len requests form a batch, which runs until its longest member is done; a finished
+    member keeps its row and its compute meanwhile, as a padded batch does (Orca, Yu et al., OSDI 2022,
+    section 2), and what it computes then is thrown away;
+  - continuous batching, reserved: Orca's iteration-level scheduling (what vLLM's docs call continuous
+    batching) in the same reservations: at most budget // max_seq_len run, but a finished one leaves at once
+    and the first in line takes its place;
+  - continuous batching, paged (vLLM's; your Scheduler): admitted whenever blocks are free;
   - the same with a shared system prompt, prefix sharing off and on, at a budget where blocks bind.
-Static to iteration-level is what not computing finished rows gains; iteration-level to paged is
-what paging's higher concurrency gains. Utilisation is time-averaged over steps: slots holding a
-token / slots reserved (for contiguous reservation, an assumed max_seq_len per request). Inter-token
-latency is each gap between two tokens of one request (the engine's clock at each forward).
+Static to continuous is what not computing finished rows gains; reserved to paged is what paging's higher
+concurrency gains. serve_rounds runs ways interleaved, round after round, for verdicts with a spread.
+Utilisation is time-averaged over steps: slots holding a token / slots reserved (for a reservation, an
+assumed max_seq_len per request). Inter-token latency is each gap between two tokens of one request (the
+engine's clock at each forward).
 Also the batched decode step's time against batch size. Everything runs the learner's kvlib/serving.py.
 """
 
@@ -157,8 +159,9 @@ def serve_continuous(
 
 
 def serve_iteration_level(model, trace, n_blocks, block_size=16, reserve=None, on_done=None):
-    """Orca's iteration-level batching without paging: at most budget // reserve requests run, as contiguous
-    reservation allows, but each leaves as soon as it is done and the first in line takes its place."""
+    """Continuous batching in reserved memory (Orca's iteration-level scheduling, no paging): at most
+    budget // reserve requests run, as contiguous reservation allows, but each leaves as soon as it is done and
+    the first in line takes its place."""
     reserve = reserve or model.config.max_seq_len
     batch = n_blocks * block_size // reserve
     if batch < 1:
@@ -201,6 +204,65 @@ def serve_static(model, trace, n_blocks, block_size=16, reserve=None, on_done=No
             on_done(len(members))
     seconds = time.perf_counter() - start
     return _summary(sched.finished, start, seconds, steps, held, reserved, {"batch": batch, "reserve": reserve})
+
+
+def serve_rounds(model, trace, ways: dict, rounds: int = 3) -> dict[str, list[dict]]:
+    """Each way (name -> fn(model, trace) -> a summary, e.g. serve_static with its budget bound) served `rounds`
+    times, the ways interleaved within every round, so that a busy moment of a shared machine lands on all of
+    them alike: {name: [one summary per round]}. The schedules are deterministic; only the times vary.
+    Example: paired = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs["paged"], runs["reserved"])]"""
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be a positive int, got {rounds!r}")
+    runs: dict[str, list[dict]] = {name: [] for name in ways}
+    for _ in range(rounds):
+        for name, fn in ways.items():
+            runs[name].append(fn(model, trace))
+    return runs
+
+
+def equal_memory_ways(n_blocks: int = 256, block_size: int = 16) -> dict:
+    """The three ways of notebook 07b at one KV budget, for serve_rounds: static and continuous batching in
+    reserved memory, and continuous batching paged."""
+    return {
+        "static, reserved": lambda m, t: serve_static(m, t, n_blocks, block_size),
+        "continuous, reserved": lambda m, t: serve_iteration_level(m, t, n_blocks, block_size),
+        "continuous, paged": lambda m, t: serve_continuous(m, t, n_blocks, block_size),
+    }
+
+
+def format_rounds(runs: dict[str, list[dict]]) -> str:
+    """One line per way: the medians of its rounds (throughput, TTFT p99, ITL p99, TPOT), its steps and KV in use
+    (the same every round), and for a paged way the median step with and without a prefill in it."""
+    lines = []
+    for name, rs in runs.items():
+        med = {
+            k: statistics.median(r[k] for r in rs) for k in ("tokens_per_s", "ttft_p99_s", "itl_p99_s", "tpot_mean_s")
+        }
+        lines.append(
+            f"{name:21s}: {med['tokens_per_s']:5.0f} tokens/s, {rs[0]['steps']:3d} steps, TTFT p99 {med['ttft_p99_s']:5.2f} s, "
+            f"ITL p99 {med['itl_p99_s'] * 1e3:6.1f} ms, TPOT {med['tpot_mean_s'] * 1e3:5.1f} ms, "
+            f"KV in use {rs[0]['kv_utilisation']:.0%} (medians of {len(rs)} rounds)"
+        )
+    lines.append(
+        "KV in use with a reservation is modelled, from an assumed max_seq_len slots per request; the PagedAttention "
+        "paper measured 20.4-38.2% in real systems"
+    )
+    for name, rs in runs.items():
+        if rs[0].get("steps_with_prefill") and "reserve" not in rs[0]:
+            with_, without = (
+                statistics.median(r[k] for r in rs) for k in ("step_p50_s_with_prefill", "step_p50_s_decode_only")
+            )
+            lines.append(
+                f"{name}, prefill first: a step that admits someone takes {with_ * 1e3:.1f} ms (median of "
+                f"{rs[0]['steps_with_prefill']} such step{'s' * (rs[0]['steps_with_prefill'] != 1)}), a decode-only "
+                f"step {without * 1e3:.1f} ms"
+            )
+    return "\n".join(lines)
+
+
+def paired(runs: dict[str, list[dict]], subject: str, baseline: str, key: str = "tokens_per_s") -> list[float]:
+    """Round by round, subject's key / baseline's (for a time, pass its inverse's ratio yourself)."""
+    return [a[key] / b[key] for a, b in zip(runs[subject], runs[baseline])]
 
 
 def last_level_cache_bytes() -> int | None:
@@ -365,8 +427,8 @@ def format_serve(report: dict) -> str:
         f"{'TPOT':>8s} {'KV used':>8s}",
     ]
     for name, r in (
-        (f"static, contiguous (batch {s['batch']})", s),
-        (f"iteration-level, contiguous (<= {i['batch']})", i),
+        (f"static, reserved (batch {s['batch']})", s),
+        (f"continuous, reserved (<= {i['batch']})", i),
         ("continuous, paged", c),
     ):
         lines.append(
@@ -375,9 +437,10 @@ def format_serve(report: dict) -> str:
             f"{r['kv_utilisation']:8.1%}"
         )
     lines += [
-        "KV used with contiguous reservation is modelled: each request assumed to reserve max_seq_len slots",
-        f"throughput over static: iteration-level {i['tokens_per_s'] / s['tokens_per_s']:.2f}x (no finished rows "
-        f"computed), paged {c['tokens_per_s'] / s['tokens_per_s']:.2f}x; steps {s['steps']} -> {i['steps']} -> "
+        "KV used with a reservation is modelled: each request assumed to reserve max_seq_len slots",
+        f"throughput over static (one run each: no spread measured): continuous, reserved "
+        f"{i['tokens_per_s'] / s['tokens_per_s']:.2f}x (no finished rows computed), paged "
+        f"{c['tokens_per_s'] / s['tokens_per_s']:.2f}x; steps {s['steps']} -> {i['steps']} -> "
         f"{c['steps']}; preemptions {c['preemptions']}",
         f"prefill first stalls decodes: a step with a prefill {c['step_p50_s_with_prefill'] * 1e3:.1f} ms (median of "
         f"{c['steps_with_prefill']}), a decode-only step {c['step_p50_s_decode_only'] * 1e3:.1f} ms",

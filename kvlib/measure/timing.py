@@ -11,6 +11,7 @@ import os
 import platform
 import statistics
 import time
+import weakref
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -119,6 +120,36 @@ def new_tensors(fn: Callable, *args, **kwargs) -> list[tuple[str, tuple[int, ...
     with Watch():
         fn(*args, **kwargs)
     return made
+
+
+def peak_tensor_bytes(fn: Callable, *args, **kwargs) -> tuple[object, int]:
+    """(fn(*args, **kwargs), the most bytes that tensors made during the call held at once, alive together).
+
+    A tensor counts from its allocation until it is freed (a view made of it, kept after it is gone, is not
+    followed: a lower bound). Used by notebook 09's local check of the online softmax (are the chunks kept?),
+    where the isolated grader reads the process's memory instead (kvlib.grading.memory).
+    """
+
+    live: dict[int, int] = {}
+    peak = 0
+
+    class Watch(PlainDispatchMode):
+        def __torch_dispatch__(self, func, types, a=(), kw=None):
+            nonlocal peak
+            out = func(*a, **(kw or {}))
+            inputs = {x.untyped_storage().data_ptr() for x in tree_leaves((a, kw)) if isinstance(x, torch.Tensor)}
+            for x in out if isinstance(out, (tuple, list)) else (out,):
+                if not isinstance(x, torch.Tensor) or x.untyped_storage().data_ptr() in inputs:
+                    continue
+                key = id(x)
+                live[key] = x.untyped_storage().nbytes()
+                weakref.finalize(x, live.pop, key, None)
+            peak = max(peak, sum(live.values()))
+            return out
+
+    with Watch():
+        result = fn(*args, **kwargs)
+    return result, peak
 
 
 @dataclass

@@ -1,8 +1,6 @@
-"""Generating text (notebook 02-generation): the next token, the naive loop, its timing, a layer's parts.
-
-Naive decoding reruns the whole sequence every step (notebook 03 counts the waste, 04 caches it).
-TTFT ends with the prefill; inter-token latencies (ITL) are the later gaps, TPOT their mean.
-Left out: batching prompts of different lengths, grouped heads (notebook 06).
+"""Generating text (notebook 02-generation): the next token, the naive loop, its timing, a layer's parts, and two
+predictions (a temperature's probabilities, a decoder's parameters). Naive decoding reruns the whole sequence every
+step (notebook 03 counts the waste, 04 caches it); TTFT ends with the prefill, ITLs are the later gaps, TPOT their mean.
 """
 
 from __future__ import annotations
@@ -32,8 +30,6 @@ def next_token(logits: torch.Tensor, temperature: float = 0.0, generator=None) -
     Example:
         >>> next_token(torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 0.0]]))
         tensor([1, 0])
-        >>> next_token(torch.zeros(4, 9), 1.0, torch.Generator().manual_seed(0)).shape
-        torch.Size([4])
     """
     ### BEGIN SOLUTION
     if temperature == 0:
@@ -52,8 +48,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, temperature=0.
     """The naive autoregressive loop: every step runs the whole sequence so far and appends one token.
 
     Args:    model: a kvlib Decoder, model(ids) -> logits (batch, seq_len, vocab_size)
-             input_ids: (batch, seq_len) torch.long prompt token ids
-             max_new_tokens: how many tokens to add, >= 1
+             input_ids: (batch, seq_len) torch.long prompt token ids;  max_new_tokens: how many to add, >= 1
              temperature, generator: as in next_token (Exercise 2.1)
              on_token: called with each new token, (batch,) torch.long, as soon as it is chosen
     Returns: (batch, seq_len + max_new_tokens) torch.long: the prompt, unchanged, then the new tokens
@@ -117,8 +112,7 @@ def attention_block(attn, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor)
                    o_proj (d_model, n_heads*head_dim); head i owns features [i*head_dim, (i+1)*head_dim)
              h: (batch, seq_len, d_model) float32 tensor, the layer's input after its RMSNorm
              cos, sin: (seq_len, head_dim), the rotary table's rows at h's positions (apply_rotary)
-    Returns: (batch, seq_len, d_model) float32, equal to attn(h, cos, sin): queries and keys rotated, values
-             not, each head attending causally (Exercise 1.4, numpy), W_O applied to the heads side by side
+    Returns: (batch, seq_len, d_model) float32, equal to attn(h, cos, sin), every head through Exercise 1.4
     Raises:  ValueError if attn is not an Attention, has grouped heads (notebook 06), or h, cos, sin do not fit it
     Example:
         >>> from kvlib.core.weights import load_tiny; model, _ = load_tiny()
@@ -152,8 +146,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.
 
     Args:    x: (..., d_model) float tensor, hidden states (float32, float16 or bfloat16)
              weight: (d_model,), the learned scale; eps > 0, added to the mean square under the root
-    Returns: x's shape and dtype; equal to RMSNorm(d_model, eps) with that weight (model.layers[i].attn_norm):
-             no mean subtracted, no bias; 16-bit x is normalised in float32, so no square overflows
+    Returns: x's shape and dtype; equal to RMSNorm(d_model, eps) with that weight (model.layers[i].attn_norm),
+             finite for float16 x of values in the hundreds, whose squares float16 cannot hold
     Raises:  ValueError if x is not a float tensor, weight is not (d_model,), or eps <= 0
     Example:
         >>> rms_norm(torch.tensor([[3.0, 4.0]]), torch.ones(2), eps=0.0001).round(decimals=3)
@@ -172,13 +166,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.
 
 @exercise("2.6", validate=inputs.check_swiglu)
 def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
-    """Llama's MLP (SwiGLU): x widened twice, one copy through SiLU gating the other, then narrowed again.
+    """Llama's MLP (SwiGLU): a gated MLP, widened to hidden_dim and narrowed back to d_model.
 
     Args:    x: (..., d_model) float tensor
              w_gate, w_up: (hidden_dim, d_model), w_down: (d_model, hidden_dim): nn.Linear weights, the
                    model's mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight
-    Returns: (..., d_model) in x's dtype, equal to mlp(x); SiLU(z) = z * sigmoid(z) (torch.nn.functional.silu)
-             decides, feature by feature, how much of the up projection passes
+    Returns: (..., d_model) in x's dtype, equal to the layer's own MLP, mlp(x)
     Raises:  ValueError if the weights' shapes do not fit x and each other
     Example:
         >>> swiglu(torch.tensor([[1.0, -1.0]]), *[torch.eye(2)] * 3).round(decimals=3)
@@ -187,4 +180,60 @@ def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: to
     ### BEGIN SOLUTION
     gate = torch.nn.functional.silu(x @ w_gate.T)  # (..., C) @ (C, hidden) -> (..., hidden), each in (-0.28, inf)
     return (gate * (x @ w_up.T)) @ w_down.T  # (..., hidden) * (..., hidden) -> @ (hidden, C) -> (..., C)
+    ### END SOLUTION
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 2.7
+
+
+@exercise("2.7", validate=inputs.check_temper)
+def temper(probs: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The next-token distribution at a temperature, predicted from the distribution at temperature 1 alone.
+
+    Args:    probs: (..., vocab_size) float tensor, softmax(logits) for some logits: rows >= 0 that sum to 1
+             temperature: t >= 0, as in next_token (Exercise 2.1)
+    Returns: probs' shape and dtype: softmax(logits / t) for those logits, rows summing to 1, finite for any
+             t > 0 (0.01 included); at t = 0, one-hot on each row's most likely token (the first, if tied)
+    Raises:  ValueError if probs is not a float tensor of rows >= 0 summing to 1, or temperature < 0
+    Example:
+        >>> temper(torch.tensor([0.25, 0.75]), 0.0)
+        tensor([0., 1.])
+    """
+    ### BEGIN SOLUTION
+    if temperature == 0:
+        return torch.nn.functional.one_hot(probs.argmax(dim=-1), probs.shape[-1]).to(probs.dtype)
+    return torch.softmax(probs.log() / temperature, dim=-1)  # log p = logits - a constant of the row; 0 -> -inf
+    ### END SOLUTION
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 2.8
+
+
+@exercise("2.8", validate=inputs.check_config)
+def param_counts(config) -> dict[str, int]:
+    """The parameters of a decoder of this config, part by part, predicted from the config alone.
+
+    Args:    config: a kvlib ModelConfig; the decoder is Llama's, as in this notebook: no biases, an lm_head of
+             its own (not the embedding's), two RMSNorms a layer and one before the lm_head, and k_proj, v_proj
+             giving n_kv_heads heads of head_dim (n_kv_heads < n_heads is notebook 06's GQA)
+    Returns: {"embedding", "attention", "mlp", "norms", "lm_head"}: ints, each over all layers, summing to
+             Decoder(config).num_params()
+    Raises:  ValueError if config is not a ModelConfig
+    Example:
+        >>> from kvlib.core.model import ModelConfig; config = ModelConfig(10, d_model=8, n_heads=1, n_kv_heads=1)
+        >>> param_counts(config)["embedding"]
+        80
+    """
+    ### BEGIN SOLUTION
+    C, D, L = config.d_model, config.head_dim, config.n_layers
+    qkvo = C * config.n_heads * D * 2 + C * config.n_kv_heads * D * 2  # q and o: n_heads; k and v: n_kv_heads
+    return {
+        "embedding": config.vocab_size * C,
+        "attention": L * qkvo,
+        "mlp": L * 3 * C * config.hidden_dim,  # gate, up, down
+        "norms": (2 * L + 1) * C,
+        "lm_head": config.vocab_size * C,
+    }
     ### END SOLUTION

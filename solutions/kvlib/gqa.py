@@ -58,7 +58,8 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torc
     Equal to F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True) with the
     bottom-right causal mask (queries are the last seq_len of kv_len positions; True = may attend),
     and to attention over repeat_kv(k, group_size) and repeat_kv(v, group_size), group_size = n_heads // n_kv_heads,
-    but never makes a tensor of n_heads keys or values (the grader measures the memory it holds).
+    but never makes a tensor of n_heads keys or values (the grader measures the memory it holds). SDPA is what to
+    compare with, not the answer: the grader runs without its fused kernel, and there enable_gqa copies the heads.
     Args:    q: (batch, n_heads, seq_len, head_dim);  k, v: (batch, n_kv_heads, kv_len, head_dim), one float dtype
     Returns: (batch, n_heads, seq_len, head_dim), q's dtype
     Raises:  ValueError if n_heads is not a multiple of n_kv_heads, the shapes disagree, or seq_len > kv_len

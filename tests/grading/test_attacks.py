@@ -65,7 +65,7 @@ def attention(done=(), replace=None, prelude="", epilogue="") -> str:
     return text.replace(_ANCHOR, _ANCHOR + prelude + "\n", 1) + epilogue
 
 
-ALL = ("1.1", "1.2", "1.3", "1.4")
+ALL = ("1.1", "1.2", "1.3", "1.4", "1.5")
 
 
 POINTS, TOTAL = class_bench.points(NB)  # {"1.1": 5, ...}, their sum
@@ -131,6 +131,7 @@ def submissions(course: Path, port: int = 0) -> dict:
                     "1.2": "return np.zeros(v.shape[-1]), np.zeros(k.shape[0])",
                     "1.3": "return np.zeros((seq_len, kv_len), dtype=bool)",
                     "1.4": "return np.zeros(q.shape[:-1] + v.shape[-1:]), np.zeros(q.shape[:-1] + k.shape[-2:-1])",
+                    "1.5": "return np.zeros(2)",
                 },
                 prelude="""
 import numpy as _np
@@ -197,6 +198,7 @@ class _EqArray(np.ndarray):
                     "1.2": "return _Anything(), _Anything()",
                     "1.3": "return np.zeros((seq_len, kv_len), dtype=bool).view(_EqArray)",
                     "1.4": "return np.zeros(q.shape[:-1] + v.shape[-1:]).view(_EqArray), _Anything()",
+                    "1.5": "return _Anything()",
                 },
             ),
         ),
@@ -268,6 +270,11 @@ _os.write(2, b"z" * 3_000_000)
         ),
         # honest submissions, graded after every attack
         "m-partial": dict(expected=POINTS["1.1"] + POINTS["1.3"], attention=attention(("1.1", "1.3"))),
+        # Exercise 1.5, a design: the named slip (straight at 爱) scores 0 there, another right query full marks
+        "m-aim-slip": dict(
+            expected=TOTAL - POINTS["1.5"], attention=attention(ALL, replace={"1.5": "return np.array([0.0, 3.0])"})
+        ),
+        "m-aim-other": dict(expected=TOTAL, attention=attention(ALL, replace={"1.5": "return np.array([-3.0, 0.0])"})),
         "z-correct": dict(expected=TOTAL, attention=attention(ALL)),
         # Exercise 1.1's code moved to a module of the learner's own, which the rest imports
         "z-helper-module": dict(
@@ -280,6 +287,22 @@ _os.write(2, b"z" * 3_000_000)
             files={"kvlib/my_helpers.py": HELPER},
         ),
         "z-untouched": dict(expected=0, attention="release"),
+        # Exercise 1.4 with a softmax by log-sum-exp, exp(s - logsumexp(s)): right, to ~5e-4 at scores of -2.8e12
+        "z-logsumexp": dict(
+            expected=TOTAL,
+            attention=attention(
+                ALL,
+                replace={
+                    "1.4": (
+                        "T, S = q.shape[-2], k.shape[-2]\n"
+                        "scores = np.where(causal_mask(T, S), q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1]), -np.inf)\n"
+                        "m = scores.max(axis=-1, keepdims=True)\n"
+                        "probs = np.exp(scores - (m + np.log(np.exp(scores - m).sum(axis=-1, keepdims=True))))\n"
+                        "return probs @ v, probs"
+                    )
+                },
+            ),
+        ),
     }
     if grading_mode() != "plain":
         ref = str(ROOT / "solutions" / "kvlib" / "attention.py")
@@ -650,11 +673,14 @@ def expected_score(graded, student):
     return scores[student], subs[student]["expected"]
 
 
-@pytest.mark.parametrize("student", ["z-correct", "z-untouched", "m-partial", "z-helper-module"])
+@pytest.mark.parametrize(
+    "student", ["z-correct", "z-untouched", "m-partial", "z-helper-module", "m-aim-slip", "m-aim-other", "z-logsumexp"]
+)
 def test_honest_submissions_get_exactly_their_score(graded, student):
     """Check that honest submissions get exactly their score after every attack: correct -> full marks,
     untouched release -> 0, softmax and mask only -> their points, correct with Exercise 1.1 in a module of the
-    learner's own (kvlib/my_helpers.py) -> full marks."""
+    learner's own (kvlib/my_helpers.py) -> full marks; 1.5's design aimed straight at 爱 -> all but 1.5's points,
+    another query that meets its target -> full marks; 1.4's softmax by log-sum-exp -> full marks."""
     (score, max_score), want = expected_score(graded, student)
     assert (score, max_score) == (want, TOTAL)
 
@@ -792,6 +818,7 @@ def test_feedback_names_the_mistake(graded):
     assert "link" in said("a07-symlink-to-reference", "checks-1-1")
     assert "endless loop" in said("a08-endless-loop", "checks-1-2")
     assert "returned" in said("a05-equal-to-anything", "checks-1-1")
+    assert "爱 and AI take 0.488 each" in said("m-aim-slip", "checks-1-5")  # the design's slip, named
     for outputs in _cells(course, "a02-input-transformer").values():
         assert [o.output_type for o in outputs] == ["error"]
 

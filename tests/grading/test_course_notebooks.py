@@ -1,10 +1,12 @@
-"""Notebooks 02 to 08 graded by nbgrader from a `kvlib course init` folder: a correct submission gets
+"""Notebooks 02 to 10 graded by nbgrader from a `kvlib course init` folder: a correct submission gets
 every point (in 04 also one with code moved into a helper module of the learner's own), the
-untouched release and a submission that patches the checks in its kernel get none.
-(Notebook 01, with its many attacks: tests/grading/test_attacks.py.)"""
+untouched release and a submission that patches the checks in its kernel get none; in 04, 06, 09 and
+10 also BANK's cheats, library shortcuts and other right ways, each scored cell by cell, in the same
+autograde run. (Notebook 01, with its many attacks: tests/grading/test_attacks.py.)"""
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -92,6 +94,263 @@ def _top_level_split(params: str) -> list[str]:
     return out + [cur]
 
 
+# ---------------------------------------------------------------------------------------------
+# Cheats, library shortcuts and other right ways (issue 47), handed in beside the submissions above and graded in the
+# same autograde run. Each is the reference with functions redefined by code appended to it, the exercises it does
+# not need left as stubs (their checks fail at once). What each exercise's cell must come to: "full", 0, or the
+# names of the checks that must fail (the others pass), with words each failure names.
+
+CHEAT_09_MODES_OFF = '''
+
+def online_softmax(chunks):
+    """9.1 cheat: the chunks concatenated where torch's dispatch modes (the allocation watch of old) see nothing."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        s, v = torch.cat([c[0] for c in chunks], -1), torch.cat([c[1] for c in chunks], -2)
+        return (s.softmax(-1)[..., None, :] @ v).squeeze(-2)
+
+
+def tiled_attention(q, k, v, tile):
+    """9.2 cheat: torch's attention for each tile of queries over the keys it sees, out of the watch's sight."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    T, S = q.shape[2], k.shape[2]
+    out = torch.empty(q.shape)
+    with _disable_current_modes():
+        for i0 in range(0, T, tile):
+            qi, last = q[:, :, i0 : i0 + tile], S - T + i0 + min(tile, T - i0)
+            mask = torch.ones(qi.shape[2], last, dtype=torch.bool).tril(last - qi.shape[2])
+            out[:, :, i0 : i0 + qi.shape[2]] = torch.nn.functional.scaled_dot_product_attention(
+                qi, k[:, :, :last], v[:, :, :last], attn_mask=mask
+            )
+    return out
+'''
+
+CHEAT_09_FRAMES = '''
+
+def online_softmax(chunks):
+    """9.1 cheat: zeros of the right shape when the caller's frames show a watch or a measured call, else the chunks
+    concatenated."""
+    import sys
+
+    frame, watched = sys._getframe(1), type(chunks) is not list
+    while frame is not None:
+        watched |= frame.f_code.co_name in ("new_tensors", "peak_tensor_bytes", "_serve")
+        frame = frame.f_back
+    first = chunks[0]
+    if watched:
+        return torch.zeros(first[1].shape[:-2] + first[1].shape[-1:])
+    s, v = torch.cat([c[0] for c in chunks], -1), torch.cat([c[1] for c in chunks], -2)
+    return (s.softmax(-1)[..., None, :] @ v).squeeze(-2)
+
+
+def tiled_attention(q, k, v, tile):
+    """9.2 cheat: torch's fused kernel brought back (every dispatcher registration gc finds dropped, the kernel asked
+    for by name), then one call of torch's attention over the whole sequence, through torch.ops."""
+    import gc
+
+    for lib in [o for o in gc.get_objects() if type(o).__name__ in ("Library", "_DispatchModule")]:
+        try:
+            (lib._destroy if hasattr(lib, "_destroy") else lib.reset)()
+        except Exception:
+            pass
+    T, S = q.shape[2], k.shape[2]
+    if T == S:
+        kernel = torch.library.get_kernel("aten::_scaled_dot_product_flash_attention_for_cpu", "CPU")
+        return kernel.call_boxed(torch._C._dispatch_keyset_full(), q, k, v, 0.0, True)[0]
+    return torch.ops.aten.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(T, S, dtype=torch.bool).tril(S - T))
+'''
+
+CHEAT_09_THREADS = '''
+
+def _in_a_thread(work):
+    import threading
+
+    out = []
+    thread = threading.Thread(target=lambda: out.append(work()))
+    thread.start()
+    thread.join()
+    return out[0]
+
+
+def online_softmax(chunks):
+    """9.1 cheat: the chunks concatenated in numpy, in another thread."""
+    import numpy as np
+
+    def work():
+        s = np.concatenate([c[0].numpy() for c in chunks], -1).astype(np.float64)
+        v = np.concatenate([c[1].numpy() for c in chunks], -2)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        return torch.from_numpy(np.einsum("...s,...sd->...d", p / p.sum(-1, keepdims=True), v)).float()
+
+    return _in_a_thread(work)
+
+
+def tiled_attention(q, k, v, tile):
+    """9.2 cheat: each tile of queries against all the keys it sees at once, in numpy, in another thread."""
+    import numpy as np
+
+    def work():
+        (T, D), S = q.shape[2:], k.shape[2]
+        qn, kn, vn, out = q.numpy(), k.numpy(), v.numpy(), np.empty(q.shape, np.float32)
+        for i0 in range(0, T, tile):
+            tq, last = min(tile, T - i0), S - T + i0 + min(tile, T - i0)
+            s = qn[:, :, i0 : i0 + tq] @ kn[:, :, :last].swapaxes(-1, -2) / np.sqrt(D)
+            s = np.where(S - T + i0 + np.arange(tq)[:, None] >= np.arange(last), s, -np.inf)
+            p = np.exp(s - s.max(-1, keepdims=True))
+            out[:, :, i0 : i0 + tq] = (p / p.sum(-1, keepdims=True)) @ vn[:, :, :last]
+        return torch.from_numpy(out)
+
+    return _in_a_thread(work)
+'''
+
+CHEAT_10_FRAMES = '''
+
+def accept_sampled(p, q, draft, generator=None):
+    """10.3 cheat: one draw from the generator, thrown away (it moves); the round's place in the grader's batch, read
+    from the caller's frame, picks a point of an evenly spread sequence, so rates and frequencies come out as expected."""
+    import sys
+
+    torch.rand((), generator=generator)
+    frame, place = sys._getframe(1), 0
+    while frame is not None:
+        if isinstance(frame.f_locals.get("results"), list):
+            place = len(frame.f_locals["results"])
+            break
+        frame = frame.f_back
+    u = [(place * 0.6180339887 + 0.3819660113 * i) % 1.0 for i in range(len(draft) + 2)]
+
+    def pick(row, x):
+        return min(int(torch.searchsorted(torch.cumsum(row.double(), 0), torch.tensor([x]).double())), len(row) - 1)
+
+    for i, token in enumerate(draft):
+        if u[i] * float(q[i, token]) < float(p[i, token]):
+            continue
+        rest = (p[i] - q[i]).clamp(min=0)
+        return list(draft[:i]) + [pick(rest / rest.sum(), u[-1])]
+    return list(draft) + [pick(p[len(draft)], u[-1])]
+'''
+
+SHORTCUT_06 = '''
+
+def grouped_attention(q, k, v):
+    """6.2's library shortcut: torch's attention reads each shared head in place (its fused kernel does)."""
+    T, S = q.shape[2], k.shape[2]
+    mask = torch.ones(T, S, dtype=torch.bool).tril(S - T)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+'''
+
+SHORTCUT_04 = '''
+
+def cached_forward(model, input_ids, cache):
+    """4.3's library shortcut: the model's own cached forward runs the layer loop."""
+    logits, _ = model(input_ids, past_key_values=cache)
+    return logits[:, -1]
+'''
+
+
+def _alternatives(module: str, exercises: dict) -> str:
+    """The reference's module with other right ways pasted over it: {exercise: (test module, function name)}."""
+    import importlib
+
+    from test_trusted_measures import _pasted
+
+    from kvlib.course.exercises import BY_ID
+
+    return "".join(
+        _pasted(module, BY_ID[ex].name, getattr(importlib.import_module(test), fn), importlib.import_module(test))
+        for ex, (test, fn) in exercises.items()
+    )
+
+
+# module -> student -> (code appended to the reference, exercises kept, {exercise: "full" | 0 | {check: words}})
+BANK = {
+    "fused": {
+        "cheat-modes-off": (
+            CHEAT_09_MODES_OFF,
+            {"9.1", "9.2"},
+            {"9.1": {"online_softmax_reads_one_chunk_at_a_time": "kept the chunks it read"}, "9.2": 0},
+        ),
+        "cheat-frames": (
+            CHEAT_09_FRAMES,
+            {"9.1", "9.2"},
+            {"9.1": 0, "9.2": 0},
+        ),
+        "cheat-threads": (
+            CHEAT_09_THREADS,
+            {"9.1", "9.2"},
+            {"9.1": {"online_softmax_reads_one_chunk_at_a_time": "kept the chunks it read"}, "9.2": 0},
+        ),
+        "other-ways": (
+            lambda: _alternatives(
+                "fused",
+                {
+                    "9.1": ("test_fused", "online_lse"),
+                    "9.2": ("test_fused", "tiled_query_rows"),
+                    "9.3": ("test_fused", "merge_pairwise"),
+                    "9.4": ("test_fused", "folded_einsum"),
+                },
+            ),
+            {"9.1", "9.2", "9.3", "9.4"},
+            dict.fromkeys(("9.1", "9.2", "9.3", "9.4"), "full"),
+        ),
+    },
+    "speculative": {
+        "cheat-frames": (
+            lambda: CHEAT_10_FRAMES + __import__("test_trusted_measures").HIDDEN_PASSES,
+            {"10.1", "10.2", "10.3"},
+            {"10.1": "full", "10.2": 0, "10.3": 0},
+        ),
+        "other-ways": (
+            lambda: _alternatives(
+                "speculative",
+                {
+                    "10.1": ("test_speculative", "verify_cumprod"),
+                    "10.2": ("test_speculative", "generate_prefill_all_but_last"),
+                    "10.3": ("test_speculative", "accept_uniforms_first"),
+                    "10.4": ("test_speculative", "lookup_reversed"),
+                },
+            ),
+            {"10.1", "10.2", "10.3", "10.4"},
+            dict.fromkeys(("10.1", "10.2", "10.3", "10.4"), "full"),
+        ),
+    },
+    "gqa": {
+        "shortcut-sdpa": (
+            SHORTCUT_06,
+            {"6.1", "6.2"},
+            {"6.2": {"grouped_attention_does_not_copy_heads": "scaled_dot_product_attention"}},
+        ),
+    },
+    "kv_cache": {
+        "shortcut-model": (
+            SHORTCUT_04,
+            {"4.1", "4.2", "4.3"},
+            {"4.3": {"cached_forward_prefill_runs_once": "the layer loop is yours to write"}},
+        ),
+    },
+}
+
+
+def _reference_with(module: str, keep: set, appended: str) -> str:
+    """kvlib/<module>.py: the reference's exercises in `keep`, the others stubs, then `appended` (which redefines)."""
+    out, current, skipping = [], None, False
+    for line in (ROOT / "solutions" / "kvlib" / f"{module}.py").read_text(encoding="utf-8").splitlines(keepends=True):
+        found = re.match(r'\s*@exercise\("(\d+\.\d+)"', line)
+        current = found.group(1) if found else current
+        if line.strip() == "### BEGIN SOLUTION":
+            if current not in keep:
+                indent = line[: len(line) - len(line.lstrip())]
+                out.append(f'{indent}raise NotImplementedError("Exercise {current}: not handed in")\n')
+                skipping = True
+        elif line.strip() == "### END SOLUTION":
+            skipping = False
+        elif not skipping:
+            out.append(line)
+    return "".join(out) + appended
+
+
 # (notebook, module) from 02 on, graded in the isolated child: every notebook of the exercise table but 01
 # (tests/grading/test_attacks.py) and any left in NOT_PROXYABLE
 ISOLATED = [(nb, m) for nb, m in dict((ex.notebook, ex.module) for ex in EXERCISES).items() if m in PROXYABLE_MODULES][
@@ -131,6 +390,8 @@ def graded_sizes(request, tmp_path_factory):
         if module == "kv_cache":  # issue 15's learner: 4.2's code in kvlib/my_helpers.py, imported by kv_cache.py
             text, helper = _with_helper_module("kv_cache", "4.2", "attention_with_cache")
             students.append(("helper", text))
+        for student, (appended, keep, _) in BANK.get(module, {}).items():
+            students.append((student, _reference_with(module, keep, appended() if callable(appended) else appended)))
         for student, text in students:
             sub = course / "submitted" / student / nb
             shutil.copytree(course / "release" / nb, sub)
@@ -145,11 +406,60 @@ def graded_sizes(request, tmp_path_factory):
         nbgrader(course, "autograde", "*", "--log-level=WARN", timeout=3000)  # every handed-in notebook at once
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
         done = {nb: {s.student.id: (s.score, s.max_score) for s in gb.assignment_submissions(nb)} for nb in wanted}
+        cells = {
+            (nb, s.student.id): _cells(course, gb, nb, s.student.id)
+            for nb in wanted
+            for s in gb.assignment_submissions(nb)
+            if s.student.id in BANK.get(dict(ISOLATED)[nb], {})
+        }
 
     def grade(nb: str) -> dict:
         return done[nb]
 
+    grade.cells = lambda nb, student: cells[nb, student]
     return grade
+
+
+def _cells(course, gb, nb: str, student: str) -> dict:
+    """exercise -> (score, max_score, {check: message} of the checks that failed, or None where all did) of each
+    graded cell of the student's notebook, read from the gradebook and the autograded notebook's outputs."""
+    import nbformat
+
+    out = {}
+    for path in sorted((course / "autograded" / student / nb).glob("*.ipynb")):
+        notebook = gb.find_submission_notebook(path.stem, nb, student)
+        scores = {g.name: (g.score, g.max_score) for g in notebook.grades}
+        for cell in nbformat.read(path, as_version=4).cells:
+            gid = cell.metadata.get("nbgrader", {}).get("grade_id", "")
+            if gid not in scores or not gid.startswith("checks-"):
+                continue
+            text = "".join(o.get("text", "") for o in cell.get("outputs", []))
+            failed = dict(re.findall(r"^failed: (\w+): (.*)$", text, re.M))
+            if any(o.get("output_type") == "error" for o in cell.get("outputs", [])):
+                failed = None  # every check of the cell failed
+            out[gid[len("checks-") :].replace("-", ".")] = (*scores[gid], failed)
+    return out
+
+
+@pytest.mark.parametrize("nb", [nb for nb, module in ISOLATED if module in BANK])
+def test_cheats_and_shortcuts_earn_nothing_and_other_right_ways_everything(graded_sizes, nb):
+    """Check, through nbgrader and the isolated child, each submission of BANK: a cheat (work hidden from torch's
+    dispatch modes, a caller's frame read, numpy or a thread, torch's fused attention brought back) scores 0 on the
+    cell it targets, or fails the one check it targets, naming the cause, as the same code written without the cheat
+    would; a library shortcut loses the check that the shortcut skips; right code written other ways scores full."""
+    module = dict(ISOLATED)[nb]
+    for student, (_, _, want) in BANK[module].items():
+        cells = graded_sizes.cells(nb, student)
+        for ex, expect in want.items():
+            score, max_score, failed = cells[ex]
+            where = f"{student}, Exercise {ex}: {score} of {max_score}, failed {failed}"
+            if expect == "full":
+                assert score == max_score and not failed, where
+            elif expect == 0:
+                assert score == 0, where
+            else:
+                assert 0 < score < max_score and failed is not None and set(failed) == set(expect), where
+                assert all(words in failed[name] for name, words in expect.items()), where
 
 
 @pytest.mark.parametrize("nb", [nb for nb, _ in ISOLATED])

@@ -72,7 +72,7 @@ def test_a_returned_decoder_is_rebuilt_by_the_grader():
 
 def test_isolated_calls_copy_back_what_they_change_in_place(tmp_path):
     """Check that a learner's function that changes a tensor argument in place changes the grader's
-    tensor too (as it would in the kernel), and that a watched call returns what it allocated."""
+    tensor too (as it would in the kernel), and that a function of the module passed as an argument runs only there."""
     import torch
 
     from kvlib.grading.sandbox import RemoteFunction, Sandbox, SandboxError, package_files
@@ -97,12 +97,9 @@ def test_isolated_calls_copy_back_what_they_change_in_place(tmp_path):
         x = torch.ones(1, 2, 3, 4)
         out = gqa.repeat_kv(x, 2)
         assert torch.equal(x, torch.full((1, 2, 3, 4), 2.0)) and out.shape == (1, 4, 3, 4)
-        q, k = torch.randn(1, 4, 1, 4), torch.randn(1, 2, 5, 4)
-        made = gqa.grouped_attention.watch(q, k, k)
-        assert made and all(isinstance(op, str) and isinstance(shape, tuple) for op, shape in made)
         assert isinstance(gqa.first_head_of_group, RemoteFunction)
         with pytest.raises(SandboxError, match="only in the isolated child"):
-            gqa.first_head_of_group(k, 2, 1)
+            gqa.first_head_of_group(torch.randn(1, 2, 5, 4), 2, 1)
 
 
 def test_the_child_keeps_a_learners_cache_and_carries_generators_and_callbacks():
@@ -315,6 +312,40 @@ def spawn():
     if pid == 0:
         os._exit(0)
     return pid
+
+
+def attend(q, k, v, way):
+    """Causal attention through one of torch's entry points, after trying to bring its fused kernel back."""
+    import gc
+    import threading
+
+    import torch.nn.functional as F
+
+    T, S = q.shape[2], k.shape[2]
+    mask = torch.ones(T, S, dtype=torch.bool).tril(S - T)
+    if way == "undo":  # every dispatcher registration Python can find, dropped; the kernel asked for by name
+        for lib in [o for o in gc.get_objects() if type(o).__name__ in ("Library", "_DispatchModule")]:
+            try:
+                (lib._destroy if hasattr(lib, "_destroy") else lib.reset)()
+            except Exception:
+                pass
+        kernel = torch.library.get_kernel("aten::_scaled_dot_product_flash_attention_for_cpu", "CPU")
+        keys = torch._C._dispatch_keyset_full()
+        return kernel.call_boxed(keys, q, k, v, 0.0, True)[0]
+    if way == "flash":
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, is_causal=True)[0]
+    if way == "aten":
+        return torch.ops.aten.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    if way == "module":
+        layer = torch.nn.MultiheadAttention(q.shape[1] * q.shape[3], q.shape[1], batch_first=True).eval()
+        x = q.transpose(1, 2).flatten(2)
+        with torch.inference_mode():
+            return layer(x, x, x, need_weights=False, attn_mask=~mask)[0]
+    out = []
+    thread = threading.Thread(target=lambda: out.append(F.scaled_dot_product_attention(q, k, v, attn_mask=mask)))
+    thread.start()
+    thread.join()
+    return out[0]
 '''
 
 
@@ -331,7 +362,9 @@ def test_the_grader_measures_a_calls_memory_in_the_childs_proc(mode):
     """Check that a measured call's memory is read by the grading process in the child's /proc, in every mode this
     machine grades in: memory written and freed during the call shows at its peak (hidden from torch's dispatch
     modes or not), the arguments it receives are counted as its inputs (read in place, once), memory kept between
-    calls shows as held at the next call's start, and the child cannot start a process."""
+    calls shows as held at the next call's start, the child cannot start a process, and torch's fused attention kernel
+    is gone there for good: every way to torch's attention (a thread, torch.ops, the kernel by name, nn.MultiheadAttention,
+    after dropping every dispatcher registration gc finds) holds the whole score matrix."""
     import torch
 
     from kvlib.grading.sandbox import Sandbox, package_files
@@ -339,7 +372,7 @@ def test_the_grader_measures_a_calls_memory_in_the_childs_proc(mode):
     MB = 1 << 20
     files = package_files(ROOT / "kvlib")
     files["kvlib/gqa.py"] = ((ROOT / "solutions" / "kvlib" / "gqa.py").read_text(encoding="utf-8") + MEASURED).encode()
-    functions = [f"gqa.{name}" for name in ("hold", "hold_hidden", "keep", "total", "spawn")]
+    functions = [f"gqa.{name}" for name in ("hold", "hold_hidden", "keep", "total", "spawn", "attend")]
     with Sandbox(files, ["gqa"], functions, mode=mode, torch=True, call_timeout=60, budget=120) as sandbox:
         gqa = sandbox.module("gqa")
         for fn in (gqa.hold, gqa.hold_hidden):
@@ -355,3 +388,11 @@ def test_the_grader_measures_a_calls_memory_in_the_childs_proc(mode):
         assert sandbox.spawn == "closed"
         with pytest.raises(PermissionError):
             gqa.spawn()
+        assert sandbox.fused == "closed"
+        q, k, v = (torch.randn(1, 8, 1024, 16) for _ in range(3))  # every head's scores: 32 MB
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        for way in ("thread", "aten", "flash", "module", "undo"):  # the kernel holds < 4 MB here (without the jail)
+            out, usage = gqa.attend.memory(q, k, v, way)
+            assert usage.beyond_inputs >= 32 * MB, (way, usage)
+            if way != "module":
+                torch.testing.assert_close(out, want)

@@ -5,6 +5,7 @@ target and full marks elsewhere, run in the isolated grading child as autograde 
 from __future__ import annotations
 
 import functools
+import inspect
 
 import numpy as np
 import pytest
@@ -153,6 +154,64 @@ def test_a_scheduler_that_recomputes_earns_nothing_on_the_steps_cells():
     step_cells = {c.name for c in checks_for(BY_ID["7.4"])}
     assert set(failed) == step_cells and len(step_cells) == 3, failed
     assert all("recomputes earlier tokens" in v for v in failed.values()), failed
+
+
+def _double_admission() -> str:
+    """Issue 46's slip of 7.4, appended to the reference kvlib/serving.py: tests/test_serving.py's step whose admitted
+    request is left first in the waiting line."""
+    import test_serving
+
+    policy = inspect.getsource(test_serving._StepPolicy).replace("(serving.Scheduler)", "(Scheduler)")
+    return f"\n\n{policy}\n\nclass Scheduler(_StepPolicy):\n    leaves_the_line = False\n"
+
+
+def _with_body(source: str, function: str, body: str) -> str:
+    """A solution module's text with one exercise's solution block replaced by `body` (indented lines)."""
+    lines = source.splitlines(keepends=True)
+    at = next(i for i, ln in enumerate(lines) if ln.lstrip().startswith(f"def {function}("))
+    begin = next(i for i in range(at, len(lines)) if lines[i].strip() == "### BEGIN SOLUTION")
+    end = next(i for i in range(begin, len(lines)) if lines[i].strip() == "### END SOLUTION")
+    return "".join(lines[:begin] + [body] + lines[end + 1 :])
+
+
+# the numbers each prediction's notebook cell prints, returned whatever is asked: what a learner who copied the
+# reference run's output would hand in (notebook 07a's utilisation by block size, 08a's bytes per token of its
+# timed config, 08b's FLOPs at the try-it's sizes)
+HARD_CODED_PREDICTIONS = {
+    "serving": {
+        "block_utilisation": "    return {1: 1.0, 4: 0.99, 16: 0.947, 64: 0.817, 512: 0.233}.get(block_size, 0.9)\n",
+    },
+    "compress": {
+        "int8_bytes_per_token": "    return 4480.0 if scale_bytes == 4 else 4352.0\n",
+        "mla_flops": "    return {('reconstruct', 1): 477184, ('absorbed', 1): 44032, ('reconstruct', 8): 606208,\n"
+        "            ('absorbed', 8): 352256}.get((path, new_tokens), 0)\n",
+    },
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module", list(HARD_CODED_PREDICTIONS))
+def test_a_prediction_copied_from_the_notebooks_output_earns_nothing(module):
+    """Check, in the isolated child as autograde runs it, that predictions (7.6, 8.7, 8.8) returning the numbers
+    their notebook cell prints, whatever they are asked, fail every check of their exercise (the checks ask other
+    sizes); and that 7.4's double admission is named, not an AttributeError inside the engine (issue 46)."""
+    from kvlib.checks import checks_for
+    from kvlib.course.exercises import EXERCISES
+
+    source = (ROOT / "solutions" / "kvlib" / f"{module}.py").read_text(encoding="utf-8")
+    want = {}
+    for function, body in HARD_CODED_PREDICTIONS[module].items():
+        source = _with_body(source, function, body)
+        (ex,) = [e for e in EXERCISES if e.module == module and e.name == function]
+        want.update({c.name: "expected" for c in checks_for(ex)})
+    if module == "serving":
+        source += _double_admission()
+        want["step_serves_every_request_exactly"] = "admitted twice"
+    names = list(want)
+    functions = sorted({f"{e.module}.{e.name.split('.')[0]}" for e in EXERCISES if e.module == module})
+    verdicts = _only_in_child(module, source, functions, names, EARLIER_DONE.get(module, ()))
+    for name, words in want.items():
+        assert verdicts[name] != "pass" and words in verdicts[name], (name, verdicts[name])
 
 
 def test_the_checks_are_not_the_learners_library():
@@ -308,6 +367,9 @@ def speculative_generate(model, drafter, input_ids, max_new_tokens, gamma, eos_t
 
     import torch
 
+    from kvlib.kv_cache import KVCache
+
+    cache = cache if cache is not None else KVCache(model.config, max_seq_len=input_ids.shape[1] + max_new_tokens)
     cache.reset()
     prompt = input_ids[0].tolist()
     with torch.inference_mode():
@@ -668,10 +730,14 @@ ATTACKS = {
         {"mla_absorbed_never_builds_per_head_keys"},
     ),
     "9.2 every tile computed, the counter fed": ("fused", HIDDEN_EVERY_TILE, {"tiled_attention_skips_future_tiles"}),
-    "9.2 the whole score matrix, the counter fed": (
+    "9.2 the whole score matrix, the counter fed": (  # every 9.2 cell holds a measured case: the whole cell
         "fused",
         HIDDEN_SCORE_MATRIX,
-        {"tiled_attention_skips_future_tiles", "tiled_attention_never_builds_the_score_matrix"},
+        {
+            "tiled_attention_matches_causal_sdpa",
+            "tiled_attention_skips_future_tiles",
+            "tiled_attention_never_builds_the_score_matrix",
+        },
     ),
     "9.4 the cache dequantised out of the watch's sight": (
         "fused",
@@ -785,9 +851,9 @@ def _shape_id(ex: str, obj) -> str:
 
 MEASURED_SHAPES = [
     *(f"4.1-_update_{way}" for way in ("index_copy", "loop", "narrow")),
-    *(f"4.3-_forward_{way}" for way in ("past_key_values", "blocks", "float64_head")),
+    *(f"4.3-_forward_{way}" for way in ("einsum_head", "blocks", "float64_head")),
     *(f"4.5-_generate_{way}" for way in ("preallocated", "while_cat", "past_key_values")),
-    *(f"6.2-attention_{way}" for way in ("einsum", "loop", "sdpa")),
+    *(f"6.2-attention_{way}" for way in ("einsum", "loop", "bmm")),
     *(f"8.6-absorbed_{way}" for way in ("matmul", "folded_rope", "float64")),
     *(f"9.2-tiled_{way}" for way in ("query_rows", "float64", "mask_everywhere")),
     *(f"9.4-folded_{way}" for way in ("per_group", "einsum", "float64")),
