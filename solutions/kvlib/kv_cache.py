@@ -122,9 +122,9 @@ def decode_step(model, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
 def kv_cache_bytes(config, seq_len: int, batch: int = 1, dtype: torch.dtype = torch.float16) -> int:
     """Bytes of the KV cache holding seq_len tokens for each of batch sequences, as KVCache allocates it.
 
-    Args:    config: a ModelConfig;  seq_len, batch: positive ints;  dtype: the cache's torch dtype
-    Returns: int, equal to KVCache(config, batch, seq_len, dtype).nbytes
-    Raises:  ValueError if seq_len or batch is not a positive int, or dtype is not a torch.dtype
+    Args:    config: a ModelConfig;  seq_len: an int >= 0;  batch: a positive int;  dtype: the cache's torch dtype
+    Returns: int, equal to KVCache(config, batch, seq_len, dtype).nbytes (0 for no tokens)
+    Raises:  ValueError if seq_len is not an int >= 0, batch not a positive int, or dtype not a torch.dtype
     Example:
         >>> from kvlib.core.configs import real_model; kv_cache_bytes(real_model("Llama-2-7B").config, 1) // 1024
         512
