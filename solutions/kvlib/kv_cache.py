@@ -60,8 +60,9 @@ def cached_attention(
 ) -> torch.Tensor:
     """One attention layer with a cache: the seq_len new tokens attend to every stored token and to themselves.
 
-    Args:    attn: the layer's Attention;  x: (batch, seq_len, d_model), the NEW tokens' normed stream;  cache, layer:
-             this layer's slot of a KVCache, cache.pos the position of x[:, 0];  rope_cos, rope_sin: the model's tables
+    Args:    attn: the layer's Attention, possibly GQA (n_kv_heads < n_heads: the cache holds n_kv_heads heads);
+             x: (batch, seq_len, d_model), the NEW tokens' normed stream;  cache, layer: this layer's slot of a
+             KVCache, cache.pos the position of x[:, 0];  rope_cos, rope_sin: the model's tables
     Returns: (batch, seq_len, d_model), the rows attn gives them over the whole sequence; their keys and values stored
     Raises:  ValueError if x is not (batch, seq_len, d_model) or the new tokens do not fit in the cache
     Example:

@@ -2,8 +2,7 @@
 
 Naive decoding reruns the whole sequence for every new token, though earlier keys and values never change (the causal
 mask). Matrix-multiply FLOPs are counted as torch.utils.flop_counter counts them, 2 per multiply-add, the full (T, S)
-score matrix included, as torch's scaled_dot_product_attention (SDPA) computes it; norms, rotary and softmax are left
-out (a few percent of the work).
+score matrix included, as torch's scaled_dot_product_attention (SDPA) computes it; not norms, rotary or softmax.
 """
 
 from __future__ import annotations
