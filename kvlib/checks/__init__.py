@@ -35,7 +35,7 @@ class Check:
 
     @property
     def doc(self) -> str:
-        """The property the check states: its docstring's first paragraph, on one line (a sentence may wrap)."""
+        """The property checked: the docstring's first paragraph on one line (a first line may wrap mid-sentence)."""
         return " ".join((self.fn.__doc__ or "").strip().split("\n\n")[0].split())
 
 

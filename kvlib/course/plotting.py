@@ -873,7 +873,8 @@ def decode_against_batch(
             axis.set_xticks(b, [str(int(v)) for v in b])
             axis.minorticks_off()
             axis.set_xlabel("batch size (sequences decoded together)")
-            axis.legend(loc="upper left", frameon=False)
+        ax.legend(loc="best", frameon=False)  # the roofline rises through the upper left
+        bx.legend(loc="upper left", frameon=False)
         ax.set_ylabel("tokens per second")
         ax.set_title("Throughput")
         bx.set_ylabel("FLOPs per byte moved")
