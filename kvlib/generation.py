@@ -10,7 +10,7 @@ import time
 import torch
 
 from kvlib.attention import causal_self_attention
-from kvlib.core.model import apply_rotary
+from kvlib.core.model import rotate_half
 from kvlib.course import inputs
 from kvlib.course.exercises import exercise
 
@@ -84,16 +84,19 @@ def measure_ttft_itl(model, input_ids: torch.Tensor, max_new_tokens: int) -> tup
 
 
 @exercise("2.4", validate=inputs.check_attention_block)
-def attention_block(attn, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """One layer's attention of hidden states h, its heads computed by notebook 01's causal_self_attention.
+def attention_block(attn, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, self_attention=causal_self_attention):
+    """One layer's attention of hidden states h, every head's attention computed by self_attention.
 
     Args:    attn: one layer's Attention, model.layers[i].attn, with n_kv_heads == n_heads; its nn.Linear
                    weights (out_features, in_features): q_proj, k_proj, v_proj (n_heads*head_dim, d_model),
                    o_proj (d_model, n_heads*head_dim); head i owns features [i*head_dim, (i+1)*head_dim)
              h: (batch, seq_len, d_model) float32 tensor, the layer's input after its RMSNorm
-             cos, sin: (seq_len, head_dim), the rotary table's rows at h's positions (apply_rotary)
-    Returns: (batch, seq_len, d_model) float32, equal to attn(h, cos, sin), every head through Exercise 1.4
-    Raises:  ValueError if attn is not an Attention, has grouped heads (notebook 06), or h, cos, sin do not fit it
+             cos, sin: (seq_len, head_dim), the rotary table's rows at h's positions
+             self_attention: Exercise 1.4's contract, (out, probs) of numpy heads; the grader hands in its own
+    Returns: (batch, seq_len, d_model) float32: o_proj of the heads' outputs side by side, each from self_attention;
+             with the default, equal to attn(h, cos, sin)
+    Raises:  ValueError if attn is not an Attention, has grouped heads (notebook 06), h, cos, sin do not fit it, or
+             self_attention is not callable
     Example:
         >>> from kvlib.core.weights import load_tiny; model, _ = load_tiny()
         >>> h, cos, sin = torch.randn(1, 5, 128), model.rope_cos[:5], model.rope_sin[:5]
