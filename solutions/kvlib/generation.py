@@ -45,12 +45,13 @@ def next_token(logits: torch.Tensor, temperature: float = 0.0, generator=None) -
 
 @exercise("2.2", validate=inputs.check_generate)
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, temperature=0.0, generator=None, on_token=None):
-    """The naive autoregressive loop: every step runs the whole sequence so far and appends one token.
+    """The prompt continued by max_new_tokens tokens, the naive way: the model rereads the whole sequence for each.
 
     Args:    model: a kvlib Decoder, model(ids) -> logits (batch, seq_len, vocab_size)
              input_ids: (batch, seq_len) torch.long prompt token ids;  max_new_tokens: how many to add, >= 1
              temperature, generator: as in next_token (Exercise 2.1)
-             on_token: called with each new token, (batch,) torch.long, as soon as it is chosen
+             on_token: called with each new token, (batch,) torch.long, as soon as it is chosen: before the
+                   model is asked for the next one (the grader watches the order)
     Returns: (batch, seq_len + max_new_tokens) torch.long: the prompt, unchanged, then the new tokens
     Raises:  ValueError if max_new_tokens < 1 or the prompt plus the new tokens exceed model.config.max_seq_len
     Example:
@@ -149,7 +150,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.
     Args:    x: (..., d_model) float tensor, hidden states (float32, float16 or bfloat16)
              weight: (d_model,), the learned scale; eps > 0, added to the mean square under the root
     Returns: x's shape and dtype; equal to RMSNorm(d_model, eps) with that weight (model.layers[i].attn_norm),
-             finite for float16 x of values in the hundreds, whose squares float16 cannot hold
+             finite for float16 x of values in the hundreds
     Raises:  ValueError if x is not a float tensor, weight is not (d_model,), or eps <= 0
     Example:
         >>> rms_norm(torch.tensor([[3.0, 4.0]]), torch.ones(2), eps=0.0001).round(decimals=3)
@@ -221,7 +222,7 @@ def param_counts(config) -> dict[str, int]:
              its own (not the embedding's), two RMSNorms a layer and one before the lm_head, and k_proj, v_proj
              giving n_kv_heads heads of head_dim (n_kv_heads < n_heads is notebook 06's GQA)
     Returns: {"embedding", "attention", "mlp", "norms", "lm_head"}: ints, each over all layers, summing to
-             Decoder(config).num_params()
+             Decoder(config).num_params(); exact at any size, even where no decoder can be built
     Raises:  ValueError if config is not a ModelConfig
     Example:
         >>> from kvlib.core.model import ModelConfig; config = ModelConfig(10, d_model=8, n_heads=1, n_kv_heads=1)
