@@ -655,6 +655,14 @@ def attention_echo(attn, h, cos, sin, self_attention=causal_self_attention):
         return attn(h, cos, sin)
 
 
+def attention_echo_after_the_heads(attn, h, cos, sin, self_attention=causal_self_attention):
+    """The careful cheat: every head's right queries through the given attention, its answer thrown away, then the
+    layer's own forward (it passes the one cell that hands in the layer's own attention, and no other)."""
+    _block(attn, h, cos, sin, self_attention)
+    with torch.no_grad():
+        return attn(h, cos, sin)
+
+
 def attention_echo_after_a_call(attn, h, cos, sin, self_attention=causal_self_attention):
     """The next cheat: the given attention called on something of the right shape, then the layer's own forward."""
     B, T, _ = h.shape
@@ -778,6 +786,12 @@ SLIPS = [
     ),
     ("attention_block_matches_the_model", {"attention_block": attention_echo_after_a_call}, "never went through"),
     ("attention_block_is_causal", {"attention_block": attention_echo_after_a_call}, "never went through"),
+    ("attention_block_is_causal", {"attention_block": attention_echo_after_the_heads}, "the layer's own attention"),
+    (
+        "attention_block_uses_the_attention_it_is_given",
+        {"attention_block": attention_echo_after_the_heads},
+        "the layer's own attention",
+    ),
     ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, dim=-2)}, "wrong axis"),
     ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, centre=True)}, "LayerNorm"),
     ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, eps_at="outside")}, "outside the root"),

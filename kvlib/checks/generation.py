@@ -595,7 +595,7 @@ def _close(got, want, rtol=1e-4, atol=1e-5) -> bool:
     return got.shape == want.shape and torch.allclose(got.double(), want.double(), rtol=rtol, atol=atol)
 
 
-def _judge(got, want, slips, where, what, rtol=1e-4, atol=1e-5):
+def _judge(got, want, slips, where, what, rtol=1e-4, atol=1e-5, against="the model's own"):
     """Pass if got matches want; else fail naming the first slip got matches, or by how much it differs."""
     assert isinstance(got, torch.Tensor), f"{what} should return a torch tensor, got {type(got).__name__}" + (
         " (torch.from_numpy turns notebook 01's numpy result back into one)" if isinstance(got, np.ndarray) else ""
@@ -610,7 +610,7 @@ def _judge(got, want, slips, where, what, rtol=1e-4, atol=1e-5):
         if _close(got, wrong, rtol, atol):
             raise AssertionError(f"{where}: {message}")
     raise AssertionError(
-        f"{where}: {what} differs from the model's own by up to {(got.double() - want.double()).abs().max().item():.2g}"
+        f"{where}: {what} differs from {against} by up to {(got.double() - want.double()).abs().max().item():.2g}"
     )
 
 
@@ -651,36 +651,48 @@ def attention_block_uses_the_attention_it_is_given(kv, rng):
     want, slips, queries = _attention_slips(layer.attn, h, cos, sin, scale)
     given = GivenAttention(scale)
     where = "the tiny model's layer 0 on 法国的首都是, its heads through an attention scaled by 1/head_dim"
-    _judge(_block(kv, layer.attn, h, cos, sin, given), want, slips, where, "attention_block")
+    got = _block(kv, layer.attn, h, cos, sin, given)
+    _judge(got, want, slips, where, "attention_block", against="the heads through it, joined and projected")
     _heads_went_through(given, queries, where)
 
 
 @check("2.4")
 def attention_block_is_causal(kv, rng):
-    """Check that changing the last token leaves every earlier token's output as it was, and one token alone works."""
+    """Check that changing the last token leaves every earlier token's output as it was, and one token alone works,
+    with another attention handed in (scores times 2/sqrt(head_dim))."""
     attn = _mha(int(rng.integers(1000)), d_model=20, n_heads=2)
     h = torch.from_numpy(rng.normal(size=(1, 6, 20))).float()
     changed = h.clone()
     changed[0, -1] = torch.from_numpy(rng.normal(size=20)).float()
     cos, sin = _angles(attn.head_dim, 0, 6)
+    scale, where = 2 / math.sqrt(attn.head_dim), "a layer of 2 heads of 10, an attention scaled by 2/sqrt(head_dim)"
+    (want, _, queries), (want_changed, _, _) = (_attention_slips(attn, x, cos, sin, scale) for x in (h, changed))
     with torch.no_grad():
-        want, want_changed, alone = attn(h, cos, sin), attn(changed, cos, sin), attn(h[:, 2:3], cos[5:], sin[5:])
-    given = GivenAttention()
+        own = attn(h, cos, sin)
+    given = GivenAttention(scale)
     got, got_changed = (_block(kv, attn, x, cos, sin, given) for x in (h, changed))
     for g in (got, got_changed):
         assert isinstance(g, torch.Tensor) and tuple(g.shape) == (1, 6, 20), (
             f"attention_block should return (batch, seq_len, d_model) = (1, 6, 20), got {getattr(g, 'shape', g)}"
         )
-    _heads_went_through(given, _attention_slips(attn, h, cos, sin)[2], "a layer of 2 heads of 10")
+    _heads_went_through(given, queries, where)
     if not _close(got_changed[:, :-1].detach(), got[:, :-1].detach()):
         raise AssertionError(
-            "changing only the last token changed the earlier tokens' outputs: the queries see later tokens; "
-            "attention inside a layer is causal (Exercise 1.4's mask)"
+            f"{where}: changing only the last token changed the earlier tokens' outputs: the queries see later "
+            "tokens; attention inside a layer is causal (Exercise 1.4's mask)"
+        )
+    if _close(got.detach(), own):
+        raise AssertionError(
+            f"{where}: the output is the layer's own attention, not the heads through the self_attention you were "
+            "given: every head's output must come from it, then be joined and projected"
         )
     assert _close(got.detach(), want) and _close(got_changed.detach(), want_changed), (
-        "a layer of 2 heads of 10: the output differs from the layer's own, attn(h, cos, sin)"
+        f"{where}: the output differs from the heads through it, joined and projected, by up to "
+        f"{(got.detach().double() - want.double()).abs().max().item():.2g}"
     )
     one = _block(kv, attn, h[:, 2:3], cos[5:], sin[5:], given)
+    with torch.no_grad():
+        alone = attn(h[:, 2:3], cos[5:], sin[5:])  # one key: its weight is 1 whatever the scale
     assert isinstance(one, torch.Tensor) and _close(one.detach(), alone), (
         "one token alone at position 5 (seq_len 1): it attends only to itself, so its output is W_O of its value; "
         f"got {getattr(one, 'shape', one)} that differs from the layer's own"
