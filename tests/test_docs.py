@@ -173,7 +173,7 @@ EMPHASIS = {
 
 def test_glossary_defines_every_term_the_notebooks_introduce():
     """Check that docs/glossary.md holds every Chinese term a notebook gives in parentheses, and every term a notebook
-    sets in bold (labels such as "Try it." and stressed words aside), notebooks 01-10 and both parts of 02 and 08."""
+    sets in bold (labels such as "Try it." and stressed words aside), notebooks 01-10 and both parts of 02, 04 and 08."""
     import json
     import re
 

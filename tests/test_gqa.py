@@ -841,6 +841,49 @@ def test_fixed_part_is_reported_only_where_the_line_is_meaningful():
     assert not bench_gqa._fixed_part(lens, flat)["ok"] and "did not grow" in bench_gqa._fixed_part(lens, flat)["why"]
 
 
+def test_time_split_names_the_step_that_gave_no_ratio():
+    """Check that where no ratio of cache parts is printed for GQA-2 against MHA, the verdict names which of the two
+    steps stopped it (MHA's did not split, GQA-2's did not split, or a cache part within the spread), not one cause
+    for all three."""
+    from kvlib.core.configs import gqa_bench_config
+
+    def row(S, h, method, ok=True, clear=True):
+        return {
+            "kv_len": S, "n_kv_heads": h, "method": method, "cache_bytes": 1e6, "median_s": 1e-2, "min_s": 9e-3,
+            "max_s": 1.1e-2, "predicted_s": 5e-3, "measured_over_predicted": 2.0, "speedup_vs_mha": 1.0,
+            "speedup_vs_mha_best": 1.0, "fixed_ok": ok, "fixed_s": 3e-3, "fixed_spread_s": [2.9e-3, 3.1e-3],
+            "fixed_why": "" if ok else "too noisy to split", "cache_s": 7e-3 if ok else None,
+            "cache_bytes_per_s": 1e8 if ok else None, "cache_speedup_vs_mha": 1.5 if ok and clear else None,
+            "cache_speedup_spread": None,
+        }  # fmt: skip
+
+    def verdict(mha_ok, gqa_ok, clear):
+        rows = [row(S, 8, "mha", mha_ok) for S in (4096, 8192)] + [
+            row(S, 2, "grouped", gqa_ok, clear) for S in (4096, 8192)
+        ]
+        if not mha_ok:
+            for r in rows:
+                r["cache_speedup_vs_mha"] = None
+        report = {
+            "record": {"device": "cpu", "threads": 1, "torch": torch.__version__, "rounds": 5},
+            "config": {**gqa_bench_config().to_dict(), "n_kv_heads": [8, 2]},
+            "bandwidth": {"bytes_per_s": 1e10, "kernel": "triad"},
+            "rows": rows,
+            "fixed": [{"kv_len": 0}],
+            "fixed_method": "intercept",
+        }
+        return [line for line in bench_gqa.format_gqa(report, learner=True).splitlines() if "no ratio" in line]
+
+    assert all("MHA's step does not split" in line for line in verdict(False, True, True)) and verdict(
+        False, True, True
+    )
+    assert all("its step does not split" in line for line in verdict(True, False, False)) and verdict(
+        True, False, False
+    )
+    assert all("does not stand clear" in line for line in verdict(True, True, False)) and verdict(True, True, False)
+    assert verdict(True, True, True) == []
+
+
 def test_a_recording_is_predicted_from_the_device_table():
     """Check that against_device predicts a GPU recording from kvlib/core/devices.py's bandwidth, names that source,
     and keeps the run's own measured bandwidth in its record."""

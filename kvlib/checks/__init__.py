@@ -35,7 +35,8 @@ class Check:
 
     @property
     def doc(self) -> str:
-        return (self.fn.__doc__ or "").strip().splitlines()[0]
+        """The property checked: the docstring's first paragraph on one line (a first line may wrap mid-sentence)."""
+        return " ".join((self.fn.__doc__ or "").strip().split("\n\n")[0].split())
 
 
 CHECKS: dict[str, Check] = {}  # by name, in registration (= course) order

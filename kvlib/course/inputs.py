@@ -254,6 +254,14 @@ def check_generate_cached(model, input_ids, max_new_tokens, temperature=0.0, gen
     check_generate(model, input_ids, max_new_tokens, temperature, generator, on_token)
 
 
+def check_sequences_that_fit(config, memory_bytes, seq_len, dtype=...):  # ...: left out, torch.float16
+    check_config(config, seq_len)
+    if isinstance(memory_bytes, bool) or not isinstance(memory_bytes, int) or memory_bytes < 1:
+        raise ValueError(f"memory_bytes must be a positive int (bytes), got {memory_bytes!r}")
+    if dtype is not ...:
+        check_dtype(dtype)
+
+
 # ---------------------------------------------------------------------------------------------
 # Notebook 05: the memory wall (dtype arguments left out default to torch.float16: always valid)
 

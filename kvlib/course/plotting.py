@@ -459,14 +459,14 @@ def naive_decode_work(new_tokens, naive, needed, *, projections=None, attention=
             )
         if attention is not None:
             ax.loglog(n, attention, ls=":", lw=2.5, color=PALETTE["purple"], label="  of which attention (~N³)")
-        ax.loglog(n, needed, lw=2.5, color=PALETTE["green"], label="needed: each token once (~N)")
+        ax.loglog(n, needed, lw=2.5, color=PALETTE["green"], label="kept: each token once ($aN + cN^2/2$)")
         ticks = sorted({v for v in (1, 10, 100, 1000, 10000) if v < n[-1]} | {int(n[-1])})
         ax.set_xticks(ticks, [f"{v:,}" for v in ticks])
         ax.minorticks_off()
         ax.set_xlabel("tokens generated, N")
         ax.set_ylabel("total work (FLOPs)")
         ratio = naive[-1] / needed[-1]
-        ax.set_title(f"Naive decoding does {ratio:.0f}x the work needed for {int(n[-1])} tokens")
+        ax.set_title(f"Naive decoding does {ratio:.0f}x the work of kept decoding for {int(n[-1])} tokens")
         ax.legend(loc="upper left", frameon=False)
         _note(fig, note)
     return _finish(fig)
@@ -506,14 +506,14 @@ def wasted_share(kv_lens, fractions, *, marks=(), note=None):
     return _finish(fig)
 
 
-def step_time_fit(kv_lens, medians_ms, lows_ms, highs_ms, fitted_ms, *, fit_label="fit", note=None):
-    """Measured time of each naive decode step against its sequence length, with a fitted curve.
+def step_time_fit(kv_lens, medians_ms, lows_ms, highs_ms, fitted_ms=None, *, fit_label="fit", note=None):
+    """Measured time of each naive decode step against its sequence length, with a fitted curve if one is given.
 
     Args:    kv_lens: (n,) tokens each step runs through the model
              medians_ms, lows_ms, highs_ms: (n,) step times over repeated runs, milliseconds
-             fitted_ms: (n,) the fitted curve at kv_lens   fit_label: its formula, for the legend
+             fitted_ms: (n,) a fitted curve at kv_lens, or None   fit_label: its formula, for the legend
              note: printed under the axes
-    Returns: the Figure
+    Returns: the Figure; its title gives the ratio of the last step's median to the first's
     """
     x = np.asarray(kv_lens)
     with style():
@@ -523,16 +523,17 @@ def step_time_fit(kv_lens, medians_ms, lows_ms, highs_ms, fitted_ms, *, fit_labe
         ax.plot(
             x, medians_ms, "o", ms=5, color=PALETTE["blue"], label="measured step (median)"
         )  # visible from the back of a room
-        ax.plot(x, fitted_ms, lw=2.5, color=PALETTE["vermillion"], label=fit_label)
+        if fitted_ms is not None:
+            ax.plot(x, fitted_ms, lw=2.5, color=PALETTE["vermillion"], label=fit_label)
         ax.set_ylim(0, None)
         ax.set_xlim(0, x[-1] * 1.02)
         ax.set_xlabel("tokens re-run in this step (kv_len)")
         ax.set_ylabel("step time (ms)")
-        grows = float(fitted_ms[-1]) / float(fitted_ms[0])  # the title says what this run's fit shows
+        grows = float(medians_ms[-1]) / float(medians_ms[0])  # the title says what this run measured
         ax.set_title(
-            f"The step at {int(x[-1])} tokens takes {grows:.1f}x the step at {int(x[0])} (fit)"
+            f"The step at {int(x[-1])} tokens took {grows:.1f}x the step at {int(x[0])} (medians)"
             if grows > 1
-            else f"This run's fit does not grow from {int(x[0])} to {int(x[-1])} tokens: time it again"
+            else f"This run's step at {int(x[-1])} tokens was no slower than at {int(x[0])}: time it again"
         )
         ax.legend(loc="upper left", frameon=False)
         _note(fig, note)
@@ -872,7 +873,8 @@ def decode_against_batch(
             axis.set_xticks(b, [str(int(v)) for v in b])
             axis.minorticks_off()
             axis.set_xlabel("batch size (sequences decoded together)")
-            axis.legend(loc="upper left", frameon=False)
+        ax.legend(loc="best", frameon=False)  # the roofline rises through the upper left
+        bx.legend(loc="upper left", frameon=False)
         ax.set_ylabel("tokens per second")
         ax.set_title("Throughput")
         bx.set_ylabel("FLOPs per byte moved")

@@ -434,10 +434,17 @@ def _format_time_split(report: dict, learner: bool = False) -> list[str]:
     at = {(row["kv_len"], row["n_kv_heads"], row["method"]): row for row in report["rows"]}
     for kv_len in lens:
         g, mha = at[kv_len, quarter, "grouped"], at[kv_len, n_kv[0], "mha"]
-        if g["cache_speedup_vs_mha"] is None:
+        if g["cache_speedup_vs_mha"] is None:  # say which of the two rows stopped the ratio, and why
+            why = (
+                "MHA's step does not split into a fixed and a cache part"
+                if not _split_ok(mha)
+                else "its step does not split into a fixed and a cache part"
+                if not _split_ok(g)
+                else "a cache part does not stand clear of the fixed part's spread"
+            )
             lines.append(
-                f"{kv_len} cached tokens: the cache part of a step does not stand clear of the fixed part's spread "
-                "in this run, so no ratio of cache parts"
+                f"{kv_len} cached tokens, n_kv_heads {quarter} (grouped) against MHA: no ratio of cache parts in this "
+                f"run: {why}"
             )
             continue
         lines.append(
