@@ -59,6 +59,24 @@ def test_attention_block_refuses_grouped_heads():
         generation.attention_block(attn, torch.zeros(1, 3, 16), cos, sin)
 
 
+def test_param_counts_are_expected_from_the_shapes_a_decoder_builds():
+    """Check that 2.8's expected parts, counted from weight shapes, equal a built Decoder's parameters on small
+    configs (MHA and GQA) and sum to kvlib's analytic count where the config is widened past what any tensor holds."""
+    from kvlib.checks.generation import _expected_params, _widened
+    from kvlib.core.configs import REAL_MODELS
+    from kvlib.core.model import ModelConfig, num_params
+
+    for config in (
+        ModelConfig(vocab_size=37, d_model=24, n_layers=3, n_heads=6, n_kv_heads=2, hidden_dim=40, max_seq_len=16),
+        ModelConfig(vocab_size=11, d_model=16, n_layers=2, n_heads=4, n_kv_heads=4, hidden_dim=20, max_seq_len=16),
+    ):
+        assert _expected_params(config) == counted_params(Decoder(config))
+        wide = _widened(config, 2**31)
+        assert sum(_expected_params(wide).values()) == num_params(wide) > 2**63
+    wide = _widened(REAL_MODELS["Llama-3-8B"].config, 2**29)
+    assert sum(_expected_params(wide).values()) == num_params(wide)
+
+
 def test_next_token_rejects_wrong_shapes():
     """Check that next_token names the expected (batch, vocab_size) shape and a negative temperature."""
     with pytest.raises(ValueError, match=r"\(batch, vocab_size\), got \(2, 3, 4\)"):

@@ -1036,7 +1036,7 @@ def _weight_shapes(config: ModelConfig) -> dict[str, list[tuple[int, ...]]]:
     }
 
 
-def expected_params(config: ModelConfig) -> dict[str, int]:
+def _expected_params(config: ModelConfig) -> dict[str, int]:
     """Each part's parameters, counted from the shapes Decoder would give its weights (none built)."""
     return {part: sum(math.prod(shape) for shape in shapes) for part, shapes in _weight_shapes(config).items()}
 
@@ -1091,7 +1091,7 @@ def param_counts_match_built_decoders(kv, rng):
     gqa = ModelConfig(vocab_size=37, d_model=24, n_layers=3, n_heads=6, n_kv_heads=2, hidden_dim=40, max_seq_len=16)
     _judge_params(kv, gqa, counted_params(Decoder(gqa)), "a GQA config (d_model 24, 6 heads, 2 KV heads, 3 layers)")
     wide = _widened(gqa, 2**31)
-    _judge_params(kv, wide, expected_params(wide), f"that GQA config widened 2**31 times (d_model {wide.d_model:,})")
+    _judge_params(kv, wide, _expected_params(wide), f"that GQA config widened 2**31 times (d_model {wide.d_model:,})")
 
 
 @check("2.8")
@@ -1110,4 +1110,4 @@ def param_counts_scale_to_real_configs(kv, rng):
             f"{name}: the parts add up to {total:,} parameters; its config builds {real.params:,} ({real.source})"
         )
     wide = _widened(REAL_MODELS["Llama-3-8B"].config, 2**29)
-    _judge_params(kv, wide, expected_params(wide), f"Llama-3-8B widened 2**29 times (d_model {wide.d_model:,})")
+    _judge_params(kv, wide, _expected_params(wide), f"Llama-3-8B widened 2**29 times (d_model {wide.d_model:,})")
