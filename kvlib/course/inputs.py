@@ -123,8 +123,9 @@ def check_temper(probs, temperature):
         raise ValueError(f"temperature must be a number >= 0 (0 means greedy), got {temperature!r}")
 
 
-def check_attention_block(attn, h, cos, sin):
-    """attn one layer's Attention, not grouped; h (batch, seq_len, d_model) float32; cos, sin (seq_len, head_dim)."""
+def check_attention_block(attn, h, cos, sin, self_attention=None):
+    """attn one layer's Attention, not grouped; h (batch, seq_len, d_model) float32; cos, sin (seq_len, head_dim);
+    self_attention a function (Exercise 1.4's contract)."""
     C = getattr(getattr(attn, "q_proj", None), "in_features", None)
     if C is None or not hasattr(attn, "head_dim"):
         raise ValueError(f"attn must be one layer's Attention (model.layers[i].attn), got {type(attn).__name__}")
@@ -143,6 +144,10 @@ def check_attention_block(attn, h, cos, sin):
             raise ValueError(
                 f"{name} must be ({h.shape[1]}, {attn.head_dim}): the rows of the rotary table at h's positions, got {_shape(t)}"
             )
+    if self_attention is not None and not callable(self_attention):
+        raise ValueError(
+            f"self_attention must be a function of q, k, v (Exercise 1.4's contract), got {type(self_attention).__name__}"
+        )
 
 
 def check_rms_norm(x, weight, eps=1e-5):

@@ -2,7 +2,9 @@
 every point (in 04 also one with code moved into a helper module of the learner's own), the
 untouched release and a submission that patches the checks in its kernel get none; in 04, 05, 06, 09
 and 10 also BANK's cheats (05 and 06: a prediction hard-coded), library shortcuts and other right ways, each
-scored cell by cell, in the same autograde run. (Notebook 01, with its many attacks: tests/grading/test_attacks.py.)"""
+scored cell by cell, in the same autograde run; in 02 the shortcuts a fresh reader found (2.4's layer echoed, 2.8's
+decoder built on the meta device, 2.2's tokens reported after the loop). (Notebook 01, with its many attacks:
+tests/grading/test_attacks.py.)"""
 
 from __future__ import annotations
 
@@ -264,6 +266,34 @@ def _alternatives(module: str, exercises: dict) -> str:
     )
 
 
+CHEATS_02 = '''
+
+def generate(model, input_ids, max_new_tokens, temperature=0.0, generator=None, on_token=None):
+    """2.2's slip a fresh reader found: every token reported to on_token once the loop is over."""
+    ids = input_ids
+    with torch.inference_mode():
+        for _ in range(max_new_tokens):
+            ids = torch.cat([ids, next_token(model(ids)[:, -1], temperature, generator)[:, None]], dim=1)
+    for token in ids[:, input_ids.shape[1] :].T:
+        if on_token is not None:
+            on_token(token)
+    return ids
+
+
+def attention_block(attn, h, cos, sin, self_attention=None):
+    """2.4's cheat: the layer's own forward, returned as it is."""
+    with torch.no_grad():
+        return attn(h, cos, sin)
+
+
+def param_counts(config):
+    """2.8's cheat: a decoder built on torch's meta device (no memory), its parameters counted."""
+    from kvlib.core.model import Decoder, counted_params
+
+    with torch.device("meta"):
+        return counted_params(Decoder(config))
+'''
+
 HARD_CODED_05 = '''
 
 def compute_bound_batch(config, kv_len, peak_flops, bandwidth, dtype=None):
@@ -280,6 +310,25 @@ def predicted_speedup(config, n_kv_heads, kv_len, batch=1):
 
 # module -> student -> (code appended to the reference, exercises kept, {exercise: "full" | 0 | {check: words}})
 BANK = {
+    "generation": {  # 2.3 times the module's own generate: one that reports after its loop leaves TTFT the whole run
+        "cheat-echo": (
+            CHEATS_02,
+            {f"2.{i}" for i in range(1, 9)},
+            {"2.2": {"generate_streams_each_token": "after the loop ended"}, "2.3": 0, "2.4": 0, "2.8": 0},
+        ),
+        "other-ways": (
+            lambda: _alternatives(
+                "generation",
+                {
+                    "2.2": ("test_generation", "generate_token_list"),
+                    "2.4": ("test_generation", "attention_per_head"),
+                    "2.8": ("test_generation", "params_from_shapes"),
+                },
+            ),
+            {f"2.{i}" for i in range(1, 9)},
+            dict.fromkeys(("2.2", "2.4", "2.8"), "full"),
+        ),
+    },
     "fused": {
         "cheat-modes-off": (
             CHEAT_09_MODES_OFF,
