@@ -1,18 +1,16 @@
-"""The KV cache (notebook 04-kv-cache): keep every layer's keys and values, compute only the new tokens.
+"""The KV cache (notebook 04-kv-cache, parts 04a and 04b): keep every layer's keys and values, compute only new tokens.
 
 A pre-allocated cache holds what notebook 03 showed never changes; cached_forward() runs only the new tokens (prefill,
-decode); kv_cache_bytes() prices it. Left out: paged or sliding-window caches, prompts of different lengths.
-"""
+decode); kv_cache_bytes() and sequences_that_fit() price it. Left out: paged or sliding-window caches, ragged prompts."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from kvlib.attention import causal_mask
 from kvlib.core.cache import CacheBase
+from kvlib.core.model import num_params
 from kvlib.course import inputs
 from kvlib.course.exercises import exercise
 from kvlib.generation import next_token
@@ -22,11 +20,8 @@ from kvlib.generation import next_token
 
 
 class KVCache(CacheBase):
-    """Keys and values of every layer, pre-allocated: k and v are (n_layers, batch, n_kv_heads, max_seq_len, head_dim).
-
-    pos: tokens stored so far. Each layer writes with update(), then advance() once; pos, reset, advance,
-    truncate and nbytes come from CacheBase (the cache contract: kvlib/core/cache.py).
-    """
+    """Every layer's keys and values, pre-allocated: k, v (n_layers, batch, n_kv_heads, max_seq_len, head_dim); pos,
+    reset, advance, truncate and nbytes come from CacheBase (the cache contract, kvlib/core/cache.py)."""
 
     def __init__(self, config, batch: int = 1, max_seq_len: int | None = None, dtype=torch.float32, device="cpu"):
         super().__init__(config, batch, max_seq_len)  # checks batch and max_seq_len; pos = 0
@@ -43,10 +38,8 @@ class KVCache(CacheBase):
     def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write one layer's k_new, v_new at positions [pos, pos + seq_len), in place; return that layer's filled prefix.
 
-        Args:    layer: 0 <= layer < n_layers
-                 k_new, v_new: (batch, n_kv_heads, seq_len, head_dim), the cache's dtype
-        Returns: k, v: (batch, n_kv_heads, pos + seq_len, head_dim), views of the cache's storage (no copy).
-                 pos does not move: advance() moves it, once every layer has written.
+        Args:    layer: 0 <= layer < n_layers;  k_new, v_new: (batch, n_kv_heads, seq_len, head_dim), the cache's dtype
+        Returns: k, v: (batch, n_kv_heads, pos + seq_len, head_dim), views of the storage; pos unmoved (advance() moves it)
         Raises:  ValueError if layer is out of range, a shape does not fit the cache, or pos + seq_len > max_seq_len
         Example:
             >>> from kvlib.core.model import ModelConfig; cache = KVCache(ModelConfig(vocab_size=50), max_seq_len=8)
@@ -62,12 +55,10 @@ def cached_attention(
 ) -> torch.Tensor:
     """One attention layer with a cache: the seq_len new tokens attend to every stored token and to themselves.
 
-    Args:    attn: the layer's kvlib.core.model.Attention (project_q, project_kv, n_heads, n_kv_heads, o_proj)
-             x: (batch, seq_len, d_model), the normed residual stream of the NEW tokens only
-             cache, layer: this layer's slot of a KVCache; cache.pos is the position of x[:, 0]
-             rope_cos, rope_sin: (max_seq_len, head_dim), the model's whole rotary tables
-    Returns: (batch, seq_len, d_model), x's dtype: the rows attn would give for these positions on the full
-             sequence. The new keys and values are in the cache afterwards; cache.pos does not move.
+    Args:    attn: the layer's Attention, possibly GQA (n_kv_heads < n_heads: the cache holds n_kv_heads heads);
+             x: (batch, seq_len, d_model), the NEW tokens' normed stream;  cache, layer: this layer's slot of a
+             KVCache, cache.pos the position of x[:, 0];  rope_cos, rope_sin: the model's tables
+    Returns: (batch, seq_len, d_model), the rows attn gives them over the whole sequence; their keys and values stored
     Raises:  ValueError if x is not (batch, seq_len, d_model) or the new tokens do not fit in the cache
     Example:
         >>> from kvlib.core.weights import load_tiny; model, _ = load_tiny(); cache = KVCache(model.config, max_seq_len=16)
@@ -79,14 +70,12 @@ def cached_attention(
 
 @exercise("4.3", validate=inputs.check_prefill)
 def cached_forward(model, input_ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
-    """Run only the new tokens through every layer, each reading and extending its cache; next-token logits.
+    """Run only the new tokens through every layer, each reading and extending its cache: a prefill, or a decode step.
 
-    A prefill is one cached_forward over the whole prompt; a decode step one over one token per row.
-    Args:    model: a kvlib Decoder
+    Args:    model: a kvlib Decoder;  cache: a KVCache of its config and batch
              input_ids: (batch, seq_len) torch.long, the new tokens; cache.pos is the position of input_ids[:, 0]
-             cache: a KVCache of model's config and batch
-    Returns: (batch, vocab_size) float32: model(all tokens so far)[:, -1], the last position alone through the
-             head (counted: model(ids, past_key_values=cache) runs it on all; the loop is yours). pos grew by seq_len.
+    Returns: (batch, vocab_size) float32, model(all tokens so far)[:, -1]: the last position alone through the head
+             (counted: model(ids, past_key_values=cache) runs it on all; the loop is yours); pos grew by seq_len
     Raises:  ValueError if the cache's batch differs from input_ids' or the tokens do not fit in it
     Example:
         >>> from kvlib.core.weights import load_tiny; model, tokenizer = load_tiny(); cache = KVCache(model.config)
@@ -113,12 +102,11 @@ def decode_step(model, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
 def kv_cache_bytes(config, seq_len: int, batch: int = 1, dtype: torch.dtype = torch.float16) -> int:
     """Bytes of the KV cache holding seq_len tokens for each of batch sequences, as KVCache allocates it.
 
-    Args:    config: a ModelConfig;  seq_len, batch: positive ints;  dtype: the cache's torch dtype
-    Returns: int, equal to KVCache(config, batch, seq_len, dtype).nbytes
-    Raises:  ValueError if seq_len or batch is not a positive int, or dtype is not a torch.dtype
+    Args:    config: a ModelConfig;  seq_len: an int >= 0;  batch: a positive int;  dtype: the cache's torch dtype
+    Returns: int, equal to KVCache(config, batch, seq_len, dtype).nbytes (0 for no tokens)
+    Raises:  ValueError if seq_len is not an int >= 0, batch not a positive int, or dtype not a torch.dtype
     Example:
-        >>> from kvlib.core.configs import real_model
-        >>> kv_cache_bytes(real_model("Llama-2-7B").config, 1) // 1024  # one token, float16: KiB
+        >>> from kvlib.core.configs import real_model; kv_cache_bytes(real_model("Llama-2-7B").config, 1) // 1024
         512
     """
     raise NotImplementedError("Exercise 4.4 (notebooks/04-kv-cache): kv_cache_bytes")
@@ -131,16 +119,15 @@ def generate_cached(
     max_new_tokens: int,
     temperature: float = 0.0,
     generator: torch.Generator | None = None,
-    on_token: Callable[[torch.Tensor], None] | None = None,
+    on_token=None,
     cache: KVCache | None = None,
 ) -> torch.Tensor:
     """generate (Exercise 2.2) with a KV cache: the prompt runs once, then one token per step.
 
-    Args:    model, input_ids, max_new_tokens, temperature, generator, on_token: as in generate
-             cache: a KVCache to reuse (whatever it held is forgotten first), or None for a new one sized
-                    for the model, the batch, the model's dtype and input_ids' device
-    Returns: (batch, seq_len + max_new_tokens) torch.long, the tokens generate gives (greedy, or sampled with
-             the same seed), from one forward over the prompt and max_new_tokens - 1 over one token each
+    Args:    model, input_ids, max_new_tokens, temperature, generator, on_token: as in generate;  cache: a KVCache
+             to reuse (what it held is forgotten first), or None for a new one
+    Returns: (batch, seq_len + max_new_tokens) torch.long: generate's tokens (greedy, or sampled with the same seed),
+             from one forward over the prompt and max_new_tokens - 1 over one token each
     Raises:  ValueError as generate, or if the cache is too small for the prompt and the new tokens
     Example:
         >>> from kvlib.core.weights import load_tiny; from kvlib.generation import generate; model, tok = load_tiny()
@@ -148,3 +135,18 @@ def generate_cached(
         True
     """
     raise NotImplementedError("Exercise 4.5 (notebooks/04-kv-cache): generate_cached")
+
+
+@exercise("4.6", validate=inputs.check_sequences_that_fit)
+def sequences_that_fit(config, memory_bytes: int, seq_len: int, dtype: torch.dtype = torch.float16) -> int:
+    """How many whole sequences of seq_len tokens decode at once in memory_bytes, beside one copy of the weights.
+
+    A prediction, before the notebook allocates them: num_params(config) weights, and each sequence's own KV cache
+    (kv_cache_bytes, Exercise 4.4), all in dtype.
+    Args:    config: a ModelConfig;  memory_bytes, seq_len: positive ints;  dtype: a torch dtype.  Returns: int >= 0
+    Raises:  ValueError if config is not a ModelConfig, memory_bytes or seq_len not a positive int, dtype not a dtype
+    Example:
+        >>> from kvlib.core.configs import real_model; sequences_that_fit(real_model("Llama-2-7B").config, 14 * 10**9, 4096)
+        0
+    """
+    raise NotImplementedError("Exercise 4.6 (notebooks/04-kv-cache): sequences_that_fit")

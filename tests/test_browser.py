@@ -2,7 +2,8 @@
 
 `kvlib lab`'s learner view serves a temporary copy of the learner notebooks with reference mode
 on; the browser runs notebook 01, drags the query slider of its widget and reads the attention
-weights before and after. Screenshots go to artifacts/browser/ (git-ignored).
+weights before and after; last, the same session in JupyterLab's Chinese interface opens the Chinese
+notebook 01 (`kvlib lab --lang zh-CN`). Screenshots go to artifacts/browser/ (git-ignored).
 
 Needs Debian's `chromium` (or KVLIB_CHROMIUM=/path/to/chrome) and the `playwright` package; no
 browser is downloaded. Without them the test is skipped, unless KVLIB_BROWSER_TEST=required
@@ -45,6 +46,8 @@ WIDGET_NOTEBOOKS = [
 
 
 _SERVER_LOG = []  # the running server's log, quoted when a test fails on something the server did
+_SERVER_CONFIG = []  # the learner view's Jupyter config folder of the running server
+ZH = "zh-CN"
 
 
 def _server_log_tail(chars: int = 3000) -> str:
@@ -111,9 +114,12 @@ def server(tmp_path_factory):
     for name in course.assignments():
         if (ROOT / "notebooks" / name).is_dir():  # a notebook being written may have no release yet
             shutil.copytree(ROOT / "notebooks" / name, root / "notebooks" / name)
+        if (ROOT / "notebooks" / ZH / name).is_dir():  # its translation (kvlib/app/translate.py)
+            shutil.copytree(ROOT / "notebooks" / ZH / name, root / "notebooks" / ZH / name)
         shutil.copytree(ROOT / "solutions" / name, root / "solutions" / name)
     shutil.copy(ROOT / "nbgrader_config.py", root)
     config = lab.write_learner_config(tmp / "config")
+    _SERVER_CONFIG.append(config)
     page_config = config / "labconfig" / "page_config.json"
     page = json.loads(page_config.read_text())
     page["disabledExtensions"]["@jupyterlab/apputils-extension:announcements"] = (
@@ -251,7 +257,14 @@ def cells_for_first_widget(path: Path) -> list[int]:
     needed cell reads. The measurements a widget does not read stay out (that every cell runs is
     tests/test_notebooks.py's); a name missed here fails the run with a NameError, never silently."""
     cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-    at = next(i for i, c in enumerate(cells) if c["cell_type"] == "code" and "interact(" in "".join(c["source"]))
+    return cells_needed(
+        cells, next(i for i, c in enumerate(cells) if c["cell_type"] == "code" and "interact(" in "".join(c["source"]))
+    )
+
+
+def cells_needed(cells: list[dict], at: int) -> list[int]:
+    """The code cells cell `at` needs, in order, ending with its own: the setup and each cell that defines a name a
+    needed cell reads (as cells_for_first_widget says)."""
     before = [i for i, c in enumerate(cells[:at]) if c["cell_type"] == "code"]
     need, chosen = _reads_and_writes(cells[at])[0], [at]
     for i in reversed(before):
@@ -449,3 +462,78 @@ def test_a_widget_needs_the_setup_and_the_cells_whose_names_it_reads():
     memory_wall = ROOT / "solutions" / "05-memory-wall" / "memory_wall.ipynb"
     needed = cells_for_first_widget(memory_wall)
     assert len(needed) == 2 and needed[0] == 1, f"notebook 05's first widget should need only its setup cell: {needed}"
+
+
+# JavaScript: run code in the open notebook's kernel without a cell (not in the notebook), return what it printed
+IN_KERNEL = f"""async (code) => {{
+    const k = {CURRENT}.sessionContext.session.kernel;
+    const future = k.requestExecute({{code, silent: false, store_history: false}});
+    let out = '';
+    future.onIOPub = (msg) => {{
+        if (msg.header.msg_type === 'stream') out += msg.content.text;
+        if (msg.header.msg_type === 'error') out += `ERROR ${{msg.content.ename}}: ${{msg.content.evalue}}`;
+    }};
+    await future.done;
+    return out;
+}}"""
+# ... what the figure a cell showed (IPython's Out[n]) draws: its texts, and any glyph its font lacks (an empty box)
+FIGURE_TEXTS = """import json
+from kvlib.course import plotting
+_fig = Out[{n}]
+print(json.dumps({{"texts": sorted({{t.get_text() for t in _fig.findobj(plotting.Text) if t.get_text()}}),
+                  "missing": plotting.missing_glyphs(_fig), "font": plotting.cjk_font()}}, ensure_ascii=False))"""
+
+
+def test_chinese_notebook_in_jupyterlabs_chinese_interface(server, page):
+    """Check `kvlib lab --lang zh-CN` in the same session: the default locale its learner config writes turns
+    JupyterLab's menus Chinese; the Chinese notebook 01 renders its translated markdown; with KVLIB_LANG=zh-CN in
+    its kernel (which `kvlib lab --lang` sets for every kernel: here set in the kernel, as this server started in
+    English) its attention heatmap draws Chinese title and labels with no glyph missing (where no CJK font is
+    installed: English, and still none missing), its graded cell for Exercise 1.1 passes, and grade() prints its
+    verdicts in Chinese."""
+    path = ROOT / "notebooks" / ZH / "01-attention" / "attention.ipynb"
+    if not path.is_file():
+        pytest.skip("notebook 01 is not translated into zh-CN yet (kvlib course translate)")
+    from kvlib.app import translate
+
+    written = lab.write_learner_config(_SERVER_CONFIG[-1].parent / "config-zh", ZH)  # what `kvlib lab --lang` writes
+    overrides = Path("labconfig") / "default_setting_overrides.json"  # read by the server at the next page's load
+    shutil.copyfile(written / overrides, _SERVER_CONFIG[-1] / overrides)
+    notebook = path.relative_to(ROOT).as_posix()
+    _open(page, server, notebook)
+    menus = page.locator(".lm-MenuBar-itemLabel").all_inner_texts()
+    assert "文件" in menus and "运行" in menus, f"JupyterLab's menus are not in Chinese: {menus}"
+    ran = page.evaluate(IN_KERNEL, f"import os; os.environ['KVLIB_LANG'] = '{ZH}'; print('ok')")
+    assert ran.strip() == "ok", ran
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    at = {c["id"]: i for i, c in enumerate(cells)}
+    run = sorted(set(cells_needed(cells, at["heatmap"]) + cells_needed(cells, at["checks-1-1"])) | {at["hints-1-1"]})
+    report = _open_and_run_all(page, server, notebook, 120, run)
+    title = (
+        translate.parse(
+            (ROOT / "translations" / ZH / "01-attention" / "attention.md").read_text(encoding="utf-8"), path
+        )["title"]
+        .text.splitlines()[0]
+        .lstrip("# ")
+    )
+    rendered = page.locator(".jp-MarkdownCell .jp-RenderedMarkdown h1").first.inner_text()
+    assert rendered.replace("¶", "").strip() == title, f"the first heading reads {rendered!r}, not {title!r}"
+    hints_shown = page.locator(".jp-Cell", has=page.get_by_text("提示（kvlib hint 1.1）")).count()
+    assert hints_shown == 1, "the hints block of Exercise 1.1 is not in Chinese"
+
+    n = page.evaluate(f"{CURRENT}.content.model.cells.get({at['heatmap']}).executionCount")
+    figure = json.loads(page.evaluate(IN_KERNEL, FIGURE_TEXTS.format(n=n)).strip().splitlines()[-1])
+    assert figure["missing"] == [], f"the heatmap draws empty boxes: {figure['missing']}"
+    if figure["font"] or REQUIRED:  # CI installs a CJK font (.ci/run)
+        assert "每个词元只关注自己和它之前的词元" in figure["texts"] and "我" in figure["texts"], figure
+    else:
+        assert "Each token attends only to itself and earlier tokens" in figure["texts"] and "wǒ" in figure["texts"]
+    heatmap = page.locator(".jp-Cell").nth(at["heatmap"])
+    heatmap.scroll_into_view_if_needed()
+    assert heatmap.locator(".jp-OutputArea-output img").count() == 1, "the heatmap cell shows no figure"
+    heatmap.screenshot(path=ARTIFACTS / "01-attention-zh-CN-heatmap.png")
+    graded = page.evaluate(IN_KERNEL, 'from kvlib.checks import grade\ngrade("checks-1-1")')
+    assert "通过：" in graded and "ERROR" not in graded, f"grade('checks-1-1') printed: {graded[:500]}"
+    page.screenshot(path=ARTIFACTS / "01-attention-zh-CN-page.png")
+    assert not page.errors, f"JavaScript errors in the page: {page.errors}"
+    print(f"zh-CN notebook 01: {report['code']} code cells ran; menus {menus[:4]}; heatmap font {figure['font']}")

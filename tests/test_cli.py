@@ -95,7 +95,7 @@ def test_each_benchmark_offers_only_the_options_its_function_takes(capsys):
 
 def _documented_commands():
     """(file, line number, argv) of every `kvlib` command in the bash blocks of README.md and docs/*.md."""
-    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for doc in [ROOT / "README.md", *sorted(ROOT.glob("README.*.md")), *sorted((ROOT / "docs").glob("*.md"))]:
         language = None
         for n, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), start=1):
             if line.lstrip().startswith("```"):
@@ -155,7 +155,7 @@ def test_every_exercise_heading_is_the_exercise_tables():
         ("02b", ["2.4", "2.5", "2.6", "2.8"], ["02-generation/layer.ipynb"]),
         ("08b", ["8.5", "8.6", "8.8"], ["08-compress/mla.ipynb"]),
         ("notebooks/02-generation/generation.ipynb", ["2.1", "2.2", "2.3", "2.7"], None),
-        ("solutions/06-gqa", ["6.1", "6.2", "6.3", "6.4"], ["06-gqa/gqa.ipynb"]),
+        ("solutions/06-gqa", ["6.1", "6.2", "6.3", "6.4", "6.5"], ["06-gqa/gqa.ipynb", "06-gqa/quality.ipynb"]),
     ],
 )
 def test_one_selector_names_the_same_notebooks_everywhere(

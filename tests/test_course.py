@@ -8,8 +8,11 @@ from kvlib.course.exercises import NOTEBOOKS
 
 
 def test_learner_release_is_generated_from_solutions():
-    """Check that kvlib/ and notebooks/ equal a fresh `kvlib course release` (stubs + nbgrader)."""
-    problems = course.release(check=True)
+    """Check that kvlib/ and notebooks/ equal a fresh `kvlib course release` (stubs + nbgrader), the translated
+    notebooks (solutions/<lang>/, notebooks/<lang>/, kvlib/app/translate.py) in the same nbgrader run."""
+    from kvlib.app import translate
+
+    problems = translate.release(check=True)
     assert not problems, "run `kvlib course release`:\n" + "\n".join(problems)
 
 

@@ -90,8 +90,8 @@ def test_learner_module_has_its_tests_and_notebook(module):
 def test_learner_module_has_its_readme_row(module):
     """Check that README.md's course table has the module's row: its notebook, its file, its exercise ids."""
     notebook = NOTEBOOK_OF[module]
-    ids = sorted((ex.id for ex in EXERCISES if ex.module == module), key=lambda i: tuple(map(int, i.split("."))))
-    span = ids[0] if len(ids) == 1 else f"{ids[0]}-{ids[-1]}"  # by number: the table is in course order
+    ids = sorted((ex.id for ex in EXERCISES if ex.module == module), key=lambda i: int(i.split(".")[1]))
+    span = ids[0] if len(ids) == 1 else f"{ids[0]}-{ids[-1]}"  # by number: the table lists them in course order
     row = f"| [{notebook}](notebooks/{notebook}/) | [`kvlib/{module}.py`](kvlib/{module}.py) | {span}: "
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert any(line.startswith(row) for line in readme.splitlines()), f"README.md's course table has no row {row!r}"

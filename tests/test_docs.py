@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted(ROOT.glob("README.*.md")), *sorted((ROOT / "docs").glob("*.md"))]  # README.zh-CN.md
 README_MAX_LINES = 180
 
 # Files named by earlier versions of the course that are gone (or never were in the repository).
@@ -173,7 +173,7 @@ EMPHASIS = {
 
 def test_glossary_defines_every_term_the_notebooks_introduce():
     """Check that docs/glossary.md holds every Chinese term a notebook gives in parentheses, and every term a notebook
-    sets in bold (labels such as "Try it." and stressed words aside), notebooks 01-10 and both parts of 02 and 08."""
+    sets in bold (labels such as "Try it." and stressed words aside), notebooks 01-10 and both parts of 02, 04 and 08."""
     import json
     import re
 

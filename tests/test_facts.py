@@ -18,14 +18,7 @@ NOTEBOOKS = sorted(ROOT.glob("solutions/[0-9]*/*.ipynb")) + sorted(ROOT.glob("no
 # What the markdown states today that is not yet a fact (issue 44's fixes remove them notebook by notebook). Each
 # entry must still be found where it is listed: one removed from a notebook must be removed here too, so this list
 # only shrinks; anything new fails.
-KNOWN = {
-    "04-kv-cache/kv_cache": ["2,048 FLOPs", "3 MB", "3 MB"],
-    "05-memory-wall/memory_wall": [
-        "~1.0\nFLOP/B", "HBM", "~10x", "~16x", "13.2 GB", "~500 FLOP/B", "~154 tokens/s", "80GB", "70%", "~445 MB",
-        "256 MB", "2 GiB", "6.7 GB", "100%", "HBM", "~1 FLOP/B", "~150-400 FLOP/B",
-    ],
-    "06-gqa/gqa": ["8x", "8x", "32x", "71x", "8x", "2,048 KiB", "19%", "15 s", "20 seconds", "1%", "10 seconds", "3.4%"],
-}  # fmt: skip
+KNOWN: dict[str, list[str]] = {}
 
 
 def _stated(path) -> Counter:

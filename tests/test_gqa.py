@@ -29,7 +29,7 @@ from kvlib import gqa
 from kvlib.checks import CHECKS, checks_for, run
 from kvlib.checks.gqa import CONFIG
 from kvlib.core.configs import REAL_MODELS
-from kvlib.core.model import Decoder, ModelConfig
+from kvlib.core.model import Decoder, ModelConfig, matrix_params
 from kvlib.core.weights import from_transformers, to_transformers
 from kvlib.course.exercises import BY_ID, ExerciseNotDone
 from kvlib.kv_cache import kv_cache_bytes
@@ -39,7 +39,7 @@ from kvlib.variants import gqa_attention
 
 torch.set_num_threads(1)
 
-GQA_CHECKS = [c for i in range(1, 5) for c in checks_for(BY_ID[f"6.{i}"])]
+GQA_CHECKS = [c for i in range(1, 6) for c in checks_for(BY_ID[f"6.{i}"])]
 B, H, H_KV, T, S, D = 2, 6, 2, 3, 5, 8
 
 
@@ -59,11 +59,12 @@ def test_learner_stubs_are_todo(learner_mode):
         ),
         ("6.3", lambda: gqa.mean_pool_heads(torch.zeros(8, 3), 4, 2)),
         ("6.4", lambda: gqa.to_gqa(Decoder(CONFIG), 3)),
+        ("6.5", lambda: gqa.predicted_speedup(CONFIG, 3, 10)),
     ):
         with pytest.raises(ExerciseNotDone, match=f"Exercise {ex_id}"):
             call()
     results = {r.id: r.status for r in run("06")}
-    assert results == {"6.1": "todo", "6.2": "todo", "6.3": "todo", "6.4": "todo"}
+    assert results == {"6.1": "todo", "6.2": "todo", "6.3": "todo", "6.4": "todo", "6.5": "todo"}
 
 
 def test_contracts_leave_the_grouping_to_the_learner():
@@ -227,7 +228,7 @@ def test_bad_inputs_name_the_problem():
 # Known mistakes are named
 
 
-NAMES = ("repeat_kv", "grouped_attention", "mean_pool_heads", "to_gqa", "first_head_of_group")
+NAMES = ("repeat_kv", "grouped_attention", "mean_pool_heads", "to_gqa", "first_head_of_group", "predicted_speedup")
 
 
 def _module(**replaced) -> types.SimpleNamespace:
@@ -351,6 +352,32 @@ def to_gqa_copy_params(model, n_kv_heads, pool=None):
     return new.train() if model.training else new.eval()
 
 
+def speedup_in_bytes(config, n_kv_heads, kv_len, batch=1):  # bytes in fp16, the cache from Exercise 4.4
+    def step(h):
+        c = dataclasses.replace(config, n_kv_heads=h)
+        return matrix_params(c) * 2 + kv_cache_bytes(c, kv_len, batch, torch.float16)
+
+    return step(config.n_heads) / step(n_kv_heads)
+
+
+def speedup_from_step_cost(config, n_kv_heads, kv_len, batch=1):  # notebook 05's bytes of a decode step (5.3)
+    from kvlib.roofline import step_cost
+
+    def step(h):
+        return step_cost(dataclasses.replace(config, n_kv_heads=h), 1, kv_len, batch, torch.bfloat16)[1]
+
+    return step(config.n_heads) / step(n_kv_heads)
+
+
+def speedup_by_parts(config, n_kv_heads, kv_len, batch=1):  # what each key/value head dropped saves, exactly
+    from fractions import Fraction
+
+    c, H = config, config.n_heads
+    mha = matrix_params(dataclasses.replace(c, n_kv_heads=H)) + 2 * c.n_layers * H * c.head_dim * kv_len * batch
+    per_head = 2 * c.n_layers * c.head_dim * (c.d_model + kv_len * batch)  # its k_proj and v_proj rows, its cache
+    return float(Fraction(mha, mha - (H - n_kv_heads) * per_head))
+
+
 ALTERNATIVES = [
     ("6.1", {"repeat_kv": repeat_expand_index}),
     ("6.1", {"repeat_kv": repeat_stack}),
@@ -364,6 +391,9 @@ ALTERNATIVES = [
     ("6.4", {"to_gqa": to_gqa_deepcopy}),
     ("6.4", {"to_gqa": to_gqa_load}),
     ("6.4", {"to_gqa": to_gqa_copy_params}),
+    ("6.5", {"predicted_speedup": speedup_in_bytes}),
+    ("6.5", {"predicted_speedup": speedup_from_step_cost}),
+    ("6.5", {"predicted_speedup": speedup_by_parts}),
 ]
 
 
@@ -521,6 +551,44 @@ def pool_groups_reversed(w, n_heads, n_kv_heads):  # the right means, the new he
     return w.view(n_kv_heads, n_heads // n_kv_heads, D_, C).mean(1).flip(0).reshape(-1, C)
 
 
+def _numbers(config, h, kv_len, batch, *, shrink=True, weights_per_sequence=False, kv=2, layers=True):
+    c = dataclasses.replace(config, n_kv_heads=h if shrink else config.n_heads)
+    weights = matrix_params(c) * (batch if weights_per_sequence else 1)
+    return weights + kv * (config.n_layers if layers else 1) * h * config.head_dim * kv_len * batch
+
+
+def _speedup(**how):
+    def predicted(config, n_kv_heads, kv_len, batch=1):
+        mha = _numbers(config, config.n_heads, kv_len, batch, **{k: v for k, v in how.items() if k != "shrink"})
+        return mha / _numbers(config, n_kv_heads, kv_len, batch, **how)
+
+    predicted.__name__ = "speedup_" + "_".join(f"{k}_{v}" for k, v in how.items())  # a test id of its own
+    return predicted
+
+
+def speedup_cache_only(config, n_kv_heads, kv_len, batch=1):  # group_size: the weights forgotten
+    return config.n_heads / n_kv_heads
+
+
+def speedup_mha_baseline_from_config(config, n_kv_heads, kv_len, batch=1):  # MHA taken as the config's own heads
+    return _numbers(config, config.n_kv_heads, kv_len, batch) / _numbers(config, n_kv_heads, kv_len, batch)
+
+
+def speedup_embedding_read_whole(config, n_kv_heads, kv_len, batch=1):
+    table = config.vocab_size * config.d_model
+    return (_numbers(config, config.n_heads, kv_len, batch) + table) / (
+        _numbers(config, n_kv_heads, kv_len, batch) + table
+    )
+
+
+def speedup_inverted(config, n_kv_heads, kv_len, batch=1):
+    return 1 / gqa.predicted_speedup(config, n_kv_heads, kv_len, batch)
+
+
+def speedup_of_the_example(config, n_kv_heads, kv_len, batch=1):  # the notebook's bench model, for any input
+    return 2.871559633027523
+
+
 # (check or exercise, replaced function, words the failure must contain)
 SLIPS = [
     ("repeat_kv_matches_repeat_interleave", {"repeat_kv": _repeat_not_interleave}, "that is x.repeat"),
@@ -550,6 +618,15 @@ SLIPS = [
     ("6.4", {"to_gqa": to_gqa_ignores_pool}, "pool function it is given"),
     ("6.1", {"repeat_kv": repeat_heads_reversed}, "not the ones a GQA layer's query heads read"),
     ("6.3", {"mean_pool_heads": pool_groups_reversed}, "the old heads each new head replaces"),
+    ("6.5", {"predicted_speedup": speedup_cache_only}, "the caches alone"),
+    ("6.5", {"predicted_speedup": _speedup(shrink=False)}, "k_proj and v_proj shrink"),
+    ("6.5", {"predicted_speedup": _speedup(weights_per_sequence=True)}, "shared by the whole batch"),
+    ("6.5", {"predicted_speedup": _speedup(kv=1)}, "keys AND values"),
+    ("6.5", {"predicted_speedup": _speedup(layers=False)}, "every layer's keys and values"),
+    ("6.5", {"predicted_speedup": speedup_mha_baseline_from_config}, "the config's own n_kv_heads is not read"),
+    ("6.5", {"predicted_speedup": speedup_embedding_read_whole}, "the embedding table is looked up"),
+    ("6.5", {"predicted_speedup": speedup_inverted}, "above 1"),
+    ("6.5", {"predicted_speedup": speedup_of_the_example}, "expected"),
 ]
 
 
@@ -567,7 +644,7 @@ def test_slip_is_rejected_naming_it(where, replaced, words):
 # A function that changes its arguments scores 0: every check builds its target before the call
 
 
-_MUTABLE = [c for ex_id in ("6.1", "6.2", "6.3", "6.4") for c in checks_for(BY_ID[ex_id])]
+_MUTABLE = [c for ex_id in ("6.1", "6.2", "6.3", "6.4", "6.5") for c in checks_for(BY_ID[ex_id])]
 
 
 @pytest.mark.parametrize("check", _MUTABLE, ids=lambda c: c.name)
@@ -598,7 +675,7 @@ def test_checks_of_06_pass_the_reference_in_the_isolated_child():
     from conftest import ROOT
 
     source = (ROOT / "solutions" / "kvlib" / "gqa.py").read_text()
-    verdicts = checks_in_child("gqa", source, ("6.1", "6.2", "6.3", "6.4"))
+    verdicts = checks_in_child("gqa", source, ("6.1", "6.2", "6.3", "6.4", "6.5"))
     assert set(verdicts.values()) == {"pass"}, verdicts
 
 
@@ -762,6 +839,49 @@ def test_fixed_part_is_reported_only_where_the_line_is_meaningful():
     assert not no["ok"] and "outside the round-by-round intercepts' quartiles" in no["why"]
     flat = [[5e-3, 6e-3, 5e-3, 6e-3, 5e-3], [5e-3, 5e-3, 5e-3, 5e-3, 5e-3]]
     assert not bench_gqa._fixed_part(lens, flat)["ok"] and "did not grow" in bench_gqa._fixed_part(lens, flat)["why"]
+
+
+def test_time_split_names_the_step_that_gave_no_ratio():
+    """Check that where no ratio of cache parts is printed for GQA-2 against MHA, the verdict names which of the two
+    steps stopped it (MHA's did not split, GQA-2's did not split, or a cache part within the spread), not one cause
+    for all three."""
+    from kvlib.core.configs import gqa_bench_config
+
+    def row(S, h, method, ok=True, clear=True):
+        return {
+            "kv_len": S, "n_kv_heads": h, "method": method, "cache_bytes": 1e6, "median_s": 1e-2, "min_s": 9e-3,
+            "max_s": 1.1e-2, "predicted_s": 5e-3, "measured_over_predicted": 2.0, "speedup_vs_mha": 1.0,
+            "speedup_vs_mha_best": 1.0, "fixed_ok": ok, "fixed_s": 3e-3, "fixed_spread_s": [2.9e-3, 3.1e-3],
+            "fixed_why": "" if ok else "too noisy to split", "cache_s": 7e-3 if ok else None,
+            "cache_bytes_per_s": 1e8 if ok else None, "cache_speedup_vs_mha": 1.5 if ok and clear else None,
+            "cache_speedup_spread": None,
+        }  # fmt: skip
+
+    def verdict(mha_ok, gqa_ok, clear):
+        rows = [row(S, 8, "mha", mha_ok) for S in (4096, 8192)] + [
+            row(S, 2, "grouped", gqa_ok, clear) for S in (4096, 8192)
+        ]
+        if not mha_ok:
+            for r in rows:
+                r["cache_speedup_vs_mha"] = None
+        report = {
+            "record": {"device": "cpu", "threads": 1, "torch": torch.__version__, "rounds": 5},
+            "config": {**gqa_bench_config().to_dict(), "n_kv_heads": [8, 2]},
+            "bandwidth": {"bytes_per_s": 1e10, "kernel": "triad"},
+            "rows": rows,
+            "fixed": [{"kv_len": 0}],
+            "fixed_method": "intercept",
+        }
+        return [line for line in bench_gqa.format_gqa(report, learner=True).splitlines() if "no ratio" in line]
+
+    assert all("MHA's step does not split" in line for line in verdict(False, True, True)) and verdict(
+        False, True, True
+    )
+    assert all("its step does not split" in line for line in verdict(True, False, False)) and verdict(
+        True, False, False
+    )
+    assert all("does not stand clear" in line for line in verdict(True, True, False)) and verdict(True, True, False)
+    assert verdict(True, True, True) == []
 
 
 def test_a_recording_is_predicted_from_the_device_table():

@@ -6,6 +6,8 @@ Each exercise's check tests live here under three names, built with conftest.han
 wrong ones, which fail the check or exercise named, with a message naming the slip), and a
 function that changes its arguments (conftest.vandal) scores 0."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -16,6 +18,7 @@ from kvlib import kv_cache
 from kvlib.attention import causal_mask
 from kvlib.checks import CHECKS, checks_for
 from kvlib.checks.kv_cache import CONFIG, _model
+from kvlib.core.model import num_params
 from kvlib.course.exercises import BY_ID
 from kvlib.generation import next_token
 
@@ -84,16 +87,14 @@ def test_cached_forward_equals_the_models_own_cached_call():
 
 
 def test_llama_2_7b_on_80_gb_holds_30_sequences_of_4096_tokens():
-    """Check that notebook 04's server sum with kv_cache_bytes holds: Llama-2-7B in float16 beside its
-    weights on 80 GB holds 30 sequences of 4,096 tokens (3 of 32,768), and its cache is 512 KiB per token (the docstring's
-    example)."""
+    """Check that notebook 04b's server sum (Exercise 4.6) holds: Llama-2-7B in float16 beside its weights on 80 GB holds
+    30 sequences of 4,096 tokens (3 of 32,768), and its cache is 512 KiB per token (4.4's docstring example)."""
     from kvlib.core.configs import real_model
-    from kvlib.core.model import num_params
 
     config = real_model("Llama-2-7B").config
     assert kv_cache.kv_cache_bytes(config, 1) == 512 * 1024
-    free = 80 * 10**9 - num_params(config) * 2  # 80 GB less 13.5 GB of float16 weights
-    assert free // kv_cache.kv_cache_bytes(config, 4096) == 30 and free // kv_cache.kv_cache_bytes(config, 32768) == 3
+    assert kv_cache.sequences_that_fit(config, 80 * 10**9, 4096) == 30
+    assert kv_cache.sequences_that_fit(config, 80 * 10**9, 32768) == 3
 
 
 def test_kv_cache_bytes_rejects_bad_input():
@@ -119,7 +120,7 @@ def test_model_call_mirrors_the_seed_pseudo_code():
 # Alternatives and slips, exercise by exercise
 
 
-NAMES = ("KVCache", "cached_attention", "cached_forward", "kv_cache_bytes", "generate_cached")
+NAMES = ("KVCache", "cached_attention", "cached_forward", "kv_cache_bytes", "generate_cached", "sequences_that_fit")
 
 
 def _module(**fakes):
@@ -555,6 +556,26 @@ def _generate_extra_step(model, input_ids, max_new_tokens, temperature=0.0, gene
     return torch.cat([input_ids, torch.stack(tokens, 1)], 1)
 
 
+def _fit_counting(config, memory_bytes, seq_len, dtype=torch.float16):
+    """One more sequence at a time while the weights and every cache still fit."""
+    weights, one, n = num_params(config) * dtype.itemsize, kv_cache.kv_cache_bytes(config, seq_len, 1, dtype), 0
+    while weights + (n + 1) * one <= memory_bytes:
+        n += 1
+    return n
+
+
+def _fit_meta_tensors(config, memory_bytes, seq_len, dtype=torch.float16):
+    """The cache's shape on the meta device (no memory), its bytes read off it."""
+    keys = torch.empty(config.n_layers, 1, config.n_kv_heads, seq_len, config.head_dim, dtype=dtype, device="meta")
+    left = memory_bytes - num_params(config) * torch.finfo(dtype).bits // 8
+    return max(0, left // (2 * keys.numel() * keys.element_size()))
+
+
+def _fit_floor(config, memory_bytes, seq_len, dtype=torch.float16):
+    left = memory_bytes - num_params(config) * dtype.itemsize
+    return int(max(0.0, math.floor(left / kv_cache.kv_cache_bytes(config, seq_len, 1, dtype))))
+
+
 ALTERNATIVES = [
     *[("4.1", {"KVCache": _cache_with(f)}) for f in (_update_index_copy, _update_loop, _update_narrow)],
     *[
@@ -567,6 +588,7 @@ ALTERNATIVES = [
         ("4.5", {"generate_cached": f})
         for f in (_generate_preallocated, _generate_while_cat, _generate_past_key_values)
     ],
+    *[("4.6", {"sequences_that_fit": f}) for f in (_fit_counting, _fit_meta_tensors, _fit_floor)],
 ]
 
 
@@ -588,6 +610,13 @@ def _attention_without_mask(attn, x, cache, layer, rope_cos, rope_sin):
 
 def _generate_greedy_only(model, input_ids, max_new_tokens, temperature=0.0, generator=None, on_token=None, cache=None):
     return kv_cache.generate_cached(model, input_ids, max_new_tokens, on_token=on_token, cache=cache)  # drops sampling
+
+
+def _fit(config, memory_bytes, seq_len, dtype=torch.float16, *, weights=1, per_sequence=False, cache_dtype=None):
+    """sequences_that_fit with a slip: the weights counted `weights` times (0: left out), or once per sequence, or
+    the cache in another dtype; unrounded and unclamped (the callers add those slips)."""
+    w, one = num_params(config) * dtype.itemsize, kv_cache.kv_cache_bytes(config, seq_len, 1, cache_dtype or dtype)
+    return memory_bytes // (w + one) if per_sequence else (memory_bytes - weights * w) // one
 
 
 # (check, replaced pieces, words its failure must contain)
@@ -644,6 +673,41 @@ SLIPS = [
     ("cached_attention_matches_full_attention", {"cached_attention": _attention_without_mask}, "without a causal mask"),
     ("cached_forward_matches_full_forward", {"cached_forward": _forward_advance_per_layer}, "inside the layer loop"),
     ("generate_cached_matches_generate", {"generate_cached": _generate_greedy_only}, "pass temperature and generator"),
+    (
+        "sequences_that_fit_real_gpus",
+        {"sequences_that_fit": lambda *a: max(0, _fit(*a, weights=0))},
+        "the weights take",
+    ),
+    (
+        "sequences_that_fit_real_gpus",
+        {"sequences_that_fit": lambda *a: _fit(*a, per_sequence=True)},
+        "stored once and shared",
+    ),
+    (
+        "sequences_that_fit_real_gpus",
+        {"sequences_that_fit": lambda *a: max(0, _fit(*a, cache_dtype=torch.float16))},
+        "the cache is in dtype too",
+    ),
+    ("sequences_that_fit_real_gpus", {"sequences_that_fit": lambda *a: _fit(*a)}, "not a negative count"),
+    (
+        "sequences_that_fit_real_gpus",
+        {
+            "sequences_that_fit": lambda c, m, s, d=torch.float16: (
+                max(0, m - num_params(c) * d.itemsize) / kv_cache.kv_cache_bytes(c, s, 1, d)
+            )
+        },
+        "a fraction of a sequence",
+    ),
+    (
+        "sequences_that_fit_real_gpus",
+        {
+            "sequences_that_fit": lambda c, m, s, d=torch.float16: (
+                max(0, m - num_params(c) * d.itemsize) // kv_cache.kv_cache_bytes(c, 1, 1, d)
+            )
+        },
+        "counts tokens, not sequences",
+    ),
+    ("sequences_that_fit_real_gpus", {"sequences_that_fit": lambda *a: 30}, "expected 59 sequences"),
 ]
 
 
@@ -716,12 +780,19 @@ def _generate_wrecking(model, input_ids, max_new_tokens, temperature=0.0, genera
     return torch.zeros(input_ids.shape[0], input_ids.shape[1] + max_new_tokens, dtype=torch.long)
 
 
+def _fit_wrecking(config, memory_bytes, seq_len, dtype=torch.float16):
+    """Shrinks the config it is given, then answers for what it became."""
+    object.__setattr__(config, "n_layers", 1)
+    return kv_cache.sequences_that_fit(config, memory_bytes, seq_len, dtype)
+
+
 VANDALS = {
     "4.1": {"KVCache": _cache_with(_update_wrecking)},
     "4.2": {"cached_attention": _attention_wrecking},
     "4.3": {"cached_forward": _forward_wrecking},
     "4.4": {"kv_cache_bytes": _kv_bytes_wrecking},
     "4.5": {"generate_cached": _generate_wrecking},
+    "4.6": {"sequences_that_fit": _fit_wrecking},
 }
 
 

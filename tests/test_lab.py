@@ -86,13 +86,14 @@ def test_resolve_open_picks_a_part_by_letter():
 
 
 def test_present_check_covers_every_assignment():
-    """Check that `kvlib present --check` runs every solution notebook of every assignment, in course order (02 and 08
-    hold two parts each: both run)."""
+    """Check that `kvlib present --check` runs every solution notebook of every assignment, in course order (02, 04 and
+    08 hold two parts each: both run)."""
     names = [p.parent.name for p in lab.solution_notebooks()]
     assert list(dict.fromkeys(names)) == course.assignments()
     assert [p.name for p in lab.solution_notebooks("02")] == ["generation.ipynb", "layer.ipynb"]
     assert [p.name for p in lab.solution_notebooks("02b")] == ["layer.ipynb"]
-    assert lab.solution_notebooks("4.2") == lab.solution_notebooks("04")
+    assert lab.solution_notebooks("4.2") == lab.solution_notebooks("04a")  # an exercise names the part that asks it
+    assert lab.solution_notebooks("4.5") == lab.solution_notebooks("04b") and len(lab.solution_notebooks("04")) == 2
     with pytest.raises(ValueError, match="no exercise, notebook or path 'attention'"):
         lab.solution_notebooks("attention")
 

@@ -1,5 +1,5 @@
-"""kvlib/recompute.py (notebook 03): analytic FLOPs equal torch's FLOP counter exactly, and the waste grows
-towards 1.
+"""kvlib/recompute.py (notebook 03): analytic FLOPs equal torch's FLOP counter exactly, the waste grows towards 1,
+and attention's predicted share is the count's.
 
 Each exercise's check tests live here under three names, built with conftest.handed_in: ALTERNATIVES
 (correct implementations in another shape, which pass every check of their exercise), SLIPS (likely
@@ -16,8 +16,8 @@ from kvlib.checks.recompute import ODD
 from kvlib.core.model import Decoder, ModelConfig, matrix_params
 from kvlib.course.exercises import BY_ID, reference, reference_module
 
-RECOMPUTE_CHECKS = [c for i in range(1, 4) for c in checks_for(BY_ID[f"3.{i}"])]
-IDS = ["3.1", "3.2", "3.3"]
+IDS = ["3.1", "3.2", "3.3", "3.4"]
+RECOMPUTE_CHECKS = [c for ex_id in IDS for c in checks_for(BY_ID[ex_id])]
 
 
 @pytest.mark.parametrize("check", RECOMPUTE_CHECKS, ids=lambda c: c.name)
@@ -28,10 +28,12 @@ def test_reference_passes_check(check):
 
 @pytest.mark.parametrize("config", [ODD, ModelConfig(vocab_size=100)], ids=["gqa-odd", "tiny-shape"])
 def test_forward_flops_equals_flop_counter(config):
-    """Check that the analytic count equals torch.utils.flop_counter exactly (the 1% goal, with margin)."""
+    """Check that the analytic count, and attention's predicted share of it (3.4), equal what torch.utils.flop_counter
+    counts exactly (the 1% goal, with margin)."""
     model = Decoder(config).eval()
     for T in (1, 16, 40):
         assert recompute.forward_flops(config, T) == recompute.measured_forward_flops(model, T)
+        assert recompute.attention_share(config, T) == pytest.approx(recompute.measured_attention_share(model, T))
 
 
 def test_naive_decode_flops_sums_growing_forwards():
@@ -41,7 +43,15 @@ def test_naive_decode_flops_sums_growing_forwards():
     assert steps == sorted(steps)
 
 
-NAMES = ("forward_flops", "new_token_flops", "generation_flops", "measured_forward_flops", "naive_decode_flops")
+NAMES = (
+    "forward_flops",
+    "new_token_flops",
+    "generation_flops",
+    "attention_share",
+    "measured_forward_flops",
+    "measured_attention_share",
+    "naive_decode_flops",
+)
 
 
 def _module(**replaced):
@@ -123,6 +133,23 @@ def generation_numpy(config, prompt_len, max_new_tokens):
     return naive, kept
 
 
+def share_from_differences(config, seq_len):
+    f = reference(BY_ID["3.1"])
+    quadratic = (f(config, 2) - 2 * f(config, 1)) // 2  # attention's coefficient of seq_len^2
+    return quadratic * seq_len**2 / f(config, seq_len)
+
+
+def share_closed_form(config, seq_len):
+    T, c = seq_len, 4 * config.n_layers * config.n_heads * config.head_dim
+    return c * T * T / (2 * T * matrix_params(config) + c * T * T)  # no call of 3.1 at all
+
+
+def share_of_a_kept_step(config, seq_len):
+    g = reference(BY_ID["3.2"])  # a kept step over seq_len keys: a + c * seq_len, the same share
+    c = g(config, 2) - g(config, 1)
+    return float(np.float64(c * seq_len) / np.float64(g(config, seq_len)))
+
+
 ALTERNATIVES = [
     ("3.1", {"forward_flops": forward_flops_loop}),
     ("3.1", {"forward_flops": forward_flops_matrix_params}),
@@ -133,6 +160,9 @@ ALTERNATIVES = [
     ("3.3", {"generation_flops": generation_loop}),
     ("3.3", {"generation_flops": generation_helper}),
     ("3.3", {"generation_flops": generation_numpy}),
+    ("3.4", {"attention_share": share_from_differences}),
+    ("3.4", {"attention_share": share_closed_form}),
+    ("3.4", {"attention_share": share_of_a_kept_step}),
 ]
 
 
@@ -234,6 +264,17 @@ def _gen(config, prompt_len, n, *, prefill="forward", shift=0, naive_shift=0, sw
     return (kept, naive) if swap else (naive, kept)
 
 
+# 3.4
+def _share(config, seq_len, attention_heads=None, products=2, causal=False, total="forward"):
+    T, L, D = seq_len, config.n_layers, config.head_dim
+    H = attention_heads or config.n_heads
+    scores = T * (T + 1) // 2 if causal else T * T
+    attention = L * products * 2 * scores * D * H
+    f = reference(BY_ID["3.1"])(config, T)
+    rest = f - L * 4 * T * T * D * config.n_heads
+    return attention / {"forward": f, "own": rest + attention, "rest": rest}[total]
+
+
 # (check or exercise, replaced functions, words the failure must contain)
 SLIPS = [
     ("forward_flops_matches_torch_counter", {"forward_flops": _flops_without_factor_two}, "2 FLOPs per multiply-add"),
@@ -260,6 +301,13 @@ SLIPS = [
     ("3.3", {"generation_flops": lambda c, p, n: _gen(c, p, n, prefill="none")}, "the prefill is missing"),
     ("3.3", {"generation_flops": lambda c, p, n: _gen(c, p, n, swap=True)}, "wrong way round"),
     ("generation_flops_matches_counts", {"generation_flops": _prefill_as_single_tokens}, "prompt_len single tokens"),
+    ("3.4", {"attention_share": lambda c, T: _share(c, T, causal=True, total="own")}, "causal half only"),
+    ("3.4", {"attention_share": lambda c, T: _share(c, T, attention_heads=c.n_kv_heads, total="own")}, "n_kv_heads"),
+    ("3.4", {"attention_share": lambda c, T: _share(c, T, total="rest")}, "a ratio"),
+    ("3.4", {"attention_share": lambda c, T: _share(c, T, products=1)}, "only one of attention's two products"),
+    ("3.4", {"attention_share": lambda c, T: 100 * _share(c, T)}, "not a percent"),
+    ("3.4", {"attention_share": lambda c, T: 1 - _share(c, T)}, "the rest's share"),
+    ("3.4", {"attention_share": lambda c, T: {8: 0.011, 64: 0.085, 512: 0.426}.get(T, 0.5)}, "expected a share"),
 ]
 
 
@@ -280,7 +328,7 @@ def test_every_exercise_has_three_slips():
 # A function that vandalises its arguments scores 0 on every check
 
 
-VANDAL_CHECKS = [c for ex_id in ("3.1", "3.2", "3.3") for c in checks_for(BY_ID[ex_id])]
+VANDAL_CHECKS = [c for ex_id in IDS for c in checks_for(BY_ID[ex_id])]
 
 
 @pytest.mark.parametrize("check", VANDAL_CHECKS, ids=lambda c: c.name)

@@ -9,6 +9,7 @@ function that changes its arguments (conftest.vandal) scores 0."""
 
 import json
 import math
+import statistics
 import types
 from fractions import Fraction
 
@@ -34,7 +35,7 @@ from kvlib.course.exercises import BY_ID
 from kvlib.kv_cache import kv_cache_bytes
 from kvlib.measure import machine
 
-ROOFLINE_CHECKS = [c for i in range(1, 5) for c in checks_for(BY_ID[f"5.{i}"])]
+ROOFLINE_CHECKS = [c for i in range(1, 6) for c in checks_for(BY_ID[f"5.{i}"])]
 F16 = torch.float16
 
 
@@ -46,7 +47,7 @@ def test_reference_passes_check(check):
 
 def test_learner_stubs_are_todo(learner_mode):
     """Check that in learner mode every 5.x exercise reports todo, naming the exercise."""
-    for i in range(1, 5):
+    for i in range(1, 6):
         result = run_exercise(BY_ID[f"5.{i}"])
         assert result.status == "todo" and BY_ID[f"5.{i}"].name in result.message, result
 
@@ -189,6 +190,7 @@ NAMES = (
     "step_cost",
     "predicted_tokens_per_second",
     "roofline_time",
+    "compute_bound_batch",
 )
 
 
@@ -298,6 +300,48 @@ def tps_fraction(config, kv_len, batch, dtype, peak, bw):
     return float(batch / max(Fraction(flops) / Fraction(peak), Fraction(moved) / Fraction(bw)))
 
 
+def ridge_sequences_bisect(config, kv_len, peak, bw, dtype=F16):  # the limit first, then doubling and bisection
+    flops, moved = roofline.step_cost(config, 1, kv_len, 1, dtype)
+    cache = kv_cache_bytes(config, kv_len, 1, dtype)
+    if flops / cache <= peak / bw:  # the intensity's limit as the batch grows
+        return None
+
+    def reaches(b):
+        f, m = roofline.step_cost(config, 1, kv_len, b, dtype)
+        return f * bw >= peak * m  # f / m >= peak / bw, without dividing
+
+    high = 1
+    while not reaches(high):
+        high *= 2
+    low = high // 2 + 1 if high > 1 else 1
+    while low < high:
+        mid = (low + high) // 2
+        low, high = (mid + 1, high) if not reaches(mid) else (low, mid)
+    return low
+
+
+def ridge_sequences_fraction(config, kv_len, peak, bw, dtype=F16):  # exact rational arithmetic from the counts
+    b, c = dtype.itemsize, config
+    flops = 2 * matrix_params(c) + 4 * c.n_layers * c.n_heads * kv_len * c.head_dim
+    weights, cache = matrix_params(c) * b, 2 * c.n_layers * c.n_kv_heads * c.head_dim * kv_len * b
+    ridge = Fraction(peak) / Fraction(bw)
+    return None if flops <= ridge * cache else max(1, math.ceil(ridge * weights / (flops - ridge * cache)))
+
+
+def ridge_sequences_tps(config, kv_len, peak, bw, dtype=F16):  # where 5.4's tokens/s stops growing with the batch
+    flops, moved = roofline.step_cost(config, 1, kv_len, 1, dtype)
+    cache = kv_cache_bytes(config, kv_len, 1, dtype)
+    if Fraction(flops) / cache <= Fraction(peak) / Fraction(bw):
+        return None
+    b = max(1, math.floor(Fraction(peak) * (moved - cache) / (Fraction(bw) * flops - Fraction(peak) * cache)))
+    while (
+        roofline.step_cost(config, 1, kv_len, b, dtype)[0] * bw
+        < peak * roofline.step_cost(config, 1, kv_len, b, dtype)[1]
+    ):
+        b += 1  # the estimate from below, then one sequence at a time to the first that reaches it
+    return b
+
+
 ALTERNATIVES = [
     ("5.1", {"matmul_intensity": intensity_fraction}),
     ("5.1", {"matmul_intensity": intensity_finfo}),
@@ -311,6 +355,9 @@ ALTERNATIVES = [
     ("5.4", {"predicted_tokens_per_second": tps_explicit}),
     ("5.4", {"predicted_tokens_per_second": tps_rates}),
     ("5.4", {"predicted_tokens_per_second": tps_fraction}),
+    ("5.5", {"compute_bound_batch": ridge_sequences_bisect}),
+    ("5.5", {"compute_bound_batch": ridge_sequences_fraction}),
+    ("5.5", {"compute_bound_batch": ridge_sequences_tps}),
 ]
 
 
@@ -443,6 +490,52 @@ def tps_prefill(config, kv_len, batch, dtype, peak, bw):
     return batch / roofline.roofline_time(flops, moved, peak, bw)
 
 
+def _ridge_parts(config, kv_len, dtype):
+    flops, moved = roofline.step_cost(config, 1, kv_len, 1, dtype)
+    cache = kv_cache_bytes(config, kv_len, 1, dtype)
+    return flops, moved - cache, cache
+
+
+def sequences_weights_per_sequence(config, kv_len, peak, bw, dtype=F16):  # weights read again for every sequence
+    flops, weights, cache = _ridge_parts(config, kv_len, dtype)
+    return 1 if flops / (weights + cache) >= peak / bw else None
+
+
+def sequences_one_cache(config, kv_len, peak, bw, dtype=F16):  # the batch shares one sequence's cache
+    flops, weights, cache = _ridge_parts(config, kv_len, dtype)
+    return max(1, math.ceil(peak / bw * (weights + cache) / flops))
+
+
+def sequences_rounded_down(config, kv_len, peak, bw, dtype=F16):
+    b = roofline.compute_bound_batch(config, kv_len, peak, bw, dtype)
+    return b - 1 if b and b > 1 else b
+
+
+def sequences_never_none(config, kv_len, peak, bw, dtype=F16):
+    flops, weights, cache = _ridge_parts(config, kv_len, dtype)
+    return math.ceil(peak / bw * weights / (flops - peak / bw * cache))
+
+
+def sequences_one_layer(config, kv_len, peak, bw, dtype=F16):  # 5.2's ridge of one d_model x d_model matmul
+    return roofline.ridge_batch(config.d_model, config.d_model, peak, bw, dtype)
+
+
+def sequences_matrices_only(config, kv_len, peak, bw, dtype=F16):  # attention's FLOPs left out
+    _, weights, cache = _ridge_parts(config, kv_len, dtype)
+    flops, ridge = 2 * matrix_params(config), peak / bw
+    return None if flops <= ridge * cache else max(1, math.ceil(ridge * weights / (flops - ridge * cache)))
+
+
+def sequences_of_the_example(config, kv_len, peak, bw, dtype=F16):  # the docstring's H100 answer, for any input
+    return 299
+
+
+def sequences_float(config, kv_len, peak, bw, dtype=F16):
+    flops, weights, cache = _ridge_parts(config, kv_len, dtype)
+    ridge = peak / bw
+    return None if flops <= ridge * cache else ridge * weights / (flops - ridge * cache)
+
+
 # (check or exercise, replaced function, words the failure must contain)
 SLIPS = [
     ("matmul_intensity_counts_flops_and_bytes", {"matmul_intensity": _intensity_without_factor_two}, "2 FLOPs"),
@@ -479,6 +572,14 @@ SLIPS = [
     ("5.4", {"predicted_tokens_per_second": tps_prefill}, "step_cost(config, 1, kv_len"),
     ("step_cost_bytes_read_weights_once", {"step_cost": step_kv_of_batch_one}, "those of batch 1"),
     ("predicted_tokens_per_second_on_an_a100", {"predicted_tokens_per_second": tps_summed}, "adds the compute time"),
+    ("5.5", {"compute_bound_batch": sequences_weights_per_sequence}, "shared by the whole batch"),
+    ("5.5", {"compute_bound_batch": sequences_one_cache}, "every sequence reads its own cache"),
+    ("5.5", {"compute_bound_batch": sequences_rounded_down}, "round UP"),
+    ("5.5", {"compute_bound_batch": sequences_never_none}, "return None"),
+    ("5.5", {"compute_bound_batch": sequences_one_layer}, "one d_model x d_model matmul"),
+    ("5.5", {"compute_bound_batch": sequences_matrices_only}, "attention's FLOPs are missing"),
+    ("5.5", {"compute_bound_batch": sequences_float}, "int number of sequences"),
+    ("5.5", {"compute_bound_batch": sequences_of_the_example}, "expected 186 sequences"),
 ]
 
 
@@ -499,6 +600,7 @@ def test_trivial_answers_fail():
         ridge_batch=lambda *a: 1,
         step_cost=lambda *a: (1, 1),
         predicted_tokens_per_second=lambda *a: 1.0,
+        compute_bound_batch=lambda *a: 1,
     )
     for check in ROOFLINE_CHECKS:
         with pytest.raises(AssertionError):
@@ -510,7 +612,7 @@ def test_trivial_answers_fail():
 
 
 _NUMBERS_ONLY = {"5.1", "5.2"}  # their functions take numbers and a dtype: nothing to change
-_MUTABLE = [c for ex_id in ("5.3", "5.4") for c in checks_for(BY_ID[ex_id])]
+_MUTABLE = [c for ex_id in ("5.3", "5.4", "5.5") for c in checks_for(BY_ID[ex_id])]
 
 
 @pytest.mark.parametrize("check", _MUTABLE, ids=lambda c: c.name)
@@ -558,7 +660,7 @@ def test_checks_of_05_pass_the_reference_in_the_isolated_child():
     from conftest import ROOT
 
     source = (ROOT / "solutions" / "kvlib" / "roofline.py").read_text()
-    verdicts = checks_in_child("roofline", source, ("5.1", "5.2", "5.3", "5.4"))
+    verdicts = checks_in_child("roofline", source, ("5.1", "5.2", "5.3", "5.4", "5.5"))
     assert set(verdicts.values()) == {"pass"}, verdicts
 
 
@@ -662,12 +764,15 @@ def test_lift_roof_raises_each_ceiling_only_to_a_point_above_it():
 
 
 def test_measure_batches_times_every_batch():
-    """Check that measure_batches gives one positive median per batch, with the record."""
+    """Check that measure_batches gives one positive median per batch, each round's seconds in round order (their
+    median the median given), with the record."""
     model = machine.random_model(
         ModelConfig(vocab_size=16, d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, hidden_dim=32)
     )
     result = machine.measure_batches(model, [1, 3], rounds=2)
     assert set(result["seconds"]) == {1, 3} and all(t > 0 for t in result["seconds"].values())
+    assert all(len(result["round_seconds"][b]) == 2 for b in (1, 3))
+    assert all(result["seconds"][b] == statistics.median(result["round_seconds"][b]) for b in (1, 3))
     assert result["record"]["rounds"] == 2
 
 

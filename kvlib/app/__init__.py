@@ -4,6 +4,7 @@ cli.py            `kvlib check | generate | bench | course | lab | present` (`py
 lab.py            JupyterLab for learners and presenters; runs solution notebooks
 release.py        learner stubs and notebooks generated from solutions/ (`kvlib course release`)
 sitting.py        how long each notebook takes, calibrated to careful readers (`kvlib course plan`)
+translate.py      the course in another language from the English: translations/, solutions/<lang>/, notebooks/<lang>/
 course_folder.py  an instructor's nbgrader course folder (`kvlib course init DIR`), its modes, the exchange
 exchange.py       nbgrader's submit and collect between accounts, with the gaps closed
 class_grading.py  a whole class: `kvlib course autograde` (parallel, resumable), `kvlib course export-canvas`,

@@ -6,7 +6,8 @@ kvlib generate PROMPT               stream the tiny model's answer, then its TTF
 kvlib bench NAME [--json]           cache, memory, gqa, serve, compress, fused, spec, class: measured here
 kvlib lab [SELECTOR]                open JupyterLab on the course (learner view: nbgrader's Validate button)
 kvlib present [SELECTOR] [--check]  the solved notebooks in reference mode; --check runs them and times each
-kvlib course release [--check]      regenerate kvlib/ stubs and notebooks/ from solutions/
+kvlib course release [--check]      regenerate kvlib/ stubs and notebooks/ from solutions/ (and translations/)
+kvlib course translate [--check]    the translated notebooks regenerated; what is translated, stale or missing
 kvlib course site                   the course as a static site: reference notebooks executed, glossary, guides
 kvlib course plan                   each notebook's core and going-further minutes, each exercise's (--record)
 kvlib course init DIR               an nbgrader course folder for instructors (docs/instructors.md)
@@ -37,22 +38,30 @@ from pathlib import Path
 from kvlib import checks
 from kvlib.core import progress
 from kvlib.core.paths import ROOT
-from kvlib.course import hints
-from kvlib.course.exercises import SELECTORS, ExerciseNotDone, solutions_enabled, solutions_used
+from kvlib.course import hints, i18n
+from kvlib.course.exercises import BY_ID, SELECTORS, ExerciseNotDone, solutions_enabled, solutions_used
 
 
 def _table(results) -> str:
-    """The rows of `kvlib check`: titles whole; the message beside them where the terminal has room, else below."""
+    """The rows of `kvlib check`: titles whole; the message beside them where the terminal has room, else below.
+    In the learner's language (KVLIB_LANG): headings, statuses and titles translated, columns counted as a terminal
+    shows them (a Chinese character two wide)."""
+    tr, pad, cols = i18n.tr, i18n.ljust, i18n.display_width
     width = shutil.get_terminal_size((100, 20)).columns
-    title = max([5, *(len(r.title) for r in results)])
-    left = 5 + 1 + 6 + 1 + 14 + 1 + title + 1
+    titles = {r.id: hints.exercise_title(BY_ID[r.id]) if r.id in BY_ID else r.title for r in results}
+    status = {"pass": tr("pass"), "fail": tr("fail"), "todo": tr("todo")}
+    heads = [tr("id"), tr("status"), tr("notebook"), tr("title"), tr("message")]
+    w = [max(5, cols(heads[0])), max(6, cols(heads[1]), *map(cols, status.values())), max(14, cols(heads[2]))]
+    title = max([5, cols(heads[3]), *(cols(t) for t in titles.values())])
+    left = w[0] + 1 + w[1] + 1 + w[2] + 1 + title + 1
     beside = width - left >= 40  # room for a readable message column
     indent = " " * (left if beside else 6)
-    head = f"{'id':<5} {'status':<6} {'notebook':<14} {'title':<{title}} message"
-    lines = [head, "-" * min(width, len(head) + 40)]
+    head = f"{pad(heads[0], w[0])} {pad(heads[1], w[1])} {pad(heads[2], w[2])} {pad(heads[3], title)} {heads[4]}"
+    lines = [head, "-" * min(width, cols(head) + 40)]
     for r in results:
-        msg = textwrap.wrap(r.message, max(30, width - len(indent))) or [""]
-        row = f"{r.id:<5} {r.status:<6} {r.notebook:<14} {r.title:<{title}}"
+        msg = i18n.wrap(r.message, max(30, width - len(indent))) or [""]
+        row = f"{pad(r.id, w[0])} {pad(status.get(r.status, r.status), w[1])} {pad(r.notebook, w[2])} "
+        row += pad(titles[r.id], title)
         if beside:
             lines.append(f"{row} {msg[0]}".rstrip())
             lines += [indent + m for m in msg[1:]]
@@ -61,8 +70,9 @@ def _table(results) -> str:
             lines += [indent + m for m in msg if m]
     done = sum(r.status == "pass" for r in results)
     lines.append(
-        f"\n{done} of {len(results)} exercises pass"
-        + (" (reference mode: KVLIB_SOLUTIONS is on)" if _reference_mode() else "")
+        "\n"
+        + tr("{done} of {total} exercises pass", done=done, total=len(results))
+        + (tr(" (reference mode: KVLIB_SOLUTIONS is on)") if _reference_mode() else "")
     )
     return "\n".join(lines)
 
@@ -263,10 +273,10 @@ def cmd_bench(args) -> int:
 
 
 def cmd_course_release(args) -> int:
-    from kvlib.app import release, sitting  # noqa: PLC0415 (not in learners' folders: instructor only)
+    from kvlib.app import sitting, translate  # noqa: PLC0415 (not in learners' folders: instructor only)
 
     try:  # the header lines first: notebooks/ is made from solutions/ with them
-        problems = sitting.sync_headers(check=args.check) + release.release(check=args.check)
+        problems = sitting.sync_headers(check=args.check) + translate.release(check=args.check)
     except ValueError as err:  # a hint file out of form, or printed lines not recorded for a changed cell
         print(f"kvlib course release: {err}", file=sys.stderr)
         return 2
@@ -279,6 +289,25 @@ def cmd_course_release(args) -> int:
     else:
         print("kvlib/ and notebooks/ match solutions/")
     return 0
+
+
+def cmd_course_translate(args) -> int:
+    from kvlib.app import translate  # noqa: PLC0415 (not in learners' folders: instructor only)
+
+    try:
+        built = translate.release(check=True) if args.check else translate.release()
+        lines, ok = translate.report(args.lang, missing=args.missing)
+    except ValueError as err:  # a translation or hint file out of form, a glossary row that does not pair
+        print(f"kvlib course translate: {err}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    generated = [p for p in built if f"/{args.lang}/" in p]
+    if generated:
+        print("\n" + "\n".join(generated))
+        print(
+            "the translated notebooks are out of date: run `kvlib course translate`" if args.check else "rewrote them"
+        )
+    return 0 if ok and not (args.check and generated) else 1
 
 
 def cmd_course_site(args) -> int:
@@ -344,7 +373,12 @@ def cmd_course_init(args) -> int:
         return 1 if problems else 0
     try:
         written = init_course(
-            args.dir, earlier=args.earlier, force=args.force, course_id=args.course_id, exchange=args.exchange
+            args.dir,
+            earlier=args.earlier,
+            force=args.force,
+            course_id=args.course_id,
+            exchange=args.exchange,
+            lang=args.lang,
         )
     except CourseFolderExists as err:
         print(f"kvlib course init: {err}", file=sys.stderr)
@@ -440,7 +474,11 @@ def cmd_lab(args) -> int:
 
     try:
         return lab.launch(
-            reference=args.command == "present", target=args.notebook, port=args.port, browser=not args.no_browser
+            reference=args.command == "present",
+            target=args.notebook,
+            port=args.port,
+            browser=not args.no_browser,
+            lang=args.lang or i18n.language(),
         )
     except ValueError as err:
         print(f"kvlib {args.command}: {err}", file=sys.stderr)
@@ -459,6 +497,10 @@ def cmd_present(args) -> int:
             print(f"kvlib present: {misplaced[0]} belongs to a --check run; add --check", file=sys.stderr)
             return 2
         return cmd_lab(args)
+    if args.lang:
+        print("kvlib present: --check runs the English notebooks, whose code the translated ones share; drop --lang",
+              file=sys.stderr)  # fmt: skip
+        return 2
     from kvlib.app import lab  # noqa: PLC0415 (not in learners' folders: lab needs app/release.py)
 
     start = time.perf_counter()
@@ -675,6 +717,12 @@ def build_parser() -> argparse.ArgumentParser:
             help="the port to serve on (default: Jupyter's, 8888 or the next free one)",
         )
         p.add_argument("--no-browser", action="store_true", help="print the URL instead of opening a browser")
+        p.add_argument(
+            "--lang",
+            choices=i18n.LANGUAGES,
+            help=f"the course's language: its notebooks, hints, messages, figures and JupyterLab's menus (default: "
+            f"${i18n.ENV}, else en)",
+        )
         if name == "present":
             p.add_argument(
                 "--check",
@@ -762,6 +810,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="write nothing: say what lets anyone but the folder's owner in (exit 1 if any)",
     )
+    i.add_argument(
+        "--lang",
+        choices=i18n.LANGUAGES,
+        default=i18n.DEFAULT,
+        help="the notebooks' language: each translated one in it, the others in English (default en)",
+    )
     i.set_defaults(func=cmd_course_init)
     a = _command(
         course_sub, "autograde", "instructors: grade every collected submission in parallel workers, resumable"
@@ -778,6 +832,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a.add_argument("--quiet", action="store_true", help="no progress bar")
     a.set_defaults(func=cmd_course_autograde)
+    t = _command(
+        course_sub,
+        "translate",
+        "maintainers: regenerate the translated notebooks and list what is translated, stale or missing",
+        "Regenerate solutions/LANG/ and notebooks/LANG/ from the English notebooks and translations/LANG/ (as `kvlib "
+        "course release` does), then list each notebook's translation (complete, stale naming the cells, missing), "
+        "its cells held to the glossary's terms, numbers and code, and the hints and messages translated. Exit 1 "
+        "when anything translated is stale.",
+    )
+    t.add_argument("--lang", choices=[lang for lang in i18n.LANGUAGES if lang != i18n.DEFAULT], default="zh-CN")
+    t.add_argument("--check", action="store_true", help="write nothing; exit 1 also if the built notebooks differ")
+    t.add_argument(
+        "--missing", action="store_true", help="list every place of the code whose messages are not translated"
+    )
+    t.set_defaults(func=cmd_course_translate)
     m = _command(
         course_sub, "move-gradebook", "instructors: copy the course's gradebook into an empty database and use it there"
     )
@@ -807,6 +876,11 @@ def main(argv=None) -> int:
     args, extra = build_parser().parse_known_args(argv)
     if extra:  # named by the subcommand they were given to, not by `kvlib`
         args.parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        i18n.language()
+    except ValueError as err:  # KVLIB_LANG set to a language the course does not have
+        print(f"{args.parser.prog}: {err}", file=sys.stderr)
+        return 2
     try:
         with progress.quiet(getattr(args, "quiet", False)):
             return args.func(args)

@@ -2,7 +2,8 @@
 
   DIR/nbgrader_config.py                  course id, timeouts, exclude_overwriting, isolated grading
   DIR/grading_secret                      the seed of every student's random inputs (mode 600; never released)
-  DIR/source/<NN-topic>/<notebook>.ipynb  from solutions/ (nbgrader generate_assignment strips it)
+  DIR/source/<NN-topic>/<notebook>.ipynb  from solutions/ (nbgrader generate_assignment strips it); --lang zh-CN:
+                                          from solutions/zh-CN/ where translated (the same cells, ids, grades)
   DIR/source/<NN-topic>/kvlib/            the learner package: stubs for this notebook's exercises;
                                           earlier notebooks' modules the reference (--earlier given)
                                           or stubs the learners fill in again (--earlier own)
@@ -38,6 +39,7 @@ _INSTRUCTOR_ONLY = {
     "app/grading_record.py",
     "app/class_bench.py",
     "app/exchange.py",
+    "app/translate.py",
 }
 
 
@@ -268,15 +270,17 @@ c.GradingJail.allow_plain = False
 
 
 def plan(
-    dest: Path, *, earlier: str = "own", course_id: str = "kvlib", exchange: str | None = None
+    dest: Path, *, earlier: str = "own", course_id: str = "kvlib", exchange: str | None = None, lang: str = "en"
 ) -> dict[Path, bytes]:
-    """Every file init writes (the secret aside), {path: content}."""
+    """Every file init writes (the secret aside), {path: content}; lang: each notebook translated into it
+    (solutions/<lang>/, kvlib.app.translate) in its place, the others in English."""
     files: dict[Path, bytes] = {}
     exclude = {}
     for nb in assignments():
         exclude[nb] = learner_edited(nb, earlier)
         for src in sorted((ROOT / "solutions" / nb).glob("*.ipynb")):
-            files[dest / "source" / nb / src.name] = src.read_bytes()
+            translated = ROOT / "solutions" / lang / nb / src.name
+            files[dest / "source" / nb / src.name] = (translated if translated.is_file() else src).read_bytes()
         for rel, data in learner_files(nb, earlier).items():
             files[dest / "source" / nb / rel] = data
     files[dest / "nbgrader_config.py"] = config_text(course_id, exclude, exchange).encode()
@@ -292,6 +296,7 @@ def init_course(
     force: bool = False,
     course_id: str = "kvlib",
     exchange: Path | str | None = None,
+    lang: str = "en",
 ) -> list[Path]:
     """Write the course folder, make it its owner's alone (secure) and, with `exchange`, set up the
     course in nbgrader's exchange there (setup_exchange); returns the files written. Raises
@@ -301,7 +306,7 @@ def init_course(
     if exchange is not None:
         exchange = str(Path(exchange).resolve())
         check_course_id(course_id, shared=True)
-    files = plan(dest, earlier=earlier, course_id=course_id, exchange=exchange)
+    files = plan(dest, earlier=earlier, course_id=course_id, exchange=exchange, lang=lang)
     changed = [p for p, data in files.items() if p.exists() and (p.is_dir() or p.read_bytes() != data)]
     if changed and not force:
         raise CourseFolderExists(changed)

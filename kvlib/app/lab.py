@@ -6,7 +6,10 @@ assignment lists), which need a course folder and an exchange that a self-paced 
 have. The view is a Jupyter config folder written at launch and put first on JUPYTER_CONFIG_PATH,
 so the learner's own ~/.jupyter settings still apply. Presenter mode opens solutions/ in reference
 mode (KVLIB_SOLUTIONS=1); `kvlib present --check` runs every solution notebook headless and
-prints the seconds each took. Not here: the instructor's flow (kvlib course init, nbgrader).
+prints the seconds each took. `--lang zh-CN` opens the translated notebooks (notebooks/zh-CN/, solutions/zh-CN/),
+sets KVLIB_LANG for every kernel (hints, checks' messages and figures in the language) and makes the language
+JupyterLab's default interface language (its language pack, unless the learner chose another in Settings).
+Not here: the instructor's flow (kvlib course init, nbgrader).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 
 from kvlib.app.release import ROOT, label
 from kvlib.core import progress
+from kvlib.course import i18n
 from kvlib.course.exercises import notebook_files
 
 # ---------------------------------------------------------------------------------------------
@@ -46,26 +50,52 @@ HIDDEN_SERVER_EXTENSIONS = (
 )
 
 
-def write_learner_config(folder: Path) -> Path:
-    """Write the learner view's Jupyter config into folder (for JUPYTER_CONFIG_PATH) and return it."""
+# JupyterLab's own interface language for each of the course's: its locale and the language pack that has it
+LAB_LOCALES = {"zh-CN": ("zh_CN", "jupyterlab-language-pack-zh-CN")}
+TRANSLATION_PLUGIN = "@jupyterlab/translation-extension:plugin"
+
+
+def write_learner_config(folder: Path, lang: str = i18n.DEFAULT) -> Path:
+    """Write the learner view's Jupyter config into folder (for JUPYTER_CONFIG_PATH) and return it; for a language
+    other than English, JupyterLab's default interface language too (labconfig/default_setting_overrides.json: a
+    default, so a language the learner picked in Settings stays theirs)."""
     folder = Path(folder)
     (folder / "labconfig").mkdir(parents=True, exist_ok=True)
     page = {"disabledExtensions": {name: True for name in HIDDEN_LAB_PLUGINS}}
     (folder / "labconfig" / "page_config.json").write_text(json.dumps(page, indent=1))
+    if lang in LAB_LOCALES:
+        overrides = {TRANSLATION_PLUGIN: {"locale": LAB_LOCALES[lang][0]}}
+        (folder / "labconfig" / "default_setting_overrides.json").write_text(json.dumps(overrides, indent=1))
     server = {"ServerApp": {"jpserver_extensions": {name: False for name in HIDDEN_SERVER_EXTENSIONS}}}
     (folder / "jupyter_server_config.json").write_text(json.dumps(server, indent=1))
     return folder
 
 
-def lab_env(config_dir: Path, *, reference: bool, base: dict | None = None) -> dict:
-    """The environment for `jupyter lab`: the learner view first on the config path, and the mode."""
+def lab_env(config_dir: Path, *, reference: bool, base: dict | None = None, lang: str | None = None) -> dict:
+    """The environment for `jupyter lab`: the learner view first on the config path, the mode, and the language of
+    every kernel's hints, messages and figures (KVLIB_LANG; None keeps the environment's)."""
     env = dict(os.environ if base is None else base)
     env["JUPYTER_CONFIG_PATH"] = os.pathsep.join(filter(None, [str(config_dir), env.get("JUPYTER_CONFIG_PATH")]))
     if reference:
         env["KVLIB_SOLUTIONS"] = "1"
     else:
         env.pop("KVLIB_SOLUTIONS", None)  # the learner's own code, whatever the shell had set
+    if lang is not None:
+        env[i18n.ENV] = lang
     return env
+
+
+def language_pack_missing(lang: str) -> str | None:
+    """The language pack JupyterLab needs for `lang`'s interface, where it is not installed; else None."""
+    from importlib.metadata import PackageNotFoundError, distribution  # noqa: PLC0415 (start-up time: --lang only)
+
+    if lang not in LAB_LOCALES:
+        return None
+    try:
+        distribution(LAB_LOCALES[lang][1])
+    except PackageNotFoundError:
+        return LAB_LOCALES[lang][1]
+    return None
 
 
 def resolve_open(target: str | None, *, folder: str, root: Path = ROOT) -> str:
@@ -113,14 +143,35 @@ def lab_command(
     return cmd + list(extra)
 
 
-def launch(*, reference: bool, target: str | None = None, port: int | None = None, browser: bool = True) -> int:
+def language_folder(folder: str, lang: str, target: str | None, root: Path = ROOT) -> str:
+    """The folder whose notebooks `kvlib lab --lang` opens: folder/<lang> ("notebooks/zh-CN") where the notebook the
+    target names is translated (all of them: where the folder is), else the English folder, saying so."""
+    if lang == i18n.DEFAULT:
+        return folder
+    translated = f"{folder}/{lang}"
+    try:
+        if (root / translated).is_dir() and (not target or notebook_files(target, folder=translated, root=root)):
+            return translated
+    except ValueError:
+        pass
+    what = f"notebook {target}" if target else "the course"
+    print(f"{what} is not translated into {lang} yet ({translated}/): opening the English one", flush=True)
+    return folder
+
+
+def launch(
+    *, reference: bool, target: str | None = None, port: int | None = None, browser: bool = True, lang: str = "en"
+) -> int:
     """Run JupyterLab on the course in the learner view until it is stopped; returns its exit code."""
-    open_path = resolve_open(target, folder="solutions" if reference else "notebooks")
+    folder = language_folder("solutions" if reference else "notebooks", lang, target)
+    open_path = resolve_open(target, folder=folder)
+    if pack := language_pack_missing(lang):
+        print(f"JupyterLab's interface stays in English: pip install {pack}", flush=True)
     with tempfile.TemporaryDirectory(prefix="kvlib-lab-") as tmp:
-        env = lab_env(write_learner_config(Path(tmp)), reference=reference)
+        env = lab_env(write_learner_config(Path(tmp), lang), reference=reference, lang=lang)
         cmd = lab_command(open_path=open_path, port=port, browser=browser)
         mode = "reference mode (KVLIB_SOLUTIONS=1): every exercise runs the solution" if reference else "your kvlib"
-        print(f"JupyterLab on {ROOT}, opening {open_path}, {mode}. Stop it with Ctrl+C.", flush=True)
+        print(f"JupyterLab on {ROOT}, opening {open_path}, {mode}, {i18n.ENV}={lang}. Stop it with Ctrl+C.", flush=True)
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
         if threading.current_thread() is threading.main_thread():  # a kill of kvlib stops the server too
             signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))

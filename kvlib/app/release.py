@@ -4,7 +4,8 @@
   solutions/NN-topic/*.ipynb    -> notebooks/NN-topic/*.ipynb (nbgrader generate_assignment)
   kvlib/course/hints/*.md       -> each exercise's collapsed hints block in solutions/NN-topic/*.ipynb
   kvlib/app/sitting.py          -> each notebook's header line, its minutes (written first, by the CLI)
-`kvlib course release` rewrites both; `--check` only reports what differs (the tests use it).
+`kvlib course release` rewrites both; `--check` only reports what differs (the tests use it). Another language's
+notebooks (notebooks/<lang>/, from kvlib/app/translate.py's solutions/<lang>/) are made in the same nbgrader run.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from kvlib.core.paths import ROOT
-from kvlib.course import hints
+from kvlib.course import hints, i18n
 from kvlib.course.exercises import BY_ID, EXERCISES
 
 _DECORATOR = re.compile(r'^\s*@exercise\("(\d+\.\d+)"')
@@ -77,17 +78,19 @@ def label(notebook: Path, sep: str = "/") -> str:
 
 # nbgrader generate_assignment for many assignments in one process: the command line tool takes one
 # assignment a run, and each run spends seconds importing nbgrader before a half-second conversion.
-# The settings are those of `nbgrader generate_assignment NAME --no-db --force` (its --no-db and --force flags).
+# The settings are those of `nbgrader generate_assignment NAME --no-db --force` (its --no-db and --force flags);
+# each job is [source folder, release folder, assignment] (an absolute source folder replaces the course's).
 _GENERATE = """
-import logging, sys
+import json, logging, sys
 from traitlets.config.loader import PyFileConfigLoader
 from nbgrader.converters import GenerateAssignment
 from nbgrader.coursedir import CourseDirectory
 logging.basicConfig(level=logging.WARNING)
-root, dest, *names = sys.argv[1:]
-for name in names:
+root, jobs = sys.argv[1], json.loads(sys.argv[2])
+for source, dest, name in jobs:
     cfg = PyFileConfigLoader("nbgrader_config.py", path=root).load_config()  # as nbgrader reads the course's
     cfg.CourseDirectory.root, cfg.CourseDirectory.release_directory = root, dest
+    cfg.CourseDirectory.source_directory = source
     cfg.CourseDirectory.assignment_id = name
     cfg.BaseConverter.force = True
     cfg.GenerateAssignment.no_database, cfg.SaveCells.enabled = True, False
@@ -95,11 +98,14 @@ for name in names:
 """
 
 
-def _generate_notebooks(dest: Path) -> None:
-    """Run nbgrader's generate_assignment for every assignment, writing into dest/<assignment>."""
+def _generate_notebooks(dest: Path, translations=()) -> None:
+    """Run nbgrader's generate_assignment for every assignment, writing into dest/<assignment>, and for each
+    (source folder, lang, assignments) of translations into dest/<lang>/<assignment>."""
+    jobs = [["solutions", str(dest), name] for name in assignments()]
+    jobs += [[str(source), str(dest / lang), name] for source, lang, names in translations for name in names]
     with tempfile.TemporaryDirectory() as tmp:
         # run from a scratch folder: nbgrader would otherwise leave gradebook.db in the repo
-        cmd = [sys.executable, "-c", _GENERATE, str(ROOT), str(dest), *assignments()]
+        cmd = [sys.executable, "-c", _GENERATE, str(ROOT), json.dumps(jobs)]
         proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"nbgrader generate_assignment failed:\n{proc.stdout}\n{proc.stderr}")
@@ -113,9 +119,12 @@ def _diff(old: str, new: str, name: str) -> list[str]:
     )
 
 
-def release(check: bool = False) -> list[str]:
+def release(check: bool = False, translations=()) -> list[str]:
     """Regenerate kvlib/ stubs and notebooks/ from solutions/. With check=True write nothing and
-    return the differences (an empty list means the release is up to date)."""
+    return the differences (an empty list means the release is up to date).
+
+    translations: (source folder, lang, assignments) of translated solution notebooks (kvlib.app.translate.release
+    gives them), generated into notebooks/<lang>/ too; without them notebooks/<lang>/ is left as it is."""
     problems: list[str] = hints.sync_solution_notebooks(check)  # the hint files -> the notebooks' hints blocks
     for sol in solution_modules():
         target = ROOT / "kvlib" / sol.name
@@ -129,7 +138,7 @@ def release(check: bool = False) -> list[str]:
                 target.write_text(new, encoding="utf-8")
     with tempfile.TemporaryDirectory() as tmp:
         fresh = Path(tmp) / "notebooks"
-        _generate_notebooks(fresh)
+        _generate_notebooks(fresh, translations)
         for nb in sorted(fresh.rglob("*.ipynb")):
             rel = nb.relative_to(fresh)
             target = ROOT / "notebooks" / rel
@@ -142,10 +151,12 @@ def release(check: bool = False) -> list[str]:
                 if not check:
                     target.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(nb, target)
+        # notebooks/<lang>/ is compared when its translations were built here, else left alone
+        others = set(i18n.LANGUAGES) - {lang for _, lang, _ in translations}
         stale = {
-            p.relative_to(ROOT / "notebooks")
+            rel
             for p in (ROOT / "notebooks").rglob("*.ipynb")
-            if ".ipynb_checkpoints" not in p.parts
+            if ".ipynb_checkpoints" not in p.parts and (rel := p.relative_to(ROOT / "notebooks")).parts[0] not in others
         }
         stale -= {p.relative_to(fresh) for p in fresh.rglob("*.ipynb")}
         problems += [f"notebooks/{rel} has no source in solutions/" for rel in sorted(stale)]

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvlib.course import i18n
 from kvlib.course.exercises import BY_ID, EXERCISES, LEARNER_MODULES, Exercise, ExerciseNotDone, select
-from kvlib.course.hints import stuck
+from kvlib.course.hints import exercise_title, stuck
 
 BY_NAME = {(ex.module, ex.name.split(".")[-1]): ex for ex in EXERCISES}  # (module, function) -> exercise
 
@@ -34,7 +35,8 @@ class Check:
 
     @property
     def doc(self) -> str:
-        return (self.fn.__doc__ or "").strip().splitlines()[0]
+        """The property checked: the docstring's first paragraph on one line (a first line may wrap mid-sentence)."""
+        return " ".join((self.fn.__doc__ or "").strip().split("\n\n")[0].split())
 
 
 CHECKS: dict[str, Check] = {}  # by name, in registration (= course) order
@@ -147,23 +149,29 @@ def _explain(err: BaseException, ex: Exercise) -> str:
     A check's AssertionError already names the cause. Anything else was raised inside the learner's
     code (a shape mismatch, numpy handed to torch): say which exercise's function raised it, where,
     with which arguments (their shapes and dtypes), and what its docstring promises to take and give.
+    In the learner's language (kvlib.course.i18n): a check's message as its translation has it.
     """
     if isinstance(err, AssertionError):
-        return str(err) or "an assertion failed"
+        return i18n.translate(str(err)) if str(err) else i18n.tr("an assertion failed")
     frame = _learner_frame(err, ex)
     if frame is None:
         return f"{type(err).__name__}: {err}"
-    where = f"{ex.file} line {frame.f_lineno}"
     line = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
     called = BY_NAME.get((ex.module, frame.f_code.co_name))
     name = called.name if called else frame.f_code.co_name
-    text = f"{type(err).__name__}: {err} (in {name}, at {where}" + (f": {line})" if line else ")")
+    error = f"{type(err).__name__}: {err}"
+    where = dict(error=error, name=name, file=ex.file, line=frame.f_lineno, code=line)
+    text = (
+        i18n.tr("{error} (in {name}, at {file} line {line}: {code})", **where)
+        if line
+        else (i18n.tr("{error} (in {name}, at {file} line {line})", **where))
+    )
     args = _arguments(frame)
     if args:
-        text += f"; it was called with {args}"
+        text += i18n.tr("; it was called with {args}", args=args)
     contract = _contract(called) if called else ""
     if contract:
-        text += f"; Exercise {called.id} expects {contract}"
+        text += i18n.tr("; Exercise {id} expects {contract}", id=called.id, contract=contract)
     return text
 
 
@@ -222,16 +230,21 @@ def run_exercise(ex: Exercise, *, seed: int = 0, timeout: float | None = 60) -> 
     try:
         module = importlib.import_module(f"kvlib.{ex.module}")
     except Exception as err:  # a syntax error in one learner file must not stop the others
-        return result("fail", f"{ex.file} does not import: {type(err).__name__}: {err}")
+        return result(
+            "fail", i18n.tr("{file} does not import: {error}", file=ex.file, error=f"{type(err).__name__}: {err}")
+        )
     for c in checks_for(ex):
         try:
             with _time_limit(timeout):
                 c.fn(module, np.random.default_rng(seed))
         except ExerciseNotDone as err:
             if err.exercise is ex:
-                return result("todo", f"not started: fill in {ex.name} in {ex.file}")
+                return result("todo", i18n.tr("not started: fill in {name} in {file}", name=ex.name, file=ex.file))
             # an earlier exercise is unfinished, so this one cannot be judged yet: name it
-            return result("todo", f"do Exercise {err.exercise.id} ({err.exercise.title}) first: {err}")
+            first = err.exercise
+            title = exercise_title(first)
+            text = i18n.tr("do Exercise {id} ({title}) first: {error}", id=first.id, title=title, error=err)
+            return result("todo", text)
         except Exception as err:
             return result("fail", f"{c.name}: {_explain(err, ex)} {stuck(ex.id)}")
     return result("pass")
@@ -284,13 +297,14 @@ def grade(name: str, *, seed: int = 0, timeout: float | None = 60) -> None:
             raise
         except Exception as err:  # the cause named, then where the hints are
             failures.append((c, err))
-            print(f"failed: {c.doc}")
+            print(i18n.tr("failed: {check}", check=i18n.translate(c.doc)))
         else:
-            print(f"passed: {c.doc}")
+            print(i18n.tr("passed: {check}", check=i18n.translate(c.doc)))
     if failures:
         c, err = failures[0]
         text = "; ".join(f"{c.name}: {_explain(err, c.exercise)}" for c, err in failures)
-        raise AssertionError(f"{len(failures)} of {len(cell)} checks failed: {text} {stuck(c.exercise.id)}") from err
+        failed = i18n.tr("{failed} of {total} checks failed: {text}", failed=len(failures), total=len(cell), text=text)
+        raise AssertionError(f"{failed} {stuck(c.exercise.id)}") from err
 
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Checks for notebook 06 (kvlib/gqa.py): exercises 6.1-6.4.
+"""Checks for notebook 06 (kvlib/gqa.py): exercises 6.1-6.5.
 
 Sizes all differ (batch 2, 6 query heads, 2 key/value heads, so groups of 3; 2 or 4 queries
 against 5 or 9 keys; head_dim 8), so a swapped axis, a group size taken for the query count or a
@@ -7,7 +7,9 @@ mask offset that only fits one shape fails. The known slips are named: `repeat` 
 query head (caught by the memory a long decode step holds, measured by the grading process in the
 isolated grader; by watching every tensor torch allocates in a local run), a mask aligned top-left or tiled in
 the wrong order, pooling strided heads or the wrong axis, keeping one head, converting a model that
-is already GQA as if it were MHA, losing the source model's dtype or train/eval mode.
+is already GQA as if it were MHA, losing the source model's dtype or train/eval mode; in 6.5's prediction, the
+cache's ratio for the step's (the weights read every step), k_proj and v_proj left at MHA's size, the weights
+read once per sequence, the embedding table read whole, the config's own n_kv_heads taken for MHA's.
 Every expected value is computed before learner code runs, from tensors and models the learner's
 code never receives (it gets clones), so a function that changes its arguments cannot move them.
 """
@@ -19,7 +21,8 @@ import math
 import torch
 
 from kvlib.checks import MB, check, held_nothing_before, memory_of
-from kvlib.core.model import Decoder, ModelConfig
+from kvlib.core.configs import REAL_MODELS
+from kvlib.core.model import Decoder, ModelConfig, matrix_params
 from kvlib.course.exercises import ExerciseNotDone
 from kvlib.measure.timing import new_tensors
 
@@ -417,3 +420,97 @@ def to_gqa_converts_a_gqa_model_and_keeps_dtype_and_mode(kv, rng):
         assert torch.equal(got.state_dict()["embed.weight"], state["embed.weight"]), (
             f"in {dtype}, the embedding should be copied exactly"
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# 6.5 predicted_speedup (predict, then measure: graded against the analytic value, never the run)
+
+
+def _numbers_read(c, n_kv_heads, kv_len, batch, *, shrink=True, per_sequence=False, cache_share=1.0, table=False):
+    """What a decode step reads, in numbers: every matrix weight once (k_proj and v_proj at n_kv_heads heads when
+    shrink), the embedding table whole if table, and `cache_share` of every sequence's cache of kv_len tokens."""
+    weights = matrix_params(ModelConfig(**{**c.to_dict(), "n_kv_heads": n_kv_heads if shrink else c.n_heads}))
+    weights += c.vocab_size * c.d_model if table else 0
+    cache = 2 * c.n_layers * n_kv_heads * c.head_dim * kv_len * batch * cache_share
+    return weights * (batch if per_sequence else 1) + cache
+
+
+def _speedup_slips(c, h, S, batch) -> dict:
+    """The speedup each classic slip predicts (computed before learner code runs)."""
+    H, L = c.n_heads, c.n_layers
+
+    def ratio(**how):
+        return _numbers_read(c, H, S, batch, **how) / _numbers_read(c, h, S, batch, **how)
+
+    return {
+        "that is the ratio of the caches alone (group_size): a step reads every weight too, and they do not shrink "
+        "(Amdahl's law)": H / h,
+        "k_proj and v_proj shrink with n_kv_heads too: their weights hold n_kv_heads heads": (
+            _numbers_read(c, H, S, batch) / _numbers_read(c, h, S, batch, shrink=False)
+        ),
+        "the weights are read once per step, shared by the whole batch; only the cache is per sequence": ratio(
+            per_sequence=True
+        ),
+        "the cache holds keys AND values": ratio(cache_share=0.5),
+        f"the cache holds every layer's keys and values ({L} layers)": ratio(cache_share=1 / L),
+        "a step reads the cache of kv_len tokens of every sequence, not one token's": (
+            _numbers_read(c, H, 1, batch) / _numbers_read(c, h, 1, batch)
+        ),
+        "the embedding table is looked up, one row per token, not read whole": ratio(table=True),
+        "MHA has n_heads key/value heads; the config's own n_kv_heads is not read": (
+            _numbers_read(c, c.n_kv_heads, S, batch) / _numbers_read(c, h, S, batch)
+        ),
+        "a speedup is MHA's time over this one's: above 1 when sharing reads less": 1
+        / (_numbers_read(c, H, S, batch) / _numbers_read(c, h, S, batch)),
+    }
+
+
+_SPEEDUPS = (  # (config, name, n_kv_heads, kv_len, batch)
+    (REAL_MODELS["Llama-2-7B"].config, "Llama-2-7B's shape", 8, 4096, 1),
+    (REAL_MODELS["Llama-2-7B"].config, "Llama-2-7B's shape", 1, 32768, 16),
+    (REAL_MODELS["Llama-3-8B"].config, "Llama-3-8B's shape (its config says 8 key/value heads)", 2, 8192, 4),
+    (CONFIG, "a small config, 6 heads", 2, 9, 3),
+    (CONFIG, "a small config, 6 heads", 3, 5, 1),
+)
+
+
+def _close_ratio(got, expected) -> bool:
+    return isinstance(got, (int, float)) and not isinstance(got, bool) and math.isclose(got, expected, rel_tol=1e-9)
+
+
+@check("6.5")
+def predicted_speedup_is_the_bytes_a_step_reads(kv, rng):
+    """Check the predicted speedup of a memory-bound decode step on real shapes and a small config: MHA's bytes read
+    (weights and cache) over the bytes read with n_kv_heads key/value heads."""
+    for c, name, h, S, batch in _SPEEDUPS:
+        expected = _numbers_read(c, c.n_heads, S, batch) / _numbers_read(c, h, S, batch)
+        slips = _speedup_slips(c, h, S, batch)
+        where = f"{name}, {c.n_heads} query heads to {h} key/value heads, kv_len {S}, batch {batch}"
+        got = kv.predicted_speedup(ModelConfig(**c.to_dict()), h, S, batch)
+        assert isinstance(got, (int, float)) and not isinstance(got, bool), (
+            f"{where}: predicted_speedup should return a float, got {type(got).__name__} {got!r}"
+        )
+        if _close_ratio(got, expected):
+            continue
+        for slip, wrong in slips.items():
+            if _close_ratio(got, wrong):
+                raise AssertionError(f"{where}: {got:.3f}x: {slip} (kvlib hint 6.5)")
+        raise AssertionError(f"{where}: expected {expected:.3f}x, got {got:.3f}x (kvlib hint 6.5)")
+
+
+@check("6.5")
+def predicted_speedup_bounds(kv, rng):
+    """Check MHA against itself (1.0), and that the prediction grows with kv_len towards group_size, never past it."""
+    c = ModelConfig(**CONFIG.to_dict())
+    same = kv.predicted_speedup(c, c.n_heads, 7, 2)
+    assert _close_ratio(same, 1.0), f"n_kv_heads == n_heads is MHA itself: the speedup is 1.0, got {same!r}"
+    lens = (1, 30, 3000, 300_000)
+    expected = [_numbers_read(CONFIG, CONFIG.n_heads, S, 1) / _numbers_read(CONFIG, 2, S, 1) for S in lens]
+    got = [kv.predicted_speedup(ModelConfig(**CONFIG.to_dict()), 2, S, 1) for S in lens]
+    assert all(isinstance(g, float) for g in got) and got == sorted(got) and 1 < got[0] and got[-1] < 3, (
+        "with groups of 3 the prediction should grow with kv_len, from just above 1 (the weights dominate) towards 3 "
+        f"(the cache dominates), never reaching it; got {[round(g, 3) if isinstance(g, float) else g for g in got]}"
+    )
+    assert all(map(_close_ratio, got, expected)), (
+        f"groups of 3 at kv_len {lens}: expected {[round(e, 3) for e in expected]}, got {[round(g, 3) for g in got]}"
+    )

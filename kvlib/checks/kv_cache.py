@@ -1,4 +1,4 @@
-"""Checks for notebook 04 (kvlib/kv_cache.py): exercises 4.1-4.5.
+"""Checks for notebook 04 (kvlib/kv_cache.py): exercises 4.1-4.6.
 
 Every cached result is compared with full recompute on small random GQA decoders (batch 2, 4 query
 heads, 2 KV heads, every size distinct). Each check works out what it expects BEFORE the learner's
@@ -12,7 +12,9 @@ does in its own process reaches those counts.
 Named slips: rotary positions restarting at 0, is_causal=True for new queries against more keys,
 torch.cat that reallocates, writes that clobber stored tokens, a cache not reset between prompts,
 recomputing from the token ids, a prompt fed one token at a time; in the cache's bytes, n_heads for
-n_kv_heads, the factor 2 for K and V, the layers, bits for bytes, the batch.
+n_kv_heads, the factor 2 for K and V, the layers, bits for bytes, the batch; in the sequences that fit (4.6, a
+prediction graded against the count, then against what torch allocates), the weights left out or counted per
+sequence, the cache or the weights in another dtype, tokens for sequences, a fraction or a negative count.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch.nn.functional as F
 
 from kvlib.checks import MB, check, held_nothing_before, isolated
 from kvlib.core.configs import REAL_MODELS
-from kvlib.core.model import Decoder, ModelConfig
+from kvlib.core.model import Decoder, ModelConfig, num_params
 from kvlib.core.weights import load_tiny
 
 CONFIG = ModelConfig(vocab_size=29, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, hidden_dim=40, max_seq_len=48)
@@ -721,3 +723,83 @@ def generate_cached_answers_the_seed_question(kv, rng):
     assert isinstance(out, torch.Tensor) and torch.equal(out, expected), (
         "on a random prompt the shipped model's cached greedy tokens differ from full recompute"
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# 4.6 sequences_that_fit: a prediction, graded against the count
+
+
+def _fits(c, memory, seq_len, dtype) -> int:
+    size = torch.empty((), dtype=dtype).element_size()
+    return max(0, (memory - num_params(c) * size) // _kv_bytes(c, seq_len, 1, dtype))
+
+
+def _fit_slips(c, memory, seq_len, dtype) -> dict[str, object]:
+    """What the answer comes out as under each likely slip, by the slip's message."""
+    size = torch.empty((), dtype=dtype).element_size()
+    weights, one = num_params(c) * size, _kv_bytes(c, seq_len, 1, dtype)
+    left = memory - weights
+    return {
+        "the weights take memory too: one copy of them, stored once, beside the caches": memory // one,
+        "the weights are stored once and shared by every sequence of the batch, not once per sequence": memory
+        // (weights + one),
+        "that counts tokens, not sequences: divide by one sequence's cache of seq_len tokens": max(0, left)
+        // _kv_bytes(c, 1, 1, dtype),
+        "the cache is in dtype too: kv_cache_bytes(config, seq_len, 1, dtype)": max(0, left)
+        // _kv_bytes(c, seq_len, 1, torch.float16),
+        "the weights are in dtype too (dtype.itemsize bytes a number)": max(0, (memory - num_params(c) * 2) // one),
+        "whole sequences only: round down": -(-max(0, left) // one),
+        "whole sequences only: a fraction of a sequence does not decode": max(0, left) / one,
+        "when the weights alone do not fit, no sequence does: 0, not a negative count": left // one,
+    }
+
+
+@check("4.6")
+def sequences_that_fit_real_gpus(kv, rng):
+    """Check the sequences that fit on real GPUs: Llama-2-7B and Llama-3-8B on 80 GB, Falcon-7B's MQA on 24 GB, Llama-2-70B
+    on eight 80 GB cards, float32 and bfloat16 among them, a memory the weights fill and one they overflow."""
+    cases = [
+        ("Llama-2-7B", 80 * 10**9, 4096, torch.float16),
+        ("Llama-3-8B", 80 * 10**9, 8192, torch.bfloat16),
+        ("Falcon-7B", 24 * 10**9, 2048, torch.float16),
+        ("Llama-2-70B", 8 * 80 * 10**9, 4096, torch.float16),
+        ("Llama-3-8B", 80 * 10**9, 4096, torch.float32),
+        ("Llama-2-7B", 14 * 10**9, 4096, torch.float16),  # the weights leave no room for one cache
+        ("Llama-2-70B", 80 * 10**9, 4096, torch.float16),  # the weights alone do not fit
+    ]
+    for name, memory, seq_len, dtype in cases:
+        c = REAL_MODELS[name].config
+        expected = _fits(c, memory, seq_len, dtype)
+        got = kv.sequences_that_fit(dataclasses.replace(c), memory, seq_len, dtype)
+        what = f"{name}, {memory / 1e9:.0f} GB, {seq_len:,} tokens, {dtype}"
+        if got == expected and isinstance(got, int) and not isinstance(got, bool):
+            continue
+        for slip, value in _fit_slips(c, memory, seq_len, dtype).items():
+            if got == value and value != expected:
+                raise AssertionError(f"{what}: {slip}")
+        assert isinstance(got, int) and not isinstance(got, bool), (
+            f"{what}: sequences_that_fit should return an int, got {type(got).__name__}"
+        )
+        raise AssertionError(f"{what}: expected {expected} sequences, got {got}")
+
+
+@check("4.6")
+def sequences_that_fit_is_what_torch_allocates(kv, rng):
+    """Check on a small GQA model that the answer's weights and caches fit in the memory as torch allocates them, and
+    one more sequence's cache would not."""
+    for memory, seq_len, dtype in ((3 * 2**20, 48, torch.float32), (2**20, 17, torch.bfloat16)):
+        weights = sum(
+            p.untyped_storage().nbytes() for p in Decoder(CONFIG).to(dtype).parameters()
+        )  # as torch holds them
+        keys = torch.zeros(L, 1, H_KV, seq_len, D, dtype=dtype)  # one sequence's keys in a KVCache; its values alike
+        one = 2 * keys.untyped_storage().nbytes()
+        n = kv.sequences_that_fit(dataclasses.replace(CONFIG), memory, seq_len, dtype)
+        assert isinstance(n, int) and not isinstance(n, bool) and n >= 0, f"expected a count of sequences, got {n!r}"
+        held = weights + n * one
+        assert held <= memory, (
+            f"{n} sequences of {seq_len} tokens: torch holds {held:,} bytes for the weights and their caches, more than "
+            f"the {memory:,} given"
+        )
+        assert held + one > memory, (
+            f"{n} sequences of {seq_len} tokens leave room for one more ({held + one:,} of {memory:,} bytes)"
+        )

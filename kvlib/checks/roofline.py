@@ -1,10 +1,12 @@
-"""Checks for notebook 05 (kvlib/roofline.py): exercises 5.1-5.4 (the cache's bytes, 4.4: kvlib/checks/kv_cache.py).
+"""Checks for notebook 05 (kvlib/roofline.py): exercises 5.1-5.5 (the cache's bytes, 4.4: kvlib/checks/kv_cache.py).
 
 The calculators are checked on configurations whose layers, heads and KV heads all differ (a
 made-up GQA model, Llama-2-70B), in float32 and 16-bit, so a missing factor cannot hide; FLOPs
 are compared with torch's own FLOP counter. The known slips are named: 2 FLOPs per multiply-add,
 bits for bytes, the output's bytes, n_kv_heads for n_heads in attention's FLOPs, the batch
-multiplying the weights, attention's FLOPs, rounding the ridge batch down, seconds for tokens/s.
+multiplying the weights, attention's FLOPs, rounding the ridge batch down, seconds for tokens/s; in 5.5's
+prediction, the weights read once per sequence, one sequence's cache for the whole batch, one layer's
+matmul (5.2) for the whole step, and a batch where none gets there (None).
 Every expected value is computed before learner code runs, from numbers and configurations the
 learner never receives: a function is handed a copy of each config (`_copy`), so even one that
 changes its arguments (object.__setattr__ on a frozen config) cannot move the target.
@@ -335,4 +337,102 @@ def predicted_tokens_per_second_counts_the_batch(kv, rng):
             )
         assert _close(got, batch / step, 1e-6), (
             f"kv_len {S}, batch {batch}: expected {batch / step:.4g} tokens/s, got {got:.4g}"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# 5.5 compute_bound_batch (predict, then measure: graded against the analytic value, never the run)
+
+
+def _step_parts(c, S, dtype, *, attention_heads=None) -> tuple[int, int, int]:
+    """One sequence's decode FLOPs, the weights' bytes and one sequence's cache bytes at kv_len S."""
+    L, D = c.n_layers, c.head_dim
+    heads = c.n_heads if attention_heads is None else attention_heads
+    return 2 * _matrix_params(c) + 4 * L * heads * S * D, _matrix_params(c) * _bytes(dtype), _kv(c, S, 1, dtype)
+
+
+def _ridge_sequences(flops, weights, cache, ridge: Fraction) -> int | None:
+    """Fewest sequences whose step reaches the ridge, in exact rational arithmetic: batch * flops >= ridge * (weights +
+    batch * cache); None where the cache alone keeps every batch below it."""
+    slope = flops - ridge * cache
+    return None if slope <= 0 else max(1, math.ceil(ridge * weights / slope))
+
+
+_DECODE_RIDGES = (  # (config, name, kv_len, peak FLOP/s, bandwidth bytes/s, dtype)
+    (LLAMA2_7B, "Llama-2-7B on an H100's tensor cores", 1, 989e12, 3.35e12, torch.float16),
+    (LLAMA2_70B, "Llama-2-70B (GQA) on an A100 80GB SXM", 512, 312e12, 2039e9, torch.bfloat16),
+    (ODD, "a small GQA config on one CPU core", 30, 96.6e9, 35.3e9, torch.float32),
+    (ODD, "a small GQA config where one sequence is past the ridge", 30, 1e9, 1e10, torch.float32),
+    (ODD, "a small GQA config whose ridge is just within reach", 40, 8.7e9, 1e9, torch.float32),
+)
+
+
+def _decode_ridge_slips(c, S, peak, bw, dtype) -> dict:
+    """The batch each classic slip would predict (computed before learner code runs)."""
+    ridge, b = Fraction(peak) / Fraction(bw), _bytes(dtype)
+    flops, weights, cache = _step_parts(c, S, dtype)
+    per_sequence = None if flops < ridge * (weights + cache) else 1  # weights and cache both times the batch
+    slips = {
+        "the weights are read once per step, shared by the whole batch: only the cache grows with it": per_sequence,
+        "every sequence reads its own cache: the cache's bytes grow with the batch, as its FLOPs do": max(
+            1, math.ceil(ridge * (weights + cache) / flops)
+        ),
+        "attention's FLOPs are missing: scores and values grow with kv_len as the cache does (Exercise 5.3)": (
+            _ridge_sequences(2 * _matrix_params(c), weights, cache, ridge)
+        ),
+        "attention runs for every query head (n_heads), not n_kv_heads: Exercise 5.3's FLOPs": _ridge_sequences(
+            _step_parts(c, S, dtype, attention_heads=c.n_kv_heads)[0], weights, cache, ridge
+        ),
+        "the ridge point is peak_flops / bandwidth (FLOPs per byte), not bandwidth / peak_flops": _ridge_sequences(
+            flops, weights, cache, 1 / ridge
+        ),
+        "count bytes, not bits: the dtype's size in bytes": _ridge_sequences(flops, 8 * weights, 8 * cache, ridge),
+        "the cache holds kv_len tokens of each sequence, not one": _ridge_sequences(
+            _step_parts(c, 1, dtype)[0], weights, _kv(c, 1, 1, dtype), ridge
+        ),
+        "that is one d_model x d_model matmul's ridge (Exercise 5.2): the whole step's FLOPs and bytes decide": (
+            _ridge_rows(c.d_model, c.d_model, peak, bw, b)
+        ),
+    }
+    return slips
+
+
+@check("5.5")
+def compute_bound_batch_predicts_the_ridge(kv, rng):
+    """Check the fewest sequences at the ridge: Llama-2-7B on an H100 (299), Llama-2-70B (186), a CPU core (7), one
+    sequence already past it (1) and a ridge just within reach (10,040)."""
+    for c, name, S, peak, bw, dtype in _DECODE_RIDGES:
+        expected = _ridge_sequences(*_step_parts(c, S, dtype), Fraction(peak) / Fraction(bw))
+        slips = _decode_ridge_slips(c, S, peak, bw, dtype)
+        where = f"{name}, kv_len {S}, {dtype}, ridge {peak / bw:.3g} FLOP/B"
+        got = kv.compute_bound_batch(_copy(c), S, peak, bw, dtype)
+        assert got is None or isinstance(got, int) and not isinstance(got, bool), (
+            f"{where}: compute_bound_batch should return an int number of sequences (or None), got "
+            f"{type(got).__name__} {got!r}"
+        )
+        if got == expected:
+            continue
+        if isinstance(got, int) and got == expected - 1:
+            raise AssertionError(f"{where}: at {got} sequences the step is still below the ridge: round UP")
+        for slip, batch in slips.items():
+            if got == batch:
+                raise AssertionError(f"{where}: {slip} (kvlib hint 5.5)")
+        raise AssertionError(f"{where}: expected {expected} sequences, got {got!r} (kvlib hint 5.5)")
+
+
+@check("5.5")
+def compute_bound_batch_none_where_the_cache_outgrows_the_ridge(kv, rng):
+    """Check None where each sequence's cache keeps every batch below the ridge: Llama-2-7B (MHA) with 4k tokens on
+    an H100, Llama-2-70B (GQA) with 4k on an A100, and a small config whose ridge is just out of reach."""
+    for c, name, S, peak, bw, dtype in (
+        (LLAMA2_7B, "Llama-2-7B on an H100", 4096, 989e12, 3.35e12, torch.float16),
+        (LLAMA2_70B, "Llama-2-70B on an A100 80GB SXM", 4096, 312e12, 2039e9, torch.bfloat16),
+        (ODD, "a small GQA config", 40, 8.75e9, 1e9, torch.float32),  # at most 8.71 FLOP/B, however large the batch
+    ):
+        flops, _, cache = _step_parts(c, S, dtype)
+        got = kv.compute_bound_batch(_copy(c), S, peak, bw, dtype)
+        assert got is None, (
+            f"{name} with {S} cached tokens each: one sequence's step does {flops / cache:.0f} FLOPs per byte of its "
+            f"own cache, below the ridge ({peak / bw:.0f}), and a batch adds a cache per sequence: no batch reaches "
+            f"it, so return None; got {got!r} (kvlib hint 5.5)"
         )

@@ -13,8 +13,11 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 from kvlib.core.configs import REAL_MODELS
 from kvlib.core.devices import DEVICES
+from kvlib.core.model import matrix_params
 
 
 @dataclass(frozen=True)
@@ -25,9 +28,14 @@ class Fact:
     value: Callable[[], float] | None = None  # the figure recomputed from kvlib's tables, in the text's unit
 
 
-def _kv_kib(name: str) -> Callable[[], float]:
+def _kv_bytes(name: str) -> int:
+    """One token's KV cache of a model in 16-bit: K and V, every layer."""
     c = REAL_MODELS[name].config
-    return lambda: 2 * c.n_layers * c.n_kv_heads * c.head_dim * 2 / 1024  # K and V, every layer, fp16
+    return 2 * c.n_layers * c.n_kv_heads * c.head_dim * 2
+
+
+def _kv_kib(name: str) -> Callable[[], float]:
+    return lambda: _kv_bytes(name) / 1024  # K and V, every layer, fp16
 
 
 def _bandwidth(name: str) -> Callable[[], float]:
@@ -84,6 +92,71 @@ FACTS: tuple[Fact, ...] = (
     Fact("1.51 s", "T5-XXL MHA's time per sample", "Ainslie et al., arXiv:2305.13245, Table 1"),
     Fact("0.28 s", "T5-XXL GQA-8's time per sample", "Ainslie et al., arXiv:2305.13245, Table 1"),
     Fact("0.24 s", "T5-XXL MQA's time per sample", "Ainslie et al., arXiv:2305.13245, Table 1"),
+    # notebook 05 (the memory wall): the roofline's arithmetic on the tables, and what engines reach
+    Fact(
+        "~1 FLOP/B",
+        "one token through a 4096 x 4096 layer in 16-bit: 2 FLOPs per multiply-add on a 2-byte weight",
+        "the roofline's count (Williams, Waterman and Patterson, CACM 2009; Pope et al., arXiv:2211.05102)",
+        lambda: 2 * 4096 * 4096 / ((4096 + 4096 * 4096 + 4096) * 2),
+    ),
+    Fact(
+        "~10x faster than it moves data",
+        "Article 2's A100: its FP32 ridge, peak FLOP/s over bandwidth (true of the FP32 cores only)",
+        f"{_SEED}; {DEVICES['A100 80GB PCIe'].source}",
+        lambda: DEVICES["A100 80GB PCIe"].ridge(torch.float32),
+    ),
+    Fact(
+        "ridge is ~16x higher",
+        "the A100's 16-bit tensor-core ridge over its FP32 one",
+        DEVICES["A100 80GB PCIe"].source,
+        lambda: DEVICES["A100 80GB PCIe"].ridge(torch.float16) / DEVICES["A100 80GB PCIe"].ridge(torch.float32),
+    ),
+    Fact(
+        "13.2 GB",
+        "Llama-2-7B's matrix weights in 16-bit: what one decode step reads (the embedding is a lookup)",
+        REAL_MODELS["Llama-2-7B"].source,
+        lambda: matrix_params(REAL_MODELS["Llama-2-7B"].config) * 2 / 1e9,
+    ),
+    Fact(
+        "~154 tokens/s",
+        "Llama-2-7B at batch 1 in 16-bit on an A100 80GB SXM, by the roofline: its bandwidth over a step's bytes",
+        f"{REAL_MODELS['Llama-2-7B'].source}; {DEVICES['A100 80GB SXM'].source}",
+        lambda: (
+            DEVICES["A100 80GB SXM"].bandwidth
+            / (matrix_params(REAL_MODELS["Llama-2-7B"].config) * 2 + _kv_bytes("Llama-2-7B"))
+        ),
+    ),
+    Fact(
+        "A100 80GB",
+        "the A100 with 80 GB of memory (a device's name)",
+        DEVICES["A100 80GB SXM"].source,
+        lambda: DEVICES["A100 80GB SXM"].memory / 1e9,
+    ),
+    Fact(
+        "104.9 tokens/s",
+        "gpt-fast: Llama-2-7B in bf16, batch 1, on an A100-80GB at 330 W",
+        "pytorch-labs/gpt-fast README",
+    ),
+    Fact(
+        "1,397 GB/s: 69%",
+        "gpt-fast's Llama-2-7B decode on an A100-80GB: the bandwidth it reached, and its share of the 2,039 GB/s",
+        "pytorch-labs/gpt-fast README; NVIDIA A100 Tensor Core GPU datasheet",
+        lambda: 1397e9 / DEVICES["A100 80GB SXM"].bandwidth * 100,
+    ),
+    # notebook 06 (GQA): what sharing key/value heads saves, from each model's config.json
+    Fact("8x 甚至更多", "Article 2's claim: MQA shrinks the cache 8x or more (it shrinks it by n_heads)", _SEED),
+    Fact(
+        "Llama-2-7B's by 32x",
+        "MQA against MHA in Llama-2-7B's shape: one key/value head where MHA keeps n_heads",
+        REAL_MODELS["Llama-2-7B"].source,
+        lambda: REAL_MODELS["Llama-2-7B"].config.n_heads,
+    ),
+    Fact(
+        "Falcon-7B's by 71x",
+        "Falcon-7B (MQA): one key/value head for its 71 query heads, against MHA's 71",
+        REAL_MODELS["Falcon-7B"].source,
+        lambda: REAL_MODELS["Falcon-7B"].config.n_heads // REAL_MODELS["Falcon-7B"].config.n_kv_heads,
+    ),
 )
 
 BY_TEXT = {f.text: f for f in FACTS}

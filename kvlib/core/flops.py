@@ -3,7 +3,8 @@
 torch's counter knows the GPU attention kernels, not the one a CPU runs
 (`_scaled_dot_product_flash_attention_for_cpu`), which it would count as 0: it is taught here. One
 home for the course's counted FLOPs: notebook 03 (a forward pass against the hand count), the
-checks of notebooks 03-05 (the expected counts, from models the learner's code never sees) and of
+checks of notebooks 03-05 (the expected counts, from models the learner's code never sees; attention's part of a
+forward, for notebook 03's prediction of its share) and of
 notebook 04 (does a decode step's work grow with the prefix?), and the MLA study of notebook 08.
 Not here: FLOPs by formula (the learner's exercises).
 """
@@ -59,6 +60,14 @@ def matmul_flops(fn: Callable, *args, **kwargs) -> int:
     with FlopCounterMode(display=False, custom_mapping=_ATTENTION) as counter:
         fn(*args, **kwargs)
     return int(counter.get_total_flops())
+
+
+def attention_flops_counted(model, seq_len: int, batch: int = 1) -> int:
+    """The part of forward_flops_counted that attention's kernel does (q @ k^T and probs @ v), counted by torch."""
+    ids = torch.zeros(batch, seq_len, dtype=torch.long)
+    with torch.inference_mode(), FlopCounterMode(display=False, custom_mapping=_ATTENTION) as counter:
+        model(ids)
+    return int(sum(n for op, n in counter.get_flop_counts()["Global"].items() if op in _ATTENTION))  # by operator
 
 
 def forward_flops_counted(model, seq_len: int, batch: int = 1) -> int:

@@ -226,9 +226,9 @@ class Attention(nn.Module):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """softmax(q k^T / sqrt(D), causal) v for q (B, H, T, D) against k, v (B, H_kv, S, D).
 
-        The T queries are the last T of the S positions (S > T once a cache holds earlier keys).
-        Query head h reads key/value head h // group_size, i.e. k.repeat_interleave(group_size,
-        dim=1); SDPA's enable_gqa does that without copying. Returns (B, H, T, D).
+        The T queries are the last T of the S positions (S > T once a cache holds earlier keys). Query
+        heads share key/value heads in groups, in the order GQA checkpoints were trained with (notebook
+        06's Exercise 6.1 finds it); SDPA's enable_gqa reads them without copying. Returns (B, H, T, D).
         """
         T, S = q.shape[-2], k.shape[-2]
         assert (q.shape[1], k.shape[1]) == (self.n_heads, self.n_kv_heads), f"q {tuple(q.shape)}, k {tuple(k.shape)}"

@@ -60,19 +60,23 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("3.1", "FLOPs of one forward pass", "03-recompute", "recompute", "forward_flops"),
     Exercise("3.2", "FLOPs one new token needs", "03-recompute", "recompute", "new_token_flops"),
     Exercise("3.3", "FLOPs of a whole generation, naive and kept", "03-recompute", "recompute", "generation_flops"),
+    Exercise("3.4", "Predict: attention's share of a step", "03-recompute", "recompute", "attention_share"),
     Exercise("4.1", "Write into the cache", "04-kv-cache", "kv_cache", "KVCache.update"),
     Exercise("4.2", "Attention with a cache", "04-kv-cache", "kv_cache", "cached_attention"),
     Exercise("4.3", "Prefill and decode step", "04-kv-cache", "kv_cache", "cached_forward"),
     Exercise("4.4", "Bytes of the cache", "04-kv-cache", "kv_cache", "kv_cache_bytes"),
     Exercise("4.5", "Generation with the cache", "04-kv-cache", "kv_cache", "generate_cached"),
+    Exercise("4.6", "Predict: how many conversations fit", "04-kv-cache", "kv_cache", "sequences_that_fit"),
     Exercise("5.1", "Arithmetic intensity of a matmul", "05-memory-wall", "roofline", "matmul_intensity"),
     Exercise("5.2", "Rows that reach the ridge", "05-memory-wall", "roofline", "ridge_batch"),
     Exercise("5.3", "FLOPs and bytes of a step", "05-memory-wall", "roofline", "step_cost"),
     Exercise("5.4", "Predicted tokens per second", "05-memory-wall", "roofline", "predicted_tokens_per_second"),
+    Exercise("5.5", "Predict the batch at the ridge", "05-memory-wall", "roofline", "compute_bound_batch"),
     Exercise("6.1", "Which key/value head each query head reads", "06-gqa", "gqa", "repeat_kv"),
     Exercise("6.2", "Grouped attention without copies", "06-gqa", "gqa", "grouped_attention"),
     Exercise("6.3", "Which heads a GQA head replaces", "06-gqa", "gqa", "mean_pool_heads"),
     Exercise("6.4", "Convert MHA to GQA", "06-gqa", "gqa", "to_gqa"),
+    Exercise("6.5", "Predict the speedup of sharing", "06-gqa", "gqa", "predicted_speedup"),
     Exercise("7.1", "Give a block back", "07-serving", "serving", "BlockPool.release"),
     Exercise("7.2", "Room for the next tokens", "07-serving", "serving", "BlockTable.append"),
     Exercise("7.6", "Predict how full the blocks are", "07-serving", "serving", "block_utilisation"),
@@ -112,7 +116,7 @@ LEARNER_MODULES = tuple(dict.fromkeys(ex.module for ex in EXERCISES))  # kvlib/<
 
 _NOTEBOOK = re.compile(r"(\d{1,2})([a-z]?)|(\d\d)-[\w-]+")
 _EXERCISE_ID = re.compile(r"\d+\.\d+")
-HEADING = re.compile(r"^#+ Exercise (\d+\.\d+) — (.*?)\s*$", re.MULTILINE)  # a task's heading in a notebook
+HEADING = re.compile(r"^#+ (?:Exercise|练习) (\d+\.\d+) — (.*?)\s*$", re.MULTILINE)  # a task's heading, any language
 SELECTORS = "an exercise (1.2), a notebook (01), a part (02b) or a notebook's path"
 
 

@@ -15,17 +15,25 @@ JSON file, $XDG_CACHE_HOME/kvlib/hints.json (~/.cache/kvlib/hints.json by defaul
 `kvlib hint X.Y` shows the next one. The notebooks show the same text, folded level by level, from
 a cell after each exercise's task that calls show_hints (`kvlib course release` puts it there). Hints never
 change points: nothing here is read by a check or the grader.
+
+In another language (KVLIB_LANG, kvlib.course.i18n) the hints come from locale/<lang>/hints/<module>.md, the same
+format, each section's title ending in `<!-- sha256:... -->`, the hash of the English section it translates
+(section_hash). A section whose English has changed since is stale: the English hints show instead, with a line
+that says so, until it is translated again (tests/test_translations.py names it).
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kvlib.core.paths import ROOT
+from kvlib.course import i18n
 from kvlib.course.exercises import BY_ID, EXERCISES, Exercise
 
 HINTS_DIR = Path(__file__).resolve().parent / "hints"
@@ -138,7 +146,79 @@ def hints_for(exercise_id: str) -> Hints:
 
 def stuck(exercise_id: str) -> str:
     """The ending of a failing check's message: where the hints are."""
-    return f"(stuck? kvlib hint {exercise_id})"
+    return i18n.tr("(stuck? kvlib hint {id})", id=exercise_id)
+
+
+# ---------------------------------------------------------------------------------------------
+# Translated hints: locale/<lang>/hints/<module>.md, each section marked with the English one's hash
+
+_MARK = re.compile(r"^(.*?)\s*<!-- sha256:([0-9a-f]{12}) -->$")
+
+
+def section_hash(h: Hints) -> str:
+    """The hash a translation of this (English) section carries: its title and every level, as the file has them."""
+    text = h.title + "\n" + "\n".join(_item(i, t) for i, t in enumerate(h.levels, start=1))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+def translation_dir(lang: str) -> Path:
+    return i18n.LOCALE_DIR / lang / "hints"
+
+
+def read_translations(lang: str, folder: Path | None = None) -> dict[str, tuple[Hints, str | None]]:
+    """Every translated section of a language, by exercise id: (the hints with the marker cut from the title, the
+    English hash the section carries, None where it has no marker). HintFileError as load() raises it."""
+    found = {}
+    for file in hint_files(folder or translation_dir(lang)):
+        for ex_id, h in parse(file.read_text(encoding="utf-8"), file).items():
+            m = _MARK.match(h.title)
+            found[ex_id] = (replace(h, title=m.group(1)) if m else h, m.group(2) if m else None)
+    return found
+
+
+def translation_status(lang: str, english: dict[str, Hints] | None = None) -> dict[str, str]:
+    """Each exercise's hints in `lang`: "fresh" (translated from today's English, as many levels), "stale"
+    (translated from other English, or with another number of levels, or without a hash), or "missing"."""
+    english = english or load()
+    done = read_translations(lang)
+    status = {}
+    for ex in EXERCISES:
+        if ex.id not in done:
+            status[ex.id] = "missing"
+            continue
+        h, sha = done[ex.id]
+        fresh = sha == section_hash(english[ex.id]) and len(h.levels) == len(english[ex.id].levels)
+        status[ex.id] = "fresh" if fresh else "stale"
+    return status
+
+
+@functools.lru_cache(maxsize=None)
+def _fresh(lang: str) -> dict[str, Hints]:
+    english = load()
+    done = read_translations(lang)
+    return {ex_id: done[ex_id][0] for ex_id, s in translation_status(lang, english).items() if s == "fresh"}
+
+
+def in_language(exercise_id: str) -> tuple[Hints, bool]:
+    """An exercise's hints in the learner's language where a fresh translation exists, else the English:
+    (hints, translated)."""
+    lang = i18n.language()
+    if lang != i18n.DEFAULT and exercise_id in (fresh := _fresh(lang)):
+        return fresh[exercise_id], True
+    return hints_for(exercise_id), False
+
+
+def exercise_title(ex: Exercise) -> str:
+    """An exercise's title in the learner's language (its translated hints' section title), else the table's."""
+    h, translated = in_language(ex.id)
+    return h.title if translated else ex.title
+
+
+def _untranslated_note(translated: bool) -> str:
+    """A line before English hints shown to a learner of another language; "" when none is needed."""
+    if translated or i18n.language() == i18n.DEFAULT:
+        return ""
+    return i18n.tr("(These hints are not translated yet: the English follows.)") + "\n\n"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,26 +276,37 @@ def show(exercise_id: str, level: int | None = None) -> str:
     Without level, each call moves one level on and remembers it; with level, that hint is shown
     and remembered as the last one seen. Past the last level it says so and shows the last one again.
     """
-    hints = hints_for(exercise_id)
+    hints, translated = in_language(exercise_id)
+    note = _untranslated_note(translated)
     n = len(hints.levels)
     state = _read_state()
     if level is None:
         seen = state.get(exercise_id, 0)
         if seen >= n:
-            return (
-                f"Exercise {exercise_id} ({hints.exercise.title}): no more hints, all {n} shown. The last one:\n\n"
-                f"{_item(n, hints.levels[-1])}\n\n"
-                f"Start again with: kvlib hint {exercise_id} --reset"
+            return note + i18n.tr(
+                "Exercise {id} ({title}): no more hints, all {n} shown. The last one:\n\n{hint}\n\n"
+                "Start again with: kvlib hint {id} --reset",
+                id=exercise_id,
+                title=hints.title if translated else hints.exercise.title,
+                n=n,
+                hint=_item(n, hints.levels[-1]),
             )
         level = seen + 1
     elif not 1 <= level <= n:
         raise ValueError(f"exercise {exercise_id} has hints 1 to {n}, not {level}")
     state[exercise_id] = level
     _write_state(state)
-    more = f"next: kvlib hint {exercise_id}" if level < n else "that was the last hint"
-    return (
-        f"Exercise {exercise_id} ({hints.exercise.title}), hint {level} of {n} "
-        f"({hints.exercise.name} in {hints.exercise.file}):\n\n{_item(level, hints.levels[level - 1])}\n\n({more})"
+    more = i18n.tr("next: kvlib hint {id}", id=exercise_id) if level < n else i18n.tr("that was the last hint")
+    return note + i18n.tr(
+        "Exercise {id} ({title}), hint {level} of {n} ({name} in {file}):\n\n{hint}\n\n({more})",
+        id=exercise_id,
+        title=hints.title if translated else hints.exercise.title,
+        level=level,
+        n=n,
+        name=hints.exercise.name,
+        file=hints.exercise.file,
+        hint=_item(level, hints.levels[level - 1]),
+        more=more,
     )
 
 
@@ -231,13 +322,15 @@ def _item(level: int, text: str) -> str:
 def notebook_block(exercise_id: str, hints: dict[str, Hints] | None = None) -> str:
     """Markdown of an exercise's hints as a notebook shows them: folded, and each level folded again,
     so a learner opens one at a time."""
-    h = (hints or load())[exercise_id]
+    h, translated = (hints[exercise_id], False) if hints else in_language(exercise_id)
     n = len(h.levels)
     items = "\n\n".join(
-        f"<details><summary>Hint {i} of {n}</summary>\n\n{_item(i, text)}\n\n</details>"
+        f"<details><summary>{i18n.tr('Hint {i} of {n}', i=i, n=n)}</summary>\n\n{_item(i, text)}\n\n</details>"
         for i, text in enumerate(h.levels, start=1)
     )
-    return f"<details><summary>Hints (kvlib hint {exercise_id})</summary>\n\n{items}\n\n</details>"
+    summary = i18n.tr("Hints (kvlib hint {id})", id=exercise_id)
+    note = _untranslated_note(translated)
+    return f"<details><summary>{summary}</summary>\n\n{note}{items}\n\n</details>"
 
 
 def show_hints(exercise_id: str):

@@ -123,8 +123,9 @@ def check_temper(probs, temperature):
         raise ValueError(f"temperature must be a number >= 0 (0 means greedy), got {temperature!r}")
 
 
-def check_attention_block(attn, h, cos, sin):
-    """attn one layer's Attention, not grouped; h (batch, seq_len, d_model) float32; cos, sin (seq_len, head_dim)."""
+def check_attention_block(attn, h, cos, sin, self_attention=None):
+    """attn one layer's Attention, not grouped; h (batch, seq_len, d_model) float32; cos, sin (seq_len, head_dim);
+    self_attention a function (Exercise 1.4's contract)."""
     C = getattr(getattr(attn, "q_proj", None), "in_features", None)
     if C is None or not hasattr(attn, "head_dim"):
         raise ValueError(f"attn must be one layer's Attention (model.layers[i].attn), got {type(attn).__name__}")
@@ -143,6 +144,10 @@ def check_attention_block(attn, h, cos, sin):
             raise ValueError(
                 f"{name} must be ({h.shape[1]}, {attn.head_dim}): the rows of the rotary table at h's positions, got {_shape(t)}"
             )
+    if self_attention is not None and not callable(self_attention):
+        raise ValueError(
+            f"self_attention must be a function of q, k, v (Exercise 1.4's contract), got {type(self_attention).__name__}"
+        )
 
 
 def check_rms_norm(x, weight, eps=1e-5):
@@ -249,6 +254,14 @@ def check_generate_cached(model, input_ids, max_new_tokens, temperature=0.0, gen
     check_generate(model, input_ids, max_new_tokens, temperature, generator, on_token)
 
 
+def check_sequences_that_fit(config, memory_bytes, seq_len, dtype=...):  # ...: left out, torch.float16
+    check_config(config, seq_len)
+    if isinstance(memory_bytes, bool) or not isinstance(memory_bytes, int) or memory_bytes < 1:
+        raise ValueError(f"memory_bytes must be a positive int (bytes), got {memory_bytes!r}")
+    if dtype is not ...:
+        check_dtype(dtype)
+
+
 # ---------------------------------------------------------------------------------------------
 # Notebook 05: the memory wall (dtype arguments left out default to torch.float16: always valid)
 
@@ -317,6 +330,10 @@ def check_predicted(config, kv_len, batch, dtype, peak_flops, bandwidth):
     check_positive(peak_flops=peak_flops, bandwidth=bandwidth)
 
 
+def check_compute_bound(config, kv_len, peak_flops, bandwidth, dtype=_FLOAT16):
+    check_predicted(config, kv_len, 1, dtype, peak_flops, bandwidth)
+
+
 # ---------------------------------------------------------------------------------------------
 # Notebook 06: grouped-query attention
 
@@ -376,6 +393,17 @@ def check_to_gqa(model, n_kv_heads, pool=None):
         divisors = [d for d in range(1, have + 1) if have % d == 0]
         raise ValueError(
             f"the model has {have} key/value heads: n_kv_heads must divide it, one of {divisors}; got {n_kv_heads!r}"
+        )
+
+
+def check_speedup(config, n_kv_heads, kv_len, batch=1):
+    check_config(config)
+    check_count("kv_len", kv_len)
+    check_count("batch", batch)
+    if isinstance(n_kv_heads, bool) or not isinstance(n_kv_heads, int) or n_kv_heads < 1 or config.n_heads % n_kv_heads:
+        divisors = [d for d in range(1, config.n_heads + 1) if config.n_heads % d == 0]
+        raise ValueError(
+            f"config has {config.n_heads} query heads: n_kv_heads must divide it, one of {divisors}; got {n_kv_heads!r}"
         )
 
 

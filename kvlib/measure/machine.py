@@ -73,7 +73,8 @@ def measure_gemv_layouts(weights: list[torch.Tensor], threads: int | None = 1, r
     "row-major": each row of a weight contiguous in memory, nn.Linear's default; "column-major":
     each column, as kvlib's Decoder stores its tall weights (kvlib.core.model.decode_layout). The
     same bytes, the same FLOPs, the same result up to rounding; only the routine differs. Both are
-    timed in alternation, `rounds` times, after a warm-up; returns the medians, with the record.
+    timed in alternation, `rounds` times, after a warm-up; returns the medians' bytes/s, each round's seconds
+    per layout (round_seconds: ratios pair round by round), with the record.
     """
     if not weights or any(w.dim() != 2 for w in weights):
         raise ValueError(
@@ -99,6 +100,7 @@ def measure_gemv_layouts(weights: list[torch.Tensor], threads: int | None = 1, r
     rates = {k: n_bytes / statistics.median(v) for k, v in samples.items()}
     return {
         **rates,
+        "round_seconds": samples,
         "bytes": n_bytes,
         "rounds": rounds,
         "record": environment(weights[0].device, threads=threads if threads else torch.get_num_threads()),
@@ -323,7 +325,7 @@ def measure_batches(
 
     Every batch runs once per round, rounds interleaved after a warm-up, so that a busy neighbour
     slows all batches alike instead of whichever ran while it was busy. Returns {"seconds": {batch:
-    median seconds}, "record": ...}.
+    median seconds}, "round_seconds": {batch: each round's seconds, in round order}, "record": ...}.
     Example: measure_batches(random_model(cfg), [1, 4], rounds=2)["seconds"][4] -> seconds of a batch-4 step
     """
     if rounds < 1 or not batches:
@@ -340,7 +342,11 @@ def measure_batches(
                 if r:
                     samples[b].append(time.perf_counter() - start)
         record = environment(device, threads=torch.get_num_threads(), rounds=rounds)
-    return {"seconds": {b: statistics.median(v) for b, v in samples.items()}, "record": record}
+    return {
+        "seconds": {b: statistics.median(v) for b, v in samples.items()},
+        "round_seconds": samples,
+        "record": record,
+    }
 
 
 def random_model(config, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", seed: int = 0):

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from kvlib.core.model import Decoder
+from kvlib.core.model import Decoder, matrix_params
 from kvlib.core.weights import load_checked
 from kvlib.course import inputs
 from kvlib.course.exercises import exercise
@@ -95,9 +95,8 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torc
 def mean_pool_heads(w: torch.Tensor, n_heads: int, n_kv_heads: int) -> torch.Tensor:
     """Shrink a key or value projection from n_heads heads to n_kv_heads: each new head the mean of the old ones it replaces.
 
-    New key/value head j serves the query heads that repeat_kv (Exercise 6.1) sends to it; in the MHA
-    model each of those query heads read its own head, so head j is the mean of exactly those old heads.
-    Which rows of an nn.Linear weight hold a head is for you to work out (Attention.project_kv in
+    New key/value head j replaces the heads that the query heads now sharing it (repeat_kv, Exercise 6.1) read
+    before. Which rows of an nn.Linear weight hold a head is for you to work out (Attention.project_kv in
     kvlib/core/model.py splits k_proj's output into heads). The invariant the checks hold you to:
     pooling a weight whose heads are repeat_kv's copies of a smaller one gives the smaller one back.
     Args:    w: (n_heads * head_dim, d_model) float tensor;  n_heads, n_kv_heads: n_kv_heads divides n_heads
@@ -150,4 +149,35 @@ def to_gqa(model: Decoder, n_kv_heads: int, pool: Callable | None = None) -> Dec
     }
     new = load_checked(Decoder(config), state, source=f"model pooled to {n_kv_heads} key/value heads")
     return new.to(model.embed.weight.dtype).train(model.training)
+    ### END SOLUTION
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 6.5: predict, then measure: what sharing buys a decode step
+
+
+@exercise("6.5", validate=inputs.check_speedup)
+def predicted_speedup(config, n_kv_heads: int, kv_len: int, batch: int = 1) -> float:
+    """Your prediction: how many times faster a decode step runs with n_kv_heads key/value heads than as MHA.
+
+    Both are the model of config (its widths, layers and n_heads query heads; config.n_kv_heads is not read),
+    one with n_heads key/value heads, one with n_kv_heads, each decoding `batch` sequences of kv_len cached
+    tokens. The step is memory-bound (notebook 05): it lasts as long as reading what it must read takes, at
+    the same bandwidth for both, every number in one dtype. Notebook 06 then times both on your machine.
+    Args:    config: a ModelConfig;  n_kv_heads: a divisor of config.n_heads;  kv_len, batch: positive ints
+    Returns: float >= 1: MHA's step time over the step time with n_kv_heads key/value heads
+    Raises:  ValueError if config is not a ModelConfig, n_kv_heads does not divide n_heads, or a count is not a
+             positive int
+    Example:
+        >>> from kvlib.core.configs import real_model
+        >>> predicted_speedup(real_model("Llama-2-7B").config, 32, 4096)  # MHA against itself
+        1.0
+    """
+
+    ### BEGIN SOLUTION
+    def numbers_read(h: int) -> int:  # every matrix weight once (k_proj, v_proj shrink with h) + every sequence's cache
+        c = dataclasses.replace(config, n_kv_heads=h)
+        return matrix_params(c) + 2 * c.n_layers * h * c.head_dim * kv_len * batch  # in numbers: one dtype for all
+
+    return numbers_read(config.n_heads) / numbers_read(n_kv_heads)
     ### END SOLUTION

@@ -1,25 +1,64 @@
-"""The waste (notebook 03-recompute): how much work naive decoding does, and how much is repeated.
+"""The waste (notebook 03-recompute): how much work naive decoding does, how much is repeated, how much is attention.
 
-Naive decoding runs the whole sequence again for every new token, although the keys and values
-of earlier positions never change (the causal mask is why). We count matrix-multiply FLOPs,
-2 per multiply-add, as torch.utils.flop_counter does; norms, rotary and softmax are left out
-(they are a few percent of the work). Attention scores count the full (T, S) matrix, as SDPA
-computes it, masked entries included.
+Naive decoding reruns the whole sequence for every new token, though earlier keys and values never change (the causal
+mask). Matrix-multiply FLOPs are counted as torch.utils.flop_counter counts them, 2 per multiply-add, the full (T, S)
+score matrix included, as torch's scaled_dot_product_attention (SDPA) computes it; not norms, rotary or softmax.
 """
 
 from __future__ import annotations
 
-from kvlib.core.flops import forward_flops_counted
+import time
+
+import torch
+
+from kvlib.core.flops import attention_flops_counted, forward_flops_counted
 from kvlib.course import inputs
 from kvlib.course.exercises import exercise
 
 # ---------------------------------------------------------------------------------------------
-# Measuring (no exercise): count what torch actually multiplies
+# Measuring (no exercise): what a naive step computes, what torch multiplies, how long it takes
+
+
+def capture_kv(model, ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every layer's (k, v), each (batch, n_kv_heads, seq_len, head_dim), of one forward over ids (batch, seq_len): a
+    forward pre-hook on each layer's attention sees its input and computes them beside the model (project_kv)."""
+    kv, hook = [], lambda attn, args: kv.append(attn.project_kv(*args))  # args: (x, cos, sin), x the normed stream
+    handles = [layer.attn.register_forward_pre_hook(hook) for layer in model.layers]
+    try:
+        with torch.inference_mode():
+            model(ids)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return kv
+
+
+def step_and_attention(model, tokens: torch.Tensor, repeats: int = 3) -> tuple[float, float]:
+    """Seconds of a naive decode step over tokens (1, kv_len) (a forward and the argmax) and of its attention alone
+    (every layer's Attention.attend on random q, k, v of its shapes), timed in turns: the fastest of repeats each."""
+    c, S = model.config, tokens.shape[1]
+    q, k, v = (torch.randn(1, h, S, c.head_dim) for h in (c.n_heads, c.n_kv_heads, c.n_kv_heads))
+    step, attend = [], []  # seconds of each repeat
+    with torch.inference_mode():
+        for _ in range(repeats):
+            start = time.perf_counter()
+            model(tokens)[:, -1].argmax(-1)
+            middle = time.perf_counter()
+            for layer in model.layers:
+                layer.attn.attend(q, k, v)
+            step.append(middle - start)
+            attend.append(time.perf_counter() - middle)
+    return min(step), min(attend)
 
 
 def measured_forward_flops(model, seq_len: int, batch: int = 1) -> int:
     """Matrix-multiply FLOPs of one forward pass over seq_len tokens, counted by torch itself (kvlib.core.flops)."""
     return forward_flops_counted(model, seq_len, batch)
+
+
+def measured_attention_share(model, seq_len: int) -> float:
+    """Attention's part of measured_forward_flops(model, seq_len), as a share: both counted by torch."""
+    return attention_flops_counted(model, seq_len) / forward_flops_counted(model, seq_len)
 
 
 def naive_decode_flops(config, prompt_len: int, max_new_tokens: int) -> list[int]:
@@ -33,21 +72,17 @@ def naive_decode_flops(config, prompt_len: int, max_new_tokens: int) -> list[int
 
 @exercise("3.1", validate=inputs.check_length)
 def forward_flops(config, seq_len: int) -> int:
-    """Matrix-multiply FLOPs of one forward pass of the decoder over seq_len tokens (batch 1).
+    """Matrix-multiply FLOPs of one forward pass over seq_len tokens (batch 1), 2 per multiply-add.
 
-    2 FLOPs per multiply-add. Counted: every matrix the tokens pass through (each layer's q, k, v and o
-    projections and its MLP's three matrices, then the lm_head, at every position; k and v project to
-    n_kv_heads heads) and attention's two products (scores, then weights times values) per QUERY head
-    and layer, n_heads of them even when n_kv_heads < n_heads, over the full (seq_len, seq_len) score
-    matrix, masked entries included, as SDPA computes them. Not counted: norms, rotary, softmax, the
-    embedding lookup.
+    Counted: every matrix product at every position (projections, MLP, lm_head) and attention's two products
+    over the full (seq_len, seq_len) score matrix, masked entries included, as torch's SDPA computes them; not norms,
+    rotary, softmax or the embedding lookup. config may be GQA (n_kv_heads < n_heads).
     Args:    config: a ModelConfig;  seq_len: tokens, >= 1
-    Returns: int FLOPs, equal to what measured_forward_flops(model, seq_len) counts with torch
-    Raises:  ValueError if seq_len is not a positive int
+    Returns: int, what measured_forward_flops(model, seq_len) counts with torch
+    Raises:  ValueError if config is not a ModelConfig or seq_len is not a positive int
     Example:
-        >>> from kvlib.core.model import ModelConfig, matrix_params
-        >>> config = ModelConfig(vocab_size=50)
-        >>> forward_flops(config, 1) == 2 * matrix_params(config) + 4 * config.n_layers * config.n_heads * config.head_dim
+        >>> from kvlib.core.model import Decoder, ModelConfig; config = ModelConfig(vocab_size=50)
+        >>> forward_flops(config, 8) == measured_forward_flops(Decoder(config), 8)
         True
     """
     ### BEGIN SOLUTION
@@ -66,25 +101,20 @@ def forward_flops(config, seq_len: int) -> int:
 
 @exercise("3.2", validate=inputs.check_length)
 def new_token_flops(config, kv_len: int) -> int:
-    """FLOPs one new token at position kv_len - 1 really needs, if every earlier key and value was kept.
+    """FLOPs the token at position kv_len - 1 needs when the keys and values of every earlier position are kept.
 
-    The same counting rules as forward_flops (Exercise 3.1), attention per query head included, for one
-    token whose one query meets all kv_len keys (its own included).
-    Args:    config: a ModelConfig;  kv_len: keys the new token attends to, >= 1
+    Counted by the rules of forward_flops (Exercise 3.1).
+    Args:    config: a ModelConfig;  kv_len: keys the new token attends to, its own included, >= 1
     Returns: int FLOPs
-    Raises:  ValueError if kv_len is not a positive int
+    Raises:  ValueError if config is not a ModelConfig or kv_len is not a positive int
     Example:
-        >>> from kvlib.core.model import ModelConfig
-        >>> config = ModelConfig(vocab_size=50)
-        >>> new_token_flops(config, 1) == forward_flops(config, 1), new_token_flops(config, 9) > new_token_flops(config, 8)
-        (True, True)
+        >>> from kvlib.core.model import ModelConfig; config = ModelConfig(vocab_size=50)
+        >>> new_token_flops(config, 1) == forward_flops(config, 1)
+        True
     """
     ### BEGIN SOLUTION
-    C, D = config.d_model, config.head_dim
-    H, H_kv = config.n_heads, config.n_kv_heads
-    per_token = C * H * D + 2 * C * H_kv * D + H * D * C + 3 * C * config.hidden_dim
-    projections = 2 * (config.n_layers * per_token + C * config.vocab_size)  # one token's worth
-    return projections + config.n_layers * 2 * (2 * kv_len * D * H)  # (1, D) against (kv_len, D), twice
+    more_keys = config.n_layers * 2 * (2 * (kv_len - 1) * config.head_dim * config.n_heads)  # its one query, twice
+    return forward_flops(config, 1) + more_keys  # one token's forward, its query meeting kv_len - 1 more keys
     ### END SOLUTION
 
 
@@ -96,16 +126,14 @@ def new_token_flops(config, kv_len: int) -> int:
 def generation_flops(config, prompt_len: int, max_new_tokens: int) -> tuple[int, int]:
     """FLOPs of a whole generation of max_new_tokens after a prompt of prompt_len: naive, and kept.
 
-    Naive: each step runs a forward over the whole sequence so far. Kept: the first step is the prefill,
-    a forward over the prompt (nothing is kept yet); each later step runs only the token chosen the step
-    before, against every key kept so far and its own.
+    Naive: each step runs a forward over the whole sequence so far. Kept: the first step is the prefill over the
+    prompt; each later step runs only the token chosen the step before, every earlier key and value kept.
     Args:    config: a ModelConfig;  prompt_len, max_new_tokens: positive ints
     Returns: (naive, kept), two ints; naive >= kept, equal when max_new_tokens is 1
-    Raises:  ValueError if prompt_len or max_new_tokens is not a positive int
+    Raises:  ValueError if config is not a ModelConfig, or a length is not a positive int
     Example:
-        >>> from kvlib.core.model import ModelConfig
-        >>> config = ModelConfig(vocab_size=50)
-        >>> generation_flops(config, 5, 1) == (forward_flops(config, 5), forward_flops(config, 5))
+        >>> from kvlib.core.model import ModelConfig; config = ModelConfig(vocab_size=50)
+        >>> generation_flops(config, 5, 1) == (forward_flops(config, 5),) * 2
         True
     """
     ### BEGIN SOLUTION
@@ -114,4 +142,28 @@ def generation_flops(config, prompt_len: int, max_new_tokens: int) -> tuple[int,
         new_token_flops(config, prompt_len + i) for i in range(1, max_new_tokens)
     )
     return naive, kept
+    ### END SOLUTION
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 3.4: predict, then measure
+
+
+@exercise("3.4", validate=inputs.check_length)
+def attention_share(config, seq_len: int) -> float:
+    """Attention's share of one forward pass's matrix-multiply FLOPs over seq_len tokens, as Exercise 3.1 counts them.
+
+    A prediction, made before the notebook times attention: the share of forward_flops(config, seq_len) spent in
+    attention's two products, by arithmetic on config (no model runs).
+    Args:    config: a ModelConfig;  seq_len: tokens, >= 1
+    Returns: float in (0, 1)
+    Raises:  ValueError if config is not a ModelConfig or seq_len is not a positive int
+    Example:
+        >>> from kvlib.core.model import ModelConfig; config = ModelConfig(vocab_size=50)
+        >>> 0 < attention_share(config, 16) < attention_share(config, 64) < 1
+        True
+    """
+    ### BEGIN SOLUTION
+    attention = config.n_layers * 2 * (2 * seq_len * seq_len * config.head_dim * config.n_heads)  # per query head
+    return attention / forward_flops(config, seq_len)
     ### END SOLUTION

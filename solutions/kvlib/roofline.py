@@ -45,9 +45,9 @@ def roofline_time(flops: float, bytes_moved: float, peak_flops: float, bandwidth
 
 @exercise("5.1", validate=inputs.check_matmul)
 def matmul_intensity(m: int, k: int, n: int, dtype: torch.dtype = torch.float16) -> float:
-    """Arithmetic intensity, FLOPs per byte, of (m, k) @ (k, n) -> (m, n) with each matrix moved once.
+    """Arithmetic intensity, FLOPs per byte, of (m, k) @ (k, n) -> (m, n), each of its three matrices moved once.
 
-    FLOPs: 2 per multiply-add. Bytes: both inputs read and the output written, once each, in dtype.
+    FLOPs as notebook 03 counts them (a multiply-add is 2); bytes at dtype's size.
     Args:    m, k, n: positive ints;  dtype: a torch dtype (its size in bytes counts, not bits)
     Returns: float FLOPs per byte
     Raises:  ValueError if a size is not a positive int or dtype is not a torch.dtype
@@ -93,12 +93,12 @@ def ridge_batch(k: int, n: int, peak_flops: float, bandwidth: float, dtype: torc
 def step_cost(
     config, new_tokens: int, kv_len: int, batch: int = 1, dtype: torch.dtype = torch.float16
 ) -> tuple[int, int]:
-    """(FLOPs, bytes) of one forward step: new_tokens tokens per sequence against kv_len cached ones.
+    """(FLOPs, bytes) of one forward step of batch sequences, each feeding new_tokens tokens against kv_len positions.
 
-    Decode is step_cost(config, 1, kv_len); a prefill of T tokens is step_cost(config, T, T). FLOPs:
-    every matrix weight (matrix_params) and attention (scores and values, every head and layer) for
-    every new token of every sequence, 2 per multiply-add. Bytes: the matrix weights, read once per step,
-    and the KV cache of kv_len tokens of every sequence (Exercise 4.4).
+    Decode is step_cost(config, 1, kv_len); a prefill of T tokens is step_cost(config, T, T). FLOPs as notebook 03
+    counts them: the matrix products and attention's, 2 per multiply-add. Bytes: what the step must bring from
+    memory, each number once: the matrix weights (matrix_params) and the KV cache it attends to, in dtype
+    (Exercise 4.4). Activations, norms and the embedding's one row are left out.
     Args:    config: a ModelConfig;  new_tokens, kv_len, batch: positive ints, new_tokens <= kv_len;  dtype: a torch dtype
     Returns: (flops, bytes), two ints
     Raises:  ValueError if a count is not a positive int, new_tokens > kv_len, or dtype is not a torch.dtype
@@ -120,9 +120,9 @@ def step_cost(
 def predicted_tokens_per_second(
     config, kv_len: int, batch: int, dtype: torch.dtype, peak_flops: float, bandwidth: float
 ) -> float:
-    """Tokens per second that decode at kv_len cached tokens can reach on a device, by the roofline.
+    """Tokens per second, all batch sequences together, that decode at kv_len cached tokens reaches by the roofline.
 
-    One decode step makes one new token for each of batch sequences; its time is roofline_time of its cost.
+    The device is its peak FLOP/s and bandwidth; the step is Exercise 5.3's.
     Args:    config: a ModelConfig;  kv_len, batch: positive ints;  dtype: a torch dtype
              peak_flops (FLOP/s), bandwidth (bytes/s): the device's, positive
     Returns: float tokens per second, all sequences together
@@ -139,27 +139,36 @@ def predicted_tokens_per_second(
 
 
 # ---------------------------------------------------------------------------------------------
-# A consequence (no exercise): where decode turns compute-bound
+# Exercise 5.5: predict, then measure: the batch at which decode turns compute-bound
 
 
+@exercise("5.5", validate=inputs.check_compute_bound)
 def compute_bound_batch(
-    config, kv_len: int, peak_flops: float, bandwidth: float, dtype: torch.dtype = torch.float16, limit: int = 1 << 16
+    config, kv_len: int, peak_flops: float, bandwidth: float, dtype: torch.dtype = torch.float16
 ) -> int | None:
-    """Smallest batch whose decode step reaches the ridge point (None if not below `limit`).
+    """Your prediction: the fewest sequences a decode step must batch to reach the device's ridge point.
 
-    With a long cache the KV bytes grow with the batch as fast as the FLOPs do, so the batch
-    may never get there: that is the point of notebook 06.
+    The step is Exercise 5.3's: one new token for each of `batch` sequences, each against kv_len cached
+    tokens, in dtype; the ridge is peak_flops / bandwidth, in FLOPs per byte. Notebook 05 then times decode
+    at growing batches on your machine to see where its throughput stops growing.
+    Args:    config: a ModelConfig;  kv_len: positive int;  peak_flops (FLOP/s), bandwidth (bytes/s): positive
+             dtype: a torch dtype
+    Returns: int batch >= 1 whose step reaches the ridge while batch - 1's does not, or None if no batch does
+    Raises:  ValueError if config is not a ModelConfig, kv_len is not a positive int, a rate is not positive, or
+             dtype is not a torch.dtype
+    Example:
+        >>> from kvlib.core.configs import real_model
+        >>> compute_bound_batch(real_model("Llama-2-7B").config, 1, 989e12, 3.35e12)  # an H100's tensor cores
+        299
     """
+    ### BEGIN SOLUTION
+    flops, moved = step_cost(config, 1, kv_len, 1, dtype)  # one sequence's step
+    cache = kv_cache_bytes(config, kv_len, 1, dtype)  # each sequence reads its own cache...
+    weights = moved - cache  # ...but the weights once, whatever the batch
     ridge = peak_flops / bandwidth
-
-    def intensity(batch):
-        work, traffic = step_cost(config, 1, kv_len, batch, dtype)  # FLOPs, bytes
-        return work / traffic
-
-    if intensity(limit) < ridge:
+    # batch * flops >= ridge * (weights + batch * cache)  <=>  batch * (flops - ridge * cache) >= ridge * weights
+    slope = flops - ridge * cache
+    if slope <= 0:  # the cache alone brings at least a byte per ridge's FLOPs: no batch gets there
         return None
-    low, high = 1, limit  # intensity grows with batch: bisect for the first batch at the ridge
-    while low < high:
-        mid = (low + high) // 2
-        low, high = (mid + 1, high) if intensity(mid) < ridge else (low, mid)
-    return low
+    return max(1, math.ceil(ridge * weights / slope))
+    ### END SOLUTION

@@ -69,6 +69,7 @@ ALL = ("1.1", "1.2", "1.3", "1.4", "1.5")
 
 
 POINTS, TOTAL = class_bench.points(NB)  # {"1.1": 5, ...}, their sum
+ZH_NOTEBOOK = ROOT / "notebooks" / "zh-CN" / NB / "attention.ipynb"  # the Chinese release (kvlib/app/translate.py)
 PLANTED = Path.home() / ".ipython" / "profile_default" / "startup" / "00-kvlib-grading-test.py"
 
 
@@ -304,6 +305,8 @@ _os.write(2, b"z" * 3_000_000)
             ),
         ),
     }
+    if ZH_NOTEBOOK.is_file():  # m-partial's code with the Chinese notebook: m-partial's score (issue 50)
+        subs["m-partial-zh-CN"] = dict(subs["m-partial"], notebook_file=ZH_NOTEBOOK)
     if grading_mode() != "plain":
         ref = str(ROOT / "solutions" / "kvlib" / "attention.py")
         subs.update(
@@ -586,6 +589,8 @@ def hand_in(course: Path, student: str, spec: dict) -> None:
         (sub / rel).parent.mkdir(parents=True, exist_ok=True)
         (sub / rel).write_text(text, encoding="utf-8")
     path = sub / "attention.ipynb"
+    if spec.get("notebook_file"):  # another release of the same assignment handed in: the Chinese one
+        shutil.copyfile(spec["notebook_file"], path)
     nb = json.loads(path.read_text(encoding="utf-8"))
     if spec.get("notebook"):
         spec["notebook"](nb)
@@ -683,6 +688,17 @@ def test_honest_submissions_get_exactly_their_score(graded, student):
     another query that meets its target -> full marks; 1.4's softmax by log-sum-exp -> full marks."""
     (score, max_score), want = expected_score(graded, student)
     assert (score, max_score) == (want, TOTAL)
+
+
+def test_a_chinese_submission_scores_what_its_english_twin_scores(graded):
+    """Check that m-partial's code handed in with the Chinese notebook 01 (its markdown Chinese; its cells, ids and
+    graded cells the English ones) gets m-partial's score in the same autograde of the English course."""
+    course, subs, scores, _ = graded
+    if "m-partial-zh-CN" not in subs:
+        pytest.skip("notebook 01 is not translated into zh-CN yet")
+    assert scores["m-partial-zh-CN"] == scores["m-partial"] == (subs["m-partial"]["expected"], TOTAL)
+    handed = json.loads((course / "submitted" / "m-partial-zh-CN" / NB / "attention.ipynb").read_text(encoding="utf-8"))
+    assert handed["metadata"]["kvlib"]["lang"] == "zh-CN"
 
 
 @pytest.mark.parametrize(
@@ -804,7 +820,7 @@ def _cells(course, student):
 
 def test_feedback_names_the_mistake(graded):
     """Check that the outputs the learner sees name what happened: "passed", the stub's message, the symlink
-    refusal, the endless loop; no graded cell keeps what the kernel printed."""
+    refusal, the endless loop, a softmax of zeros; no graded cell keeps what the kernel printed."""
     course = graded[0]
 
     def said(student, cell):
@@ -819,6 +835,7 @@ def test_feedback_names_the_mistake(graded):
     assert "endless loop" in said("a08-endless-loop", "checks-1-2")
     assert "returned" in said("a05-equal-to-anything", "checks-1-1")
     assert "爱 and AI take 0.488 each" in said("m-aim-slip", "checks-1-5")  # the design's slip, named
+    assert "softmax returned zeros" in said("a01-monkeypatch", "checks-1-1")  # the cause, not a guess at keepdims
     for outputs in _cells(course, "a02-input-transformer").values():
         assert [o.output_type for o in outputs] == ["error"]
 

@@ -1,8 +1,10 @@
 """Notebooks 02 to 10 graded by nbgrader from a `kvlib course init` folder: a correct submission gets
 every point (in 04 also one with code moved into a helper module of the learner's own), the
-untouched release and a submission that patches the checks in its kernel get none; in 04, 06, 09 and
-10 also BANK's cheats, library shortcuts and other right ways, each scored cell by cell, in the same
-autograde run. (Notebook 01, with its many attacks: tests/grading/test_attacks.py.)"""
+untouched release and a submission that patches the checks in its kernel get none; in 04, 05, 06, 09
+and 10 also BANK's cheats (05 and 06: a prediction hard-coded), library shortcuts and other right ways, each
+scored cell by cell, in the same autograde run; in 02 the shortcuts a fresh reader found (2.4's layer echoed, 2.8's
+decoder built on the meta device, 2.2's tokens reported after the loop). (Notebook 01, with its many attacks:
+tests/grading/test_attacks.py.)"""
 
 from __future__ import annotations
 
@@ -274,8 +276,69 @@ def _alternatives(module: str, exercises: dict) -> str:
     )
 
 
+CHEATS_02 = '''
+
+def generate(model, input_ids, max_new_tokens, temperature=0.0, generator=None, on_token=None):
+    """2.2's slip a fresh reader found: every token reported to on_token once the loop is over."""
+    ids = input_ids
+    with torch.inference_mode():
+        for _ in range(max_new_tokens):
+            ids = torch.cat([ids, next_token(model(ids)[:, -1], temperature, generator)[:, None]], dim=1)
+    for token in ids[:, input_ids.shape[1] :].T:
+        if on_token is not None:
+            on_token(token)
+    return ids
+
+
+def attention_block(attn, h, cos, sin, self_attention=None):
+    """2.4's cheat: the layer's own forward, returned as it is."""
+    with torch.no_grad():
+        return attn(h, cos, sin)
+
+
+def param_counts(config):
+    """2.8's cheat: a decoder built on torch's meta device (no memory), its parameters counted."""
+    from kvlib.core.model import Decoder, counted_params
+
+    with torch.device("meta"):
+        return counted_params(Decoder(config))
+'''
+
+HARD_CODED_05 = '''
+
+def compute_bound_batch(config, kv_len, peak_flops, bandwidth, dtype=None):
+    """The cheat: 5.5's prediction written as the number its docstring's example prints, whatever it is asked."""
+    return 299
+'''
+
+HARD_CODED_06 = '''
+
+def predicted_speedup(config, n_kv_heads, kv_len, batch=1):
+    """The cheat: 6.5's prediction written as the number its try cell prints, whatever it is asked."""
+    return 2.8716
+'''
+
 # module -> student -> (code appended to the reference, exercises kept, {exercise: "full" | 0 | {check: words}})
 BANK = {
+    "generation": {  # 2.3 times the module's own generate: one that reports after its loop leaves TTFT the whole run
+        "cheat-echo": (
+            CHEATS_02,
+            {f"2.{i}" for i in range(1, 9)},
+            {"2.2": {"generate_streams_each_token": "after the loop ended"}, "2.3": 0, "2.4": 0, "2.8": 0},
+        ),
+        "other-ways": (
+            lambda: _alternatives(
+                "generation",
+                {
+                    "2.2": ("test_generation", "generate_token_list"),
+                    "2.4": ("test_generation", "attention_per_head"),
+                    "2.8": ("test_generation", "params_from_shapes"),
+                },
+            ),
+            {f"2.{i}" for i in range(1, 9)},
+            dict.fromkeys(("2.2", "2.4", "2.8"), "full"),
+        ),
+    },
     "fused": {
         "cheat-modes-off": (
             CHEAT_09_MODES_OFF,
@@ -334,6 +397,10 @@ BANK = {
             {"6.1", "6.2"},
             {"6.2": {"grouped_attention_does_not_copy_heads": "scaled_dot_product_attention"}},
         ),
+        "hard-coded": (HARD_CODED_06, {"6.1", "6.2", "6.3", "6.4", "6.5"}, {"6.4": "full", "6.5": 0}),
+    },
+    "roofline": {  # a prediction (issue 46) copied as the number the notebook shows: no point for it, the rest kept
+        "hard-coded": (HARD_CODED_05, {"5.1", "5.2", "5.3", "5.4", "5.5"}, {"5.4": "full", "5.5": 0}),
     },
     "kv_cache": {
         "shortcut-model": (
@@ -457,8 +524,9 @@ def _cells(course, gb, nb: str, student: str) -> dict:
 def test_cheats_and_shortcuts_earn_nothing_and_other_right_ways_everything(graded_sizes, nb):
     """Check, through nbgrader and the isolated child, each submission of BANK: a cheat (work hidden from torch's
     dispatch modes, a caller's frame read, numpy or a thread, torch's fused attention brought back, a design or a
-    prediction copied from the notebook's output: 9.5, 10.5) scores 0 on the cell it targets, or fails the one check it targets, naming the cause, as the same code written without the cheat
-    would; a library shortcut loses the check that the shortcut skips; right code written other ways scores full."""
+    prediction copied from the notebook's output: 9.5, 10.5) scores 0 on the cell it targets, or fails the one
+    check it targets, naming the cause, as the same code written without the cheat would; a library shortcut loses
+    the check that the shortcut skips; right code written other ways scores full."""
     module = dict(ISOLATED)[nb]
     for student, (_, _, want) in BANK[module].items():
         cells = graded_sizes.cells(nb, student)
@@ -482,7 +550,9 @@ def test_scores_come_from_the_isolated_child(graded_sizes, nb):
     scores = graded_sizes(nb)
     correct, max_score = scores["correct"]
     assert max_score > 0 and correct == max_score
-    assert max_score == points(nb)[1], f"{nb}'s maximum is not the points of every part's graded cells (02, 08: two)"
+    assert max_score == points(nb)[1], (
+        f"{nb}'s maximum is not the points of every part's graded cells (02, 04, 08: two)"
+    )
     assert scores["untouched"][0] == 0
     assert scores["patching"][0] == 0
     if "helper" in scores:  # code moved into the learner's own kvlib/my_helpers.py: full marks too

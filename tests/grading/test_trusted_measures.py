@@ -259,7 +259,7 @@ def _shapes():
             "kv_cache",
             {
                 "kv_cache": "from kvlib.my_helpers import KVCache, cached_forward, generate_cached, kv_cache_bytes\n"
-                "from kvlib.my_helpers import cached_attention, decode_step, prefill  # noqa: F401\n",
+                "from kvlib.my_helpers import cached_attention, decode_step, prefill, sequences_that_fit  # noqa: F401\n",
                 "my_helpers": kv,
             },
         ),
@@ -480,6 +480,48 @@ def _only_in_child(
             except Exception as err:  # noqa: BLE001 - any failure scores 0, as in the grader
                 verdicts[name] = describe(err)
     return verdicts
+
+
+# ---------------------------------------------------------------------------------------------
+# Predictions (3.4, 4.6) answered with what the learner's run printed, not with the formula: graded against the
+# count on configurations the notebook never prints, they score 0 on every cell of their exercise
+
+COPIED_PREDICTIONS = {
+    "3.4 the shares notebook 03 prints": (
+        "recompute",
+        '''
+
+def attention_share(config, seq_len):
+    """The attack: the tiny model's shares as the notebook prints them, looked up whatever the config."""
+    return {8: 0.011, 64: 0.085, 512: 0.426}.get(seq_len, 0.5)
+''',
+    ),
+    "4.6 the count notebook 04b prints": (
+        "kv_cache",
+        '''
+
+def sequences_that_fit(config, memory_bytes, seq_len, dtype=torch.float16):
+    """The attack: 30, the count the notebook prints for Llama-2-7B on 80 GB (and for the tiny model in 64 MiB)."""
+    return 30
+''',
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("copied", list(COPIED_PREDICTIONS))
+def test_a_prediction_copied_from_the_run_earns_nothing_in_the_child(copied):
+    """Check that a prediction exercise answered with the numbers the learner's run prints (3.4's shares, 4.6's count)
+    instead of the formula fails every check of its exercise in the isolated child, as autograde runs them."""
+    from kvlib.checks import checks_for
+    from kvlib.course.exercises import BY_ID, EXERCISES
+
+    module, attack = COPIED_PREDICTIONS[copied]
+    reference = (ROOT / "solutions" / "kvlib" / f"{module}.py").read_text(encoding="utf-8")
+    functions = sorted({f"{e.module}.{e.name.split('.')[0]}" for e in EXERCISES if e.module == module})
+    names = [c.name for c in checks_for(BY_ID[copied.split()[0]])]
+    verdicts = _only_in_child(module, reference + attack, functions, names, EARLIER_DONE.get(module, ()))
+    assert len(verdicts) >= 2 and "pass" not in verdicts.values(), verdicts
 
 
 # ---------------------------------------------------------------------------------------------

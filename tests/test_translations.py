@@ -1,0 +1,360 @@
+"""The course in Chinese (zh-CN), built from the English sources: translations that cannot go stale, the glossary's
+terms, the learner's tools in the language (kvlib/app/translate.py, kvlib/course/i18n.py, kvlib/course/hints.py).
+
+Elsewhere, so as to reuse runs the suite makes anyway: the whole release, translated notebooks included, is
+tests/test_course.py's (one nbgrader run); a Chinese submission graded with the English ones, the same scores, is
+tests/grading/test_attacks.py's; a Chinese notebook in JupyterLab's zh-CN interface is tests/test_browser.py's.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import ROOT
+
+from kvlib.app import cli, lab, translate
+from kvlib.app.release import label
+from kvlib.course import hints, i18n, plotting
+
+ZH = "zh-CN"
+TRANSLATED = [s.notebook for s in translate.statuses(ZH) if s.state != "missing"]
+
+
+@pytest.fixture
+def fresh_caches():
+    """Catalogues and hint translations read again (a test points them at files of its own)."""
+    i18n.catalogue.cache_clear()
+    i18n._tables.cache_clear()
+    hints._fresh.cache_clear()
+    yield
+    i18n.catalogue.cache_clear()
+    i18n._tables.cache_clear()
+    hints._fresh.cache_clear()
+
+
+@pytest.fixture
+def chinese(monkeypatch, fresh_caches):
+    monkeypatch.setenv(i18n.ENV, ZH)
+
+
+# ---------------------------------------------------------------------------------------------
+# Notebooks: translations beside the sources, never stale
+
+
+@pytest.mark.parametrize("notebook", translate.english_notebooks(), ids=label)
+def test_notebook_translation_is_of_todays_english(notebook):
+    """Check that a notebook's translation, where there is one, translates today's English of every markdown cell
+    (none changed since, none left out, none of a cell that is gone); a notebook not yet translated is listed as a
+    skip, not failed (the English text is being rewritten: the translations follow it)."""
+    s = translate.status(notebook, ZH)
+    if s.state == "missing":
+        pytest.skip(f"{label(notebook)} is not translated into {ZH} yet: `kvlib course translate` lists the notebooks")
+    assert s.state == "complete", (
+        "\n".join(s.lines()) + f"\ntranslate these cells in {translate._rel(translate.translation_file(notebook, ZH))}"
+    )
+
+
+def _notebook(*cells) -> dict:
+    out = []
+    for i, (kind, cell_id, text) in enumerate(cells):
+        cell = {"cell_type": kind, "id": cell_id, "metadata": {}, "source": text.splitlines(keepends=True)}
+        if kind == "code":
+            cell |= {"outputs": [], "execution_count": None}
+        out.append(cell)
+    return {"cells": out, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+
+
+def test_a_changed_english_cell_is_named_and_shown_in_english(tmp_path, monkeypatch):
+    """Check that editing an English markdown cell makes its translation stale, named by cell id, and that the
+    translated notebook then shows that cell's English under a note, the other cells translated, every code cell and
+    id as in English, the header line in Chinese with the English numbers and its link one folder deeper."""
+    monkeypatch.setattr(translate, "TRANSLATIONS", tmp_path / "translations")
+    path = tmp_path / "solutions" / "99-test" / "test.ipynb"
+    path.parent.mkdir(parents=True)
+    header = "**Time:** core about 41 minutes ([estimated](../../docs/instructors.md#x) for a careful learner)."
+    nb = _notebook(
+        ("markdown", "title", f"# 99 · A test\n\n{header}\n\nOne token, then [the glossary](../../docs/glossary.md)."),
+        ("code", "setup", "x = 1\n"),
+        ("markdown", "prose", "Two keys and a `mask`."),
+    )
+    path.write_text(json.dumps(nb))
+    english = translate.english_cells(nb)
+    assert english["title"] == "# 99 · A test\n\nOne token, then [the glossary](../../docs/glossary.md)."
+    assert translate.status(path, ZH, nb).state == "missing"
+    file = translate.translation_file(path, ZH)
+    file.parent.mkdir(parents=True)
+    body = {
+        "title": "# 99 · 一个测试\n\n一个词元，然后是[术语表](../../docs/glossary.md)。",
+        "prose": "两个键和一个 `mask`。",
+    }
+    file.write_text(
+        "<!-- a note -->\n\n"
+        + "\n\n".join(f"<!-- cell {c} sha256:{translate.cell_hash(english[c])} -->\n{t}" for c, t in body.items())
+    )
+    assert translate.status(path, ZH, nb).state == "complete"
+    built = translate.translated_notebook(path, ZH, nb)
+    title = "".join(built["cells"][0]["source"])
+    assert (
+        title.startswith("# 99 · 一个测试\n\n**时间：** 核心部分约 41 分钟")
+        and "](../../../docs/instructors.md#x)" in title
+    )
+    assert "[术语表](../../../docs/glossary.md)" in title
+    assert [c["id"] for c in built["cells"]] == ["title", "setup", "prose"] and built["cells"][1] == nb["cells"][1]
+    assert built["metadata"]["kvlib"]["lang"] == ZH
+
+    nb["cells"][2]["source"] = ["Three keys and a `mask`."]
+    s = translate.status(path, ZH, nb)
+    assert (s.state, s.stale) == ("stale", ["prose"]) and "cell prose: its English changed" in "\n".join(s.lines())
+    stale = "".join(translate.translated_notebook(path, ZH, nb)["cells"][2]["source"])
+    assert stale == f"{translate.STALE_NOTE[ZH]}\n\nThree keys and a `mask`."
+    nb["cells"].append({"cell_type": "markdown", "id": "new", "metadata": {}, "source": ["More."]})
+    del nb["cells"][0]
+    s = translate.status(path, ZH, nb)
+    assert (s.untranslated, s.gone) == (["new"], ["title"])
+
+
+def test_translated_notebooks_keep_every_code_cell_id_and_grade():
+    """Check that each translated notebook, solution and learner, holds the English one's cells in order: the same
+    ids and types, code cells and their nbgrader metadata identical (so the same autograde grades both), markdown
+    cells' metadata the same but for nbgrader's checksum of their text."""
+    if not TRANSLATED:
+        pytest.skip(f"no notebook is translated into {ZH} yet")
+    for notebook in TRANSLATED:
+        rel = notebook.relative_to(ROOT / "solutions")
+        for folder in ("solutions", "notebooks"):
+            en = json.loads((ROOT / folder / rel).read_text(encoding="utf-8"))
+            zh = json.loads((ROOT / folder / ZH / rel).read_text(encoding="utf-8"))
+            assert [(c["id"], c["cell_type"]) for c in zh["cells"]] == [(c["id"], c["cell_type"]) for c in en["cells"]]
+            for a, b in zip(en["cells"], zh["cells"]):
+                if a["cell_type"] == "code":
+                    assert a["source"] == b["source"] and a["metadata"] == b["metadata"], f"{folder}/{rel} {a['id']}"
+                else:
+                    strip = lambda m: {k: v for k, v in m.get("nbgrader", {}).items() if k != "checksum"}  # noqa: E731
+                    assert strip(a["metadata"]) == strip(b["metadata"]), f"{folder}/{rel} {a['id']}"
+            assert zh["metadata"]["kvlib"]["lang"] == ZH
+
+
+def test_translated_cells_use_the_glossarys_terms_and_keep_numbers_and_code():
+    """Check that every translated cell uses the glossary's Chinese term (either, where it gives two) for each glossary
+    term its English uses, and keeps every number of the English prose and every code span."""
+    if not TRANSLATED:
+        pytest.skip(f"no notebook is translated into {ZH} yet")
+    terms = translate.glossary_terms()
+    problems = [p for notebook in TRANSLATED for p in translate.quality_problems(notebook, ZH, terms)]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_glossary_pairs_each_english_term_with_its_chinese():
+    """Check that docs/glossary.md's tables parse into terms: a row's English list paired with its Chinese list in
+    order, both Chinese terms kept where it gives two, the English column's parentheses left out."""
+    terms = {t.english: t.chinese for t in translate.glossary_terms()}
+    assert len(terms) > 100
+    assert terms["query"] == ("查询",) and terms["value"] == ("值",)
+    assert terms["time to first token"] == ("首字延迟", "首词元时延")
+    assert terms["softmax"] == ("softmax", "归一化指数函数") and terms["GEMV"] == ("矩阵向量乘",)
+    assert terms["saturate"] == ("饱和",) and all(terms.values())
+
+
+def test_term_and_content_problems_name_what_a_translation_lost():
+    """Check the checks a translated cell is held to: a glossary term in any number or case its English uses, a term
+    the cell marks as meant otherwise, numbers (1,555 as 1555 too) and code spans, and text left in English."""
+    terms = [t for t in translate.glossary_terms() if t.english in ("KV cache", "scores", "batch", "kernel")]
+    en = "The KV cache holds 1,555 GB; each score is read per batch with `q @ k.T`, twice."
+    assert translate.term_problems(en, "KV 缓存保存 1555 GB；每个注意力分数按批次读取", terms) == []
+    assert translate.term_problems(en, "缓存保存 1555 GB；每个分数按批读取", terms) == [
+        "'batch' should be 批次",
+        "'KV cache' should be KV 缓存",
+        "'scores' should be 注意力分数",
+    ]  # in the glossary's order
+    assert translate.term_problems("the kv cache of a batch", "缓存", terms, ("batch",)) == []  # case kept: KV
+    assert translate.content_problems(en, "KV 缓存保存 1555 GB，`q @ k.T`，读两次。") == []
+    assert translate.content_problems(en, "KV 缓存保存 GB，读两次。") == [
+        "the number 1555 is not in the translation",
+        "the code `q @ k.T` is not in the translation",
+    ]
+    assert translate.content_problems("Read the keys and the values.", "Read the keys and the values.") == [
+        "it reads as untranslated: 0 Chinese characters for 6 English words"
+    ]
+
+
+def test_links_of_a_translated_notebook_point_one_folder_deeper():
+    """Check that a translated notebook's links reach what the English ones reach, from notebooks/zh-CN/NN-topic/: the
+    README's translation where there is one, a notebook's translation where there is one, else the English file;
+    web links and anchors unchanged."""
+    text = "[g](../../docs/glossary.md#x) [r](../../README.md) [n](../02-generation/generation.ipynb) [w](https://a.b) [a](#c)"
+    two = (
+        "../02-generation/generation.ipynb"
+        if (ROOT / "translations" / ZH / "02-generation").is_dir()
+        else ("../../02-generation/generation.ipynb")
+    )
+    assert translate.rewrite_links(text, "solutions/01-attention", ZH) == (
+        f"[g](../../../docs/glossary.md#x) [r](../../../README.zh-CN.md) [n]({two}) [w](https://a.b) [a](#c)"
+    )
+
+
+def test_translated_documents_translate_todays_english():
+    """Check that README.zh-CN.md's sections are marked with the English section each translates (set-up, the
+    instructors' quick start) and that none has changed since."""
+    docs = translate.translated_documents()
+    assert ROOT / "README.zh-CN.md" in docs
+    problems = [p for doc in docs for p in translate.document_problems(doc)]
+    assert not problems, "\n".join(problems)
+    marked = {m.group(2) for m in translate.DOC_MARKER.finditer((ROOT / "README.zh-CN.md").read_text(encoding="utf-8"))}
+    assert marked >= {"set-up", "for-instructors"}
+
+
+# ---------------------------------------------------------------------------------------------
+# The learner's tools: messages, hints, figures, JupyterLab
+
+
+def test_message_catalogue_translates_todays_english():
+    """Check that each place of the code the zh-CN catalogue names is translated in full from today's English (a
+    text changed or gone is named), every translation keeping its English's fields, the same English translated
+    the same everywhere; the places not yet translated are listed, not failed."""
+    status = translate.catalogue_status(ZH)
+    assert not status.stale, "\n".join(p for problems in status.stale.values() for p in problems)
+    assert "kvlib/course/hints.py::show" in status.complete and "kvlib/app/cli.py::_table" in status.complete
+    seen: dict[str, tuple[str, str]] = {}
+    for scope, entries in i18n.catalogue(ZH).items():
+        for en, zh in entries.items():
+            assert seen.setdefault(en, (scope, zh))[1] == zh, (
+                f"{en!r}: {seen[en][0]} says {seen[en][1]!r}, {scope} {zh!r}"
+            )
+
+
+def test_chinese_messages_fill_in_their_fields_and_the_rest_stays_english(chinese, monkeypatch):
+    """Check tr() and translate() with KVLIB_LANG=zh-CN: named fields, an f-string's template matched with its fields
+    moved, a message without a translation unchanged; English by default; an unknown language a clear error."""
+    assert hints.stuck("1.1") == "（卡住了？运行 kvlib hint 1.1）"
+    assert (
+        i18n.translate("still running after 3.5 s: look for an endless loop")
+        == "运行 3.5 秒后仍未结束：检查是否有死循环"
+    )
+    assert i18n.translate("Most weight on AI (58%)") == "权重最大的是 AI（58%）"
+    assert i18n.translate("nothing we translate") == "nothing we translate"
+    monkeypatch.delenv(i18n.ENV)
+    assert hints.stuck("1.1") == "(stuck? kvlib hint 1.1)"
+    monkeypatch.setenv(i18n.ENV, "fr")
+    with pytest.raises(ValueError, match=r"KVLIB_LANG='fr' is not a language of the course: use one of en, zh-CN"):
+        i18n.language()
+
+
+def test_kvlib_check_and_hint_in_chinese(chinese, capsys, monkeypatch, learner_mode, tmp_path):
+    """Check `kvlib check` and `kvlib hint` with KVLIB_LANG=zh-CN: the table's headings, status and message in
+    Chinese, columns counted as a terminal shows them; a hint not yet translated shown in English under a line that
+    says so; KVLIB_LANG=fr a one-line error, exit 2."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "100")
+    assert cli.main(["check", "1.1"]) == 1
+    out = capsys.readouterr().out
+    assert "编号  状态" in out and "待完成" in out and "尚未开始：请在 kvlib/attention.py 中实现 softmax" in out
+    assert "1 个练习中有 0 个通过" in out
+    assert cli.main(["hint", "1.1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("（这些提示还没有中文版，以下是英文原文。）") or out.startswith("练习 1.1")
+    assert "提示 1/" in out and "（下一条：kvlib hint 1.1）" in out
+    monkeypatch.setenv(i18n.ENV, "fr")
+    assert cli.main(["check", "1.1"]) == 2
+    assert (
+        capsys.readouterr().err.strip()
+        == "kvlib check: KVLIB_LANG='fr' is not a language of the course: use one of en, zh-CN"
+    )
+
+
+def test_translated_hints_are_shown_only_while_fresh(chinese, monkeypatch, tmp_path, learner_mode):
+    """Check a hint translation: shown (its title in `kvlib check` too) while its hash is that of today's English
+    section; once the English changes, named stale, and the English shown instead, under the note."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (tmp_path / ZH / "hints").mkdir(parents=True)
+    (tmp_path / ZH / "messages.json").write_bytes(i18n.catalogue_file(ZH).read_bytes())
+    monkeypatch.setattr(i18n, "LOCALE_DIR", tmp_path)
+    english = hints.load()["1.1"]
+    levels = "\n".join(f"{i}. 第 {i} 条" for i in range(1, len(english.levels) + 1))
+    file = tmp_path / ZH / "hints" / "attention.md"
+    file.write_text(
+        f"# Hints for kvlib/attention.py (notebook 01)\n\n## 1.1 稳定的 softmax <!-- sha256:{hints.section_hash(english)} -->\n{levels}\n"
+    )
+    assert hints.translation_status(ZH)["1.1"] == "fresh" and hints.translation_status(ZH)["1.2"] == "missing"
+    assert hints.show("1.1", level=1).startswith(f"练习 1.1（稳定的 softmax），提示 1/{len(english.levels)}")
+    assert hints.exercise_title(hints.BY_ID["1.1"]) == "稳定的 softmax"
+    assert "<summary>提示 1/" in hints.notebook_block("1.1")
+    file.write_text(file.read_text().replace(hints.section_hash(english), "0" * 12))
+    hints._fresh.cache_clear()
+    assert hints.translation_status(ZH)["1.1"] == "stale"
+    shown = hints.show("1.1", level=1)
+    assert shown.startswith("（这些提示还没有中文版") and english.levels[0].splitlines()[0] in shown
+
+
+def test_hint_translations_are_of_todays_english():
+    """Check that every translated hint section (kvlib/course/locale/zh-CN/hints/) translates today's English section,
+    with as many levels, its title and levels held to the glossary's terms, the numbers and the code as a notebook's
+    cells are; exercises not yet translated show in English."""
+    status = hints.translation_status(ZH)
+    stale = [ex for ex, s in status.items() if s == "stale"]
+    assert not stale, f"hints whose English changed since they were translated: {stale}"
+    problems = translate.hint_problems(ZH)
+    assert not problems, "\n".join(problems)
+
+
+def test_figures_speak_chinese_only_where_a_font_draws_it(chinese, monkeypatch):
+    """Check a figure with KVLIB_LANG=zh-CN: its title and axis labels in Chinese where a CJK font is installed, in
+    English where none is (the tokens in pinyin), never a glyph missing (an empty box) either way."""
+    probs = np.tril(np.ones((3, 3))) / np.arange(1, 4)[:, None]
+    fig = plotting.causal_attention_heatmap(["我", "爱", "AI"], probs)
+    texts = {t.get_text() for t in fig.findobj(plotting.Text)}
+    if plotting.cjk_font() is not None:
+        assert {"每个词元只关注自己和它之前的词元", "键（被关注的词元）", "我"} <= texts
+    else:
+        assert {"Each token attends only to itself and earlier tokens", "wǒ"} <= texts
+    assert plotting.missing_glyphs(fig) == []
+    plotting.cjk_font.cache_clear()
+    monkeypatch.setattr(plotting, "cjk_font", lambda: None)
+    fig = plotting.causal_attention_heatmap(["我", "爱", "AI"], probs)
+    assert "key (attended to)" in {t.get_text() for t in fig.findobj(plotting.Text)}
+
+
+def test_lab_lang_sets_the_kernels_language_and_jupyterlabs(tmp_path, capsys):
+    """Check `kvlib lab --lang zh-CN`'s parts: JupyterLab's default interface language zh_CN (a default: the
+    learner's own choice wins), whose language pack jupyterlab_server finds; KVLIB_LANG for every kernel; the
+    translated notebooks opened, an untranslated one in English, saying so."""
+    from jupyterlab_server.translation_utils import get_language_packs
+
+    config = lab.write_learner_config(tmp_path / "zh", ZH)
+    overrides = json.loads((config / "labconfig" / "default_setting_overrides.json").read_text())
+    assert overrides == {lab.TRANSLATION_PLUGIN: {"locale": "zh_CN"}}
+    assert not (lab.write_learner_config(tmp_path / "en") / "labconfig" / "default_setting_overrides.json").exists()
+    assert lab.language_pack_missing(ZH) is None and "zh_CN" in get_language_packs()[0]
+    assert lab.lab_env(config, reference=False, base={}, lang=ZH)[i18n.ENV] == ZH
+    assert lab.language_folder("notebooks", "en", "01") == "notebooks"
+    if TRANSLATED:
+        first = TRANSLATED[0].parent.name[:2]
+        assert lab.language_folder("notebooks", ZH, first) == f"notebooks/{ZH}"
+    untranslated = next(s for s in translate.statuses(ZH) if s.state == "missing").notebook
+    assert lab.language_folder("notebooks", ZH, untranslated.parent.name[:2]) == "notebooks"
+    assert "is not translated into zh-CN yet" in capsys.readouterr().out
+
+
+def test_course_init_in_chinese_puts_the_translated_notebooks_in_source(tmp_path):
+    """Check that `kvlib course init --lang zh-CN` puts each translated solution notebook in source/ in its English
+    one's place (the same name, so the same assignment), and the others in English."""
+    from kvlib.app.course_folder import plan
+
+    files = plan(tmp_path, lang=ZH)
+    for notebook in translate.english_notebooks():
+        rel = notebook.relative_to(ROOT / "solutions")
+        translated = ROOT / "solutions" / ZH / rel
+        want = translated if notebook in TRANSLATED else notebook
+        assert files[tmp_path / "source" / rel] == want.read_bytes(), rel
+
+
+def test_locale_files_ship_as_package_data():
+    """Check that pyproject ships kvlib/course/locale's catalogues and hint translations with the package."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    globs = config["tool"]["setuptools"]["package-data"]["kvlib.course"]
+    shipped = {p for g in globs for p in (ROOT / "kvlib" / "course").glob(g)}
+    files = {p for p in i18n.LOCALE_DIR.rglob("*") if p.is_file()}
+    assert files and files <= shipped, sorted(files - shipped)
