@@ -390,6 +390,22 @@ def tiled_last_tile_masked(q, k, v, tile):
     return _tiled(q, k, v, tile, masked="last")
 
 
+def tiled_past_kv_len(q, k, v, tile):  # key tiles up to one past the last query's: past kv_len at the end
+    T, S, D = q.shape[2], k.shape[2], q.shape[3]
+    out = torch.empty(q.shape)
+    for i0 in range(0, T, tile):
+        qi, rows = q[:, :, i0 : i0 + tile] / math.sqrt(D), S - T + i0 + torch.arange(min(tile, T - i0))
+        m, l, acc = torch.full(qi.shape[:3], float("-inf")), torch.zeros(qi.shape[:3]), torch.zeros(qi.shape)
+        for j0 in range(0, S - T + i0 + qi.shape[2] + tile, tile):
+            kj, vj = k[:, :, j0 : j0 + tile], v[:, :, j0 : j0 + tile]
+            s = (qi @ kj.transpose(-2, -1)).masked_fill(rows[:, None] < j0 + torch.arange(kj.shape[2]), float("-inf"))
+            new = torch.maximum(m, s.amax(-1))
+            p, rescale = torch.exp(s - new[..., None]), torch.exp(m - new)
+            l, acc, m = l * rescale + p.sum(-1), acc * rescale[..., None] + p @ vj, new
+        out[:, :, i0 : i0 + qi.shape[2]] = acc / l[..., None]
+    return out
+
+
 def tiled_float64_out(q, k, v, tile):  # right values, float64 out
     return _tiled(q.double(), k.double(), v.double(), tile).double()
 
@@ -616,6 +632,7 @@ SLIPS = [
     ("9.2", "tiled_attention", tiled_float64_out, "returned torch.float64 for torch.float32 inputs"),
     ("9.2", "tiled_attention", tiled_query_stripe, "one tile of 8 queries against all the 176 or more keys"),
     ("9.2", "tiled_attention", tiled_sdpa_per_query_tile, "ran torch's fused attention"),
+    ("9.2", "tiled_attention", tiled_past_kv_len, "its key tiles run past the last key"),
     ("9.3", "merge_partials", merge_mean, "averaged"),
     ("9.3", "merge_partials", merge_max_lse, "largest lse_c"),
     ("9.3", "merge_partials", merge_no_shift, "subtract the largest lse"),

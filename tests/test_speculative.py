@@ -338,7 +338,7 @@ def _generate(model, drafter, input_ids, max_new_tokens, gamma, eos_token=None, 
             logits, _ = model(torch.tensor([[new[-1]]]), past_key_values=cache)
             new.append(int(logits[0, -1].argmax()))
             continue
-        k = gamma if mode == "no_clip" else min(gamma, max_new_tokens - len(new) - 1)
+        k = gamma if mode in ("no_clip", "too_many") else min(gamma, max_new_tokens - len(new) - 1)
         draft = drafter.propose(prompt + new, k)[:k] if k else []
         if mode == "no_cache":
             logits = model(torch.tensor([prompt + new + draft]))
@@ -556,7 +556,8 @@ SLIPS = [
     ("10.2", "speculative_generate", _mode("no_cache"), "without the cache"),
     ("10.2", "speculative_generate", _mode("no_bonus"), "the model's own next token"),
     ("10.2", "speculative_generate", _mode("eos_inside"), "after eos_token"),
-    ("10.2", "speculative_generate", _mode("eos_cache_kept"), "rejected drafts stay"),
+    ("10.2", "speculative_generate", _mode("eos_cache_kept"), "the drafts accepted after it in the same pass stay"),
+    ("10.2", "speculative_generate", _mode("too_many"), "too many. A round keeps its accepted drafts"),
     ("10.2", "speculative_generate", _mode("no_reset"), "reset it first"),
     ("10.2", "speculative_generate", _mode("eos_in_prompt"), "eos_token is in the prompt"),
     ("10.3", "accept_sampled", accept_topk, "top-k"),

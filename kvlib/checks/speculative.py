@@ -288,6 +288,13 @@ def _generate_case(sp, decoder, prompt, n_new, gamma, spoil=True, eos=None, cach
             f"{label}: generation stopped after {len(got)} token(s), {len(want)} expected: eos_token is in the "
             f"prompt, and only an end token the model makes ends the text; look for it among the new tokens{hint}"
         )
+    if isinstance(got, list) and len(got) > len(want) and got[: len(want)] == want:
+        extra = len(got) - len(want)
+        raise AssertionError(
+            f"{label}: {len(got)} new tokens returned, {len(want)} wanted: greedy decoding's tokens, and {extra} too "
+            f"many. A round keeps its accepted drafts and the model's own token, so it can run past max_new_tokens "
+            f"unless it drafts at most the tokens still wanted, minus 1 (or the text is cut to max_new_tokens){hint}"
+        )
     assert got == want, f"{label}: the tokens differ from greedy decoding's: got {got}, expected {want}{hint}"
     if not all(had for _, had, _ in calls):
         raise AssertionError(f"{label}: the model ran without the cache: prefill once, then verify through it{hint}")
@@ -310,7 +317,14 @@ def _generate_case(sp, decoder, prompt, n_new, gamma, spoil=True, eos=None, cach
     if cache is None:  # the learner's own cache: its content is not the check's to read
         return
     assert cache.pos > 0 or len(want) == 1, f"{label}: the cache handed in (cache=...) was never used{hint}"
-    problem = _cache_diagnosis(cache, len(prompt) + len(want) - 1, hint)
+    want_pos = len(prompt) + len(want) - 1
+    if eos is not None and want and want[-1] == eos and cache.pos > want_pos:
+        raise AssertionError(
+            f"{label}: on return, the cache holds {cache.pos} tokens, {want_pos} expected: the text ends at eos_token, "
+            f"but the drafts accepted after it in the same pass stay in the cache: truncate it to the prompt and the "
+            f"new tokens up to eos_token, all but the last{hint}"
+        )
+    problem = _cache_diagnosis(cache, want_pos, hint)
     assert problem is None, f"{label}: on return, {problem}"
     assert _same_contents(cache, reference, cache.pos), (
         f"{label}: the cache's keys and values differ from those plain cached decoding leaves{hint}"
