@@ -572,8 +572,9 @@ def splits_numpy(kv_len, n_kv_heads, batch, n_sms):  # the model vectorised, an 
 
 
 def splits_largest_within(kv_len, n_kv_heads, batch, n_sms):  # not the best: the most splits still within 1.1
-    steps = [fused.split_steps(kv_len, n_kv_heads, batch, n_sms, n) for n in range(1, kv_len + 1)]
-    return max(n for n, s in enumerate(steps, 1) if s <= 1.1 * min(steps))
+    steps = [math.ceil(batch * n_kv_heads * n / n_sms) * math.ceil(kv_len / n) + n for n in range(1, kv_len + 1)]
+    fewest = min(steps)
+    return max(n for n, s in enumerate(steps, 1) if s <= 1.1 * fewest)
 
 
 def splits_none(kv_len, n_kv_heads, batch, n_sms):
