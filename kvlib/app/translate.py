@@ -526,14 +526,16 @@ def _scopes(tree: ast.Module):
             yield name, node
 
 
-def _docstring_first_line(fn) -> str | None:
-    doc = ast.get_docstring(fn)
-    return doc.strip().splitlines()[0] if doc else None
+def _check_summary(fn) -> str | None:
+    """What a check prints for itself (kvlib.checks.summary: its docstring's first paragraph, on one line)."""
+    from kvlib.checks import summary  # noqa: PLC0415 (start-up time: kvlib.checks loads numpy and the exercise table)
+
+    return summary(ast.get_docstring(fn)) or None
 
 
 def english_texts(rel: str, source: str) -> dict[str, set[str]]:
     """The texts of one source file the catalogue translates, by scope ("rel::function", or rel at module level):
-    every tr() call's text; in kvlib/checks/ each @check function's docstring line and every assert's or raise's
+    every tr() call's text; in kvlib/checks/ each @check function's summary (its docstring's first paragraph) and every assert's or raise's
     message; in the figures' files each text drawn on a figure (_FIGURE_CALLS, _FIGURE_KEYWORDS, _FIGURE_NAMES)."""
     tree = ast.parse(source)
     checks, figures = rel.startswith("kvlib/checks/"), rel in _FIGURE_FILES or rel.endswith(".ipynb")
@@ -552,7 +554,7 @@ def english_texts(rel: str, source: str) -> dict[str, set[str]]:
             if isinstance(node, ast.FunctionDef) and any(
                 isinstance(d, ast.Call) and getattr(d.func, "id", None) == "check" for d in node.decorator_list
             ):
-                add(scope, [_docstring_first_line(node)])
+                add(scope, [_check_summary(node)])
             if isinstance(node, ast.Assert) and node.msg is not None:
                 add(scope, _strings(node.msg))
             if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):

@@ -35,7 +35,14 @@ class Check:
 
     @property
     def doc(self) -> str:
-        return (self.fn.__doc__ or "").strip().splitlines()[0]
+        return summary(self.fn.__doc__)
+
+
+def summary(doc: str | None) -> str:
+    """A docstring's first paragraph on one line: what `kvlib check` and a graded cell print for a check (a first
+    line that wraps would print half a sentence), and the text kvlib/course/locale's catalogues translate."""
+    paragraph = (doc or "").strip().split("\n\n")[0]
+    return " ".join(line.strip() for line in paragraph.splitlines())
 
 
 CHECKS: dict[str, Check] = {}  # by name, in registration (= course) order
@@ -318,4 +325,5 @@ __all__ = [
     "grade",
     "run",
     "run_exercise",
+    "summary",
 ]

@@ -162,6 +162,14 @@ CLAIMS: tuple[Claim, ...] = (
         "a decode step reads the weights once whatever the batch (below the ridge, the roofline predicts 64 times)",
     ),
     Claim(
+        "05b.step-grows-below-ridge",
+        "Below the ridge, where the roofline gives every batch the same step time, does a larger batch's step take "
+        "longer than batch 1's?",
+        "above",
+        "on a CPU the routine, not the bytes, sets the step: torch hands one row to a matrix-vector routine and several "
+        "to a matrix-matrix one, each at its own rate (notebook 05b's timing model is far below its roof)",
+    ),
+    Claim(
         "05b.tall-weights-column-major",
         "Does one core stream GPT-2 small's widening MLP weight faster stored column after column, the order "
         "kvlib's Decoder gives tall weights, than row after row?",
@@ -187,6 +195,22 @@ CLAIMS: tuple[Claim, ...] = (
         "Does GQA-2's decode step at 8k cached tokens speed up as much as the bytes it reads shrink (Exercise 6.5)?",
         "below",
         "a step also pays a cost per operation (Python, small kernels) that sharing key/value heads does not shrink",
+    ),
+    Claim(
+        "06a.fixed-parts-differ",
+        "Is GQA-2's fixed part (the intercept of its line over kv_len) lower than MHA's by more than the time k_proj and "
+        "v_proj's bytes take, the only weights sharing shrinks?",
+        "above",
+        "each way's line is fitted on its own, and a step need not pay the same per cached token at 4k as at 8k: the "
+        "reference runs' intercepts differ by 1-2.5 ms against 0.2 ms of k_proj and v_proj (docs/benchmarks.md)",
+    ),
+    Claim(
+        "06a.cache-part-shrinks-less",
+        "From 4k to 8k cached tokens, does MHA's step grow by less than 4 times GQA-2's growth, though it adds 4 "
+        "times the cache bytes?",
+        "below",
+        "the grouped product meets each cached number with a group of queries, a small matrix-matrix product one core "
+        "runs at another rate than MHA's matrix-vector one (docs/benchmarks.md: 11.7 against 22.0 GB/s)",
     ),
     # --- 06b quality
     Claim(
