@@ -23,7 +23,7 @@ from kvlib.core.cache import attention_through_cache
 from kvlib.core.configs import gqa_bench_config
 from kvlib.core.model import Decoder
 from kvlib.measure import timing
-from kvlib.measure.machine import measure_bandwidth
+from kvlib.measure.machine import last_level_cache, measure_bandwidth
 from kvlib.measure.timing import new_tensors
 from kvlib.variants.gqa_attention import BENCH_ATTENTION, decode_bytes
 
@@ -302,6 +302,38 @@ def bench_gqa(
             }
             for (h, method), split in fixed.items()
         ],
+    }
+
+
+def projection_seconds(kv_heads=(8, 2), rounds: int = 7, threads: int = 1) -> dict:
+    """Seconds of one decode step's k_proj and v_proj products alone, every layer of the timing model, per n_kv_heads.
+
+    The only weights sharing key/value heads shrinks: notebook 06 sets their time beside the difference of two ways'
+    fixed parts. Each n_kv_heads once per round, rounds interleaved after a warm-up, the CPU's caches flushed before
+    each (twice the last-level cache is streamed, or 64 MiB where it is not listed), as a long-context step's other
+    reads flush them. One token, float32, the Decoder's own modules (kvlib.core.model.decode_layout's memory order).
+    Returns {"seconds": {n_kv_heads: each round's seconds}, "bytes": {n_kv_heads: the two weights' bytes, all layers}}.
+    """
+    flush = torch.ones(max(64 << 20, 2 * (last_level_cache() or 0)) // 4)
+    x = torch.randn(1, 1, gqa_bench_config().d_model)
+    projections = {}
+    for h in kv_heads:
+        torch.manual_seed(0)
+        layers = Decoder(gqa_bench_config(h)).eval().layers
+        projections[h] = [p for layer in layers for p in (layer.attn.k_proj, layer.attn.v_proj)]
+    seconds = {h: [] for h in kv_heads}
+    with timing.num_threads(threads), torch.inference_mode():
+        for r in range(rounds + 1):  # round 0 warms up
+            for h, modules in projections.items():
+                flush.add_(1.0)
+                start = time.perf_counter()
+                for module in modules:
+                    module(x)
+                if r:
+                    seconds[h].append(time.perf_counter() - start)
+    return {
+        "seconds": seconds,
+        "bytes": {h: sum(p.weight.nbytes for p in modules) for h, modules in projections.items()},
     }
 
 

@@ -333,8 +333,8 @@ def lift_roof(peak: float, bandwidth: float, points) -> tuple[float, float, list
 def last_level_cache(cpu: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
     """Bytes of the CPU's last-level cache (the highest level Linux lists for cpu0), or None where it is not listed.
 
-    A memory-bound step's bytes come from DRAM only where they do not fit there: notebook 06 prints it beside the
-    caches it times. Example: last_level_cache() -> 33554432 on a CPU with a 32 MiB L3
+    What a benchmark streams to flush it before a timed read that must come from memory, as in a long-context step
+    (kvlib.measure.bench_gqa.projection_seconds). Example: last_level_cache() -> 33554432 on a CPU with a 32 MiB L3
     """
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     best = None
