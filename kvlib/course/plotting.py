@@ -1352,7 +1352,7 @@ def fused_memory(memory_rows=None, decode_rows=None, *, note=None):
     if not panels:
         raise ValueError("fused_memory needs memory_rows, decode_rows or both")
     with style():
-        fig, axes = plt.subplots(1, len(panels), figsize=(6.8 * len(panels), 6), squeeze=False)
+        fig, axes = plt.subplots(1, len(panels), figsize=(6.75 * len(panels), 6), squeeze=False)
         axes = list(axes[0])
         fig.subplots_adjust(left=0.08 * 2 / len(panels), right=0.98, bottom=0.27 if note else 0.2, top=0.8, wspace=0.3)
         if memory_rows:
