@@ -39,10 +39,9 @@ class Check:
 
 
 def summary(doc: str | None) -> str:
-    """A docstring's first paragraph on one line: what `kvlib check` and a graded cell print for a check (a first
-    line that wraps would print half a sentence), and the text kvlib/course/locale's catalogues translate."""
-    paragraph = (doc or "").strip().split("\n\n")[0]
-    return " ".join(line.strip() for line in paragraph.splitlines())
+    """The property a check states: its docstring's first paragraph on one line (a first line may wrap mid-sentence),
+    what `kvlib check` and a graded cell print, and the text kvlib/course/locale's catalogues translate."""
+    return " ".join((doc or "").strip().split("\n\n")[0].split())
 
 
 CHECKS: dict[str, Check] = {}  # by name, in registration (= course) order

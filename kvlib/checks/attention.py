@@ -75,10 +75,25 @@ def _attention(q, k, v, mask=None, scale=None):
 # 1.1 softmax
 
 
+def _name_the_normalisation(probs, scores) -> None:
+    """Fail naming the cause, if softmax's answer is zeros, the scores echoed, or exponentials not divided by their
+    own row's sum."""
+    e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    for wrong, message in (
+        (np.zeros_like(scores), "softmax returned zeros: weights are positive and each row sums to 1"),
+        (scores, "softmax returned the scores unchanged: exponentiate them, then divide each row by its sum"),
+        (e, "the exponentials are not divided by their row's sum: each row of weights should sum to 1"),
+        (e / e.sum(), "every row was divided by the sum of the whole array: divide each row by its own sum (axis=-1)"),
+    ):
+        if _close(probs, wrong) and not _close(wrong, torch.softmax(_t(scores), dim=-1).numpy()):
+            raise AssertionError(message)
+
+
 @check("1.1")
 def softmax_reproduces_seed(kv, rng):
     """Check that softmax of the example's scores [1, 1, 2] is [0.212, 0.212, 0.576]."""
     probs = _array("softmax([1, 1, 2])", kv.softmax(np.array([1.0, 1.0, 2.0])), (3,))
+    _name_the_normalisation(probs, np.array([1.0, 1.0, 2.0]))
     assert _close(probs, SEED_PROBS, 1e-4), (
         f"softmax([1, 1, 2]) should be [0.212, 0.212, 0.576], got {np.round(probs, 3)}"
     )
@@ -97,8 +112,11 @@ def softmax_matches_torch(kv, rng):
         return
     if _close(probs, wrong_axis):
         raise AssertionError("softmax normalised over axis -2: it must run over the last axis (axis=-1)")
+    _name_the_normalisation(probs, scores)
     if not _close(probs.sum(axis=-1), np.ones(scores.shape[:-1])):
-        raise AssertionError("the rows of softmax (along axis=-1) should each sum to 1; did you forget keepdims=True?")
+        raise AssertionError(
+            f"the rows of softmax (along axis=-1) should each sum to 1, got sums {np.round(probs.sum(axis=-1).ravel()[:4], 3)}..."
+        )
     raise AssertionError(f"softmax differs from torch.softmax(x, dim=-1) by up to {np.abs(probs - expected).max():.2g}")
 
 
