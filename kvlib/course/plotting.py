@@ -839,28 +839,25 @@ def bytes_against_kv_len(
                     color=colors[i % len(colors)],
                 )
             crossings.append((batch, cross))
+        marks = []  # (tokens, line style, label, height in the axes, alignment): the context in the room at the top
         if sliding_window is not None and n[0] <= sliding_window <= n[-1]:
-            ax.axvline(sliding_window, ls=":", lw=1.5, color="grey")
-            ax.annotate(
-                f"sliding window: {sliding_window:,} tokens,\nthe cache stops growing",
-                (sliding_window, 0.03),
-                xycoords=("data", "axes fraction"),
-                xytext=(6, 0),
-                textcoords="offset points",
-                fontsize=11,
-                color="grey",
-            )
+            window_label = f"sliding\nwindow:\n{sliding_window:,}\ntokens"  # narrow: a context line may follow it
+            marks.append((sliding_window, ":", window_label, 0.03, "bottom"))
         if context is not None and n[0] < context < n[-1]:
             ax.axvspan(context, n[-1], color="grey", alpha=0.1, lw=0)
-            ax.axvline(context, ls="--", lw=1.5, color="grey")
+            context_label = f"trained on {context:,} tokens:\npast it, a what-if"
+            marks.append((context, "--", context_label, 0.97, "top"))
+        for x, ls, label, y, va in marks:
+            ax.axvline(x, ls=ls, lw=1.5, color="grey")
             ax.annotate(
-                f"trained on {context:,} tokens:\npast it, a what-if",
-                (context, 0.14),
+                label,
+                (x, y),
                 xycoords=("data", "axes fraction"),
                 xytext=(6, 0),
                 textcoords="offset points",
                 fontsize=11,
                 color="grey",
+                va=va,
             )
         ax.set_xlabel("kv_len (tokens of context, per sequence)")
         ax.set_ylabel("memory (GB)")
