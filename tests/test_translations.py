@@ -8,15 +8,19 @@ tests/grading/test_attacks.py's; a Chinese notebook in JupyterLab's zh-CN interf
 
 from __future__ import annotations
 
+import functools
+import importlib
 import json
+import re
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import ROOT, check_failures
 
 from kvlib.app import cli, lab, translate
 from kvlib.app.release import label
 from kvlib.course import hints, i18n, plotting
+from kvlib.course.exercises import LEARNER_MODULES
 
 ZH = "zh-CN"
 TRANSLATED = [s.notebook for s in translate.statuses(ZH) if s.state != "missing"]
@@ -239,6 +243,43 @@ def test_chinese_messages_fill_in_their_fields_and_the_rest_stays_english(chines
     monkeypatch.setenv(i18n.ENV, "fr")
     with pytest.raises(ValueError, match=r"KVLIB_LANG='fr' is not a language of the course: use one of en, zh-CN"):
         i18n.language()
+
+
+@functools.cache
+def _checks_translated(module: str) -> bool:
+    """Whether every place of kvlib/checks/<module>.py that has texts is translated in full from today's English."""
+    status = translate.catalogue_status(ZH)
+    places = [
+        s for s in [*status.complete, *status.missing, *status.stale] if s.startswith(f"kvlib/checks/{module}.py")
+    ]
+    return bool(places) and set(places) <= set(status.complete)
+
+
+_ENGLISH_RUN = re.compile(r"(?:[A-Za-z]{2,}[,.;:!?]?\s+){2,}[A-Za-z]{2,}")  # three English words in a row
+
+
+@pytest.mark.parametrize("module", LEARNER_MODULES)
+def test_slips_are_named_in_chinese(module, chinese):
+    """Check that once a module's check messages are translated, each likely slip that tests/test_<module>.py names
+    (SLIPS) fails with a message that reads in Chinese as `kvlib check` shows it, the texts it is built from (which
+    input, what the slip is called) translated too: no run of three English words is left, but in an error that the
+    learner's own code raised (torch's, quoted)."""
+    if not _checks_translated(module):
+        pytest.skip(f"kvlib/checks/{module}.py's messages are not translated into {ZH} yet")
+    tests = importlib.import_module(f"test_{module}")
+    left = []
+    for where, replaced, *_ in tests.SLIPS:
+        with np.errstate(all="ignore"):
+            failures = check_failures(where, tests._module(**replaced))
+        assert failures, f"{where} passed a wrong implementation"
+        name, err = failures[0]
+        if not isinstance(err, AssertionError):
+            continue  # raised in the learner's code, in its own words
+        shown = i18n.translate(str(err))  # as kvlib check and the graded cells show a check's message
+        if err.__cause__ is not None:
+            shown = shown.replace(str(err.__cause__), " ")
+        left += [f"{name}: {run!r} in {shown!r}" for run in _ENGLISH_RUN.findall(shown)]
+    assert not left, "English left in translated messages:\n" + "\n".join(left)
 
 
 def test_kvlib_check_and_hint_in_chinese(chinese, capsys, monkeypatch, learner_mode, tmp_path):
