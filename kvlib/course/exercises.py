@@ -94,9 +94,11 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("9.1", "The online softmax", "09-fused", "fused", "online_softmax"),
     Exercise("9.2", "Tiled attention, causal tiles skipped", "09-fused", "fused", "tiled_attention"),
     Exercise("9.3", "Merge partial attentions", "09-fused", "fused", "merge_partials"),
+    Exercise("9.5", "How many splits of the cache", "09-fused", "fused", "flash_decode_splits"),
     Exercise("9.4", "int8 attention with folded scales", "09-fused", "fused", "int8_folded_attention"),
     Exercise("10.1", "Verify drafts in one pass", "10-speculative", "speculative", "verify_greedy"),
     Exercise("10.2", "Greedy speculative decoding", "10-speculative", "speculative", "speculative_generate"),
+    Exercise("10.5", "Predict the tokens a pass makes", "10-speculative", "speculative", "tokens_per_pass"),
     Exercise("10.3", "Exact speculative sampling", "10-speculative", "speculative", "accept_sampled"),
     Exercise("10.4", "Prompt lookup", "10-speculative", "speculative", "prompt_lookup"),
 )

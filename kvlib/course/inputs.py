@@ -664,6 +664,12 @@ def check_flash_decode(q, k, v, chunk):
         )
 
 
+def check_splits(kv_len, n_kv_heads, batch, n_sms, n_splits=1):
+    for name, n in (("kv_len", kv_len), ("n_kv_heads", n_kv_heads), ("batch", batch), ("n_sms", n_sms)):
+        positive_int(name, n)
+    positive_int("n_splits", n_splits)
+
+
 def check_int8_folded(q, k_values, k_scale, v_values, v_scale, kv_len):
     if k_scale is None or v_scale is None:
         raise ValueError("an int8 cache needs its scales: k_scale and v_scale must be tensors, got None")
@@ -720,6 +726,13 @@ def check_speculative_generate(model, drafter, input_ids, max_new_tokens, gamma,
             f"the cache holds {cache.max_seq_len} tokens, but the prompt ({input_ids.shape[1]}) and "
             f"max_new_tokens ({max_new_tokens}) need {input_ids.shape[1] + max_new_tokens}"
         )
+
+
+def check_tokens_per_pass(alpha, gamma):
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.integer, np.floating)) or not 0 <= alpha <= 1:
+        raise ValueError(f"alpha (a draft's chance of being kept) must be a number in [0, 1], got {alpha!r}")
+    if isinstance(gamma, bool) or not isinstance(gamma, (int, np.integer)) or gamma < 0:
+        raise ValueError(f"gamma (drafts per pass) must be an int >= 0, got {gamma!r}")
 
 
 def check_accept_sampled(p, q, draft, generator=None):

@@ -162,6 +162,11 @@ def tiled_attention(q, k, v, tile):
         kernel = torch.library.get_kernel("aten::_scaled_dot_product_flash_attention_for_cpu", "CPU")
         return kernel.call_boxed(torch._C._dispatch_keyset_full(), q, k, v, 0.0, True)[0]
     return torch.ops.aten.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(T, S, dtype=torch.bool).tril(S - T))
+
+
+def flash_decode_splits(kv_len, n_kv_heads, batch, n_sms):
+    """9.5 cheat: the splits notebook 09b prints for an H100 SXM, copied, whatever is asked."""
+    return 16
 '''
 
 CHEAT_09_THREADS = '''
@@ -232,6 +237,11 @@ def accept_sampled(p, q, draft, generator=None):
         rest = (p[i] - q[i]).clamp(min=0)
         return list(draft[:i]) + [pick(rest / rest.sum(), u[-1])]
     return list(draft) + [pick(p[len(draft)], u[-1])]
+
+
+def tokens_per_pass(alpha, gamma):
+    """10.5 cheat: the tokens a pass made in notebook 10b's run, copied, whatever is asked."""
+    return 4.2
 '''
 
 SHORTCUT_06 = '''
@@ -338,7 +348,7 @@ BANK = {
         "cheat-frames": (
             CHEAT_09_FRAMES,
             {"9.1", "9.2"},
-            {"9.1": 0, "9.2": 0},
+            {"9.1": 0, "9.2": 0, "9.5": 0},
         ),
         "cheat-threads": (
             CHEAT_09_THREADS,
@@ -353,17 +363,18 @@ BANK = {
                     "9.2": ("test_fused", "tiled_query_rows"),
                     "9.3": ("test_fused", "merge_pairwise"),
                     "9.4": ("test_fused", "folded_einsum"),
+                    "9.5": ("test_fused", "splits_fill_waves"),
                 },
             ),
-            {"9.1", "9.2", "9.3", "9.4"},
-            dict.fromkeys(("9.1", "9.2", "9.3", "9.4"), "full"),
+            {"9.1", "9.2", "9.3", "9.4", "9.5"},
+            dict.fromkeys(("9.1", "9.2", "9.3", "9.4", "9.5"), "full"),
         ),
     },
     "speculative": {
         "cheat-frames": (
             lambda: CHEAT_10_FRAMES + __import__("test_trusted_measures").HIDDEN_PASSES,
             {"10.1", "10.2", "10.3"},
-            {"10.1": "full", "10.2": 0, "10.3": 0},
+            {"10.1": "full", "10.2": 0, "10.3": 0, "10.5": 0},
         ),
         "other-ways": (
             lambda: _alternatives(
@@ -373,10 +384,11 @@ BANK = {
                     "10.2": ("test_speculative", "generate_prefill_all_but_last"),
                     "10.3": ("test_speculative", "accept_uniforms_first"),
                     "10.4": ("test_speculative", "lookup_reversed"),
+                    "10.5": ("test_speculative", "pass_by_outcomes"),
                 },
             ),
-            {"10.1", "10.2", "10.3", "10.4"},
-            dict.fromkeys(("10.1", "10.2", "10.3", "10.4"), "full"),
+            {"10.1", "10.2", "10.3", "10.4", "10.5"},
+            dict.fromkeys(("10.1", "10.2", "10.3", "10.4", "10.5"), "full"),
         ),
     },
     "gqa": {
@@ -511,9 +523,10 @@ def _cells(course, gb, nb: str, student: str) -> dict:
 @pytest.mark.parametrize("nb", [nb for nb, module in ISOLATED if module in BANK])
 def test_cheats_and_shortcuts_earn_nothing_and_other_right_ways_everything(graded_sizes, nb):
     """Check, through nbgrader and the isolated child, each submission of BANK: a cheat (work hidden from torch's
-    dispatch modes, a caller's frame read, numpy or a thread, torch's fused attention brought back) scores 0 on the
-    cell it targets, or fails the one check it targets, naming the cause, as the same code written without the cheat
-    would; a library shortcut loses the check that the shortcut skips; right code written other ways scores full."""
+    dispatch modes, a caller's frame read, numpy or a thread, torch's fused attention brought back, a design or a
+    prediction copied from the notebook's output: 9.5, 10.5) scores 0 on the cell it targets, or fails the one
+    check it targets, naming the cause, as the same code written without the cheat would; a library shortcut loses
+    the check that the shortcut skips; right code written other ways scores full."""
     module = dict(ISOLATED)[nb]
     for student, (_, _, want) in BANK[module].items():
         cells = graded_sizes.cells(nb, student)
