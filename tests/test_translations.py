@@ -20,7 +20,7 @@ from conftest import ROOT, check_failures
 from kvlib.app import cli, lab, translate
 from kvlib.app.release import label
 from kvlib.course import hints, i18n, plotting
-from kvlib.course.exercises import LEARNER_MODULES
+from kvlib.course.exercises import BY_ID, LEARNER_MODULES, ExerciseNotDone
 
 ZH = "zh-CN"
 TRANSLATED = [s.notebook for s in translate.statuses(ZH) if s.state != "missing"]
@@ -301,6 +301,25 @@ def test_kvlib_check_and_hint_in_chinese(chinese, capsys, monkeypatch, learner_m
     assert (
         capsys.readouterr().err.strip()
         == "kvlib check: KVLIB_LANG='fr' is not a language of the course: use one of en, zh-CN"
+    )
+
+
+def test_an_unfinished_exercise_is_named_in_chinese(chinese, learner_mode):
+    """Check that with KVLIB_LANG=zh-CN the error a notebook cell shows when it calls an unfinished exercise, and the
+    one naming the earlier exercise to do first, read in Chinese, each exercise by its translated hints' title."""
+    import kvlib.attention
+
+    with pytest.raises(ExerciseNotDone) as err:
+        kvlib.attention.softmax(np.zeros((2, 3)))
+    title = hints.exercise_title(BY_ID["1.1"])
+    assert title != BY_ID["1.1"].title
+    assert (
+        str(err.value) == f"练习 1.1（{title}）还没有完成：请实现 softmax（kvlib/attention.py, notebooks/01-attention）"
+    )
+    first, later = (hints.exercise_title(BY_ID[i]) for i in ("1.2", "2.4"))
+    assert str(ExerciseNotDone(BY_ID["1.2"], BY_ID["2.4"])) == (
+        f"练习 2.4（{later}）用到了练习 1.2（{first}），而它还没有完成：请先完成练习 1.2（kvlib/attention.py, "
+        "notebooks/01-attention）"
     )
 
 
