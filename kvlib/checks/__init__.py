@@ -35,12 +35,13 @@ class Check:
 
     @property
     def doc(self) -> str:
-        return summary(self.fn.__doc__)
+        """The property checked: the docstring's first paragraph on one line (first_paragraph)."""
+        return first_paragraph(self.fn.__doc__)
 
 
-def summary(doc: str | None) -> str:
-    """The property a check states: its docstring's first paragraph on one line (a first line may wrap mid-sentence),
-    what `kvlib check` and a graded cell print, and the text kvlib/course/locale's catalogues translate."""
+def first_paragraph(doc: str | None) -> str:
+    """A docstring's first paragraph on one line, as a check's verdict line shows it (its first line may wrap
+    mid-sentence); kvlib/app/translate.py keys the catalogue's translation of it the same way."""
     return " ".join((doc or "").strip().split("\n\n")[0].split())
 
 
@@ -324,5 +325,4 @@ __all__ = [
     "grade",
     "run",
     "run_exercise",
-    "summary",
 ]
