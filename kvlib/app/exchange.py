@@ -168,6 +168,20 @@ def not_collectable(path: str, username: str, uid: int) -> str:
     return ""
 
 
+def latest_of_each(records: list[dict], duedate: datetime.datetime | None = None) -> list[dict]:
+    """Each student's latest of records ({"username", "timestamp", ...}), as nbgrader's collect picks; with duedate
+    (--before-duedate), their latest on or before it where they have one."""
+    by_student = defaultdict(list)
+    for r in records:
+        by_student[r["username"]].append(r)
+    out = []
+    for mine in by_student.values():
+        mine = sorted(mine, key=lambda r: r["timestamp"], reverse=True)
+        before = [r for r in mine if duedate is not None and r["timestamp"] <= duedate]
+        out.append((before or mine)[0])
+    return out
+
+
 def _owner(path: str) -> str:
     uid = os.lstat(path).st_uid
     try:
@@ -233,21 +247,12 @@ class OwnerCheckedCollect(LinkKeepingCollect):
             for r in records
             if self._owned_by_its_student(os.path.join(self.inbound_path, r["filename"]), r["username"])
         ]
-        usergroups = defaultdict(list)
-        for r in records:
-            usergroups[r["username"]].append(r)
         with Gradebook(self.coursedir.db_url, self.coursedir.course_id) as gb:
             try:
                 self.duedate = gb.find_assignment(self.coursedir.assignment_id).duedate
             except MissingEntry:
                 self.duedate = None
-        self.src_records = []
-        for v in usergroups.values():
-            records = self._sort_by_timestamp(v)
-            if self.duedate is not None and self.before_duedate:
-                before = [r for r in records if r["timestamp"] <= self.duedate]
-                records = before or records
-            self.src_records.append(records[0])
+        self.src_records = latest_of_each(records, self.duedate if self.before_duedate else None)
 
     def do_copy(self, src, dest, log=None):
         """The submission copied (links kept), with the time it is taken as in its timestamp.txt: the later of
