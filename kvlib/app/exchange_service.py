@@ -1,6 +1,6 @@
 """nbgrader's exchange as a JupyterHub service, for a class whose students' servers and graders are on other machines.
 
-  the service  `python -m kvlib.app.exchange_service --store DIR --course ID=INSTRUCTOR[,...]`, started by the hub
+  the service  `python -m kvlib.app.exchange_service serve --store DIR --course ID=INSTRUCTOR[,...]`, run by the hub
                (c.JupyterHub.services): one folder in nbgrader's exchange layout, DIR/<course>/{outbound,inbound,
                feedback}, its own account's alone, reached over HTTP behind the hub's login (Store, main)
   the client   nbgrader's exchange steps (c.ExchangeFactory.*) talking to it with a hub API token: students fetch,
@@ -370,33 +370,72 @@ def _courses(specs: list[str]) -> dict[str, set[str]]:
     return out
 
 
+def hub_token(service_url: str, user: str, password: str) -> str:
+    """A new hub API token of user's that reaches the service at service_url and nothing else (its one scope), asked of
+    the hub (whose API is beside the service: <hub>/hub/api) with the user's hub password."""
+    base = re.sub(rf"services/{re.escape(SERVICE_NAME)}/?$", "", service_url.rstrip("/") + "/")
+    body = {
+        "auth": {"username": user, "password": password},
+        "scopes": [f"access:services!service={SERVICE_NAME}"],
+        "note": "kvlib grading: the exchange service",
+    }
+    url = f"{base}hub/api/users/{urllib.parse.quote(user)}/tokens"
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+    req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return json.loads(resp.read())["token"]
+    except urllib.error.HTTPError as err:
+        raise SystemExit(
+            f"the hub at {base} gave no token to {user}: {err.code} {err.reason} (a wrong password?)"
+        ) from err
+    except OSError as err:
+        raise SystemExit(f"the hub at {base} cannot be reached: {err}") from err
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Run the service where the hub says ($JUPYTERHUB_SERVICE_URL, _PREFIX, _API_URL, _API_TOKEN: a managed service
-    gets them from the hub; an external one from its own environment)."""
-    import asyncio  # noqa: PLC0415
-
-    from jupyterhub.services.auth import HubAuth  # noqa: PLC0415 (only the service needs the hub's client)
-    from tornado import web  # noqa: PLC0415
-
+    """`serve`: run the service where the hub says ($JUPYTERHUB_SERVICE_URL, _PREFIX, _API_URL, _API_TOKEN: a managed
+    service gets them from the hub; an external one from its own environment). `token`: print the config line of a
+    grader's hub token."""
     p = argparse.ArgumentParser(prog="python -m kvlib.app.exchange_service", description=__doc__.split("\n")[0])
-    p.add_argument(
-        "--store", required=True, help="the exchange's folder (made mode 0700: the service's account's alone)"
-    )
-    p.add_argument(
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="run the service (the hub starts it: c.JupyterHub.services)")
+    s.add_argument("--store", required=True, help="the exchange's folder (made mode 0700: the service account's alone)")
+    s.add_argument(
         "--course",
         action="append",
         default=[],
         metavar="ID=INSTRUCTOR[,...]",
         help="a course and its instructors' hub names",
     )
-    p.add_argument("--max-upload-mb", type=int, default=MAX_UPLOAD_MB, help="one release or submission, unpacked")
+    s.add_argument("--max-upload-mb", type=int, default=MAX_UPLOAD_MB, help="one release or submission, unpacked")
+    s.add_argument("--ip", help="the address to listen on (default: $JUPYTERHUB_SERVICE_URL's host; 0.0.0.0 in a pod)")
+    t = sub.add_parser("token", help="ask the hub for a token (your hub password, read from the terminal or stdin)")
+    t.add_argument("url", help=f"the service's URL, as in c.ServiceExchange.url (…/services/{SERVICE_NAME}/)")
+    t.add_argument("user", help="your hub name")
     args = p.parse_args(argv)
+    if args.command == "token":
+        import getpass  # noqa: PLC0415
+        import sys  # noqa: PLC0415
+
+        password = getpass.getpass(f"{args.user}'s hub password: ") if sys.stdin.isatty() else sys.stdin.readline()
+        print(f"c.ServiceExchange.token = {hub_token(args.url, args.user, password.rstrip(chr(10)))!r}")
+        return
     if not args.course:
-        p.error("give at least one --course ID=INSTRUCTOR")
+        p.error("serve: give at least one --course ID=INSTRUCTOR")
     try:
         store = Store(args.store, _courses(args.course), max_bytes=args.max_upload_mb * 10**6)
     except Refused as err:
         p.error(str(err))
+    serve(store, args.max_upload_mb, args.ip)
+
+
+def serve(store: Store, max_upload_mb: int, ip: str | None = None) -> None:
+    import asyncio  # noqa: PLC0415
+
+    from jupyterhub.services.auth import HubAuth  # noqa: PLC0415 (only the service needs the hub's client)
+    from tornado import web  # noqa: PLC0415
+
     url = urllib.parse.urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", f"/services/{SERVICE_NAME}/")
     hub_auth = HubAuth()
@@ -404,16 +443,32 @@ def main(argv: list[str] | None = None) -> None:
         hub_auth.access_scopes = {f"access:services!service={SERVICE_NAME}"}
     app = web.Application(_handlers(store, prefix, hub_auth))
 
-    async def serve():
-        app.listen(url.port or 80, url.hostname, max_body_size=(args.max_upload_mb + 1) * 10**6)
+    async def run():
+        app.listen(url.port or 80, ip or url.hostname, max_body_size=(max_upload_mb + 1) * 10**6)
         print(f"{SERVICE_NAME}: {store.root}, courses {sorted(store.courses)}, at {url.geturl()}{prefix}", flush=True)
         await asyncio.Event().wait()
 
-    asyncio.run(serve())
+    asyncio.run(run())
 
 
 # ---------------------------------------------------------------------------------------------
 # The client's side: nbgrader's exchange steps, through the service
+
+STEPS = {  # nbgrader's ExchangeFactory trait: the class below that does it
+    "fetch_assignment": "ServiceFetchAssignment",
+    "submit": "ServiceSubmit",
+    "list": "ServiceList",
+    "fetch_feedback": "ServiceFetchFeedback",
+    "release_assignment": "ServiceReleaseAssignment",
+    "release_feedback": "ServiceReleaseFeedback",
+    "collect": "ServiceCollect",
+}
+
+
+def config_lines(url: str) -> str:
+    """The lines of an nbgrader_config.py (a student's or the instructor's) that exchange through the service at url."""
+    steps = "".join(f'c.ExchangeFactory.{step} = "{__name__}.{cls}"\n' for step, cls in STEPS.items())
+    return f"c.ServiceExchange.url = {url!r}\n{steps}"
 
 
 class ServiceExchange(Exchange):
@@ -438,7 +493,11 @@ class ServiceExchange(Exchange):
             self.fail("no hub API token: set c.ServiceExchange.token, or $JUPYTERHUB_API_TOKEN (docs/instructors.md)")
         query = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
         url = self.url.rstrip("/") + "/api/" + urllib.parse.quote(path) + (f"?{query}" if query else "")
-        req = urllib.request.Request(url, data=body, method=method, headers={"Authorization": f"token {token}"})
+        headers = {
+            "Authorization": f"token {token}",
+            "Content-Type": "application/gzip",
+        }  # not a form: tornado parses those
+        req = urllib.request.Request(url, data=body, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=300) as resp:
                 return resp.read()
