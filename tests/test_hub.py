@@ -838,23 +838,6 @@ def test_the_hubs_class_is_graded_into_postgresql(hub):
     }
 
 
-def _tar(files: dict[str, str], links: dict[str, str] = {}) -> bytes:  # noqa: B006 (read only)
-    """A .tar.gz as a hostile client would send it: files {name: text}, and symbolic links {name: target}."""
-    import tarfile  # noqa: PLC0415
-
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, text in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(text.encode())
-            tar.addfile(info, io.BytesIO(text.encode()))
-        for name, target in links.items():
-            info = tarfile.TarInfo(name)
-            info.type, info.linkname = tarfile.SYMTYPE, target
-            tar.addfile(info)
-    return buf.getvalue()
-
-
 @pytest.mark.slow
 def test_the_exchange_service_takes_each_submission_as_its_hub_user_at_its_own_time(hub):
     """Check the exchange service against a hub user who talks to it directly (fred, with a token the hub gives for
@@ -867,6 +850,7 @@ def test_the_exchange_service_takes_each_submission_as_its_hub_user_at_its_own_t
     import urllib.request  # noqa: PLC0415
 
     from nbgrader.utils import parse_utc  # noqa: PLC0415
+    from test_exchange_service import _tar  # noqa: PLC0415
 
     from kvlib.app.exchange_service import hub_token  # noqa: PLC0415
 

@@ -182,6 +182,18 @@ def latest_of_each(records: list[dict], duedate: datetime.datetime | None = None
     return out
 
 
+def take_latest(collect, records: list[dict]) -> None:
+    """What nbgrader's collect does with the submissions it found: the assignment's due date from the gradebook into
+    collect.duedate, and into collect.src_records each student's latest of records (latest_of_each; on or before the
+    due date with --before-duedate)."""
+    with Gradebook(collect.coursedir.db_url, collect.coursedir.course_id) as gb:
+        try:
+            collect.duedate = gb.find_assignment(collect.coursedir.assignment_id).duedate
+        except MissingEntry:
+            collect.duedate = None
+    collect.src_records = latest_of_each(records, collect.duedate if collect.before_duedate else None)
+
+
 def _owner(path: str) -> str:
     uid = os.lstat(path).st_uid
     try:
@@ -247,12 +259,7 @@ class OwnerCheckedCollect(LinkKeepingCollect):
             for r in records
             if self._owned_by_its_student(os.path.join(self.inbound_path, r["filename"]), r["username"])
         ]
-        with Gradebook(self.coursedir.db_url, self.coursedir.course_id) as gb:
-            try:
-                self.duedate = gb.find_assignment(self.coursedir.assignment_id).duedate
-            except MissingEntry:
-                self.duedate = None
-        self.src_records = latest_of_each(records, self.duedate if self.before_duedate else None)
+        take_latest(self, records)
 
     def do_copy(self, src, dest, log=None):
         """The submission copied (links kept), with the time it is taken as in its timestamp.txt: the later of

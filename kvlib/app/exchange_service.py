@@ -47,7 +47,7 @@ from nbgrader.exchange.default import (
 from nbgrader.utils import find_all_notebooks, notebook_hash, parse_utc
 from traitlets import Unicode
 
-from kvlib.app.exchange import TIMESTAMP_FORMAT, PrivateSubmit, latest_of_each
+from kvlib.app.exchange import TIMESTAMP_FORMAT, PrivateSubmit, take_latest
 
 SERVICE_NAME = "kvlib-exchange"  # the hub's name for the service: its URL is <hub>/services/kvlib-exchange/
 # a course, assignment or student id, and a submission's or feedback's name: one path segment, no '+' (nbgrader
@@ -694,8 +694,6 @@ class ServiceCollect(ServiceExchange, ExchangeCollect):
     downloaded into submitted/<student>/<assignment>/, its time the service's receipt; --update as nbgrader's."""
 
     def init_src(self):
-        from nbgrader.api import Gradebook, MissingEntry  # noqa: PLC0415
-
         self.check_owner = False  # no folder's owner to check: the service took each from the hub user it names
         self.inbound_path = "service"
         subs = self.call_json(
@@ -706,12 +704,7 @@ class ServiceCollect(ServiceExchange, ExchangeCollect):
         records = [
             {"username": s["student"], "filename": s["id"], "timestamp": parse_utc(s["timestamp"])} for s in subs
         ]
-        with Gradebook(self.coursedir.db_url, self.coursedir.course_id) as gb:
-            try:
-                self.duedate = gb.find_assignment(self.coursedir.assignment_id).duedate
-            except MissingEntry:
-                self.duedate = None
-        self.src_records = latest_of_each(records, self.duedate if self.before_duedate else None)
+        take_latest(self, records)
 
     def do_copy(self, src, dest, log=None):
         data = self.call("GET", self.api_path("submissions", self.coursedir.assignment_id, os.path.basename(src)))
