@@ -553,7 +553,10 @@ def _grader_machine(tag: str) -> dict:
         ["ip", "netns", "exec", ns, "ip", "link", "set", there, "up"],
         ["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"],
     ):
-        subprocess.run(cmd, check=True, capture_output=True, timeout=60)
+        made = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        if made.returncode != 0:  # e.g. a container without CAP_SYS_ADMIN
+            _remove_grader_machine({"ns": ns, "link": here})
+            _need(False, f"cannot make the grading machine's network namespace: {' '.join(cmd)}: {made.stderr.strip()}")
     return {"ns": ns, "link": here, "hub_ip": f"{net}.1", "grader_ip": f"{net}.2"}
 
 
