@@ -210,7 +210,7 @@ def config_text(
         'c.ExchangeFactory.collect = "kvlib.app.exchange.OwnerCheckedCollect"\n'
     )
     if service:
-        from kvlib.app.exchange_service import config_lines  # noqa: PLC0415 (nbgrader's exchange classes)
+        from kvlib.app.exchange_service import config_lines  # noqa: PLC0415 (start-up time: nbgrader's exchange, service only)
 
         collect = (
             "# nbgrader's exchange through the hub's service (kvlib.app.exchange_service); students need the same URL\n"
@@ -554,7 +554,7 @@ def student_config_text(exchange: str | None, course_id: str, service: str | Non
     exchange folder, or the hub's exchange service (kvlib.app.exchange_service)."""
     option = "--exchange-service" if service else "--exchange"
     if service:
-        from kvlib.app.exchange_service import config_lines  # noqa: PLC0415
+        from kvlib.app.exchange_service import config_lines  # noqa: PLC0415 (start-up time: nbgrader's exchange, service only)
 
         how = f"# nbgrader's exchange through the hub's service, with each student's hub token\n{config_lines(service)}"
     else:

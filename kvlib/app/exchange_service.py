@@ -19,7 +19,9 @@ of one machine writes (exchange.py, course_folder.setup_exchange).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime
+import getpass
 import glob
 import io
 import json
@@ -27,6 +29,7 @@ import os
 import re
 import secrets
 import shutil
+import sys
 import tarfile
 import tempfile
 import urllib.error
@@ -269,7 +272,7 @@ class Store:
 def _handlers(store: Store, prefix: str, hub_auth) -> list:
     """The service's routes (under prefix, the hub's /services/kvlib-exchange/): every request authenticated by its hub
     token (hub_auth: jupyterhub's HubAuth, whose access scope the token must hold)."""
-    from tornado import web  # noqa: PLC0415 (only the service runs tornado)
+    from tornado import web  # noqa: PLC0415 (optional dependency: jupyterhub's tornado, [instructor])
 
     class Handler(web.RequestHandler):
         user: str
@@ -415,9 +418,6 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("user", help="your hub name")
     args = p.parse_args(argv)
     if args.command == "token":
-        import getpass  # noqa: PLC0415
-        import sys  # noqa: PLC0415
-
         password = getpass.getpass(f"{args.user}'s hub password: ") if sys.stdin.isatty() else sys.stdin.readline()
         print(f"c.ServiceExchange.token = {hub_token(args.url, args.user, password.rstrip(chr(10)))!r}")
         return
@@ -431,10 +431,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def serve(store: Store, max_upload_mb: int, ip: str | None = None) -> None:
-    import asyncio  # noqa: PLC0415
-
-    from jupyterhub.services.auth import HubAuth  # noqa: PLC0415 (only the service needs the hub's client)
-    from tornado import web  # noqa: PLC0415
+    from jupyterhub.services.auth import HubAuth  # noqa: PLC0415 (optional dependency: jupyterhub, [instructor])
+    from tornado import web  # noqa: PLC0415 (optional dependency: jupyterhub's tornado, [instructor])
 
     url = urllib.parse.urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", f"/services/{SERVICE_NAME}/")
