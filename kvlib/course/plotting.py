@@ -1240,22 +1240,35 @@ def block_memory_map(owners, *, step=None, note=None):
         ax.set_xlabel("scheduler step")
         ax.set_ylabel("block of the pool")
         if step is None:
-            held = (owners != -1).mean()
-            ax.set_title(f"Blocks coloured by request (grey free, black shared): {held:.0%} of block-steps in use")
+            held, key = (owners != -1).mean(), "grey free, black shared" if (owners == -2).any() else "grey free"
+            ax.set_title(f"Blocks coloured by request ({key}): {held:.0%} of block-steps in use")
         else:
             row = owners[step]
             ax.axvline(step, color="white", lw=2)
             ax.axvline(step, color="black", lw=1, ls="--")
             running = len(set(row[row >= 0].tolist()))
+            shared = f" ({int((row == -2).sum())} shared)" if (owners == -2).any() else ""
             ax.set_title(
-                f"Step {step}: {int((row != -1).sum())} of {row.size} blocks held, by {running} requests "
-                f"({int((row == -2).sum())} shared), {int((row == -1).sum())} free"
+                f"Step {step}: {int((row != -1).sum())} of {row.size} blocks held, by {running} requests"
+                f"{shared}, {int((row == -1).sum())} free"
             )
         _note(fig, note)
     return _finish(fig)
 
 
-__all__ += ["block_memory_map", "serving_compare"]
+def decode_steps_against_batch(*args, **kwargs):
+    """Notebook 05's decode_against_batch (the same arguments and Figure), for 07b's decode steps: each y axis
+    labelled at 1, 2 and 5 of every decade, plainly written, as 07b's spans are under a decade (one label else)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator  # noqa: PLC0415 (kept in notebook 07's section)
+
+    fig = decode_against_batch(*args, **kwargs)
+    for axis in fig.axes:
+        axis.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 10 else f"{v:g}"))
+    return fig
+
+
+__all__ += ["block_memory_map", "decode_steps_against_batch", "serving_compare"]
 
 
 # ---------------------------------------------------------------------------------------------
