@@ -2,9 +2,10 @@
 
 The online softmax (Milakov and Gimelshein, 2018) merges partial softmaxes exactly; FlashAttention-2
 (Dao, 2023) tiles queries and keys so the seq_len x kv_len matrix never exists and skips the tiles
-above the causal diagonal; flash-decoding splits one query's cache into chunks merged by log-sum-exp;
-notebook 08's int8 cache is attended with its scales folded in. Left out: the backward pass and real
-kernels: these loops are the algorithm, kvlib.measure.bench_fused times them beside fused kernels.
+above the causal diagonal; flash-decoding splits one query's cache into chunks merged by log-sum-exp,
+as many as keep a GPU busy (split_steps models it); notebook 08's int8 cache is attended with its
+scales folded in. Left out: the backward pass and real kernels: these loops are the algorithm,
+kvlib.measure.bench_fused times them beside fused kernels.
 """
 
 from __future__ import annotations
@@ -109,6 +110,39 @@ def flash_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: int) 
     parts = [chunk_partial(q, k[:, :, j : j + chunk], v[:, :, j : j + chunk]) for j in range(0, k.shape[2], chunk)]
     out, _ = merge_partials(torch.stack([o for o, _ in parts]), torch.stack([lse for _, lse in parts]))
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# How many splits: a decode step's attention on a GPU, modelled
+
+
+def split_steps(kv_len: int, n_kv_heads: int, batch: int, n_sms: int, n_splits: int) -> int:
+    """A flash-decoding step's attention on a GPU, modelled: its time in key-steps (one SM reading one cached key).
+
+    One block of work per (sequence, key/value head, split), each reading ceil(kv_len / n_splits) keys; an SM runs
+    one block at a time, so the blocks run in waves of n_sms. Then 9.3's merge reads each split's partial result: one
+    key-step per split. Example: split_steps(8192, 8, 1, 132, 1) -> 8193 (8 blocks: 124 of 132 SMs idle)
+    """
+    inputs.check_splits(kv_len, n_kv_heads, batch, n_sms, n_splits)
+    waves = -(-batch * n_kv_heads * n_splits // n_sms)  # ceil: a wave runs n_sms blocks at once
+    return waves * -(-kv_len // n_splits) + n_splits
+
+
+@exercise("9.5", validate=inputs.check_splits)
+def flash_decode_splits(kv_len: int, n_kv_heads: int, batch: int, n_sms: int) -> int:
+    """A design: how many splits of the cache a flash-decoding step should use on a GPU of n_sms SMs.
+
+    Args:    kv_len: cached tokens; n_kv_heads, batch: the step's key/value heads and sequences; n_sms: the GPU's
+             streaming multiprocessors (all positive ints)
+    Returns: int n_splits >= 1 whose split_steps(kv_len, n_kv_heads, batch, n_sms, n_splits) is at most 1.1 times
+             the fewest any number of splits gives: any such n_splits
+    Raises:  ValueError if an argument is not a positive int
+    Example:
+        >>> n = flash_decode_splits(8192, 8, 1, 132)  # Llama-3-8B's 8 key/value heads on an H100 SXM
+        >>> split_steps(8192, 8, 1, 132, n) <= 1.1 * min(split_steps(8192, 8, 1, 132, s) for s in range(1, 8193))
+        True
+    """
+    raise NotImplementedError("Exercise 9.5 (notebooks/09-fused): flash_decode_splits")
 
 
 # ---------------------------------------------------------------------------------------------

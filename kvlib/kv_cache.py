@@ -55,8 +55,9 @@ def cached_attention(
 ) -> torch.Tensor:
     """One attention layer with a cache: the seq_len new tokens attend to every stored token and to themselves.
 
-    Args:    attn: the layer's Attention;  x: (batch, seq_len, d_model), the NEW tokens' normed stream;  cache, layer:
-             this layer's slot of a KVCache, cache.pos the position of x[:, 0];  rope_cos, rope_sin: the model's tables
+    Args:    attn: the layer's Attention, possibly GQA (n_kv_heads < n_heads: the cache holds n_kv_heads heads);
+             x: (batch, seq_len, d_model), the NEW tokens' normed stream;  cache, layer: this layer's slot of a
+             KVCache, cache.pos the position of x[:, 0];  rope_cos, rope_sin: the model's tables
     Returns: (batch, seq_len, d_model), the rows attn gives them over the whole sequence; their keys and values stored
     Raises:  ValueError if x is not (batch, seq_len, d_model) or the new tokens do not fit in the cache
     Example:
@@ -101,9 +102,9 @@ def decode_step(model, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
 def kv_cache_bytes(config, seq_len: int, batch: int = 1, dtype: torch.dtype = torch.float16) -> int:
     """Bytes of the KV cache holding seq_len tokens for each of batch sequences, as KVCache allocates it.
 
-    Args:    config: a ModelConfig;  seq_len, batch: positive ints;  dtype: the cache's torch dtype
-    Returns: int, equal to KVCache(config, batch, seq_len, dtype).nbytes
-    Raises:  ValueError if seq_len or batch is not a positive int, or dtype is not a torch.dtype
+    Args:    config: a ModelConfig;  seq_len: an int >= 0;  batch: a positive int;  dtype: the cache's torch dtype
+    Returns: int, equal to KVCache(config, batch, seq_len, dtype).nbytes (0 for no tokens)
+    Raises:  ValueError if seq_len is not an int >= 0, batch not a positive int, or dtype not a torch.dtype
     Example:
         >>> from kvlib.core.configs import real_model; kv_cache_bytes(real_model("Llama-2-7B").config, 1) // 1024
         512

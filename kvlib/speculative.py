@@ -109,6 +109,26 @@ def speculative_generate(
 
 
 # ---------------------------------------------------------------------------------------------
+# How many tokens a pass makes: a prediction
+
+
+@exercise("10.5", validate=inputs.check_tokens_per_pass)
+def tokens_per_pass(alpha: float, gamma: int) -> float:
+    """Predict: the tokens one verify pass makes, on average, when each draft is kept with probability alpha.
+
+    The drafts are checked in order and the first rejected one ends the pass; each is kept with probability alpha,
+    whatever happened before (independently). The pass's tokens: the kept drafts and the model's own token.
+    Args:    alpha: a float in [0, 1]; gamma: an int >= 0, the drafts per pass
+    Returns: float, the expected tokens of one pass, between 1 and gamma + 1
+    Raises:  ValueError if alpha is outside [0, 1] or gamma is not an int >= 0
+    Example:
+        >>> tokens_per_pass(0.0, 4), tokens_per_pass(1.0, 4)  # every draft rejected; every draft kept
+        (1.0, 5.0)
+    """
+    raise NotImplementedError("Exercise 10.5 (notebooks/10-speculative): tokens_per_pass")
+
+
+# ---------------------------------------------------------------------------------------------
 # Exact speculative sampling
 
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, on_a_terminal, shown_progress
 
 NB = "01-attention"
 CLASS = 8  # correct (twice), partial, blank and four cheats: class_bench._MIX
@@ -434,11 +434,14 @@ def test_the_guides_grading_figure_is_drawn_from_its_records(tmp_path):
 def test_bench_class_hands_in_through_the_exchange(monkeypatch):
     """Check `kvlib bench class`'s synthetic class through nbgrader's exchange (each student's submit, collect
     --update): a resubmission regraded in a second round, a link put into a submission in inbound/ refused (0), edited
-    test cells restored; every score as expected, nobody lost; and the record's fields."""
+    test cells restored; every score as expected, nobody lost; the record's fields; and on a terminal, each round's
+    progress bar counting its submissions."""
     from kvlib.app import class_bench
 
     monkeypatch.setattr(class_bench, "_MIX", ["correct", "resubmit", "link-to-reference", "partial", "edited-tests"])
-    r = class_bench.bench_class(students=5, assignment=NB, jobs=2)
+    with on_a_terminal() as term:
+        r = class_bench.bench_class(students=5, assignment=NB, jobs=2)
+    assert shown_progress(term.getvalue(), NB), term.getvalue()[-500:]
     assert r["all_scores_expected"] and r["wrong"] == {} and r["handed_in"] == "through nbgrader's exchange"
     assert [(x["round"], x["graded"]) for x in r["rounds"]] == [(1, 5), (2, 1)]
     assert len(r["rounds"][0]["worker_startup_s"]) == 2 and r["rounds"][0]["per_minute"] > 0

@@ -1,5 +1,5 @@
-"""kvlib/fused.py (notebook 09): the online softmax, tiled attention, flash-decoding's merge and int8
-attention with folded scales; equivalences with SDPA and notebook 08, other correct ways passing the
+"""kvlib/fused.py (notebook 09): the online softmax, tiled attention, flash-decoding's merge, how many splits of the
+cache keep a GPU busy (a design) and int8 attention with folded scales; equivalences with SDPA and notebook 08, other correct ways passing the
 checks, likely slips named, bad input, and the benchmark's shape of report.
 
 Runs in reference mode (conftest). No test asserts on time."""
@@ -23,8 +23,16 @@ from kvlib.measure import bench_fused
 
 torch.set_num_threads(1)
 
-CHECKS_09 = [c for i in range(1, 5) for c in checks_for(BY_ID[f"9.{i}"])]
-NAMES = ("online_softmax", "tiled_attention", "merge_partials", "chunk_partial", "int8_folded_attention")
+CHECKS_09 = [c for i in range(1, 6) for c in checks_for(BY_ID[f"9.{i}"])]
+NAMES = (
+    "online_softmax",
+    "tiled_attention",
+    "merge_partials",
+    "chunk_partial",
+    "split_steps",
+    "flash_decode_splits",
+    "int8_folded_attention",
+)
 
 
 def _causal_sdpa(q, k, v):
@@ -47,10 +55,11 @@ def test_learner_stubs_are_todo(learner_mode):
         ("9.2", lambda: fused.tiled_attention(q, kv, kv, 2)),
         ("9.3", lambda: fused.merge_partials(torch.zeros(2, 3, 4), torch.zeros(2, 3))),
         ("9.4", lambda: fused.int8_folded_attention(torch.zeros(2, 6, 1, 8), *cache, 5)),
+        ("9.5", lambda: fused.flash_decode_splits(8192, 8, 1, 132)),
     ):
         with pytest.raises(ExerciseNotDone, match=f"Exercise {ex_id}"):
             call()
-    assert {r.id: r.status for r in run("09")} == {f"9.{i}": "todo" for i in range(1, 5)}
+    assert {r.id: r.status for r in run("09")} == {f"9.{i}": "todo" for i in range(1, 6)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -162,8 +171,21 @@ def test_tile_kinds_cover_the_grid_and_match_the_flop_count():
     assert bench_fused.tile_kinds(10, 10, 3)[3, 3] == bench_fused.COMPUTED  # one query, one key: nothing to mask
 
 
+def test_split_steps_counts_waves_of_blocks_and_the_merge():
+    """Check split_steps's model on hand-counted cases: unsplit, one block per head (8 of 132 SMs); 16 splits fill one
+    wave of 128 blocks; 17 spill a second wave; and the reference's splits are the fewest steps."""
+    assert fused.split_steps(8192, 8, 1, 132, 1) == 8192 + 1
+    assert fused.split_steps(8192, 8, 1, 132, 16) == 512 + 16
+    assert fused.split_steps(8192, 8, 1, 132, 17) == 2 * 482 + 17
+    best = fused.flash_decode_splits(8192, 8, 1, 132)
+    assert fused.split_steps(8192, 8, 1, 132, best) == min(
+        fused.split_steps(8192, 8, 1, 132, n) for n in range(1, 8193)
+    )
+
+
 def test_bad_inputs_name_the_problem():
-    """Check that a bad tile, mismatched keys and values, or a missing scale gives a ValueError naming it."""
+    """Check that a bad tile, mismatched keys and values, a missing scale or a batch or split of 0 gives a ValueError
+    naming it."""
     q, kv = torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 5, 4)
     cache = list(_int8_cache(np.random.default_rng(0), 5))
     for call, words in (
@@ -181,6 +203,8 @@ def test_bad_inputs_name_the_problem():
             "needs its scales",
         ),
         (lambda: fused.int8_folded_attention(torch.zeros(2, 6, 2, 8), *cache, 5), "one query"),
+        (lambda: fused.flash_decode_splits(8192, 8, 0, 132), "batch must be a positive integer"),
+        (lambda: fused.split_steps(8192, 8, 1, 132, 0), "n_splits must be a positive integer"),
     ):
         with pytest.raises(ValueError, match=words):
             call()
@@ -366,6 +390,22 @@ def tiled_last_tile_masked(q, k, v, tile):
     return _tiled(q, k, v, tile, masked="last")
 
 
+def tiled_past_kv_len(q, k, v, tile):  # key tiles up to one past the last query's: past kv_len at the end
+    T, S, D = q.shape[2], k.shape[2], q.shape[3]
+    out = torch.empty(q.shape)
+    for i0 in range(0, T, tile):
+        qi, rows = q[:, :, i0 : i0 + tile] / math.sqrt(D), S - T + i0 + torch.arange(min(tile, T - i0))
+        m, l, acc = torch.full(qi.shape[:3], float("-inf")), torch.zeros(qi.shape[:3]), torch.zeros(qi.shape)
+        for j0 in range(0, S - T + i0 + qi.shape[2] + tile, tile):
+            kj, vj = k[:, :, j0 : j0 + tile], v[:, :, j0 : j0 + tile]
+            s = (qi @ kj.transpose(-2, -1)).masked_fill(rows[:, None] < j0 + torch.arange(kj.shape[2]), float("-inf"))
+            new = torch.maximum(m, s.amax(-1))
+            p, rescale = torch.exp(s - new[..., None]), torch.exp(m - new)
+            l, acc, m = l * rescale + p.sum(-1), acc * rescale[..., None] + p @ vj, new
+        out[:, :, i0 : i0 + qi.shape[2]] = acc / l[..., None]
+    return out
+
+
 def tiled_float64_out(q, k, v, tile):  # right values, float64 out
     return _tiled(q.double(), k.double(), v.double(), tile).double()
 
@@ -512,11 +552,57 @@ def folded_all_slots(q, k_values, k_scale, v_values, v_scale, kv_len):
     return fused.int8_folded_attention(q, k_values, k_scale, v_values, v_scale, S)
 
 
+# 9.5 flash_decode_splits: a design, so any number of splits within 1.1 of the fewest key-steps earns the points
+
+
+def splits_fill_waves(kv_len, n_kv_heads, batch, n_sms):  # the most splits whose blocks fill whole waves, else search
+    blocks = batch * n_kv_heads
+    fewest = min(fused.split_steps(kv_len, n_kv_heads, batch, n_sms, n) for n in range(1, kv_len + 1))
+    for waves in range(1, 64):
+        n = waves * n_sms // blocks
+        if n >= 1 and fused.split_steps(kv_len, n_kv_heads, batch, n_sms, n) <= 1.1 * fewest:
+            return n
+    return fused.flash_decode_splits(kv_len, n_kv_heads, batch, n_sms)
+
+
+def splits_numpy(kv_len, n_kv_heads, batch, n_sms):  # the model vectorised, an np.int64 returned
+    n = np.arange(1, kv_len + 1)
+    steps = -(-batch * n_kv_heads * n // n_sms) * -(-kv_len // n) + n
+    return np.int64(n[np.argmin(steps)])
+
+
+def splits_largest_within(kv_len, n_kv_heads, batch, n_sms):  # not the best: the most splits still within 1.1
+    steps = [math.ceil(batch * n_kv_heads * n / n_sms) * math.ceil(kv_len / n) + n for n in range(1, kv_len + 1)]
+    fewest = min(steps)
+    return max(n for n, s in enumerate(steps, 1) if s <= 1.1 * fewest)
+
+
+def splits_none(kv_len, n_kv_heads, batch, n_sms):
+    return 1
+
+
+def splits_per_sm(kv_len, n_kv_heads, batch, n_sms):  # one split per SM in every head: the heads ignored
+    return n_sms
+
+
+def splits_one_too_many(kv_len, n_kv_heads, batch, n_sms):  # a block past a full wave
+    return n_sms // (batch * n_kv_heads) + 1
+
+
+def splits_hard_coded(kv_len, n_kv_heads, batch, n_sms):  # the H100's answer, whatever the GPU
+    return 16
+
+
+def splits_float(kv_len, n_kv_heads, batch, n_sms):
+    return float(fused.flash_decode_splits(kv_len, n_kv_heads, batch, n_sms))
+
+
 ALTERNATIVES = {
     "9.1": ("online_softmax", [online_two_pass, online_lse, online_float64]),
     "9.2": ("tiled_attention", [tiled_query_rows, tiled_float64, tiled_mask_everywhere]),
     "9.3": ("merge_partials", [merge_softmax_weights, merge_pairwise, merge_float64]),
     "9.4": ("int8_folded_attention", [folded_per_group, folded_einsum, folded_float64]),
+    "9.5": ("flash_decode_splits", [splits_fill_waves, splits_numpy, splits_largest_within]),
 }
 _ALT = [(ex, name, fn) for ex, (name, fns) in ALTERNATIVES.items() for fn in fns]
 
@@ -547,6 +633,7 @@ SLIPS = [
     ("9.2", "tiled_attention", tiled_float64_out, "returned torch.float64 for torch.float32 inputs"),
     ("9.2", "tiled_attention", tiled_query_stripe, "one tile of 8 queries against all the 176 or more keys"),
     ("9.2", "tiled_attention", tiled_sdpa_per_query_tile, "ran torch's fused attention"),
+    ("9.2", "tiled_attention", tiled_past_kv_len, "its key tiles run past the last key"),
     ("9.3", "merge_partials", merge_mean, "averaged"),
     ("9.3", "merge_partials", merge_max_lse, "largest lse_c"),
     ("9.3", "merge_partials", merge_no_shift, "subtract the largest lse"),
@@ -556,6 +643,11 @@ SLIPS = [
     ("9.4", "int8_folded_attention", folded_all_slots, "past kv_len"),
     ("9.4", "int8_folded_attention", folded_groups_rounded_down, "the last, partly filled group of keys was left out"),
     ("9.4", "int8_folded_attention", folded_float64_out, "returned torch.float64 for torch.float32 inputs"),
+    ("9.5", "flash_decode_splits", splits_none, "124 of them sit idle"),
+    ("9.5", "flash_decode_splits", splits_per_sm, "the blocks are batch x n_kv_heads x n_splits"),
+    ("9.5", "flash_decode_splits", splits_one_too_many, "a wave you start should be (nearly) full"),
+    ("9.5", "flash_decode_splits", splits_hard_coded, "108 SMs"),
+    ("9.5", "flash_decode_splits", splits_float, "an int number of splits"),
 ]
 
 

@@ -6,6 +6,7 @@ Each exercise's check tests live here under three names, built with conftest.han
 wrong ones, which fail the check or exercise named, with a message naming the slip), and a
 function that changes its arguments (conftest.vandal) scores 0."""
 
+import math
 import time
 from time import perf_counter as imported_perf_counter  # a learner may import the clock by name
 
@@ -16,10 +17,10 @@ import torch.nn.functional as F
 from conftest import assert_slip_named, case_ids, check_failures, handed_in, spoil_everything, vandal
 
 from kvlib import generation
-from kvlib.attention import attend, causal_self_attention
+from kvlib.attention import causal_self_attention
 from kvlib.checks import CHECKS, checks_for
 from kvlib.checks.generation import _model
-from kvlib.core.model import apply_rotary, rotate_half
+from kvlib.core.model import Decoder, apply_rotary, counted_params, rotate_half
 from kvlib.course.exercises import BY_ID, reference
 
 IDS = ["2.1", "2.2", "2.3", "2.4", "2.5", "2.6", "2.7", "2.8"]
@@ -56,6 +57,24 @@ def test_attention_block_refuses_grouped_heads():
     cos, sin = torch.ones(3, 4), torch.zeros(3, 4)
     with pytest.raises(ValueError, match="notebook 06"):
         generation.attention_block(attn, torch.zeros(1, 3, 16), cos, sin)
+
+
+def test_param_counts_are_expected_from_the_shapes_a_decoder_builds():
+    """Check that 2.8's expected parts, counted from weight shapes, equal a built Decoder's parameters on small
+    configs (MHA and GQA) and sum to kvlib's analytic count where the config is widened past what any tensor holds."""
+    from kvlib.checks.generation import _expected_params, _widened
+    from kvlib.core.configs import REAL_MODELS
+    from kvlib.core.model import ModelConfig, num_params
+
+    for config in (
+        ModelConfig(vocab_size=37, d_model=24, n_layers=3, n_heads=6, n_kv_heads=2, hidden_dim=40, max_seq_len=16),
+        ModelConfig(vocab_size=11, d_model=16, n_layers=2, n_heads=4, n_kv_heads=4, hidden_dim=20, max_seq_len=16),
+    ):
+        assert _expected_params(config) == counted_params(Decoder(config))
+        wide = _widened(config, 2**31)
+        assert sum(_expected_params(wide).values()) == num_params(wide) > 2**63
+    wide = _widened(REAL_MODELS["Llama-3-8B"].config, 2**29)
+    assert sum(_expected_params(wide).values()) == num_params(wide)
 
 
 def test_next_token_rejects_wrong_shapes():
@@ -112,7 +131,7 @@ def next_token_float64(logits, temperature=0.0, generator=None):
 
 # 2.2 generate --------------------------------------------------------------------------------
 def _next(logits, temperature, generator):
-    return reference(BY_ID["2.1"])(logits, temperature, generator)
+    return generation.next_token(logits, temperature, generator)  # Exercise 2.1 (the reference, in reference mode)
 
 
 def generate_buffer(model, input_ids, max_new_tokens, temperature=0.0, generator=None, on_token=None):
@@ -185,35 +204,37 @@ def measure_imported_clock(model, input_ids, max_new_tokens):
 
 
 # 2.4 attention_block -------------------------------------------------------------------------
-def attention_per_head(attn, h, cos, sin):
-    """One head at a time, each through notebook 01's function on its own (batch, seq_len, head_dim) slice."""
+def attention_per_head(attn, h, cos, sin, self_attention=causal_self_attention):
+    """One head at a time, each through the given attention on its own (batch, seq_len, head_dim) slice."""
     D = attn.head_dim
     with torch.no_grad():
         q, k, v = (proj(h) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))  # (B, T, H*D) each
         outs = []
         for i in range(attn.n_heads):
             part = slice(i * D, (i + 1) * D)
-            qi, ki = apply_rotary(q[..., part], cos, sin), apply_rotary(k[..., part], cos, sin)
-            out, _ = causal_self_attention(qi.numpy(), ki.numpy(), v[..., part].numpy())
+            qi, ki = (x[..., part] * cos + rotate_half(x[..., part]) * sin for x in (q, k))  # rotary, head i
+            out, _ = self_attention(qi.numpy(), ki.numpy(), v[..., part].numpy())
             outs.append(torch.from_numpy(out))
         return attn.o_proj(torch.cat(outs, dim=-1))  # heads side by side again: (B, T, H*D) -> (B, T, C)
 
 
-def attention_sdpa(attn, h, cos, sin):
-    """torch's own fused attention, heads split with einops-style permutes."""
+def attention_flat_heads(attn, h, cos, sin, self_attention=causal_self_attention):
+    """Projections by einsum, every (batch, head) pair flattened into one leading axis of the given attention."""
     B, T, _ = h.shape
     H, D = attn.n_heads, attn.head_dim
     with torch.no_grad():
         q, k, v = (
-            F.linear(h, p.weight).reshape(B, T, H, D).permute(0, 2, 1, 3)
+            torch.einsum("btc,jc->btj", h, p.weight).reshape(B, T, H, D).permute(0, 2, 1, 3)
             for p in (attn.q_proj, attn.k_proj, attn.v_proj)
         )
-        out = F.scaled_dot_product_attention(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v, is_causal=True)
-        return F.linear(out.permute(0, 2, 1, 3).flatten(2), attn.o_proj.weight)
+        q, k = (apply_rotary(x, cos, sin).reshape(B * H, T, D) for x in (q, k))
+        out, _ = self_attention(q.numpy(), k.numpy(), v.reshape(B * H, T, D).numpy())
+        out = torch.from_numpy(out).reshape(B, H, T, D).permute(0, 2, 1, 3).flatten(2)
+        return torch.einsum("btj,cj->btc", out, attn.o_proj.weight)
 
 
-def attention_query_by_query(attn, h, cos, sin):
-    """Exercise 1.2's attend for each query against the keys up to it, in float64."""
+def attention_query_by_query(attn, h, cos, sin, self_attention=causal_self_attention):
+    """Each query alone against the keys up to it (seq_len 1 of kv_len t + 1, as Exercise 1.4 allows), in float64."""
     B, T, _ = h.shape
     H, D = attn.n_heads, attn.head_dim
     with torch.no_grad():
@@ -227,7 +248,8 @@ def attention_query_by_query(attn, h, cos, sin):
         for b in range(B):
             for i in range(H):
                 for t in range(T):
-                    out[b, i, t] = attend(q[b, i, t].numpy(), k[b, i, : t + 1].numpy(), v[b, i, : t + 1].numpy())[0]
+                    qs, ks, vs = (x[b, i, a : t + 1].numpy() for x, a in ((q, t), (k, 0), (v, 0)))
+                    out[b, i, t] = self_attention(qs, ks, vs)[0][0]
         joined = torch.from_numpy(out).transpose(1, 2).reshape(B, T, H * D)
         return (joined @ attn.o_proj.weight.double().T).float()
 
@@ -321,8 +343,42 @@ def params_by_group(config):
     }
 
 
-def params_numpy_ints(config):
-    return {part: np.int64(n) for part, n in reference(BY_ID["2.8"])(config).items()}
+def params_from_shapes(config):
+    """Each weight's shape written out, its numbers multiplied with math.prod (Python ints: exact at any size)."""
+    C, D, F, V = config.d_model, config.head_dim, config.hidden_dim, config.vocab_size
+    layer = {
+        "attention": [(C, config.n_heads * D), (C, config.n_kv_heads * D)] * 2,
+        "mlp": [(C, F)] * 3,
+        "norms": [(C,)] * 2,
+    }
+    out = {part: config.n_layers * sum(math.prod(s) for s in shapes) for part, shapes in layer.items()}
+    return {"embedding": V * C, **out, "norms": out["norms"] + C, "lm_head": V * C}
+
+
+def params_built_on_meta(config):
+    """The cheat the reader found: a decoder built on torch's meta device (no memory), its parameters counted."""
+    with torch.device("meta"):
+        return counted_params(Decoder(config))
+
+
+def params_numpy_int64(config):
+    """numpy's int64 arithmetic, which wraps past 2**63."""
+    C, D, L = (np.int64(n) for n in (config.d_model, config.head_dim, config.n_layers))
+    V, F, H, H_kv = (np.int64(n) for n in (config.vocab_size, config.hidden_dim, config.n_heads, config.n_kv_heads))
+    with np.errstate(over="ignore"):
+        parts = {
+            "embedding": V * C,
+            "attention": L * (2 * C * H * D + 2 * C * H_kv * D),
+            "mlp": L * 3 * C * F,
+            "norms": (2 * L + 1) * C,
+            "lm_head": V * C,
+        }
+    return {part: int(n) for part, n in parts.items()}
+
+
+def params_float(config):
+    """Counts in floating point, made ints at the end."""
+    return {part: int(float(n) * 1.0000000000000002) for part, n in reference(BY_ID["2.8"])(config).items()}
 
 
 ALTERNATIVES = [
@@ -336,7 +392,7 @@ ALTERNATIVES = [
     ("2.3", {"measure_ttft_itl": measure_ns}),
     ("2.3", {"measure_ttft_itl": measure_imported_clock}),
     ("2.4", {"attention_block": attention_per_head}),
-    ("2.4", {"attention_block": attention_sdpa}),
+    ("2.4", {"attention_block": attention_flat_heads}),
     ("2.4", {"attention_block": attention_query_by_query}),
     ("2.5", {"rms_norm": rms_norm_divide}),
     ("2.5", {"rms_norm": rms_norm_torch}),
@@ -349,7 +405,7 @@ ALTERNATIVES = [
     ("2.7", {"temper": temper_numpy}),
     ("2.8", {"param_counts": params_per_layer_loop}),
     ("2.8", {"param_counts": params_by_group}),
-    ("2.8", {"param_counts": params_numpy_ints}),
+    ("2.8", {"param_counts": params_from_shapes}),
 ]
 
 
@@ -467,6 +523,29 @@ def generate_callback_at_end(model, input_ids, max_new_tokens, temperature=0.0, 
     return out
 
 
+def generate_streams_after_loop(model, input_ids, max_new_tokens, temperature=0.0, generator=None, on_token=None):
+    """The slip the reader found: every token handed to on_token, one by one, once the loop is over."""
+    out = reference(BY_ID["2.2"])(model, input_ids, max_new_tokens, temperature, generator)
+    for token in out[:, input_ids.shape[1] :].T:
+        if on_token is not None:
+            on_token(token)
+    return out
+
+
+def generate_streams_a_step_late(model, input_ids, max_new_tokens, temperature=0.0, generator=None, on_token=None):
+    """Each token shown only after the model has read it: on_token called at the top of the next step."""
+    ids, last = input_ids, None
+    with torch.inference_mode():
+        for _ in range(max_new_tokens):
+            token = generation.next_token(model(ids)[:, -1], temperature, generator)
+            if last is not None and on_token is not None:
+                on_token(last)
+            ids, last = torch.cat([ids, token[:, None]], dim=1), token
+    if on_token is not None:
+        on_token(last)
+    return ids
+
+
 # 2.3
 def _stamps(model, input_ids, max_new_tokens):
     start, stamps = time.perf_counter(), []
@@ -503,22 +582,35 @@ def measure_ttft_in_tpots(model, input_ids, max_new_tokens):
     return gaps[0], gaps
 
 
+def measure_gaps_from_start(model, input_ids, max_new_tokens):
+    start, stamps = _stamps(model, input_ids, max_new_tokens)
+    return stamps[0] - start, [t - start for t in stamps[1:]]  # every gap from the call's start: a running total
+
+
+def measure_gaps_from_first(model, input_ids, max_new_tokens):
+    start, stamps = _stamps(model, input_ids, max_new_tokens)
+    return stamps[0] - start, [t - stamps[0] for t in stamps[1:]]  # every gap from the first token
+
+
 # 2.4
 def _block(
     attn,
     h,
     cos,
     sin,
+    self_attention=causal_self_attention,
     *,
     join="right",
     o_proj="transposed",
-    causal=True,
-    scale=True,
+    by_hand=None,
     split="right",
     rotate="qk",
     pairs="half",
+    heads_first=True,
+    prescale=False,
 ):
-    """attention_block with one slip switched on by its keyword."""
+    """attention_block with one slip switched on by its keyword; by_hand ("unmasked", "unscaled") computes the
+    attention itself instead of the given one."""
     (B, T, _), H, D = h.shape, attn.n_heads, attn.head_dim
     with torch.no_grad():
 
@@ -534,20 +626,68 @@ def _block(
 
         q, k, v = heads(attn.q_proj.weight), heads(attn.k_proj.weight), heads(attn.v_proj.weight)
         q, k, v = (turn(t) if name in rotate else t for name, t in zip("qkv", (q, k, v)))
-        scores = q @ k.transpose(-1, -2) / (D**0.5 if scale else 1.0)
-        if causal:
-            scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
-        out = torch.softmax(scores, -1) @ v  # (B, H, T, D)
+        q = q / D**0.5 if prescale else q
+        if by_hand is not None:
+            scores = q @ k.transpose(-1, -2) / (D**0.5 if by_hand == "unmasked" else 1.0)
+            if by_hand == "unscaled":
+                scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+            out = torch.softmax(scores, -1) @ v  # (B, H, T, D)
+        elif heads_first:
+            out = torch.from_numpy(self_attention(q.numpy(), k.numpy(), v.numpy())[0])
+        else:  # (B, T, H, D) handed over as it is: the attention runs over the heads
+            q, k, v = (x.transpose(1, 2).numpy() for x in (q, k, v))
+            out = torch.from_numpy(self_attention(q, k, v)[0]).transpose(1, 2)
         out = (out.transpose(1, 2) if join == "right" else out).reshape(B, T, H * D)
         W = attn.o_proj.weight
         return {"transposed": out @ W.T, "untransposed": out @ W, "missing": out}[o_proj]
 
 
-def attention_no_grad_guard(attn, h, cos, sin):
-    """Notebook 01's function handed tensors that record gradients: numpy refuses them."""
+def _slip(**keywords):
+    """2.4's attention_block with the slip these keywords switch on (_block)."""
+    return lambda a, h, c, s, self_attention=causal_self_attention: _block(a, h, c, s, self_attention, **keywords)
+
+
+def attention_no_grad_guard(attn, h, cos, sin, self_attention=causal_self_attention):
+    """The given attention handed tensors that record gradients: numpy refuses them."""
     B, T, _ = h.shape
     q = apply_rotary((h @ attn.q_proj.weight.T).view(B, T, attn.n_heads, attn.head_dim).transpose(1, 2), cos, sin)
-    return torch.from_numpy(causal_self_attention(q.numpy(), q.numpy(), q.numpy())[0])
+    return torch.from_numpy(self_attention(q.numpy(), q.numpy(), q.numpy())[0])
+
+
+def attention_sdpa(attn, h, cos, sin, self_attention=causal_self_attention):
+    """The shortcut: torch's fused attention for every head, the given attention never called."""
+    B, T, _ = h.shape
+    H, D = attn.n_heads, attn.head_dim
+    with torch.no_grad():
+        q, k, v = (
+            F.linear(h, p.weight).reshape(B, T, H, D).permute(0, 2, 1, 3)
+            for p in (attn.q_proj, attn.k_proj, attn.v_proj)
+        )
+        out = F.scaled_dot_product_attention(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v, is_causal=True)
+        return F.linear(out.permute(0, 2, 1, 3).flatten(2), attn.o_proj.weight)
+
+
+def attention_echo(attn, h, cos, sin, self_attention=causal_self_attention):
+    """The cheat the reader found: the layer's own forward, returned as it is."""
+    with torch.no_grad():
+        return attn(h, cos, sin)
+
+
+def attention_echo_after_the_heads(attn, h, cos, sin, self_attention=causal_self_attention):
+    """The careful cheat: every head's right queries through the given attention, its answer thrown away, then the
+    layer's own forward (it passes the one cell that hands in the layer's own attention, and no other)."""
+    _block(attn, h, cos, sin, self_attention)
+    with torch.no_grad():
+        return attn(h, cos, sin)
+
+
+def attention_echo_after_a_call(attn, h, cos, sin, self_attention=causal_self_attention):
+    """The next cheat: the given attention called on something of the right shape, then the layer's own forward."""
+    B, T, _ = h.shape
+    dummy = np.zeros((B, attn.n_heads, T, attn.head_dim), dtype=np.float32)
+    self_attention(dummy, dummy, dummy)
+    with torch.no_grad():
+        return attn(h, cos, sin)
 
 
 # 2.5
@@ -633,22 +773,43 @@ SLIPS = [
     ("2.2", {"generate": generate_greedy_only}, "pass temperature"),
     ("2.2", {"generate": generate_new_tokens_only}, "(batch, 5 + 7)"),
     ("2.2", {"generate": generate_callback_at_end}, "once per new token"),
+    ("generate_streams_each_token", {"generate": generate_streams_after_loop}, "after the loop ended"),
+    ("generate_streams_each_token", {"generate": generate_streams_a_step_late}, "before the next forward pass"),
     ("2.3", {"measure_ttft_itl": measure_without_prefill}, "the prefill was left out"),
     ("2.3", {"measure_ttft_itl": measure_average_tpot}, "an average"),
     ("2.3", {"measure_ttft_itl": measure_whole_generation}, "the whole generation"),
     ("2.3", {"measure_ttft_itl": measure_clock_readings}, "clock reading"),
     ("2.3", {"measure_ttft_itl": measure_ttft_in_tpots}, "the first entry is the prefill"),
-    ("2.4", {"attention_block": lambda a, h, c, s: _block(a, h, c, s, join="wrong")}, "joined in the wrong order"),
-    ("2.4", {"attention_block": lambda a, h, c, s: _block(a, h, c, s, o_proj="missing")}, "W_O is missing"),
-    ("2.4", {"attention_block": lambda a, h, c, s: _block(a, h, c, s, o_proj="untransposed")}, "untransposed"),
-    ("2.4", {"attention_block": lambda a, h, c, s: _block(a, h, c, s, causal=False)}, "see later tokens"),
-    ("2.4", {"attention_block": lambda a, h, c, s: _block(a, h, c, s, scale=False)}, "not scaled"),
-    ("2.4", {"attention_block": lambda a, h, c, s: _block(a, h, c, s, split="wrong")}, "heads are split wrongly"),
-    ("2.4", {"attention_block": lambda a, h, c, s: _block(a, h, c, s, rotate="")}, "q and k are not rotated"),
-    ("2.4", {"attention_block": lambda a, h, c, s: _block(a, h, c, s, rotate="k")}, "q is not rotated"),
-    ("2.4", {"attention_block": lambda a, h, c, s: _block(a, h, c, s, rotate="qkv")}, "v is rotated"),
-    ("2.4", {"attention_block": lambda a, h, c, s: _block(a, h, c, s, pairs="neighbours")}, "neighbouring features"),
+    ("2.3", {"measure_ttft_itl": measure_gaps_from_start}, "measured from the start of the call"),
+    ("2.3", {"measure_ttft_itl": measure_gaps_from_first}, "measured from the first new token"),
+    ("2.4", {"attention_block": _slip(join="wrong")}, "joined in the wrong order"),
+    ("2.4", {"attention_block": _slip(o_proj="missing")}, "W_O is missing"),
+    ("2.4", {"attention_block": _slip(o_proj="untransposed")}, "untransposed"),
+    ("2.4", {"attention_block": _slip(by_hand="unmasked")}, "see later tokens"),
+    ("2.4", {"attention_block": _slip(by_hand="unscaled")}, "not scaled"),
+    ("2.4", {"attention_block": _slip(split="wrong")}, "heads are split wrongly"),
+    ("2.4", {"attention_block": _slip(rotate="")}, "q and k are not rotated"),
+    ("2.4", {"attention_block": _slip(rotate="k")}, "q is not rotated"),
+    ("2.4", {"attention_block": _slip(rotate="qkv")}, "v is rotated"),
+    ("2.4", {"attention_block": _slip(pairs="neighbours")}, "neighbouring features"),
+    ("2.4", {"attention_block": _slip(heads_first=False)}, "not moved before the positions"),
+    ("2.4", {"attention_block": _slip(prescale=True)}, "scaled twice"),
     ("2.4", {"attention_block": attention_no_grad_guard}, "requires grad"),
+    ("2.4", {"attention_block": attention_sdpa}, "never went through the self_attention"),
+    ("2.4", {"attention_block": attention_echo}, "never went through the self_attention"),
+    (
+        "attention_block_uses_the_attention_it_is_given",
+        {"attention_block": attention_echo},
+        "the layer's own attention",
+    ),
+    ("attention_block_matches_the_model", {"attention_block": attention_echo_after_a_call}, "never went through"),
+    ("attention_block_is_causal", {"attention_block": attention_echo_after_a_call}, "never went through"),
+    ("attention_block_is_causal", {"attention_block": attention_echo_after_the_heads}, "the layer's own attention"),
+    (
+        "attention_block_uses_the_attention_it_is_given",
+        {"attention_block": attention_echo_after_the_heads},
+        "the layer's own attention",
+    ),
     ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, dim=-2)}, "wrong axis"),
     ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, centre=True)}, "LayerNorm"),
     ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, eps_at="outside")}, "outside the root"),
@@ -682,6 +843,10 @@ SLIPS = [
     ("2.8", {"param_counts": lambda c: _params(c, layers=1)}, "summed over all n_layers"),
     ("2.8", {"param_counts": lambda c: _params(c, cast=float)}, "should be an int"),
     ("2.8", {"param_counts": lambda c: {**_params(c), "biases": 0}}, "exactly the keys"),
+    ("param_counts_match_built_decoders", {"param_counts": params_built_on_meta}, "building nothing"),
+    ("param_counts_scale_to_real_configs", {"param_counts": params_built_on_meta}, "building nothing"),
+    ("2.8", {"param_counts": params_numpy_int64}, "overflowed a 64-bit integer"),
+    ("2.8", {"param_counts": params_float}, "lost to float arithmetic"),
 ]
 
 

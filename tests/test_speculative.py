@@ -1,5 +1,5 @@
 """kvlib/speculative.py (notebook 10): greedy speculative decoding equals greedy decoding with its cache rewound
-right, exact sampling, prompt lookup; other correct ways passing the checks, likely slips named, bad input,
+right, the tokens a pass makes (a prediction), exact sampling, prompt lookup; other correct ways passing the checks, likely slips named, bad input,
 the benchmark's shape of report.
 
 Runs in reference mode (conftest). No test asserts on time."""
@@ -23,8 +23,8 @@ from kvlib.study import corpus
 
 torch.set_num_threads(1)
 
-CHECKS_10 = [c for i in range(1, 5) for c in checks_for(BY_ID[f"10.{i}"])]
-NAMES = ("verify_greedy", "speculative_generate", "accept_sampled", "prompt_lookup")
+CHECKS_10 = [c for i in range(1, 6) for c in checks_for(BY_ID[f"10.{i}"])]
+NAMES = ("verify_greedy", "speculative_generate", "tokens_per_pass", "accept_sampled", "prompt_lookup")
 
 
 @pytest.mark.parametrize("check", CHECKS_10, ids=lambda c: c.name)
@@ -46,6 +46,7 @@ def test_learner_stubs_are_todo(learner_mode):
         ),
         ("10.3", lambda: speculative.accept_sampled(p, q, [0])),
         ("10.4", lambda: speculative.prompt_lookup([1, 2, 1], 1, 2)),
+        ("10.5", lambda: speculative.tokens_per_pass(0.5, 4)),
     ):
         with pytest.raises(ExerciseNotDone, match=f"Exercise {ex_id}"):
             call()
@@ -214,7 +215,8 @@ def test_drafter_ships_with_its_checksum_and_the_manifest_of_its_training_preset
 
 
 def test_bad_inputs_name_the_problem(models):
-    """Check that gamma < 1, another vocabulary and a cache without room fail with a message naming them."""
+    """Check that gamma < 1, another vocabulary, a cache without room, an alpha outside [0, 1] and a negative gamma
+    fail with a message naming them."""
     (model, tokenizer), draft = models
     ids = torch.tensor([tokenizer.encode("Q: What is")])
     lookup = speculative.LookupDrafter()
@@ -233,6 +235,10 @@ def test_bad_inputs_name_the_problem(models):
         speculative.accept_sampled(torch.ones(2, 3), torch.full((1, 3), 1 / 3), [0])
     with pytest.raises(ValueError, match="n must"):
         speculative.prompt_lookup([1, 2], 0, 2)
+    with pytest.raises(ValueError, match=r"alpha .* in \[0, 1\]"):
+        speculative.tokens_per_pass(1.5, 4)
+    with pytest.raises(ValueError, match="gamma .* int >= 0"):
+        speculative.tokens_per_pass(0.5, -1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -332,7 +338,7 @@ def _generate(model, drafter, input_ids, max_new_tokens, gamma, eos_token=None, 
             logits, _ = model(torch.tensor([[new[-1]]]), past_key_values=cache)
             new.append(int(logits[0, -1].argmax()))
             continue
-        k = gamma if mode == "no_clip" else min(gamma, max_new_tokens - len(new) - 1)
+        k = gamma if mode in ("no_clip", "too_many") else min(gamma, max_new_tokens - len(new) - 1)
         draft = drafter.propose(prompt + new, k)[:k] if k else []
         if mode == "no_cache":
             logits = model(torch.tensor([prompt + new + draft]))
@@ -488,11 +494,47 @@ def lookup_reversed(tokens, n, k):
     return []
 
 
+# 10.5 tokens_per_pass: a prediction, graded against the expected count
+
+
+def pass_closed_form(alpha, gamma):  # the geometric sum's closed form, alpha = 1 apart
+    return gamma + 1.0 if alpha == 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+def pass_by_outcomes(alpha, gamma):  # sum over how many drafts are kept: j kept makes j + 1 tokens
+    return sum((j + 1) * alpha**j * (1 - alpha) for j in range(gamma)) + (gamma + 1) * alpha**gamma
+
+
+def pass_numpy(alpha, gamma):  # an np.float64 from numpy's powers
+    return np.sum(np.float64(alpha) ** np.arange(gamma + 1))
+
+
+def pass_no_model_token(alpha, gamma):
+    return sum(alpha**i for i in range(1, gamma + 1))
+
+
+def pass_one_term_short(alpha, gamma):
+    return sum(alpha**i for i in range(gamma))
+
+
+def pass_every_draft_checked(alpha, gamma):
+    return 1 + gamma * alpha
+
+
+def pass_closed_form_at_one(alpha, gamma):  # divides by 1 - alpha at alpha = 1
+    return (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+def pass_as_the_run_counted(alpha, gamma):  # a copied number: notebook 10b's counted tokens, whatever is asked
+    return 4.2
+
+
 ALTERNATIVES = {
     "10.1": ("verify_greedy", [verify_cumprod]),
     "10.2": ("speculative_generate", [_mode("no_clip"), _mode("right"), generate_prefill_all_but_last]),
     "10.3": ("accept_sampled", [accept_uniforms_first]),
     "10.4": ("prompt_lookup", [lookup_numpy, lookup_reversed]),
+    "10.5": ("tokens_per_pass", [pass_closed_form, pass_by_outcomes, pass_numpy]),
 }
 _ALT = [(ex, name, fn) for ex, (name, fns) in ALTERNATIVES.items() for fn in fns]
 
@@ -514,7 +556,8 @@ SLIPS = [
     ("10.2", "speculative_generate", _mode("no_cache"), "without the cache"),
     ("10.2", "speculative_generate", _mode("no_bonus"), "the model's own next token"),
     ("10.2", "speculative_generate", _mode("eos_inside"), "after eos_token"),
-    ("10.2", "speculative_generate", _mode("eos_cache_kept"), "rejected drafts stay"),
+    ("10.2", "speculative_generate", _mode("eos_cache_kept"), "the drafts accepted after it in the same pass stay"),
+    ("10.2", "speculative_generate", _mode("too_many"), "too many. A round keeps its accepted drafts"),
     ("10.2", "speculative_generate", _mode("no_reset"), "reset it first"),
     ("10.2", "speculative_generate", _mode("eos_in_prompt"), "eos_token is in the prompt"),
     ("10.3", "accept_sampled", accept_topk, "top-k"),
@@ -527,6 +570,11 @@ SLIPS = [
     ("10.4", "prompt_lookup", lookup_first, "LATEST"),
     ("10.4", "prompt_lookup", lookup_matches_itself, "match themselves"),
     ("10.4", "prompt_lookup", lookup_no_clip, "at most k"),
+    ("10.5", "tokens_per_pass", pass_no_model_token, "the model's own token is missing"),
+    ("10.5", "tokens_per_pass", pass_one_term_short, "one term short"),
+    ("10.5", "tokens_per_pass", pass_every_draft_checked, "a pass ends at the first rejected draft"),
+    ("10.5", "tokens_per_pass", pass_closed_form_at_one, "at alpha = 1 every draft is kept"),
+    ("10.5", "tokens_per_pass", pass_as_the_run_counted, "expected"),
 ]
 
 

@@ -12,6 +12,7 @@ class_grading.py  a whole class: `kvlib course autograde` (parallel, resumable),
 grading_record.py what autograde graded, and which run grades what, in the gradebook's own database
 class_bench.py    `kvlib bench class`: a synthetic class graded, every score checked, timed
 site.py           the course as a static site (`kvlib course site`): executed notebooks, glossary, guides
+wrap_up.py        the closing page's summary (notebook 10c): each notebook's claims as recorded on this machine
 Everything below stands without it: nothing in core, course, the learner modules, measure,
 study, checks or grading imports kvlib.app.
 """

@@ -387,7 +387,15 @@ def bench_class(
             start = time.perf_counter()
             stats: dict = {}
             with _Peak() as peak:
-                results = autograde(course, assignment, jobs=jobs, progress=False, out=devnull, stats=stats)
+                results = autograde(  # its bar on a terminal only: what the grader prints would be noise here
+                    course,
+                    assignment,
+                    jobs=jobs,
+                    progress=sys.stderr.isatty(),
+                    out=devnull,
+                    stats=stats,
+                    bar_file=sys.stderr,
+                )
             wall = time.perf_counter() - start
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             graded_now = set(resub) if round_no == 2 else set(klass)

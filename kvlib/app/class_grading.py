@@ -368,12 +368,13 @@ def autograde(
     progress: bool = True,
     out=sys.stderr,
     stats: dict | None = None,
+    bar_file=None,
 ) -> dict[str, Result]:
     """Grade every collected submission of `assignment` matching `student` (a glob) in `jobs` workers; a
     submission the gradebook holds graded (or refused) at its current timestamp is skipped unless force, and one
     another live run holds is left to it. `budget`: seconds one submission may take (its worker is then stopped,
     and the submission failed). Returns {student: Result} for the students selected; `stats` gets each worker's
-    start-up seconds."""
+    start-up seconds; the progress bar goes to `bar_file` (default: `out`)."""
     if jobs < 1:
         raise CourseError(f"--jobs must be at least 1, not {jobs}")
     if budget is not None and budget <= 0:
@@ -392,7 +393,9 @@ def autograde(
     except GradebookBusy as err:
         raise CourseError(str(err)) from None
     try:
-        return _autograde(course, assignment, chosen, record, jobs, force, budget, progress, out, stats)
+        return _autograde(
+            course, assignment, chosen, record, jobs, force, budget, progress, out, stats, bar_file or out
+        )
     finally:
         record.__exit__(None, None, None)
 
@@ -403,7 +406,7 @@ def _gradebook_times(course: Course, assignment: str) -> dict:
         return {s.student.id: s.timestamp for s in gb.assignment_submissions(assignment)}
 
 
-def _autograde(course, assignment, chosen, record: GradingRecord, jobs, force, budget, progress, out, stats):
+def _autograde(course, assignment, chosen, record: GradingRecord, jobs, force, budget, progress, out, stats, bar_file):
     in_gradebook = {"times": _gradebook_times(course, assignment), "read": time.monotonic()}
 
     def current(row: Row | None, stamp: str) -> bool:
@@ -443,7 +446,7 @@ def _autograde(course, assignment, chosen, record: GradingRecord, jobs, force, b
     if os.geteuid() == 0:  # a run as root killed before handing back what it wrote: hand it back now
         _hand_back(course, None, assignment)
     total = len(chosen) - len(elsewhere)
-    bar = tqdm(total=total, initial=len(done), desc=assignment, unit="sub", file=out, disable=not progress)
+    bar = tqdm(total=total, initial=len(done), desc=assignment, unit="sub", file=bar_file, disable=not progress)
     failures = sum(r.status != GRADED for r in done.values())
     bar.set_postfix(failed=failures)
     taken: list[str] = []

@@ -457,13 +457,9 @@ def cmd_course_claims(args) -> int:
     if not args.last:  # run them now: this machine's verdicts, this sitting's
         for part in parts:
             (claims.record_dir() / f"{part}.json").unlink(missing_ok=True)
-        for path in paths:
-            run = lab.run_notebook(path, timeout=args.timeout)
-            print(
-                f"{release.label(path):<26} {run.seconds:6.1f} s  {'ok' if run.error is None else run.error}",
-                file=sys.stderr,
-            )
-            failed += [path] if run.error else []
+        for selector in args.notebooks or [None]:  # a bar over their cells, a line per notebook (stderr: the
+            runs = lab.check_course(selector, timeout=args.timeout, out=sys.stderr)  # report is stdout's)
+            failed += [run.path for run in runs if run.error]
     records = claims.load(notebooks=parts if args.notebooks else None)
     print(json.dumps(records, indent=1, ensure_ascii=False) if args.json else claims.report(records))
     return 1 if failed else 0

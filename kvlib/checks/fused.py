@@ -1,4 +1,4 @@
-"""Checks for notebook 09 (kvlib/fused.py): exercises 9.1-9.4.
+"""Checks for notebook 09 (kvlib/fused.py): exercises 9.1-9.5 (09a: 9.1, 9.2; 09b: 9.3, 9.5, 9.4).
 
 Sizes all differ (batch 2, 3 or 6 query heads, 2 key/value heads, head_dim 8, chunks and tiles that do
 not divide the lengths), so a swapped axis fails. Every expected value and size limit is computed here
@@ -7,8 +7,8 @@ Named slips: the old sum or output not rescaled when the maximum grows, no maxim
 (exp(1000) overflows), nan from a chunk whose scores are all -inf, the chunks kept or concatenated,
 every tile computed (the future ones too: a nan planted in a future tile's values reaches earlier
 queries), the diagonal tiles left unmasked or only the last one masked, key tiles stopped at a query
-tile's first query (kv_len - seq_len not a multiple of the tile), a tile of queries against all its
-keys, torch's fused attention, a mask aligned top-left, outs averaged instead of weighted by
+tile's first query (kv_len - seq_len not a multiple of the tile) or run past the last key, a tile of queries against
+all its keys, torch's fused attention, a mask aligned top-left, outs averaged instead of weighted by
 exp(lse), lse returned as a maximum, the int8 cache dequantised whole or its last partial group
 dropped, float64 returned for float32. In the isolated grader the grading process measures the
 memory a large call holds (kvlib.grading.memory), 9.1's chunks handed in one at a time from it, and
@@ -19,6 +19,7 @@ cell includes the measured case, so only tiles earn its points (docs/instructors
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -327,13 +328,39 @@ def _nan_case(kv, q, k, v, tile, what) -> None:
     )
 
 
+@contextmanager
+def _no_tile_past_the_keys():
+    """A loop whose key tiles run past kv_len reduces an empty tile, and torch raises (amax: 'Expected reduction dim
+    ... to have non-zero size'; max: '... numel() == 0'): named here, not passed on as a raw error."""
+    try:
+        yield
+    except (IndexError, RuntimeError) as err:
+        if "non-zero size" not in str(err) and "numel() == 0" not in str(err):
+            raise
+        raise AssertionError(
+            f"tiled_attention reduced an empty tile of keys (torch: {str(err)[:80]!r}): its key tiles run past the "
+            "last key. Run them up to the one holding the query tile's last query, at position kv_len - seq_len + "
+            "i0 + tq - 1, and no further (the last key tile may be shorter than tile)"
+        ) from None
+
+
 @check("9.2")
 def tiled_attention_matches_causal_sdpa(kv, rng):
     """Check square and rectangular causal attention, tiles that do not divide the lengths nor kv_len - seq_len, a tile
     larger than both; then a long case in tiles, whose scores the grader measures (_holds_tiles)."""
-    for T, S, tile in ((12, 12, 4), (7, 7, 3), (5, 13, 4), (1, 9, 4), (6, 6, 8), (6, 15, 4), (9, 14, 4), (4, 11, 3)):
-        _tiled_case(kv, rng, T, S, tile, f"{T} queries, {S} keys, tiles of {tile}")
-    _holds_tiles(kv, rng)
+    with _no_tile_past_the_keys():
+        for T, S, tile in (
+            (12, 12, 4),
+            (7, 7, 3),
+            (5, 13, 4),
+            (1, 9, 4),
+            (6, 6, 8),
+            (6, 15, 4),
+            (9, 14, 4),
+            (4, 11, 3),
+        ):
+            _tiled_case(kv, rng, T, S, tile, f"{T} queries, {S} keys, tiles of {tile}")
+        _holds_tiles(kv, rng)
 
 
 @check("9.2")
@@ -342,10 +369,11 @@ def tiled_attention_skips_future_tiles(kv, rng):
 
     A nan in the values of the last key tile must reach exactly the queries that see it, not the query tiles that end
     before it: a tile computed and masked away spreads it (0 x nan is nan). Then a long case, measured (_holds_tiles)."""
-    for T, S, tile in ((16, 16, 4), (6, 14, 4), (9, 9, 2), (11, 15, 4), (10, 17, 3)):
-        q, k, v = _randn(rng, B, H, T, D), _randn(rng, B, H, S, D), _randn(rng, B, H, S, D)
-        _nan_case(kv, q, k, v, tile, f"{T} queries, {S} keys, tiles of {tile}")
-    _holds_tiles(kv, rng, nan=True)
+    with _no_tile_past_the_keys():
+        for T, S, tile in ((16, 16, 4), (6, 14, 4), (9, 9, 2), (11, 15, 4), (10, 17, 3)):
+            q, k, v = _randn(rng, B, H, T, D), _randn(rng, B, H, S, D), _randn(rng, B, H, S, D)
+            _nan_case(kv, q, k, v, tile, f"{T} queries, {S} keys, tiles of {tile}")
+        _holds_tiles(kv, rng, nan=True)
 
 
 # the measured case: 500 queries, the last of 4,100 keys (kv_len - seq_len = 3,600, not a multiple of the tile), in
@@ -451,7 +479,8 @@ def tiled_attention_never_builds_the_score_matrix(kv, rng):
     In the isolated grader the grading process measures the memory the call holds (500 queries against 4,100 keys in
     tiles of 128: a stripe of every head's scores is 16 MB), torch's fused attention replaced by its math path there;
     locally every tensor it allocates is watched (32 queries against 200 keys, tiles of 8)."""
-    _holds_tiles(kv, rng)
+    with _no_tile_past_the_keys():
+        _holds_tiles(kv, rng)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -541,6 +570,74 @@ def merge_partials_merges_again_and_skips_empty_chunks(kv, rng):
         "a chunk with lse = -inf (no key) must add nothing; its out may be nan, and 0 * nan is nan: leave it out "
         "(torch.where) rather than multiplying it by a zero weight"
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# 9.5 flash_decode_splits: a design, graded against the model of the docstring, computed here
+
+
+def _steps(kv_len: int, heads: int, batch: int, sms: int, splits: int) -> int:
+    """split_steps's model, written here (the learner's module holds its own copy, which the learner may edit)."""
+    blocks = batch * heads * splits
+    return math.ceil(blocks / sms) * math.ceil(kv_len / splits) + splits
+
+
+# (kv_len, n_kv_heads, batch, n_sms, what): Llama-3-8B-like GQA on an H100 SXM (132 SMs) and an A100 (108), GPUs of 58
+# and 20 SMs, MHA's 32 heads, a batch of 4, a short and a long cache, and a batch whose blocks fill the GPU unsplit
+_SPLIT_CASES = (
+    (8192, 8, 1, 132, "8,192 tokens, 8 key/value heads, 1 sequence, 132 SMs"),
+    (8192, 8, 1, 108, "8,192 tokens, 8 key/value heads, 1 sequence, 108 SMs"),
+    (32768, 8, 1, 58, "32,768 tokens, 8 key/value heads, 1 sequence, 58 SMs"),
+    (4096, 32, 1, 132, "4,096 tokens, 32 key/value heads (MHA), 1 sequence, 132 SMs"),
+    (16384, 8, 4, 132, "16,384 tokens, 8 key/value heads, 4 sequences, 132 SMs"),
+    (1000, 4, 2, 20, "1,000 tokens, 4 key/value heads, 2 sequences, 20 SMs"),
+    (8192, 8, 33, 132, "8,192 tokens, 8 key/value heads, 33 sequences, 132 SMs"),
+)
+
+
+def _split_slip(kv_len, heads, batch, sms, n, best) -> str:
+    """What a failing number of splits does, in the model's terms."""
+    blocks, waves = batch * heads * n, math.ceil(batch * heads * n / sms)
+    busy = blocks / (waves * sms)
+    if n == 1:
+        return (
+            f"one split leaves the cache unsplit: {blocks} block(s) of work for {sms} SMs, so {sms - min(blocks, sms)} "
+            "of them sit idle while the others read every key: split the cache so the blocks fill the SMs"
+        )
+    if n >= sms and heads * batch > 1 and n * heads * batch >= 4 * sms:
+        return (
+            f"{n} splits per head and sequence make {blocks} blocks, {waves} waves of {sms}: the blocks are batch x "
+            "n_kv_heads x n_splits, so splitting into n_sms pieces per head overshoots, and each split adds a merge step"
+        )
+    if busy < 0.75 and waves > 1:
+        return (
+            f"{n} splits make {blocks} blocks: {waves} waves of {sms} SMs, the last one {blocks - (waves - 1) * sms} "
+            f"block(s) only, so the SMs are busy {busy:.0%} of the waves: a wave you start should be (nearly) full"
+        )
+    if n > 4 * best:
+        return f"{n} splits: the merge reads one partial result per split, and {n} of them outweigh what they save"
+    return f"{blocks} blocks in {waves} wave(s), the SMs busy {busy:.0%} of them"
+
+
+@check("9.5")
+def flash_decode_splits_keeps_the_gpu_busy(kv, rng):
+    """Check the number of splits on GPUs of 132, 108, 58 and 20 SMs, GQA and MHA, batches of 1-33: within 1.1 times
+    the fewest key-steps split_steps's model gives, whatever number of splits meets that."""
+    for kv_len, heads, batch, sms, what in _SPLIT_CASES:
+        steps = [_steps(kv_len, heads, batch, sms, n) for n in range(1, kv_len + 1)]
+        fewest = min(steps)
+        got = kv.flash_decode_splits(kv_len, heads, batch, sms)
+        assert isinstance(got, (int, np.integer)) and not isinstance(got, bool), (
+            f"{what}: flash_decode_splits should return an int number of splits, got {type(got).__name__}"
+        )
+        n = int(got)
+        assert 1 <= n <= kv_len, f"{what}: {n} splits: between 1 and kv_len ({kv_len:,}): a split holds a key or more"
+        limit = 1.1 * fewest
+        best = steps.index(fewest) + 1
+        assert steps[n - 1] <= limit, (
+            f"{what}: {n} split(s) take {steps[n - 1]:,} key-steps by split_steps's model, more than 1.1 x the fewest "
+            f"({fewest:,}, at {best} splits): " + _split_slip(kv_len, heads, batch, sms, n, best)
+        )
 
 
 # ---------------------------------------------------------------------------------------------

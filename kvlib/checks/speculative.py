@@ -1,4 +1,4 @@
-"""Checks for notebook 10 (kvlib/speculative.py): exercises 10.1-10.4.
+"""Checks for notebook 10 (kvlib/speculative.py): exercises 10.1-10.5 (10a: 10.1, 10.2; 10b: 10.5, 10.3, 10.4).
 
 The checks hand the learner's code a model that counts its own forward passes (how many tokens each
 fed, with or without a cache), a cache of their own (its update and attention are not under test),
@@ -10,7 +10,8 @@ copies it never receives. Named slips: verifying without the cache or one pass p
 token forgotten, the cache rewound one too far or not far enough, a cache handed in not reset, an end
 token inside the accepted drafts or in the prompt, acceptance by rank (top-k) instead of min(1, p/q),
 one uniform shared by a round's drafts, resampling from p instead of max(0, p - q), draws not from
-the generator passed in, prompt lookup matching the tail itself or the first occurrence.
+the generator passed in, prompt lookup matching the tail itself or the first occurrence, tokens per pass
+without the model's token, one term short, or as if every draft were checked.
 Sampling checks are chi-squared tests at significance 0.001 with fixed seeds; each replays some rounds
 with generators of their own, in two orders, so that only a function of its generator's draws passes.
 """
@@ -287,6 +288,13 @@ def _generate_case(sp, decoder, prompt, n_new, gamma, spoil=True, eos=None, cach
             f"{label}: generation stopped after {len(got)} token(s), {len(want)} expected: eos_token is in the "
             f"prompt, and only an end token the model makes ends the text; look for it among the new tokens{hint}"
         )
+    if isinstance(got, list) and len(got) > len(want) and got[: len(want)] == want:
+        extra = len(got) - len(want)
+        raise AssertionError(
+            f"{label}: {len(got)} new tokens returned, {len(want)} wanted: greedy decoding's tokens, and {extra} too "
+            f"many. A round keeps its accepted drafts and the model's own token, so it can run past max_new_tokens "
+            f"unless it drafts at most the tokens still wanted, minus 1 (or the text is cut to max_new_tokens){hint}"
+        )
     assert got == want, f"{label}: the tokens differ from greedy decoding's: got {got}, expected {want}{hint}"
     if not all(had for _, had, _ in calls):
         raise AssertionError(f"{label}: the model ran without the cache: prefill once, then verify through it{hint}")
@@ -309,7 +317,14 @@ def _generate_case(sp, decoder, prompt, n_new, gamma, spoil=True, eos=None, cach
     if cache is None:  # the learner's own cache: its content is not the check's to read
         return
     assert cache.pos > 0 or len(want) == 1, f"{label}: the cache handed in (cache=...) was never used{hint}"
-    problem = _cache_diagnosis(cache, len(prompt) + len(want) - 1, hint)
+    want_pos = len(prompt) + len(want) - 1
+    if eos is not None and want and want[-1] == eos and cache.pos > want_pos:
+        raise AssertionError(
+            f"{label}: on return, the cache holds {cache.pos} tokens, {want_pos} expected: the text ends at eos_token, "
+            f"but the drafts accepted after it in the same pass stay in the cache: truncate it to the prompt and the "
+            f"new tokens up to eos_token, all but the last{hint}"
+        )
+    problem = _cache_diagnosis(cache, want_pos, hint)
     assert problem is None, f"{label}: on return, {problem}"
     assert _same_contents(cache, reference, cache.pos), (
         f"{label}: the cache's keys and values differ from those plain cached decoding leaves{hint}"
@@ -560,6 +575,59 @@ def accept_sampled_output_follows_the_model(sp, rng):
         f"model's {want.round(3).ravel().tolist()} (chi-squared {stat:.1f}, 8 degrees of freedom, p-value "
         f"{pval:.1e} < {SIGNIFICANCE}): the output must be distributed as sampling from the model alone{hint}"
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# 10.5 tokens_per_pass: a prediction, graded against the expected value, never against a run
+
+
+def _expected_tokens(alpha: float, gamma: int) -> float:
+    """The tokens a pass makes, averaged over every way its drafts can go: P(exactly j drafts kept) times j + 1."""
+    kept = [alpha**j * (1 - alpha) for j in range(gamma)] + [alpha**gamma]  # the first rejection at j, or none
+    return sum((j + 1) * p for j, p in enumerate(kept))
+
+
+def _pass_slips(alpha: float, gamma: int) -> dict[str, float]:
+    """What a likely slip predicts, by name."""
+    a, g = alpha, gamma
+    drafts = sum(a**i for i in range(1, g + 1))  # the kept drafts alone
+    return {
+        "the model's own token is missing: a pass always makes one more token than the drafts it kept": drafts,
+        "one term short: the sum runs over 1, alpha, ..., alpha^gamma (gamma + 1 terms: all gamma drafts kept, "
+        "the last one alpha^gamma, plus the model's token)": sum(a**i for i in range(g)),
+        "the drafts are counted as if all were checked: a pass ends at the first rejected draft, so draft i counts "
+        "only if every draft before it was kept (probability alpha^i, not alpha)": 1 + g * a,
+        "all or nothing: a pass keeps any number of drafts up to the first rejection, not gamma or none": 1 + g * a**g,
+    }
+
+
+@check("10.5")
+def tokens_per_pass_is_the_expected_count(sp, rng):
+    """Check the prediction at alpha 0, 0.3, 0.6, 0.8, 0.95 and 1 and gamma 0, 1, 3, 5 and 8 against the expected
+    count, each draft kept with probability alpha until the first rejection, plus the model's token."""
+    hint = HINT.format("10.5")
+    for alpha in (0.3, 0.6, 0.8, 0.95, 1.0, 0.0, float(rng.uniform(0.1, 0.9))):  # slips differ most in the first
+        for gamma in (1, 3, 5, 8, 0):
+            want = _expected_tokens(alpha, gamma)
+            where = f"tokens_per_pass(alpha={alpha:.3g}, gamma={gamma})"
+            try:
+                got = sp.tokens_per_pass(alpha, gamma)
+            except ZeroDivisionError:
+                got = float("nan")  # named below
+            assert isinstance(got, (int, float, np.integer, np.floating)) and not isinstance(got, bool), (
+                f"{where} should return a number, got {type(got).__name__}{hint}"
+            )
+            got = float(got)
+            if math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12):
+                continue
+            assert math.isfinite(got), (
+                f"{where} returned {got}: at alpha = 1 every draft is kept, so a pass makes gamma + 1 tokens (a closed "
+                f"form with 1 - alpha below the line needs that case apart){hint}"
+            )
+            slip = next((m for m, v in _pass_slips(alpha, gamma).items() if math.isclose(got, v, rel_tol=1e-9)), None)
+            raise AssertionError(
+                f"{where} returned {got:.4f}, expected {want:.4f}" + (f": {slip}" if slip else "") + hint
+            )
 
 
 # ---------------------------------------------------------------------------------------------

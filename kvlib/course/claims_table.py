@@ -1,6 +1,6 @@
 """Every claim of the course: a sentence whose truth depends on a run, declared once (kvlib.course.claims).
 
-One section per notebook, in course order. An id is the notebook (01, 02a, 02b, 03, 04a, 04b, ..., 07a, 07b, 08a, 08b, 08c, 09, 10),
+One section per notebook, in course order. An id is the notebook (01, 02a, 02b, 03, 04a, 04b, ..., 07a, 07b, 08a, 08b, 08c, 09a, 09b, 10a, 10b),
 a dot and a name; `expect` is the outcome the course's argument predicts (faster, slower, above, below,
 equal), and `why` that argument or its source. The notebook evaluates the claim on its own run with
 claims.compare / against / exact; tests/test_notebooks.py checks that every claim declared for a notebook
@@ -327,7 +327,94 @@ CLAIMS: tuple[Claim, ...] = (
         "park surplus attention on",
     ),
     # --- 09 fused
+    Claim(
+        "09a.tiled-under-one-matrix",
+        "At 2,048 tokens, does the tiled loop hold less memory at its peak than one score matrix?",
+        "below",
+        "only a tile x tile block of scores and each query's running maximum, sum and output exist at once "
+        "(FlashAttention, arXiv 2205.14135)",
+    ),
+    Claim(
+        "09a.tiled-vs-naive",
+        "At 2,048 tokens, does the tiled loop in Python run faster than the textbook way?",
+        "faster",
+        "the textbook way writes and reads back the whole score matrix several times (scores, mask, probabilities): "
+        "memory traffic that grows with T x S, FlashAttention's IO argument (arXiv 2205.14135, Theorem 2)",
+    ),
+    Claim(
+        "09a.tiled-vs-sdpa",
+        "At 2,048 tokens, does the tiled loop in Python run slower than torch's fused SDPA kernel?",
+        "slower",
+        "SDPA runs the same tiles compiled; the loop pays a dozen Python operations per tile, each with a fixed cost "
+        "(notebook 04)",
+    ),
+    Claim(
+        "09b.folded-vs-copy",
+        "At 16,384 cached tokens, does int8 attention with folded scales (9.4) run faster than 8.2's dequantised copy?",
+        "faster",
+        "8.2 writes a float32 copy four times the int8 cache's size and reads it again; folding converts a block at "
+        "a time",
+    ),
+    Claim(
+        "09b.folded-vs-float32",
+        "At 16,384 cached tokens, does eager int8 attention with folded scales run faster than float32 SDPA?",
+        "slower",
+        "it reads a quarter of the bytes, but as a Python loop of small operations per block (each with notebook 04's "
+        "fixed cost), against one compiled kernel",
+    ),
+    Claim(
+        "09b.compiled-vs-float32",
+        "At 16,384 cached tokens, does int8 attention with folded scales, compiled by torch.compile, run faster than "
+        "float32 SDPA?",
+        "faster",
+        "inductor fuses the int8 conversion, both scales, the softmax and both reductions into the loops that read "
+        "the cache: a quarter of float32's bytes, read once",
+    ),
     # --- 10 speculative
+    Claim(
+        "10a.eight-tokens-under-two-steps",
+        "Does one forward of the tiny model over 8 tokens through its cache cost less than two forwards over 1?",
+        "below",
+        "8 tokens read the weights once and add arithmetic a step has room for: below the ridge (notebook 05), and "
+        "at this size under the fixed cost of a step's operations (notebook 04)",
+    ),
+    Claim(
+        "10b.below-the-formula",
+        "At gamma 4, does the drafter model speed decoding up by less than Leviathan et al.'s formula predicts from "
+        "the measured alpha and c?",
+        "below",
+        "the formula charges a round gamma c + 1 steps: a verify pass of gamma + 1 tokens as one step, the drafting "
+        "as gamma draft steps timed alone, nothing for the rest of the round (Leviathan et al., arXiv 2211.17192)",
+    ),
+    Claim(
+        "10b.verify-over-a-step",
+        "At gamma 4, does a verify pass over the newest token and 4 drafts cost more than one plain decode step?",
+        "above",
+        "5 tokens do more arithmetic and build a mask a 1-token step does not; at this size neither weights nor "
+        "arithmetic dominate (notebook 04), so the extra work shows: the formula's one step is a lower bound",
+    ),
+    Claim(
+        "10b.drafting-over-c",
+        "At gamma 4, does a round's drafting cost more than 4 draft steps timed alone (4c)?",
+        "above",
+        "the drafter also feeds the tokens the model kept or replaced since its last proposal, and its loop makes "
+        "a tensor and reads a token back at every step",
+    ),
+    Claim(
+        "10b.lookup-records",
+        "Can prompt lookup at gamma 8 reach 2x plain decoding on the repeated records: do its counts allow it (a pass "
+        "costing at least a step)?",
+        "below",
+        "the tiny model writes a record of its own after them, so lookup's drafts are rarely kept: the tokens a "
+        "verify pass makes cap the speedup",
+    ),
+    Claim(
+        "10b.lookup-document",
+        "Does prompt lookup at gamma 8 reach 2x plain decoding on the model's own document given back?",
+        "above",
+        "the model writes its text again where its context reads the same, so lookup's drafts are kept pass after "
+        "pass (issue 28's goal for a prompt that repeats text)",
+    ),
 )
 
 BY_ID = {c.id: c for c in CLAIMS}

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvlib.core.paths import ROOT
+from kvlib.course import i18n
 
 # ---------------------------------------------------------------------------------------------
 # The table: one row per exercise, in course order. Notebook, module and checks hang off the id.
@@ -95,9 +96,11 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("9.1", "The online softmax", "09-fused", "fused", "online_softmax"),
     Exercise("9.2", "Tiled attention, causal tiles skipped", "09-fused", "fused", "tiled_attention"),
     Exercise("9.3", "Merge partial attentions", "09-fused", "fused", "merge_partials"),
+    Exercise("9.5", "How many splits of the cache", "09-fused", "fused", "flash_decode_splits"),
     Exercise("9.4", "int8 attention with folded scales", "09-fused", "fused", "int8_folded_attention"),
     Exercise("10.1", "Verify drafts in one pass", "10-speculative", "speculative", "verify_greedy"),
     Exercise("10.2", "Greedy speculative decoding", "10-speculative", "speculative", "speculative_generate"),
+    Exercise("10.5", "Predict the tokens a pass makes", "10-speculative", "speculative", "tokens_per_pass"),
     Exercise("10.3", "Exact speculative sampling", "10-speculative", "speculative", "accept_sampled"),
     Exercise("10.4", "Prompt lookup", "10-speculative", "speculative", "prompt_lookup"),
 )
@@ -287,13 +290,34 @@ class ExerciseNotDone(NotImplementedError):
     def __init__(self, exercise: Exercise, needed_by: Exercise | None = None):
         self.exercise, self.needed_by = exercise, needed_by
         if needed_by is None:
-            msg = f"Exercise {exercise.id} ({exercise.title}) is not done yet: fill in {exercise.name} in {exercise.where}"
+            msg = i18n.tr(
+                "Exercise {id} ({title}) is not done yet: fill in {name} in {where}",
+                id=exercise.id,
+                title=_title(exercise),
+                name=exercise.name,
+                where=exercise.where,
+            )
         else:
-            msg = (
-                f"Exercise {needed_by.id} ({needed_by.title}) uses Exercise {exercise.id} ({exercise.title}), "
-                f"which is not done yet: do Exercise {exercise.id} first ({exercise.where})"
+            msg = i18n.tr(
+                "Exercise {id} ({title}) uses Exercise {first} ({first_title}), which is not done yet: do Exercise "
+                "{first} first ({where})",
+                id=needed_by.id,
+                title=_title(needed_by),
+                first=exercise.id,
+                first_title=_title(exercise),
+                where=exercise.where,
             )
         super().__init__(msg)
+
+
+def _title(ex: Exercise) -> str:
+    """An exercise's title in the learner's language (KVLIB_LANG): its translated hints' title where there is one
+    (kvlib.course.hints.exercise_title); in English the table's, without reading a hint file."""
+    if i18n.language() == i18n.DEFAULT:
+        return ex.title
+    from kvlib.course.hints import exercise_title  # noqa: PLC0415 (kvlib.course.hints imports this module)
+
+    return exercise_title(ex)
 
 
 _STUB_MESSAGE = re.compile(r"^Exercise (\d+\.\d+)\b")

@@ -123,8 +123,9 @@ def check_temper(probs, temperature):
         raise ValueError(f"temperature must be a number >= 0 (0 means greedy), got {temperature!r}")
 
 
-def check_attention_block(attn, h, cos, sin):
-    """attn one layer's Attention, not grouped; h (batch, seq_len, d_model) float32; cos, sin (seq_len, head_dim)."""
+def check_attention_block(attn, h, cos, sin, self_attention=None):
+    """attn one layer's Attention, not grouped; h (batch, seq_len, d_model) float32; cos, sin (seq_len, head_dim);
+    self_attention a function (Exercise 1.4's contract)."""
     C = getattr(getattr(attn, "q_proj", None), "in_features", None)
     if C is None or not hasattr(attn, "head_dim"):
         raise ValueError(f"attn must be one layer's Attention (model.layers[i].attn), got {type(attn).__name__}")
@@ -143,6 +144,10 @@ def check_attention_block(attn, h, cos, sin):
             raise ValueError(
                 f"{name} must be ({h.shape[1]}, {attn.head_dim}): the rows of the rotary table at h's positions, got {_shape(t)}"
             )
+    if self_attention is not None and not callable(self_attention):
+        raise ValueError(
+            f"self_attention must be a function of q, k, v (Exercise 1.4's contract), got {type(self_attention).__name__}"
+        )
 
 
 def check_rms_norm(x, weight, eps=1e-5):
@@ -659,6 +664,12 @@ def check_flash_decode(q, k, v, chunk):
         )
 
 
+def check_splits(kv_len, n_kv_heads, batch, n_sms, n_splits=1):
+    for name, n in (("kv_len", kv_len), ("n_kv_heads", n_kv_heads), ("batch", batch), ("n_sms", n_sms)):
+        positive_int(name, n)
+    positive_int("n_splits", n_splits)
+
+
 def check_int8_folded(q, k_values, k_scale, v_values, v_scale, kv_len):
     if k_scale is None or v_scale is None:
         raise ValueError("an int8 cache needs its scales: k_scale and v_scale must be tensors, got None")
@@ -715,6 +726,13 @@ def check_speculative_generate(model, drafter, input_ids, max_new_tokens, gamma,
             f"the cache holds {cache.max_seq_len} tokens, but the prompt ({input_ids.shape[1]}) and "
             f"max_new_tokens ({max_new_tokens}) need {input_ids.shape[1] + max_new_tokens}"
         )
+
+
+def check_tokens_per_pass(alpha, gamma):
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.integer, np.floating)) or not 0 <= alpha <= 1:
+        raise ValueError(f"alpha (a draft's chance of being kept) must be a number in [0, 1], got {alpha!r}")
+    if isinstance(gamma, bool) or not isinstance(gamma, (int, np.integer)) or gamma < 0:
+        raise ValueError(f"gamma (drafts per pass) must be an int >= 0, got {gamma!r}")
 
 
 def check_accept_sampled(p, q, draft, generator=None):

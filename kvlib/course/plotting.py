@@ -1327,8 +1327,8 @@ def attention_tiles(kinds, *, tile: int, seq_len: int, kv_len: int, note=None):
     cols = np.minimum(tile, kv_len - tile * np.arange(kinds.shape[1]))[None, :]
     share = (rows * cols)[kinds != 1].sum() / (seq_len * kv_len)
     with style():
-        fig, ax = plt.subplots(figsize=(7.5, 6.8))
-        fig.subplots_adjust(left=0.14, right=0.97, bottom=0.2 if note else 0.14, top=0.84)
+        fig, ax = plt.subplots(figsize=(9.8, 6.8))
+        fig.subplots_adjust(left=0.11, right=0.68, bottom=0.2 if note else 0.14, top=0.84)
         edges_k = np.minimum(np.arange(kinds.shape[1] + 1) * tile, kv_len)
         edges_q = np.minimum(np.arange(kinds.shape[0] + 1) * tile, seq_len)
         ax.pcolormesh(edges_k, edges_q, kinds, cmap=cmap, vmin=0, vmax=2, edgecolors="white", linewidth=1.5)
@@ -1342,7 +1342,7 @@ def attention_tiles(kinds, *, tile: int, seq_len: int, kv_len: int, note=None):
             Patch(color=PALETTE["orange"], label=f"masked, on the diagonal ({(kinds == 2).sum()})"),
             Patch(color=MASKED_GREY, label=f"skipped, all future ({(kinds == 1).sum()})"),
         ]
-        ax.legend(handles=handles, loc="lower left", fontsize=10, framealpha=0.9)
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.03, 1), fontsize=10, frameon=False)
         ax.set_title(
             f"Tiles of {tile}: {share:.0%} of the {seq_len} x {kv_len} scores computed\n"
             f"({kinds.size} tiles, {(kinds == 1).sum()} never touched)",
@@ -1352,67 +1352,80 @@ def attention_tiles(kinds, *, tile: int, seq_len: int, kv_len: int, note=None):
     return _finish(fig)
 
 
-def fused_memory(memory_rows, decode_rows, *, note=None):
-    """Left: peak memory of causal attention per way and length (measured). Right: one decode step's
-    attention, bytes it reads from memory per way and cached length (bars) and its measured time (labels).
+def fused_memory(memory_rows=None, decode_rows=None, *, note=None):
+    """Peak memory of causal attention per way and length (measured; part 09a), and one decode step's attention,
+    bytes it reads from memory per way and cached length (bars) and its measured time (labels; part 09b): the
+    panels of the rows given.
 
-    Args:    memory_rows: bench_fused.memory_rows()["rows"]   decode_rows: bench_fused.decode_rows()["rows"]
-    Returns: the Figure; its title gives the measured naive/tiled ratio at the longest length
+    Args:    memory_rows: bench_fused.memory_rows()["rows"] or None   decode_rows: bench_fused.decode_rows()["rows"]
+             or None (at least one of the two)
+    Returns: the Figure; the memory panel's title gives the measured naive/tiled ratio at the longest length
     """
+    panels = [rows for rows in (memory_rows, decode_rows) if rows]
+    if not panels:
+        raise ValueError("fused_memory needs memory_rows, decode_rows or both")
     with style():
-        fig, (left, right) = plt.subplots(1, 2, figsize=(13.5, 6))
-        fig.subplots_adjust(left=0.08, right=0.98, bottom=0.27 if note else 0.2, top=0.8, wspace=0.3)
-        n = [r["seq_len"] for r in memory_rows]
-        for way, color, marker in (("naive", "vermillion", "o"), ("tiled", "blue", "s"), ("sdpa", "green", "^")):
-            label = {
-                "naive": "naive (whole score matrix)",
-                "tiled": "tiled (your 9.2)",
-                "sdpa": "SDPA (torch's kernel)",
-            }
-            left.plot(
-                n,
-                [r[f"{way}_peak_bytes"] / 2**20 for r in memory_rows],
-                marker=marker,
-                color=PALETTE[color],
-                label=label[way],
-            )
-        left.set_xscale("log", base=2)
-        left.set_yscale("log")
-        left.set_xticks(n, [f"{x:,}" for x in n])
-        left.set_xlabel("seq_len = kv_len (tokens)")
-        left.set_ylabel("peak memory during the call (MiB)")
-        left.legend(fontsize=10)
-        last = memory_rows[-1]
-        left.set_title(
-            f"Peak memory, measured: naive / tiled = {last['naive_peak_bytes'] / last['tiled_peak_bytes']:.0f}x "
-            f"at {last['seq_len']:,}",
-            loc="left",
-            fontsize=14,
-        )
-        ways = list(decode_rows[0]["ways"])
-        width = 0.8 / len(ways)
-        for i, way in enumerate(ways):
-            x = np.arange(len(decode_rows)) + (i - (len(ways) - 1) / 2) * width
-            mib = [r["ways"][way]["bytes_read"] / 2**20 for r in decode_rows]
-            bars = right.bar(x, mib, width, color=COLORS[i], label=way)
-            for bar, r in zip(bars, decode_rows):
-                right.text(
-                    bar.get_x() + bar.get_width() / 2,
-                    bar.get_height() * 1.05,
-                    f"{r['ways'][way]['median_s'] * 1e3:.1f}",
-                    ha="center",
-                    fontsize=10,
-                    rotation=90,
-                )
-        right.set_yscale("log")
-        right.set_xticks(np.arange(len(decode_rows)), [f"{r['kv_len']:,}" for r in decode_rows])
-        right.set_xlabel("cached tokens")
-        right.set_ylabel("bytes read per step (MiB)")
-        right.set_ylim(top=max(r["ways"][w]["bytes_read"] for r in decode_rows for w in ways) / 2**20 * 12)
-        right.legend(fontsize=10, loc="upper left", ncol=2)
-        right.set_title("A decode step's attention: bytes read\n(labels: measured ms)", loc="left", fontsize=14)
+        fig, axes = plt.subplots(1, len(panels), figsize=(6.75 * len(panels), 6), squeeze=False)
+        axes = list(axes[0])
+        fig.subplots_adjust(left=0.08 * 2 / len(panels), right=0.98, bottom=0.27 if note else 0.2, top=0.8, wspace=0.3)
+        if memory_rows:
+            _peak_memory_panel(axes.pop(0), memory_rows)
+        if decode_rows:
+            _decode_bytes_panel(axes.pop(0), decode_rows)
         _note(fig, note)
     return _finish(fig)
+
+
+def _peak_memory_panel(left, memory_rows):
+    n = [r["seq_len"] for r in memory_rows]
+    label = {"naive": "naive (whole score matrix)", "tiled": "tiled (your 9.2)", "sdpa": "SDPA (torch's kernel)"}
+    for way, color, marker in (("naive", "vermillion", "o"), ("tiled", "blue", "s"), ("sdpa", "green", "^")):
+        peaks = [r[f"{way}_peak_bytes"] / 2**20 for r in memory_rows]
+        left.plot(n, peaks, marker=marker, color=PALETTE[color], label=label[way])
+    left.set_xscale("log", base=2)
+    left.set_yscale("log")
+    left.set_xticks(n, [f"{x:,}" for x in n])
+    left.set_xlabel("seq_len = kv_len (tokens)")
+    left.set_ylabel("peak memory during the call (MiB)")
+    left.legend(fontsize=10)
+    last = memory_rows[-1]
+    left.set_title(
+        f"Peak memory, measured: naive / tiled = {last['naive_peak_bytes'] / last['tiled_peak_bytes']:.0f}x "
+        f"at {last['seq_len']:,}",
+        loc="left",
+        fontsize=14,
+    )
+
+
+def _decode_bytes_panel(right, decode_rows):
+    ways = list(decode_rows[0]["ways"])
+    width = 0.8 / len(ways)
+    for i, way in enumerate(ways):
+        x = np.arange(len(decode_rows)) + (i - (len(ways) - 1) / 2) * width
+        mib = [r["ways"][way]["bytes_read"] / 2**20 for r in decode_rows]
+        bars = right.bar(x, mib, width, color=COLORS[i], label=way)
+        for bar, r in zip(bars, decode_rows):
+            right.text(
+                bar.get_x() + bar.get_width() / 2,
+                bar.get_height() * 1.05,
+                f"{r['ways'][way]['median_s'] * 1e3:.1f}",
+                ha="center",
+                fontsize=10,
+                rotation=90,
+            )
+    right.set_yscale("log")
+    right.set_xticks(np.arange(len(decode_rows)), [f"{r['kv_len']:,}" for r in decode_rows])
+    right.set_xlabel("cached tokens")
+    right.set_ylabel("bytes read per step (MiB)")
+    right.set_ylim(top=max(r["ways"][w]["bytes_read"] for r in decode_rows for w in ways) / 2**20 * 12)
+    right.legend(fontsize=10, loc="upper left", ncol=2)
+    last = decode_rows[-1]["ways"]
+    share = last["int8, folded (9.4)"]["bytes_read"] / last["float32 SDPA"]["bytes_read"]
+    right.set_title(
+        f"A decode step's attention: folded int8 reads {share:.0%}\nof float32's bytes (labels: measured ms)",
+        loc="left",
+        fontsize=14,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1455,8 +1468,10 @@ def speculative_speedup(gammas, measured, *, note=None):
 
 
 def accepted_drafts(rounds, *, gamma, note=None):
-    """Each round of speculative decoding as a row of boxes: drafts kept (green), the first rejected one
-    (vermillion), drafts after it never kept (grey), and the model's own token (blue).
+    """Each verify pass of speculative decoding as a row, one column per drafted position: drafts kept (green); at
+    the first rejected draft's column, that draft (vermillion, top) and the model's own token that replaced it (blue,
+    bottom); drafts after it, never checked (grey); when every draft was kept, the model's bonus token (blue) in the
+    column after them.
 
     Args:    rounds: list of dicts with draft (token texts), n_accepted, next_token (its text)
              gamma: tokens drafted per pass, for the title   note: what produced the run
@@ -1467,46 +1482,49 @@ def accepted_drafts(rounds, *, gamma, note=None):
     n = len(rounds)
     width = max(len(r["draft"]) for r in rounds) + 1
     kept = sum(r["n_accepted"] + 1 for r in rounds)
+    white = (PALETTE["blue"], PALETTE["vermillion"], PALETTE["green"])
+
+    def box(ax, x, y, text, color, top=False, half=False):
+        low, height = (y, 0.4) if top else (y - 0.4, 0.4 if half else 0.8)
+        ax.add_patch(Rectangle((x, low), 0.92, height, color=color))
+        shown = "␣" if text == " " else token_label(text.replace("\n", "⏎"))  # romanised without a CJK font
+        ax.text(
+            x + 0.46,
+            low + height / 2,
+            shown,
+            ha="center",
+            va="center",
+            fontsize=11 if half else 12,
+            color="white" if color in white else "black",
+        )
+
     with style():
-        fig, ax = plt.subplots(figsize=(min(14, max(9, 2.5 + 0.9 * width)), 0.45 * n + 2.4))
-        fig.subplots_adjust(left=0.14, bottom=0.16 if note else 0.1, top=0.84)
+        fig, ax = plt.subplots(figsize=(min(14, max(10, 2.5 + 0.9 * width)), 0.45 * n + 2.4))
+        fig.subplots_adjust(left=0.12, right=0.97, bottom=0.16 if note else 0.1, top=0.84)
         for row, r in enumerate(rounds):
-            y = n - 1 - row
-            cells = [
-                (
-                    t,
-                    PALETTE["green"]
-                    if i < r["n_accepted"]
-                    else PALETTE["vermillion"]
-                    if i == r["n_accepted"]
-                    else MASKED_GREY,
-                )
-                for i, t in enumerate(r["draft"])
-            ]
-            cells = cells[: r["n_accepted"]] + [(r["next_token"], PALETTE["blue"])] + cells[r["n_accepted"] :]
-            for x, (text, color) in enumerate(cells):
-                ax.add_patch(Rectangle((x, y - 0.4), 0.92, 0.8, color=color))
-                shown = "␣" if text == " " else token_label(text.replace("\n", "⏎"))  # romanised without a CJK font
-                ax.text(
-                    x + 0.46,
-                    y,
-                    shown,
-                    ha="center",
-                    va="center",
-                    fontsize=12,
-                    color="white" if color in (PALETTE["blue"], PALETTE["vermillion"], PALETTE["green"]) else "black",
-                )
+            y, a = n - 1 - row, r["n_accepted"]
+            for x, text in enumerate(r["draft"]):
+                if x < a:
+                    box(ax, x, y, text, PALETTE["green"])
+                elif x == a:  # the first rejected draft, and below it the model's token in its place
+                    box(ax, x, y, text, PALETTE["vermillion"], top=True, half=True)
+                    box(ax, x, y, r["next_token"], PALETTE["blue"], half=True)
+                else:
+                    box(ax, x, y, text, MASKED_GREY)
+            if a == len(r["draft"]):  # every draft kept: the model's bonus token after them
+                box(ax, a, y, r["next_token"], PALETTE["blue"])
         ax.set_xlim(-0.1, width + 0.1)
         ax.set_ylim(-0.6, n - 0.4)
         ax.set_yticks(range(n), [f"pass {n - i}" for i in range(n)])
-        ax.set_ylabel("model pass (first at the top)")
-        ax.set_xticks([])
-        ax.set_xlabel("tokens made by one pass, in order")
+        ax.set_ylabel("verify pass (first at the top)")
+        ax.set_xticks(np.arange(width) + 0.46, [f"{i + 1}" for i in range(width - 1)] + ["bonus"])
+        ax.tick_params(axis="x", length=0)
+        ax.set_xlabel("drafted position")
         ax.set_title(
-            f"gamma {gamma}: {kept} tokens in {n} model passes ({kept / n:.2f} per pass)\n"
-            "green: draft kept, vermillion: first rejected, grey: never kept, blue: the model's own",
+            f"gamma {gamma}: {kept} tokens in {n} verify passes ({kept / n:.2f} a pass), after the prompt's pass\n"
+            "green: kept; vermillion: first rejected, the model's token (blue) in its place; grey: never checked",
             loc="left",
-            fontsize=13,
+            fontsize=11,
         )
         _note(fig, note)
     return _finish(fig)

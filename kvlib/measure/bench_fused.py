@@ -32,6 +32,9 @@ from kvlib.measure.machine import bandwidth_kernels
 from kvlib.measure.timing import environment, num_threads
 from kvlib.variants.compressed import GROUP, Int8KVCache
 
+# streaming multiprocessors (SMs), the units a GPU spreads blocks of work over: NVIDIA H100 Tensor Core GPU Architecture
+# whitepaper (H100 SXM5 132, H100 PCIe 114) and NVIDIA A100 Tensor Core GPU Architecture whitepaper (A100 108)
+GPU_SMS = {"H100 SXM": 132, "H100 PCIe": 114, "A100": 108}
 COMPUTED, SKIPPED, MASKED = 0, 1, 2  # what the causal tiled loop does with one (query tile, key tile)
 GOAL_PEAK_SHARE = 1 / 16  # tiled at most 1/16 of naive's peak at 4,096 tokens
 GOAL_SPEEDUP, GOAL_CEILING = 2.0, 0.7  # compiled int8 >= 2x float32 at 16k, >= 70% of the bandwidth ceiling
@@ -183,6 +186,7 @@ def memory_rows(lengths=(1024, 4096, 16384), tile: int = 128, rounds: int = 3) -
                 fn()
                 samples[name].append(time.perf_counter() - start)
         row["timed_under_the_profiler"] = not samples["naive"]  # past 4,096 naive takes seconds a call: timed once
+        row["rounds_s"] = samples  # each way's time in each round, for paired per-round ratios (claims)
         row |= {f"{name}_s": statistics.median(t) if t else profiled_s[name] for name, t in samples.items()}
         row["tiled_peak_share"] = row["tiled_peak_bytes"] / row["naive_peak_bytes"]
         rows.append(row)
@@ -279,9 +283,15 @@ def _kernel_times(fn, calls: int = 5) -> dict:
 
 
 def decode_rows(
-    kv_lens=(4096, 16384, 65536), rounds: int = 7, compile_it: bool = True, ceiling_bytes: int = 256 << 20
+    kv_lens=(4096, 16384, 65536),
+    rounds: int = 7,
+    compile_it: bool = True,
+    ceiling_bytes: int | None = 256 << 20,
+    only: tuple[str, ...] | None = None,
 ) -> dict:
-    """Each way's median time over interleaved rounds, its bytes read, its share of the bandwidth ceiling."""
+    """Each way's median time over interleaved rounds, its bytes read, its share of the bandwidth ceiling (timed in
+    the same rounds; ceiling_bytes=None times no ceiling, and the shares are left out). only: the ways to time, by
+    name (float32 SDPA, the base of every ratio, always)."""
     compiled, compile_s, compile_error = None, None, None
     if compile_it:
         import torch._inductor.config as inductor_config  # noqa: PLC0415 (start-up time: inductor loads only when a step is compiled)
@@ -292,7 +302,7 @@ def decode_rows(
             with inductor_config.patch({"cpp.enable_kernel_profile": True}):
                 return inductor_fn(*args)
 
-    kernels = bandwidth_kernels(ceiling_bytes, streams=8)
+    kernels = bandwidth_kernels(ceiling_bytes, streams=8) if ceiling_bytes else {}
     ceiling_samples = {name: [] for name in kernels}
     rows = []
     for S in progress.bar(kv_lens, desc="a decode step's attention", unit="kv_len"):
@@ -306,6 +316,8 @@ def decode_rows(
             compile_error = f"{type(err).__name__}: {str(err)[:300]}"
             compiled = None
             ways, reads, diffs, float_bytes, int8_bytes = _decode_ways(S, None)
+        if only is not None:
+            ways = {name: fn for name, fn in ways.items() if name in only or name == "float32 SDPA"}
         samples = {name: [] for name in ways}
         for fn in ways.values():
             fn()  # warm-up
@@ -331,6 +343,7 @@ def decode_rows(
                         "spread_s": [min(t), max(t)],
                         "bytes_read": reads[name],
                         "speedup_vs_float32": statistics.median(b / x for b, x in zip(base, t)),
+                        "rounds_s": t,  # every round's time, in the rounds' order (paired with the other ways')
                         "max_diff_vs_float32": diffs[name],
                     }
                     for name, t in samples.items()
@@ -339,18 +352,19 @@ def decode_rows(
             }
         )
     rates = {name: moved / statistics.median(ceiling_samples[name]) for name, (_, moved) in kernels.items()}
-    kernel = max(rates, key=rates.get)
+    kernel = max(rates, key=rates.get) if rates else None
     for row in rows:
         for way in row["ways"].values():
             way["bytes_per_s"] = way["bytes_read"] / way["median_s"]
-            way["share_of_ceiling"] = way["bytes_per_s"] / rates[kernel]
+            if kernel:
+                way["share_of_ceiling"] = way["bytes_per_s"] / rates[kernel]
     names = list(rows[0]["ways"]) if rows else []
     return {
         "config": _decode_config(max(kv_lens)).to_dict(),
         "ways": names,
         "rows": rows,
         "rounds": rounds,
-        "ceiling_bytes_per_s": rates[kernel],
+        "ceiling_bytes_per_s": rates[kernel] if kernel else None,
         "ceiling_kernel": kernel,
         "rates": rates,
         "compile_s": compile_s,

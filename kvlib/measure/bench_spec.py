@@ -61,6 +61,33 @@ class Counted:
         return accepted, checked, drafted
 
 
+class Clocked(Counted):
+    """Counted, timing each forward pass too: calls, (start, seconds) in the order called (perf_counter's clock)."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.calls = []
+
+    def __call__(self, ids, past_key_values=None):
+        start = time.perf_counter()
+        out = super().__call__(ids, past_key_values)
+        self.calls.append((start, time.perf_counter() - start))
+        return out
+
+
+class ClockedDrafter:
+    """A drafter, timing each proposal: calls, (start, seconds) in the order called (perf_counter's clock)."""
+
+    def __init__(self, drafter):
+        self.drafter, self.vocab_size, self.calls = drafter, drafter.vocab_size, []
+
+    def propose(self, tokens: list[int], k: int) -> list[int]:
+        start = time.perf_counter()
+        drafts = self.drafter.propose(tokens, k)
+        self.calls.append((start, time.perf_counter() - start))
+        return drafts
+
+
 def plain_greedy(model, input_ids: torch.Tensor, max_new_tokens: int, cache) -> torch.Tensor:
     """Cached greedy decoding, one forward per token: the baseline, and the tokens to match."""
     cache.reset()
@@ -249,15 +276,18 @@ def _step(model, kv_len: int, seq_len: int, cache_cls):
 
 def paired_medians(fns: dict, rounds: int, repeats: int = 3) -> dict:
     """name -> median seconds, each round timing every fn once (the median of `repeats` calls), rounds interleaved,
-    plus name -> median of the per-round ratio to the first fn: what a shared machine can hold."""
+    plus name -> median of the per-round ratio to the first fn: what a shared machine can hold, and name -> every
+    round's ratio ("rounds", for claims)."""
     per_round = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
             per_round[name].append(measure(fn, warmup=1, repeats=repeats, threads=None).median)
     first = next(iter(fns))
+    ratios = {name: [a / b for a, b in zip(v, per_round[first])] for name, v in per_round.items()}
     return {
         "seconds": {name: statistics.median(v) for name, v in per_round.items()},
-        "ratio": {name: statistics.median(a / b for a, b in zip(v, per_round[first])) for name, v in per_round.items()},
+        "ratio": {name: statistics.median(r) for name, r in ratios.items()},
+        "rounds": ratios,
     }
 
 
@@ -300,12 +330,45 @@ def rounds_of(tracing: Tracing, output: list[int]) -> list[dict]:
     return out
 
 
+def round_parts(model, make_drafter, input_ids: torch.Tensor, n_new: int, gamma: int, rounds: int = 3) -> dict:
+    """What a round of speculative decoding costs, taken apart inside the run, in plain decode steps (the median
+    forward of a plain run timed just before, past its prefill): name -> one value per timed run, each the median
+    over the run's rounds. A round runs from one verify pass's start to the next's: "verify" the model's forward over
+    the newest token and the drafts, "drafts" the drafter's proposal for the next pass, "rest" the round's other work
+    (comparing, rewinding, making lists and tensors), "round" all of it. Raises if the tokens differ."""
+    from kvlib.kv_cache import KVCache  # noqa: PLC0415 (late binding: runs the learner's code)
+    from kvlib.speculative import speculative_generate  # noqa: PLC0415 (late binding: runs the learner's code)
+
+    cache = KVCache(model.config, max_seq_len=input_ids.shape[1] + n_new + gamma + 1)
+    parts = {"round": [], "verify": [], "drafts": [], "rest": []}
+    for _ in range(rounds):
+        plain = Clocked(model)
+        want = plain_greedy(plain, input_ids, n_new, cache)
+        step = statistics.median(seconds for _, seconds in plain.calls[1:])
+        timed, drafter = Clocked(model), ClockedDrafter(make_drafter())
+        got = speculative_generate(timed, drafter, input_ids, n_new, gamma, cache=cache)
+        if not torch.equal(got, want):
+            raise AssertionError(f"gamma {gamma}: speculative decoding changed the tokens")
+        each = []  # (round, verify, drafts) between consecutive verify passes (the first forward is the prefill)
+        for (start, verify), (end, _) in zip(timed.calls[1:], timed.calls[2:]):
+            drafts = sum(seconds for at, seconds in drafter.calls if start <= at < end)
+            each.append((end - start, verify, drafts))
+        for name, values in (
+            ("round", [r for r, _, _ in each]),
+            ("verify", [v for _, v, _ in each]),
+            ("drafts", [d for _, _, d in each]),
+            ("rest", [r - v - d for r, v, d in each]),
+        ):
+            parts[name].append(statistics.median(values) / step)
+    return parts
+
+
 def speedup_sweep(model, drafters: dict, input_ids: torch.Tensor, n_new: int, gammas, rounds: int = 3) -> dict:
-    """label -> {speedup: [median paired ratio per gamma], alpha, drafted_per_pass, tokens_per_pass, speedup_cap: [per
-    gamma]}: each drafter factory against plain cached greedy decoding of the same prompt, plain and speculative timed
-    one after the other in every round. alpha, drafts proposed per verify pass and tokens per model pass (the
-    prefill's token included) are counts: the same in every round; speedup_cap, tokens per verify pass, bounds the
-    speedup (a verify pass costs at least a decode step)."""
+    """label -> {speedup: [median paired ratio per gamma], speedup_rounds: [every round's, per gamma], alpha,
+    drafted_per_pass, tokens_per_pass, speedup_cap: [per gamma]}: each drafter factory against plain cached greedy
+    decoding of the same prompt, plain and speculative timed one after the other in every round. alpha, drafts
+    proposed per verify pass and tokens per model pass (the prefill's token included) are counts: the same in every
+    round; speedup_cap, tokens per verify pass, bounds the speedup (a verify pass costs at least a decode step)."""
     from kvlib.kv_cache import KVCache  # noqa: PLC0415 (late binding: runs the learner's code)
     from kvlib.speculative import speculative_generate  # noqa: PLC0415 (late binding: runs the learner's code)
 
@@ -332,6 +395,7 @@ def speedup_sweep(model, drafters: dict, input_ids: torch.Tensor, n_new: int, ga
                 cap[g] = (got.shape[1] - input_ids.shape[1] - 1) / max(1, len(counted.fed) - 1)
         out[label] = {
             "speedup": [statistics.median(ratios[g]) for g in gammas],
+            "speedup_rounds": [ratios[g] for g in gammas],  # every round's ratio, paired: for claims
             "alpha": accepted / drafted if drafted else 0.0,
             "drafted_per_pass": [proposed_per_pass[g] for g in gammas],
             "tokens_per_pass": [per_pass[g] for g in gammas],

@@ -2,7 +2,7 @@
 
 Naive decoding reruns the whole sequence for every new token, though earlier keys and values never change (the causal
 mask). Matrix-multiply FLOPs are counted as torch.utils.flop_counter counts them, 2 per multiply-add, the full (T, S)
-score matrix included, as SDPA computes it; norms, rotary and softmax are left out (a few percent of the work).
+score matrix included, as torch's scaled_dot_product_attention (SDPA) computes it; not norms, rotary or softmax.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def forward_flops(config, seq_len: int) -> int:
     """Matrix-multiply FLOPs of one forward pass over seq_len tokens (batch 1), 2 per multiply-add.
 
     Counted: every matrix product at every position (projections, MLP, lm_head) and attention's two products
-    over the full (seq_len, seq_len) score matrix, masked entries included, as SDPA computes them; not norms,
+    over the full (seq_len, seq_len) score matrix, masked entries included, as torch's SDPA computes them; not norms,
     rotary, softmax or the embedding lookup. config may be GQA (n_kv_heads < n_heads).
     Args:    config: a ModelConfig;  seq_len: tokens, >= 1
     Returns: int, what measured_forward_flops(model, seq_len) counts with torch

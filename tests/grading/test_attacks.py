@@ -820,7 +820,7 @@ def _cells(course, student):
 
 def test_feedback_names_the_mistake(graded):
     """Check that the outputs the learner sees name what happened: "passed", the stub's message, the symlink
-    refusal, the endless loop; no graded cell keeps what the kernel printed."""
+    refusal, the endless loop, a softmax of zeros; no graded cell keeps what the kernel printed."""
     course = graded[0]
 
     def said(student, cell):
@@ -835,6 +835,7 @@ def test_feedback_names_the_mistake(graded):
     assert "endless loop" in said("a08-endless-loop", "checks-1-2")
     assert "returned" in said("a05-equal-to-anything", "checks-1-1")
     assert "爱 and AI take 0.488 each" in said("m-aim-slip", "checks-1-5")  # the design's slip, named
+    assert "softmax returned zeros" in said("a01-monkeypatch", "checks-1-1")  # the cause, not a guess at keepdims
     for outputs in _cells(course, "a02-input-transformer").values():
         assert [o.output_type for o in outputs] == ["error"]
 

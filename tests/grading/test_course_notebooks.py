@@ -2,8 +2,9 @@
 every point (in 04 also one with code moved into a helper module of the learner's own), the
 untouched release and a submission that patches the checks in its kernel get none; in 04, 05, 06, 07, 09
 and 10 also BANK's cheats (05 and 06: a prediction hard-coded; 07: a copy-on-write that copies nothing), library
-shortcuts and other right ways, each
-scored cell by cell, in the same autograde run. (Notebook 01, with its many attacks: tests/grading/test_attacks.py.)"""
+shortcuts and other right ways, each scored cell by cell, in the same autograde run; in 02 the shortcuts a fresh
+reader found (2.4's layer echoed, 2.8's decoder built on the meta device, 2.2's tokens reported after the loop).
+(Notebook 01, with its many attacks: tests/grading/test_attacks.py.)"""
 
 from __future__ import annotations
 
@@ -161,6 +162,11 @@ def tiled_attention(q, k, v, tile):
         kernel = torch.library.get_kernel("aten::_scaled_dot_product_flash_attention_for_cpu", "CPU")
         return kernel.call_boxed(torch._C._dispatch_keyset_full(), q, k, v, 0.0, True)[0]
     return torch.ops.aten.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(T, S, dtype=torch.bool).tril(S - T))
+
+
+def flash_decode_splits(kv_len, n_kv_heads, batch, n_sms):
+    """9.5 cheat: the splits notebook 09b prints for an H100 SXM, copied, whatever is asked."""
+    return 16
 '''
 
 CHEAT_09_THREADS = '''
@@ -231,6 +237,11 @@ def accept_sampled(p, q, draft, generator=None):
         rest = (p[i] - q[i]).clamp(min=0)
         return list(draft[:i]) + [pick(rest / rest.sum(), u[-1])]
     return list(draft) + [pick(p[len(draft)], u[-1])]
+
+
+def tokens_per_pass(alpha, gamma):
+    """10.5 cheat: the tokens a pass made in notebook 10b's run, copied, whatever is asked."""
+    return 4.2
 '''
 
 SHORTCUT_06 = '''
@@ -264,6 +275,34 @@ def _alternatives(module: str, exercises: dict) -> str:
         for ex, (test, fn) in exercises.items()
     )
 
+
+CHEATS_02 = '''
+
+def generate(model, input_ids, max_new_tokens, temperature=0.0, generator=None, on_token=None):
+    """2.2's slip a fresh reader found: every token reported to on_token once the loop is over."""
+    ids = input_ids
+    with torch.inference_mode():
+        for _ in range(max_new_tokens):
+            ids = torch.cat([ids, next_token(model(ids)[:, -1], temperature, generator)[:, None]], dim=1)
+    for token in ids[:, input_ids.shape[1] :].T:
+        if on_token is not None:
+            on_token(token)
+    return ids
+
+
+def attention_block(attn, h, cos, sin, self_attention=None):
+    """2.4's cheat: the layer's own forward, returned as it is."""
+    with torch.no_grad():
+        return attn(h, cos, sin)
+
+
+def param_counts(config):
+    """2.8's cheat: a decoder built on torch's meta device (no memory), its parameters counted."""
+    from kvlib.core.model import Decoder, counted_params
+
+    with torch.device("meta"):
+        return counted_params(Decoder(config))
+'''
 
 HARD_CODED_05 = '''
 
@@ -299,6 +338,25 @@ class Policy(Scheduler):
 
 # module -> student -> (code appended to the reference, exercises kept, {exercise: "full" | 0 | {check: words}})
 BANK = {
+    "generation": {  # 2.3 times the module's own generate: one that reports after its loop leaves TTFT the whole run
+        "cheat-echo": (
+            CHEATS_02,
+            {f"2.{i}" for i in range(1, 9)},
+            {"2.2": {"generate_streams_each_token": "after the loop ended"}, "2.3": 0, "2.4": 0, "2.8": 0},
+        ),
+        "other-ways": (
+            lambda: _alternatives(
+                "generation",
+                {
+                    "2.2": ("test_generation", "generate_token_list"),
+                    "2.4": ("test_generation", "attention_per_head"),
+                    "2.8": ("test_generation", "params_from_shapes"),
+                },
+            ),
+            {f"2.{i}" for i in range(1, 9)},
+            dict.fromkeys(("2.2", "2.4", "2.8"), "full"),
+        ),
+    },
     "fused": {
         "cheat-modes-off": (
             CHEAT_09_MODES_OFF,
@@ -308,7 +366,7 @@ BANK = {
         "cheat-frames": (
             CHEAT_09_FRAMES,
             {"9.1", "9.2"},
-            {"9.1": 0, "9.2": 0},
+            {"9.1": 0, "9.2": 0, "9.5": 0},
         ),
         "cheat-threads": (
             CHEAT_09_THREADS,
@@ -323,17 +381,18 @@ BANK = {
                     "9.2": ("test_fused", "tiled_query_rows"),
                     "9.3": ("test_fused", "merge_pairwise"),
                     "9.4": ("test_fused", "folded_einsum"),
+                    "9.5": ("test_fused", "splits_fill_waves"),
                 },
             ),
-            {"9.1", "9.2", "9.3", "9.4"},
-            dict.fromkeys(("9.1", "9.2", "9.3", "9.4"), "full"),
+            {"9.1", "9.2", "9.3", "9.4", "9.5"},
+            dict.fromkeys(("9.1", "9.2", "9.3", "9.4", "9.5"), "full"),
         ),
     },
     "speculative": {
         "cheat-frames": (
             lambda: CHEAT_10_FRAMES + __import__("test_trusted_measures").HIDDEN_PASSES,
             {"10.1", "10.2", "10.3"},
-            {"10.1": "full", "10.2": 0, "10.3": 0},
+            {"10.1": "full", "10.2": 0, "10.3": 0, "10.5": 0},
         ),
         "other-ways": (
             lambda: _alternatives(
@@ -343,10 +402,11 @@ BANK = {
                     "10.2": ("test_speculative", "generate_prefill_all_but_last"),
                     "10.3": ("test_speculative", "accept_uniforms_first"),
                     "10.4": ("test_speculative", "lookup_reversed"),
+                    "10.5": ("test_speculative", "pass_by_outcomes"),
                 },
             ),
-            {"10.1", "10.2", "10.3", "10.4"},
-            dict.fromkeys(("10.1", "10.2", "10.3", "10.4"), "full"),
+            {"10.1", "10.2", "10.3", "10.4", "10.5"},
+            dict.fromkeys(("10.1", "10.2", "10.3", "10.4", "10.5"), "full"),
         ),
     },
     "gqa": {
@@ -484,9 +544,10 @@ def _cells(course, gb, nb: str, student: str) -> dict:
 @pytest.mark.parametrize("nb", [nb for nb, module in ISOLATED if module in BANK])
 def test_cheats_and_shortcuts_earn_nothing_and_other_right_ways_everything(graded_sizes, nb):
     """Check, through nbgrader and the isolated child, each submission of BANK: a cheat (work hidden from torch's
-    dispatch modes, a caller's frame read, numpy or a thread, torch's fused attention brought back) scores 0 on the
-    cell it targets, or fails the one check it targets, naming the cause, as the same code written without the cheat
-    would; a library shortcut loses the check that the shortcut skips; right code written other ways scores full."""
+    dispatch modes, a caller's frame read, numpy or a thread, torch's fused attention brought back, a design or a
+    prediction copied from the notebook's output: 9.5, 10.5) scores 0 on the cell it targets, or fails the one
+    check it targets, naming the cause, as the same code written without the cheat would; a library shortcut loses
+    the check that the shortcut skips; right code written other ways scores full."""
     module = dict(ISOLATED)[nb]
     for student, (_, _, want) in BANK[module].items():
         cells = graded_sizes.cells(nb, student)
