@@ -311,13 +311,9 @@ class ExerciseNotDone(NotImplementedError):
 
 
 def _title(ex: Exercise) -> str:
-    """An exercise's title in the learner's language (KVLIB_LANG): its translated hints' title where there is one
-    (kvlib.course.hints.exercise_title); in English the table's, without reading a hint file."""
-    if i18n.language() == i18n.DEFAULT:
-        return ex.title
-    from kvlib.course.hints import exercise_title  # noqa: PLC0415 (kvlib.course.hints imports this module)
-
-    return exercise_title(ex)
+    """An exercise's title in the learner's language (KVLIB_LANG): its translated hints' title where there is one;
+    in English the table's, without reading a hint file."""
+    return i18n.hint_title(ex.id, ex.title)
 
 
 _STUB_MESSAGE = re.compile(r"^Exercise (\d+\.\d+)\b")
