@@ -230,6 +230,14 @@ BAD_INPUTS = [
     (["course", "nope"], "invalid choice: 'nope'"),
     (["course", "init", A_FILE], f"dir: {A_FILE} is a file, not a folder"),
     (["course", "init", "x", "--exchange", A_FILE], f"--exchange: {A_FILE} is a file, not a folder"),
+    (
+        ["course", "init", "x", "--exchange-service", "hub.example.edu"],
+        "--exchange-service 'hub.example.edu': give the",
+    ),
+    (
+        ["course", "init", "x", "--exchange", "docs", "--exchange-service", "https://h/"],
+        "--exchange-service (a hub's URL), not",
+    ),
     (["course", "autograde", "01-attention", "--jobs", "0"], "--jobs: expected a whole number of at least 1"),
     (["course", "autograde"], "the following arguments are required: assignment"),
     (["course", "site", "--out", A_FILE], f"--out: {A_FILE} is a file, not a folder"),

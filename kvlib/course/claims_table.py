@@ -85,6 +85,12 @@ CLAIMS: tuple[Claim, ...] = (
         "leaves out, so short steps take longer than their FLOPs say",
     ),
     Claim(
+        "03.attention-time-above-flops",
+        "At 8 tokens, does attention take a larger share of a naive step's time than of its FLOPs?",
+        "above",
+        "each layer's attention call has a fixed cost of its own, large beside its few FLOPs at 8 tokens",
+    ),
+    Claim(
         "03.attention-share-grows",
         "Does attention take a larger share of a naive step's time at 512 tokens than at 64?",
         "above",

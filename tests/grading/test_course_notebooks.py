@@ -1,6 +1,6 @@
 """Notebooks 02 to 10 graded by nbgrader from a `kvlib course init` folder: a correct submission gets
 every point (in 04 also one with code moved into a helper module of the learner's own), the
-untouched release and a submission that patches the checks in its kernel get none; in 04, 05, 06, 07, 09
+untouched release and a submission that patches the checks in its kernel get none; in 03, 04, 05, 06, 07, 09
 and 10 also BANK's cheats (05 and 06: a prediction hard-coded; 07: a copy-on-write that copies nothing), library
 shortcuts and other right ways, each scored cell by cell, in the same autograde run; in 02 the shortcuts a fresh
 reader found (2.4's layer echoed, 2.8's decoder built on the meta device, 2.2's tokens reported after the loop).
@@ -259,6 +259,34 @@ def cached_forward(model, input_ids, cache):
     """4.3's library shortcut: the model's own cached forward runs the layer loop."""
     logits, _ = model(input_ids, past_key_values=cache)
     return logits[:, -1]
+
+
+def cached_attention(attn, x, cache, layer, rope_cos, rope_sin):
+    """4.2's ready-made answer: the infrastructure's own attention through a cache."""
+    from kvlib.core.cache import attention_through_cache
+
+    return attention_through_cache(attn, x, cache, layer, rope_cos, rope_sin)
+
+
+def kv_cache_bytes(config, seq_len, batch=1, dtype=torch.float16):
+    """4.4's ready-made answer: a one-token cache made, and its bytes measured."""
+    return KVCache(config, batch, 1, dtype).nbytes * seq_len
+'''
+
+SHORTCUT_03 = '''
+
+def forward_flops(config, seq_len):
+    """3.1's ready-made answer: torch's count of a model built for the config (its docstring's example once)."""
+    from kvlib.core.model import Decoder
+
+    return measured_forward_flops(Decoder(config), seq_len)
+
+
+def attention_share(config, seq_len):
+    """3.4's ready-made answer: torch's share, on a model built for the config."""
+    from kvlib.core.model import Decoder
+
+    return measured_attention_share(Decoder(config), seq_len)
 '''
 
 
@@ -423,12 +451,15 @@ BANK = {
     "serving": {  # a copy-on-write that copies nothing scores 0 on 7.5; another policy in the budget, full on 7.7
         "cow-nothing-policy-other": (SERVING_07, {"7.1", "7.2", "7.3", "7.4", "7.6", "7.7"}, {"7.5": 0, "7.7": "full"}),
     },
-    "kv_cache": {
+    "kv_cache": {  # 4.3 through the model's own call: its head check fails; 4.2 and 4.4 by kvlib's code: 0
         "shortcut-model": (
             SHORTCUT_04,
-            {"4.1", "4.2", "4.3"},
-            {"4.3": {"cached_forward_prefill_runs_once": "the layer loop is yours to write"}},
+            {"4.1", "4.2", "4.3", "4.4"},
+            {"4.2": 0, "4.3": {"cached_forward_prefill_runs_once": "the layer loop is yours to write"}, "4.4": 0},
         ),
+    },
+    "recompute": {  # 3.1 and 3.4 measured on a model built for the config: 0, and 3.2 and 3.3, which call 3.1
+        "shortcut-model": (SHORTCUT_03, {"3.1", "3.2", "3.3", "3.4"}, dict.fromkeys(("3.1", "3.2", "3.3", "3.4"), 0)),
     },
 }
 
