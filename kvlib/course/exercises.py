@@ -83,6 +83,7 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("7.6", "Predict how full the blocks are", "07-serving", "serving", "block_utilisation"),
     Exercise("7.3", "Paged attention", "07-serving", "serving", "paged_attention"),
     Exercise("7.4", "One step of continuous batching", "07-serving", "serving", "Scheduler.step"),
+    Exercise("7.7", "A policy under a budget", "07-serving", "serving", "Policy.blocks_to_admit"),
     Exercise("7.5", "Copy on write", "07-serving", "serving", "copy_on_write"),
     Exercise("8.1", "int8 with a scale per slice", "08-compress", "compress", "quantize"),
     Exercise("8.2", "Attention over an int8 cache", "08-compress", "compress", "int8_attention"),

@@ -1272,16 +1272,17 @@ def block_memory_map(owners, *, step=None, note=None):
         ax.set_xlabel("scheduler step")
         ax.set_ylabel("block of the pool")
         if step is None:
-            held = (owners != -1).mean()
-            ax.set_title(f"Blocks coloured by request (grey free, black shared): {held:.0%} of block-steps in use")
+            held, key = (owners != -1).mean(), "grey free, black shared" if (owners == -2).any() else "grey free"
+            ax.set_title(f"Blocks coloured by request ({key}): {held:.0%} of block-steps in use")
         else:
             row = owners[step]
             ax.axvline(step, color="white", lw=2)
             ax.axvline(step, color="black", lw=1, ls="--")
             running = len(set(row[row >= 0].tolist()))
+            shared = f" ({int((row == -2).sum())} shared)" if (owners == -2).any() else ""
             ax.set_title(
-                f"Step {step}: {int((row != -1).sum())} of {row.size} blocks held, by {running} requests "
-                f"({int((row == -2).sum())} shared), {int((row == -1).sum())} free"
+                f"Step {step}: {int((row != -1).sum())} of {row.size} blocks held, by {running} requests"
+                f"{shared}, {int((row == -1).sum())} free"
             )
         _note(fig, note)
     return _finish(fig)
