@@ -243,6 +243,7 @@ class Graded:
 
     def __init__(self, module, name: str):
         self._module, self._name = module, name
+        self.__wrapped__ = module  # what it views: a fake clock patches that module's imported clocks
 
     def __getattr__(self, attr):
         value = getattr(self._module, attr)
