@@ -178,8 +178,10 @@ def test_split_steps_counts_waves_of_blocks_and_the_merge():
     assert fused.split_steps(8192, 8, 1, 132, 16) == 512 + 16
     assert fused.split_steps(8192, 8, 1, 132, 17) == 2 * 482 + 17
     best = fused.flash_decode_splits(8192, 8, 1, 132)
-    assert fused.split_steps(8192, 8, 1, 132, best) == min(
-        fused.split_steps(8192, 8, 1, 132, n) for n in range(1, 8193)
+    assert (
+        fused.split_steps(8192, 8, 1, 132, best)
+        == 528
+        == min(fused.split_steps(8192, 8, 1, 132, n) for n in range(1, 8193))
     )
 
 
@@ -555,26 +557,25 @@ def folded_all_slots(q, k_values, k_scale, v_values, v_scale, kv_len):
 # 9.5 flash_decode_splits: a design, so any number of splits within 1.1 of the fewest key-steps earns the points
 
 
-def splits_fill_waves(kv_len, n_kv_heads, batch, n_sms):  # the most splits whose blocks fill whole waves, else search
-    blocks = batch * n_kv_heads
-    fewest = min(fused.split_steps(kv_len, n_kv_heads, batch, n_sms, n) for n in range(1, kv_len + 1))
-    for waves in range(1, 64):
-        n = waves * n_sms // blocks
-        if n >= 1 and fused.split_steps(kv_len, n_kv_heads, batch, n_sms, n) <= 1.1 * fewest:
-            return n
-    return fused.flash_decode_splits(kv_len, n_kv_heads, batch, n_sms)
+def splits_fill_waves(kv_len, n_kv_heads, batch, n_sms):  # a rule, no search: the fewest splits filling whole waves
+    return min(kv_len, n_sms // math.gcd(n_sms, batch * n_kv_heads))
 
 
-def splits_numpy(kv_len, n_kv_heads, batch, n_sms):  # the model vectorised, an np.int64 returned
-    n = np.arange(1, kv_len + 1)
+def splits_numpy(kv_len, n_kv_heads, batch, n_sms):  # the model vectorised over the first 4 x n_sms counts, an np.int64
+    n = np.arange(1, min(kv_len, 4 * n_sms) + 1)
     steps = -(-batch * n_kv_heads * n // n_sms) * -(-kv_len // n) + n
     return np.int64(n[np.argmin(steps)])
 
 
-def splits_largest_within(kv_len, n_kv_heads, batch, n_sms):  # not the best: the most splits still within 1.1
-    steps = [math.ceil(batch * n_kv_heads * n / n_sms) * math.ceil(kv_len / n) + n for n in range(1, kv_len + 1)]
+def splits_largest_within(kv_len, n_kv_heads, batch, n_sms):  # not the best: the most splits within 1.1 of the first
+    counts = range(1, min(kv_len, 4 * n_sms) + 1)  # 4 x n_sms counts' best
+    steps = [math.ceil(batch * n_kv_heads * n / n_sms) * math.ceil(kv_len / n) + n for n in counts]
     fewest = min(steps)
-    return max(n for n, s in enumerate(steps, 1) if s <= 1.1 * fewest)
+    return max(n for n, s in zip(counts, steps) if s <= 1.1 * fewest)
+
+
+def splits_every_count(kv_len, n_kv_heads, batch, n_sms):  # right, but searches 1 to kv_len: 2**40 counts
+    return min(range(1, kv_len + 1), key=lambda n: fused.split_steps(kv_len, n_kv_heads, batch, n_sms, n))
 
 
 def splits_none(kv_len, n_kv_heads, batch, n_sms):
@@ -648,6 +649,7 @@ SLIPS = [
     ("9.5", "flash_decode_splits", splits_one_too_many, "a wave you start should be (nearly) full"),
     ("9.5", "flash_decode_splits", splits_hard_coded, "108 SMs"),
     ("9.5", "flash_decode_splits", splits_float, "an int number of splits"),
+    ("9.5", "flash_decode_splits", splits_every_count, "trying every split count from 1 to kv_len cannot finish"),
 ]
 
 

@@ -15,6 +15,7 @@ import importlib
 import inspect
 import linecache
 import signal
+import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -141,22 +142,29 @@ class CheckTimeout(Exception):
 
 
 @contextmanager
-def _time_limit(seconds: float | None):
-    """Interrupt a check that runs too long (an endless loop in learner code). Unix, main thread."""
+def time_limit(seconds: float | None, message: str | None = None):
+    """Interrupt a check that runs too long (an endless loop in learner code). Unix, main thread. Nests: inside
+    another limit, the sooner one holds, and the outer one runs on afterwards with what it had left."""
     if not seconds or not hasattr(signal, "SIGALRM"):
         yield
         return
+    outer_left = signal.getitimer(signal.ITIMER_REAL)[0]
 
     def _raise(signum, frame):
+        if message:
+            raise CheckTimeout(message)
         raise CheckTimeout(f"still running after {seconds:g} s: look for an endless loop")
 
     old = signal.signal(signal.SIGALRM, _raise)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    start = time.monotonic()
+    signal.setitimer(signal.ITIMER_REAL, min(seconds, outer_left) if outer_left else seconds)
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+        if outer_left:  # the outer limit's time, less this one's
+            signal.setitimer(signal.ITIMER_REAL, max(outer_left - (time.monotonic() - start), 1e-3))
 
 
 def _explain(err: BaseException, ex: Exercise) -> str:
@@ -276,7 +284,7 @@ def run_exercise(ex: Exercise, *, seed: int = 0, timeout: float | None = 60) -> 
         )
     for c in checks_for(ex):
         try:
-            with _time_limit(timeout):
+            with time_limit(timeout):
                 c.fn(Graded(module, ex.module), np.random.default_rng(seed))
         except ExerciseNotDone as err:
             if err.exercise is ex:
@@ -332,7 +340,7 @@ def grade(name: str, *, seed: int = 0, timeout: float | None = 60) -> None:
     for c in cell:
         module = importlib.import_module(f"kvlib.{c.exercise.module}")
         try:
-            with _time_limit(timeout):
+            with time_limit(timeout):
                 c.fn(Graded(module, c.exercise.module), np.random.default_rng(seed))
         except ExerciseNotDone:
             raise

@@ -177,15 +177,21 @@ def flash_decode_splits(kv_len: int, n_kv_heads: int, batch: int, n_sms: int) ->
     Args:    kv_len: cached tokens; n_kv_heads, batch: the step's key/value heads and sequences; n_sms: the GPU's
              streaming multiprocessors (all positive ints)
     Returns: int n_splits >= 1 whose split_steps(kv_len, n_kv_heads, batch, n_sms, n_splits) is at most 1.1 times
-             the fewest any number of splits gives: any such n_splits
+             the fewest any number of splits gives: any such n_splits, chosen in the time a kernel launch has (the
+             checks allow 2 s a call, at kv_len up to 2**40)
     Raises:  ValueError if an argument is not a positive int
     Example:
         >>> n = flash_decode_splits(8192, 8, 1, 132)  # Llama-3-8B's 8 key/value heads on an H100 SXM
-        >>> split_steps(8192, 8, 1, 132, n) <= 1.1 * min(split_steps(8192, 8, 1, 132, s) for s in range(1, 8193))
+        >>> split_steps(8192, 8, 1, 132, n) <= 1.1 * 528  # the fewest key-steps any number of splits gives here
         True
     """
     ### BEGIN SOLUTION
-    return min(range(1, kv_len + 1), key=lambda n: split_steps(kv_len, n_kv_heads, batch, n_sms, n))
+    unsplit = batch * n_kv_heads  # blocks of one split each
+    fill = n_sms // math.gcd(n_sms, unsplit)  # the fewest splits whose blocks fill whole waves
+    # Every n costs at least kv_len * unsplit / n_sms + n key-steps, and `fill` at most that + its waves + fill:
+    # no count past fill + its waves can win, so the search stops there (a few hundred counts at most).
+    worth_trying = range(1, min(kv_len, fill + unsplit * fill // n_sms) + 1)
+    return min(worth_trying, key=lambda n: split_steps(kv_len, n_kv_heads, batch, n_sms, n))
     ### END SOLUTION
 
 
