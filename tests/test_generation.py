@@ -205,7 +205,10 @@ def measure_imported_clock(model, input_ids, max_new_tokens):
 
 # 2.4 attention_block -------------------------------------------------------------------------
 def attention_per_head(attn, h, cos, sin, self_attention=causal_self_attention):
-    """One head at a time, each through the given attention on its own (batch, seq_len, head_dim) slice."""
+    """One head at a time, each through the given attention on its own (batch, seq_len, head_dim) slice (rotate_half
+    imported by the learner: the stub imports no rotary helper)."""
+    from kvlib.core.model import rotate_half  # noqa: PLC0415 (a learner's module holds it; the stub does not)
+
     D = attn.head_dim
     with torch.no_grad():
         q, k, v = (proj(h) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))  # (B, T, H*D) each
@@ -685,7 +688,7 @@ def attention_project_steps(attn, h, cos, sin, self_attention=causal_self_attent
 
 def attention_echo_after_the_heads(attn, h, cos, sin, self_attention=causal_self_attention):
     """The careful cheat: every head's right queries through the given attention, its answer thrown away, then the
-    layer's own forward (it passes the one cell that hands in the layer's own attention, and no other)."""
+    layer's own forward (which the grader's layer refuses, as it refuses project_q and project_kv)."""
     _block(attn, h, cos, sin, self_attention)
     with torch.no_grad():
         return attn(h, cos, sin)
