@@ -65,10 +65,12 @@ def test_each_tabled_fact_equals_kvlibs_table(fact):
 def test_real_models_facts_issue_44_corrected():
     """Check the tables against the primary sources for what the course once got wrong: GPT-2 small's MLP is
     768 -> 3,072 with GELU and no gate; Mistral-7B v0.1 was trained at 8,192 tokens with a 4,096-token window (its
-    config.json's 32,768 is max_position_embeddings); which GPUs' bandwidth is HBM and which GDDR."""
-    gpt2, mistral = REAL_MODELS["GPT-2 small"], REAL_MODELS["Mistral-7B"]
+    config.json's 32,768 is max_position_embeddings); Qwen2.5-7B was trained at 32,768 (its 131,072 is YaRN's reach,
+    the Qwen2.5 report); which GPUs' bandwidth is HBM and which GDDR."""
+    gpt2, mistral, qwen = REAL_MODELS["GPT-2 small"], REAL_MODELS["Mistral-7B"], REAL_MODELS["Qwen2.5-7B"]
     assert (gpt2.config.d_model, gpt2.config.hidden_dim, gpt2.mlp) == (768, 3072, "GELU")
     assert (mistral.context, mistral.sliding_window, mistral.config.max_seq_len) == (8192, 4096, 32768)
+    assert (qwen.context, qwen.config.max_seq_len) == (32768, 131072)
     assert all(REAL_MODELS[m].mlp == "SwiGLU" for m in ("Llama-2-7B", "Llama-3-8B", "Mistral-7B", "Qwen2.5-7B"))
     memory = {name: d.memory_type for name, d in DEVICES.items()}
     assert {n for n, t in memory.items() if t.startswith("HBM")} == {

@@ -795,6 +795,10 @@ def test_bench_gqa_splits_each_step_into_its_fixed_part_and_its_cache_part(quick
         assert (
             r["fixed_s"] == f["median_s"] and r["fixed_spread_s"] == [f["q1_s"], f["q3_s"]] and r["fixed_ok"] == f["ok"]
         )
+        ends = [  # the way's steps at the two lengths: each round's own line, its intercept 2 t(S) - t(2S)
+            x["rounds_s"] for x in report["rows"] if (x["n_kv_heads"], x["method"]) == (r["n_kv_heads"], r["method"])
+        ]
+        assert r["fixed_rounds_s"] == pytest.approx([2 * a - b for a, b in zip(*ends)])
         if not r["fixed_ok"]:  # no split: nothing derived from it, and a reason instead
             assert r["cache_s"] is None and r["cache_bytes_per_s"] is None and not r["cache_clear"] and r["fixed_why"]
             continue
@@ -818,6 +822,21 @@ def test_bench_gqa_splits_each_step_into_its_fixed_part_and_its_cache_part(quick
             assert r["cache_s"] > f["q3_s"] - f["q1_s"]
     text = format_gqa(report)
     assert "Where the time goes" in text and "fixed ms" in text and text.count("cached tokens") >= len(mha)
+
+
+def test_projection_seconds_times_the_weights_sharing_shrinks(tmp_path):
+    """Check that projection_seconds times k_proj and v_proj of every layer for each n_kv_heads, one time per round,
+    and counts their bytes (float32, the timing model: MHA's four times GQA-2's); and that last_level_cache reads the
+    highest cache level Linux lists, None where none is listed."""
+    got = bench_gqa.projection_seconds((8, 2), rounds=2)
+    c = bench_gqa.gqa_bench_config()
+    assert got["bytes"] == {h: c.n_layers * 2 * h * c.head_dim * c.d_model * 4 for h in (8, 2)}
+    assert all(len(t) == 2 and min(t) > 0 for t in got["seconds"].values()) and set(got["seconds"]) == {8, 2}
+    for index, level, size in (("index0", 1, "32K"), ("index3", 3, "32768K"), ("index2", 2, "1024K")):
+        (tmp_path / index).mkdir()
+        (tmp_path / index / "level").write_text(f"{level}\n")
+        (tmp_path / index / "size").write_text(f"{size}\n")
+    assert bench_gqa.last_level_cache(tmp_path) == 32 << 20 and bench_gqa.last_level_cache(tmp_path / "none") is None
 
 
 def test_fixed_part_is_reported_only_where_the_line_is_meaningful():

@@ -184,7 +184,8 @@ def test_notebook_01_shows_the_seed_numbers():
 
 def test_notebook_05_puts_no_measured_point_above_its_roof():
     """Check that notebook 05b's measured decode and prefill sit at or under its roof (the best of its runs, raised to a
-    point that passed it while the roof cell's runs were slowed), and its figures show."""
+    point that passed it while the roof cell's runs were slowed), its figures show, and what 05's text asks is printed
+    (both models' cache crossings, why a narrow layer never reaches the ridge)."""
     nb, _ = execute(ROOT / "solutions" / "05-memory-wall" / "your_machine.ipynb")
     text = text_output(nb)
     shares = [int(s) for s in re.findall(r"= (\d+)% of the roof there", text)]
@@ -197,6 +198,13 @@ def test_notebook_05_puts_no_measured_point_above_its_roof():
     batching = next(c for c in nb.cells if c.get("id") == "23c126bb")
     assert any("image/png" in o.get("data", {}) for o in batching.get("outputs", [])), (
         "the batching figure is not shown"
+    )
+    # what the text asks, printed: both models' crossings, Mistral's window stopping its cache
+    assert "Llama-2-7B, batch  16: the cache equals the weights at 1,607 tokens" in text
+    assert "Mistral-7B, batch   1: never: the 4,096-token sliding window" in text
+    paper = text_output(execute(ROOT / "solutions" / "05-memory-wall" / "memory_wall.ipynb")[0])
+    assert "a narrow 64 x 64 layer on an H100: None; even a million rows reach only 32 FLOP/B" in paper, (
+        "05a prints None for the 64 x 64 layer without its reason"
     )
 
 
@@ -331,7 +339,9 @@ def test_notebook_07b_prints_what_holds_by_construction():
 
 def test_notebook_06_prints_what_its_text_says():
     """Check that notebook 06's text agrees with its run: the sizes and shapes its markdown states are the ones
-    printed, the recording is predicted from the device table, and no nan or negative fixed part is printed."""
+    printed, the recording is predicted from the device table, no nan or negative fixed part is printed, and the
+    questions its Going further asks (what the projections sharing shrinks take alone, 06b's recording against the
+    paper) are answered in print."""
     nb, _ = execute(ROOT / "solutions" / "06-gqa" / "gqa.ipynb")
     text = text_output(nb)
     for expected in (
@@ -357,6 +367,12 @@ def test_notebook_06_prints_what_its_text_says():
     )
     diff = float(text.split("largest difference from the GQA layer's own attention:")[1].split()[0])
     assert diff < 1e-6, "6.1's try-it: the text expects a difference below 1e-6"
+    assert "k_proj and v_proj alone: MHA's" in text, (
+        "06a's Going further no longer times the projections sharing shrinks"
+    )
+    quality = text_output(execute(ROOT / "solutions" / "06-gqa" / "quality.ipynb")[0])
+    # "Does the recording agree?" (with the paper's ranking of mean-pooling): answered from the recording
+    assert "The paper ranks mean-pooling above one kept head after uptraining; here it is above at 3 of 3" in quality
 
 
 def test_notebook_04_prints_what_its_text_says():

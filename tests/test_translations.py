@@ -8,15 +8,19 @@ tests/grading/test_attacks.py's; a Chinese notebook in JupyterLab's zh-CN interf
 
 from __future__ import annotations
 
+import functools
+import importlib
 import json
+import re
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import ROOT, check_failures
 
 from kvlib.app import cli, lab, translate
 from kvlib.app.release import label
 from kvlib.course import hints, i18n, plotting
+from kvlib.course.exercises import BY_ID, LEARNER_MODULES, ExerciseNotDone
 
 ZH = "zh-CN"
 TRANSLATED = [s.notebook for s in translate.statuses(ZH) if s.state != "missing"]
@@ -241,6 +245,47 @@ def test_chinese_messages_fill_in_their_fields_and_the_rest_stays_english(chines
         i18n.language()
 
 
+@functools.cache
+def _catalogue_status() -> translate.CatalogueStatus:
+    return translate.catalogue_status(ZH)  # reads every source of the catalogue's texts: once for all modules
+
+
+def _checks_translated(module: str) -> bool:
+    """Whether every place of kvlib/checks/<module>.py that has texts is translated in full from today's English."""
+    status = _catalogue_status()
+    places = [
+        s for s in [*status.complete, *status.missing, *status.stale] if s.startswith(f"kvlib/checks/{module}.py")
+    ]
+    return bool(places) and set(places) <= set(status.complete)
+
+
+_ENGLISH_RUN = re.compile(r"(?:[A-Za-z]{2,}[,.;:!?]?\s+){2,}[A-Za-z]{2,}")  # three English words in a row
+
+
+@pytest.mark.parametrize("module", LEARNER_MODULES)
+def test_slips_are_named_in_chinese(module, chinese):
+    """Check that once a module's check messages are translated, each likely slip that tests/test_<module>.py names
+    (SLIPS) fails with a message that reads in Chinese as `kvlib check` shows it, the texts it is built from (which
+    input, what the slip is called) translated too: no run of three English words is left, but in an error that the
+    learner's own code raised (torch's, quoted)."""
+    if not _checks_translated(module):
+        pytest.skip(f"kvlib/checks/{module}.py's messages are not translated into {ZH} yet")
+    tests = importlib.import_module(f"test_{module}")
+    left = []
+    for where, replaced, *_ in tests.SLIPS:
+        with np.errstate(all="ignore"):
+            failures = check_failures(where, tests._module(**replaced))
+        assert failures, f"{where} passed a wrong implementation"
+        name, err = failures[0]
+        if not isinstance(err, AssertionError):
+            continue  # raised in the learner's code, in its own words
+        shown = i18n.translate(str(err))  # as kvlib check and the graded cells show a check's message
+        if err.__cause__ is not None:
+            shown = shown.replace(str(err.__cause__), " ")
+        left += [f"{name}: {run!r} in {shown!r}" for run in _ENGLISH_RUN.findall(shown)]
+    assert not left, "English left in translated messages:\n" + "\n".join(left)
+
+
 def test_kvlib_check_and_hint_in_chinese(chinese, capsys, monkeypatch, learner_mode, tmp_path):
     """Check `kvlib check` and `kvlib hint` with KVLIB_LANG=zh-CN: the table's headings, status and message in
     Chinese, columns counted as a terminal shows them; a hint not yet translated shown in English under a line that
@@ -260,6 +305,25 @@ def test_kvlib_check_and_hint_in_chinese(chinese, capsys, monkeypatch, learner_m
     assert (
         capsys.readouterr().err.strip()
         == "kvlib check: KVLIB_LANG='fr' is not a language of the course: use one of en, zh-CN"
+    )
+
+
+def test_an_unfinished_exercise_is_named_in_chinese(chinese, learner_mode):
+    """Check that with KVLIB_LANG=zh-CN the error a notebook cell shows when it calls an unfinished exercise, and the
+    one naming the earlier exercise to do first, read in Chinese, each exercise by its translated hints' title."""
+    import kvlib.attention
+
+    with pytest.raises(ExerciseNotDone) as err:
+        kvlib.attention.softmax(np.zeros((2, 3)))
+    title = hints.exercise_title(BY_ID["1.1"])
+    assert title != BY_ID["1.1"].title
+    assert (
+        str(err.value) == f"练习 1.1（{title}）还没有完成：请实现 softmax（kvlib/attention.py, notebooks/01-attention）"
+    )
+    first, later = (hints.exercise_title(BY_ID[i]) for i in ("1.2", "2.4"))
+    assert str(ExerciseNotDone(BY_ID["1.2"], BY_ID["2.4"])) == (
+        f"练习 2.4（{later}）用到了练习 1.2（{first}），而它还没有完成：请先完成练习 1.2（kvlib/attention.py, "
+        "notebooks/01-attention）"
     )
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from kvlib.app import release as english
 from kvlib.app.release import ROOT, assignments
 from kvlib.app.sitting import HEADER
+from kvlib.checks import first_paragraph
 from kvlib.course import hints, i18n
 
 LANGS = tuple(lang for lang in i18n.LANGUAGES if lang != i18n.DEFAULT)
@@ -508,14 +509,22 @@ def template(node) -> str | None:
 
 
 def _strings(node) -> list[str]:
-    """The texts an expression can give: a string, either branch of an `a if c else b`, a list's or tuple's items."""
+    """The texts an expression can give: a string, either branch of an `a if c else b`, a list's or tuple's items,
+    each text `a + b` can join (the fields of b numbered on from a's)."""
     if (t := template(node)) is not None:
         return [t]
     if isinstance(node, ast.IfExp):
         return _strings(node.body) + _strings(node.orelse)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return [a + _renumbered(b, len(_FIELD.findall(a))) for a in _strings(node.left) for b in _strings(node.right)]
     if isinstance(node, ast.List | ast.Tuple):
         return [s for item in node.elts for s in _strings(item)]
     return []
+
+
+def _renumbered(text: str, start: int) -> str:
+    """text's fields {0}, {1}, ... as {start}, {start + 1}, ...: the part after another text's fields."""
+    return _FIELD.sub(lambda m: f"{{{int(m.group()[1:-1]) + start}}}", text)
 
 
 def _scopes(tree: ast.Module):
@@ -526,15 +535,11 @@ def _scopes(tree: ast.Module):
             yield name, node
 
 
-def _docstring_first_line(fn) -> str | None:
-    doc = ast.get_docstring(fn)
-    return doc.strip().splitlines()[0] if doc else None
-
-
 def english_texts(rel: str, source: str) -> dict[str, set[str]]:
     """The texts of one source file the catalogue translates, by scope ("rel::function", or rel at module level):
-    every tr() call's text; in kvlib/checks/ each @check function's docstring line and every assert's or raise's
-    message; in the figures' files each text drawn on a figure (_FIGURE_CALLS, _FIGURE_KEYWORDS, _FIGURE_NAMES)."""
+    every tr() call's text; in kvlib/checks/ each @check function's docstring's first paragraph (as its verdict
+    line shows it) and every assert's or raise's message; in the figures' files each text drawn on a figure
+    (_FIGURE_CALLS, _FIGURE_KEYWORDS, _FIGURE_NAMES)."""
     tree = ast.parse(source)
     checks, figures = rel.startswith("kvlib/checks/"), rel in _FIGURE_FILES or rel.endswith(".ipynb")
     found: dict[str, set[str]] = {}
@@ -552,7 +557,7 @@ def english_texts(rel: str, source: str) -> dict[str, set[str]]:
             if isinstance(node, ast.FunctionDef) and any(
                 isinstance(d, ast.Call) and getattr(d.func, "id", None) == "check" for d in node.decorator_list
             ):
-                add(scope, [_docstring_first_line(node)])
+                add(scope, [first_paragraph(ast.get_docstring(node))])
             if isinstance(node, ast.Assert) and node.msg is not None:
                 add(scope, _strings(node.msg))
             if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):

@@ -35,8 +35,14 @@ class Check:
 
     @property
     def doc(self) -> str:
-        """The property checked: the docstring's first paragraph on one line (a first line may wrap mid-sentence)."""
-        return " ".join((self.fn.__doc__ or "").strip().split("\n\n")[0].split())
+        """The property checked: the docstring's first paragraph on one line (first_paragraph)."""
+        return first_paragraph(self.fn.__doc__)
+
+
+def first_paragraph(doc: str | None) -> str:
+    """A docstring's first paragraph on one line, as a check's verdict line shows it (its first line may wrap
+    mid-sentence); kvlib/app/translate.py keys the catalogue's translation of it the same way."""
+    return " ".join((doc or "").strip().split("\n\n")[0].split())
 
 
 CHECKS: dict[str, Check] = {}  # by name, in registration (= course) order

@@ -7,6 +7,8 @@ float64) are recognised and named. Every expected value is computed before the l
 from inputs it never sees (it gets its own copies), so a function that changes its arguments cannot
 change what is expected of it. Exercise 1.5 is a design: any query within its length budget that meets the
 target earns the points, judged by the reference's weights on the check's own float64 copy of the query.
+The texts a message is built from (what a near-miss is called, what was handed in) go through tr(), so that the
+catalogue (kvlib/course/i18n.py) translates them as it does the messages.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from kvlib.checks import check
+from kvlib.course.i18n import tr
 
 # The worked example of notebook 01: the query of "AI" against the keys and values of 我, 爱, AI.
 SEED_Q = np.array([1.0, 1.0])
@@ -80,10 +83,13 @@ def _name_the_normalisation(probs, scores) -> None:
     own row's sum."""
     e = np.exp(scores - scores.max(axis=-1, keepdims=True))
     for wrong, message in (
-        (np.zeros_like(scores), "softmax returned zeros: weights are positive and each row sums to 1"),
-        (scores, "softmax returned the scores unchanged: exponentiate them, then divide each row by its sum"),
-        (e, "the exponentials are not divided by their row's sum: each row of weights should sum to 1"),
-        (e / e.sum(), "every row was divided by the sum of the whole array: divide each row by its own sum (axis=-1)"),
+        (np.zeros_like(scores), tr("softmax returned zeros: weights are positive and each row sums to 1")),
+        (scores, tr("softmax returned the scores unchanged: exponentiate them, then divide each row by its sum")),
+        (e, tr("the exponentials are not divided by their row's sum: each row of weights should sum to 1")),
+        (
+            e / e.sum(),
+            tr("every row was divided by the sum of the whole array: divide each row by its own sum (axis=-1)"),
+        ),
     ):
         if _close(probs, wrong) and not _close(wrong, torch.softmax(_t(scores), dim=-1).numpy()):
             raise AssertionError(message)
@@ -106,7 +112,7 @@ def softmax_matches_torch(kv, rng):
     expected = torch.softmax(_t(scores), dim=-1).numpy()
     wrong_axis = torch.softmax(_t(scores), dim=-2).numpy()
     (given,) = _copies(scores)
-    probs = _array("softmax(scores) for scores of shape (2, 4, 3, 5)", kv.softmax(given), scores.shape)
+    probs = _array(tr("softmax(scores) for scores of shape (2, 4, 3, 5)"), kv.softmax(given), scores.shape)
     assert np.array_equal(given, scores), "softmax changed its input in place: compute into a new array"
     if _close(probs, expected):
         return
@@ -125,7 +131,7 @@ def softmax_is_stable(kv, rng):
     """Check that softmax survives large scores ([1000, 1000, 1001])."""
     scores = np.array([[1000.0, 1000.0, 1001.0], [-1000.0, -1000.0, -999.0]])
     with np.errstate(all="ignore"):
-        probs = _array("softmax of large scores", kv.softmax(scores.copy()), (2, 3))
+        probs = _array(tr("softmax of large scores"), kv.softmax(scores.copy()), (2, 3))
     _name_the_shift(probs, scores)
     assert np.all(np.isfinite(probs)), (
         "softmax of [1000, 1000, 1001] gave nan or inf: np.exp(1000) overflows float64 (its largest number is "
@@ -139,12 +145,16 @@ def softmax_is_stable(kv, rng):
 # Rows that only a shift by each row's own maximum survives: a wide row (the mean or the minimum
 # overflows), and rows far apart (the maximum of the whole array underflows the low row to 0 / 0).
 _SHIFT_ROWS = np.array([[-1500.0, 0.0, 1500.0], [3000.0, 2999.0, 2998.0], [-3000.0, -3001.0, -3000.0]])
-_SHIFTS = {  # a learner's other shifts, and what each is called in the message
-    "the maximum of the whole array": lambda x: x.max(),
-    "the row's mean": lambda x: x.mean(axis=-1, keepdims=True),
-    "the row's minimum": lambda x: x.min(axis=-1, keepdims=True),
-    "the row's first score": lambda x: x[..., :1],
-}
+
+
+def _shifts() -> dict:
+    """A learner's other shifts, by what the message calls each."""
+    return {
+        tr("the maximum of the whole array"): lambda x: x.max(),
+        tr("the row's mean"): lambda x: x.mean(axis=-1, keepdims=True),
+        tr("the row's minimum"): lambda x: x.min(axis=-1, keepdims=True),
+        tr("the row's first score"): lambda x: x[..., :1],
+    }
 
 
 def _name_the_shift(probs, scores) -> None:
@@ -152,7 +162,7 @@ def _name_the_shift(probs, scores) -> None:
     if np.all(np.isfinite(probs)) and _close(probs, torch.softmax(_t(scores), dim=-1).numpy()):
         return
     with np.errstate(all="ignore"):
-        for name, shift in _SHIFTS.items():
+        for name, shift in _shifts().items():
             e = np.exp(scores - shift(scores))
             if np.allclose(probs, e / e.sum(axis=-1, keepdims=True), equal_nan=True):
                 raise AssertionError(
@@ -168,7 +178,7 @@ def softmax_shifts_by_each_rows_max(kv, rng):
     scores = _SHIFT_ROWS
     expected = torch.softmax(_t(scores), dim=-1).numpy()
     with np.errstate(all="ignore"):
-        probs = _array("softmax of rows far apart", kv.softmax(scores.copy()), scores.shape)
+        probs = _array(tr("softmax of rows far apart"), kv.softmax(scores.copy()), scores.shape)
     if np.all(np.isfinite(probs)) and _close(probs, expected):
         return
     _name_the_shift(probs, scores)
@@ -184,7 +194,7 @@ def softmax_keeps_float32(kv, rng):
     """Check that float32 scores give float32 weights, as accurate as float32 allows."""
     scores = (rng.normal(size=(3, 6)) * 4).astype(np.float32)
     expected = torch.softmax(torch.from_numpy(scores.astype(np.float64)), dim=-1).numpy()
-    probs = _array("softmax of float32 scores", kv.softmax(scores.copy()), scores.shape)
+    probs = _array(tr("softmax of float32 scores"), kv.softmax(scores.copy()), scores.shape)
     assert probs.dtype == np.float32, (
         f"float32 scores should give float32 weights, got {probs.dtype}: a float64 number or array in the "
         "computation promotes the result (keep to the input's dtype, or cast back with .astype(scores.dtype))"
@@ -349,15 +359,17 @@ def causal_self_attention_matches_sdpa(kv, rng):
     mask = np.tril(np.ones((5, 5), dtype=bool))
     ref_out, ref_probs = _attention(q, k, v, mask)
     near_misses = {  # what a slip gives, computed before the learner's code runs
-        "no mask: every query sees the future. Set the scores where causal_mask is False to -inf": _attention(q, k, v)[
-            1
-        ],
-        "the mask hides the wrong side: keep scores where causal_mask is True, set the others to -inf": _attention(
+        tr("no mask: every query sees the future. Set the scores where causal_mask is False to -inf"): _attention(
+            q, k, v
+        )[1],
+        tr("the mask hides the wrong side: keep scores where causal_mask is True, set the others to -inf"): _attention(
             q, k, v, ~mask | np.eye(5, dtype=bool)
         )[1],
-        "the scores are not scaled: divide q @ k^T by sqrt(head_dim)": _attention(q, k, v, mask, scale=1.0)[1],
-        "the mask is applied after the softmax: zeroing the weights leaves rows that no longer sum to 1. "
-        "Set the masked scores to -inf before the softmax": np.where(mask, _attention(q, k, v)[1], 0.0),
+        tr("the scores are not scaled: divide q @ k^T by sqrt(head_dim)"): _attention(q, k, v, mask, scale=1.0)[1],
+        tr(
+            "the mask is applied after the softmax: zeroing the weights leaves rows that no longer sum to 1. "
+            "Set the masked scores to -inf before the softmax"
+        ): np.where(mask, _attention(q, k, v)[1], 0.0),
     }
     out, probs = _pair(kv.causal_self_attention(*_copies(q, k, v)), "causal_self_attention")
     _array("out", out, (2, 4, 5, 6))

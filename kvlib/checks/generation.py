@@ -8,6 +8,8 @@ the model's own modules, and each likely slip is computed too, so a failure name
 predictions are graded against the analytic value, never a run: 2.7 against softmax(logits / t), 2.8
 against the parameters a built decoder holds (and, for real configs too large to build, kvlib's table).
 Every expected value is computed before the learner's function runs, or from objects it never sees.
+The texts a message is built from (what a slip is called, which input failed) go through tr(), so that the
+catalogue (kvlib/course/i18n.py) translates them as it does the messages.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from kvlib.core.model import (
 )
 from kvlib.core.weights import load_tiny
 from kvlib.course.exercises import ExerciseNotDone
+from kvlib.course.i18n import tr
 from kvlib.grading._child import refuse_steps
 
 
@@ -372,11 +375,13 @@ def measure_ttft_itl_times_prefill_and_steps(kv, rng):
     if not _same(got_ttft, ttft):
         hint = ""
         if _same(got_ttft, itls[0]) or got_ttft < 0.5 * ttft:
-            hint = " It looks like the prefill was left out: start the clock before generate, so TTFT includes the first forward."
+            hint = tr(
+                " It looks like the prefill was left out: start the clock before generate, so TTFT includes the first forward."
+            )
         elif _same(got_ttft, total):
-            hint = " That is the whole generation: TTFT ends when the first token exists (the first on_token call)."
+            hint = tr(" That is the whole generation: TTFT ends when the first token exists (the first on_token call).")
         elif got_ttft > 100:
-            hint = " That looks like a clock reading, not a duration: subtract the start time."
+            hint = tr(" That looks like a clock reading, not a duration: subtract the start time.")
         raise AssertionError(
             f"the prefill of {T} tokens takes {ttft * 1e3:.0f} ms here, so TTFT should be that, got {got_ttft * 1e3:.1f} ms.{hint}"
         )
@@ -389,7 +394,7 @@ def measure_ttft_itl_times_prefill_and_steps(kv, rng):
                 f"consecutive tokens), here {', '.join(f'{x * 1e3:.0f}' for x in itls)} ms"
                 + (", and leave the prefill out of it" if _same(got_itls[0], total / n) else "")
             )
-        for since, origin in ((ttft, "the start of the call"), (0.0, "the first new token")):  # one clock start kept
+        for since, origin in ((ttft, tr("the start of the call")), (0.0, tr("the first new token"))):  # one start kept
             if all(_same(g, since + sum(itls[: j + 1])) for j, g in enumerate(got_itls)):
                 raise AssertionError(
                     f"each inter-token latency was measured from {origin}, so they grow as a running total: "
@@ -517,42 +522,58 @@ def _attention_slips(attn, h, cos, sin, scale: float | None = None):
     slips = [
         (
             joined(out, right=False) @ Wo.T,
-            "the heads are joined in the wrong order: reshaping (batch, n_heads, seq_len, head_dim) straight to "
-            "(batch, seq_len, n_heads*head_dim) mixes positions into heads; put heads back after positions "
-            "(transpose) first",
+            tr(
+                "the heads are joined in the wrong order: reshaping (batch, n_heads, seq_len, head_dim) straight to "
+                "(batch, seq_len, n_heads*head_dim) mixes positions into heads; put heads back after positions "
+                "(transpose) first"
+            ),
         ),
-        (joined(out), "W_O is missing: the heads side by side go through the output projection (attn.o_proj.weight)"),
-        (joined(out) @ Wo, "W_O is applied untransposed: a Linear layer computes x @ W.T"),
+        (
+            joined(out),
+            tr("W_O is missing: the heads side by side go through the output projection (attn.o_proj.weight)"),
+        ),
+        (joined(out) @ Wo, tr("W_O is applied untransposed: a Linear layer computes x @ W.T")),
         (
             joined(positions_last) @ Wo.T,
-            "the heads were not moved before the positions: self_attention attends along the second-to-last axis, "
-            "which held the heads (batch, seq_len, n_heads, head_dim), so each token attended over its own heads",
+            tr(
+                "the heads were not moved before the positions: self_attention attends along the second-to-last axis, "
+                "which held the heads (batch, seq_len, n_heads, head_dim), so each token attended over its own heads"
+            ),
         ),
         (
             joined(attend(q * own, k, v)) @ Wo.T,
-            "q was scaled before self_attention: it scales the scores itself (Exercise 1.4), so they were scaled twice",
+            tr(
+                "q was scaled before self_attention: it scales the scores itself (Exercise 1.4), so they were scaled twice"
+            ),
         ),
         (
             joined(attend(q, k, v, causal=False)) @ Wo.T,
-            "the queries see later tokens: attention inside a layer is causal (Exercise 1.4's mask)",
+            tr("the queries see later tokens: attention inside a layer is causal (Exercise 1.4's mask)"),
         ),
-        (joined(attend(q, k, v, times=1.0)) @ Wo.T, "the scores are not scaled: divide q . k by sqrt(head_dim)"),
+        (joined(attend(q, k, v, times=1.0)) @ Wo.T, tr("the scores are not scaled: divide q . k by sqrt(head_dim)")),
         (
             joined(attend(turn(heads(Wq, False)), turn(heads(Wk, False)), heads(Wv, False))) @ Wo.T,
-            "the heads are split wrongly: view each projection as (batch, seq_len, n_heads, head_dim), then "
-            "transpose(1, 2); viewing it as (batch, n_heads, seq_len, head_dim) mixes positions into heads",
+            tr(
+                "the heads are split wrongly: view each projection as (batch, seq_len, n_heads, head_dim), then "
+                "transpose(1, 2); viewing it as (batch, n_heads, seq_len, head_dim) mixes positions into heads"
+            ),
         ),
         (
             joined(attend(heads(Wq), heads(Wk), v)) @ Wo.T,
-            "q and k are not rotated: rotary turns queries and keys by their positions' angles",
+            tr("q and k are not rotated: rotary turns queries and keys by their positions' angles"),
         ),
-        (joined(attend(heads(Wq), k, v)) @ Wo.T, "q is not rotated: queries turn by their positions' angles too"),
-        (joined(attend(q, heads(Wk), v)) @ Wo.T, "k is not rotated: keys turn by their positions' angles too"),
-        (joined(attend(q, k, turn(v))) @ Wo.T, "v is rotated: only queries and keys turn; values pass on as projected"),
+        (joined(attend(heads(Wq), k, v)) @ Wo.T, tr("q is not rotated: queries turn by their positions' angles too")),
+        (joined(attend(q, heads(Wk), v)) @ Wo.T, tr("k is not rotated: keys turn by their positions' angles too")),
+        (
+            joined(attend(q, k, turn(v))) @ Wo.T,
+            tr("v is rotated: only queries and keys turn; values pass on as projected"),
+        ),
         (
             joined(attend(_interleaved(heads(Wq), c64, s64), _interleaved(heads(Wk), c64, s64), v)) @ Wo.T,
-            "rotary turns neighbouring features (0, 1), (2, 3)...: this model pairs feature i with i + head_dim/2 "
-            "(rotate_half)",
+            tr(
+                "rotary turns neighbouring features (0, 1), (2, 3)...: this model pairs feature i with i + head_dim/2 "
+                "(rotate_half)"
+            ),
         ),
     ]
     if scale != own:  # the layer's own output, where the check handed in another attention
@@ -561,25 +582,36 @@ def _attention_slips(attn, h, cos, sin, scale: float | None = None):
                 0,
                 (
                     attn(h, cos, sin).double(),
-                    "the output is the layer's own attention, not the heads through the self_attention you were "
-                    "given (the grader's scales the scores by 1/head_dim here): every head's output must come from "
-                    "it, then be joined and projected. attn(h, cos, sin) or torch's scaled_dot_product_attention "
-                    "skip the exercise",
+                    tr(
+                        "the output is the layer's own attention, not the heads through the self_attention you were "
+                        "given (the grader's scales the scores by 1/head_dim here): every head's output must come from "
+                        "it, then be joined and projected. attn(h, cos, sin) or torch's scaled_dot_product_attention "
+                        "skip the exercise"
+                    ),
                 ),
             )
     return want.float(), slips, q.numpy()
 
 
-NEVER_CALLED = (
-    "the heads never went through the self_attention you were given: every head's output must come from it (notebook "
-    "01's causal_self_attention by default; the grader hands in its own and counts what it receives). attn(h, cos, "
-    "sin) or torch's scaled_dot_product_attention skip the exercise"
-)
+def _failed(where: str, message: str) -> AssertionError:
+    """A check's failure on the input `where` names, with the slip's message."""
+    return AssertionError(tr("{where}: {why}", where=where, why=message))
+
+
+def _from_the_given() -> str:
+    """What a head's output must come from, said when one did not."""
+    return tr(
+        "every head's output must come from it (notebook 01's causal_self_attention by default; the grader hands in its "
+        "own and counts what it receives). attn(h, cos, sin) or torch's scaled_dot_product_attention skip the exercise"
+    )
 
 
 def _heads_went_through(given: GivenAttention, queries: np.ndarray, where: str) -> None:
     """Fail unless every head's every rotated query (batch, n_heads, seq_len, head_dim) reached the given attention."""
-    assert given.queries, f"{where}: {NEVER_CALLED}"
+    if not given.queries:
+        raise _failed(
+            where, tr("the heads never went through the self_attention you were given: {why}", why=_from_the_given())
+        )
     seen = np.concatenate(given.queries)  # (rows, head_dim): every query row it attended for
     rows = queries.reshape(-1, queries.shape[-1])
     scale = np.abs(rows).max() + 1e-12
@@ -588,7 +620,7 @@ def _heads_went_through(given: GivenAttention, queries: np.ndarray, where: str) 
         b, head, t = np.unravel_index(found.index(False), queries.shape[:-1])
         raise AssertionError(
             f"{where}: the query of position {t} of head {head} (batch {b}) never went through the self_attention "
-            f"you were given: {NEVER_CALLED.split(': ', 1)[1]}"
+            f"you were given: {_from_the_given()}"
         )
 
 
@@ -596,8 +628,10 @@ def _close(got, want, rtol=1e-4, atol=1e-5) -> bool:
     return got.shape == want.shape and torch.allclose(got.double(), want.double(), rtol=rtol, atol=atol)
 
 
-def _judge(got, want, slips, where, what, rtol=1e-4, atol=1e-5, against="the model's own"):
-    """Pass if got matches want; else fail naming the first slip got matches, or by how much it differs."""
+def _judge(got, want, slips, where, what, rtol=1e-4, atol=1e-5, against=None):
+    """Pass if got matches want (against: what want is, by default the model's own); else fail naming the first slip
+    got matches, or by how much it differs."""
+    against = tr("the model's own") if against is None else against
     assert isinstance(got, torch.Tensor), f"{what} should return a torch tensor, got {type(got).__name__}" + (
         " (torch.from_numpy turns notebook 01's numpy result back into one)" if isinstance(got, np.ndarray) else ""
     )
@@ -609,7 +643,7 @@ def _judge(got, want, slips, where, what, rtol=1e-4, atol=1e-5, against="the mod
         return
     for wrong, message in slips:
         if _close(got, wrong, rtol, atol):
-            raise AssertionError(f"{where}: {message}")
+            raise _failed(where, message)
     raise AssertionError(
         f"{where}: {what} differs from {against} by up to {(got.double() - want.double()).abs().max().item():.2g}"
     )
@@ -620,11 +654,7 @@ def _angles(D: int, start: int, T: int):
     return cos[start : start + T], sin[start : start + T]
 
 
-STEPS_REFUSED = (
-    "the grader's layer refuses its project_q and project_kv (and so its own forward, attn(h, cos, sin), which calls "
-    "them): they project, split into heads and turn by rotary, the steps Exercise 2.4 asks you to write from the "
-    "layer's q_proj, k_proj and v_proj"
-)
+STEPS_REFUSED = "refused in Exercise 2.4's checks"  # what the checks' layer's project_q and project_kv raise
 
 
 def _block(kv, attn, h, cos, sin, given: GivenAttention, where: str):
@@ -635,7 +665,14 @@ def _block(kv, attn, h, cos, sin, given: GivenAttention, where: str):
     except AttributeError as err:
         if str(err) != STEPS_REFUSED:
             raise
-        raise AssertionError(f"{where}: {STEPS_REFUSED}") from None
+        raise _failed(
+            where,
+            tr(
+                "the grader's layer refuses its project_q and project_kv (and so its own forward, attn(h, cos, sin), "
+                "which calls them): they project, split into heads and turn by rotary, the steps Exercise 2.4 asks "
+                "you to write from the layer's q_proj, k_proj and v_proj"
+            ),
+        ) from None
 
 
 @check("2.4")
@@ -647,7 +684,7 @@ def attention_block_matches_the_model(kv, rng):
     cos, sin = _angles(attn.head_dim, 3, 7)
     want, slips, queries = _attention_slips(attn, h, cos, sin)
     given = GivenAttention()
-    where = "a layer of 4 heads of 6, batch of 2, positions 3 to 9"
+    where = tr("a layer of 4 heads of 6, batch of 2, positions 3 to 9")
     _judge(_block(kv, attn, h, cos, sin, given, where), want, slips, where, "attention_block")
     _heads_went_through(given, queries, where)
 
@@ -665,9 +702,9 @@ def attention_block_uses_the_attention_it_is_given(kv, rng):
     scale = 1 / layer.attn.head_dim
     want, slips, queries = _attention_slips(layer.attn, h, cos, sin, scale)
     given = GivenAttention(scale)
-    where = "the tiny model's layer 0 on 法国的首都是, its heads through an attention scaled by 1/head_dim"
+    where = tr("the tiny model's layer 0 on 法国的首都是, its heads through an attention scaled by 1/head_dim")
     got = _block(kv, layer.attn, h, cos, sin, given, where)
-    _judge(got, want, slips, where, "attention_block", against="the heads through it, joined and projected")
+    _judge(got, want, slips, where, "attention_block", against=tr("the heads through it, joined and projected"))
     _heads_went_through(given, queries, where)
 
 
@@ -680,7 +717,7 @@ def attention_block_is_causal(kv, rng):
     changed = h.clone()
     changed[0, -1] = torch.from_numpy(rng.normal(size=20)).float()
     cos, sin = _angles(attn.head_dim, 0, 6)
-    scale, where = 2 / math.sqrt(attn.head_dim), "a layer of 2 heads of 10, an attention scaled by 2/sqrt(head_dim)"
+    scale, where = 2 / math.sqrt(attn.head_dim), tr("a layer of 2 heads of 10, an attention scaled by 2/sqrt(head_dim)")
     (want, _, queries), (want_changed, _, _) = (_attention_slips(attn, x, cos, sin, scale) for x in (h, changed))
     with torch.no_grad():
         own = attn(h, cos, sin)
@@ -718,9 +755,6 @@ def attention_block_is_causal(kv, rng):
 # 2.5 rms_norm
 
 
-WRONG_AXIS = "RMSNorm over the wrong axis: one root-mean-square per token, over its d_model features (the last axis)"
-
-
 def _rms_slips(x, weight, eps):
     """RMSNorm of x as the model computes it, and what each likely slip gives instead."""
     x64, w64 = x.double(), weight.double()
@@ -738,25 +772,22 @@ def _rms_slips(x, weight, eps):
         module = RMSNorm(x.shape[-1], eps).to(weight.dtype)  # a 16-bit model's norms hold 16-bit weights
         module.weight.copy_(weight)
         want = module(x)
+    wrong_axis = tr(
+        "RMSNorm over the wrong axis: one root-mean-square per token, over its d_model features (the last axis)"
+    )
     slips = [
-        (
-            norm(axis=0) if x.dim() > 1 else None,
-            WRONG_AXIS,
-        ),
-        (
-            norm(axis=-2) if x.dim() > 1 else None,
-            WRONG_AXIS,
-        ),
-        (norm(centre=True), "the mean is subtracted: RMSNorm does not centre the row (that is LayerNorm)"),
-        (norm(inside=False), "eps is added outside the root: it joins the mean square, sqrt(mean(x^2) + eps)"),
-        (norm(use_eps=False), "eps is missing: add it to the mean square, under the root"),
+        (norm(axis=0) if x.dim() > 1 else None, wrong_axis),
+        (norm(axis=-2) if x.dim() > 1 else None, wrong_axis),
+        (norm(centre=True), tr("the mean is subtracted: RMSNorm does not centre the row (that is LayerNorm)")),
+        (norm(inside=False), tr("eps is added outside the root: it joins the mean square, sqrt(mean(x^2) + eps)")),
+        (norm(use_eps=False), tr("eps is missing: add it to the mean square, under the root")),
         (
             norm(e=1e-5) if eps != 1e-5 else None,
-            "the eps argument is ignored (1e-5 used instead): add the eps you are given to the mean square",
+            tr("the eps argument is ignored (1e-5 used instead): add the eps you are given to the mean square"),
         ),
-        (norm(mean=False), "divided by sqrt of the sum of squares: RMSNorm takes the mean of the squares"),
-        (norm(root=False), "divided by the mean square itself: take its square root"),
-        (norm(scale=False), "the learned weight is not applied: multiply by weight, one scale per feature"),
+        (norm(mean=False), tr("divided by sqrt of the sum of squares: RMSNorm takes the mean of the squares")),
+        (norm(root=False), tr("divided by the mean square itself: take its square root")),
+        (norm(scale=False), tr("the learned weight is not applied: multiply by weight, one scale per feature")),
     ]
     return want, [(wrong.to(want.dtype), message) for wrong, message in slips if wrong is not None]
 
@@ -783,7 +814,7 @@ def _judge_rms(kv, x, weight, eps, where, rtol=1e-4, atol=1e-5):
         return
     for wrong, message in slips:
         if torch.allclose(got.double(), wrong.double(), rtol=rtol, atol=atol):
-            raise AssertionError(f"{where}: {message}")
+            raise _failed(where, message)
     if x.dtype in (torch.float16, torch.bfloat16) and (got == 0).any() and not (want == 0).any():
         raise AssertionError(
             f"{where}: rows came out as zeros: squares of {x.dtype} values overflowed to inf (float16 stops at 65504): "
@@ -799,12 +830,12 @@ def rms_norm_matches_the_model(kv, rng):
     """Check rms_norm against RMSNorm modules: a random one (batch 2, 5 tokens, 12 features) and the tiny model's first."""
     x = torch.from_numpy(rng.normal(loc=1.5, scale=2.0, size=(2, 5, 12))).float()
     weight = torch.from_numpy(rng.uniform(0.5, 2.0, size=12)).float()
-    _judge_rms(kv, x, weight, 1e-5, "x of shape (2, 5, 12)")
+    _judge_rms(kv, x, weight, 1e-5, tr("x of shape (2, 5, 12)"))
     model, tokenizer = load_tiny()
     norm = model.layers[0].attn_norm
     with torch.no_grad():
         x = model.embed(torch.tensor([tokenizer.encode("法国的首都是")]))  # (1, 6, 128): the residual stream at layer 0
-    _judge_rms(kv, x, norm.weight.detach(), norm.eps, "the tiny model's layer 0 attn_norm on 法国的首都是")
+    _judge_rms(kv, x, norm.weight.detach(), norm.eps, tr("the tiny model's layer 0 attn_norm on 法国的首都是"))
 
 
 @check("2.5")
@@ -813,8 +844,8 @@ def rms_norm_holds_at_the_edges(kv, rng):
     x = torch.from_numpy(rng.normal(scale=0.3, size=(3, 7))).float()
     x[1] = 0.0
     weight = torch.from_numpy(rng.uniform(0.5, 2.0, size=7)).float()
-    _judge_rms(kv, x, weight, 0.5, "rows of size ~0.3 with eps=0.5, row 1 all zero")
-    _judge_rms(kv, x[0].clone(), weight, 1e-5, "one token of shape (7,)")
+    _judge_rms(kv, x, weight, 0.5, tr("rows of size ~0.3 with eps=0.5, row 1 all zero"))
+    _judge_rms(kv, x[0].clone(), weight, 1e-5, tr("one token of shape (7,)"))
 
 
 @check("2.5")
@@ -822,7 +853,7 @@ def rms_norm_normalises_16_bit_in_float32(kv, rng):
     """Check float16 hidden states with values up to 400, whose squares overflow float16: finite, in float16."""
     x = torch.from_numpy(rng.uniform(-400, 400, size=(2, 3, 16))).half()
     weight = torch.from_numpy(rng.uniform(0.5, 2.0, size=16)).half()
-    _judge_rms(kv, x, weight, 1e-5, "float16 x with values up to 400", rtol=2e-3, atol=2e-3)
+    _judge_rms(kv, x, weight, 1e-5, tr("float16 x with values up to 400"), rtol=2e-3, atol=2e-3)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -843,16 +874,18 @@ def _judge_swiglu(kv, mlp, x, where, rtol=1e-4, atol=1e-5):
     slips = [
         (
             (silu(u) * g) @ Wd.T,
-            "SiLU is on the wrong branch: it goes on the gate projection (w_gate), which then scales the up projection",
+            tr(
+                "SiLU is on the wrong branch: it goes on the gate projection (w_gate), which then scales the up projection"
+            ),
         ),
-        ((torch.sigmoid(g) * u) @ Wd.T, "the gate uses sigmoid: SiLU is z * sigmoid(z) (torch.nn.functional.silu)"),
+        ((torch.sigmoid(g) * u) @ Wd.T, tr("the gate uses sigmoid: SiLU is z * sigmoid(z) (torch.nn.functional.silu)")),
         (
             silu(g * u) @ Wd.T,
-            "SiLU is applied after the product: it acts on the gate projection alone, before multiplying",
+            tr("SiLU is applied after the product: it acts on the gate projection alone, before multiplying"),
         ),
-        ((silu(g) * silu(u)) @ Wd.T, "SiLU is on both branches: only the gate projection goes through it"),
-        ((torch.relu(g) * u) @ Wd.T, "the gate uses ReLU: SwiGLU's gate is SiLU (torch.nn.functional.silu)"),
-        ((silu(g) + u) @ Wd.T, "the branches are added: the gate multiplies the up projection, element by element"),
+        ((silu(g) * silu(u)) @ Wd.T, tr("SiLU is on both branches: only the gate projection goes through it")),
+        ((torch.relu(g) * u) @ Wd.T, tr("the gate uses ReLU: SwiGLU's gate is SiLU (torch.nn.functional.silu)")),
+        ((silu(g) + u) @ Wd.T, tr("the branches are added: the gate multiplies the up projection, element by element")),
     ]
     try:
         got = kv.swiglu(x.clone(), Wg.clone(), Wu.clone(), Wd.clone())
@@ -878,13 +911,13 @@ def swiglu_matches_the_model(kv, rng):
     """Check swiglu against a random MLP (12 features, 20 hidden, batch 2, 5 tokens) and the tiny model's layer 0 MLP."""
     mlp = _mlp(int(rng.integers(1000)), 12, 20)
     _judge_swiglu(
-        kv, mlp, torch.from_numpy(rng.normal(size=(2, 5, 12))).float(), "an MLP of 12 -> 20 -> 12, x (2, 5, 12)"
+        kv, mlp, torch.from_numpy(rng.normal(size=(2, 5, 12))).float(), tr("an MLP of 12 -> 20 -> 12, x (2, 5, 12)")
     )
     model, tokenizer = load_tiny()
     layer = model.layers[0]
     with torch.no_grad():
         x = layer.mlp_norm(model.embed(torch.tensor([tokenizer.encode("法国的首都是")])))  # (1, 6, 128)
-    _judge_swiglu(kv, layer.mlp, x, "the tiny model's layer 0 MLP on 法国的首都是")
+    _judge_swiglu(kv, layer.mlp, x, tr("the tiny model's layer 0 MLP on 法国的首都是"))
 
 
 @check("2.6")
@@ -892,10 +925,10 @@ def swiglu_takes_any_leading_axes(kv, rng):
     """Check one token of shape (d_model,) and a (3, 2, 4, d_model) batch, on an MLP narrower inside (10 -> 6 -> 10),
     and the same MLP in bfloat16 (the result in x's dtype)."""
     mlp = _mlp(int(rng.integers(1000)), 10, 6)
-    _judge_swiglu(kv, mlp, torch.from_numpy(rng.normal(size=10)).float(), "one token, x of shape (10,)")
-    _judge_swiglu(kv, mlp, torch.from_numpy(rng.normal(size=(3, 2, 4, 10))).float(), "x of shape (3, 2, 4, 10)")
+    _judge_swiglu(kv, mlp, torch.from_numpy(rng.normal(size=10)).float(), tr("one token, x of shape (10,)"))
+    _judge_swiglu(kv, mlp, torch.from_numpy(rng.normal(size=(3, 2, 4, 10))).float(), tr("x of shape (3, 2, 4, 10)"))
     x16 = torch.from_numpy(rng.normal(size=(2, 5, 10))).to(torch.bfloat16)
-    _judge_swiglu(kv, mlp.to(torch.bfloat16), x16, "a bfloat16 MLP, x (2, 5, 10) bfloat16", rtol=3e-2, atol=3e-2)
+    _judge_swiglu(kv, mlp.to(torch.bfloat16), x16, tr("a bfloat16 MLP, x (2, 5, 10) bfloat16"), rtol=3e-2, atol=3e-2)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -909,15 +942,20 @@ def _temper_slips(logits, t):
         slips = [
             (
                 p,
-                "the probabilities came back unchanged: dividing them by t changes nothing once a row is "
-                "renormalised. Temperature divides the logits, and what are the logits in terms of p?",
+                tr(
+                    "the probabilities came back unchanged: dividing them by t changes nothing once a row is "
+                    "renormalised. Temperature divides the logits, and what are the logits in terms of p?"
+                ),
             ),
-            ((p**t) / (p**t).sum(-1, keepdim=True), "p was raised to the power t: t > 1 should flatten, t < 1 sharpen"),
+            (
+                (p**t) / (p**t).sum(-1, keepdim=True),
+                tr("p was raised to the power t: t > 1 should flatten, t < 1 sharpen"),
+            ),
             (
                 torch.softmax(p / t, dim=-1),
-                "softmax of the probabilities divided by t: probabilities are not logits, and softmax takes logits",
+                tr("softmax of the probabilities divided by t: probabilities are not logits, and softmax takes logits"),
             ),
-            (p ** (1 / t), "the rows do not sum to 1: renormalise after the power"),
+            (p ** (1 / t), tr("the rows do not sum to 1: renormalise after the power")),
         ]
     return torch.softmax(logits.double() / t, dim=-1), slips
 
@@ -941,7 +979,7 @@ def _judge_temper(kv, logits, t, where, dtype=torch.float32, atol=1e-5):
         return
     for wrong, message in slips:
         if wrong.shape == got.shape and torch.allclose(got, wrong, rtol=1e-4, atol=atol):
-            raise AssertionError(f"{where}: {message}")
+            raise _failed(where, message)
     raise AssertionError(
         f"{where}: temper differs from softmax(logits / {t:g}) by up to {(got - want).abs().max().item():.2g}"
     )
@@ -952,10 +990,10 @@ def temper_matches_softmax_of_scaled_logits(kv, rng):
     """Check temper against softmax(logits / t) at t = 0.5, 2 and 3, on a (2, 3, 11) batch and one row of 405."""
     logits = torch.from_numpy(rng.normal(scale=2.0, size=(2, 3, 11)))
     for t in (0.5, 2.0, 3.0):
-        _judge_temper(kv, logits, t, f"a (2, 3, 11) batch at t = {t:g}")
+        _judge_temper(kv, logits, t, tr("a (2, 3, 11) batch at t = {t:g}", t=t))
     row = torch.from_numpy(rng.normal(scale=4.0, size=405))
     row[int(rng.integers(405))] += 20.0  # one token nearly certain, as 巴 is after 法国的首都是
-    _judge_temper(kv, row, 3.0, "one row of 405 tokens, one of them nearly certain, at t = 3", dtype=torch.float64)
+    _judge_temper(kv, row, 3.0, tr("one row of 405 tokens, one of them nearly certain, at t = 3"), dtype=torch.float64)
 
 
 @check("2.7")
@@ -974,7 +1012,7 @@ def temper_is_greedy_at_zero_and_finite_when_cold(kv, rng):
         "at t = 0 every row should be one-hot on its most likely token (greedy), 1.0 there and 0.0 elsewhere"
     )
     cold = torch.from_numpy(np.log([0.3, 0.29, 0.25, 0.16]) + rng.normal(scale=1e-3, size=(3, 4)))
-    _judge_temper(kv, cold, 0.01, "float32 rows whose largest probability is about 0.3, at t = 0.01", atol=1e-4)
+    _judge_temper(kv, cold, 0.01, tr("float32 rows whose largest probability is about 0.3, at t = 0.01"), atol=1e-4)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -992,29 +1030,37 @@ def _param_slips(config: ModelConfig) -> dict[str, list[tuple[int, str]]]:
         config.hidden_dim,
         config.vocab_size,
     )
-    layers = "each part is summed over all n_layers layers"
+    layers = tr("each part is summed over all n_layers layers")
     return {
         "attention": [
             (
                 L * 4 * C * H * D,
-                "k_proj and v_proj give n_kv_heads heads of head_dim, not n_heads: with GQA they are narrower",
+                tr("k_proj and v_proj give n_kv_heads heads of head_dim, not n_heads: with GQA they are narrower"),
             ),
-            (L * (C * H * D + 2 * C * H_kv * D), "o_proj is missing: it maps the heads side by side back to d_model"),
+            (
+                L * (C * H * D + 2 * C * H_kv * D),
+                tr("o_proj is missing: it maps the heads side by side back to d_model"),
+            ),
             (2 * C * H * D + 2 * C * H_kv * D, layers),
         ],
         "mlp": [
-            (L * 2 * C * F, "SwiGLU has three matrices (gate, up and down), not two"),
+            (L * 2 * C * F, tr("SwiGLU has three matrices (gate, up and down), not two")),
             (3 * C * F, layers),
         ],
         "norms": [
-            (2 * L * C, "the RMSNorm before the lm_head is missing: two a layer, and one more at the end"),
-            ((2 * L + 1), "each RMSNorm holds d_model weights, one scale per feature"),
+            (2 * L * C, tr("the RMSNorm before the lm_head is missing: two a layer, and one more at the end")),
+            ((2 * L + 1), tr("each RMSNorm holds d_model weights, one scale per feature")),
             (2 * C, layers),
         ],
         "lm_head": [
-            (0, "the lm_head is missing: this decoder's is its own vocab_size x d_model matrix, not the embedding's")
+            (
+                0,
+                tr(
+                    "the lm_head is missing: this decoder's is its own vocab_size x d_model matrix, not the embedding's"
+                ),
+            )
         ],
-        "embedding": [(V, "the embedding holds a row of d_model numbers for each of vocab_size tokens")],
+        "embedding": [(V, tr("the embedding holds a row of d_model numbers for each of vocab_size tokens"))],
     }
 
 
@@ -1099,12 +1145,17 @@ def param_counts_match_built_decoders(kv, rng):
     of other sizes (3 layers, 6 query heads sharing 2 key/value heads of 4, hidden_dim 40, 37 tokens), and against the
     weights' shapes where that GQA config is widened 2**31 times, past any machine."""
     model, _ = load_tiny()
-    _judge_params(kv, model.config, counted_params(model), "the tiny model's config")
+    _judge_params(kv, model.config, counted_params(model), tr("the tiny model's config"))
     torch.manual_seed(int(rng.integers(1000)))
     gqa = ModelConfig(vocab_size=37, d_model=24, n_layers=3, n_heads=6, n_kv_heads=2, hidden_dim=40, max_seq_len=16)
-    _judge_params(kv, gqa, counted_params(Decoder(gqa)), "a GQA config (d_model 24, 6 heads, 2 KV heads, 3 layers)")
+    _judge_params(kv, gqa, counted_params(Decoder(gqa)), tr("a GQA config (d_model 24, 6 heads, 2 KV heads, 3 layers)"))
     wide = _widened(gqa, 2**31)
-    _judge_params(kv, wide, _expected_params(wide), f"that GQA config widened 2**31 times (d_model {wide.d_model:,})")
+    _judge_params(
+        kv,
+        wide,
+        _expected_params(wide),
+        tr("that GQA config widened 2**31 times (d_model {d_model:,})", d_model=wide.d_model),
+    )
 
 
 @check("2.8")
@@ -1123,4 +1174,9 @@ def param_counts_scale_to_real_configs(kv, rng):
             f"{name}: the parts add up to {total:,} parameters; its config builds {real.params:,} ({real.source})"
         )
     wide = _widened(REAL_MODELS["Llama-3-8B"].config, 2**29)
-    _judge_params(kv, wide, _expected_params(wide), f"Llama-3-8B widened 2**29 times (d_model {wide.d_model:,})")
+    _judge_params(
+        kv,
+        wide,
+        _expected_params(wide),
+        tr("Llama-3-8B widened 2**29 times (d_model {d_model:,})", d_model=wide.d_model),
+    )

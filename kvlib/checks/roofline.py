@@ -298,7 +298,7 @@ def predicted_tokens_per_second_on_an_a100(kv, rng):
     if _close(got, 1 / (flops / 312e12 + moved / 2039e9), 1e-6):
         raise AssertionError(
             f"{got:.1f} tokens/s adds the compute time to the memory time: they overlap, so the step takes the "
-            f"slower of the two (roofline_time takes the max), {expected:.1f} tokens/s here"
+            f"slower of the two (the max, not the sum), {expected:.1f} tokens/s here"
         )
     assert _close(got, expected, 1e-6), (
         f"expected {expected:.1f} tokens/s (13.2 GB of weights at 2,039 GB/s), got {got:.1f}"
@@ -327,13 +327,11 @@ def predicted_tokens_per_second_counts_the_batch(kv, rng):
                 f"one step makes a token for each of the {batch} sequences: tokens/s is batch / step time"
             )
         if _close(got, batch / (flops / peak + moved / bw)):
-            raise AssertionError(
-                "the step time is the larger of compute and memory time (roofline_time), not their sum: they overlap"
-            )
+            raise AssertionError("the step time is the larger of compute and memory time, not their sum: they overlap")
         if _close(got, batch / (moved / bw)) and not _close(step, moved / bw):
             raise AssertionError(
                 f"kv_len {S}, batch {batch} at {peak:.0e} FLOP/s: this step is compute-bound; "
-                "the time is the larger of FLOPs / peak and bytes / bandwidth (roofline_time)"
+                "the time is the larger of FLOPs / peak and bytes / bandwidth"
             )
         assert _close(got, batch / step, 1e-6), (
             f"kv_len {S}, batch {batch}: expected {batch / step:.4g} tokens/s, got {got:.4g}"

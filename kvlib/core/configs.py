@@ -145,19 +145,24 @@ REAL_MODELS: dict[str, RealModel] = {
             sliding_window=4096,
             trained_context=8192,
         ),
-        # Qwen2.5 adds biases to q, k and v (a few hundred thousand parameters, left out here)
-        _llama(
-            "Qwen2.5-7B",
-            _hub("Qwen/Qwen2.5-7B"),
-            "GQA",
-            vocab_size=152064,
-            d_model=3584,
-            n_layers=28,
-            n_heads=28,
-            n_kv_heads=4,
-            hidden_dim=18944,
-            max_seq_len=131072,
-            rope_theta=1000000.0,
+        # Qwen2.5 adds biases to q, k and v (a few hundred thousand parameters, left out here). Its config.json's
+        # 131,072 positions are reached with YaRN; the Qwen2.5 report (arXiv:2412.15115, its long-context
+        # pre-training) trains at 4,096 tokens, then at 32,768 in the final pre-training stage: trained at 32,768
+        replace(
+            _llama(
+                "Qwen2.5-7B",
+                _hub("Qwen/Qwen2.5-7B"),
+                "GQA",
+                vocab_size=152064,
+                d_model=3584,
+                n_layers=28,
+                n_heads=28,
+                n_kv_heads=4,
+                hidden_dim=18944,
+                max_seq_len=131072,
+                rope_theta=1000000.0,
+            ),
+            trained_context=32768,
         ),
         _falcon_7b(),
     )

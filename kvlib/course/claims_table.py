@@ -162,6 +162,14 @@ CLAIMS: tuple[Claim, ...] = (
         "a decode step reads the weights once whatever the batch (below the ridge, the roofline predicts 64 times)",
     ),
     Claim(
+        "05b.step-grows-below-ridge",
+        "Below the ridge, where the roofline gives every batch the same step time, does a larger batch's step take "
+        "longer than batch 1's?",
+        "above",
+        "on a CPU the routine, not the bytes, sets the step: torch hands one row to a matrix-vector routine and several "
+        "to a matrix-matrix one, each at its own rate (notebook 05b's timing model is far below its roof)",
+    ),
+    Claim(
         "05b.tall-weights-column-major",
         "Does one core stream GPT-2 small's widening MLP weight faster stored column after column, the order "
         "kvlib's Decoder gives tall weights, than row after row?",
@@ -187,6 +195,30 @@ CLAIMS: tuple[Claim, ...] = (
         "Does GQA-2's decode step at 8k cached tokens speed up as much as the bytes it reads shrink (Exercise 6.5)?",
         "below",
         "a step also pays a cost per operation (Python, small kernels) that sharing key/value heads does not shrink",
+    ),
+    Claim(
+        "06a.fixed-parts-differ",
+        "Is GQA-2's fixed part (the intercept of its line over kv_len) lower than MHA's by more than the time the "
+        "bytes of k_proj and v_proj it sheds take at the roof?",
+        "above",
+        "k_proj and v_proj are small matrix-vector products that stream far below the roof: on the CPU the course was "
+        "built on (one core, 2026-12-05) MHA's took 0.91 ms alone and GQA-2's 0.28, where the roof reads the "
+        "difference in 0.18 ms; the intercepts differed by 0.44 ms in the same sitting (docs/benchmarks.md)",
+    ),
+    Claim(
+        "06a.projections-below-roof",
+        "Do MHA's k_proj and v_proj, timed alone as a step reads them, stream their weights slower than the roof?",
+        "below",
+        "a matrix-vector product on a 512 x 512 weight keeps too few reads in flight: 9 GB/s against a 35 GB/s roof on "
+        "the CPU the course was built on (2026-12-05)",
+    ),
+    Claim(
+        "06a.cache-part-shrinks-less",
+        "From 4k to 8k cached tokens, does MHA's step grow by less than 4 times GQA-2's growth, though it adds 4 "
+        "times the cache bytes?",
+        "below",
+        "attention's scores, softmax and weighted values are computed per query head (Exercise 5.3's count): sharing "
+        "cuts the bytes, not that work, so GQA's attention does group_size times the FLOPs per cached byte",
     ),
     # --- 06b quality
     Claim(

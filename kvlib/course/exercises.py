@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvlib.core.paths import ROOT
+from kvlib.course import i18n
 
 # ---------------------------------------------------------------------------------------------
 # The table: one row per exercise, in course order. Notebook, module and checks hang off the id.
@@ -288,13 +289,30 @@ class ExerciseNotDone(NotImplementedError):
     def __init__(self, exercise: Exercise, needed_by: Exercise | None = None):
         self.exercise, self.needed_by = exercise, needed_by
         if needed_by is None:
-            msg = f"Exercise {exercise.id} ({exercise.title}) is not done yet: fill in {exercise.name} in {exercise.where}"
+            msg = i18n.tr(
+                "Exercise {id} ({title}) is not done yet: fill in {name} in {where}",
+                id=exercise.id,
+                title=_title(exercise),
+                name=exercise.name,
+                where=exercise.where,
+            )
         else:
-            msg = (
-                f"Exercise {needed_by.id} ({needed_by.title}) uses Exercise {exercise.id} ({exercise.title}), "
-                f"which is not done yet: do Exercise {exercise.id} first ({exercise.where})"
+            msg = i18n.tr(
+                "Exercise {id} ({title}) uses Exercise {first} ({first_title}), which is not done yet: do Exercise "
+                "{first} first ({where})",
+                id=needed_by.id,
+                title=_title(needed_by),
+                first=exercise.id,
+                first_title=_title(exercise),
+                where=exercise.where,
             )
         super().__init__(msg)
+
+
+def _title(ex: Exercise) -> str:
+    """An exercise's title in the learner's language (KVLIB_LANG): its translated hints' title where there is one;
+    in English the table's, without reading a hint file."""
+    return i18n.hint_title(ex.id, ex.title)
 
 
 _STUB_MESSAGE = re.compile(r"^Exercise (\d+\.\d+)\b")

@@ -40,7 +40,6 @@ HINTS_DIR = Path(__file__).resolve().parent / "hints"
 MIN_LEVELS = 3
 
 _TITLE = re.compile(r"^# Hints for kvlib/(\w+)\.py \(notebook (\d\d)\)\s*$")
-_SECTION = re.compile(r"^## (\d+\.\d+) (\S.*?)\s*$")
 _ITEM = re.compile(r"^(\d+)\. (\S.*)$")
 
 
@@ -80,7 +79,7 @@ def parse(text: str, file: Path) -> dict[str, Hints]:
     for n, line in enumerate(lines[1:], start=2):
         if not line.strip():
             continue
-        if sec := _SECTION.match(line):
+        if sec := i18n.HINT_SECTION.match(line):
             close()
             ex_id, title = sec.groups()
             ex = BY_ID.get(ex_id)
@@ -152,8 +151,6 @@ def stuck(exercise_id: str) -> str:
 # ---------------------------------------------------------------------------------------------
 # Translated hints: locale/<lang>/hints/<module>.md, each section marked with the English one's hash
 
-_MARK = re.compile(r"^(.*?)\s*<!-- sha256:([0-9a-f]{12}) -->$")
-
 
 def section_hash(h: Hints) -> str:
     """The hash a translation of this (English) section carries: its title and every level, as the file has them."""
@@ -171,7 +168,7 @@ def read_translations(lang: str, folder: Path | None = None) -> dict[str, tuple[
     found = {}
     for file in hint_files(folder or translation_dir(lang)):
         for ex_id, h in parse(file.read_text(encoding="utf-8"), file).items():
-            m = _MARK.match(h.title)
+            m = i18n.TRANSLATION_MARK.match(h.title)
             found[ex_id] = (replace(h, title=m.group(1)) if m else h, m.group(2) if m else None)
     return found
 

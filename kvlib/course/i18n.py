@@ -26,6 +26,8 @@ DEFAULT = "en"
 ENV = "KVLIB_LANG"
 LOCALE_DIR = Path(__file__).resolve().parent / "locale"
 _FIELD = re.compile(r"\{(\d+)\}")  # a replacement field of an f-string's template
+HINT_SECTION = re.compile(r"^## (\d+\.\d+) (\S.*?)\s*$")  # a hint file's section heading: "## X.Y title"
+TRANSLATION_MARK = re.compile(r"^(.*?)\s*<!-- sha256:([0-9a-f]{12}) -->$")  # a translated heading's English hash
 
 
 def language() -> str:
@@ -37,6 +39,21 @@ def language() -> str:
     if lang not in LANGUAGES:
         raise ValueError(f"{ENV}={lang!r} is not a language of the course: use one of {', '.join(LANGUAGES)}")
     return lang
+
+
+def hint_title(exercise_id: str, english: str, lang: str | None = None) -> str:
+    """An exercise's title as the learner's language's hints spell it (locale/<lang>/hints/*.md, read as they are,
+    fresh or stale), else `english`: the label of a message, read without the hints' machinery (kvlib.course.hints,
+    which imports the exercise table and so cannot serve kvlib.course.exercises)."""
+    lang = lang or language()
+    if lang == DEFAULT:
+        return english
+    for file in sorted((LOCALE_DIR / lang / "hints").glob("*.md")):
+        for line in file.read_text(encoding="utf-8").splitlines():
+            if (m := HINT_SECTION.match(line)) and m.group(1) == exercise_id:
+                mark = TRANSLATION_MARK.match(m.group(2))
+                return mark.group(1) if mark else m.group(2)
+    return english
 
 
 def catalogue_file(lang: str) -> Path:

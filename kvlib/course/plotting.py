@@ -714,9 +714,12 @@ def roofline(roofs, points=(), *, title=None, xlim=(0.1, 1000), note=None):
     x = np.logspace(np.log10(xlim[0]), np.log10(xlim[1]), 400)
     roof_colors = [PALETTE[c] for c in ("blue", "orange", "green", "purple", "sky", "black")]
     point_colors = [PALETTE[c] for c in ("vermillion", "green", "purple", "black", "sky")]
+    top = max([p for _, p, _ in roofs] + [a for _, _, a in points])  # the highest roof or point
+    rows = -(-(len(roofs) + len(points)) // 2)  # the legend's rows, two entries a row, under the axes
+    height = 5.4 + 0.3 * rows  # inches: the axes keep their size whatever the legend holds
     with style():
-        fig, ax = plt.subplots(figsize=(10, 6))
-        fig.subplots_adjust(left=0.12, right=0.97, bottom=0.19, top=0.9)
+        fig, ax = plt.subplots(figsize=(10, height))
+        fig.subplots_adjust(left=0.12, right=0.97, bottom=(1.05 + 0.3 * rows) / height, top=1 - 0.55 / height)
         for i, (label, peak, bw) in enumerate(roofs):
             ridge = peak / bw
             ax.loglog(
@@ -730,18 +733,18 @@ def roofline(roofs, points=(), *, title=None, xlim=(0.1, 1000), note=None):
             if i == 0:
                 ax.axvline(ridge, color=roof_colors[0], ls=":", lw=1.2)
                 ax.axvspan(xlim[0], ridge, color=PALETTE["sky"], alpha=0.12, lw=0)
-                ax.text(
-                    ridge,
-                    peak * 1.25,
+                # beside the dotted line, on the side with room: right of it unless it stands in the right quarter
+                right = np.log(ridge / xlim[0]) < 0.75 * np.log(xlim[1] / xlim[0])
+                ax.text(  # above every roof, where no line runs
+                    ridge * (1.12 if right else 1 / 1.12),
+                    top * 1.4,
                     f"ridge {ridge:.3g} FLOP/B",
-                    ha="center",
+                    ha="left" if right else "right",
                     va="bottom",
                     fontsize=11,
                     color=roof_colors[0],
                 )
-                ax.text(
-                    xlim[0] * 1.3, peak * 1.25, "memory-bound", ha="left", va="bottom", fontsize=11, color="#555555"
-                )
+                ax.text(xlim[0] * 1.3, top * 1.4, "memory-bound", ha="left", va="bottom", fontsize=11, color="#555555")
         for j, (label, intensity, achieved) in enumerate(points):
             color = point_colors[j % len(point_colors)]
             ax.loglog(
@@ -752,9 +755,8 @@ def roofline(roofs, points=(), *, title=None, xlim=(0.1, 1000), note=None):
                 color=color,
                 label=f"{label}: {intensity:.3g} FLOP/B, {_si(achieved, 'FLOP/s')}",
             )
-        peaks = [p for _, p, _ in roofs] + [a for _, _, a in points]
         lows = [x[0] * bw for _, _, bw in roofs] + [a for _, _, a in points]
-        ax.set_ylim(min(lows) / 2, max(peaks) * 4)
+        ax.set_ylim(min(lows) / 2, top * 4)
         ax.set_xlim(*xlim)
         ax.set_xlabel("arithmetic intensity (FLOPs per byte moved)")
         ax.set_ylabel("attainable FLOP/s")
@@ -768,13 +770,28 @@ def roofline(roofs, points=(), *, title=None, xlim=(0.1, 1000), note=None):
             else:
                 title = f"{roofs[0][0]}: left of {ridge:.3g} FLOP/B, memory sets the speed"
         ax.set_title(title)
-        ax.legend(loc="lower right", frameon=False, fontsize=10)
+        fig.legend(  # under the axes, over nothing drawn: between the x-axis's label and the note
+            *ax.get_legend_handles_labels(),
+            loc="lower center",
+            bbox_to_anchor=(0.5, 0.3 / height),
+            ncol=2,
+            frameon=False,
+            fontsize=10,
+        )
         _note(fig, note)
     return _finish(fig)
 
 
+def _readable_log_axis(axis) -> None:
+    """Tick labels at 1, 2 and 5 of each decade, as plain numbers: a log axis spanning a decade or two otherwise
+    labels one or two powers of ten."""
+    axis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 100 else f"{v:.3g}"))
+    axis.set_minor_locator(matplotlib.ticker.NullLocator())
+
+
 def bytes_against_kv_len(
-    kv_lens, weight_bytes, kv_bytes_per_token, *, batches=(1,), sliding_window=None, model="", note=None
+    kv_lens, weight_bytes, kv_bytes_per_token, *, batches=(1,), sliding_window=None, context=None, model="", note=None
 ):
     """Weights against KV cache bytes over kv_len, the tokens each sequence has seen (log-log), one KV
     line per batch size.
@@ -783,6 +800,8 @@ def bytes_against_kv_len(
              kv_bytes_per_token: KV bytes of one token of one sequence   batches: batch sizes to draw
              sliding_window: tokens the model caches at most (Mistral-7B: 4,096; RealModel.sliding_window),
              None if it caches every token: past it each KV line is flat, and the window is marked
+             context: the tokens the model was trained on (RealModel.context); past it the figure is a what-if,
+             shaded and labelled so
     Returns: the Figure; each batch's crossover (cache == weights) is marked, where there is one
     """
     n = np.asarray(kv_lens, dtype=float)
@@ -820,16 +839,25 @@ def bytes_against_kv_len(
                     color=colors[i % len(colors)],
                 )
             crossings.append((batch, cross))
+        marks = []  # (tokens, line style, label, height in the axes, alignment): the context in the room at the top
         if sliding_window is not None and n[0] <= sliding_window <= n[-1]:
-            ax.axvline(sliding_window, ls=":", lw=1.5, color="grey")
+            window_label = f"sliding\nwindow:\n{sliding_window:,}\ntokens"  # narrow: a context line may follow it
+            marks.append((sliding_window, ":", window_label, 0.03, "bottom"))
+        if context is not None and n[0] < context < n[-1]:
+            ax.axvspan(context, n[-1], color="grey", alpha=0.1, lw=0)
+            context_label = f"trained on {context:,} tokens:\npast it, a what-if"
+            marks.append((context, "--", context_label, 0.97, "top"))
+        for x, ls, label, y, va in marks:
+            ax.axvline(x, ls=ls, lw=1.5, color="grey")
             ax.annotate(
-                f"sliding window: {sliding_window:,} tokens,\nthe cache stops growing",
-                (sliding_window, 0.03),
+                label,
+                (x, y),
                 xycoords=("data", "axes fraction"),
                 xytext=(6, 0),
                 textcoords="offset points",
                 fontsize=11,
                 color="grey",
+                va=va,
             )
         ax.set_xlabel("kv_len (tokens of context, per sequence)")
         ax.set_ylabel("memory (GB)")
@@ -872,6 +900,7 @@ def decode_against_batch(
             axis.set_xscale("log", base=2)
             axis.set_xticks(b, [str(int(v)) for v in b])
             axis.minorticks_off()
+            _readable_log_axis(axis.yaxis)
             axis.set_xlabel("batch size (sequences decoded together)")
         ax.legend(loc="best", frameon=False)  # the roofline rises through the upper left
         bx.legend(loc="upper left", frameon=False)
@@ -1018,7 +1047,8 @@ def gqa_decode_time(rows, *, kv_len=None, note=None, verdicts=None):
         bx.set_xscale("log", base=2)
         bx.set_xticks(lens, [f"{n // 1024}k" if n >= 1024 else str(n) for n in lens])
         bx.minorticks_off()
-        bx.set_ylim(0, heads[0] / quarter * 1.9)  # room for the legend above the bytes ratio
+        drawn = [y for line in bx.get_lines() for y in line.get_ydata()]
+        bx.set_ylim(0, max(drawn) * 1.45)  # as tall as the lines, with room for the legend above them
         bx.set_xlabel("kv_len (tokens in the cache)")
         bx.set_ylabel(f"speedup over MHA (n_kv_heads {quarter})")
         bx.set_title("Speedup over MHA")
@@ -1050,8 +1080,8 @@ def gqa_quality(rows, *, note=None):
     names = {"mean": "mean-pooled", "first": "first head kept"}
     uptrained = any("uptrained_held_out_loss" in r for r in rows)
     with style():
-        fig, axes = plt.subplots(1, 2, figsize=(13, 5.4))
-        fig.subplots_adjust(left=0.08, right=0.98, bottom=0.22, top=0.84, wspace=0.25)
+        fig, axes = plt.subplots(1, 2, figsize=(13, 5.9))
+        fig.subplots_adjust(left=0.08, right=0.98, bottom=0.27, top=0.85, wspace=0.25)
         original = next((r for r in rows if r["recipe"] == "original"), None)
         for ax, key, label in (
             (axes[0], "held_out_loss", "held-out loss (nats/token)"),
@@ -1087,7 +1117,9 @@ def gqa_quality(rows, *, note=None):
             ax.set_ylabel(label)
             ax.set_ylim(0, None if key == "held_out_loss" else 1.05)
         axes[1].yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
-        axes[0].legend(loc="upper left", frameon=False, fontsize=11)
+        fig.legend(  # under both panels, where no line runs
+            *axes[0].get_legend_handles_labels(), loc="lower center", bbox_to_anchor=(0.5, 0.05), ncol=4, frameon=False
+        )
         steps = next((r["uptrain_steps"] for r in rows if "uptrain_steps" in r), None)
         converted = [r for r in rows if r["recipe"] != "original"]
         span = lambda key, fmt: "-".join(format(f(r[key] for r in converted), fmt) for f in (min, max))  # noqa: E731

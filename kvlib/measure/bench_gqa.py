@@ -23,7 +23,7 @@ from kvlib.core.cache import attention_through_cache
 from kvlib.core.configs import gqa_bench_config
 from kvlib.core.model import Decoder
 from kvlib.measure import timing
-from kvlib.measure.machine import measure_bandwidth
+from kvlib.measure.machine import last_level_cache, measure_bandwidth
 from kvlib.measure.timing import new_tensors
 from kvlib.variants.gqa_attention import BENCH_ATTENTION, decode_bytes
 
@@ -105,7 +105,8 @@ def _fixed_part(kv_lens: list[int], per_len: list[list[float]]) -> dict:
     """
     medians = [statistics.median(times) for times in per_len]
     fixed, slope = _theil_sen([float(S) for S in kv_lens], medians)
-    lo, hi = _quartiles(_intercepts(kv_lens, per_len))
+    rounds = _intercepts(kv_lens, per_len)
+    lo, hi = _quartiles(rounds)
     held = lo - 1e-9 <= fixed <= hi + 1e-9  # within the quartiles, to a nanosecond of rounding
     ok = 0 < fixed < medians[0] and slope > 0 and lo > 0 and held
     if ok:
@@ -123,7 +124,7 @@ def _fixed_part(kv_lens: list[int], per_len: list[list[float]]) -> dict:
         why = f"the line's intercept is {fixed * 1e3:.2f} ms, below 0: the step grows faster than a line in kv_len, or the run was too noisy to split"
     else:
         why = f"the line's intercept ({fixed * 1e3:.2f} ms) is above the shortest step: the run was too noisy to split"
-    return {"fixed_s": fixed, "spread_s": [lo, hi], "ok": ok, "why": why}
+    return {"fixed_s": fixed, "spread_s": [lo, hi], "rounds_s": rounds, "ok": ok, "why": why}
 
 
 def _gqa_method(method: str, mha: bool) -> str:
@@ -156,7 +157,8 @@ def bench_gqa(
     Where the time goes: a step's fixed part (the weights and the step's small operations, which do not
     grow with the cache; GQA shrinks only k_proj and v_proj among them) is the intercept of a median-based
     line through its median times over the measured lengths, with a spread (interquartile range of the same line fitted round by round), and fixed_ok
-    says whether it is meaningful (between 0 and the shortest step; fixed_why says why not). A row's
+    says whether it is meaningful (between 0 and the shortest step; fixed_why says why not; fixed_rounds_s holds
+    each round's own intercept, for claims paired round by round). A row's
     cache_s = its step time - that fixed part (None where not meaningful), and cache_bytes_per_s the rate at which the cache (and
     the copies) were read in it. The step's speedup over MHA is (fixed + MHA's cache part) / (fixed +
     this cache part): Amdahl's law, measured. The ratio of cache parts is given only where both
@@ -244,6 +246,7 @@ def bench_gqa(
                     "cache_bytes": cache.nbytes,
                     "fixed_s": fixed_s,
                     "fixed_spread_s": [lo, hi],
+                    "fixed_rounds_s": split["rounds_s"],  # each round's intercept, in round order
                     "fixed_ok": split["ok"],
                     "fixed_why": split["why"],
                     "cache_s": cache_s,
@@ -299,6 +302,38 @@ def bench_gqa(
             }
             for (h, method), split in fixed.items()
         ],
+    }
+
+
+def projection_seconds(kv_heads=(8, 2), rounds: int = 7, threads: int = 1) -> dict:
+    """Seconds of one decode step's k_proj and v_proj products alone, every layer of the timing model, per n_kv_heads.
+
+    The only weights sharing key/value heads shrinks: notebook 06 sets their time beside the difference of two ways'
+    fixed parts. Each n_kv_heads once per round, rounds interleaved after a warm-up, the CPU's caches flushed before
+    each (twice the last-level cache is streamed, or 64 MiB where it is not listed), as a long-context step's other
+    reads flush them. One token, float32, the Decoder's own modules (kvlib.core.model.decode_layout's memory order).
+    Returns {"seconds": {n_kv_heads: each round's seconds}, "bytes": {n_kv_heads: the two weights' bytes, all layers}}.
+    """
+    flush = torch.ones(max(64 << 20, 2 * (last_level_cache() or 0)) // 4)
+    x = torch.randn(1, 1, gqa_bench_config().d_model)
+    projections = {}
+    for h in kv_heads:
+        torch.manual_seed(0)
+        layers = Decoder(gqa_bench_config(h)).eval().layers
+        projections[h] = [p for layer in layers for p in (layer.attn.k_proj, layer.attn.v_proj)]
+    seconds = {h: [] for h in kv_heads}
+    with timing.num_threads(threads), torch.inference_mode():
+        for r in range(rounds + 1):  # round 0 warms up
+            for h, modules in projections.items():
+                flush.add_(1.0)
+                start = time.perf_counter()
+                for module in modules:
+                    module(x)
+                if r:
+                    seconds[h].append(time.perf_counter() - start)
+    return {
+        "seconds": seconds,
+        "bytes": {h: sum(p.weight.nbytes for p in modules) for h, modules in projections.items()},
     }
 
 
@@ -392,8 +427,8 @@ def _format_time_split(report: dict, learner: bool = False) -> list[str]:
 
     lines = [
         "",
-        f"Where the time goes: fixed = {fixed_how}: what does not grow with the cache (the weights, of which GQA "
-        "shrinks only k_proj and v_proj, and the step's small operations); "
+        f"Where the time goes: fixed = {fixed_how}, each way's own line: what does not grow with the cache (the "
+        "weights, of which GQA shrinks only k_proj and v_proj, and the step's small operations); "
         "cache = step - fixed; the ratio of cache parts (median, quartiles) only where both stand "
         "clear of the fixed part's spread",
         f"{'kv_len':>7} {'n_kv_heads':>10} {'method':>13} {'step ms':>9} {'fixed ms (q1-q3)':>20} {'cache ms':>9} "

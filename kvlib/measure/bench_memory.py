@@ -1,6 +1,6 @@
 """`kvlib bench memory` (notebook 05): memory bandwidth, matmul FLOP/s, and a memory-bound decode step,
-predicted from bytes / bandwidth (kvlib/roofline.py: roofline_time, given, and step_cost, the learner's
-Exercise 5.3) and measured; also through torch.compile (one graph, fullgraph=True: on a CPU with
+predicted from bytes / bandwidth (kvlib.measure.machine.roofline_time, and kvlib/roofline.py's step_cost, the
+learner's Exercise 5.3) and measured; also through torch.compile (one graph, fullgraph=True: on a CPU with
 the weights frozen and repacked, on a CUDA GPU with CUDA graphs), and on a GPU replayed as a CUDA graph.
 
 The bandwidth ceiling is the highest rate any of five kernels reached in the run: read, copy,
@@ -23,7 +23,7 @@ from kvlib.core.configs import gpu_decode_config, memory_bound_config, quick_mem
 from kvlib.core.devices import DEVICES
 from kvlib.measure import timing
 from kvlib.measure.compiled import AUTOTUNE, INDUCTOR
-from kvlib.measure.machine import bandwidth_kernels, random_model
+from kvlib.measure.machine import bandwidth_kernels, random_model, roofline_time
 
 # ---------------------------------------------------------------------------------------------
 # kvlib bench memory (notebook 05): bandwidth, matmul FLOP/s, and a memory-bound decode step
@@ -74,10 +74,7 @@ def _memory_run(device: str, threads: int | None, quick: bool) -> dict:
     with the weights frozen, free to repack them for its matrix kernels (kvlib.measure.compiled).
     A compiler that fails is recorded as an error instead.
     """
-    from kvlib.roofline import (  # noqa: PLC0415 (late binding: runs the learner's code)
-        roofline_time,
-        step_cost,
-    )  # roofline_time is given; step_cost is the learner's Exercise 5.3
+    from kvlib.roofline import step_cost  # noqa: PLC0415 (late binding: runs the learner's code, Exercise 5.3)
 
     cuda = torch.device(device).type == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32  # CPUs without 16-bit units run float32 fastest

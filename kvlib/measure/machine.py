@@ -17,6 +17,7 @@ import torch
 
 from kvlib.core.model import Decoder
 from kvlib.core.paths import ASSETS
+from kvlib.course import inputs
 from kvlib.measure.timing import environment, measure, num_threads, synchronize
 
 RECORDINGS_DIR = ASSETS / "recordings"  # GPU runs of `kvlib bench memory` and `kvlib bench gqa`
@@ -303,6 +304,17 @@ def roof_line(roof: dict) -> str:
     return f"this machine's bandwidth: {gb(roof['bandwidth'])} GB/s ({'; '.join(parts)}){when}{load}{reused}"
 
 
+def roofline_time(flops: float, bytes_moved: float, peak_flops: float, bandwidth: float) -> float:
+    """Seconds a step takes under the roofline: max(flops / peak_flops, bytes_moved / bandwidth).
+
+    Not the sum: compute and memory traffic overlap, so the slower of the two sets the time (notebook 05; the
+    learner's Exercise 5.4 finds it, so the learner's kvlib/roofline.py does not hold it).
+    Example: roofline_time(2e9, 1e9, 1e12, 1e9) == 1.0 (memory-bound: 1 s of traffic, 2 ms of math)
+    """
+    inputs.check_roofline(flops, bytes_moved, peak_flops, bandwidth)
+    return max(flops / peak_flops, bytes_moved / bandwidth)
+
+
 def lift_roof(peak: float, bandwidth: float, points) -> tuple[float, float, list[str]]:
     """The roof is a ceiling, so a rate this machine reached raises it: (peak, bandwidth, labels) where no point
     (label, FLOP/B, FLOP/s) sits above min(peak, intensity * bandwidth), each ceiling raised only as far as a point
@@ -316,6 +328,26 @@ def lift_roof(peak: float, bandwidth: float, points) -> tuple[float, float, list
             above.append(label)
             peak, bandwidth = max(peak, rate), max(bandwidth, rate / intensity)
     return peak, bandwidth, above
+
+
+def last_level_cache(cpu: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
+    """Bytes of the CPU's last-level cache (the highest level Linux lists for cpu0), or None where it is not listed.
+
+    What a benchmark streams to flush it before a timed read that must come from memory, as in a long-context step
+    (kvlib.measure.bench_gqa.projection_seconds). Example: last_level_cache() -> 33554432 on a CPU with a 32 MiB L3
+    """
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    best = None
+    for index in sorted(cpu.glob("index*")):
+        try:
+            level = int((index / "level").read_text())
+            size = (index / "size").read_text().strip()
+            value = int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+        except (OSError, ValueError):
+            continue
+        if best is None or level > best[0]:
+            best = (level, value)
+    return best[1] if best else None
 
 
 def measure_batches(

@@ -1,11 +1,11 @@
 """The memory wall (notebook 05-memory-wall): why decode waits on memory, predicted then measured.
 
-A step costs FLOPs (arithmetic) and bytes (weights and KV cache fetched from memory); the slower
-sets the time: the roofline (Williams, Waterman and Patterson, CACM 2009). Its x-axis is arithmetic
+A step costs FLOPs (arithmetic) and bytes (what it must fetch from memory); the roofline (Williams,
+Waterman and Patterson, CACM 2009) says which of the two sets its time. Its x-axis is arithmetic
 intensity, FLOPs per byte; a device's ridge point, peak FLOP/s / bandwidth, splits memory-bound
 (left) from compute-bound (right). Counts follow notebook 03: 2 FLOPs per multiply-add, matrix
-multiplies only; bytes are the matrix weights plus the KV cache, each read once (activations and
-norms are tiny, left out). Left out: caches between memory levels, multi-GPU.
+multiplies only (activations and norms are tiny, left out). Left out: caches between memory levels,
+multi-GPU. The roofline's time of a step is kvlib.measure.machine.roofline_time, for the notebooks' cells.
 """
 
 from __future__ import annotations
@@ -29,25 +29,16 @@ def bytes_per_element(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def roofline_time(flops: float, bytes_moved: float, peak_flops: float, bandwidth: float) -> float:
-    """Seconds a step takes under the roofline: max(flops / peak_flops, bytes_moved / bandwidth).
-
-    Not the sum: compute and memory traffic overlap, so the slower of the two sets the time.
-    Example: roofline_time(2e9, 1e9, 1e12, 1e9) == 1.0 (memory-bound: 1 s of traffic, 2 ms of math)
-    """
-    inputs.check_roofline(flops, bytes_moved, peak_flops, bandwidth)
-    return max(flops / peak_flops, bytes_moved / bandwidth)
-
-
 # ---------------------------------------------------------------------------------------------
 # Exercises 5.1 and 5.2: the roofline of one operation
 
 
 @exercise("5.1", validate=inputs.check_matmul)
 def matmul_intensity(m: int, k: int, n: int, dtype: torch.dtype = torch.float16) -> float:
-    """Arithmetic intensity, FLOPs per byte, of (m, k) @ (k, n) -> (m, n), each of its three matrices moved once.
+    """Arithmetic intensity, FLOPs per byte, of the product (m, k) @ (k, n) -> (m, n).
 
-    FLOPs as notebook 03 counts them (a multiply-add is 2); bytes at dtype's size.
+    FLOPs as notebook 03 counts them (a multiply-add is 2). Bytes: the least traffic between memory and the chip
+    the product needs, no number crossing twice, at dtype's size.
     Args:    m, k, n: positive ints;  dtype: a torch dtype (its size in bytes counts, not bits)
     Returns: float FLOPs per byte
     Raises:  ValueError if a size is not a positive int or dtype is not a torch.dtype
@@ -72,8 +63,8 @@ def ridge_batch(k: int, n: int, peak_flops: float, bandwidth: float, dtype: torc
     Returns: int m >= 1, or None if no number of rows reaches the ridge
     Raises:  ValueError if a size or rate is not positive, or dtype is not a torch.dtype
     Example:
-        >>> ridge_batch(4096, 4096, 989e12, 3.35e12)  # an H100's 16-bit tensor cores and HBM3
-        345
+        >>> ridge_batch(1024, 1024, 100e12, 1e12)  # a made-up device: 100 TFLOP/s in 16-bit, 1 TB/s
+        125
     """
     ### BEGIN SOLUTION
     ridge, b = peak_flops / bandwidth, bytes_per_element(dtype)
@@ -96,17 +87,16 @@ def step_cost(
     """(FLOPs, bytes) of one forward step of batch sequences, each feeding new_tokens tokens against kv_len positions.
 
     Decode is step_cost(config, 1, kv_len); a prefill of T tokens is step_cost(config, T, T). FLOPs as notebook 03
-    counts them: the matrix products and attention's, 2 per multiply-add. Bytes: what the step must bring from
-    memory, each number once: the matrix weights (matrix_params) and the KV cache it attends to, in dtype
-    (Exercise 4.4). Activations, norms and the embedding's one row are left out.
+    counts them: the matrix products, attention's included, 2 per multiply-add. Bytes: the least the step must
+    bring from memory for the whole batch, no number twice, in dtype; activations, norms and the embedding's one
+    row are left out.
     Args:    config: a ModelConfig;  new_tokens, kv_len, batch: positive ints, new_tokens <= kv_len;  dtype: a torch dtype
     Returns: (flops, bytes), two ints
     Raises:  ValueError if a count is not a positive int, new_tokens > kv_len, or dtype is not a torch.dtype
     Example:
-        >>> from kvlib.core.model import ModelConfig, matrix_params
-        >>> config = ModelConfig(vocab_size=50)
-        >>> step_cost(config, 1, 1)[0] == 2 * matrix_params(config) + 4 * config.n_layers * config.n_heads * config.head_dim
-        True
+        >>> from kvlib.core.model import ModelConfig
+        >>> step_cost(ModelConfig(vocab_size=50), 4, 10, batch=2, dtype=torch.float32)  # 4 new tokens, 10 keys, 2 sequences
+        (10752000, 2728960)
     """
     ### BEGIN SOLUTION
     L, H, D = config.n_layers, config.n_heads, config.head_dim
@@ -122,11 +112,11 @@ def predicted_tokens_per_second(
 ) -> float:
     """Tokens per second, all batch sequences together, that decode at kv_len cached tokens reaches by the roofline.
 
-    The device is its peak FLOP/s and bandwidth; the step is Exercise 5.3's.
+    The device is its peak FLOP/s and its bandwidth, and it computes while it moves data (the roofline).
     Args:    config: a ModelConfig;  kv_len, batch: positive ints;  dtype: a torch dtype
              peak_flops (FLOP/s), bandwidth (bytes/s): the device's, positive
     Returns: float tokens per second, all sequences together
-    Raises:  ValueError as step_cost (Exercise 5.3), or if a rate is not positive
+    Raises:  ValueError if a count is not a positive int, a rate is not positive, or dtype is not a torch.dtype
     Example:
         >>> from kvlib.core.configs import real_model
         >>> round(predicted_tokens_per_second(real_model("Llama-2-7B").config, 1, 1, torch.float16, 312e12, 2.039e12))
@@ -134,7 +124,7 @@ def predicted_tokens_per_second(
     """
     ### BEGIN SOLUTION
     flops, bytes_moved = step_cost(config, 1, kv_len, batch, dtype)
-    return batch / roofline_time(flops, bytes_moved, peak_flops, bandwidth)
+    return batch / max(flops / peak_flops, bytes_moved / bandwidth)  # the slower of compute and memory, not their sum
     ### END SOLUTION
 
 
