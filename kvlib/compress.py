@@ -24,9 +24,10 @@ from kvlib.course.exercises import exercise
 def quantize(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8: x ~= values * scale, with one float32 scale for each slice of x along `dim`.
 
-    dim SHARES a scale (keys per channel: -2; values per token: -1); max |x| -> +-127, a zero slice -> scale 1; round to nearest.
+    The numbers along dim share a scale (keys per channel: -2; values per token: -1). Each slice's largest |x| maps
+    to +-127 exactly, and values * scale lies within half a scale step of x; an all-zero slice gets values 0.
     Args:    x: float tensor of any shape;  dim: an axis of x
-    Returns: values: x's shape, torch.int8 in [-127, 127];  scale: x's shape with size 1 at dim, float32
+    Returns: values: x's shape, torch.int8 in [-127, 127];  scale: x's shape with size 1 at dim, float32, finite, > 0
     Raises:  ValueError if x is not a float tensor or dim is not one of its axes
     Example:
         >>> values, scale = quantize(torch.tensor([[1.0, -2.0]]), dim=-1); values.tolist(), round(scale.item() * 127, 4)
@@ -60,12 +61,11 @@ def int8_attention(q, k_values, k_scale, v_values, v_scale, kv_len: int) -> torc
 
 @exercise("8.7", validate=inputs.check_int8_bytes)
 def int8_bytes_per_token(config, group: int = 32, scale_bytes: int = 4) -> float:
-    """Predict: the bytes one more token adds to an int8 cache laid out as Int8KVCache (KIVI's axes), all layers.
+    """Predict: the bytes one more token adds to an int8 cache laid out as Int8KVCache lays it out, all layers.
 
-    The layout, per layer and key/value head: keys and values one int8 each per channel; a key scale for every
-    channel of every group of `group` tokens (a token carries its share of its group's scales); a value scale for
-    every token; each scale scale_bytes bytes (4: float32, as the tiny model's cache; 2: 16-bit). No float residual:
-    that is one group per cache, whatever its length.
+    The layout is 8.2's arguments (their shapes), groups of `group` tokens, each scale scale_bytes bytes (4: float32,
+    as the tiny model's cache; 2: 16-bit). A token's share of what its group holds counts; the float residual, one
+    group per cache whatever its length, does not.
     Args:    config: a ModelConfig (its n_layers, n_kv_heads, head_dim);  group >= 1;  scale_bytes >= 1
     Returns: float, bytes per token of context for one sequence
     Raises:  ValueError if config is not a ModelConfig or group or scale_bytes is not a positive int
@@ -137,10 +137,9 @@ def cache_positions(n_seen: int, n_sink: int, window: int) -> torch.Tensor:
 
 @exercise("8.5", validate=inputs.check_mla)
 def mla_reconstruct(q_nope, q_rope, latent, k_rope, w_uk, w_uv) -> torch.Tensor:
-    """MLA the direct way: rebuild every head's keys and values from the cached latents, then attend.
+    """MLA the direct way, as notebook 08b defines it: every head's keys and values rebuilt from the cached latents.
 
-    Head h's keys are latent @ w_uk[h]^T, its values latent @ w_uv[h]^T; its score of key s is
-    (q_nope . k_nope + q_rope . k_rope[s]) / sqrt(Dn + Dr), k_rope shared by all heads; causal, queries last.
+    Causal attention of each head's T queries, the last T of the S positions, over all S cached tokens.
     Args:    q_nope (B, H, T, Dn), q_rope (B, H, T, Dr) rotated;  latent (B, S, r);  k_rope (B, S, Dr) rotated;
              w_uk (H, Dn, r), w_uv (H, Dv, r); one float dtype
     Returns: (B, H, T, Dv)

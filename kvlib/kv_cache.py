@@ -58,7 +58,8 @@ def cached_attention(
     Args:    attn: the layer's Attention, possibly GQA (n_kv_heads < n_heads: the cache holds n_kv_heads heads);
              x: (batch, seq_len, d_model), the NEW tokens' normed stream;  cache, layer: this layer's slot of a
              KVCache, cache.pos the position of x[:, 0];  rope_cos, rope_sin: the model's tables
-    Returns: (batch, seq_len, d_model), the rows attn gives them over the whole sequence; their keys and values stored
+    Returns: (batch, seq_len, d_model), the rows attn gives them over the whole sequence; their keys and values stored.
+             The steps are yours: attn.attend and kvlib.core.cache's attention, which take them, are closed when checked
     Raises:  ValueError if x is not (batch, seq_len, d_model) or the new tokens do not fit in the cache
     Example:
         >>> from kvlib.core.weights import load_tiny; model, _ = load_tiny(); cache = KVCache(model.config, max_seq_len=16)
@@ -74,8 +75,8 @@ def cached_forward(model, input_ids: torch.Tensor, cache: KVCache) -> torch.Tens
 
     Args:    model: a kvlib Decoder;  cache: a KVCache of its config and batch
              input_ids: (batch, seq_len) torch.long, the new tokens; cache.pos is the position of input_ids[:, 0]
-    Returns: (batch, vocab_size) float32, model(all tokens so far)[:, -1]: the last position alone through the head
-             (counted: model(ids, past_key_values=cache) runs it on all; the loop is yours); pos grew by seq_len
+    Returns: (batch, vocab_size) float32, model(all tokens so far)[:, -1], with the last position alone through the
+             head (the checks count the positions it runs); pos grew by seq_len
     Raises:  ValueError if the cache's batch differs from input_ids' or the tokens do not fit in it
     Example:
         >>> from kvlib.core.weights import load_tiny; model, tokenizer = load_tiny(); cache = KVCache(model.config)
@@ -103,7 +104,8 @@ def kv_cache_bytes(config, seq_len: int, batch: int = 1, dtype: torch.dtype = to
     """Bytes of the KV cache holding seq_len tokens for each of batch sequences, as KVCache allocates it.
 
     Args:    config: a ModelConfig;  seq_len: an int >= 0;  batch: a positive int;  dtype: the cache's torch dtype
-    Returns: int, equal to KVCache(config, batch, seq_len, dtype).nbytes (0 for no tokens)
+    Returns: int, what KVCache would allocate (0 for no tokens), counted from config's sizes and dtype: no cache is
+             made (the checks refuse it)
     Raises:  ValueError if seq_len is not an int >= 0, batch not a positive int, or dtype not a torch.dtype
     Example:
         >>> from kvlib.core.configs import real_model; kv_cache_bytes(real_model("Llama-2-7B").config, 1) // 1024
@@ -139,10 +141,10 @@ def generate_cached(
 
 @exercise("4.6", validate=inputs.check_sequences_that_fit)
 def sequences_that_fit(config, memory_bytes: int, seq_len: int, dtype: torch.dtype = torch.float16) -> int:
-    """How many whole sequences of seq_len tokens decode at once in memory_bytes, beside one copy of the weights.
+    """How many whole sequences of seq_len tokens a model of config decodes at once in memory_bytes, all in dtype.
 
-    A prediction, before the notebook allocates them: num_params(config) weights, and each sequence's own KV cache
-    (kv_cache_bytes, Exercise 4.4), all in dtype.
+    A prediction, before the notebook allocates them: everything a batch that size needs must fit (num_params and
+    Exercise 4.4 count the parts).
     Args:    config: a ModelConfig;  memory_bytes, seq_len: positive ints;  dtype: a torch dtype.  Returns: int >= 0
     Raises:  ValueError if config is not a ModelConfig, memory_bytes or seq_len not a positive int, dtype not a dtype
     Example:

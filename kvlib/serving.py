@@ -26,12 +26,13 @@ class BlockPool(BlockStore):
 
     @exercise("7.1", validate=inputs.check_block)
     def release(self, block: int) -> None:
-        """Drop one reference to block; when none is left, the block is free again (it goes on the free list).
+        """One table lets block go: afterwards refs and free describe the pool again.
 
-        Args:    block: a block id, 0 <= block < n_blocks, held by at least one table
-        Returns: None; refs[block] is one less, and the block is in free exactly when that reached 0
-        Raises:  ValueError if block is already free: a block released twice would sit twice on the free
-                 list, and two sequences would one day write into the same block
+        The pool's invariants, before and after every call: refs[b] is the number of tables holding block b, and
+        free lists every block that no table holds, each exactly once (allocate hands out free's blocks).
+        Args:    block: a block id, 0 <= block < n_blocks
+        Returns: None
+        Raises:  ValueError if no table holds block: the call could only break the invariants
         Example:
             >>> from kvlib.core.model import ModelConfig; pool = BlockPool(ModelConfig(vocab_size=50), n_blocks=4, block_size=4)
             >>> b = pool.allocate()[0]; pool.share(b)
@@ -44,7 +45,7 @@ class BlockPool(BlockStore):
 
 
 class BlockTable:
-    """One sequence's blocks, in order: token p sits in blocks[p // block_size] at offset p % block_size."""
+    """One sequence's blocks, in the order its tokens fill them (block_size tokens each), and its length."""
 
     def __init__(self, block_size: int):
         self.blocks: list[int] = []
@@ -54,10 +55,10 @@ class BlockTable:
     def append(self, pool: BlockPool, n: int = 1) -> list[int]:
         """Make room for n more tokens of this sequence; return their slots, in order.
 
-        Token p of the sequence lives at slot blocks[p // block_size] * block_size + p % block_size. A new
-        block is taken from the pool only when a token crosses into a block the table does not have yet.
+        A slot numbers a token's place in the pool: slot s is offset s % block_size of block s // block_size. The
+        table holds no block its tokens do not need.
         Args:    pool: the BlockPool the table's blocks come from;  n: tokens, >= 1
-        Returns: list of n int slots, for positions length ... length + n - 1; length grows by n
+        Returns: list of n int slots, of the sequence's positions length ... length + n - 1; length grows by n
         Raises:  OutOfBlocks (from pool.allocate) if the pool is short, and then the table is exactly as it was
         Example:
             >>> from kvlib.core.model import ModelConfig; pool = BlockPool(ModelConfig(vocab_size=50), n_blocks=4, block_size=4)
@@ -71,8 +72,7 @@ class BlockTable:
 def block_utilisation(lengths: list[int], block_size: int) -> float:
     """Predict: the share of the slots in the blocks that sequences of these lengths hold that hold a token.
 
-    Each sequence keeps its own block table (nothing shared) and holds exactly the blocks BlockTable.append (7.2)
-    takes for its tokens; a block holds block_size slots.
+    Each sequence keeps a block table of its own and holds the blocks BlockTable.append (7.2) takes for its tokens.
     Args:    lengths: tokens each sequence holds, each >= 1;  block_size: slots per block, >= 1
     Returns: float in (0, 1]: tokens held / slots of the blocks held
     Raises:  ValueError if lengths is empty or holds a length < 1, or block_size is not a positive int
@@ -91,7 +91,7 @@ def paged_attention(q: torch.Tensor, pool: BlockPool, layer: int, tables: list[B
                 whose keys and values are already written to the pool; tables[i].length counts them
              pool: the BlockPool;  layer: which layer's K/V;  tables: one BlockTable per row of q
     Returns: (batch, n_heads, seq_len, head_dim), q's dtype: row i attends causally to its own
-             tables[i].length keys (never padded to the longest row), as grouped_attention (6.2) would
+             tables[i].length keys and values, in the order of its table, as grouped_attention (6.2) would
     Raises:  ValueError if there is not one table per row, layer is out of range, or a table is shorter than seq_len
     Example:
         >>> from kvlib.core.model import ModelConfig; pool = BlockPool(ModelConfig(vocab_size=50), n_blocks=4, block_size=4)
@@ -139,9 +139,9 @@ class Scheduler(Engine):
         )
 
     def victim(self) -> Request:
-        """Your preemption policy (Exercise 7.4): the running request (one of self.running) that step() preempts
-        while a decode is short of blocks. Any choice keeps every request exact; it decides what is recomputed."""
-        return self.running[-1]  # the newest, vLLM's choice: change it, and measure it in notebook 07b
+        """The running request step() preempts while a decode is short of blocks: the one admitted last (vLLM's
+        rule). A Policy (Exercise 7.7) may name another; any choice keeps every request exact."""
+        return self.running[-1]
 
     @exercise("7.4")
     def step(self) -> None:
@@ -163,10 +163,35 @@ class Scheduler(Engine):
         raise NotImplementedError("Exercise 7.4 (notebooks/07-serving): Scheduler.step")
 
 
+class Policy(Scheduler):
+    """Your scheduling policy (Exercise 7.7): a Scheduler that admits by your rule (and preempts by your victim(),
+    should you write one), graded on a budget in notebook 07b."""
+
+    @exercise("7.7")
+    def blocks_to_admit(self, r: Request) -> int:
+        """Your admission rule: the free blocks step() must see before it admits r, the first request in line.
+
+        The budget (kvlib.measure.bench_serve.BUDGET, graded): notebook 07b's 32 requests, answers cut to 24
+        tokens, in 24 blocks of 16 with at most 16 running: at most 100 tokens fed again after preemptions, and
+        a TTFT p99 of at most 100 steps. Any rule that meets both earns the points.
+        Args:    r: a waiting Request (r.prompt, r.out, r.max_new_tokens); self.running, self.pool as step() sees them
+        Returns: int, at least Scheduler.blocks_to_admit(self, r) (the blocks admitting r takes now); with nothing
+                 running, no more than that (a request that fits an idle pool is admitted)
+        Raises:  nothing of its own
+        Example:
+            >>> from kvlib.core.weights import load_tiny; model, _ = load_tiny()
+            >>> s = Policy(model, BlockPool(model.config, n_blocks=8, block_size=4)); s.add(Request(0, [5, 6, 7], 2))
+            >>> s.blocks_to_admit(s.waiting[0])  # nothing runs: what admitting takes, 4 tokens in 1 block
+            1
+        """
+        raise NotImplementedError("Exercise 7.7 (notebooks/07-serving): Policy.blocks_to_admit")
+
+
 __all__ = [
     "BlockPool",
     "BlockTable",
     "OutOfBlocks",
+    "Policy",
     "Request",
     "Scheduler",
     "block_utilisation",

@@ -27,15 +27,18 @@ from conftest import ROOT
 SCRIPTS = ["nbgrader", "alembic", "jupyter", "jupyterhub-singleuser", "jupyter-lab", "jupyter-server", "kvlib"]
 GUIDE = ROOT / "docs" / "instructors.md"
 # the names docs/instructors.md's blocks use, which a test replaces with its own
-GUIDE_NAMES = ("/opt/kvlib", "/home/teacher", "teacher", "/home/alice", "alice", "CHANGE-ME")
+GUIDE_NAMES = (
+    "/opt/kvlib", "/home/teacher", "teacher", "/home/alice", "alice", "CHANGE-ME",
+    "https://hub.example.edu", "http://127.0.0.1:10101", "/srv/kvlib-exchange", "kvlib-svc", "kvlib-2027-spring",
+)  # fmt: skip
 
 
-def guide_block(title: str, names: dict[str, str]) -> str:
-    """The bash block that follows `<!-- guide: TITLE -->` in docs/instructors.md, as written, with the guide's
-    names (GUIDE_NAMES) replaced by the test's; raises if the guide has no such block, or if the block uses a name
-    the test did not give (it would run on the machine's own /opt/kvlib or /home/alice)."""
+def guide_block(title: str, names: dict[str, str], lang: str = "bash") -> str:
+    """The bash (or lang) block that follows `<!-- guide: TITLE -->` in docs/instructors.md, as written, with the
+    guide's names (GUIDE_NAMES) replaced by the test's; raises if the guide has no such block, or if the block uses a
+    name the test did not give (it would run on the machine's own /opt/kvlib or /home/alice)."""
     text = GUIDE.read_text(encoding="utf-8")
-    found = re.search(rf"<!-- guide: {re.escape(title)} -->\n```bash\n(.*?)\n```", text, re.S)
+    found = re.search(rf"<!-- guide: {re.escape(title)} -->\n```{lang}\n(.*?)\n```", text, re.S)
     if found is None:
         raise AssertionError(f"docs/instructors.md has no block marked <!-- guide: {title} -->")
     block = found.group(1)
@@ -169,13 +172,23 @@ class Accounts:
         }
         return {k: v for k, v in env.items() if v is not None}
 
-    def run(self, role: str, *argv: str, cwd: Path | None = None, timeout: float = 600, check: bool = True, **extra):
-        """argv as the account (runuser), in its home unless cwd; returns the CompletedProcess."""
+    def run(
+        self,
+        role: str,
+        *argv: str,
+        cwd: Path | None = None,
+        timeout: float = 600,
+        check: bool = True,
+        via: list[str] = (),
+        input: str | None = None,
+        **extra,
+    ):
+        """argv as the account (runuser), in its home unless cwd, with input on its stdin (else none); via: a command
+        run as root that runs the rest (e.g. `ip netns exec NAME`); returns the CompletedProcess."""
         env = self.env(role, **extra)
-        cmd = ["runuser", "-u", self.names[role], "--", "env", "-i", *[f"{k}={v}" for k, v in env.items()], *argv]
-        proc = subprocess.run(
-            cmd, cwd=cwd or self.home(role), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
-        )
+        cmd = [*via, "runuser", "-u", self.names[role], "--", "env", "-i", *[f"{k}={v}" for k, v in env.items()], *argv]
+        stdin = {"input": input} if input is not None else {"stdin": subprocess.DEVNULL}
+        proc = subprocess.run(cmd, cwd=cwd or self.home(role), capture_output=True, text=True, timeout=timeout, **stdin)
         if check:
             assert proc.returncode == 0, (
                 f"{' '.join(argv)} as {role}: rc {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"

@@ -218,14 +218,14 @@ def check_failures(where, handed) -> list[tuple[str, Exception]]:
 
     `where` names the checks: an exercise id ("1.2") runs each check of that exercise, a check's name that check.
     """
-    from kvlib.checks import CHECKS, checks_for
+    from kvlib.checks import CHECKS, Graded, checks_for
     from kvlib.course.exercises import BY_ID
 
     checks = checks_for(BY_ID[where]) if where in BY_ID else [CHECKS[where]]
     failures = []
     for check in checks:
-        try:
-            check.fn(handed, np.random.default_rng(0))
+        try:  # as `kvlib check` runs it: kvlib's ready-made answers to the exercise closed (kvlib.checks.Graded)
+            check.fn(Graded(handed, check.exercise.module), np.random.default_rng(0))
         except Exception as err:  # noqa: BLE001 - any failure scores 0, as in the grader
             failures.append((check.name, err))
     return failures

@@ -478,9 +478,10 @@ IN_KERNEL = f"""async (code) => {{
 }}"""
 # ... what the figure a cell showed (IPython's Out[n]) draws: its texts, and any glyph its font lacks (an empty box)
 FIGURE_TEXTS = """import json
+from matplotlib.text import Text
 from kvlib.course import plotting
 _fig = Out[{n}]
-print(json.dumps({{"texts": sorted({{t.get_text() for t in _fig.findobj(plotting.Text) if t.get_text()}}),
+print(json.dumps({{"texts": sorted({{t.get_text() for t in _fig.findobj(Text) if t.get_text()}}),
                   "missing": plotting.missing_glyphs(_fig), "font": plotting.cjk_font()}}, ensure_ascii=False))"""
 
 

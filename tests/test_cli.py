@@ -154,6 +154,7 @@ def test_every_exercise_heading_is_the_exercise_tables():
         ),
         ("02b", ["2.4", "2.5", "2.6", "2.8"], ["02-generation/layer.ipynb"]),
         ("08b", ["8.5", "8.6", "8.8"], ["08-compress/mla.ipynb"]),
+        ("07c", ["7.5"], ["07-serving/sharing.ipynb"]),
         ("notebooks/02-generation/generation.ipynb", ["2.1", "2.2", "2.3", "2.7"], None),
         ("solutions/06-gqa", ["6.1", "6.2", "6.3", "6.4", "6.5"], ["06-gqa/gqa.ipynb", "06-gqa/quality.ipynb"]),
     ],
@@ -229,6 +230,14 @@ BAD_INPUTS = [
     (["course", "nope"], "invalid choice: 'nope'"),
     (["course", "init", A_FILE], f"dir: {A_FILE} is a file, not a folder"),
     (["course", "init", "x", "--exchange", A_FILE], f"--exchange: {A_FILE} is a file, not a folder"),
+    (
+        ["course", "init", "x", "--exchange-service", "hub.example.edu"],
+        "--exchange-service 'hub.example.edu': give the",
+    ),
+    (
+        ["course", "init", "x", "--exchange", "docs", "--exchange-service", "https://h/"],
+        "--exchange-service (a hub's URL), not",
+    ),
     (["course", "autograde", "01-attention", "--jobs", "0"], "--jobs: expected a whole number of at least 1"),
     (["course", "autograde"], "the following arguments are required: assignment"),
     (["course", "site", "--out", A_FILE], f"--out: {A_FILE} is a file, not a folder"),

@@ -245,6 +245,12 @@ def quantize_float64(x, dim):
     return torch.clamp(torch.round(x.double() / scale), -127, 127).to(torch.int8), scale.float()
 
 
+def quantize_tiny_scale_on_zeros(x, dim):  # an all-zero slice given the smallest positive scale, not 1
+    scale = x.float().abs().amax(dim=dim, keepdim=True) / 127
+    scale = scale.clamp(min=torch.finfo(torch.float32).tiny)
+    return (x.float() / scale).round().clamp(-127, 127).to(torch.int8), scale
+
+
 def quantize_transposed(x, dim):  # the slice's axis taken for the shared one
     other = -1 if dim % x.dim() == x.dim() - 2 else -2
     return compress.quantize(x, other)
@@ -586,6 +592,10 @@ def int8_bytes_bits(config, group=32, scale_bytes=4):
     )
 
 
+def int8_bytes_all_bits(config, group=32, scale_bytes=4):  # every byte counted as 8 bits
+    return 8 * compress.int8_bytes_per_token(config, group, scale_bytes)
+
+
 def int8_bytes_query_heads(config, group=32, scale_bytes=4):
     return compress.int8_bytes_per_token(replace(config, n_kv_heads=config.n_heads), group, scale_bytes)
 
@@ -661,6 +671,7 @@ ALTERNATIVES = [
     ("8.1", {"quantize": quantize_multiply}),
     ("8.1", {"quantize": quantize_moved_axis}),
     ("8.1", {"quantize": quantize_float64}),
+    ("8.1", {"quantize": quantize_tiny_scale_on_zeros}),
     ("8.2", {"int8_attention": int8_fold_scales}),
     ("8.2", {"int8_attention": int8_einsum}),
     ("8.2", {"int8_attention": int8_repeat}),
@@ -717,6 +728,7 @@ SLIPS = [  # (exercise, replaced function, words a failure must contain)
     ("8.7", {"int8_bytes_per_token": int8_bytes_no_scales}, "scales are left out"),
     ("8.7", {"int8_bytes_per_token": int8_bytes_key_scale_per_token}, "shared by a whole group"),
     ("8.7", {"int8_bytes_per_token": int8_bytes_bits}, "bits, not bytes"),
+    ("8.7", {"int8_bytes_per_token": int8_bytes_all_bits}, "counted in bits (8 per byte)"),
     ("8.7", {"int8_bytes_per_token": int8_bytes_query_heads}, "query heads are counted"),
     ("8.7", {"int8_bytes_per_token": int8_bytes_one_layer}, "one layer only"),
     ("8.8", {"mla_flops": mla_flops_half}, "2 FLOPs per multiply-add"),

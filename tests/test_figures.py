@@ -35,7 +35,6 @@ def _figures():
         "naive_decode_work": lambda: plotting.naive_decode_work(
             N, N**2 * 10.0 + N**3, N * 10.0, projections=N**2 * 10.0, attention=N**3 * 1.0
         ),
-        "wasted_share": lambda: plotting.wasted_share(N, 1 - 1 / N, marks=(2, 10)),
         "rotary_scores": lambda: plotting.rotary_scores(
             N, {0: np.cos(N / 3.0), 50: np.cos(N / 3.0)}, note="one query and key"
         ),

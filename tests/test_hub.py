@@ -516,7 +516,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 120) -> None:
+def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 120, ok: tuple[int, ...] = ()) -> None:
+    """Wait until url answers (200, or a status in ok) while the hub runs."""
+    import urllib.error  # noqa: PLC0415
     import urllib.request  # noqa: PLC0415
 
     deadline = time.monotonic() + timeout
@@ -525,18 +527,60 @@ def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 120
         try:
             urllib.request.urlopen(url, timeout=5)
             return
-        except OSError:  # HTTPError too: the proxy answers 404 until the hub has added its route
+        except urllib.error.HTTPError as err:  # the proxy answers 404 until the hub has added its route
+            if err.code in ok:
+                return
+            time.sleep(1)
+        except OSError:
             time.sleep(1)
     raise AssertionError(f"the hub did not answer at {url}: {log.read_text()[-3000:]}")
 
 
+def _grader_machine(tag: str) -> dict:
+    """A second machine for the graders: a network namespace joined to this one by a veth link (its own
+    addresses, routes and loopback: the hub's 127.0.0.1 is not its own). Returns {"ns", "hub_ip", "grader_ip"}."""
+    import random  # noqa: PLC0415
+
+    net = f"10.213.{random.randrange(256)}"
+    ns, here, there = f"kvt-{tag}-grader", f"kvt{tag}h", f"kvt{tag}g"
+    for cmd in (
+        ["ip", "netns", "add", ns],
+        ["ip", "link", "add", here, "type", "veth", "peer", "name", there],
+        ["ip", "link", "set", there, "netns", ns],
+        ["ip", "addr", "add", f"{net}.1/30", "dev", here],
+        ["ip", "link", "set", here, "up"],
+        ["ip", "netns", "exec", ns, "ip", "addr", "add", f"{net}.2/30", "dev", there],
+        ["ip", "netns", "exec", ns, "ip", "link", "set", there, "up"],
+        ["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"],
+    ):
+        made = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        if made.returncode != 0:  # e.g. a container without CAP_SYS_ADMIN
+            _remove_grader_machine({"ns": ns, "link": here})
+            _need(False, f"cannot make the grading machine's network namespace: {' '.join(cmd)}: {made.stderr.strip()}")
+    return {"ns": ns, "link": here, "hub_ip": f"{net}.1", "grader_ip": f"{net}.2"}
+
+
+def _remove_grader_machine(grader: dict) -> None:
+    subprocess.run(["ip", "netns", "del", grader["ns"]], capture_output=True, timeout=60)
+    subprocess.run(["ip", "link", "del", grader["link"]], capture_output=True, timeout=60)  # gone with it, or now
+
+
+def _on_grader(grader: dict, hidden: list[Path]) -> list[str]:
+    """The `via` of Accounts.run that runs a command on the grader's machine: in its network namespace, with the hub
+    machine's own files (the exchange's store, the students' homes) hidden under an empty tmpfs each."""
+    mounts = "".join(f"mount -t tmpfs -o size=64k,mode=000 kvt-hidden '{p}' && " for p in hidden)
+    return ["ip", "netns", "exec", grader["ns"], "sh", "-c", f'{mounts}exec "$@"', "sh"]
+
+
 @pytest.fixture(scope="module")
 def hub():
-    """An instructor who released notebook 01 through the exchange, then started a PostgreSQL server for the class
-    that asks for a password and moved the course's gradebook onto it (docs/instructors.md's blocks, run as written:
-    the password in the course's nbgrader_config.py, the instructor's alone), one student, and a JupyterHub on
-    127.0.0.1 (free ports, PAMAuthenticator against the student's Unix password,
-    LocalProcessSpawner: the student's server runs as the student)."""
+    """A JupyterHub on one machine (this one's own network) and a grading machine beside it (_grader_machine), with
+    the exchange as the hub's service (kvlib.app.exchange_service, under its own account; docs/instructors.md's
+    blocks, run as written): the instructor makes the course, asks the hub for a token and releases notebook 01
+    from the grading machine, then starts a PostgreSQL server for the class there that asks for a password and
+    moves the gradebook onto it; one student (erin) and one more hub user (fred); the hub on the link's address
+    (free ports, PAMAuthenticator against Unix passwords, LocalProcessSpawner: the student's server runs as the
+    student)."""
     import importlib.util  # noqa: PLC0415
     import secrets  # noqa: PLC0415
     import shutil  # noqa: PLC0415
@@ -552,57 +596,38 @@ def hub():
         Path("/usr/lib/postgresql/15/bin/initdb").exists(),
         "needs Debian 12's PostgreSQL 15 (apt-get install postgresql)",
     )
+    _need(shutil.which("ip") is not None, "needs iproute2's ip (apt-get install iproute2): the grader's machine")
     acc = Accounts()
     proc = None
     proxy_pid = None
     pg_data = None
+    grader = None
     try:
-        acc.add("inst")
+        inst = acc.add("inst")
         student = acc.add("erin")
-        exchange = acc.tmp / "exchange"
-        exchange.mkdir(mode=0o1777)
-        exchange.chmod(0o1777)
+        other = acc.add("fred")  # a hub user with no server: the service's refusals are tried with his token
+        grader = _grader_machine(acc.tag)
         course_id = f"kvt-{acc.tag}-hub"
         course = acc.home("inst") / "course"
-        kvlib = [str(acc.bin / "python"), "-m", "kvlib", "course"]
-        acc.run("inst", *kvlib, "init", str(course), "--exchange", str(exchange), "--course-id", course_id)
-        with open(course / "nbgrader_config.py", "a") as f:  # the test's kernel limits
-            f.write("\nc.Execute.timeout = 10\nc.SandboxExecute.notebook_timeout = 30\n")
-        nbg = str(acc.bin / "nbgrader")
-        acc.run("inst", nbg, "generate_assignment", NB, "--log-level=WARN", cwd=course)
-        acc.run("inst", nbg, "release_assignment", NB, cwd=course)
-        # the guide's PostgreSQL server for the class, started as the instructor, and the course moved onto it
-        pg_password = secrets.token_hex(12)
-        names = {"CHANGE-ME": pg_password}
-        pg_data = acc.home("inst") / "gradebook-pg"
-        acc.run(
-            "inst",
-            "bash",
-            "-euo",
-            "pipefail",
-            "-c",
-            guide_block("start PostgreSQL for the class (as the instructor)", names),
+        store = acc.tmp / "exchange-store"
+        port, hub_port, api_port, svc_port = _free_port(), _free_port(), _free_port(), _free_port()
+        hub_url = f"http://{grader['hub_ip']}:{port}"
+        names = {  # the guide's names, the test's values
+            "/opt/kvlib": str(acc.bin.parent), "teacher": inst, "kvlib-2027-spring": course_id, "kvlib-svc": f"kvt-{acc.tag}-svc",
+            "/srv/kvlib-exchange": str(store), "https://hub.example.edu": hub_url, "http://127.0.0.1:10101": f"http://127.0.0.1:{svc_port}",
+        }  # fmt: skip
+        _as_root(acc, "the exchange service's account and folder (as root, on the hub's machine)", names)
+        acc.names["svc"] = names["kvlib-svc"]  # removed with the others
+        passwords = {role: secrets.token_hex(8) for role in ("inst", "erin", "fred")}  # PAM logs each in
+        subprocess.run(
+            ["chpasswd"], input="".join(f"{acc.names[r]}:{pw}\n" for r, pw in passwords.items()), text=True, check=True
         )
-        moved = acc.run(
-            "inst",
-            "bash",
-            "-euo",
-            "pipefail",
-            "-c",
-            guide_block("move the course onto PostgreSQL (as the instructor)", names),
-        )
-        db_url = f"postgresql+psycopg2://kvlib:{pg_password}@/gradebook?host={pg_data}"
-        assert "moved " in moved.stderr and repr(db_url) in (course / "nbgrader_config.py").read_text(), moved.stderr
-        _hand_out_config(acc, "erin")
-        password = secrets.token_hex(8)  # the student's Unix password: the hub logs in through PAM, as a real one does
-        subprocess.run(["chpasswd"], input=f"{student}:{password}\n", text=True, check=True, timeout=60)
-        port, hub_port, api_port = _free_port(), _free_port(), _free_port()
         run = acc.tmp / "hub"
         run.mkdir()
         env = {k: v for k, v in acc.env("erin", **STUDENT).items() if k not in ("HOME", "USER", "LOGNAME")}
         (run / "jupyterhub_config.py").write_text(
             f"""c = get_config()
-c.JupyterHub.ip = "127.0.0.1"
+c.JupyterHub.ip = {grader["hub_ip"]!r}
 c.JupyterHub.port = {port}
 c.JupyterHub.hub_ip = "127.0.0.1"
 c.JupyterHub.hub_port = {hub_port}
@@ -611,13 +636,15 @@ c.ConfigurableHTTPProxy.pid_file = {str(run / "proxy.pid")!r}
 c.JupyterHub.db_url = {"sqlite:///" + str(run / "hub.sqlite")!r}
 c.JupyterHub.cookie_secret_file = {str(run / "cookie_secret")!r}
 c.JupyterHub.authenticator_class = "pam"
-c.Authenticator.allowed_users = {{{student!r}}}
+c.Authenticator.allowed_users = {{{student!r}, {other!r}, {inst!r}}}
 c.JupyterHub.spawner_class = "localprocess"
 c.Spawner.cmd = [{str(acc.bin / "jupyterhub-singleuser")!r}]
 c.Spawner.default_url = "/lab"
 c.Spawner.environment = {env!r}
 c.Spawner.start_timeout = 240
 c.Spawner.http_timeout = 240
+{guide_block("the hub's exchange service (jupyterhub_config.py)", names, lang="python")}
+c.JupyterHub.services[0]["environment"] = {acc.env("inst", HOME=None, USER=None, LOGNAME=None)!r}  # the test's env
 """
         )
         log = run / "hub.log"
@@ -627,16 +654,45 @@ c.Spawner.http_timeout = 240
                 cwd=run, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                 env={**os.environ, "PATH": f"{acc.bin}:{os.environ['PATH']}"},
             )  # fmt: skip
-        _wait_http(f"http://127.0.0.1:{port}/hub/login", proc, log)
+        _wait_http(f"{hub_url}/hub/login", proc, log)
+        _wait_http(
+            f"{hub_url}/services/kvlib-exchange/api/whoami", proc, log, ok=(403,)
+        )  # the service asks for a token
         if (run / "proxy.pid").exists():
             proxy_pid = int((run / "proxy.pid").read_text().strip())
-        yield {"acc": acc, "url": f"http://127.0.0.1:{port}", "student": student, "password": password,
-               "inbound": exchange / course_id / "inbound", "log": log, "course": course, "course_id": course_id,
-               "db_url": db_url, "kvlib": kvlib, "nbg": nbg}  # fmt: skip
+        # the instructor, on the grading machine: the course, a hub token, the release, the class's PostgreSQL
+        on_grader = _on_grader(grader, [store, acc.home("erin"), acc.home("fred")])
+
+        def grade(*argv, **kw):
+            return acc.run("inst", *argv, via=on_grader, **kw)
+
+        def guide(title, **kw):
+            return grade("bash", "-euo", "pipefail", "-c", guide_block(title, {**names, **kw.pop("names", {})}), **kw)
+
+        guide("a course that exchanges through the hub's service (as the instructor, on the grading machine)")
+        guide("a grader's hub token (as the instructor, on the grading machine)", input=passwords["inst"] + "\n")
+        with open(course / "nbgrader_config.py", "a") as f:  # the test's kernel limits
+            f.write("\nc.Execute.timeout = 10\nc.SandboxExecute.notebook_timeout = 30\n")
+        nbg = str(acc.bin / "nbgrader")
+        kvlib = [str(acc.bin / "python"), "-m", "kvlib", "course"]
+        grade(nbg, "generate_assignment", NB, "--log-level=WARN", cwd=course)
+        released = grade(nbg, "release_assignment", NB, cwd=course)
+        # the guide's PostgreSQL server for the class, started as the instructor, and the course moved onto it
+        pg_password = secrets.token_hex(12)
+        pg_data = acc.home("inst") / "gradebook-pg"
+        guide("start PostgreSQL for the class (as the instructor)", names={"CHANGE-ME": pg_password})
+        moved = guide("move the course onto PostgreSQL (as the instructor)", names={"CHANGE-ME": pg_password})
+        db_url = f"postgresql+psycopg2://kvlib:{pg_password}@/gradebook?host={pg_data}"
+        assert "moved " in moved.stderr and repr(db_url) in (course / "nbgrader_config.py").read_text(), moved.stderr
+        _hand_out_config(acc, "erin")
+        yield {"acc": acc, "url": hub_url, "student": student, "password": passwords["erin"], "passwords": passwords,
+               "store": store / course_id, "log": log, "course": course, "course_id": course_id, "db_url": db_url,
+               "kvlib": kvlib, "nbg": nbg, "grade": grade, "grader": grader, "released": released,
+               "hub_api": ("127.0.0.1", hub_port)}  # fmt: skip
     finally:
         left = []
         if proc is not None:
-            proc.send_signal(signal.SIGTERM)  # the hub stops the student's server and its proxy
+            proc.send_signal(signal.SIGTERM)  # the hub stops the student's server, the service and its proxy
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
@@ -652,6 +708,8 @@ c.Spawner.http_timeout = 240
             acc.run(
                 "inst", "/usr/lib/postgresql/15/bin/pg_ctl", "-D", str(pg_data), "-m", "immediate", "stop", check=False
             )
+        if grader is not None:
+            _remove_grader_machine(grader)
         acc.close()
         assert not left, left
 
@@ -667,9 +725,10 @@ def _alive(pid: int) -> bool:
 @pytest.mark.slow
 def test_a_student_fetches_and_submits_through_the_hub_in_a_browser(hub):
     """Check, in headless Chromium: the hub's login page (PAM: a wrong password refused, the right one let in), the
-    student's JupyterLab (spawned as the student), nbgrader's Assignments panel: Fetch; the student's work (their
-    kvlib/attention.py); Validate, which passes; Submit; the submission reaches inbound/ as the student's, with
-    their work in it."""
+    student's JupyterLab (spawned as the student), nbgrader's Assignments panel, all through the hub's exchange
+    service with the token of the student's server: Fetch; the student's work (their kvlib/attention.py); Validate,
+    which passes; Submit; the submission reaches the service's store under the student's hub name, with their work in
+    it and the service's time of receipt in its timestamp.txt, between the press and the panel's answer."""
     import pwd  # noqa: PLC0415
 
     from test_browser import ARTIFACTS, _chromium  # noqa: PLC0415
@@ -707,8 +766,10 @@ def test_a_student_fetches_and_submits_through_the_hub_in_a_browser(hub):
             validation = page.locator("#validation-message").inner_text()
             page.screenshot(path=str(ARTIFACTS / "hub-validate.png"))
             page.locator(".jp-Dialog .jp-mod-accept").click()
+            pressed = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
             panel.get_by_role("button", name="Submit").first.click(timeout=120_000)
             panel.get_by_role("button", name="Fetch Feedback").first.wait_for(timeout=120_000)  # in the submitted list
+            answered = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
             page.screenshot(path=str(ARTIFACTS / "hub-assignments.png"))
         except Exception:
             page.screenshot(path=str(ARTIFACTS / "hub-failed.png"))
@@ -716,35 +777,53 @@ def test_a_student_fetches_and_submits_through_the_hub_in_a_browser(hub):
         finally:
             browser.close()
     assert "Success! Your notebook passes all the tests." in validation, validation[-2000:]
-    uid = pwd.getpwnam(hub["student"]).pw_uid
-    mine = [p for p in hub["inbound"].iterdir() if p.name.startswith(hub["student"] + "+" + NB)]
-    assert mine and all(p.stat().st_uid == uid and p.stat().st_mode & 0o7777 == 0o770 for p in mine)
-    assert (mine[-1] / "kvlib" / "attention.py").read_text(encoding="utf-8") == correct
+    from nbgrader.utils import parse_utc  # noqa: PLC0415
+
+    svc = pwd.getpwnam(hub["acc"].names["svc"]).pw_uid
+    assert hub["store"].parent.stat().st_uid == svc and hub["store"].parent.stat().st_mode & 0o777 == 0o700
+    (mine,) = [p for p in (hub["store"] / "inbound").iterdir() if p.name.startswith(hub["student"] + "+" + NB + "+")]
+    assert (mine / "kvlib" / "attention.py").read_text(encoding="utf-8") == correct
+    assert all(p.stat().st_uid == svc for p in [mine, *mine.rglob("*")])  # the service's, not the student's
+    stamp = (mine / "timestamp.txt").read_text()
+    assert mine.name.split("+")[2] == stamp and pressed <= parse_utc(stamp) <= answered, (stamp, pressed, answered)
 
 
 @pytest.mark.slow
 def test_the_hubs_class_is_graded_into_postgresql(hub):
-    """Check the rest of the hub's term with the gradebook on PostgreSQL (after the browser test's submission): the
-    instructor collects, autogrades, generates and releases feedback and exports; the student fetches the feedback;
-    the grade is in PostgreSQL; and the student, who can reach the server's socket, is refused without the password
-    that only the instructor's config holds, and cannot read that config."""
+    """Check the rest of the hub's term from the grading machine, with the gradebook on PostgreSQL (after the browser
+    test's submission): the instructor collects through the exchange service, autogrades, generates and releases
+    feedback and exports; the student fetches the feedback through the service with a hub token of hers; the grade is
+    in PostgreSQL; on the grading machine the service's store is out of reach and so is the hub's own loopback
+    (all of it crossed as HTTP); and the student, who can reach the server's socket here, is refused without the
+    password that only the instructor's config holds, and cannot read that config."""
     from nbgrader.api import Gradebook  # noqa: PLC0415
 
-    acc, course, nbg, kvlib = hub["acc"], hub["course"], hub["nbg"], hub["kvlib"]
-    assert any(p.name.startswith(hub["student"] + "+" + NB) for p in hub["inbound"].iterdir()), (
+    from kvlib.app.exchange_service import hub_token  # noqa: PLC0415
+
+    acc, course, nbg, kvlib, grade = hub["acc"], hub["course"], hub["nbg"], hub["kvlib"], hub["grade"]
+    assert any(p.name.startswith(hub["student"] + "+" + NB) for p in (hub["store"] / "inbound").iterdir()), (
         "no submission from the browser test to grade"
     )
-    acc.run("inst", nbg, "collect", NB, cwd=course)
-    graded = acc.run("inst", *kvlib, "autograde", NB, "--quiet", cwd=course)
+    grade(nbg, "collect", NB, cwd=course)
+    assert (course / "submitted" / hub["student"] / NB / "kvlib" / "attention.py").read_text() == _sources()[0]
+    graded = grade(*kvlib, "autograde", NB, "--quiet", cwd=course)
     assert "1 graded, 0 refused, 0 failed" in graded.stderr, graded.stderr[-3000:]
-    acc.run("inst", nbg, "generate_feedback", NB, cwd=course)
-    acc.run("inst", nbg, "release_feedback", NB, cwd=course)
-    acc.run("erin", nbg, "fetch_feedback", NB, **STUDENT)
+    grade(nbg, "generate_feedback", NB, cwd=course)
+    grade(nbg, "release_feedback", NB, cwd=course)
+    token = hub_token(hub["url"] + "/services/kvlib-exchange/", hub["student"], hub["password"])
+    acc.run("erin", nbg, "fetch_feedback", NB, JUPYTERHUB_API_TOKEN=token, **STUDENT)  # as in a terminal of her server
     assert list((acc.home("erin") / NB / "feedback").glob("*/attention.html"))
-    acc.run("inst", nbg, "export", "--to", "grades.csv", cwd=course)
+    grade(nbg, "export", "--to", "grades.csv", cwd=course)
     rows = list(csv.DictReader(io.StringIO((course / "grades.csv").read_text())))
     total = _sources()[3]
     assert [(r["student_id"], float(r["score"])) for r in rows] == [(hub["student"], total)]
+    reach = [["list", str(hub["store"])], ["list", str(acc.home("erin"))]]
+    assert set(json.loads(grade(str(acc.bin / "python"), "-c", _PROBE, json.dumps(reach)).stdout).values()) == {
+        "refused"
+    }  # hidden on the grading machine
+    loopback = grade(str(acc.bin / "python"), "-c", f"import socket; socket.create_connection({hub['hub_api']!r}, 5)",
+                     check=False)  # fmt: skip
+    assert "ConnectionRefusedError" in loopback.stderr, loopback.stderr[-2000:]  # its own 127.0.0.1, not the hub's
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}", hub["course_id"]) as gb:  # the one before the move
         assert gb.assignment_submissions(NB) == []  # nothing went there
     with Gradebook(hub["db_url"], hub["course_id"]) as gb:
@@ -760,3 +839,71 @@ def test_the_hubs_class_is_graded_into_postgresql(hub):
     assert json.loads(acc.run("erin", str(acc.bin / "python"), "-c", _PROBE, json.dumps(probe)).stdout) == {
         f"read {course}/nbgrader_config.py": "refused"
     }
+
+
+@pytest.mark.slow
+def test_the_exchange_service_takes_each_submission_as_its_hub_user_at_its_own_time(hub):
+    """Check the exchange service against a hub user who talks to it directly (fred, with a token the hub gives for
+    his password): a submission in another's name, a list or download of others' submissions, a release, an upload
+    holding a link or a name outside its folder, a request without a token or with a token lacking the service's
+    scope: each refused; a submission whose timestamp.txt claims 2020 is kept at the service's time of receipt;
+    the feedback he gets is his own only (none), not erin's."""
+    import urllib.error  # noqa: PLC0415
+    import urllib.parse  # noqa: PLC0415
+    import urllib.request  # noqa: PLC0415
+
+    from nbgrader.utils import parse_utc  # noqa: PLC0415
+    from test_exchange_service import _tar  # noqa: PLC0415
+
+    from kvlib.app.exchange_service import hub_token  # noqa: PLC0415
+
+    api = hub["url"] + "/services/kvlib-exchange/api/"
+    course = f"courses/{hub['course_id']}"
+    fred = hub["acc"].names["fred"]
+    token = hub_token(api.removesuffix("api/"), fred, hub["passwords"]["fred"])
+
+    def call(method, path, body=None, tok=token):
+        req = urllib.request.Request(api + path, data=body, method=method, headers={"Content-Type": "application/gzip"})
+        if tok:
+            req.add_header("Authorization", f"token {tok}")
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read() or b"{}")
+
+    sub = {
+        "attention.ipynb": "{}",
+        "submission_secret.txt": "f" * 64,
+        "timestamp.txt": "2020-01-01 00:00:00.000000 UTC",
+    }
+    assert call("GET", "whoami")[1]["name"] == fred
+    erins = [p.name for p in (hub["store"] / "inbound").iterdir()]
+    refused = {
+        "in erin's name": call("POST", f"{course}/submissions/{NB}?student={hub['student']}", _tar(sub)),
+        "list": call("GET", f"{course}/submissions/{NB}"),
+        "download": call("GET", f"{course}/submissions/{NB}/{urllib.parse.quote(erins[0])}"),
+        "release": call("PUT", f"{course}/released/{NB}?force=1", _tar({"x.ipynb": "{}"})),
+        "a link": call("POST", f"{course}/submissions/{NB}", _tar(sub, {"kvlib/attention.py": "/etc/shadow"})),
+        "outside": call("POST", f"{course}/submissions/{NB}", _tar({**sub, "../../planted.py": "x"})),
+        "no token": call("GET", "whoami", tok=None),
+    }
+    scopeless = json.loads(
+        urllib.request.urlopen(urllib.request.Request(
+            hub["url"] + f"/hub/api/users/{fred}/tokens", method="POST",
+            data=json.dumps({"auth": {"username": fred, "password": hub["passwords"]["fred"]}, "scopes": ["read:users:activity!user"]}).encode(),
+        ), timeout=60).read()
+    )["token"]  # fmt: skip
+    refused["no scope"] = call("GET", "whoami", tok=scopeless)
+    codes = {k: code for k, (code, _) in refused.items()}
+    assert codes == {"in erin's name": 403, "list": 403, "download": 403, "release": 403, "a link": 400, "outside": 400,
+                     "no token": 403, "no scope": 403}, refused  # fmt: skip
+    assert not (hub["store"] / "planted.py").exists() and not (hub["store"].parent / "planted.py").exists()
+    before = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+    code, receipt = call("POST", f"{course}/submissions/{NB}", _tar(sub))
+    after = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+    assert code == 200 and receipt["student"] == fred, receipt
+    kept = hub["store"] / "inbound" / receipt["id"]
+    assert (kept / "timestamp.txt").read_text() == receipt["timestamp"]
+    assert before <= parse_utc(receipt["timestamp"]) <= after  # the service's clock, not the 2020 it claimed
+    assert call("GET", f"{course}/feedback") == (200, {"feedback": {}})  # erin's feedback is released, not his

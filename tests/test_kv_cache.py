@@ -330,8 +330,10 @@ def _attention_private_history(
     else:
         _HISTORY[layer] = torch.cat([_HISTORY[layer], x], 1)
     cache.update(layer, *attn.project_kv(x, *_positions(x, cache, rope_cos, rope_sin)))
-    S = _HISTORY[layer].shape[1]
-    return attn(_HISTORY[layer], rope_cos[:S], rope_sin[:S])[:, -T:]
+    h, S = _HISTORY[layer], _HISTORY[layer].shape[1]
+    q, (k, v) = attn.project_q(h, rope_cos[:S], rope_sin[:S]), attn.project_kv(h, rope_cos[:S], rope_sin[:S])
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # (B, H, S, D), all from the inputs
+    return attn.o_proj(out.transpose(1, 2).reshape(B, S, -1))[:, -T:]
 
 
 def _attention_no_o_proj(attn, x, cache, layer, rope_cos, rope_sin):  # slip: forgets the output projection
@@ -721,6 +723,71 @@ def test_slip_is_rejected_naming_it(name, fakes, words):
     assert words in str(err)
 
 
+def _attention_mha_only(attn, x, cache, layer, rope_cos, rope_sin):  # slip: one key/value head per query head
+    B, T, _ = x.shape
+    cos, sin = rope_cos[cache.pos : cache.pos + T], rope_sin[cache.pos : cache.pos + T]
+    q = attn.project_q(x, cos, sin)
+    k, v = cache.update(layer, *attn.project_kv(x, cos, sin))
+    mask = torch.from_numpy(causal_mask(T, k.shape[2]))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # no enable_gqa: 4 query heads against 2
+    return attn.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+def _attention_ready_made(attn, x, cache, layer, rope_cos, rope_sin):  # the infrastructure's copy of 4.2
+    from kvlib.core.cache import attention_through_cache
+
+    return attention_through_cache(attn, x, cache, layer, rope_cos, rope_sin)
+
+
+def _attention_cache_base(attn, x, cache, layer, rope_cos, rope_sin):  # the same, through CacheBase's default
+    from kvlib.core.cache import CacheBase
+
+    return CacheBase.attention(attn, x, cache, layer, rope_cos, rope_sin)
+
+
+def _attention_models_attend(attn, x, cache, layer, rope_cos, rope_sin):  # the mask left to the model's own step
+    B, T, _ = x.shape
+    cos, sin = rope_cos[cache.pos : cache.pos + T], rope_sin[cache.pos : cache.pos + T]
+    k, v = cache.update(layer, *attn.project_kv(x, cos, sin))
+    return attn.o_proj(attn.attend(attn.project_q(x, cos, sin), k, v).transpose(1, 2).reshape(B, T, -1))
+
+
+def _kv_from_a_cache(config, seq_len, batch=1, dtype=torch.float16):  # a one-token cache made and measured
+    return kv_cache.KVCache(config, batch, 1, dtype).nbytes * seq_len
+
+
+def _kv_from_a_meta_cache(config, seq_len, batch=1, dtype=torch.float16):  # the same on the meta device: no memory
+    return kv_cache.KVCache(config, batch, 1, dtype, device="meta").nbytes * seq_len
+
+
+# (exercise, replaced pieces, words every one of its checks' failures must contain)
+READY_MADE = [
+    ("4.2", {"cached_attention": _attention_ready_made}, "called kvlib.core.cache.attention_through_cache"),
+    ("4.2", {"cached_attention": _attention_cache_base}, "called kvlib.core.cache.attention_through_cache"),
+    ("4.2", {"cached_attention": _attention_models_attend}, "called the model's attention step"),
+    ("4.4", {"kv_cache_bytes": _kv_from_a_cache}, "made a cache"),
+    ("4.4", {"kv_cache_bytes": _kv_from_a_meta_cache}, "made a cache"),
+]
+
+
+@pytest.mark.parametrize("ex_id, fakes, words", READY_MADE, ids=case_ids(READY_MADE))
+def test_kvlibs_ready_made_answer_fails_every_check_naming_it(ex_id, fakes, words):
+    """Check that an exercise answered by kvlib's own code (the infrastructure's copy of 4.2, a cache made and measured
+    for 4.4: kvlib.course.exercises.READY_MADE) fails every check of the exercise, each naming what it called."""
+    failures = check_failures(ex_id, _module(**fakes))
+    assert [name for name, _ in failures] == _checks(ex_id), failures
+    assert all(words in str(err) and "while Exercise" in str(err) for _, err in failures), failures
+
+
+def test_an_mha_only_attention_names_the_gqa_layer():
+    """Check that cached attention written for one key/value head per query head, which torch rejects on the checks'
+    GQA layer with a tensor-size error, fails each 4.2 check with a message naming the cause (the cache's n_kv_heads)."""
+    failures = check_failures("4.2", _module(cached_attention=_attention_mha_only))
+    assert [name for name, _ in failures] == _checks("4.2"), failures
+    for _, err in failures:
+        assert isinstance(err, AssertionError) and "the cache holds n_kv_heads = 2 heads, not n_heads" in str(err), err
+
+
 def test_a_recompute_from_scratch_cache_scores_nothing_on_using_the_cache():
     """Check that prefill/decode that rerun the model over the ids seen and only advance pos fail every cache-use check."""
     _IDS.clear()
@@ -852,14 +919,16 @@ def _sandboxed_checks(kv_source: str) -> dict[str, str]:
             try:
                 check.fn(sandbox.module("kv_cache"), np.random.default_rng(0))
                 verdicts[check.name] = "pass"
-            except AssertionError as err:
-                verdicts[check.name] = str(err)
+            except Exception as err:  # noqa: BLE001 - any failure scores 0, as in the grader
+                verdicts[check.name] = f"{type(err).__name__}: {err}"
     return verdicts
 
 
 def test_checks_count_mlp_tokens_and_read_the_cache_in_the_isolated_child():
     """Check that the reference passes every 4.x check in the grading child, and a cached_forward that reruns the
-    model over the ids seen (only moving cache.pos) fails the cache-use check there, saying why."""
+    model over the ids seen (only moving cache.pos) fails the cache-use check there, saying why; in the same child,
+    kvlib's ready-made answers to 4.2 (attention_through_cache) and 4.4 (a cache made and measured) fail every check
+    of their exercise, naming what they called (the child closes them while the exercise runs)."""
     from conftest import ROOT
 
     source = (ROOT / "solutions" / "kvlib" / "kv_cache.py").read_text(encoding="utf-8")
@@ -873,7 +942,19 @@ def test_checks_count_mlp_tokens_and_read_the_cache_in_the_isolated_child():
         "    seen = input_ids if cache.pos == 0 else torch.cat([cache.seen, input_ids], 1)\n"
         "    cache.seen = seen\n    cache.advance(input_ids.shape[1])\n    return model(seen)[:, -1]\n"
     )
-    verdicts = _sandboxed_checks(source.replace(body, recompute))
+    source = source.replace(body, recompute)
+    for start, shortcut in (
+        ("B, T, _ = x.shape\n    cos, sin", "from kvlib.core.cache import attention_through_cache\n    return "
+         "attention_through_cache(attn, x, cache, layer, rope_cos, rope_sin)\n"),
+        ("per_token = 2", "return KVCache(config, batch, 1, dtype).nbytes * seq_len\n"),
+    ):  # fmt: skip
+        begin = source.index("    ### BEGIN SOLUTION\n    " + start)
+        end = source.index("    ### END SOLUTION", begin)
+        source = source[:begin] + "    " + shortcut + source[end:]
+    verdicts = _sandboxed_checks(source)
+    for ex_id in ("4.2", "4.4"):
+        for name in _checks(ex_id):
+            assert f"while Exercise {ex_id} was checked" in verdicts[name], (name, verdicts[name])
     assert verdicts["cached_forward_matches_full_forward"] == "pass"
     assert "recomputes from the token ids" in verdicts["cached_forward_decode_uses_the_cache"]
     assert "reruns earlier tokens" in verdicts["generate_cached_uses_the_cache"]

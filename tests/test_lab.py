@@ -154,7 +154,7 @@ def test_notebook_figures_come_from_kvlib_plotting(path):
             continue
         direct = DIRECT_CALLS.search(cell.source)
         assert not direct, (
-            f"{path.relative_to(ROOT)} cell {i} draws with {direct.group(0)!r}: add a function to kvlib/course/plotting.py"
+            f"{path.relative_to(ROOT)} cell {i} draws with {direct.group(0)!r}: add a function to kvlib/course/figures/"
         )
         libs = _imports(_code(cell.source)) & PLOTTING_LIBS
         assert not libs, (
@@ -163,11 +163,11 @@ def test_notebook_figures_come_from_kvlib_plotting(path):
 
 
 def test_only_kvlib_plotting_imports_matplotlib():
-    """Check that kvlib's modules and the reference solutions leave every figure to kvlib/course/plotting.py."""
+    """Check that kvlib's modules and the reference solutions leave every figure to kvlib/course/figures/."""
     files = sorted((ROOT / "kvlib").rglob("*.py")) + sorted((ROOT / "solutions" / "kvlib").glob("*.py"))
     offenders = [
         f.relative_to(ROOT).as_posix()
         for f in files
-        if f.name != "plotting.py" and _imports(f.read_text(encoding="utf-8")) & PLOTTING_LIBS
+        if f.parent.name != "figures" and _imports(f.read_text(encoding="utf-8")) & PLOTTING_LIBS
     ]
-    assert not offenders, f"these import a plotting library; move the figure to kvlib/course/plotting.py: {offenders}"
+    assert not offenders, f"these import a plotting library; move the figure to kvlib/course/figures/: {offenders}"

@@ -14,7 +14,7 @@ from kvlib import recompute
 from kvlib.checks import checks_for
 from kvlib.checks.recompute import ODD
 from kvlib.core.model import Decoder, ModelConfig, matrix_params
-from kvlib.course.exercises import BY_ID, reference, reference_module
+from kvlib.course.exercises import BY_ID, reference
 
 IDS = ["3.1", "3.2", "3.3", "3.4"]
 RECOMPUTE_CHECKS = [c for ex_id in IDS for c in checks_for(BY_ID[ex_id])]
@@ -36,13 +36,6 @@ def test_forward_flops_equals_flop_counter(config):
         assert recompute.attention_share(config, T) == pytest.approx(recompute.measured_attention_share(model, T))
 
 
-def test_naive_decode_flops_sums_growing_forwards():
-    """Check that naive step i runs a forward over prompt_len + i tokens, so totals grow ~N^2 to N^3."""
-    steps = recompute.naive_decode_flops(ODD, 4, 5)
-    assert steps == [recompute.forward_flops(ODD, 4 + i) for i in range(5)]
-    assert steps == sorted(steps)
-
-
 NAMES = (
     "forward_flops",
     "new_token_flops",
@@ -50,7 +43,6 @@ NAMES = (
     "attention_share",
     "measured_forward_flops",
     "measured_attention_share",
-    "naive_decode_flops",
 )
 
 
@@ -116,13 +108,16 @@ def generation_loop(config, prompt_len, max_new_tokens):
     return naive, kept
 
 
+def _naive_steps(config, prompt_len, max_new_tokens):  # the learner's own helper: each naive step's FLOPs
+    return [reference(BY_ID["3.1"])(config, prompt_len + i) for i in range(max_new_tokens)]
+
+
 def generation_helper(config, prompt_len, max_new_tokens):
-    naive_decode_flops = reference_module("recompute").naive_decode_flops  # the learner's own 3.x helper
     g = reference(BY_ID["3.2"])
     kept = reference(BY_ID["3.1"])(config, prompt_len) + sum(
         g(config, s) for s in range(prompt_len + 1, prompt_len + max_new_tokens)
     )
-    return sum(naive_decode_flops(config, prompt_len, max_new_tokens)), kept
+    return sum(_naive_steps(config, prompt_len, max_new_tokens)), kept
 
 
 def generation_numpy(config, prompt_len, max_new_tokens):
@@ -322,6 +317,52 @@ def test_every_exercise_has_three_slips():
     """Check that SLIPS holds three or more likely slips for each exercise of notebook 03."""
     counts = {ex_id: sum(c[0] == ex_id for c in SLIPS) for ex_id in IDS}
     assert all(n >= 3 for n in counts.values()), counts
+
+
+# ---------------------------------------------------------------------------------------------
+# kvlib's ready-made answers (torch's count of a model built for the config) fail every check of their exercise
+
+
+def _forward_measured(config, seq_len):  # the route the docstring's example once showed
+    return recompute.measured_forward_flops(Decoder(config), seq_len)
+
+
+def _forward_measured_on_meta(config, seq_len):  # the same model made on the meta device: no memory, no weights
+    import torch
+
+    with torch.device("meta"):
+        model = Decoder(config)
+    return recompute.measured_forward_flops(model, seq_len)
+
+
+def _new_token_measured(config, kv_len):
+    more = config.n_layers * 4 * (kv_len - 1) * config.head_dim * config.n_heads
+    return recompute.measured_forward_flops(Decoder(config), 1) + more
+
+
+def _generation_measured(config, prompt_len, max_new_tokens):
+    naive = sum(_forward_measured(config, prompt_len + i) for i in range(max_new_tokens))
+    return naive, _forward_measured(config, prompt_len) + sum(
+        _new_token_measured(config, prompt_len + i) for i in range(1, max_new_tokens)
+    )
+
+
+READY_MADE = [
+    ("3.1", {"forward_flops": _forward_measured}, "forward_flops (or a function it calls) built a model"),
+    ("3.1", {"forward_flops": _forward_measured_on_meta}, "built a model"),
+    ("3.2", {"new_token_flops": _new_token_measured}, "built a model"),
+    ("3.3", {"generation_flops": _generation_measured}, "generation_flops (or a function it calls) built a model"),
+    ("3.4", {"attention_share": lambda c, T: recompute.measured_attention_share(Decoder(c), T)}, "built a model"),
+]
+
+
+@pytest.mark.parametrize("ex_id, replaced, words", READY_MADE, ids=case_ids(READY_MADE))
+def test_torchs_count_of_a_model_fails_every_check_naming_it(ex_id, replaced, words):
+    """Check that an exercise answered by measuring (a model built for the config and torch's FLOP counter run on it:
+    kvlib.course.exercises.READY_MADE) fails every check of the exercise, each naming what it did."""
+    failures = check_failures(ex_id, _module(**replaced))
+    assert [name for name, _ in failures] == [c.name for c in checks_for(BY_ID[ex_id])], failures
+    assert all(words in str(err) and "count from the config's sizes" in str(err).lower() for _, err in failures)
 
 
 # ---------------------------------------------------------------------------------------------

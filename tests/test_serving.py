@@ -297,6 +297,27 @@ def _utilisation_numpy(lengths, block_size):  # numpy's ceil, a numpy float back
     return lengths.sum() / (np.ceil(lengths / block_size) * block_size).sum()
 
 
+class _PolicyMarginThree(serving.Policy):  # another margin inside the budget's window
+    def blocks_to_admit(self, r):
+        need = serving.Scheduler.blocks_to_admit(self, r)
+        return need + 3 if self.running else need
+
+
+class _PolicyOldestVictim(serving.Policy):  # a margin of 2, and the oldest preempted instead of the newest
+    def blocks_to_admit(self, r):
+        need = serving.Scheduler.blocks_to_admit(self, r)
+        return need + (2 if self.running else 0)
+
+    def victim(self):
+        return self.running[0]
+
+
+class _PolicyRoomToGrow(serving.Policy):  # room for every running request's next block, at most 2 kept back
+    def blocks_to_admit(self, r):
+        need = serving.Scheduler.blocks_to_admit(self, r)
+        return need + min(2, len(self.running))
+
+
 ALTERNATIVES = [
     ("7.1", {"BlockPool": _ReleaseFifo}),
     ("7.1", {"BlockPool": _ReleaseByFreeList}),
@@ -318,6 +339,9 @@ ALTERNATIVES = [
     ("7.6", {"block_utilisation": _utilisation_by_tables}),
     ("7.6", {"block_utilisation": _utilisation_empty_slots}),
     ("7.6", {"block_utilisation": _utilisation_numpy}),
+    ("7.7", {"Policy": _PolicyMarginThree}),
+    ("7.7", {"Policy": _PolicyOldestVictim}),
+    ("7.7", {"Policy": _PolicyRoomToGrow}),
 ]
 
 
@@ -498,6 +522,10 @@ def _cow_keeps_reference(pool, table, index):
     return new
 
 
+def _cow_nothing(pool, table, index):  # the table keeps the shared block: its write lands in the other's tokens
+    return table.blocks[index]
+
+
 def _cow_always(pool, table, index):
     old = table.blocks[index]
     new = pool.allocate(1)[0]
@@ -563,6 +591,10 @@ def _utilisation_floor(lengths, block_size):
     return sum(lengths) / max(1, sum(n // block_size * block_size for n in lengths))
 
 
+def _utilisation_floor_one_block(lengths, block_size):  # rounded down, but a short sequence keeps its one block
+    return sum(lengths) / sum(max(1, n // block_size) * block_size for n in lengths)
+
+
 def _utilisation_pooled(lengths, block_size):
     return sum(lengths) / (-(-sum(lengths) // block_size) * block_size)
 
@@ -573,6 +605,28 @@ def _utilisation_extra_block(lengths, block_size):
 
 def _utilisation_half_block(lengths, block_size):
     return sum(lengths) / (sum(lengths) + len(lengths) * (block_size - 1) / 2)
+
+
+class _PolicyNoMargin(serving.Policy):  # the engine's own number: admits until the pool is full
+    def blocks_to_admit(self, r):
+        return serving.Scheduler.blocks_to_admit(self, r)
+
+
+class _PolicyWideMargin(serving.Policy):  # so many blocks kept back that requests wait past the TTFT budget
+    def blocks_to_admit(self, r):
+        need = serving.Scheduler.blocks_to_admit(self, r)
+        return need + 6 if self.running else need
+
+
+class _PolicyMarginWhenIdle(serving.Policy):  # keeps room back even with nothing running
+    def blocks_to_admit(self, r):
+        return serving.Scheduler.blocks_to_admit(self, r) + 2
+
+
+class _PolicyFewer(serving.Policy):  # asks for fewer blocks than admitting takes
+    def blocks_to_admit(self, r):
+        need = serving.Scheduler.blocks_to_admit(self, r)
+        return need - 1 if self.running else need
 
 
 SLIPS = [  # (check, replaced pieces, words its failure must contain)
@@ -595,7 +649,14 @@ SLIPS = [  # (check, replaced pieces, words its failure must contain)
     ),
     ("copy_on_write_copies_a_shared_block", {"copy_on_write": _cow_no_copy}, "must hold the old block's K and V"),
     ("copy_on_write_copies_a_shared_block", {"copy_on_write": _cow_keeps_reference}, "release the old one once"),
-    ("copy_on_write_keeps_a_private_block", {"copy_on_write": _cow_always}, "needs no copy"),
+    ("copy_on_write_copies_only_shared_blocks", {"copy_on_write": _cow_always}, "needs no copy"),
+    ("copy_on_write_copies_a_shared_block", {"copy_on_write": _cow_nothing}, "should be copied"),
+    ("copy_on_write_copies_only_shared_blocks", {"copy_on_write": _cow_nothing}, "a write there would change"),
+    ("shared_prefixes_stay_exact", {"copy_on_write": _cow_nothing}, "must get a copy before writing"),
+    ("policy_meets_the_budget", {"Policy": _PolicyNoMargin}, "leaves the running requests no block to grow into"),
+    ("policy_meets_the_budget", {"Policy": _PolicyWideMargin}, "keep fewer blocks back"),
+    ("policy_meets_the_budget", {"Policy": _PolicyMarginWhenIdle}, "no one to keep room for"),
+    ("policy_meets_the_budget", {"Policy": _PolicyFewer}, "never fewer than admitting takes"),
     ("step_admits_while_blocks_and_batch_allow", {"Scheduler": _StepAdmitsStrictly}, "exactly the free blocks"),
     ("step_preempts_the_newest_and_stays_exact", {"Scheduler": _StepPreemptsWhenJustEnough}, "that is enough"),
     ("step_preempts_the_newest_and_stays_exact", {"Scheduler": _StepPreemptsOnce}, "keep preempting"),
@@ -603,6 +664,11 @@ SLIPS = [  # (check, replaced pieces, words its failure must contain)
     ("step_serves_every_request_exactly", {"Scheduler": _StepAdmitsWithoutLeavingTheLine}, "admitted twice"),
     ("block_utilisation_counts_each_last_block", {"block_utilisation": _utilisation_floor}, "round each length up"),
     ("block_utilisation_counts_each_last_block", {"block_utilisation": _utilisation_pooled}, "pooled"),
+    (
+        "block_utilisation_counts_each_last_block",
+        {"block_utilisation": _utilisation_floor_one_block},
+        "a short sequence's one block included",
+    ),
     ("block_utilisation_counts_each_last_block", {"block_utilisation": _utilisation_extra_block}, "a block too many"),
     ("block_utilisation_counts_each_last_block", {"block_utilisation": _utilisation_half_block}, "an average"),
 ]

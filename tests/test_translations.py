@@ -16,11 +16,13 @@ import re
 import numpy as np
 import pytest
 from conftest import ROOT, check_failures
+from matplotlib.text import Text
 
 from kvlib.app import cli, lab, translate
 from kvlib.app.release import label
 from kvlib.course import hints, i18n, plotting
 from kvlib.course.exercises import BY_ID, LEARNER_MODULES, ExerciseNotDone
+from kvlib.course.figures import style
 
 ZH = "zh-CN"
 TRANSLATED = [s.notebook for s in translate.statuses(ZH) if s.state != "missing"]
@@ -367,16 +369,16 @@ def test_figures_speak_chinese_only_where_a_font_draws_it(chinese, monkeypatch):
     English where none is (the tokens in pinyin), never a glyph missing (an empty box) either way."""
     probs = np.tril(np.ones((3, 3))) / np.arange(1, 4)[:, None]
     fig = plotting.causal_attention_heatmap(["我", "爱", "AI"], probs)
-    texts = {t.get_text() for t in fig.findobj(plotting.Text)}
+    texts = {t.get_text() for t in fig.findobj(Text)}
     if plotting.cjk_font() is not None:
         assert {"每个词元只关注自己和它之前的词元", "键（被关注的词元）", "我"} <= texts
     else:
         assert {"Each token attends only to itself and earlier tokens", "wǒ"} <= texts
     assert plotting.missing_glyphs(fig) == []
     plotting.cjk_font.cache_clear()
-    monkeypatch.setattr(plotting, "cjk_font", lambda: None)
+    monkeypatch.setattr(style, "cjk_font", lambda: None)  # where the figures look it up
     fig = plotting.causal_attention_heatmap(["我", "爱", "AI"], probs)
-    assert "key (attended to)" in {t.get_text() for t in fig.findobj(plotting.Text)}
+    assert "key (attended to)" in {t.get_text() for t in fig.findobj(Text)}
 
 
 def test_lab_lang_sets_the_kernels_language_and_jupyterlabs(tmp_path, capsys):

@@ -7,6 +7,7 @@ sitting.py        how long each notebook takes, calibrated to careful readers (`
 translate.py      the course in another language from the English: translations/, solutions/<lang>/, notebooks/<lang>/
 course_folder.py  an instructor's nbgrader course folder (`kvlib course init DIR`), its modes, the exchange
 exchange.py       nbgrader's submit and collect between accounts, with the gaps closed
+exchange_service.py  the exchange as a JupyterHub service, for students' servers and graders on other machines
 class_grading.py  a whole class: `kvlib course autograde` (parallel, resumable), `kvlib course export-canvas`,
                   `kvlib course move-gradebook`
 grading_record.py what autograde graded, and which run grades what, in the gradebook's own database

@@ -378,6 +378,7 @@ def cmd_course_init(args) -> int:
             force=args.force,
             course_id=args.course_id,
             exchange=args.exchange,
+            service=args.exchange_service,
             lang=args.lang,
         )
     except CourseFolderExists as err:
@@ -387,9 +388,10 @@ def cmd_course_init(args) -> int:
         print(f"kvlib course init: {err}", file=sys.stderr)
         return 2
     print(f"wrote {len(written)} files under {args.dir}" if written else f"{args.dir} is already up to date")
-    if args.exchange:
+    if args.exchange or args.exchange_service:
+        where = f"{args.exchange}/{args.course_id}" if args.exchange else f"{args.exchange_service} ({args.course_id})"
         print(
-            f"exchange: {args.exchange}/{args.course_id}; students need {Path(args.dir) / STUDENT_CONFIG} as "
+            f"exchange: {where}; students need {Path(args.dir) / STUDENT_CONFIG} as "
             "/etc/jupyter/nbgrader_config.py on the hub, or as each one's ~/.jupyter/nbgrader_config.py"
         )
     print(f"next: cd {args.dir} && nbgrader generate_assignment 01-attention (docs/instructors.md)")
@@ -800,6 +802,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ROOT",
         type=_folder,
         help="set up nbgrader's exchange for the course there (e.g. /srv/nbgrader/exchange) and write the students' config",
+    )
+    i.add_argument(
+        "--exchange-service",
+        metavar="URL",
+        help="exchange through the hub's kvlib-exchange service instead (students' servers and graders on other "
+        "machines; e.g. https://hub.example.edu/services/kvlib-exchange/) and write the students' config",
     )
     i.add_argument(
         "--check",

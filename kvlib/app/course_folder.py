@@ -39,6 +39,7 @@ _INSTRUCTOR_ONLY = {
     "app/grading_record.py",
     "app/class_bench.py",
     "app/exchange.py",
+    "app/exchange_service.py",
     "app/translate.py",
 }
 
@@ -193,7 +194,9 @@ def learner_edited(notebook: str, earlier: str) -> list[str]:
     )
 
 
-def config_text(course_id: str, exclude: dict[str, list[str]], exchange: str | None = None) -> str:
+def config_text(
+    course_id: str, exclude: dict[str, list[str]], exchange: str | None = None, service: str | None = None
+) -> str:
     exclude_lines = "".join(f"    {k!r}: {v!r},\n" for k, v in exclude.items())
     exchange_lines = (
         f"# nbgrader's exchange (set up by `kvlib course init --exchange`); students need the same root and course id\n"
@@ -201,6 +204,19 @@ def config_text(course_id: str, exclude: dict[str, list[str]], exchange: str | N
         if exchange
         else ""
     )
+    collect = (
+        "# `nbgrader collect` copies a link in the exchange as a link (which autograde then refuses), not as its "
+        "target,\n# and takes a submission only from the account it names (kvlib.app.exchange)\n"
+        'c.ExchangeFactory.collect = "kvlib.app.exchange.OwnerCheckedCollect"\n'
+    )
+    if service:
+        from kvlib.app.exchange_service import config_lines  # noqa: PLC0415 (start-up time: nbgrader's exchange, service only)
+
+        collect = (
+            "# nbgrader's exchange through the hub's service (kvlib.app.exchange_service); students need the same URL\n"
+            f"{config_lines(service)}# a hub token of yours, where $JUPYTERHUB_API_TOKEN is not set (docs/instructors.md)\n"
+            '# c.ServiceExchange.token = "..."\n'
+        )
     return f'''"""nbgrader configuration of a kvlib course, written by `kvlib course init` (instructor guide:
 docs/instructors.md). Yours to edit: `kvlib course init --force` keeps a changed copy as .bak."""
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
@@ -217,10 +233,7 @@ install()
 
 c = get_config()  # noqa: F821 (provided by nbgrader)
 c.CourseDirectory.course_id = {course_id!r}
-{exchange_lines}# `nbgrader collect` copies a link in the exchange as a link (which autograde then refuses), not as its target,
-# and takes a submission only from the account it names (kvlib.app.exchange)
-c.ExchangeFactory.collect = "kvlib.app.exchange.OwnerCheckedCollect"
-c.ClearSolutions.code_stub = {{"python": "# YOUR CODE HERE\\nraise NotImplementedError()"}}
+{exchange_lines}{collect}c.ClearSolutions.code_stub = {{"python": "# YOUR CODE HERE\\nraise NotImplementedError()"}}
 
 # Learners edit these kvlib files, not the notebooks: autograde keeps their copies.
 c.Autograde.exclude_overwriting = {{
@@ -270,7 +283,13 @@ c.GradingJail.allow_plain = False
 
 
 def plan(
-    dest: Path, *, earlier: str = "own", course_id: str = "kvlib", exchange: str | None = None, lang: str = "en"
+    dest: Path,
+    *,
+    earlier: str = "own",
+    course_id: str = "kvlib",
+    exchange: str | None = None,
+    service: str | None = None,
+    lang: str = "en",
 ) -> dict[Path, bytes]:
     """Every file init writes (the secret aside), {path: content}; lang: each notebook translated into it
     (solutions/<lang>/, kvlib.app.translate) in its place, the others in English."""
@@ -283,9 +302,9 @@ def plan(
             files[dest / "source" / nb / src.name] = (translated if translated.is_file() else src).read_bytes()
         for rel, data in learner_files(nb, earlier).items():
             files[dest / "source" / nb / rel] = data
-    files[dest / "nbgrader_config.py"] = config_text(course_id, exclude, exchange).encode()
-    if exchange:
-        files[dest / STUDENT_CONFIG] = student_config_text(exchange, course_id).encode()
+    files[dest / "nbgrader_config.py"] = config_text(course_id, exclude, exchange, service).encode()
+    if exchange or service:
+        files[dest / STUDENT_CONFIG] = student_config_text(exchange, course_id, service).encode()
     return files
 
 
@@ -296,17 +315,26 @@ def init_course(
     force: bool = False,
     course_id: str = "kvlib",
     exchange: Path | str | None = None,
+    service: str | None = None,
     lang: str = "en",
 ) -> list[Path]:
     """Write the course folder, make it its owner's alone (secure) and, with `exchange`, set up the
-    course in nbgrader's exchange there (setup_exchange); returns the files written. Raises
-    CourseFolderExists, writing nothing, when a file there differs and force is False; ValueError
-    for a course id that a shared exchange cannot take."""
+    course in nbgrader's exchange there (setup_exchange); with `service` (the URL of the hub's exchange
+    service, kvlib.app.exchange_service), configure nbgrader to exchange through it instead. Returns the
+    files written. Raises CourseFolderExists, writing nothing, when a file there differs and force is False;
+    ValueError for a course id that a shared exchange cannot take, or for both exchange and service."""
     dest = Path(dest).resolve()
+    if exchange is not None and service is not None:
+        raise ValueError("give --exchange (a folder on this machine) or --exchange-service (a hub's URL), not both")
+    if service is not None and not service.startswith(("http://", "https://")):
+        raise ValueError(
+            f"--exchange-service {service!r}: give the service's URL, e.g. https://hub.example.edu/services/kvlib-exchange/"
+        )
     if exchange is not None:
         exchange = str(Path(exchange).resolve())
+    if exchange is not None or service is not None:
         check_course_id(course_id, shared=True)
-    files = plan(dest, earlier=earlier, course_id=course_id, exchange=exchange, lang=lang)
+    files = plan(dest, earlier=earlier, course_id=course_id, exchange=exchange, service=service, lang=lang)
     changed = [p for p, data in files.items() if p.exists() and (p.is_dir() or p.read_bytes() != data)]
     if changed and not force:
         raise CourseFolderExists(changed)
@@ -521,17 +549,25 @@ def _group(gid: int) -> str:
     return grp.getgrgid(gid).gr_name if _has_group(gid) else f"gid {gid}"
 
 
-def student_config_text(exchange: str, course_id: str) -> str:
-    """Each student's nbgrader_config.py (the hub's /etc/jupyter/nbgrader_config.py, or ~/.jupyter/ of each)."""
-    return f'''"""nbgrader for the students of {course_id}, written by `kvlib course init --exchange` (docs/instructors.md).
-On the hub: /etc/jupyter/nbgrader_config.py, or each student's ~/.jupyter/nbgrader_config.py."""
-c = get_config()  # noqa: F821 (provided by nbgrader)
-c.CourseDirectory.course_id = {course_id!r}
-c.Exchange.root = {exchange!r}
+def student_config_text(exchange: str | None, course_id: str, service: str | None = None) -> str:
+    """Each student's nbgrader_config.py (the hub's /etc/jupyter/nbgrader_config.py, or ~/.jupyter/ of each): the
+    exchange folder, or the hub's exchange service (kvlib.app.exchange_service)."""
+    option = "--exchange-service" if service else "--exchange"
+    if service:
+        from kvlib.app.exchange_service import config_lines  # noqa: PLC0415 (start-up time: nbgrader's exchange, service only)
+
+        how = f"# nbgrader's exchange through the hub's service, with each student's hub token\n{config_lines(service)}"
+    else:
+        how = f"""c.Exchange.root = {exchange!r}
 # a submission readable by its student and the instructor's group only (nbgrader's own makes it 0777), without
 # the course's own files that autograde puts back anyway (assets/, kvlib's subpackages)
 c.ExchangeFactory.submit = "kvlib.app.exchange.PrivateSubmit"
-# Validate runs the notebook: as in the course's own repository, every graded cell finishes well inside this, and
+"""
+    return f'''"""nbgrader for the students of {course_id}, written by `kvlib course init {option}` (docs/instructors.md).
+On the hub: /etc/jupyter/nbgrader_config.py, or each student's ~/.jupyter/nbgrader_config.py."""
+c = get_config()  # noqa: F821 (provided by nbgrader)
+c.CourseDirectory.course_id = {course_id!r}
+{how}# Validate runs the notebook: as in the course's own repository, every graded cell finishes well inside this, and
 # the kernel client waits in short steps, so a lost zmq wake-up does not hold a student for the whole timeout
 c.Execute.timeout = 120
 c.AsyncKernelManager.client_class = "kvlib.grading.execute.SteppedKernelClient"

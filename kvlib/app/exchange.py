@@ -168,6 +168,32 @@ def not_collectable(path: str, username: str, uid: int) -> str:
     return ""
 
 
+def latest_of_each(records: list[dict], duedate: datetime.datetime | None = None) -> list[dict]:
+    """Each student's latest of records ({"username", "timestamp", ...}), as nbgrader's collect picks; with duedate
+    (--before-duedate), their latest on or before it where they have one."""
+    by_student = defaultdict(list)
+    for r in records:
+        by_student[r["username"]].append(r)
+    out = []
+    for mine in by_student.values():
+        mine = sorted(mine, key=lambda r: r["timestamp"], reverse=True)
+        before = [r for r in mine if duedate is not None and r["timestamp"] <= duedate]
+        out.append((before or mine)[0])
+    return out
+
+
+def take_latest(collect, records: list[dict]) -> None:
+    """What nbgrader's collect does with the submissions it found: the assignment's due date from the gradebook into
+    collect.duedate, and into collect.src_records each student's latest of records (latest_of_each; on or before the
+    due date with --before-duedate)."""
+    with Gradebook(collect.coursedir.db_url, collect.coursedir.course_id) as gb:
+        try:
+            collect.duedate = gb.find_assignment(collect.coursedir.assignment_id).duedate
+        except MissingEntry:
+            collect.duedate = None
+    collect.src_records = latest_of_each(records, collect.duedate if collect.before_duedate else None)
+
+
 def _owner(path: str) -> str:
     uid = os.lstat(path).st_uid
     try:
@@ -233,21 +259,7 @@ class OwnerCheckedCollect(LinkKeepingCollect):
             for r in records
             if self._owned_by_its_student(os.path.join(self.inbound_path, r["filename"]), r["username"])
         ]
-        usergroups = defaultdict(list)
-        for r in records:
-            usergroups[r["username"]].append(r)
-        with Gradebook(self.coursedir.db_url, self.coursedir.course_id) as gb:
-            try:
-                self.duedate = gb.find_assignment(self.coursedir.assignment_id).duedate
-            except MissingEntry:
-                self.duedate = None
-        self.src_records = []
-        for v in usergroups.values():
-            records = self._sort_by_timestamp(v)
-            if self.duedate is not None and self.before_duedate:
-                before = [r for r in records if r["timestamp"] <= self.duedate]
-                records = before or records
-            self.src_records.append(records[0])
+        take_latest(self, records)
 
     def do_copy(self, src, dest, log=None):
         """The submission copied (links kept), with the time it is taken as in its timestamp.txt: the later of

@@ -489,7 +489,7 @@ _FIGURE_KEYWORDS = {"label", "title", "xlabel", "ylabel", "labels", "note"}
 _FIGURE_NAMES = re.compile(r"^(?:title|label|xlabel|ylabel|note|\w+_(?:title|label))s?$")
 _WORDS = re.compile(r"[A-Za-z]{2,}")
 _FIELD = re.compile(r"\{\d+\}")
-_FIGURE_FILES = ("kvlib/course/plotting.py",)
+_FIGURES = "kvlib/course/figures/"  # one module per notebook
 
 
 def template(node) -> str | None:
@@ -541,7 +541,7 @@ def english_texts(rel: str, source: str) -> dict[str, set[str]]:
     line shows it) and every assert's or raise's message; in the figures' files each text drawn on a figure
     (_FIGURE_CALLS, _FIGURE_KEYWORDS, _FIGURE_NAMES)."""
     tree = ast.parse(source)
-    checks, figures = rel.startswith("kvlib/checks/"), rel in _FIGURE_FILES or rel.endswith(".ipynb")
+    checks, figures = rel.startswith("kvlib/checks/"), rel.startswith(_FIGURES) or rel.endswith(".ipynb")
     found: dict[str, set[str]] = {}
 
     def add(scope, texts):
@@ -585,7 +585,7 @@ def message_sources() -> list[tuple[str, str]]:
     for path in sorted((ROOT / "kvlib").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
         text = path.read_text(encoding="utf-8")
-        if rel.startswith("kvlib/checks/") or rel in _FIGURE_FILES or "tr(" in text:
+        if rel.startswith("kvlib/checks/") or rel.startswith(_FIGURES) or "tr(" in text:
             files.append((rel, text))
     for nb in english_notebooks():
         for cell in json.loads(nb.read_text(encoding="utf-8"))["cells"]:

@@ -10,6 +10,7 @@ numpy Generator for its random inputs. Not here: isolation from the code under t
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import linecache
@@ -21,7 +22,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvlib.course import i18n
-from kvlib.course.exercises import BY_ID, EXERCISES, LEARNER_MODULES, Exercise, ExerciseNotDone, select
+from kvlib.course.exercises import (
+    BY_ID,
+    EXERCISES,
+    LEARNER_MODULES,
+    Exercise,
+    ExerciseNotDone,
+    close_ready_made,
+    ready_made,
+    select,
+)
 from kvlib.course.hints import exercise_title, stuck
 
 BY_NAME = {(ex.module, ex.name.split(".")[-1]): ex for ex in EXERCISES}  # (module, function) -> exercise
@@ -227,6 +237,31 @@ def _contract(called: Exercise) -> str:
     return " ".join(out)
 
 
+class Graded:
+    """The learner's module as a local run hands it to a check: an exercise function that kvlib answers ready-made
+    (kvlib.course.exercises.READY_MADE) runs with those answers closed, as the isolated grader's child runs it."""
+
+    def __init__(self, module, name: str):
+        self._module, self._name = module, name
+        self.__wrapped__ = module  # what it views: a fake clock patches that module's imported clocks
+
+    def __getattr__(self, attr):
+        value = getattr(self._module, attr)
+        entries = ready_made(f"{self._name}.{attr}") if callable(value) else []
+        if not entries:
+            return value
+
+        @functools.wraps(value)
+        def closed(*args, **kwargs):
+            reopen = close_ready_made(entries)
+            try:
+                return value(*args, **kwargs)
+            finally:
+                reopen()
+
+        return closed
+
+
 def run_exercise(ex: Exercise, *, seed: int = 0, timeout: float | None = 60) -> Result:
     """Run every check of one exercise on your kvlib (or the reference in reference mode)."""
 
@@ -242,7 +277,7 @@ def run_exercise(ex: Exercise, *, seed: int = 0, timeout: float | None = 60) -> 
     for c in checks_for(ex):
         try:
             with _time_limit(timeout):
-                c.fn(module, np.random.default_rng(seed))
+                c.fn(Graded(module, ex.module), np.random.default_rng(seed))
         except ExerciseNotDone as err:
             if err.exercise is ex:
                 return result("todo", i18n.tr("not started: fill in {name} in {file}", name=ex.name, file=ex.file))
@@ -298,7 +333,7 @@ def grade(name: str, *, seed: int = 0, timeout: float | None = 60) -> None:
         module = importlib.import_module(f"kvlib.{c.exercise.module}")
         try:
             with _time_limit(timeout):
-                c.fn(module, np.random.default_rng(seed))
+                c.fn(Graded(module, c.exercise.module), np.random.default_rng(seed))
         except ExerciseNotDone:
             raise
         except Exception as err:  # the cause named, then where the hints are
@@ -317,6 +352,7 @@ __all__ = [
     "CHECKS",
     "EXERCISES",
     "Check",
+    "Graded",
     "Result",
     "cell_id",
     "check",

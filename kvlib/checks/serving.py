@@ -1,15 +1,17 @@
-"""Checks for notebook 07 (kvlib/serving.py): exercises 7.1-7.6 (07a: 7.1-7.3, 7.6; 07b: 7.4, 7.5).
+"""Checks for notebook 07 (kvlib/serving.py): exercises 7.1-7.7 (07a: 7.1-7.3, 7.6; 07b: 7.4, 7.7; 07c: 7.5).
 
 Expectations come first, from kvlib's own model and plain attention (never the code under test):
 greedy tokens by full recompute, attention over each sequence's keys laid out contiguously. The
 slips named: a block freed while another table holds it, a block released twice, a block per
 token, a table half-grown when the pool runs out, padding to the longest row, blocks read in
 sorted order, no preemption, a preemption the decode did not need or one too few, a victim other than
-victim() names, a copy that forgets the contents.
+victim() names, a copy that forgets the contents or never happens, a policy that misses its budget or
+leaves its memory cap.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 
@@ -18,14 +20,26 @@ import torch.nn.functional as F
 
 from kvlib.checks import check
 from kvlib.checks.kv_cache import drift_weights
+from kvlib.checks.speculative import CheckCache
 from kvlib.core.model import Decoder, ModelConfig
+from kvlib.core.weights import load_tiny
+from kvlib.measure.bench_serve import BUDGET, budget_trace, serve_by_steps
 
 CONFIG = ModelConfig(vocab_size=31, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=40, max_seq_len=96)
 
 
-def _model(seed: int = 0) -> Decoder:
+def _model(seed: int = 0, sharp: float = 1.0) -> Decoder:
+    """The check's random model. sharp > 1 scales the query, key and value weights: attention then picks out single
+    tokens, so a token whose keys and values were overwritten changes the tokens that follow (at 1, this small random
+    model's greedy tokens hang mostly on the last token, whatever came before)."""
     torch.manual_seed(seed)
-    return Decoder(CONFIG).eval()
+    model = Decoder(CONFIG).eval()
+    if sharp != 1.0:
+        with torch.no_grad():
+            for layer in model.layers:
+                for w in (layer.attn.q_proj.weight, layer.attn.k_proj.weight, layer.attn.v_proj.weight):
+                    w.mul_(sharp)
+    return model
 
 
 def _greedy(model, prompt: list[int], n: int) -> list[int]:
@@ -150,10 +164,10 @@ def _utilisation_slips(lengths: list[int], bs: int) -> dict[str, float]:
     tokens, n = sum(lengths), len(lengths)
     whole = sum(-(-x // bs) * bs for x in lengths)
     floor = sum(x // bs * bs for x in lengths)
+    down = "a sequence holds its tokens in whole blocks: round each length up to a block, not down"
     return {
-        "a sequence holds its tokens in whole blocks: round each length up to a block, not down": tokens / floor
-        if floor
-        else float("inf"),
+        down: tokens / floor if floor else float("inf"),
+        down + " (a short sequence's one block included)": tokens / sum(max(1, x // bs) * bs for x in lengths),
         "the sequences are pooled into one run of blocks: each sequence has blocks of its own, each with its own "
         "part-empty last block": tokens / (-(-tokens // bs) * bs),
         "a share is between 0 and 1, not a percentage": 100 * tokens / whole,
@@ -171,7 +185,7 @@ def block_utilisation_counts_each_last_block(kv, rng):
     """Check the predicted share of held slots that hold a token, for lengths that fill their blocks, fall short and
     fit in one block, at block sizes 1 to 512 (a block of max_seq_len is notebook 04's reservation)."""
     cases = [
-        ([5, 8, 1], 4),
+        ([9, 4, 1, 1], 4),  # every slip below gives another share here: each is named
         ([16, 32, 48], 16),
         ([1, 2, 3], 1),
         ([int(x) for x in rng.integers(1, 300, size=9)], 16),
@@ -537,6 +551,78 @@ def _preemption_edges(sv, model):
 
 
 # ---------------------------------------------------------------------------------------------
+# 7.7 Policy.blocks_to_admit: a design under a budget, any rule that meets it earns the points
+
+
+@functools.cache
+def _budget_case() -> tuple:
+    """The tiny model, notebook 07b's budget trace, and each request's tokens alone (greedy, through a plain cache)."""
+    model, tokenizer = load_tiny()
+    trace = budget_trace(tokenizer)
+    alone = []
+    with torch.inference_mode():
+        for prompt, n in trace:
+            cache, ids, out = CheckCache(model.config, len(prompt) + n), torch.tensor([prompt]), []
+            for _ in range(n):
+                logits, _ = model(ids, past_key_values=cache)
+                out.append(int(logits[0, -1].argmax()))
+                ids = torch.tensor([out[-1:]])
+            alone.append(out)
+    return model, trace, alone
+
+
+@check("7.7")
+def policy_meets_the_budget(sv, rng):
+    """Check your policy on notebook 07b's trace in its memory cap (kvlib.measure.bench_serve.BUDGET): at most 100
+    tokens recomputed, a TTFT p99 of at most 100 steps, every request exact; and its contract: never fewer blocks than
+    admitting takes, and a request that fits an idle pool admitted."""
+    model = _model(4)
+    pool = sv.BlockPool(CONFIG, 8, 4)
+    sched = sv.Policy(model, pool, max_batch=4)
+    sched.add(sv.Request(0, [1] * 27, 4))  # 27 tokens and the next: 7 of the 8 blocks
+    want = -(-28 // 4)
+    got = sched.blocks_to_admit(sched.waiting[0])
+    assert isinstance(got, int) and not isinstance(got, bool), f"blocks_to_admit should return an int, got {got!r}"
+    assert got == want, (
+        f"nothing runs, and the request in line takes {want} blocks of the idle pool's 8: your rule asks for {got}. "
+        + (
+            "Fewer than admitting takes, and admission runs out of blocks"
+            if got < want
+            else "With nothing running there is no one to keep room for: a request that fits must be admitted"
+        )
+    )
+    sched.step()
+    sched.add(sv.Request(1, [2] * 5, 4))
+    need, got = -(-6 // 4), sched.blocks_to_admit(sched.waiting[0])
+    assert isinstance(got, int) and got >= need, (
+        f"with a request running, admitting a prompt of 5 tokens takes {need} blocks, your rule asks for {got!r}: "
+        "never fewer than admitting takes"
+    )
+    model, trace, alone = _budget_case()
+    pool = sv.BlockPool(model.config, BUDGET["n_blocks"], BUDGET["block_size"])
+    sched = sv.Policy(model, pool, max_batch=BUDGET["max_batch"])
+    for i, (p, n) in enumerate(trace):
+        sched.add(sv.Request(i, list(p), n))
+    run = serve_by_steps(sched, pool, trace)
+    wrong = [i for i, want in enumerate(alone) if run["tokens"].get(i) != want]
+    assert not wrong, (
+        f"requests {wrong} did not get the tokens each gets alone: a policy may change who waits, never a token"
+    )
+    missed = []
+    if run["recomputed"] > BUDGET["recomputed"]:
+        missed.append(
+            f"{run['recomputed']} tokens recomputed after preemptions, the budget {BUDGET['recomputed']}: admitting until "
+            "the pool is full leaves the running requests no block to grow into, so the next decodes preempt"
+        )
+    if run["ttft_p99_steps"] > BUDGET["ttft_p99_steps"]:
+        missed.append(
+            f"TTFT p99 {run['ttft_p99_steps']:.1f} steps, the budget {BUDGET['ttft_p99_steps']}: your rule holds "
+            "requests in line longer than the budget allows; keep fewer blocks back"
+        )
+    assert not missed, "your policy misses the budget: " + "; ".join(missed)
+
+
+# ---------------------------------------------------------------------------------------------
 # 7.5 copy_on_write
 
 
@@ -570,39 +656,51 @@ def copy_on_write_copies_a_shared_block(sv, rng):
 
 
 @check("7.5")
-def copy_on_write_keeps_a_private_block(sv, rng):
-    """Check that a block only this table holds is returned as it is: no copy, no allocation (two tables, two blocks)."""
-    pool = sv.BlockPool(CONFIG, 4, 4)
-    for block in pool.allocate(2):  # blocks 0 and 1: a function that returns a constant fails one of them
-        t = sv.BlockTable(4)
-        t.blocks, t.length = [block], 3
-        free = pool.n_free
-        got = sv.copy_on_write(pool, t, 0)
-        blocks = t.blocks
-        assert got == block and blocks == [block] and pool.n_free == free, (
-            f"a block only this table holds (refs 1) needs no copy: expected block {block} back and the table unchanged, got {got}, table {blocks}"
-        )
+def copy_on_write_copies_only_shared_blocks(sv, rng):
+    """Check a table holding a block of its own and one another table holds too: the first is returned as it is (no
+    copy, no allocation), the second is copied, and the copy, now the table's own, needs no copy on a second call."""
+    pool = sv.BlockPool(CONFIG, 6, 4)
+    own, shared = pool.allocate(2)
+    t, other = sv.BlockTable(4), sv.BlockTable(4)
+    t.blocks, t.length = [shared, own], 6
+    other.blocks, other.length = [shared], 4
+    pool.share(shared)
+    free = pool.n_free
+    got = sv.copy_on_write(pool, t, 1)
+    assert got == own and t.blocks == [shared, own] and pool.n_free == free, (
+        f"a block only this table holds (refs 1) needs no copy: expected block {own} back and the table unchanged, "
+        f"got {got}, table {t.blocks}"
+    )
+    got = sv.copy_on_write(pool, t, 0)
+    assert isinstance(got, int) and got != shared and t.blocks[0] == got, (
+        f"block {shared} is held by another table too (refs 2), yet the table still points at it (got {got!r}, table "
+        f"{t.blocks}): a write there would change the other table's tokens; give this table a copy"
+    )
+    assert pool.refs[shared] == 1 and other.blocks == [shared], "the other table keeps the original, one reference"
+    free = pool.n_free
+    again = sv.copy_on_write(pool, t, 0)
+    assert again == got and pool.n_free == free, (
+        f"the copy (block {got}) is this table's alone: a second call needs no copy, got {again!r}"
+    )
 
 
 @check("7.5")
 def shared_prefixes_stay_exact(sv, rng):
-    """Check that requests sharing an 8-token prompt prefix share its blocks, skip its prefill, and get the tokens they get alone."""
-    model = _model(3)
-    system = [
-        int(t) for t in rng.integers(0, CONFIG.vocab_size, size=8)
-    ]  # two whole blocks; a prompt of just these writes into one
-    trace = [
-        (system + [int(t) for t in rng.integers(0, CONFIG.vocab_size, size=k)], n)
-        for k, n in ((0, 6), (3, 9), (0, 5), (4, 12))
-    ]
+    """Check a trace whose prompts extend one another (a chat's next turn extends the last): each shares the blocks
+    of an earlier prompt, its part-filled last block included, writes its own next tokens there, and gets exactly the
+    tokens it gets alone."""
+    model = _model(3, sharp=4.0)  # a token overwritten in a shared block changes what follows (see _model)
+    system = [int(t) for t in rng.integers(0, CONFIG.vocab_size, size=10)]  # 2 whole blocks of 4 and half a block
+    more = lambda k: [int(t) for t in rng.integers(0, CONFIG.vocab_size, size=k)]  # noqa: E731
+    trace = [(system, 6), (system + more(3), 9), (system, 5), (system + more(4), 12)]
     expected = [_greedy(model, p, n) for p, n in trace]
     sched, pool = _serve(sv, model, trace, n_blocks=40, max_batch=4, share=True)
     got = {r.id: r.out for r in sched.finished}
     for i, want in enumerate(expected):
         assert got.get(i) == want, (
-            f"with shared prefixes request {i} got {got.get(i)}, alone it gets {want}: copy a shared block before writing into it"
+            f"with shared prefixes request {i} got {got.get(i)}, alone it gets {want}: requests 1 and 3 extend request "
+            "0's prompt, so they share its part-filled last block and write their own next tokens into it, where "
+            "request 0 writes its answer: each must get a copy before writing into a block another table holds"
         )
-    assert sched.stats["prefill_skipped"] > 0, (
-        "no prefill was skipped: the requests should share the prefix's whole blocks"
-    )
+    assert sched.stats["prefill_skipped"] > 0, "no prefill was skipped: the requests should share the prompt's blocks"
     assert pool.n_free == pool.n_blocks, "every block should be free at the end"

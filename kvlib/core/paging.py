@@ -212,20 +212,29 @@ class Engine:
             r.times.setdefault("first_token", now)
             r.times.setdefault("tokens", []).append(now)  # one time per token: the gaps are inter-token latency
 
-    def _match(self, tokens: list[int]) -> list[int]:
-        """The blocks of the longest run of whole blocks at the start of tokens that a running request holds."""
+    def _match(self, tokens: list[int]) -> tuple[list[int], int]:
+        """The blocks of the longest prefix of tokens that a running request's prompt holds, and how many of tokens
+        they hold: whole blocks first, then one part-filled block whose first tokens a prompt ended with (a
+        prompt that extends another's, as a chat's next turn extends the last: RadixAttention matches by token)."""
         bs, blocks = self.pool.block_size, []
-        while self.prefixes is not None and (len(blocks) + 1) * bs <= len(tokens):
+        if self.prefixes is None:
+            return blocks, 0
+        while (len(blocks) + 1) * bs <= len(tokens):
             b = self.prefixes.get(tuple(tokens[: (len(blocks) + 1) * bs]))
             if b is None:
                 break
             blocks.append(b)
-        return blocks
+        whole = len(blocks) * bs
+        for n in range(min(bs - 1, len(tokens) - whole), 0, -1):  # the longest part-filled block that matches
+            b = self.prefixes.get(tuple(tokens[: whole + n]))
+            if b is not None:
+                return blocks + [b], whole + n
+        return blocks, whole
 
     def blocks_to_admit(self, r: Request) -> int:
         """Blocks admitting r takes now: its tokens so far and the next one, less the prompt blocks it shares
         (plus one, for a copy, if it shares any: its last shared block may be written)."""
-        shared = len(self._match(r.prompt + r.out))
+        shared = len(self._match(r.prompt + r.out)[0])
         return -(-(len(r.prompt) + len(r.out) + 1) // self.pool.block_size) - shared + (shared > 0)
 
     def admit(self, r: Request) -> None:
@@ -238,15 +247,17 @@ class Engine:
                 "line as you admit it (self.waiting.popleft()), so that it runs once"
             )
         tokens, r.table, bs = r.prompt + r.out, self.new_table(self.pool.block_size), self.pool.block_size
-        for b in self._match(tokens):
+        blocks, held = self._match(tokens)
+        for b in blocks:
             self.pool.share(b)
             r.table.blocks.append(b)
-        r.table.length = min(len(r.table.blocks) * bs, len(tokens) - 1)  # the last token runs, for its logits
+        r.table.length = min(held, len(tokens) - 1)  # the last token runs, for its logits
         self.stats["prefill_skipped"] += r.table.length
         self.stats["prefill_tokens"] += len(tokens) - r.table.length
-        self._forward([r], [tokens[r.table.length :]])
-        for i in range(len(r.prompt) // bs if self.prefixes is not None else 0):
-            key, b = tuple(r.prompt[: (i + 1) * bs]), r.table.blocks[i]
+        self._forward([r], [tokens[r.table.length :]])  # a write into a shared block copies it first (_forward)
+        ends = [(i + 1) * bs for i in range(len(r.prompt) // bs)] + [len(r.prompt)] * (len(r.prompt) % bs > 0)
+        for end in ends if self.prefixes is not None else ():  # its prompt's blocks, the part-filled last one too
+            key, b = tuple(r.prompt[:end]), r.table.blocks[(end - 1) // bs]
             if key not in self.prefixes and b not in self._prefix_of:
                 self.prefixes[key], self._prefix_of[b] = b, key
         self.running.append(r)

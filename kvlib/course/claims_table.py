@@ -85,6 +85,12 @@ CLAIMS: tuple[Claim, ...] = (
         "leaves out, so short steps take longer than their FLOPs say",
     ),
     Claim(
+        "03.attention-time-above-flops",
+        "At 8 tokens, does attention take a larger share of a naive step's time than of its FLOPs?",
+        "above",
+        "each layer's attention call has a fixed cost of its own, large beside its few FLOPs at 8 tokens",
+    ),
+    Claim(
         "03.attention-share-grows",
         "Does attention take a larger share of a naive step's time at 512 tokens than at 64?",
         "above",
@@ -259,24 +265,25 @@ CLAIMS: tuple[Claim, ...] = (
         "above",
         "a request holds only the blocks it fills, not max_seq_len slots",
     ),
+    # --- 07c sharing
     Claim(
-        "07b.sharing-runs-more",
+        "07c.sharing-runs-more",
         "Where blocks bind, do more requests run at once with a shared system prompt's blocks shared?",
         "above",
         "the prefix's blocks are held once, not once per request (SGLang's RadixAttention, arXiv 2312.07104)",
     ),
     Claim(
-        "07b.sharing-fewer-steps",
+        "07c.sharing-fewer-steps",
         "Does the trace take fewer scheduler steps with prefixes shared?",
         "below",
         "more requests run at once, so the same tokens take fewer batched forwards",
     ),
     Claim(
-        "07b.sharing-throughput",
+        "07c.sharing-throughput",
         "Does sharing the system prompt's blocks serve the trace at a higher throughput?",
         "faster",
         "its prefill is skipped and more requests run at once; against it, more rows per step and a copy-on-write "
-        "per request admitted onto a whole shared prompt",
+        "for each request that writes into a shared block",
     ),
     # --- 08a compress
     Claim(
@@ -293,6 +300,21 @@ CLAIMS: tuple[Claim, ...] = (
         "slower",
         "8.2 writes a float32 copy of the cache and attention reads it back: more bytes than float32 reads alone; "
         "only a kernel that reads int8 directly gains (notebook 09)",
+    ),
+    Claim(
+        "08a.int8-fresh-copy",
+        "At 16k cached tokens, does 8.2's int8 path run faster when its float32 copy goes into a buffer reused from "
+        "step to step than into fresh memory each step?",
+        "faster",
+        "fresh memory must be mapped and zeroed by the operating system before its first write (page faults); the "
+        "as-run byte count leaves that cost out",
+    ),
+    Claim(
+        "08a.int8-reused-vs-float32",
+        "With its float32 copy in a reused buffer, is the int8 path still slower than float32 at 16k cached tokens?",
+        "slower",
+        "it reads the int8 cache and its scales, writes a float32 copy and reads that back: more bytes than "
+        "float32 reads alone (the as-run prediction)",
     ),
     Claim(
         "08a.keys-per-channel",

@@ -83,6 +83,7 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("7.6", "Predict how full the blocks are", "07-serving", "serving", "block_utilisation"),
     Exercise("7.3", "Paged attention", "07-serving", "serving", "paged_attention"),
     Exercise("7.4", "One step of continuous batching", "07-serving", "serving", "Scheduler.step"),
+    Exercise("7.7", "A policy under a budget", "07-serving", "serving", "Policy.blocks_to_admit"),
     Exercise("7.5", "Copy on write", "07-serving", "serving", "copy_on_write"),
     Exercise("8.1", "int8 with a scale per slice", "08-compress", "compress", "quantize"),
     Exercise("8.2", "Attention over an int8 cache", "08-compress", "compress", "int8_attention"),
@@ -106,6 +107,103 @@ EXERCISES: tuple[Exercise, ...] = (
 BY_ID = {ex.id: ex for ex in EXERCISES}
 NOTEBOOKS = tuple(dict.fromkeys(ex.notebook for ex in EXERCISES))
 LEARNER_MODULES = tuple(dict.fromkeys(ex.module for ex in EXERCISES))  # kvlib/<module>.py, in course order
+
+
+# ---------------------------------------------------------------------------------------------
+# Ready-made answers: code kvlib ships that answers an exercise whole (the infrastructure's own copy of it) or measures
+# what the exercise counts (its checks' yardstick). While a check runs the exercise's function (kvlib.checks locally,
+# the isolated grader's child), each of these raises RuntimeError naming itself and what to do instead
+# (close_ready_made, below): {exercise: ({"module:name" or "module:Class.attr": what calling it did},
+# what the exercise asks instead)}
+
+_FLOP_COUNTER = {
+    "kvlib.core.model:Decoder.__init__": "built a model (kvlib.core.model.Decoder)",
+    "kvlib.core.flops:forward_flops_counted": "ran torch's FLOP counter (kvlib.core.flops.forward_flops_counted)",
+    "kvlib.core.flops:attention_flops_counted": "ran torch's FLOP counter (kvlib.core.flops.attention_flops_counted)",
+}
+_COUNT = (
+    "torch's counter on a model is what this count is checked against, not a way to make it. Count from the config's "
+    "sizes alone (no model is built or run)"
+)
+READY_MADE: dict[str, tuple[dict[str, str], str]] = {
+    "3.1": (_FLOP_COUNTER, _COUNT),
+    "3.2": (_FLOP_COUNTER, _COUNT),
+    "3.3": (_FLOP_COUNTER, _COUNT),
+    "3.4": (_FLOP_COUNTER, _COUNT),
+    "4.2": (
+        {
+            "kvlib.core.cache:attention_through_cache": "called kvlib.core.cache.attention_through_cache",
+            "kvlib.core.cache:causal_attend": "called kvlib.core.cache.causal_attend",
+            "kvlib.core.model:Attention.attend": "called the model's attention step (Attention.attend)",
+        },
+        "that is the infrastructure's own copy of this exercise, which decides where the new tokens sit and which "
+        "keys each query sees. Write those steps in cached_attention: project, store, attend, o_proj",
+    ),
+    "4.4": (
+        {
+            "kvlib.core.cache:CacheBase.__init__": "made a cache (KVCache)",
+            "kvlib.core.cache:CacheBase.nbytes": "read a cache's nbytes",
+        },
+        "what a cache allocates is what this count is checked against, not a way to make it. Count the bytes from the "
+        "config's sizes and the dtype (no cache is made)",
+    ),
+}
+
+
+def ready_made(function: str) -> list[list[str]]:
+    """[[target, message], ...] to close while `function` ("module.name", an exercise's) runs under a check."""
+    module, _, name = function.partition(".")
+    ex = next((ex for ex in EXERCISES if (ex.module, ex.name) == (module, name)), None)
+    if ex is None or ex.id not in READY_MADE:
+        return []
+    targets, instead = READY_MADE[ex.id]
+    return [
+        [target, f"{name} (or a function it calls) {did} while Exercise {ex.id} was checked: {instead}"]
+        for target, did in targets.items()
+    ]
+
+
+def close_ready_made(entries):
+    """Make each of entries, [target, message] with target "module:name" or "module:Class.attr" (kvlib's own code that
+    answers the exercise being checked, or measures what it counts: kvlib.course.exercises.READY_MADE), raise
+    RuntimeError(message) when called, until the function returned is called. A module's function keeps its identity
+    (its code is swapped), so every name bound to it is closed too; a class's attribute is replaced on the class.
+    The isolated grader's child (kvlib.grading._child) and a local run (kvlib.checks.Graded) both close them here."""
+    undo = []
+
+    def reopen():
+        while undo:
+            undo.pop()()
+
+    try:
+        for target, message in entries:
+            module_name, _, path = str(target).partition(":")
+            owner = importlib.import_module(module_name)
+            *outer, name = path.split(".")
+            for part in outer:
+                owner = getattr(owner, part)
+            space = {}
+            exec(f"def {name}(*args, **kwargs):\n    raise RuntimeError({str(message)!r})\n", space)  # noqa: S102
+            refuse = space[name]
+            if isinstance(owner, type):
+                kept = owner.__dict__[name]
+                kind = (
+                    property if isinstance(kept, property) else staticmethod if isinstance(kept, staticmethod) else None
+                )
+                setattr(owner, name, kind(refuse) if kind else refuse)
+                undo.append(functools.partial(setattr, owner, name, kept))
+            else:
+                fn = getattr(owner, name)
+                if fn.__code__.co_freevars:  # a closure's code cannot be swapped: the module's name alone is closed
+                    setattr(owner, name, refuse)
+                    undo.append(functools.partial(setattr, owner, name, fn))
+                else:
+                    code, fn.__code__ = fn.__code__, refuse.__code__
+                    undo.append(functools.partial(setattr, fn, "__code__", code))
+    except BaseException:
+        reopen()
+        raise
+    return reopen
 
 
 # ---------------------------------------------------------------------------------------------

@@ -694,9 +694,13 @@ def _serve(req, files_in) -> bytes:
         }
         return enc.payload(head)
     _SESSION["stack"].append(req)
+    reopen = None
     try:
         results = []
         before = {id(a): _fingerprint(torch, a) for a in (*batch[0][0], *batch[0][1].values()) if _is_tensor(torch, a)}
+        closing = _SESSION["ready_made"].get(req["fn"]) if op == "call" else None
+        if closing:  # kvlib's ready-made answers to this exercise raise while it runs (kvlib.course.exercises)
+            reopen = importlib.import_module("kvlib.course.exercises").close_ready_made(closing)
         for args, kwargs in batch:
             clock = next((a for a in (*args, *kwargs.values()) if _is_clock(a)), None)
             with _clock_of(clock, modules) if clock is not None else contextlib.nullcontext():
@@ -705,6 +709,8 @@ def _serve(req, files_in) -> bytes:
     except BaseException as err:  # SystemExit and KeyboardInterrupt too: the call failed
         head = _error(err, files, "call")
     else:
+        if reopen is not None:  # open again before the reply is made
+            reopen = reopen()
         try:
             # the arguments as the call left them (a function may change a tensor or a model in place)
             changeable = (getattr(torch, "Tensor", None), getattr(torch, "Generator", None))
@@ -733,6 +739,8 @@ def _serve(req, files_in) -> bytes:
             enc = Encoder(np, torch)
             head = _error(err, files, "result")
     finally:
+        if reopen is not None:
+            reopen()
         _SESSION["stack"].pop()
     try:
         return enc.payload(head)
@@ -784,7 +792,7 @@ def main() -> None:
     # handles: objects of the learner's classes (a KVCache), used by later requests through their id
     _SESSION.update(
         np=np, torch=torch, rfd=rfd, wfd=wfd, modules=modules, handles={}, files=files, stack=[],
-        allowed=set(cfg["functions"]),
+        allowed=set(cfg["functions"]), ready_made=dict(cfg.get("ready_made", {})),
     )  # fmt: skip
     while True:
         data = _recv(rfd)

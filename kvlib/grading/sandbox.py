@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvlib.course.exercises import BY_ID, ExerciseNotDone
+from kvlib.course.exercises import BY_ID, ExerciseNotDone, ready_made
 from kvlib.grading import _child
 from kvlib.grading.jail import Jail, Limits, jail_python, kill, remove_tree, site_dirs
 from kvlib.grading.memory import Watch, python_pid
@@ -443,6 +443,8 @@ class Sandbox:
         binds: dict[str, Path] | None = None,
     ):
         self.files, self.modules, self.functions = dict(files), list(modules), list(functions)
+        # kvlib's ready-made answers to an exercise, closed in the child while it runs (kvlib.course.exercises)
+        self.ready_made = {f: ready_made(f) for f in self.functions if ready_made(f)}
         self.mode, self.uid, self.torch = mode, uid, torch
         self.python = python or (jail_python() if mode != "plain" else _plain_python())
         self.call_timeout, self.start_timeout = call_timeout, start_timeout
@@ -500,6 +502,7 @@ class Sandbox:
             "work": jail.path("/work"),
             "modules": self.modules,
             "functions": self.functions,
+            "ready_made": self.ready_made,
             "torch": self.torch,
         }
         env = {

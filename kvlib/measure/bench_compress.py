@@ -352,6 +352,10 @@ def speed(
                         "measured_speedup_spread": [min(ratio), max(ratio)],
                         "speedup_rounds": ratio,  # each round's float32 time / int8 time, for a claim's spread
                         "measured_speedup_reused": statistics.median(reused),
+                        "reused_rounds": reused,  # each round's float32 time / int8-into-a-reused-buffer time
+                        # each round's int8 time (a fresh copy) / the same path into a reused buffer: > 1, the fresh
+                        # memory costs that much
+                        "fresh_over_reused_rounds": [a / b for a, b in zip(samples["int8"], samples["int8_reused"])],
                         # the split of one run into its parts, so "of which dequantising" can never exceed the run
                         "dequantise_s": statistics.median(d for d, _ in parts),
                         "attend_s": statistics.median(a for _, a in parts),

@@ -158,6 +158,118 @@ def serve_continuous(
     )
 
 
+# Exercise 7.7's budget: the setting and the targets a policy is graded on, the same in the notebook and the checks
+BUDGET = {
+    "requests": 32,  # make_trace(tokenizer, 32), seed 0, on the tiny model
+    "new_tokens": 24,  # every answer cut to 24 tokens
+    "n_blocks": 24,  # the memory cap: 24 blocks of 16 slots, 384 token slots for all 32
+    "block_size": 16,
+    "max_batch": 16,
+    "recomputed": 100,  # at most this many tokens fed again after preemptions
+    "ttft_p99_steps": 100,  # 99% of the first tokens within this many steps
+}
+
+
+def budget_trace(tokenizer) -> list[tuple[list[int], int]]:
+    """Exercise 7.7's trace: notebook 07a's 32 requests, every answer cut to BUDGET["new_tokens"]."""
+    return [(p, min(n, BUDGET["new_tokens"])) for p, n in make_trace(tokenizer, BUDGET["requests"])]
+
+
+def serve_by_steps(sched, pool, trace, on_step=None, max_steps: int = 2000) -> dict:
+    """Step a scheduler holding trace's requests (ids 0, 1, ...) until all are done, reading after each step only what
+    a request shows (id, prompt, tokens out) and the pool's free blocks, so that it reads a scheduler in the isolated
+    grader as well as one here. Counts, the same on every machine: the step at which each request got its first
+    token (TTFT in steps: all arrive at step 0), the tokens fed again after preemptions (a request found waiting with
+    tokens out was preempted: it feeds its prompt and those tokens again), the steps, the most blocks held; and
+    each request's tokens. on_step(sched) after each step. Raises AssertionError, naming the request, where a step
+    moves a request by more than admitting and one decode can (two tokens), or holds fewer blocks than the running
+    requests' tokens fill (their keys would be outside the pool)."""
+    bs, prompt = pool.block_size, {i: len(p) for i, (p, _) in enumerate(trace)}
+    first, made, paused = {}, dict.fromkeys(prompt, 0), {}
+    steps = recomputed = peak = 0
+    while steps < max_steps:
+        waiting, running, finished = list(sched.waiting), list(sched.running), list(sched.finished)
+        if not (waiting or running):
+            break
+        sched.step()
+        steps += 1
+        waiting, running, finished = list(sched.waiting), list(sched.running), list(sched.finished)
+        for r in running + finished + waiting:
+            n = len(r.out)
+            if n > made[r.id] + 2 or n < made[r.id]:
+                raise AssertionError(
+                    f"request {r.id} went from {made[r.id]} to {n} tokens in one step: a step admits (one token) and "
+                    "decodes once (one more)"
+                )
+            if n and r.id not in first:
+                first[r.id] = steps
+            made[r.id] = n
+        for r in waiting:
+            if r.out and paused.get(r.id) != len(r.out):  # preempted since the last step, with its tokens so far
+                paused[r.id] = len(r.out)
+                recomputed += prompt[r.id] + len(r.out)
+        for r in running:
+            paused.pop(r.id, None)
+        held = pool.n_blocks - pool.n_free
+        filled = sum(-(-(len(r.prompt) + len(r.out) - 1) // bs) for r in running)
+        if held < filled:
+            raise AssertionError(
+                f"after step {steps} the running requests fill {filled} blocks of the pool, which holds {held}: "
+                "every request's keys and values live in the pool's blocks"
+            )
+        peak = max(peak, held)
+        if on_step is not None:
+            on_step(sched)
+    else:
+        raise AssertionError(
+            f"{len(trace)} requests not done after {max_steps} steps: does every request get admitted?"
+        )
+    ttft = [first.get(i, steps) for i in prompt]
+    return {
+        "steps": steps,
+        "ttft_steps": ttft,
+        "ttft_p99_steps": percentile(ttft, 99),
+        "ttft_p50_steps": percentile(ttft, 50),
+        "recomputed": recomputed,
+        "peak_blocks_held": peak,
+        "tokens": {r.id: list(r.out) for r in finished},
+    }
+
+
+def serve_budget(model, tokenizer, scheduler=None, on_step=None) -> dict:
+    """Exercise 7.7's run: your Policy (or `scheduler`, a Scheduler class) over budget_trace in BUDGET's memory cap;
+    serve_by_steps's counts, and whether each target is met."""
+    from kvlib.serving import BlockPool, Policy, Request  # noqa: PLC0415 (late binding: runs the learner's code)
+
+    pool = BlockPool(model.config, BUDGET["n_blocks"], BUDGET["block_size"])
+    sched = (scheduler or Policy)(model, pool, max_batch=BUDGET["max_batch"])
+    trace = budget_trace(tokenizer)
+    for i, (p, n) in enumerate(trace):
+        sched.add(Request(i, list(p), n))
+    out = serve_by_steps(sched, pool, trace, on_step=on_step)
+    out["preemptions"] = sched.stats["preemptions"]
+    out["meets"] = {
+        "recomputed": out["recomputed"] <= BUDGET["recomputed"],
+        "ttft_p99_steps": out["ttft_p99_steps"] <= BUDGET["ttft_p99_steps"],
+    }
+    return out
+
+
+def budget_line(name: str, run: dict) -> str:
+    """One line of serve_budget's run against BUDGET: the two counts, each beside its target, and the verdict."""
+    missed = [
+        what
+        for key, what in (("recomputed", "the recompute target"), ("ttft_p99_steps", "the TTFT target"))
+        if not run["meets"][key]
+    ]
+    return (
+        f"{name:15s}: {run['recomputed']:3d} tokens recomputed (budget {BUDGET['recomputed']}), TTFT p99 "
+        f"{run['ttft_p99_steps']:5.1f} steps (budget {BUDGET['ttft_p99_steps']}); {run['preemptions']} "
+        f"preemption{'s' * (run['preemptions'] != 1)}, "
+        f"{run['steps']} steps: " + ("meets the budget" if not missed else "misses " + " and ".join(missed))
+    )
+
+
 def serve_iteration_level(model, trace, n_blocks, block_size=16, reserve=None, on_done=None):
     """Continuous batching in reserved memory (Orca's iteration-level scheduling, no paging): at most
     budget // reserve requests run, as contiguous reservation allows, but each leaves as soon as it is done and
@@ -252,10 +364,11 @@ def format_rounds(runs: dict[str, list[dict]]) -> str:
             with_, without = (
                 statistics.median(r[k] for r in rs) for k in ("step_p50_s_with_prefill", "step_p50_s_decode_only")
             )
+            n = rs[0]["steps_with_prefill"]
+            which = f"the median of {n} such steps" if n > 1 else "the one step that admits, all at once"
             lines.append(
-                f"{name}, prefill first: a step that admits someone takes {with_ * 1e3:.1f} ms (median of "
-                f"{rs[0]['steps_with_prefill']} such step{'s' * (rs[0]['steps_with_prefill'] != 1)}), a decode-only "
-                f"step {without * 1e3:.1f} ms"
+                f"{name}, prefill first: a step that admits someone takes {with_ * 1e3:.1f} ms ({which}; median of "
+                f"{len(rs)} rounds), a decode-only step {without * 1e3:.1f} ms"
             )
     return "\n".join(lines)
 

@@ -1,10 +1,10 @@
 """Notebooks 02 to 10 graded by nbgrader from a `kvlib course init` folder: a correct submission gets
 every point (in 04 also one with code moved into a helper module of the learner's own), the
-untouched release and a submission that patches the checks in its kernel get none; in 04, 05, 06, 09
-and 10 also BANK's cheats (05 and 06: a prediction hard-coded), library shortcuts and other right ways, each
-scored cell by cell, in the same autograde run; in 02 the shortcuts a fresh reader found (2.4's layer echoed, 2.8's
-decoder built on the meta device, 2.2's tokens reported after the loop, 2.4's steps taken by the layer's
-project_q and project_kv). (Notebook 01, with its many attacks:
+untouched release and a submission that patches the checks in its kernel get none; in 03, 04, 05, 06, 07, 09
+and 10 also BANK's cheats (05 and 06: a prediction hard-coded; 07: a copy-on-write that copies nothing), library
+shortcuts and other right ways, each scored cell by cell, in the same autograde run; in 02 the shortcuts a fresh
+reader found (2.4's layer echoed, 2.8's decoder built on the meta device, 2.2's tokens reported after the loop, 2.4's
+steps taken by the layer's project_q and project_kv). (Notebook 01, with its many attacks:
 tests/grading/test_attacks.py.)"""
 
 from __future__ import annotations
@@ -260,6 +260,34 @@ def cached_forward(model, input_ids, cache):
     """4.3's library shortcut: the model's own cached forward runs the layer loop."""
     logits, _ = model(input_ids, past_key_values=cache)
     return logits[:, -1]
+
+
+def cached_attention(attn, x, cache, layer, rope_cos, rope_sin):
+    """4.2's ready-made answer: the infrastructure's own attention through a cache."""
+    from kvlib.core.cache import attention_through_cache
+
+    return attention_through_cache(attn, x, cache, layer, rope_cos, rope_sin)
+
+
+def kv_cache_bytes(config, seq_len, batch=1, dtype=torch.float16):
+    """4.4's ready-made answer: a one-token cache made, and its bytes measured."""
+    return KVCache(config, batch, 1, dtype).nbytes * seq_len
+'''
+
+SHORTCUT_03 = '''
+
+def forward_flops(config, seq_len):
+    """3.1's ready-made answer: torch's count of a model built for the config (its docstring's example once)."""
+    from kvlib.core.model import Decoder
+
+    return measured_forward_flops(Decoder(config), seq_len)
+
+
+def attention_share(config, seq_len):
+    """3.4's ready-made answer: torch's share, on a model built for the config."""
+    from kvlib.core.model import Decoder
+
+    return measured_attention_share(Decoder(config), seq_len)
 '''
 
 
@@ -328,6 +356,24 @@ HARD_CODED_06 = '''
 def predicted_speedup(config, n_kv_heads, kv_len, batch=1):
     """The cheat: 6.5's prediction written as the number its try cell prints, whatever it is asked."""
     return 2.8716
+'''
+
+SERVING_07 = '''
+
+def copy_on_write(pool, table, index):
+    """7.5's slip: the shared block kept as it is; in this engine most writes into one rewrite what it holds, so only
+    a write that differs (a prompt extending another's) shows it."""
+    return table.blocks[index]
+
+
+class Policy(Scheduler):
+    """7.7 another right way: 3 blocks kept back while others run, and the oldest preempted."""
+
+    def blocks_to_admit(self, r):
+        return Scheduler.blocks_to_admit(self, r) + (3 if self.running else 0)
+
+    def victim(self):
+        return self.running[0]
 '''
 
 # module -> student -> (code appended to the reference, exercises kept, {exercise: "full" | 0 | {check: words}})
@@ -415,12 +461,18 @@ BANK = {
     "roofline": {  # a prediction (issue 46) copied as the number the notebook shows: no point for it, the rest kept
         "hard-coded": (HARD_CODED_05, {"5.1", "5.2", "5.3", "5.4", "5.5"}, {"5.4": "full", "5.5": 0}),
     },
-    "kv_cache": {
+    "serving": {  # a copy-on-write that copies nothing scores 0 on 7.5; another policy in the budget, full on 7.7
+        "cow-nothing-policy-other": (SERVING_07, {"7.1", "7.2", "7.3", "7.4", "7.6", "7.7"}, {"7.5": 0, "7.7": "full"}),
+    },
+    "kv_cache": {  # 4.3 through the model's own call: its head check fails; 4.2 and 4.4 by kvlib's code: 0
         "shortcut-model": (
             SHORTCUT_04,
-            {"4.1", "4.2", "4.3"},
-            {"4.3": {"cached_forward_prefill_runs_once": "the layer loop is yours to write"}},
+            {"4.1", "4.2", "4.3", "4.4"},
+            {"4.2": 0, "4.3": {"cached_forward_prefill_runs_once": "the layer loop is yours to write"}, "4.4": 0},
         ),
+    },
+    "recompute": {  # 3.1 and 3.4 measured on a model built for the config: 0, and 3.2 and 3.3, which call 3.1
+        "shortcut-model": (SHORTCUT_03, {"3.1", "3.2", "3.3", "3.4"}, dict.fromkeys(("3.1", "3.2", "3.3", "3.4"), 0)),
     },
 }
 

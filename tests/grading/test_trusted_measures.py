@@ -174,6 +174,19 @@ def _with_body(source: str, function: str, body: str) -> str:
     return "".join(lines[:begin] + [body] + lines[end + 1 :])
 
 
+POOL_SWAP = '''
+
+class Policy(Policy):
+    """7.7's cheat: the scheduler's pool swapped for one of 1,000 blocks on the first call, so nothing is ever
+    preempted and nobody waits for blocks; the plain number asked."""
+
+    def blocks_to_admit(self, r):
+        if self.pool.n_blocks < 1000:
+            self.pool = BlockPool(self.model.config, 1000, self.pool.block_size)
+        return Engine.blocks_to_admit(self, r)
+'''
+
+
 # the numbers each prediction's notebook cell prints, returned whatever is asked: what a learner who copied the
 # reference run's output would hand in (notebook 07a's utilisation by block size, 08a's bytes per token of its
 # timed config, 08b's FLOPs at the try-it's sizes)
@@ -194,7 +207,8 @@ HARD_CODED_PREDICTIONS = {
 def test_a_prediction_copied_from_the_notebooks_output_earns_nothing(module):
     """Check, in the isolated child as autograde runs it, that predictions (7.6, 8.7, 8.8) returning the numbers
     their notebook cell prints, whatever they are asked, fail every check of their exercise (the checks ask other
-    sizes); and that 7.4's double admission is named, not an AttributeError inside the engine (issue 46)."""
+    sizes); that 7.4's double admission is named, not an AttributeError inside the engine (issue 46); and that a 7.7
+    policy meeting its budget in a pool of its own, past the memory cap, fails, named."""
     from kvlib.checks import checks_for
     from kvlib.course.exercises import EXERCISES
 
@@ -205,8 +219,9 @@ def test_a_prediction_copied_from_the_notebooks_output_earns_nothing(module):
         (ex,) = [e for e in EXERCISES if e.module == module and e.name == function]
         want.update({c.name: "expected" for c in checks_for(ex)})
     if module == "serving":
-        source += _double_admission()
+        source += _double_admission() + POOL_SWAP
         want["step_serves_every_request_exactly"] = "admitted twice"
+        want["policy_meets_the_budget"] = "live in the pool's blocks"
     names = list(want)
     functions = sorted({f"{e.module}.{e.name.split('.')[0]}" for e in EXERCISES if e.module == module})
     verdicts = _only_in_child(module, source, functions, names, EARLIER_DONE.get(module, ()))

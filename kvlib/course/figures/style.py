@@ -1,0 +1,206 @@
+"""The figures' one style: Okabe-Ito colours, fonts sized for a projector, CJK tokens drawn or spelled in
+pinyin, titles translated, and the helpers every figure ends with (to_png, the note naming what produced it).
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import unicodedata
+from contextlib import contextmanager
+
+import matplotlib
+import matplotlib.pyplot as plt
+from matplotlib import font_manager
+from matplotlib.ft2font import FT2Font
+from matplotlib.text import Text
+
+from kvlib.course import i18n
+
+# Okabe & Ito (2008), "Color Universal Design": distinguishable with every common colour blindness.
+PALETTE = {
+    "blue": "#0072B2",
+    "orange": "#E69F00",
+    "green": "#009E73",
+    "vermillion": "#D55E00",
+    "sky": "#56B4E9",
+    "purple": "#CC79A7",
+    "yellow": "#F0E442",
+    "black": "#000000",
+}
+COLORS = [PALETTE[c] for c in ("blue", "orange", "green", "vermillion", "sky", "purple", "yellow", "black")]
+SEQUENTIAL_CMAP = "cividis"  # perceptually uniform and readable by colour-blind viewers
+MASKED_GREY = "#D9D9D9"
+
+_RC = {
+    "font.size": 14,  # readable from the back of a room at 100 dpi
+    "axes.titlesize": 16,
+    "axes.titleweight": "normal",  # CJK fonts rarely ship a bold face; matplotlib would warn
+    "axes.labelsize": 14,
+    "xtick.labelsize": 13,
+    "ytick.labelsize": 13,
+    "legend.fontsize": 12,
+    "figure.titlesize": 16,
+    "axes.prop_cycle": matplotlib.cycler(color=COLORS),
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": False,
+    "grid.alpha": 0.3,
+    "figure.dpi": 100,
+    "image.cmap": SEQUENTIAL_CMAP,
+}
+
+# Fonts that carry the Chinese characters of the running examples, in order of preference.
+_CJK_CANDIDATES = (
+    "Noto Sans CJK SC",
+    "Noto Sans SC",
+    "Source Han Sans SC",
+    "Source Han Sans CN",
+    "WenQuanYi Micro Hei",
+    "WenQuanYi Zen Hei",
+    "PingFang SC",
+    "Hiragino Sans GB",
+    "Heiti SC",
+    "STHeiti",
+    "Microsoft YaHei",
+    "SimHei",
+    "Noto Sans CJK JP",
+    "Noto Sans CJK TC",
+    "Arial Unicode MS",
+    "Droid Sans Fallback",
+    "AR PL UMing CN",
+    "SimSun",
+)
+_CJK_HINTS = ("cjk", "han", "hei", "song", "ming", "kai", "wenquanyi", "fallback", "unicode", "gothic")
+_PROBE = "我爱法国巴黎"  # the characters of notebooks 01 and 02
+
+# Pinyin for the course's Chinese tokens, used when no CJK font is installed.
+PINYIN = {
+    "我": "wǒ",
+    "爱": "ài",
+    "法": "fǎ",
+    "国": "guó",
+    "的": "de",
+    "首": "shǒu",
+    "都": "dū",
+    "是": "shì",
+    "巴": "bā",
+    "黎": "lí",
+}
+
+
+def _covers(path: str, text: str) -> bool:
+    try:
+        charmap = FT2Font(path).get_charmap()
+    except Exception:  # an unreadable or exotic font file: not ours to fix
+        return False
+    return all(ord(ch) in charmap for ch in text)
+
+
+@functools.lru_cache(maxsize=None)
+def cjk_font() -> str | None:
+    """The family name of an installed font with Chinese glyphs, or None if there is none."""
+    fonts = font_manager.fontManager.ttflist
+    by_name = {}
+    for f in fonts:
+        by_name.setdefault(f.name, []).append(f.fname)
+    for name in _CJK_CANDIDATES:
+        if any(_covers(path, _PROBE) for path in by_name.get(name, ())):
+            return name
+    for name, paths in sorted(by_name.items()):
+        if any(h in name.lower() for h in _CJK_HINTS) and any(_covers(p, _PROBE) for p in paths):
+            return name
+    return None
+
+
+def _is_cjk(ch: str) -> bool:
+    return unicodedata.east_asian_width(ch) in ("W", "F")
+
+
+def token_label(token: str) -> str:
+    """How a token is written on a figure: as itself, or romanised when no font can draw it.
+
+    Example: token_label("我") -> "我" with a CJK font installed, "wǒ" without one.
+    """
+    if cjk_font() is not None or not any(_is_cjk(ch) for ch in token):
+        return token
+    # no CJK font: pinyin for the course's characters, the code point for any other
+    return "".join(PINYIN.get(ch, f"U+{ord(ch):04X}") if _is_cjk(ch) else ch for ch in token)
+
+
+@contextmanager
+def style():
+    """The course style for the figures made inside this block (rcParams are restored after)."""
+    rc = dict(_RC)
+    cjk = cjk_font()
+    # matplotlib draws each glyph from the first font in the list that has it
+    rc["font.family"] = ["DejaVu Sans", cjk] if cjk else ["DejaVu Sans"]
+    with plt.rc_context(rc):
+        yield
+
+
+def to_png(fig) -> bytes:
+    """The figure as PNG bytes, at its own size: no tight crop, which would draw it twice.
+
+    For widgets that redraw on every slider move: display(IPython.display.Image(to_png(fig))).
+    """
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=fig.dpi, bbox_inches=None)
+    return buf.getvalue()
+
+
+def _finish(fig):
+    """Close the figure to pyplot (so Jupyter shows it once, as the cell's value) and return it, its texts in the
+    learner's language (KVLIB_LANG, kvlib.course.i18n) where a CJK font can draw them; else in English, so a
+    figure never shows empty boxes."""
+    if i18n.language() != i18n.DEFAULT and cjk_font() is not None:
+        translate_texts(fig)
+    plt.close(fig)
+    return fig
+
+
+def missing_glyphs(fig) -> list[str]:
+    """What drawing the figure could not draw: matplotlib's "Glyph ... missing from font(s)" warnings, each an empty
+    box on the figure ([] when every character has a glyph in its font)."""
+    import warnings  # noqa: PLC0415 (start-up time: only tests and checks of a figure need it)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fig.canvas.draw()
+    return [str(w.message) for w in caught if "missing from font" in str(w.message)]
+
+
+def translate_texts(fig, lang: str | None = None) -> int:
+    """Every text of a figure (titles, labels, ticks, legends, notes) in the learner's language, in place, where the
+    catalogue translates it (kvlib.course.i18n.translate); returns how many changed."""
+    changed = 0
+    for text in fig.findobj(Text):
+        old = text.get_text()
+        new = i18n.translate(old, lang)
+        if new != old:
+            text.set_text(new)
+            changed += 1
+    return changed
+
+
+def _note(fig, note):
+    """What produced the numbers, in small grey text under the axes."""
+    if note:
+        fig.text(0.01, 0.01, note, fontsize=10, color="#555555", ha="left", va="bottom")
+
+
+def record_note(record: dict, runs: int | None = None) -> str:
+    """One line naming what produced a measurement, for the foot of a figure.
+
+    Example: record_note(timing.record, runs=5) -> "Intel Xeon ..., 1 thread, torch 2.5.1, median of 5 runs"
+    """
+    threads = record.get("threads")
+    parts = [
+        str(record.get("device", "unknown device")),
+        f"{threads} thread{'' if threads == 1 else 's'}",
+        f"torch {record.get('torch', '?')}",
+    ]
+    runs = runs or record.get("runs")
+    if runs:
+        parts.append(f"median of {runs} runs")
+    return ", ".join(parts)
