@@ -10,7 +10,6 @@ import time
 import torch
 
 from kvlib.attention import causal_self_attention
-from kvlib.core.model import rotate_half
 from kvlib.course import inputs
 from kvlib.course.exercises import exercise
 

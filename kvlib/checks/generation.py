@@ -39,6 +39,7 @@ from kvlib.core.model import (
 from kvlib.core.weights import load_tiny
 from kvlib.course.exercises import ExerciseNotDone
 from kvlib.course.i18n import tr
+from kvlib.grading._child import refuse_steps
 
 
 def _model(seed: int, **sizes) -> Decoder:
@@ -653,8 +654,25 @@ def _angles(D: int, start: int, T: int):
     return cos[start : start + T], sin[start : start + T]
 
 
-def _block(kv, attn, h, cos, sin, given: GivenAttention):
-    return kv.attention_block(copy.deepcopy(attn), h.clone(), cos.clone(), sin.clone(), self_attention=given)
+STEPS_REFUSED = "refused in Exercise 2.4's checks"  # what the checks' layer's project_q and project_kv raise
+
+
+def _block(kv, attn, h, cos, sin, given: GivenAttention, where: str):
+    """The learner's attention_block of a copy of attn whose project_q and project_kv refuse (in the child too)."""
+    layer = refuse_steps(copy.deepcopy(attn), STEPS_REFUSED)
+    try:
+        return kv.attention_block(layer, h.clone(), cos.clone(), sin.clone(), self_attention=given)
+    except AttributeError as err:
+        if str(err) != STEPS_REFUSED:
+            raise
+        raise _failed(
+            where,
+            tr(
+                "the grader's layer refuses its project_q and project_kv (and so its own forward, attn(h, cos, sin), "
+                "which calls them): they project, split into heads and turn by rotary, the steps Exercise 2.4 asks "
+                "you to write from the layer's q_proj, k_proj and v_proj"
+            ),
+        ) from None
 
 
 @check("2.4")
@@ -667,7 +685,7 @@ def attention_block_matches_the_model(kv, rng):
     want, slips, queries = _attention_slips(attn, h, cos, sin)
     given = GivenAttention()
     where = tr("a layer of 4 heads of 6, batch of 2, positions 3 to 9")
-    _judge(_block(kv, attn, h, cos, sin, given), want, slips, where, "attention_block")
+    _judge(_block(kv, attn, h, cos, sin, given, where), want, slips, where, "attention_block")
     _heads_went_through(given, queries, where)
 
 
@@ -685,7 +703,7 @@ def attention_block_uses_the_attention_it_is_given(kv, rng):
     want, slips, queries = _attention_slips(layer.attn, h, cos, sin, scale)
     given = GivenAttention(scale)
     where = tr("the tiny model's layer 0 on 法国的首都是, its heads through an attention scaled by 1/head_dim")
-    got = _block(kv, layer.attn, h, cos, sin, given)
+    got = _block(kv, layer.attn, h, cos, sin, given, where)
     _judge(got, want, slips, where, "attention_block", against=tr("the heads through it, joined and projected"))
     _heads_went_through(given, queries, where)
 
@@ -704,7 +722,7 @@ def attention_block_is_causal(kv, rng):
     with torch.no_grad():
         own = attn(h, cos, sin)
     given = GivenAttention(scale)
-    got, got_changed = (_block(kv, attn, x, cos, sin, given) for x in (h, changed))
+    got, got_changed = (_block(kv, attn, x, cos, sin, given, where) for x in (h, changed))
     for g in (got, got_changed):
         assert isinstance(g, torch.Tensor) and tuple(g.shape) == (1, 6, 20), (
             f"attention_block should return (batch, seq_len, d_model) = (1, 6, 20), got {getattr(g, 'shape', g)}"
@@ -724,7 +742,7 @@ def attention_block_is_causal(kv, rng):
         f"{where}: the output differs from the heads through it, joined and projected, by up to "
         f"{(got.detach().double() - want.double()).abs().max().item():.2g}"
     )
-    one = _block(kv, attn, h[:, 2:3], cos[5:], sin[5:], given)
+    one = _block(kv, attn, h[:, 2:3], cos[5:], sin[5:], given, where)
     with torch.no_grad():
         alone = attn(h[:, 2:3], cos[5:], sin[5:])  # one key: its weight is 1 whatever the scale
     assert isinstance(one, torch.Tensor) and _close(one.detach(), alone), (
@@ -935,10 +953,7 @@ def _temper_slips(logits, t):
             ),
             (
                 torch.softmax(p / t, dim=-1),
-                tr(
-                    "softmax of the probabilities divided by t: probabilities are not logits (log p is, up to a "
-                    "constant of the row)"
-                ),
+                tr("softmax of the probabilities divided by t: probabilities are not logits, and softmax takes logits"),
             ),
             (p ** (1 / t), tr("the rows do not sum to 1: renormalise after the power")),
         ]
@@ -957,9 +972,8 @@ def _judge_temper(kv, logits, t, where, dtype=torch.float32, atol=1e-5):
     got = got.detach().double()
     if not torch.isfinite(got).all():
         raise AssertionError(
-            f"{where}: the result holds nan or inf: p ** (1 / t) underflows to 0 for every token when t is small "
-            "(0.3 ** 100 is below float32's smallest number), and 0 / 0 is nan. Work with log p, or divide each "
-            "row by its largest entry first"
+            f"{where}: the result holds nan or inf: at t = {t:g}, p ** (1 / t) underflows to 0 for every token of "
+            f"a row (0.3 ** {1 / t:g} is below {dtype}'s smallest number), and 0 / 0 is nan"
         )
     if torch.allclose(got, want, rtol=1e-4, atol=atol):
         return

@@ -79,22 +79,20 @@ class ModelConfig:
 
 
 def matrix_params(config: ModelConfig) -> int:
-    """Weights in the matrices one token passes through: every layer's projections and MLP, and the lm_head.
-
-    A decode step reads each of them once (the embedding is a lookup of one row, the norms are tiny).
+    """Weights in the matrices one token is multiplied by: what a decode step reads once each (the embedding is a
+    lookup of one row, the norms are tiny). Computed from the config alone: Exercise 2.8 predicts it part by part.
     """
     C, D, H, H_kv = config.d_model, config.head_dim, config.n_heads, config.n_kv_heads
-    layer = C * H * D + 2 * C * H_kv * D + H * D * C + 3 * C * config.hidden_dim  # q, k, v, o; gate, up, down
+    layer = C * (H + H_kv) * D * 2 + 3 * C * config.hidden_dim
     return config.n_layers * layer + C * config.vocab_size
 
 
 def num_params(config: ModelConfig) -> int:
-    """Every parameter of a Decoder of this config: the matrices, the embedding and the RMSNorm weights.
+    """Every parameter of a Decoder of this config, from the config alone (none built).
 
     Example: num_params(config) == Decoder(config).num_params()
     """
-    norms = (2 * config.n_layers + 1) * config.d_model  # two per layer, one before the lm_head
-    return matrix_params(config) + config.vocab_size * config.d_model + norms
+    return matrix_params(config) + (config.vocab_size + 2 * config.n_layers + 1) * config.d_model
 
 
 PARTS = ("embedding", "attention", "mlp", "norms", "lm_head")  # where a Decoder's parameters sit (Exercise 2.8)
@@ -147,11 +145,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 def causal_mask_tensor(seq_len: int, kv_len: int, device=None) -> torch.Tensor:
-    """Boolean (seq_len, kv_len) mask; True where query i may attend to key j.
-
-    Queries are the last seq_len of kv_len positions: row i allows j <= kv_len - seq_len + i.
-    The torch twin of Exercise 1.3 (kvlib.attention.causal_mask, numpy), for the infrastructure; a name of
-    its own, so a numpy mask is never handed to torch. Example: causal_mask_tensor(2, 3) -> [[T, T, F], [T, T, T]]
+    """Boolean (seq_len, kv_len) causal mask, True where query i may attend to key j, the queries being the last
+    seq_len of kv_len positions: a torch tensor for the infrastructure (notebooks 04 on), on `device`.
     """
     i = torch.arange(seq_len, device=device)[:, None]  # (T, 1)
     j = torch.arange(kv_len, device=device)[None, :]  # (1, S)
@@ -163,7 +158,7 @@ def causal_mask_tensor(seq_len: int, kv_len: int, device=None) -> torch.Tensor:
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight over the last axis (no mean subtraction, no bias), computed in float32."""
+    """RMSNorm over the last axis, with a learned scale per feature (Exercise 2.5 writes it); x's dtype out."""
 
     def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
@@ -171,13 +166,13 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()  # squares of 16-bit activations overflow: normalise in float32
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)  # (..., C) / (..., 1)
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x)), d_model -> hidden_dim -> d_model."""
+    """Llama's gated MLP (SwiGLU, Exercise 2.6): d_model -> hidden_dim -> d_model, each token on its own."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -186,7 +181,6 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.hidden_dim, config.d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # (B, T, C) -> (B, T, hidden) -> (B, T, C); the gate decides how much of `up` passes
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 

@@ -29,6 +29,20 @@ MAX_ITEMS = 4096
 _DECODERS = ("Decoder",)  # kvlib.core.model's, sent as config and weights
 _REQUEST_FIELDS = ("id", "prompt", "max_new_tokens", "out")  # a kvlib.core.paging.Request travels as these (07-serving)
 _NUMBER_KINDS = "biufc"
+STEPS_REFUSED = ("project_q", "project_kv")  # Exercise 2.4's steps in one call each: refused in the checks' layer
+
+
+def refuse_steps(attn, message: str):
+    """attn (a kvlib Attention) with its STEPS_REFUSED methods raising AttributeError(message), here and, sent to
+    the child, there too (kvlib.checks.generation's Exercise 2.4 hands such a layer in); returns attn."""
+
+    def refused(*args, **kwargs):
+        raise AttributeError(message)
+
+    for name in STEPS_REFUSED:
+        object.__setattr__(attn, name, refused)
+    object.__setattr__(attn, "kvlib_refused", message)
+    return attn
 
 
 def _send(fd, payload: bytes) -> None:
@@ -289,11 +303,13 @@ class Encoder:
                 "n_heads": int(obj.n_heads),
                 "n_kv_heads": int(obj.n_kv_heads),
             }
+            refused = getattr(obj, "kvlib_refused", None)
             return {
                 "t": "attention",
                 "sizes": sizes,
                 "names": list(state),
                 "tensors": [self.encode(v, depth + 1) for v in state.values()],
+                "refused": refused[:2000] if isinstance(refused, str) else None,
             }
         if t.__name__ == "Request" and t.__module__ == "kvlib.core.paging":  # 07's request: its numbers, not its table
             return {"t": "request", "items": [self.encode(getattr(obj, f), depth + 1) for f in _REQUEST_FIELDS]}
@@ -399,6 +415,8 @@ def decode(np, torch, head, files, node):
         )
         attn = model.Attention(config).eval()
         attn.load_state_dict(dict(zip(node["names"], (decode(np, torch, head, files, x) for x in node["tensors"]))))
+        if isinstance(node.get("refused"), str):
+            refuse_steps(attn, node["refused"])
         return attn
     if t == "handle":
         return head["_handles"][node["id"]]

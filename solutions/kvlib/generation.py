@@ -10,7 +10,6 @@ import time
 import torch
 
 from kvlib.attention import causal_self_attention
-from kvlib.core.model import rotate_half
 from kvlib.course import inputs
 from kvlib.course.exercises import exercise
 
@@ -125,16 +124,18 @@ def attention_block(attn, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         torch.Size([1, 5, 128])
     """
     ### BEGIN SOLUTION
-    (B, T, _), H, D = h.shape, attn.n_heads, attn.head_dim
+    from kvlib.core.model import rotate_half  # noqa: PLC0415 (imported here, the stub keeps no route to rotary)
+
+    B, T, _ = h.shape
 
     def heads(W, turn=True):  # (B, T, C) @ (C, H*D) -> (B, T, H, D) -> (B, H, T, D); q and k turned by rotary
-        x = (h @ W.T).view(B, T, H, D).transpose(1, 2)
+        x = (h @ W.T).view(B, T, attn.n_heads, -1).transpose(1, 2)
         return x * cos + rotate_half(x) * sin if turn else x  # pair (i, i + D/2) turned by its position's angle
 
     with torch.no_grad():  # numpy takes no tensor that records gradients
         q, k, v = heads(attn.q_proj.weight), heads(attn.k_proj.weight), heads(attn.v_proj.weight, turn=False)
         out, _ = self_attention(q.numpy(), k.numpy(), v.numpy())  # every (batch, head) at once
-        out = torch.from_numpy(out).transpose(1, 2).reshape(B, T, H * D)  # (B, H, T, D) -> (B, T, H, D) -> (B, T, H*D)
+        out = torch.from_numpy(out).transpose(1, 2).reshape(B, T, -1)  # (B, H, T, D) -> (B, T, H, D) -> (B, T, H*D)
         return out @ attn.o_proj.weight.T  # (B, T, H*D) @ (H*D, C) -> (B, T, C)
     ### END SOLUTION
 

@@ -3,8 +3,9 @@ every point (in 04 also one with code moved into a helper module of the learner'
 untouched release and a submission that patches the checks in its kernel get none; in 03, 04, 05, 06, 07, 09
 and 10 also BANK's cheats (05 and 06: a prediction hard-coded; 07: a copy-on-write that copies nothing), library
 shortcuts and other right ways, each scored cell by cell, in the same autograde run; in 02 the shortcuts a fresh
-reader found (2.4's layer echoed, 2.8's decoder built on the meta device, 2.2's tokens reported after the loop).
-(Notebook 01, with its many attacks: tests/grading/test_attacks.py.)"""
+reader found (2.4's layer echoed, 2.8's decoder built on the meta device, 2.2's tokens reported after the loop, 2.4's
+steps taken by the layer's project_q and project_kv). (Notebook 01, with its many attacks:
+tests/grading/test_attacks.py.)"""
 
 from __future__ import annotations
 
@@ -332,6 +333,17 @@ def param_counts(config):
         return counted_params(Decoder(config))
 '''
 
+CHEAT_02_STEPS = '''
+
+def attention_block(attn, h, cos, sin, self_attention=None):
+    """2.4's route a fresh reader found: the layer's own project_q and project_kv, the given attention, o_proj."""
+    B, T, _ = h.shape
+    with torch.no_grad():
+        q, (k, v) = attn.project_q(h, cos, sin), attn.project_kv(h, cos, sin)
+        out, _ = self_attention(q.numpy(), k.numpy(), v.numpy())
+        return attn.o_proj(torch.from_numpy(out).transpose(1, 2).reshape(B, T, -1))
+'''
+
 HARD_CODED_05 = '''
 
 def compute_bound_batch(config, kv_len, peak_flops, bandwidth, dtype=None):
@@ -372,6 +384,7 @@ BANK = {
             {f"2.{i}" for i in range(1, 9)},
             {"2.2": {"generate_streams_each_token": "after the loop ended"}, "2.3": 0, "2.4": 0, "2.8": 0},
         ),
+        "cheat-steps": (CHEAT_02_STEPS, {"2.4"}, {"2.4": 0}),  # the layer's project_q / project_kv: refused
         "other-ways": (
             lambda: _alternatives(
                 "generation",
