@@ -413,8 +413,8 @@ CLAIMS: tuple[Claim, ...] = (
         "10a.eight-tokens-under-two-steps",
         "Does one forward of the tiny model over 8 tokens through its cache cost less than two forwards over 1?",
         "below",
-        "8 tokens read the weights once and add arithmetic a step has room for: below the ridge (notebook 05), and "
-        "at this size under the fixed cost of a step's operations (notebook 04)",
+        "8 tokens read the weights once and share a step's fixed costs, which at this size are most of it (notebook "
+        "04); on a GPU in 16-bit, 8 tokens also stay far below the ridge (notebook 05)",
     ),
     Claim(
         "10b.below-the-formula",

@@ -34,8 +34,8 @@ def attention_tiles(kinds, *, tile: int, seq_len: int, kv_len: int, note=None):
         ax.set_xlabel("key position (tokens)")
         ax.set_ylabel("query (tokens)")
         handles = [
-            Patch(color=PALETTE["blue"], label=f"computed ({(kinds == 0).sum()})"),
-            Patch(color=PALETTE["orange"], label=f"masked, on the diagonal ({(kinds == 2).sum()})"),
+            Patch(color=PALETTE["blue"], label=f"computed, all visible ({(kinds == 0).sum()})"),
+            Patch(color=PALETTE["orange"], label=f"diagonal, part masked ({(kinds == 2).sum()})"),
             Patch(color=MASKED_GREY, label=f"skipped, all future ({(kinds == 1).sum()})"),
         ]
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.03, 1), fontsize=10, frameon=False)
@@ -106,6 +106,7 @@ def _decode_bytes_panel(right, decode_rows):
                 bar.get_height() * 1.05,
                 f"{r['ways'][way]['median_s'] * 1e3:.1f}",
                 ha="center",
+                va="bottom",
                 fontsize=10,
                 rotation=90,
             )
