@@ -163,6 +163,23 @@ def ready_made(function: str) -> list[list[str]]:
     ]
 
 
+STEPS_REFUSED = ("project_q", "project_kv")  # Exercise 2.4's steps in one call each: refused in the checks' layer
+
+
+def refuse_steps(attn, message: str):
+    """attn (a kvlib Attention) with its STEPS_REFUSED methods raising AttributeError(message), here and, sent to
+    the isolated grader's child, there too (kvlib.checks.generation's Exercise 2.4 hands such a layer in); returns
+    attn."""
+
+    def refused(*args, **kwargs):
+        raise AttributeError(message)
+
+    for name in STEPS_REFUSED:
+        object.__setattr__(attn, name, refused)
+    object.__setattr__(attn, "kvlib_refused", message)
+    return attn
+
+
 def close_ready_made(entries):
     """Make each of entries, [target, message] with target "module:name" or "module:Class.attr" (kvlib's own code that
     answers the exercise being checked, or measures what it counts: kvlib.course.exercises.READY_MADE), raise
