@@ -147,6 +147,16 @@ READY_MADE: dict[str, tuple[dict[str, str], str]] = {
         "what a cache allocates is what this count is checked against, not a way to make it. Count the bytes from the "
         "config's sizes and the dtype (no cache is made)",
     ),
+    "5.4": (
+        {"kvlib.measure.machine:roofline_time": "called the notebooks' roofline time (roofline_time)"},
+        "that is the notebooks' own copy of this exercise's step time. Work out how long a step takes from its "
+        "FLOPs, its bytes and the device's two rates",
+    ),
+    "6.2": (
+        {"kvlib.variants.gqa_attention:split_k_attention": "called the benchmark's split-K attention"},
+        "that is the infrastructure's own grouped attention (for a decode step). Write how a group's query heads "
+        "meet their key/value head in grouped_attention",
+    ),
 }
 
 
