@@ -917,3 +917,38 @@ def test_cache_schemes_figure_is_labelled_and_uses_the_palette():
     from matplotlib.colors import to_rgba
 
     assert colours <= {to_rgba(c) for c in plotting.COLORS}
+
+
+# ---------------------------------------------------------------------------------------------
+# kvlib's own yardsticks, used as answers: refused while 8.7 and 8.8 are checked (kvlib.course.exercises.READY_MADE)
+
+
+def _int8_bytes_from_caches(config, group=32, scale_bytes=4):  # try-8-7's measurement pasted in: two caches measured
+    short, long = (
+        compressed.Int8KVCache(replace(config, max_seq_len=2 * n), max_seq_len=n, group=group) for n in (group, 2 * group)
+    )
+    return (long.nbytes - short.nbytes) / group * (1 if scale_bytes == 4 else 0.75)  # 16-bit scales: a guess
+
+
+def _mla_flops_on_meta(path, kv_len, new_tokens=1, **sizes):  # torch's counter on 8.5 / 8.6 over meta tensors
+    from kvlib.core.flops import matmul_flops
+
+    H, Dn, Dr, Dv, r = (sizes[k] for k in ("n_heads", "nope_dim", "rope_dim", "v_dim", "kv_rank"))
+    shapes = ((1, H, new_tokens, Dn), (1, H, new_tokens, Dr), (1, kv_len, r), (1, kv_len, Dr), (H, Dn, r), (H, Dv, r))
+    args = [torch.empty(s, device="meta") for s in shapes]
+    return matmul_flops(compress.mla_reconstruct if path == "reconstruct" else compress.mla_absorbed, *args)
+
+
+@pytest.mark.parametrize(
+    "ex_id, fakes, words",
+    [
+        ("8.7", {"int8_bytes_per_token": _int8_bytes_from_caches}, "made a cache"),
+        ("8.8", {"mla_flops": _mla_flops_on_meta}, "ran torch's FLOP counter"),
+    ],
+    ids=["8.7-caches-measured", "8.8-counter-on-meta-tensors"],
+)
+def test_kvlibs_yardstick_as_the_answer_fails_naming_it(ex_id, fakes, words):
+    """Check that 8.7 answered by making Int8KVCaches and reading their nbytes, and 8.8 by torch's FLOP counter on 8.5
+    and 8.6 over meta tensors (no memory, any size), fail the exercise's checks, each failure naming what it did."""
+    failures = check_failures(ex_id, _module(**fakes))
+    assert failures and all(words in str(err) and "while Exercise" in str(err) for _, err in failures), failures

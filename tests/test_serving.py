@@ -892,3 +892,22 @@ def test_bench_serve_reports_every_measure(quick_serve_report):
     assert p["shared"]["blocks_per_running_request"] < p["unshared"]["blocks_per_running_request"]
     assert p["n_blocks"] == 96 and p["unshared"]["peak_blocks_held"] == 96  # blocks bind where sharing is measured
     assert [s["batch"] for s in r["decode_steps"]] == [1, 4, 16, 32]
+
+
+# ---------------------------------------------------------------------------------------------
+# kvlib's own pool, used as 7.6's answer: refused while 7.6 is checked (kvlib.course.exercises.READY_MADE)
+
+
+def _utilisation_from_a_pool(lengths, block_size):  # try-7-6's measurement pasted in: a pool made, its blocks counted
+    counting = ModelConfig(vocab_size=2, d_model=2, n_layers=1, n_heads=1, n_kv_heads=1)
+    pool = serving.BlockPool(counting, n_blocks=1 + 8 * sum(lengths) // block_size, block_size=block_size)
+    for n in lengths:
+        serving.BlockTable(block_size).append(pool, n)
+    return sum(lengths) / ((pool.n_blocks - pool.n_free) * block_size)
+
+
+def test_a_pool_made_and_counted_fails_7_6_naming_it():
+    """Check that 7.6 answered by the notebook's own measurement (a BlockPool made, its held blocks counted) fails the
+    exercise's checks, each failure naming the pool it made."""
+    failures = check_failures("7.6", _module(block_utilisation=_utilisation_from_a_pool))
+    assert failures and all("made a block pool" in str(err) for _, err in failures), failures

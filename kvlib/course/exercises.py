@@ -157,6 +157,27 @@ READY_MADE: dict[str, tuple[dict[str, str], str]] = {
         "that is the infrastructure's own grouped attention (for a decode step). Write how a group's query heads "
         "meet their key/value head in grouped_attention",
     ),
+    "7.6": (
+        {"kvlib.core.paging:BlockStore.__init__": "made a block pool (BlockPool)"},
+        "the blocks a pool hands out are what this share is checked against, not a way to make it. Work the share "
+        "out from the lengths and the block size (no pool is made)",
+    ),
+    "8.7": (
+        {
+            "kvlib.core.cache:CacheBase.__init__": "made a cache (Int8KVCache)",
+            "kvlib.core.cache:CacheBase.nbytes": "read a cache's nbytes",
+        },
+        "what an int8 cache allocates is what this count is checked against, not a way to make it. Count the bytes "
+        "from the config's sizes, the group and the scales' bytes (no cache is made)",
+    ),
+    "8.8": (
+        {
+            "kvlib.core.flops:matmul_flops": "ran torch's FLOP counter (kvlib.core.flops.matmul_flops)",
+            "kvlib.measure.bench_compress:mla_counted_flops": "ran torch's FLOP counter on 8.5 and 8.6",
+        },
+        "torch's count of the two paths is what this prediction is checked against, not a way to make it. Count each "
+        "path's matrix products from the sizes alone",
+    ),
 }
 
 
