@@ -280,7 +280,7 @@ def _cow_clone(pool, table, index):
     return table.blocks[index]
 
 
-def _utilisation_by_tables(lengths, block_size):  # counted: the reference's tables in a pool with room to spare
+def _utilisation_by_tables(lengths, block_size):  # measured, not predicted: tables in a pool, its held blocks counted
     pool = serving.BlockPool(CONFIG, 1 + 2 * sum(lengths) // block_size + len(lengths), block_size)
     for n in lengths:
         serving.BlockTable(block_size).append(pool, n)
@@ -336,7 +336,6 @@ ALTERNATIVES = [
     ("7.5", {"copy_on_write": _cow_index_copy}),
     ("7.5", {"copy_on_write": _cow_copy_}),
     ("7.5", {"copy_on_write": _cow_clone}),
-    ("7.6", {"block_utilisation": _utilisation_by_tables}),
     ("7.6", {"block_utilisation": _utilisation_empty_slots}),
     ("7.6", {"block_utilisation": _utilisation_numpy}),
     ("7.7", {"Policy": _PolicyMarginThree}),
@@ -898,16 +897,8 @@ def test_bench_serve_reports_every_measure(quick_serve_report):
 # kvlib's own pool, used as 7.6's answer: refused while 7.6 is checked (kvlib.course.exercises.READY_MADE)
 
 
-def _utilisation_from_a_pool(lengths, block_size):  # try-7-6's measurement pasted in: a pool made, its blocks counted
-    counting = ModelConfig(vocab_size=2, d_model=2, n_layers=1, n_heads=1, n_kv_heads=1)
-    pool = serving.BlockPool(counting, n_blocks=1 + 8 * sum(lengths) // block_size, block_size=block_size)
-    for n in lengths:
-        serving.BlockTable(block_size).append(pool, n)
-    return sum(lengths) / ((pool.n_blocks - pool.n_free) * block_size)
-
-
 def test_a_pool_made_and_counted_fails_7_6_naming_it():
     """Check that 7.6 answered by the notebook's own measurement (a BlockPool made, its held blocks counted) fails the
     exercise's checks, each failure naming the pool it made."""
-    failures = check_failures("7.6", _module(block_utilisation=_utilisation_from_a_pool))
+    failures = check_failures("7.6", _module(block_utilisation=_utilisation_by_tables))
     assert failures and all("made a block pool" in str(err) for _, err in failures), failures
