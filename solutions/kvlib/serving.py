@@ -117,13 +117,12 @@ def paged_attention(q: torch.Tensor, pool: BlockPool, layer: int, tables: list[B
         torch.Size([2, 8, 1, 16])
     """
     ### BEGIN SOLUTION
-    rows, bs = [], pool.block_size
+    rows = []
     for i, table in enumerate(tables):
-        used = table.blocks[: -(-table.length // bs)]  # the blocks that hold this row's tokens, in table order
-        # one block at a time, each (H_kv, bs, D), joined along the token axis and cut to the row's length: one copy,
-        # where gathering the blocks first (pool.k[layer, used]) and moving the heads to the front copies twice
-        k = torch.cat([pool.k[layer, b] for b in used], dim=1)[:, : table.length]  # (H_kv, S_i, D)
-        v = torch.cat([pool.v[layer, b] for b in used], dim=1)[:, : table.length]
+        # one block at a time, each (H_kv, block_size, D), in table order, joined along the token axis and cut to the
+        # row's length: one copy, where gathering the blocks first (pool.k[layer, blocks]) and moving heads copies twice
+        k = torch.cat([pool.k[layer, b] for b in table.blocks], dim=1)[:, : table.length]  # (H_kv, S_i, D)
+        v = torch.cat([pool.v[layer, b] for b in table.blocks], dim=1)[:, : table.length]
         rows.append(grouped_attention(q[i : i + 1], k[None], v[None]))  # (1, H, T, D)
     return torch.cat(rows)
     ### END SOLUTION
