@@ -464,19 +464,11 @@ class _StepNoPreempt(serving.Scheduler):
             self.retire()
 
 
-class _StepDecodesNobody(serving.Scheduler):  # decodes even when preempting or retiring left nobody running
+class _StepDecodesNobody(serving.Scheduler):  # decodes with nobody running (here: once the step left none)
     def step(self):
-        while (
-            self.waiting
-            and len(self.running) < self.max_batch
-            and self.blocks_to_admit(self.waiting[0]) <= self.pool.n_free
-        ):
-            self.admit(self.waiting.popleft())
-        self.retire()
-        while self.running and self.blocks_to_decode() > self.pool.n_free:
-            self.preempt(self.victim())
-        self.decode()
-        self.retire()
+        super().step()
+        if not self.running:
+            self.decode()
 
 
 class _StepPreemptOldest(serving.Scheduler):
@@ -660,7 +652,7 @@ SLIPS = [  # (check, replaced pieces, words its failure must contain)
     ("paged_attention_matches_contiguous", {"paged_attention": _paged_whole_blocks}, "read all of its last block"),
     ("step_preempts_the_newest_and_stays_exact", {"Scheduler": _StepNoPreempt}, "preempt until blocks_to_decode fits"),
     ("step_preempts_the_newest_and_stays_exact", {"Scheduler": _StepPreemptOldest}, "while self.victim() named"),
-    ("7.4", {"Scheduler": _StepDecodesNobody}, "decode() with no request running"),
+    ("step_serves_every_request_exactly", {"Scheduler": _StepDecodesNobody}, "decode() with no request running"),
     ("step_admits_while_blocks_and_batch_allow", {"Scheduler": _StepSkipsAhead}, "first come, first served"),
     (
         "step_admits_while_blocks_and_batch_allow",
