@@ -746,6 +746,18 @@ def _attention_models_attend(attn, x, cache, layer, rope_cos, rope_sin):  # the 
     return attn.o_proj(attn.attend(attn.project_q(x, cos, sin), k, v).transpose(1, 2).reshape(B, T, -1))
 
 
+def _attention_models_attend_spliced(attn, x, cache, layer, rope_cos, rope_sin):  # Attention.attend's body, pasted
+    B, T, _ = x.shape
+    cos, sin = rope_cos[cache.pos : cache.pos + T], rope_sin[cache.pos : cache.pos + T]
+    q = attn.project_q(x, cos, sin)
+    k, v = cache.update(layer, *attn.project_kv(x, cos, sin))
+    from kvlib.core.model import causal_mask_tensor
+
+    mask = None if k.shape[2] == T else causal_mask_tensor(T, k.shape[2])  # the model's mask decides what each sees
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True)
+    return attn.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
 def _kv_from_a_cache(config, seq_len, batch=1, dtype=torch.float16):  # a one-token cache made and measured
     return kv_cache.KVCache(config, batch, 1, dtype).nbytes * seq_len
 
@@ -759,6 +771,7 @@ READY_MADE = [
     ("4.2", {"cached_attention": _attention_ready_made}, "called kvlib.core.cache.attention_through_cache"),
     ("4.2", {"cached_attention": _attention_cache_base}, "called kvlib.core.cache.attention_through_cache"),
     ("4.2", {"cached_attention": _attention_models_attend}, "called the model's attention step"),
+    ("4.2", {"cached_attention": _attention_models_attend_spliced}, "called the model's mask"),
     ("4.3", {"cached_forward": _forward_past_key_values}, "ran the model's own forward"),
     ("4.3", {"cached_forward": _forward_blocks}, "ran a layer's own forward"),
     ("4.3", {"cached_forward": _forward_recompute}, "without a cache it recomputes what the cache keeps"),

@@ -135,6 +135,7 @@ READY_MADE: dict[str, tuple[dict[str, str], str]] = {
             "kvlib.core.cache:attention_through_cache": "called kvlib.core.cache.attention_through_cache",
             "kvlib.core.cache:causal_attend": "called kvlib.core.cache.causal_attend",
             "kvlib.core.model:Attention.attend": "called the model's attention step (Attention.attend)",
+            "kvlib.core.model:causal_mask_tensor": "called the model's mask (kvlib.core.model.causal_mask_tensor)",
         },
         "that is the infrastructure's own copy of this exercise, which decides where the new tokens sit and which "
         "keys each query sees. Write those steps in cached_attention: project, store, attend, o_proj",
