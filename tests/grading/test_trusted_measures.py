@@ -870,7 +870,7 @@ def _shape_id(ex: str, obj) -> str:
 
 MEASURED_SHAPES = [
     *(f"4.1-_update_{way}" for way in ("index_copy", "loop", "narrow")),
-    *(f"4.3-_forward_{way}" for way in ("einsum_head", "blocks", "float64_head")),
+    *(f"4.3-_forward_{way}" for way in ("einsum_head", "float64_head")),
     *(f"4.5-_generate_{way}" for way in ("preallocated", "while_cat", "past_key_values")),
     *(f"6.2-attention_{way}" for way in ("einsum", "loop", "bmm")),
     *(f"8.6-absorbed_{way}" for way in ("matmul", "folded_rope", "float64")),
