@@ -558,7 +558,7 @@ def int8_bytes_loop(config, group=32, scale_bytes=4):  # layer by layer, head by
     return bits / 8
 
 
-def int8_bytes_measured(config, group=32, scale_bytes=4):  # the cache's own tensors, two lengths a whole group apart
+def int8_bytes_measured(config, group=32, scale_bytes=4):  # measured, not predicted: two caches a group apart
     sizes = []
     for groups in (1, 2):
         cache = compressed.Int8KVCache(replace(config, max_seq_len=group * groups), group=group)
@@ -688,7 +688,6 @@ ALTERNATIVES = [
     ("8.6", {"mla_absorbed": absorbed_folded_rope}),
     ("8.6", {"mla_absorbed": absorbed_float64}),
     ("8.7", {"int8_bytes_per_token": int8_bytes_loop}),
-    ("8.7", {"int8_bytes_per_token": int8_bytes_measured}),
     ("8.7", {"int8_bytes_per_token": int8_bytes_fraction}),
     ("8.8", {"mla_flops": mla_flops_products}),
     ("8.8", {"mla_flops": mla_flops_numpy}),
@@ -917,3 +916,31 @@ def test_cache_schemes_figure_is_labelled_and_uses_the_palette():
     from matplotlib.colors import to_rgba
 
     assert colours <= {to_rgba(c) for c in plotting.COLORS}
+
+
+# ---------------------------------------------------------------------------------------------
+# kvlib's own yardsticks, used as answers: refused while 8.7 and 8.8 are checked (kvlib.course.exercises.READY_MADE)
+
+
+def _mla_flops_on_meta(path, kv_len, new_tokens=1, **sizes):  # torch's counter on 8.5 / 8.6 over meta tensors
+    from kvlib.core.flops import matmul_flops
+
+    H, Dn, Dr, Dv, r = (sizes[k] for k in ("n_heads", "nope_dim", "rope_dim", "v_dim", "kv_rank"))
+    shapes = ((1, H, new_tokens, Dn), (1, H, new_tokens, Dr), (1, kv_len, r), (1, kv_len, Dr), (H, Dn, r), (H, Dv, r))
+    args = [torch.empty(s, device="meta") for s in shapes]
+    return matmul_flops(compress.mla_reconstruct if path == "reconstruct" else compress.mla_absorbed, *args)
+
+
+@pytest.mark.parametrize(
+    "ex_id, fakes, words",
+    [
+        ("8.7", {"int8_bytes_per_token": int8_bytes_measured}, "made a cache"),
+        ("8.8", {"mla_flops": _mla_flops_on_meta}, "ran torch's FLOP counter"),
+    ],
+    ids=["8.7-caches-measured", "8.8-counter-on-meta-tensors"],
+)
+def test_kvlibs_yardstick_as_the_answer_fails_naming_it(ex_id, fakes, words):
+    """Check that 8.7 answered by making Int8KVCaches and reading their nbytes, and 8.8 by torch's FLOP counter on 8.5
+    and 8.6 over meta tensors (no memory, any size), fail the exercise's checks, each failure naming what it did."""
+    failures = check_failures(ex_id, _module(**fakes))
+    assert failures and all(words in str(err) and "while Exercise" in str(err) for _, err in failures), failures

@@ -30,7 +30,7 @@ from kvlib.checks import CHECKS, checks_for, run
 from kvlib.checks.gqa import CONFIG
 from kvlib.core.configs import REAL_MODELS
 from kvlib.core.model import Decoder, ModelConfig, matrix_params
-from kvlib.core.weights import from_transformers, to_transformers
+from kvlib.core.weights import first_head_of_group, from_transformers, to_transformers
 from kvlib.course.exercises import BY_ID, ExerciseNotDone
 from kvlib.kv_cache import kv_cache_bytes
 from kvlib.measure import bench_gqa
@@ -172,7 +172,7 @@ def dataclass_replace(config, **changes):
 def test_mean_pool_of_first_head_recipe_differs():
     """Check that first_head_of_group keeps head j*G and that mean-pooling differs from it on random weights."""
     w = torch.randn(H * 4, 10)
-    first = gqa.first_head_of_group(w, H, H_KV)
+    first = first_head_of_group(w, H, H_KV)
     torch.testing.assert_close(first.view(H_KV, 4, 10), w.view(H, 4, 10)[:: H // H_KV])
     assert not torch.allclose(first, gqa.mean_pool_heads(w, H, H_KV))
 
@@ -591,13 +591,13 @@ def speedup_of_the_example(config, n_kv_heads, kv_len, batch=1):  # the notebook
 
 # (check or exercise, replaced function, words the failure must contain)
 SLIPS = [
-    ("repeat_kv_matches_repeat_interleave", {"repeat_kv": _repeat_not_interleave}, "that is x.repeat"),
+    ("repeat_kv_follows_the_checkpoints_order", {"repeat_kv": _repeat_not_interleave}, "that is x.repeat"),
     ("grouped_attention_matches_repeated_heads", {"grouped_attention": _attention_with_repeat}, "as x.repeat would"),
     ("grouped_attention_matches_repeated_heads", {"grouped_attention": _attention_top_left}, "aligned top-left"),
     ("grouped_attention_does_not_copy_heads", {"grouped_attention": _attention_copying}, "copies of the 2 cached"),
     ("grouped_attention_does_not_copy_heads", {"grouped_attention": _attention_broadcast}, "broadcasting matmul"),
     ("mean_pool_heads_averages_each_group", {"mean_pool_heads": _pool_strided}, "the `repeat` order"),
-    ("mean_pool_heads_averages_each_group", {"mean_pool_heads": gqa.first_head_of_group}, "first head of each group"),
+    ("mean_pool_heads_averages_each_group", {"mean_pool_heads": first_head_of_group}, "first head of each group"),
     ("mean_pool_heads_averages_each_group", {"mean_pool_heads": _pool_rows}, "ROWS"),
     ("mean_pool_heads_averages_each_group", {"mean_pool_heads": _pool_sum}, "mean, not sum"),
     ("to_gqa_recovers_a_gqa_model", {"to_gqa": _to_gqa_strided}, "consecutive heads"),
@@ -638,6 +638,20 @@ def test_slip_is_rejected_naming_it(where, replaced, words):
     assert failures, f"{next(iter(replaced.values())).__name__} passed every check of {where}"
     assert all(isinstance(err, AssertionError) for _, err in failures), failures
     assert any(words in (str(err) or "assertion") for _, err in failures), failures
+
+
+def test_6_2_refuses_the_benchmarks_split_k_attention_where_the_exercise_is_checked():
+    """Check that grouped_attention handing a decode step to kvlib's split_k_attention (the infrastructure's grouped
+    attention) fails Exercise 6.2's decode-step check naming it (kvlib.course.exercises.READY_MADE), the rest of its
+    checks pass, and split_k_attention works again after."""
+
+    def through_split_k(q, k, v):
+        return gqa_attention.split_k_attention(q, k, v) if q.shape[2] == 1 else gqa.grouped_attention(q, k, v)
+
+    failures = check_failures("6.2", _module(grouped_attention=through_split_k))
+    assert failures and all("split-K" in str(err) and "grouped_attention" in str(err) for _, err in failures), failures
+    q, k, v = torch.randn(1, 4, 1, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+    torch.testing.assert_close(gqa_attention.split_k_attention(q, k, v), gqa.grouped_attention(q, k, v))
 
 
 # ---------------------------------------------------------------------------------------------

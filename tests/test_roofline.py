@@ -347,7 +347,6 @@ ALTERNATIVES = [
     ("5.1", {"matmul_intensity": intensity_fraction}),
     ("5.1", {"matmul_intensity": intensity_finfo}),
     ("5.1", {"matmul_intensity": intensity_loop}),
-    ("5.2", {"ridge_batch": ridge_linear_search}),
     ("5.2", {"ridge_batch": ridge_bisect}),
     ("5.2", {"ridge_batch": ridge_fraction}),
     ("5.3", {"step_cost": step_per_matrix}),
@@ -488,7 +487,7 @@ def tps_memory_only(config, kv_len, batch, dtype, peak, bw):
 
 def tps_prefill(config, kv_len, batch, dtype, peak, bw):
     flops, moved = roofline.step_cost(config, kv_len, kv_len, batch, dtype)
-    return batch / roofline_time(flops, moved, peak, bw)
+    return batch / max(flops / peak, moved / bw)
 
 
 def _ridge_parts(config, kv_len, dtype):
@@ -537,6 +536,30 @@ def sequences_float(config, kv_len, peak, bw, dtype=F16):
     return None if flops <= ridge * cache else ridge * weights / (flops - ridge * cache)
 
 
+def ridge_capped_search(
+    k, n, peak, bw, dtype=F16
+):  # the audit's shortcut: m up to a cap, None past it (10**6: the 2 s limit)
+    for m in range(1, 10**5 + 1):
+        if roofline.matmul_intensity(m, k, n, dtype) >= peak / bw:
+            return m
+    return None
+
+
+def sequences_capped_search(config, kv_len, peak, bw, dtype=F16):  # the same over 5.3's step, doubling to a cap
+    b = 1
+    while b <= 10**6:
+        flops, moved = roofline.step_cost(config, 1, kv_len, b, dtype)
+        if flops * bw >= peak * moved:
+            low = b // 2 + 1 if b > 1 else 1
+            while low < b:  # the fewest in (b/2, b]
+                mid = (low + b) // 2
+                f, m = roofline.step_cost(config, 1, kv_len, mid, dtype)
+                low, b = (low, mid) if f * bw >= peak * m else (mid + 1, b)
+            return b
+        b *= 2
+    return None
+
+
 # (check or exercise, replaced function, words the failure must contain)
 SLIPS = [
     ("matmul_intensity_counts_flops_and_bytes", {"matmul_intensity": _intensity_without_factor_two}, "2 FLOPs"),
@@ -564,6 +587,7 @@ SLIPS = [
     ("5.2", {"ridge_batch": ridge_in_bits}, "bytes, not bits"),
     ("5.2", {"ridge_batch": ridge_never_none}, "return None"),
     ("5.2", {"ridge_batch": ridge_float}, "int number of rows"),
+    ("ridge_batch_just_under_the_limit", {"ridge_batch": ridge_capped_search}, "gives up too soon"),
     ("5.3", {"step_cost": step_no_attention}, "attention's own FLOPs are missing"),
     ("5.3", {"step_cost": step_attention_kv_heads}, "n_heads, not n_kv_heads"),
     ("5.3", {"step_cost": step_attention_once}, "attention counted once"),
@@ -581,6 +605,7 @@ SLIPS = [
     ("5.5", {"compute_bound_batch": sequences_matrices_only}, "attention's FLOPs are missing"),
     ("5.5", {"compute_bound_batch": sequences_float}, "int number of sequences"),
     ("5.5", {"compute_bound_batch": sequences_of_the_example}, "expected 186 sequences"),
+    ("compute_bound_batch_just_under_the_caches_limit", {"compute_bound_batch": sequences_capped_search}, "too soon"),
 ]
 
 
@@ -592,6 +617,26 @@ def test_slip_is_rejected_naming_it(where, replaced, words):
     assert failures, f"{next(iter(replaced.values())).__name__} passed every check of {where}"
     assert all(isinstance(err, AssertionError) for _, err in failures), failures
     assert any(words in (str(err) or "assertion") for _, err in failures), failures
+
+
+def test_a_search_by_one_row_is_stopped_and_named():
+    """Check that ridge_batch searching m one row at a time (knowing the limit, so correct) is stopped on the ridge
+    just under the limit (134 million rows) after the check's 2 s, with a message that says to solve for it."""
+    failures = check_failures("ridge_batch_just_under_the_limit", _module(ridge_batch=ridge_linear_search))
+    assert [type(err).__name__ for _, err in failures] == ["CheckTimeout"], failures
+    assert "cannot finish" in str(failures[0][1]) and "solve for it" in str(failures[0][1])
+
+
+def test_5_4_refuses_the_notebooks_roofline_time_where_the_exercise_is_checked():
+    """Check that predicted_tokens_per_second written as batch / roofline_time(*step_cost(...)) fails Exercise 5.4's
+    checks naming roofline_time (kvlib.course.exercises.READY_MADE), and that roofline_time works again after."""
+
+    def through_roofline_time(config, kv_len, batch, dtype, peak, bw):
+        return batch / roofline_time(*roofline.step_cost(config, 1, kv_len, batch, dtype), peak, bw)
+
+    failures = check_failures("5.4", _module(predicted_tokens_per_second=through_roofline_time))
+    assert failures and all("roofline_time" in str(err) for _, err in failures), failures
+    assert roofline_time(2e9, 1e9, 1e12, 1e9) == 1.0
 
 
 def test_trivial_answers_fail():

@@ -280,7 +280,7 @@ def _cow_clone(pool, table, index):
     return table.blocks[index]
 
 
-def _utilisation_by_tables(lengths, block_size):  # counted: the reference's tables in a pool with room to spare
+def _utilisation_by_tables(lengths, block_size):  # measured, not predicted: tables in a pool, its held blocks counted
     pool = serving.BlockPool(CONFIG, 1 + 2 * sum(lengths) // block_size + len(lengths), block_size)
     for n in lengths:
         serving.BlockTable(block_size).append(pool, n)
@@ -336,7 +336,6 @@ ALTERNATIVES = [
     ("7.5", {"copy_on_write": _cow_index_copy}),
     ("7.5", {"copy_on_write": _cow_copy_}),
     ("7.5", {"copy_on_write": _cow_clone}),
-    ("7.6", {"block_utilisation": _utilisation_by_tables}),
     ("7.6", {"block_utilisation": _utilisation_empty_slots}),
     ("7.6", {"block_utilisation": _utilisation_numpy}),
     ("7.7", {"Policy": _PolicyMarginThree}),
@@ -892,3 +891,14 @@ def test_bench_serve_reports_every_measure(quick_serve_report):
     assert p["shared"]["blocks_per_running_request"] < p["unshared"]["blocks_per_running_request"]
     assert p["n_blocks"] == 96 and p["unshared"]["peak_blocks_held"] == 96  # blocks bind where sharing is measured
     assert [s["batch"] for s in r["decode_steps"]] == [1, 4, 16, 32]
+
+
+# ---------------------------------------------------------------------------------------------
+# kvlib's own pool, used as 7.6's answer: refused while 7.6 is checked (kvlib.course.exercises.READY_MADE)
+
+
+def test_a_pool_made_and_counted_fails_7_6_naming_it():
+    """Check that 7.6 answered by the notebook's own measurement (a BlockPool made, its held blocks counted) fails the
+    exercise's checks, each failure naming the pool it made."""
+    failures = check_failures("7.6", _module(block_utilisation=_utilisation_by_tables))
+    assert failures and all("made a block pool" in str(err) for _, err in failures), failures

@@ -37,9 +37,8 @@ from kvlib.core.model import (
     rotate_half,
 )
 from kvlib.core.weights import load_tiny
-from kvlib.course.exercises import ExerciseNotDone
+from kvlib.course.exercises import ExerciseNotDone, refuse_steps
 from kvlib.course.i18n import tr
-from kvlib.grading._child import refuse_steps
 
 
 def _model(seed: int, **sizes) -> Decoder:

@@ -82,7 +82,7 @@ def _shape_of(x) -> str:
 
 
 @check("6.1")
-def repeat_kv_matches_repeat_interleave(kv, rng):
+def repeat_kv_follows_the_checkpoints_order(kv, rng):
     """Check that repeat_kv gives each query head the key/value head it shares in GQA checkpoints' order."""
     x = _randn(rng, B, H_KV, S, D)
     expected, tiled = x.repeat_interleave(G, dim=1), x.repeat(1, G, 1, 1)
@@ -159,7 +159,7 @@ def _diagnose(got, slips: dict) -> str:
 
 @check("6.2")
 def grouped_attention_matches_repeated_heads(kv, rng):
-    """Check that grouped_attention equals MHA attention on repeat_interleave'd keys and values (2 queries of 5 keys, 4 of 9)."""
+    """Check that grouped_attention equals MHA attention over repeat_kv's copies of the keys and values (2 queries of 5 keys, 4 of 9)."""
     for n_q, n_k in ((T, S), (4, 9)):  # neither 1 nor 3 queries: the group size (3) cannot stand in for seq_len
         q, k, v = _randn(rng, B, H, n_q, D), _randn(rng, B, H_KV, n_k, D), _randn(rng, B, H_KV, n_k, D)
         expected, slips = _expected_and_slips(q, k, v)

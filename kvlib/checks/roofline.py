@@ -6,7 +6,9 @@ are compared with torch's own FLOP counter. The known slips are named: 2 FLOPs p
 bits for bytes, the output's bytes, n_kv_heads for n_heads in attention's FLOPs, the batch
 multiplying the weights, attention's FLOPs, rounding the ridge batch down, seconds for tokens/s; in 5.5's
 prediction, the weights read once per sequence, one sequence's cache for the whole batch, one layer's
-matmul (5.2) for the whole step, and a batch where none gets there (None).
+matmul (5.2) for the whole step, and a batch where none gets there (None). 5.2 and 5.5 each have a ridge just
+under what the rows (or sequences) can reach, so the answer runs into the hundreds of millions: a search that
+stops at a cap (None) is named, and one that tries each value in turn is stopped after 2 s.
 Every expected value is computed before learner code runs, from numbers and configurations the
 learner never receives: a function is handed a copy of each config (`_copy`), so even one that
 changes its arguments (object.__setattr__ on a frozen config) cannot move the target.
@@ -20,7 +22,7 @@ from fractions import Fraction
 
 import torch
 
-from kvlib.checks import check
+from kvlib.checks import check, isolated, time_limit
 from kvlib.core.configs import REAL_MODELS
 from kvlib.core.flops import forward_flops_counted
 from kvlib.core.model import Decoder, ModelConfig
@@ -179,6 +181,41 @@ def ridge_batch_none_out_of_reach(kv, rng):
             )
         else:
             assert got == expected, f"{where}: just within reach at {expected} rows, got {got!r}"
+
+
+_SOLVE_S = 2.0  # seconds a call may take where the answer is huge: solving takes microseconds, a search by 1 cannot end
+
+
+def _within(fn, what: str, *args):
+    """fn(*args), interrupted after _SOLVE_S with a message naming the search (the grader's own limit per call holds
+    in its child)."""
+    if isolated(fn):
+        return fn(*args)
+    with time_limit(
+        _SOLVE_S,
+        f"{what}: still searching after {_SOLVE_S:g} s: the answer here runs into the hundreds of millions, "
+        "so trying one value after another cannot finish; solve for it (kvlib hint)",
+    ):
+        return fn(*args)
+
+
+# 64 x 64 weights in float32 top out at 16 FLOP/B; this ridge (exact in binary: 16 - 2**-18) sits just under it
+_NEAR_LIMIT_PEAK, _NEAR_LIMIT_BW = (16 - 2**-18) * 2**40, float(2**40)
+
+
+@check("5.2")
+def ridge_batch_just_under_the_limit(kv, rng):
+    """Check a ridge just under a 64 x 64 float32 layer's limit of 16 FLOP/B: 134,217,696 rows reach it, so a search
+    that gives up at some cap (returning None) or tries one m after another is named."""
+    expected = _ridge_rows(64, 64, _NEAR_LIMIT_PEAK, _NEAR_LIMIT_BW, 4)  # 2**27 - 32
+    where = f"(64, 64) weights in float32 (intensity below 16 FLOP/B), ridge {_NEAR_LIMIT_PEAK / _NEAR_LIMIT_BW!r}"
+    got = _within(kv.ridge_batch, where, 64, 64, _NEAR_LIMIT_PEAK, _NEAR_LIMIT_BW, torch.float32)
+    if got is None:
+        raise AssertionError(
+            f"{where}: the ridge is under the limit the intensity approaches, so enough rows reach it ({expected:,}); "
+            "None only where the limit itself is not above the ridge: a search that stops at a cap gives up too soon"
+        )
+    assert got == expected, f"{where}: the fewest rows that reach it are {expected:,}, got {got!r}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -416,6 +453,34 @@ def compute_bound_batch_predicts_the_ridge(kv, rng):
             if got == batch:
                 raise AssertionError(f"{where}: {slip} (kvlib hint 5.5)")
         raise AssertionError(f"{where}: expected {expected} sequences, got {got!r} (kvlib hint 5.5)")
+
+
+# Llama-2-70B, 4,096 tokens each, bfloat16: a step tops out at 110.390625 FLOP/B; this ridge (exact in binary, a device
+# of 121 TFLOP/s and 1.1 TB/s) sits just under it
+_NEAR_CACHE_PEAK, _NEAR_CACHE_BW = float(Fraction(7234559, 2**16) * 2**40), float(2**40)
+
+
+@check("5.5")
+def compute_bound_batch_just_under_the_caches_limit(kv, rng):
+    """Check a ridge just under what Llama-2-70B's step can reach with 4,096 cached tokens each: 740,751,018 sequences,
+    so a search that gives up at some cap (returning None) or tries one batch after another is named."""
+    c, S, dtype = LLAMA2_70B, 4096, torch.bfloat16
+    ridge = Fraction(_NEAR_CACHE_PEAK) / Fraction(_NEAR_CACHE_BW)
+    flops, weights, cache = _step_parts(c, S, dtype)
+    expected = _ridge_sequences(flops, weights, cache, ridge)
+    where = (
+        f"Llama-2-70B, 4,096 cached tokens each, {dtype}, ridge {float(ridge)!r} (the step's limit {flops / cache!r})"
+    )
+    got = _within(kv.compute_bound_batch, where, _copy(c), S, _NEAR_CACHE_PEAK, _NEAR_CACHE_BW, dtype)
+    if got is None:
+        raise AssertionError(
+            f"{where}: the ridge is under the limit the step's intensity approaches, so a large enough batch reaches "
+            f"it ({expected:,}); None only where that limit is not above the ridge: a search that stops at a cap "
+            "gives up too soon (kvlib hint 5.5)"
+        )
+    assert got == expected, (
+        f"{where}: the fewest sequences that reach it are {expected:,}, got {got!r} (kvlib hint 5.5)"
+    )
 
 
 @check("5.5")

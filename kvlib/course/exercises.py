@@ -157,6 +157,37 @@ READY_MADE: dict[str, tuple[dict[str, str], str]] = {
         "what a cache allocates is what this count is checked against, not a way to make it. Count the bytes from the "
         "config's sizes and the dtype (no cache is made)",
     ),
+    "5.4": (
+        {"kvlib.measure.machine:roofline_time": "called the notebooks' roofline time (roofline_time)"},
+        "that is the notebooks' own copy of this exercise's step time. Work out how long a step takes from its "
+        "FLOPs, its bytes and the device's two rates",
+    ),
+    "6.2": (
+        {"kvlib.variants.gqa_attention:split_k_attention": "called the benchmark's split-K attention"},
+        "that is the infrastructure's own grouped attention (for a decode step). Write how a group's query heads "
+        "meet their key/value head in grouped_attention",
+    ),
+    "7.6": (
+        {"kvlib.core.paging:BlockStore.__init__": "made a block pool (BlockPool)"},
+        "the blocks a pool hands out are what this share is checked against, not a way to make it. Work the share "
+        "out from the lengths and the block size (no pool is made)",
+    ),
+    "8.7": (
+        {
+            "kvlib.core.cache:CacheBase.__init__": "made a cache (Int8KVCache)",
+            "kvlib.core.cache:CacheBase.nbytes": "read a cache's nbytes",
+        },
+        "what an int8 cache allocates is what this count is checked against, not a way to make it. Count the bytes "
+        "from the config's sizes, the group and the scales' bytes (no cache is made)",
+    ),
+    "8.8": (
+        {
+            "kvlib.core.flops:matmul_flops": "ran torch's FLOP counter (kvlib.core.flops.matmul_flops)",
+            "kvlib.measure.bench_compress:mla_counted_flops": "ran torch's FLOP counter on 8.5 and 8.6",
+        },
+        "torch's count of the two paths is what this prediction is checked against, not a way to make it. Count each "
+        "path's matrix products from the sizes alone",
+    ),
 }
 
 
@@ -171,6 +202,23 @@ def ready_made(function: str) -> list[list[str]]:
         [target, f"{name} (or a function it calls) {did} while Exercise {ex.id} was checked: {instead}"]
         for target, did in targets.items()
     ]
+
+
+STEPS_REFUSED = ("project_q", "project_kv")  # Exercise 2.4's steps in one call each: refused in the checks' layer
+
+
+def refuse_steps(attn, message: str):
+    """attn (a kvlib Attention) with its STEPS_REFUSED methods raising AttributeError(message), here and, sent to
+    the isolated grader's child, there too (kvlib.checks.generation's Exercise 2.4 hands such a layer in); returns
+    attn."""
+
+    def refused(*args, **kwargs):
+        raise AttributeError(message)
+
+    for name in STEPS_REFUSED:
+        object.__setattr__(attn, name, refused)
+    object.__setattr__(attn, "kvlib_refused", message)
+    return attn
 
 
 def close_ready_made(entries):

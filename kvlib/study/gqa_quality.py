@@ -14,6 +14,7 @@ from pathlib import Path
 from kvlib.core import progress
 from kvlib.core.model import Decoder
 from kvlib.core.paths import ASSETS
+from kvlib.core.weights import first_head_of_group
 from kvlib.study import corpus, train
 
 
@@ -88,7 +89,7 @@ def conversion_study(
     Returns one row per (n_kv_heads, recipe): held-out loss and capital accuracy (quality),
     and, with uptrain_steps, the same after that many steps of uptrain() with its cost in seconds.
     """
-    from kvlib.gqa import first_head_of_group, to_gqa  # noqa: PLC0415 (late binding: runs the learner's code)
+    from kvlib.gqa import to_gqa  # noqa: PLC0415 (late binding: runs the learner's code)
 
     pools = {"mean": None, "first": first_head_of_group}
     rows = []

@@ -89,10 +89,10 @@ def split_k_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: 
         raise ValueError(f"split_k_attention is for a decode step, one query per head: got q of shape {tuple(q.shape)}")
     if H % H_kv or chunk < 1:
         raise ValueError(f"n_heads {H} must be a multiple of n_kv_heads {H_kv}, and chunk ({chunk}) at least 1")
-    q = q.reshape(B, H_kv, H // H_kv, D) / math.sqrt(D)  # (B, H_kv, G, D): a group's queries as rows
+    q = q.reshape(B, H_kv, H // H_kv, D) / math.sqrt(D)
     m = l = o = None
     for a in range(0, S, chunk):
-        s = (k[:, :, a : a + chunk] @ q.transpose(-2, -1)).transpose(-2, -1)  # (B, H_kv, G, c), as grouped_attention
+        s = (k[:, :, a : a + chunk] @ q.transpose(-2, -1)).transpose(-2, -1)
         m_c = s.amax(dim=-1, keepdim=True)  # (B, H_kv, G, 1)
         p = (s - m_c).exp_()
         l_c, o_c = p.sum(dim=-1, keepdim=True), p @ v[:, :, a : a + chunk]  # (B, H_kv, G, 1), (B, H_kv, G, D)

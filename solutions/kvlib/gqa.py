@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 
 from kvlib.core.model import Decoder, matrix_params
-from kvlib.core.weights import load_checked
+from kvlib.core.weights import first_head_of_group, load_checked  # noqa: F401 (first_head_of_group: a pool for to_gqa)
 from kvlib.course import inputs
 from kvlib.course.exercises import exercise
 
@@ -65,9 +65,8 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torc
     Raises:  ValueError if n_heads is not a multiple of n_kv_heads, the shapes disagree, or seq_len > kv_len
     Example:
         >>> import torch.nn.functional as F
-        >>> q, k, v = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
-        >>> expected = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(3, 5, dtype=torch.bool).tril(2), enable_gqa=True)
-        >>> torch.allclose(grouped_attention(q, k, v), expected, atol=1e-5)
+        >>> q, k, v = torch.randn(1, 4, 1, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)  # a decode step
+        >>> torch.allclose(grouped_attention(q, k, v), F.scaled_dot_product_attention(q, k, v, enable_gqa=True), atol=1e-5)
         True
     """
     ### BEGIN SOLUTION
@@ -113,26 +112,19 @@ def mean_pool_heads(w: torch.Tensor, n_heads: int, n_kv_heads: int) -> torch.Ten
     ### END SOLUTION
 
 
-def first_head_of_group(w: torch.Tensor, n_heads: int, n_kv_heads: int) -> torch.Tensor:
-    """The alternative the GQA paper compares with: keep the first head of each group, drop the rest."""
-    inputs.check_pool(w, n_heads, n_kv_heads)
-    head_dim = w.shape[0] // n_heads
-    first = torch.arange(0, n_heads, n_heads // n_kv_heads)  # the first head of each group
-    return w[(first[:, None] * head_dim + torch.arange(head_dim)).flatten()]  # those heads' rows, in order
-
-
 # ---------------------------------------------------------------------------------------------
 # Exercise 6.4
 
 
 @exercise("6.4", validate=inputs.check_to_gqa)
 def to_gqa(model: Decoder, n_kv_heads: int, pool: Callable | None = None) -> Decoder:
-    """A new Decoder with n_kv_heads key/value heads, its k_proj and v_proj weights pooled from model's.
+    """model converted to n_kv_heads key/value heads: a new Decoder equal to model but for its keys and values, pooled.
 
-    Everything else (embeddings, queries, o_proj, MLP, norms) is copied unchanged, in model's dtype and
-    training mode; model itself is left as it was. pool(w, heads_in_w, n_kv_heads) shrinks one weight;
-    None means mean_pool_heads (Exercise 6.3). Pooling to model's own n_kv_heads gives an equal model.
-    Args:    model: a kvlib Decoder;  n_kv_heads: divides model.config.n_kv_heads;  pool: a function, or None
+    Its dtype and train/eval mode are model's, and model is left as it was; converting to model's own n_kv_heads
+    gives an equal model. pool is how a key or value weight shrinks, called as mean_pool_heads (Exercise 6.3) is;
+    None means mean_pool_heads.
+    Args:    model: a kvlib Decoder;  n_kv_heads: divides model.config.n_kv_heads
+             pool: a function of mean_pool_heads's arguments (w, its heads, n_kv_heads), or None
     Returns: a kvlib Decoder with config.n_kv_heads == n_kv_heads
     Raises:  ValueError if model is not a Decoder or n_kv_heads does not divide its key/value heads
     Example:

@@ -5,7 +5,7 @@ Waterman and Patterson, CACM 2009) says which of the two sets its time. Its x-ax
 intensity, FLOPs per byte; a device's ridge point, peak FLOP/s / bandwidth, splits memory-bound
 (left) from compute-bound (right). Counts follow notebook 03: 2 FLOPs per multiply-add, matrix
 multiplies only (activations and norms are tiny, left out). Left out: caches between memory levels,
-multi-GPU. The roofline's time of a step is kvlib.measure.machine.roofline_time, for the notebooks' cells.
+multi-GPU.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from kvlib.core.model import matrix_params
 from kvlib.course import inputs
 from kvlib.course.exercises import exercise
-from kvlib.kv_cache import kv_cache_bytes  # Exercise 4.4
+from kvlib.kv_cache import kv_cache_bytes
 
 # ---------------------------------------------------------------------------------------------
 # Helpers the notebook calls
