@@ -283,11 +283,16 @@ def forward_flops(config, seq_len):
     return measured_forward_flops(Decoder(config), seq_len)
 
 
-def attention_share(config, seq_len):
-    """3.4's ready-made answer: torch's share, on a model built for the config."""
+def attention_half_length(config):
+    """3.4's ready-made answer: a search with torch's share, on a model built for the config."""
+    from dataclasses import replace
+
     from kvlib.core.model import Decoder
 
-    return measured_attention_share(Decoder(config), seq_len)
+    model, T = Decoder(replace(config, max_seq_len=4096)), 1
+    while measured_attention_share(model, T) < 0.5:
+        T += 1
+    return T
 '''
 
 
@@ -502,12 +507,8 @@ BANK = {
     "serving": {  # a copy-on-write that copies nothing scores 0 on 7.5; another policy in the budget, full on 7.7
         "cow-nothing-policy-other": (SERVING_07, {"7.1", "7.2", "7.3", "7.4", "7.6", "7.7"}, {"7.5": 0, "7.7": "full"}),
     },
-    "kv_cache": {  # 4.3 through the model's own call: its head check fails; 4.2 and 4.4 by kvlib's code: 0
-        "shortcut-model": (
-            SHORTCUT_04,
-            {"4.1", "4.2", "4.3", "4.4"},
-            {"4.2": 0, "4.3": {"cached_forward_prefill_runs_once": "the layer loop is yours to write"}, "4.4": 0},
-        ),
+    "kv_cache": {  # 4.3 through the model's own call, 4.2 and 4.4 by kvlib's code: each closed while checked, 0
+        "shortcut-model": (SHORTCUT_04, {"4.1", "4.2", "4.3", "4.4"}, {"4.2": 0, "4.3": 0, "4.4": 0}),
     },
     "recompute": {  # 3.1 and 3.4 measured on a model built for the config: 0, and 3.2 and 3.3, which call 3.1
         "shortcut-model": (SHORTCUT_03, {"3.1", "3.2", "3.3", "3.4"}, dict.fromkeys(("3.1", "3.2", "3.3", "3.4"), 0)),
