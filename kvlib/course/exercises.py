@@ -180,6 +180,15 @@ READY_MADE: dict[str, tuple[dict[str, str], str]] = {
         "what an int8 cache allocates is what this count is checked against, not a way to make it. Count the bytes "
         "from the config's sizes, the group and the scales' bytes (no cache is made)",
     ),
+    "9.4": (
+        {
+            "kvlib.compress:dequantize": "called dequantize (notebook 08's float copy of int8 numbers)",
+            "kvlib.compress:int8_attention": "called 8.2's int8_attention (which attends a dequantised copy)",
+            "kvlib.fused:chunk_partial": "called chunk_partial (attention over float keys, flash-decoding's worker)",
+        },
+        "float keys made from the int8 cache, a block at a time or whole, are the copy this exercise does without. "
+        "Attend the int8 numbers with their scales kept out of the keys",
+    ),
     "8.8": (
         {
             "kvlib.core.flops:matmul_flops": "ran torch's FLOP counter (kvlib.core.flops.matmul_flops)",

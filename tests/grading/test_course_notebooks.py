@@ -168,6 +168,19 @@ def tiled_attention(q, k, v, tile):
 def flash_decode_splits(kv_len, n_kv_heads, batch, n_sms):
     """9.5 cheat: the splits notebook 09b prints for an H100 SXM, copied, whatever is asked."""
     return 16
+
+
+def int8_folded_attention(q, k_values, k_scale, v_values, v_scale, kv_len):
+    """9.4 shortcut: flash-decoding's pattern (chunk_partial per group, merged by 9.3) over notebook 08's dequantize,
+    one group at a time: never a float copy of the whole cache, but float keys all the same (refused while checked)."""
+    from kvlib.compress import dequantize
+
+    group, parts = k_values.shape[3], []
+    for g in range(-(-kv_len // group)):
+        end = min(kv_len, (g + 1) * group)
+        k = dequantize(k_values[:, :, g], k_scale[:, :, g])[:, :, : end - g * group]
+        parts.append(chunk_partial(q, k, dequantize(v_values[:, :, g * group : end], v_scale[:, :, g * group : end])))
+    return merge_partials(torch.stack([o for o, _ in parts]), torch.stack([lse for _, lse in parts]))[0]
 '''
 
 CHEAT_09_THREADS = '''
@@ -437,7 +450,7 @@ BANK = {
         "cheat-frames": (
             CHEAT_09_FRAMES,
             {"9.1", "9.2"},
-            {"9.1": 0, "9.2": 0, "9.5": 0},
+            {"9.1": 0, "9.2": 0, "9.4": 0, "9.5": 0},
         ),
         "cheat-threads": (
             CHEAT_09_THREADS,
