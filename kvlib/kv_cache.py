@@ -10,7 +10,6 @@ import torch.nn.functional as F
 
 from kvlib.attention import causal_mask
 from kvlib.core.cache import CacheBase
-from kvlib.core.model import num_params
 from kvlib.course import inputs
 from kvlib.course.exercises import exercise
 from kvlib.generation import next_token
@@ -143,8 +142,7 @@ def generate_cached(
 def sequences_that_fit(config, memory_bytes: int, seq_len: int, dtype: torch.dtype = torch.float16) -> int:
     """How many whole sequences of seq_len tokens a model of config decodes at once in memory_bytes, all in dtype.
 
-    A prediction, before the notebook allocates them: everything a batch that size needs must fit (num_params and
-    Exercise 4.4 count the parts).
+    A prediction, before the notebook allocates them: everything a batch that size needs must fit.
     Args:    config: a ModelConfig;  memory_bytes, seq_len: positive ints;  dtype: a torch dtype.  Returns: int >= 0
     Raises:  ValueError if config is not a ModelConfig, memory_bytes or seq_len not a positive int, dtype not a dtype
     Example:

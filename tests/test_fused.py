@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from conftest import handed_in, on_a_terminal, shown_progress
 
 from kvlib import compress, fused
-from kvlib.checks import checks_for, run
+from kvlib.checks import Graded, checks_for, run
 from kvlib.checks.compress import _int8_cache
 from kvlib.core.flops import matmul_flops
 from kvlib.course.exercises import BY_ID, ExerciseNotDone
@@ -224,7 +224,7 @@ def _messages(ex_id: str, **replaced) -> list[str]:
     out = []
     for check in checks_for(BY_ID[ex_id]):
         try:
-            check.fn(_module(**replaced), np.random.default_rng(0))
+            check.fn(Graded(_module(**replaced), "fused"), np.random.default_rng(0))  # ready-made answers closed
             out.append("")
         except AssertionError as err:
             out.append(str(err) or "assertion")
@@ -545,6 +545,26 @@ def folded_dequantise_all(q, k_values, k_scale, v_values, v_scale, kv_len):  # r
     return compress.int8_attention(q, k_values, k_scale, v_values, v_scale, kv_len)
 
 
+def folded_flash_decode_dequantised(q, k_values, k_scale, v_values, v_scale, kv_len):  # flash_decode over 8's copy
+    B, H_kv, n_groups, group, D = k_values.shape
+    parts = []
+    for g in range(-(-kv_len // group)):  # one group at a time: chunk_partial over its dequantised keys, merged (9.3)
+        end = min(kv_len, (g + 1) * group)
+        k = compress.dequantize(k_values[:, :, g], k_scale[:, :, g])[:, :, : end - g * group]
+        v = compress.dequantize(v_values[:, :, g * group : end], v_scale[:, :, g * group : end])
+        parts.append(fused.chunk_partial(q, k, v))
+    return fused.merge_partials(torch.stack([o for o, _ in parts]), torch.stack([lse for _, lse in parts]))[0]
+
+
+def folded_dequantised_by_hand(q, k_values, k_scale, v_values, v_scale, kv_len):  # the same, no kvlib helper
+    B, H_kv, n_groups, group, D = k_values.shape
+    G = q.shape[1] // H_kv
+    qg = q.reshape(B, H_kv, G, D) / math.sqrt(D)
+    scores = [qg @ (k_values[:, :, g].float() * k_scale[:, :, g]).transpose(-2, -1) for g in range(-(-kv_len // group))]
+    probs = torch.cat(scores, -1)[..., :kv_len].softmax(-1) * v_scale[:, :, None, :kv_len, 0]
+    return (probs @ v_values[:, :, :kv_len].float()).reshape(B, H_kv * G, 1, D)
+
+
 def folded_no_k_scale(q, k_values, k_scale, v_values, v_scale, kv_len):
     return fused.int8_folded_attention(q, k_values, torch.ones_like(k_scale), v_values, v_scale, kv_len)
 
@@ -639,8 +659,10 @@ SLIPS = [
     ("9.3", "merge_partials", merge_max_lse, "largest lse_c"),
     ("9.3", "merge_partials", merge_no_shift, "subtract the largest lse"),
     ("9.3", "merge_partials", merge_times_zero, "0 * nan is nan"),
-    ("9.4", "int8_folded_attention", folded_dequantise_all, "the copy folding avoids"),
-    ("9.4", "int8_folded_attention", folded_no_k_scale, "fold k_scale into the query"),
+    ("9.4", "int8_folded_attention", folded_dequantise_all, "called 8.2's int8_attention"),
+    ("9.4", "int8_folded_attention", folded_flash_decode_dequantised, "called dequantize"),
+    ("9.4", "int8_folded_attention", folded_dequantised_by_hand, "the float keys k_values * k_scale were formed"),
+    ("9.4", "int8_folded_attention", folded_no_k_scale, "keys are read without their scales"),
     ("9.4", "int8_folded_attention", folded_all_slots, "past kv_len"),
     ("9.4", "int8_folded_attention", folded_groups_rounded_down, "the last, partly filled group of keys was left out"),
     ("9.4", "int8_folded_attention", folded_float64_out, "returned torch.float64 for torch.float32 inputs"),

@@ -88,9 +88,12 @@ def claims_03(nb) -> None:
     assert calls and int(calls.group(1)) > 50, "the aten count is not printed, or is implausibly small"
     flop_ratio = re.search(r"the FLOP count's ratio \(([\d.]+)\)", cell_text(nb, "attention-time"))
     assert flop_ratio and 100 < float(flop_ratio.group(1)) < 120, "the text says the step at 512 costs about 110 times"
-    shares = re.findall(r"attention +([\d.]+)% of the FLOPs; torch's counter +([\d.]+)%", cell_text(nb, "ex3-4-try"))
-    assert len(shares) == 3 and all(a == b for a, b in shares), f"3.4's prediction is not torch's count: {shares}"
-    assert float(shares[-1][0]) < 50, "the text says attention takes under one half of the tiny model's 512-token step"
+    half = re.search(
+        r"attention ([\d.]+)% of the FLOPs at (\d+) tokens, ([\d.]+)% at (\d+)", cell_text(nb, "ex3-4-try")
+    )
+    assert half and float(half.group(1)) < 50 <= float(half.group(3)), (
+        f"3.4's length is not where torch finds half: {half}"
+    )
 
 
 CLAIMS = {"03-recompute": claims_03}  # what a notebook's text states by construction, checked on its run

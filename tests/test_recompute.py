@@ -1,10 +1,14 @@
 """kvlib/recompute.py (notebook 03): analytic FLOPs equal torch's FLOP counter exactly, the waste grows towards 1,
-and attention's predicted share is the count's.
+and the length at which attention takes half (3.4's prediction) is where torch's counter finds it.
 
 Each exercise's check tests live here under three names, built with conftest.handed_in: ALTERNATIVES
 (correct implementations in another shape, which pass every check of their exercise), SLIPS (likely
 wrong ones, which fail the check or exercise named, with a message naming the slip), and a
 function that changes its arguments (conftest.vandal) scores 0."""
+
+import math
+from dataclasses import replace
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -28,19 +32,21 @@ def test_reference_passes_check(check):
 
 @pytest.mark.parametrize("config", [ODD, ModelConfig(vocab_size=100)], ids=["gqa-odd", "tiny-shape"])
 def test_forward_flops_equals_flop_counter(config):
-    """Check that the analytic count, and attention's predicted share of it (3.4), equal what torch.utils.flop_counter
-    counts exactly (the 1% goal, with margin)."""
+    """Check that the analytic count equals what torch.utils.flop_counter counts exactly (the 1% goal, with margin),
+    and that torch's counter finds attention under half one token before the predicted length (3.4), half at it."""
     model = Decoder(config).eval()
     for T in (1, 16, 40):
         assert recompute.forward_flops(config, T) == recompute.measured_forward_flops(model, T)
-        assert recompute.attention_share(config, T) == pytest.approx(recompute.measured_attention_share(model, T))
+    n = recompute.attention_half_length(config)
+    longer = Decoder(replace(config, max_seq_len=n)).eval()
+    assert recompute.measured_attention_share(longer, n - 1) < 0.5 <= recompute.measured_attention_share(longer, n)
 
 
 NAMES = (
     "forward_flops",
     "new_token_flops",
     "generation_flops",
-    "attention_share",
+    "attention_half_length",
     "measured_forward_flops",
     "measured_attention_share",
 )
@@ -128,21 +134,24 @@ def generation_numpy(config, prompt_len, max_new_tokens):
     return naive, kept
 
 
-def share_from_differences(config, seq_len):
+def half_from_differences(config):
     f = reference(BY_ID["3.1"])
     quadratic = (f(config, 2) - 2 * f(config, 1)) // 2  # attention's coefficient of seq_len^2
-    return quadratic * seq_len**2 / f(config, seq_len)
+    linear = f(config, 1) - quadratic  # the rest's coefficient of seq_len
+    return max(1, math.ceil(linear / quadratic))  # quadratic T^2 >= linear T: a float ceil, then int
 
 
-def share_closed_form(config, seq_len):
-    T, c = seq_len, 4 * config.n_layers * config.n_heads * config.head_dim
-    return c * T * T / (2 * T * matrix_params(config) + c * T * T)  # no call of 3.1 at all
+def half_closed_form(config):
+    c = 4 * config.n_layers * config.n_heads * config.head_dim
+    return max(1, -(-2 * matrix_params(config) // c))  # c T^2 >= 2 T matrix_params: no call of 3.1 at all
 
 
-def share_of_a_kept_step(config, seq_len):
-    g = reference(BY_ID["3.2"])  # a kept step over seq_len keys: a + c * seq_len, the same share
-    c = g(config, 2) - g(config, 1)
-    return float(np.float64(c * seq_len) / np.float64(g(config, seq_len)))
+def half_of_a_kept_step(config):
+    g = reference(BY_ID["3.2"])  # a kept step over T keys: a + c * T, attention's share the same as a forward's
+    c, T = g(config, 2) - g(config, 1), 1
+    while 2 * c * T < g(config, T):  # a search, one token at a time
+        T += 1
+    return np.int64(T)  # a numpy integer is an int number of tokens too
 
 
 ALTERNATIVES = [
@@ -155,9 +164,9 @@ ALTERNATIVES = [
     ("3.3", {"generation_flops": generation_loop}),
     ("3.3", {"generation_flops": generation_helper}),
     ("3.3", {"generation_flops": generation_numpy}),
-    ("3.4", {"attention_share": share_from_differences}),
-    ("3.4", {"attention_share": share_closed_form}),
-    ("3.4", {"attention_share": share_of_a_kept_step}),
+    ("3.4", {"attention_half_length": half_from_differences}),
+    ("3.4", {"attention_half_length": half_closed_form}),
+    ("3.4", {"attention_half_length": half_of_a_kept_step}),
 ]
 
 
@@ -260,14 +269,29 @@ def _gen(config, prompt_len, n, *, prefill="forward", shift=0, naive_shift=0, sw
 
 
 # 3.4
-def _share(config, seq_len, attention_heads=None, products=2, causal=False, total="forward"):
-    T, L, D = seq_len, config.n_layers, config.head_dim
-    H = attention_heads or config.n_heads
-    scores = T * (T + 1) // 2 if causal else T * T
-    attention = L * products * 2 * scores * D * H
-    f = reference(BY_ID["3.1"])(config, T)
-    rest = f - L * 4 * T * T * D * config.n_heads
-    return attention / {"forward": f, "own": rest + attention, "rest": rest}[total]
+def _half(config, attention_heads=None, products=2, causal=False, total="own", lm_head=True, kv_heads=None, **how):
+    """The first T whose attention share, counted with the slips named, is at least (strict: more than) one half;
+    below: one token before it; as_float: where the two parts meet, unrounded. A bisection on exact fractions."""
+    L, D, C = config.n_layers, config.head_dim, config.d_model
+    H, H_kv = attention_heads or config.n_heads, kv_heads or config.n_kv_heads
+    layer = C * config.n_heads * D + 2 * C * H_kv * D + config.n_heads * D * C + 3 * C * config.hidden_dim
+    rest_per_token = 2 * (L * layer + (C * config.vocab_size if lm_head else 0))
+
+    def share(T):
+        attention = L * products * 2 * (T * (T + 1) // 2 if causal else T * T) * D * H
+        return Fraction(attention, {"own": T * rest_per_token + attention, "rest": T * rest_per_token}[total])
+
+    if how.get("as_float"):
+        return rest_per_token / (4 * L * H * D)
+    lo, hi = 1, 1 << 24
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (
+            (lo, mid)
+            if (share(mid) > Fraction(1, 2) if how.get("strict") else share(mid) >= Fraction(1, 2))
+            else (mid + 1, hi)
+        )
+    return lo - 1 if how.get("below") else lo
 
 
 # (check or exercise, replaced functions, words the failure must contain)
@@ -296,13 +320,16 @@ SLIPS = [
     ("3.3", {"generation_flops": lambda c, p, n: _gen(c, p, n, prefill="none")}, "the prefill is missing"),
     ("3.3", {"generation_flops": lambda c, p, n: _gen(c, p, n, swap=True)}, "wrong way round"),
     ("generation_flops_matches_counts", {"generation_flops": _prefill_as_single_tokens}, "prompt_len single tokens"),
-    ("3.4", {"attention_share": lambda c, T: _share(c, T, causal=True, total="own")}, "causal half only"),
-    ("3.4", {"attention_share": lambda c, T: _share(c, T, attention_heads=c.n_kv_heads, total="own")}, "n_kv_heads"),
-    ("3.4", {"attention_share": lambda c, T: _share(c, T, total="rest")}, "a ratio"),
-    ("3.4", {"attention_share": lambda c, T: _share(c, T, products=1)}, "only one of attention's two products"),
-    ("3.4", {"attention_share": lambda c, T: 100 * _share(c, T)}, "not a percent"),
-    ("3.4", {"attention_share": lambda c, T: 1 - _share(c, T)}, "the rest's share"),
-    ("3.4", {"attention_share": lambda c, T: {8: 0.011, 64: 0.085, 512: 0.426}.get(T, 0.5)}, "expected a share"),
+    ("3.4", {"attention_half_length": lambda c: _half(c, causal=True)}, "causal half only"),
+    ("3.4", {"attention_half_length": lambda c: _half(c, attention_heads=c.n_kv_heads)}, "for n_kv_heads heads"),
+    ("3.4", {"attention_half_length": lambda c: _half(c, kv_heads=c.n_heads)}, "projections counted for n_heads"),
+    ("3.4", {"attention_half_length": lambda c: _half(c, total="rest")}, "half of the rest"),
+    ("3.4", {"attention_half_length": lambda c: _half(c, products=1)}, "only one of attention's two products"),
+    ("3.4", {"attention_half_length": lambda c: _half(c, lm_head=False)}, "the lm_head left out"),
+    ("3.4", {"attention_half_length": lambda c: _half(c, below=True)}, "the last length below one half"),
+    ("3.4", {"attention_half_length": lambda c: _half(c, strict=True)}, "exactly half there"),
+    ("3.4", {"attention_half_length": lambda c: _half(c, as_float=True)}, "should return an int"),
+    ("3.4", {"attention_half_length": lambda c: 691}, "expected attention to reach half"),
 ]
 
 
@@ -352,7 +379,11 @@ READY_MADE = [
     ("3.1", {"forward_flops": _forward_measured_on_meta}, "built a model"),
     ("3.2", {"new_token_flops": _new_token_measured}, "built a model"),
     ("3.3", {"generation_flops": _generation_measured}, "generation_flops (or a function it calls) built a model"),
-    ("3.4", {"attention_share": lambda c, T: recompute.measured_attention_share(Decoder(c), T)}, "built a model"),
+    (
+        "3.4",
+        {"attention_half_length": lambda c: recompute.measured_attention_share(Decoder(c), 1) and 1},
+        "built a model",
+    ),
 ]
 
 

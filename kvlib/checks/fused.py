@@ -673,7 +673,6 @@ def _folded_case(kv, rng, kv_len, n_kv, what):
         f"{what}: int8_folded_attention should return (batch, n_heads, 1, head_dim) = {(B, 6, 1, D)}, "
         f"got {_shape_of(got)}"
     )
-    slips = {m.replace("(k_values * k_scale is the key)", "(fold k_scale into the query)"): t for m, t in slips.items()}
     group = cache[0].shape[3]
     if kv_len % group and kv_len > group:  # the tokens of the whole groups only
         whole = kv_len // group * group
@@ -694,6 +693,36 @@ def int8_folded_matches_int8_attention(kv, rng):
     and 257 (64 whole groups of 4 and one token: a loop over whole blocks of groups must not drop the last)."""
     for kv_len, n_kv in ((13, 2), (1, 2), (9, 1), (301, 2), (40, 6), (257, 2)):
         _folded_case(kv, rng, kv_len, n_kv, f"{kv_len} int8 tokens, {n_kv} key/value heads")
+
+
+@check("9.4")
+def int8_folded_never_forms_the_float_keys(kv, rng):
+    """Check a cache whose keys, dequantised, overflow float32 in one channel (scale 1e37, the query's component there
+    about 1e-37): every score is moderate, so attention over it is finite, and only a float copy of the keys, a
+    block at a time or whole, turns it into inf or nan."""
+    kv_len, c = 21, 5  # six groups of 4, the last partly filled; channel c is the one out of float32's range
+    q = _randn(rng, B, 6, 1, D)
+    k_values, k_scale, v_values, v_scale = _int8_cache(rng, kv_len)
+    k_scale[..., c] = 1e37  # 127 * 1e37 > float32's largest, 3.4e38
+    q[..., c] *= 1e-37
+    expected, _ = _int8_expected_and_slips(q, k_values, k_scale, v_values, v_scale, kv_len)
+    got = kv.int8_folded_attention(
+        q.clone(), k_values.clone(), k_scale.clone(), v_values.clone(), v_scale.clone(), kv_len
+    )
+    what = (
+        f"{kv_len} int8 tokens whose channel {c} has the scale 1e37 (a key there, dequantised, is past float32's range)"
+    )
+    assert isinstance(got, torch.Tensor) and tuple(got.shape) == tuple(q.shape), (
+        f"{what}: int8_folded_attention should return q's shape {tuple(q.shape)}, got {_shape_of(got)}"
+    )
+    assert bool(torch.isfinite(got).all()), (
+        f"{what}: the output holds inf or nan, though every score is moderate (the query's component there is about "
+        "1e-37) and attention over these keys is finite (computed in float64). Somewhere the float keys "
+        "k_values * k_scale were formed, a block at a time or whole: 'no dequantised copy' means no such keys at all"
+    )
+    assert _close(got, expected), (
+        f"{what}: the output differs from attention over (k_values * k_scale) and (v_values * v_scale)"
+    )
 
 
 _INT8 = dict(H=4, H_KV=2, S=65_536, D=128, group=32)  # the measured step: the keys as float32 are 64 MB
@@ -738,8 +767,7 @@ def int8_folded_makes_no_float_copy_of_the_cache(kv, rng):
         assert usage.beyond_inputs < copy // 2, (
             f"int8_folded_attention held {usage.beyond_inputs / MB:.0f} MB beyond its inputs at its peak (the grader "
             f"measures the process's memory) for {n['S']:,} int8 tokens: the cached keys as float32 are "
-            f"{copy / MB:.0f} MB. That is the copy folding avoids: convert a block of tokens at a time, with k_scale "
-            "folded into the query and v_scale into the probabilities"
+            f"{copy / MB:.0f} MB. That is the float copy this exercise does without"
         )
         return
     kv_len = 2048
@@ -752,6 +780,6 @@ def int8_folded_makes_no_float_copy_of_the_cache(kv, rng):
     big = [(op, shape) for op, shape in made if math.prod(shape) >= limit]
     assert not big, (
         f"int8_folded_attention made a tensor of shape {big[0][1]} ({big[0][0]}): "
-        f"{math.prod(big[0][1]) / (2 * limit):.0%} of the cached keys' numbers. That is the copy folding avoids: "
-        "convert a block of tokens at a time, with k_scale folded into the query and v_scale into the probabilities"
+        f"{math.prod(big[0][1]) / (2 * limit):.0%} of the cached keys' numbers. That is the float copy this "
+        "exercise does without"
     )

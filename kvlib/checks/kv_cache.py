@@ -500,8 +500,7 @@ def cached_forward_prefill_runs_once(kv, rng):
     assert positions <= 1, (
         f"a prefill of 12 tokens ran {positions} position(s) of each sequence through the output head (model.lm_head), "
         "and only the last one's logits are returned: run the last position alone through model.norm and the head "
-        "(a prompt of 8,000 tokens and a vocabulary of 128,000 would make 4 GB of logits to keep one row). "
-        "model(ids, past_key_values=cache) runs the head on every position: the layer loop is yours to write"
+        "(a prompt of 8,000 tokens and a vocabulary of 128,000 would make 4 GB of logits to keep one row)"
         + (" (the head runs, and is counted, in the grader)" if isolated(kv.cached_forward) else "")
     )
 

@@ -4,21 +4,22 @@ The FLOP count is checked against torch's own FLOP counter on models whose every
 (so a swapped or missing factor shows), and the known slips are named: the factor 2 of a
 multiply-add, the lm_head, the attention term, the key/value heads of GQA (projections per KV head,
 attention products per query head); for a whole generation,
-the prefill and the number of keys each kept step sees; for attention's share (3.4, a prediction graded
-against the count, on real models at their full context too), the causal half, the KV heads, one product,
-a ratio to the rest, a percent. Every expected value comes from torch's counter or the formulas here, never
-from the learner's functions, and each call gets its own config.
+the prefill and the number of keys each kept step sees; for the length at which attention takes half (3.4, a
+prediction graded against the count and torch's counter, on real models far past their contexts too), the causal
+half, the KV heads, one product, half of the rest, the lm_head, the last length below half, more than half.
+Every expected value comes from torch's counter or the formulas here, never from the learner's functions, and each
+call gets its own config.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import replace
-from numbers import Real
+from numbers import Integral
 
 from kvlib.checks import check
 from kvlib.core.configs import REAL_MODELS
-from kvlib.core.flops import forward_flops_counted
+from kvlib.core.flops import attention_flops_counted, forward_flops_counted
 from kvlib.core.model import Decoder, ModelConfig
 
 # every size distinct: vocab, width, layers, heads, KV heads, MLP width
@@ -185,80 +186,76 @@ def generation_flops_one_token_is_a_prefill(kv, rng):
 
 
 # ---------------------------------------------------------------------------------------------
-# 3.4 attention_share: a prediction, graded against the count
+# 3.4 attention_half_length: a prediction, graded against the count
 
 
-def _attention(config, T) -> int:
-    return config.n_layers * 4 * T * T * config.head_dim * config.n_heads  # q @ k^T and probs @ v, every query head
+def _half(rest: int, per_key: int) -> int:
+    """The first T >= 1 with per_key * T >= rest: where attention (per_key * T * 2T) meets the rest (rest * 2T)."""
+    return max(1, -(-rest // per_key))
 
 
-def _share_slips(config, T) -> dict[str, float]:
-    """What attention's share comes out as under each likely slip, by name of the slip's message."""
-    L, D, H, H_kv = config.n_layers, config.head_dim, config.n_heads, config.n_kv_heads
-    attention, total = _attention(config, T), _forward(config, T)
-    rest = total - attention
-    causal = L * 2 * T * (T + 1) * D * H
-    kv_heads = L * 4 * T * T * D * H_kv
+def _half_slips(config) -> dict[str, object]:
+    """What the half length comes out as under each likely slip, by the slip's message."""
+    L, C, D, H, H_kv = config.n_layers, config.d_model, config.head_dim, config.n_heads, config.n_kv_heads
+    layer, head = _terms(config)
+    rest, per_key = L * layer + head, 2 * L * H * D  # the count: 2 T rest + 2 T^2 per_key
+    mha_layer = layer + 2 * C * (H - H_kv) * D
     return {
         "attention counted over the causal half only: Exercise 3.1's count (and torch's) takes the full "
-        "(seq_len, seq_len) score matrix, masked entries included": causal / (rest + causal),
+        "(seq_len, seq_len) score matrix, masked entries included": max(1, _half(2 * rest, per_key) - 1),
         "attention counted for n_kv_heads heads: every one of the n_heads query heads computes its own scores and "
-        "weighted sum (this config is GQA)": kv_heads / (rest + kv_heads),
-        "attention counted for n_kv_heads heads, over a total that counts n_heads: every query head computes its "
-        "own scores and weighted sum": kv_heads / total,
-        "attention against the rest of the forward (a ratio), not its share of the whole: divide by all of "
-        "forward_flops(config, seq_len)": attention / rest,
-        "only one of attention's two products: q @ k^T and probs @ v cost the same": (attention / 2) / total,
-        "one of the two products, over a total with one: q @ k^T and probs @ v both count": (attention / 2)
-        / (rest + attention / 2),
-        "the lm_head left out of the total: it is part of a forward's FLOPs": attention
-        / (total - 2 * T * config.d_model * config.vocab_size),
-        "attention for one query: a forward over seq_len tokens has seq_len queries, each against seq_len keys": (
-            attention / T
-        )
-        / total,
-        "that is the rest's share (1 - attention's)": rest / total,
-        "a share is a fraction between 0 and 1, not a percent": 100 * attention / total,
+        "weighted sum (this config is GQA)": _half(rest, 2 * L * H_kv * D),
+        "the k and v projections counted for n_heads heads: they have n_kv_heads (this config is GQA)": _half(
+            L * mha_layer + head, per_key
+        ),
+        "attention against half of the rest (a ratio of 1/2), not half of the whole forward: the share is attention "
+        "over all of forward_flops": _half(rest, 2 * per_key),
+        "only one of attention's two products: q @ k^T and probs @ v cost the same": _half(2 * rest, per_key),
+        "the lm_head left out: it is part of a forward's FLOPs": _half(L * layer, per_key),
+        "that is the last length below one half: the first at or above it is asked": _half(rest, per_key) - 1,
+        "attention takes exactly half there, which counts: 'at least half', not more than half": rest // per_key + 1,
     }
+
+
+@check("3.4")
+def attention_half_length_matches_the_count(kv, rng):
+    """Check the half length of a GQA model with distinct sizes and of real models (MQA, MHA, GQA; Llama-2-7B's
+    attention takes exactly half at its length), far past their contexts: arithmetic only, no model is built."""
+    cases = {"the GQA test model": ODD, **{name: _real(name) for name in ("Falcon-7B", "Llama-2-7B", "Llama-3-8B")}}
+    for name, config in cases.items():
+        layer, head = _terms(config)
+        expected = _half(config.n_layers * layer + head, 2 * config.n_layers * config.n_heads * config.head_dim)
+        got = kv.attention_half_length(replace(config))
+        assert isinstance(got, Integral) and not isinstance(got, bool), (
+            f"{name}: attention_half_length should return an int number of tokens, got {got!r}"
+        )
+        got = int(got)
+        if got == expected:
+            continue
+        for slip, value in _half_slips(config).items():
+            if got == value != expected:
+                raise AssertionError(f"{name}: {slip}")
+        raise AssertionError(
+            f"{name}: expected attention to reach half of the forward at {expected:,} tokens, got {got:,}"
+        )
+
+
+@check("3.4")
+def attention_half_length_is_where_torchs_counter_finds_half(kv, rng):
+    """Check, with torch's own FLOP counter on a small GQA model built long enough, that attention takes under half
+    of a forward one token before the predicted length and at least half at it."""
+    T = kv.attention_half_length(replace(ODD))
+    assert isinstance(T, Integral) and not isinstance(T, bool) and 1 < T < 4 * ODD.max_seq_len, (
+        f"the GQA test model: expected a length between 2 and {4 * ODD.max_seq_len - 1}, got {T!r}"
+    )
+    T = int(T)
+    model = Decoder(replace(ODD, max_seq_len=T))
+    shares = [attention_flops_counted(model, n) / forward_flops_counted(model, n) for n in (T - 1, T)]
+    assert shares[0] < 0.5 <= shares[1], (
+        f"torch's counter finds attention's share {shares[0]:.4f} at {T - 1} tokens and {shares[1]:.4f} at {T}: "
+        "the length asked is the first at which it reaches one half"
+    )
 
 
 def _real(name: str):
     return replace(REAL_MODELS[name].config)
-
-
-@check("3.4")
-def attention_share_matches_the_count(kv, rng):
-    """Check attention's share of a forward's FLOPs on a GQA model with distinct sizes, and on real models at their
-    full context (arithmetic only: no model of that size is built)."""
-    cases = [(ODD, 1), (ODD, 9), (ODD, 40), (_real("Llama-2-7B"), 4096), (_real("Llama-3-8B"), 8192)]
-    for config, T in cases:
-        expected = _attention(config, T) / _forward(config, T)
-        got = kv.attention_share(replace(config), T)
-        assert isinstance(got, Real) and not isinstance(got, bool), (
-            f"attention_share should return a float, got {type(got).__name__}"
-        )
-        if math.isclose(got, expected, rel_tol=1e-9):
-            continue
-        for slip, value in _share_slips(config, T).items():
-            if math.isclose(got, value, rel_tol=1e-9) and not math.isclose(value, expected, rel_tol=1e-9):
-                raise AssertionError(f"seq_len {T}: {slip}")
-        raise AssertionError(f"seq_len {T}: expected a share of {expected:.6f}, got {got!r}")
-
-
-@check("3.4")
-def attention_share_grows_towards_one(kv, rng):
-    """Check that attention's share grows with seq_len, stays below 1, and passes one half where its T^2 term
-    overtakes the rest (on the GQA model)."""
-    layer, head = _terms(ODD)
-    crossover = 2 * (ODD.n_layers * layer + head) / (4 * ODD.n_layers * ODD.n_heads * ODD.head_dim)  # a T = c T^2
-    lengths = (1, 4, 16, math.floor(crossover), math.ceil(crossover) + 1, 4096)
-    shares = [float(kv.attention_share(replace(ODD), T)) for T in lengths]
-    assert all(0 < s < 1 for s in shares), f"a share lies between 0 and 1, got {[round(s, 4) for s in shares]}"
-    assert shares == sorted(shares) and shares[0] < shares[-1], (
-        f"attention's T^2 grows faster than the rest's T: the share should grow with seq_len, got "
-        f"{[round(s, 4) for s in shares]} at {list(lengths)}"
-    )
-    assert shares[3] <= 0.5 < shares[4], (
-        f"attention should pass half of the forward between {lengths[3]} and {lengths[4]} tokens, where its T^2 term "
-        f"overtakes the rest's T term; got {shares[3]:.3f} and {shares[4]:.3f}"
-    )

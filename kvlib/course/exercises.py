@@ -61,7 +61,7 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("3.1", "FLOPs of one forward pass", "03-recompute", "recompute", "forward_flops"),
     Exercise("3.2", "FLOPs one new token needs", "03-recompute", "recompute", "new_token_flops"),
     Exercise("3.3", "FLOPs of a whole generation, naive and kept", "03-recompute", "recompute", "generation_flops"),
-    Exercise("3.4", "Predict: attention's share of a step", "03-recompute", "recompute", "attention_share"),
+    Exercise("3.4", "Predict: where attention takes half", "03-recompute", "recompute", "attention_half_length"),
     Exercise("4.1", "Write into the cache", "04-kv-cache", "kv_cache", "KVCache.update"),
     Exercise("4.2", "Attention with a cache", "04-kv-cache", "kv_cache", "cached_attention"),
     Exercise("4.3", "Prefill and decode step", "04-kv-cache", "kv_cache", "cached_forward"),
@@ -135,9 +135,19 @@ READY_MADE: dict[str, tuple[dict[str, str], str]] = {
             "kvlib.core.cache:attention_through_cache": "called kvlib.core.cache.attention_through_cache",
             "kvlib.core.cache:causal_attend": "called kvlib.core.cache.causal_attend",
             "kvlib.core.model:Attention.attend": "called the model's attention step (Attention.attend)",
+            "kvlib.core.model:causal_mask_tensor": "called the model's mask (kvlib.core.model.causal_mask_tensor)",
         },
         "that is the infrastructure's own copy of this exercise, which decides where the new tokens sit and which "
         "keys each query sees. Write those steps in cached_attention: project, store, attend, o_proj",
+    ),
+    "4.3": (
+        {
+            "kvlib.core.model:Decoder.forward": "ran the model's own forward (model(...))",
+            "kvlib.core.model:Block.forward": "ran a layer's own forward (model.layers[i](...))",
+        },
+        "without a cache it recomputes what the cache keeps; with one, the model's and its layers' forwards are the "
+        "infrastructure's copy of this exercise. Write the pass in cached_forward from the layers' parts (norms, "
+        "attention through the cache, MLP), the cache and the head",
     ),
     "4.4": (
         {
@@ -177,6 +187,15 @@ READY_MADE: dict[str, tuple[dict[str, str], str]] = {
         },
         "what an int8 cache allocates is what this count is checked against, not a way to make it. Count the bytes "
         "from the config's sizes, the group and the scales' bytes (no cache is made)",
+    ),
+    "9.4": (
+        {
+            "kvlib.compress:dequantize": "called dequantize (notebook 08's float copy of int8 numbers)",
+            "kvlib.compress:int8_attention": "called 8.2's int8_attention (which attends a dequantised copy)",
+            "kvlib.fused:chunk_partial": "called chunk_partial (attention over float keys, flash-decoding's worker)",
+        },
+        "float keys made from the int8 cache, a block at a time or whole, are the copy this exercise does without. "
+        "Attend the int8 numbers with their scales kept out of the keys",
     ),
     "8.8": (
         {

@@ -255,6 +255,13 @@ def alpha_formula(alpha: float, gamma: int) -> float:
     return gamma + 1.0 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
 
 
+def most_kept(p: torch.Tensor, q: torch.Tensor) -> float:
+    """The largest share of drafts sampled from q that any rule keeping the output distributed as p can keep: the
+    overlap of the two distributions, sum(min(p, q)) (Leviathan et al., arXiv 2211.17192: their acceptance rate). Notebook 10b
+    prints it beside the share 10.3's rule keeps, without showing the rule its formula points to."""
+    return float(torch.minimum(p, q).sum())
+
+
 def predicted_speedup(alpha: float, gamma: int, c: float) -> float:
     """Leviathan et al.'s speedup: tokens per pass over the cost of a round in model steps (gamma c + 1)."""
     return alpha_formula(alpha, gamma) / (gamma * c + 1)

@@ -206,7 +206,8 @@ def int8_folded_attention(q, k_values, k_scale, v_values, v_scale, kv_len: int) 
     Args:    q: (batch, n_heads, 1, head_dim) float32; the cache as 8.2 takes it: k_values int8 (batch,
              n_kv_heads, n_groups, group, head_dim), k_scale (batch, n_kv_heads, n_groups, 1, head_dim),
              v_values int8 (batch, n_kv_heads, >= kv_len, head_dim), v_scale (batch, n_kv_heads, >= kv_len, 1).
-    Returns: (batch, n_heads, 1, head_dim): 8.2's answer (to float32 rounding). It never allocates a float
+    Returns: (batch, n_heads, 1, head_dim): 8.2's answer (to float32 rounding), on any cache whose scores are
+             moderate, one whose keys times their scales would overflow float32 included. It never allocates a float
              tensor holding half as many numbers as the cached keys (or values) or more.
     Raises:  ValueError if q holds more than one query, or a scale is missing or of the wrong shape.
     Example:

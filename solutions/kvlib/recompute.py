@@ -123,7 +123,7 @@ def generation_flops(config, prompt_len: int, max_new_tokens: int) -> tuple[int,
     """FLOPs of generating max_new_tokens tokens after a prompt of prompt_len tokens: naive, and kept.
 
     Naive: notebook 02's loop, the model run over the whole sequence so far for each new token. Kept: the same
-    tokens, every key and value computed once and kept (notebook 04's cache). Both by the rules of 3.1 and 3.2.
+    tokens, every key and value computed once and kept (notebook 04's cache). Both counted as forward_flops counts.
     Args:    config: a ModelConfig;  prompt_len, max_new_tokens: positive ints
     Returns: (naive, kept), two ints; naive >= kept
     Raises:  ValueError if config is not a ModelConfig, or a length is not a positive int
@@ -145,21 +145,21 @@ def generation_flops(config, prompt_len: int, max_new_tokens: int) -> tuple[int,
 # Exercise 3.4: predict, then measure
 
 
-@exercise("3.4", validate=inputs.check_length)
-def attention_share(config, seq_len: int) -> float:
-    """Attention's share of one forward pass's matrix-multiply FLOPs over seq_len tokens, as Exercise 3.1 counts them.
+@exercise("3.4", validate=inputs.check_config)
+def attention_half_length(config) -> int:
+    """The smallest seq_len at which attention's two products make at least half of forward_flops(config, seq_len).
 
-    A prediction, made before the notebook times attention: the share of forward_flops(config, seq_len) spent in
-    attention's two products, by arithmetic on config (no model runs).
-    Args:    config: a ModelConfig;  seq_len: tokens, >= 1
-    Returns: float in (0, 1)
-    Raises:  ValueError if config is not a ModelConfig or seq_len is not a positive int
+    A prediction, before the notebook times attention, by arithmetic on config (no model runs).
+    Args:    config: a ModelConfig; its max_seq_len does not bound the answer
+    Returns: int >= 1
+    Raises:  ValueError if config is not a ModelConfig
     Example:
-        >>> from kvlib.core.model import ModelConfig; config = ModelConfig(vocab_size=50)
-        >>> 0 < attention_share(config, 16) < attention_share(config, 64) < 1
-        True
+        >>> from kvlib.core.model import ModelConfig
+        >>> attention_half_length(ModelConfig(vocab_size=50))
+        647
     """
     ### BEGIN SOLUTION
-    attention = config.n_layers * 2 * (2 * seq_len * seq_len * config.head_dim * config.n_heads)  # per query head
-    return attention / forward_flops(config, seq_len)
+    per_key = 2 * config.n_layers * config.n_heads * config.head_dim  # attention: 2 * per_key * T^2 FLOPs
+    rest = forward_flops(config, 1) - 2 * per_key  # the rest: rest * T FLOPs (projections, MLP, lm_head)
+    return max(1, -(-rest // (2 * per_key)))  # the first T with 2 per_key T^2 >= rest T, rounded up
     ### END SOLUTION

@@ -72,7 +72,7 @@ def verify_greedy(model, cache, last_token: int, draft: list[int]) -> tuple[int,
              last_token: the newest token, not in the cache yet; draft: 0 or more ids proposed to follow it
     Returns: (n_accepted, next_token): draft[:n_accepted] are the tokens greedy decoding makes after last_token,
              next_token the model's greedy token after those. On return the cache holds last_token and
-             draft[:n_accepted] too, nothing more: its pos grew by n_accepted + 1.
+             draft[:n_accepted] too, nothing more.
     Raises:  ValueError if the cache has no room for last_token and the whole draft
     Example:
         >>> from kvlib.core.weights import load_tiny; model, tokenizer = load_tiny()
@@ -106,8 +106,9 @@ def speculative_generate(
              input_ids: (1, seq_len) long; gamma >= 1: the most tokens drafted per pass; eos_token: generation stops
              right after the model makes it (returned); cache: reset first, or None for a new KVCache
     Returns: (1, seq_len + n_new) long, n_new <= max_new_tokens (fewer only when eos_token came): greedy decoding's
-             tokens, from a pass over the prompt (or all but its last token, verified with the first drafts) and one
-             per round drafting min(gamma, tokens left - 1); the cache holds all but the last, as plain decoding's.
+             tokens, in as few forward passes of model as these drafts allow: no pass verifies a draft that
+             max_new_tokens would throw away, none more than gamma. On return the cache holds what plain cached
+             decoding (generate_cached) leaves in it.
     Raises:  ValueError for gamma < 1, a drafter with another vocabulary, or a cache without room for seq_len +
              max_new_tokens tokens
     Example:
@@ -196,14 +197,20 @@ def accept_sampled(
 
 @exercise("10.4", validate=inputs.check_prompt_lookup)
 def prompt_lookup(tokens: list[int], n: int, k: int) -> list[int]:
-    """Drafts without a model: the tokens that followed the latest earlier occurrence of the last n tokens.
+    """Drafts without a model: the text's own guess at what follows its last n tokens, copied from earlier in it.
 
     Args:    tokens: the text so far (prompt and generated ids); n >= 1: tokens to match; k >= 1: the most to propose
-    Returns: at most k ids (fewer where the text ends); [] when the last n tokens occur nowhere earlier
+    Returns: at most k ids copied from tokens; the examples below are the contract: which earlier place counts
+             when the last n tokens stood at several, where such a place may sit, and what comes back at the
+             text's end or when they stood nowhere earlier
     Raises:  ValueError if n or k is below 1
     Example:
         >>> prompt_lookup([1, 2, 3, 9, 1, 2], n=2, k=3)
         [3, 9, 1]
+        >>> prompt_lookup([5, 1, 2, 7, 1, 2, 8, 1, 2], n=2, k=1), prompt_lookup([4, 4, 4], n=2, k=3)
+        ([8], [4])
+        >>> prompt_lookup([1, 2, 3, 2], n=2, k=3), prompt_lookup([3, 1, 2, 3], n=1, k=5)
+        ([], [1, 2, 3])
     """
     ### BEGIN SOLUTION
     tail = list(tokens[-n:])

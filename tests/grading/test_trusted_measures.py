@@ -502,13 +502,13 @@ def _only_in_child(
 # count on configurations the notebook never prints, they score 0 on every cell of their exercise
 
 COPIED_PREDICTIONS = {
-    "3.4 the shares notebook 03 prints": (
+    "3.4 the length notebook 03 prints": (
         "recompute",
         '''
 
-def attention_share(config, seq_len):
-    """The attack: the tiny model's shares as the notebook prints them, looked up whatever the config."""
-    return {8: 0.011, 64: 0.085, 512: 0.426}.get(seq_len, 0.5)
+def attention_half_length(config):
+    """The attack: the tiny model's length as the notebook prints it (Llama-2-7B's for its sizes), whatever else."""
+    return 25204 if config.d_model == 4096 and config.n_layers == 32 else 691
 ''',
     ),
     "4.6 the count notebook 04b prints": (
@@ -526,7 +526,7 @@ def sequences_that_fit(config, memory_bytes, seq_len, dtype=torch.float16):
 @pytest.mark.slow
 @pytest.mark.parametrize("copied", list(COPIED_PREDICTIONS))
 def test_a_prediction_copied_from_the_run_earns_nothing_in_the_child(copied):
-    """Check that a prediction exercise answered with the numbers the learner's run prints (3.4's shares, 4.6's count)
+    """Check that a prediction exercise answered with the numbers the learner's run prints (3.4's length, 4.6's count)
     instead of the formula fails every check of its exercise in the isolated child, as autograde runs them."""
     from kvlib.checks import checks_for
     from kvlib.course.exercises import BY_ID, EXERCISES
@@ -732,10 +732,14 @@ def measure_ttft_itl(model, input_ids, max_new_tokens):
 
 ATTACKS = {
     "4.1 reallocating, the address faked": ("kv_cache", REALLOCATING_CACHE, {"kv_cache_update_writes_in_place"}),
-    "4.3/4.5 earlier tokens replayed out of the FLOP counter's sight": (
-        "kv_cache",
+    "4.3/4.5 earlier tokens replayed out of the FLOP counter's sight": (  # 4.3's decode steps: the model's forward,
+        "kv_cache",  # closed while 4.3 is checked (READY_MADE), refuses the replay in every cell with a decode step
         HIDDEN_REPLAY,
-        {"cached_forward_decode_uses_the_cache", "generate_cached_uses_the_cache"},
+        {
+            "cached_forward_matches_full_forward",
+            "cached_forward_decode_uses_the_cache",
+            "generate_cached_uses_the_cache",
+        },
     ),
     "6.2 heads copied out of the watch's sight": ("gqa", HIDDEN_REPEAT, {"grouped_attention_does_not_copy_heads"}),
     "6.2 heads copied into a buffer kept from import": ("gqa", KEPT_BUFFER, {"grouped_attention_does_not_copy_heads"}),
@@ -866,7 +870,7 @@ def _shape_id(ex: str, obj) -> str:
 
 MEASURED_SHAPES = [
     *(f"4.1-_update_{way}" for way in ("index_copy", "loop", "narrow")),
-    *(f"4.3-_forward_{way}" for way in ("einsum_head", "blocks", "float64_head")),
+    *(f"4.3-_forward_{way}" for way in ("einsum_head", "float64_head")),
     *(f"4.5-_generate_{way}" for way in ("preallocated", "while_cat", "past_key_values")),
     *(f"6.2-attention_{way}" for way in ("einsum", "loop", "bmm")),
     *(f"8.6-absorbed_{way}" for way in ("matmul", "folded_rope", "float64")),
