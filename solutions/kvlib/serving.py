@@ -133,10 +133,9 @@ def copy_on_write(pool: BlockPool, table: BlockTable, index: int) -> int:
     """Make table.blocks[index] this table's own before it is written into, so that no other table sees the write.
 
     Args:    pool: the BlockPool;  table: a BlockTable;  index: 0 <= index < len(table.blocks)
-    Returns: int, the block table.blocks[index] holds afterwards. After the call that block is held by this
-             table alone and holds, in every layer, the K and V the table read there before; every other table
-             reads exactly what it read before; pool.refs still counts the tables holding each block (none
-             leaked, none freed while held); a block this table already held alone stays where it is.
+    Returns: int, the block table.blocks[index] holds afterwards, one that a write by this table changes for this
+             table alone. Every table, this one included, reads what it read before the call; pool.refs still counts
+             the tables holding each block; no block is copied that did not need it.
     Raises:  ValueError if index is out of range; OutOfBlocks if a copy is needed and no block is free
     Example:
         >>> from kvlib.core.model import ModelConfig; pool = BlockPool(ModelConfig(vocab_size=50), n_blocks=4, block_size=4)
