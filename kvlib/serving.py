@@ -22,7 +22,7 @@ from kvlib.gqa import grouped_attention
 
 
 class BlockPool(BlockStore):
-    """K/V blocks of every layer (kvlib.core.paging.BlockStore: k, v, free list, refs, allocate, share, read), and release."""
+    """K/V blocks of every layer (kvlib.core.paging.BlockStore: k, v, free list, refs, allocate, share), and release."""
 
     @exercise("7.1", validate=inputs.check_block)
     def release(self, block: int) -> None:
@@ -55,7 +55,7 @@ class BlockTable:
     def append(self, pool: BlockPool, n: int = 1) -> list[int]:
         """Make room for n more tokens of this sequence; return their slots, in order.
 
-        A slot numbers a token's place in the pool: slot s is offset s % block_size of block s // block_size. The
+        A slot numbers a token's place in the pool: block 0's block_size slots first, then block 1's, and so on. The
         table holds no block its tokens do not need.
         Args:    pool: the BlockPool the table's blocks come from;  n: tokens, >= 1
         Returns: list of n int slots, of the sequence's positions length ... length + n - 1; length grows by n
@@ -107,10 +107,9 @@ def copy_on_write(pool: BlockPool, table: BlockTable, index: int) -> int:
     """Make table.blocks[index] this table's own before it is written into, so that no other table sees the write.
 
     Args:    pool: the BlockPool;  table: a BlockTable;  index: 0 <= index < len(table.blocks)
-    Returns: int, the block table.blocks[index] holds afterwards. After the call that block is held by this
-             table alone and holds, in every layer, the K and V the table read there before; every other table
-             reads exactly what it read before; pool.refs still counts the tables holding each block (none
-             leaked, none freed while held); a block this table already held alone stays where it is.
+    Returns: int, the block table.blocks[index] holds afterwards, one that a write by this table changes for this
+             table alone. Every table, this one included, reads what it read before the call; pool.refs still counts
+             the tables holding each block; no block is copied that did not need it.
     Raises:  ValueError if index is out of range; OutOfBlocks if a copy is needed and no block is free
     Example:
         >>> from kvlib.core.model import ModelConfig; pool = BlockPool(ModelConfig(vocab_size=50), n_blocks=4, block_size=4)
@@ -145,13 +144,14 @@ class Scheduler(Engine):
 
     @exercise("7.4")
     def step(self) -> None:
-        """One iteration of continuous batching: after it, every request has moved on as the contract below says.
-        The contract, held by the checks as invariants whatever victim() you choose:
-          - first come first served admission: never past an earlier request that waits, and one that fits
-            (blocks_to_admit(r) blocks free) is admitted while fewer than max_batch run; admit(r) prefills it;
-          - a request that is done is retired in the step that finished it, its prefill included;
-          - decode() runs only when its blocks_to_decode() blocks are free, and advances every running request;
-          - self.victim() is preempted only while the decode is short, and as often as it is short.
+        """One iteration of continuous batching. The contract, held by the checks whatever victim() you choose, as
+        it stands when the step returns:
+          - admission went first come, first served: the requests that left the line were its first ones, and when
+            it stopped, max_batch requests ran or the first still waiting needed more free blocks than it found;
+          - every request still running got one more token in this step's decode, which never ran out of blocks:
+            where it would have, the requests self.victim() named went back to the front of the line, no more of
+            them than the decode needed;
+          - no request that is done still runs, whichever pass (its prefill or a decode) finished it.
         Returns: None. Raises: nothing of its own (an engine method's error passes through)
         Example:
             >>> from kvlib.core.weights import load_tiny; model, _ = load_tiny()

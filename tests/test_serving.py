@@ -21,7 +21,7 @@ from kvlib import serving
 from kvlib.checks import checks_for
 from kvlib.checks.serving import CONFIG
 from kvlib.core.model import ModelConfig
-from kvlib.core.paging import BlockStore, Engine
+from kvlib.core.paging import BlockStore, Engine, laid_out
 from kvlib.course.exercises import BY_ID
 
 SERVING_CHECKS = [c for i in range(1, 7) for c in checks_for(BY_ID[f"7.{i}"])]
@@ -51,18 +51,23 @@ def _module(**over):
     return ns
 
 
-def test_a_block_tables_read_is_its_tokens_in_table_order():
-    """Check that BlockStore.read (what paged attention reads through) gives a table's first length tokens, token t
-    from slot t % block_size of its (t // block_size)-th block, for every length from none to all its slots."""
+def test_the_yardsticks_layout_is_a_tables_tokens_in_table_order():
+    """Check that kvlib.core.paging.laid_out (what 7.3 is checked against reads through) gives a table's first
+    length tokens, token t from slot t % block_size of its (t // block_size)-th block, for lengths 1 to all its slots."""
     store = BlockStore(ModelConfig(vocab_size=50), n_blocks=8, block_size=4)
-    store.k.normal_(), store.v.normal_()
+    store.k.normal_()
     blocks = [5, 0, 7]
-    for length in range(13):
-        k, v = store.read(1, blocks, length)
-        assert k.shape == v.shape == (store.k.shape[2], length, store.k.shape[4]), (length, k.shape)
+    for length in range(1, 13):
+        k = laid_out(store.k[1], blocks, length)
+        assert k.shape == (store.k.shape[2], length, store.k.shape[4]), (length, k.shape)
         for t in range(length):
             assert torch.equal(k[:, t], store.k[1, blocks[t // 4], :, t % 4]), (length, t)
-            assert torch.equal(v[:, t], store.v[1, blocks[t // 4], :, t % 4]), (length, t)
+
+
+def _read(pool, layer, blocks, length):
+    """A learner's gather (tests only): the first length tokens' K and V of one layer through blocks."""
+    k = torch.cat([pool.k[layer, b] for b in blocks], dim=1)[:, :length]
+    return k, torch.cat([pool.v[layer, b] for b in blocks], dim=1)[:, :length]
 
 
 @pytest.mark.parametrize("check", SERVING_CHECKS, ids=lambda c: c.name)
@@ -156,7 +161,7 @@ class _AppendMath(serving.BlockTable):
 def _paged_repeat(q, pool, layer, tables):
     rows = []
     for i, t in enumerate(tables):
-        k, v = pool.read(layer, t.blocks, t.length)
+        k, v = _read(pool, layer, t.blocks, t.length)
         G = q.shape[1] // k.shape[0]
         k, v = k.repeat_interleave(G, 0)[None], v.repeat_interleave(G, 0)[None]
         T, S = q.shape[2], k.shape[2]
@@ -179,7 +184,7 @@ def _paged_cat_blocks(q, pool, layer, tables):
 def _paged_sdpa(q, pool, layer, tables):
     outs = []
     for i, t in enumerate(tables):
-        k, v = pool.read(layer, t.blocks, t.length)
+        k, v = _read(pool, layer, t.blocks, t.length)
         mask = torch.ones(q.shape[2], t.length, dtype=torch.bool).tril(t.length - q.shape[2])
         outs.append(F.scaled_dot_product_attention(q[i : i + 1], k[None], v[None], attn_mask=mask, enable_gqa=True))
     return torch.cat(outs)
@@ -416,7 +421,7 @@ def _paged_padded(q, pool, layer, tables):
     longest = max(t.length for t in tables)
     rows = []
     for i, t in enumerate(tables):
-        k, v = pool.read(layer, t.blocks, t.length)
+        k, v = _read(pool, layer, t.blocks, t.length)
         k, v = (
             F.pad(k, (0, 0, 0, longest - t.length)),
             F.pad(v, (0, 0, 0, longest - t.length)),
@@ -430,7 +435,7 @@ def _paged_sorted(q, pool, layer, tables):
 
     rows = []
     for i, t in enumerate(tables):
-        k, v = pool.read(layer, sorted(t.blocks), t.length)
+        k, v = _read(pool, layer, sorted(t.blocks), t.length)
         rows.append(grouped_attention(q[i : i + 1], k[None], v[None]))
     return torch.cat(rows)
 
@@ -440,7 +445,7 @@ def _paged_whole_blocks(q, pool, layer, tables):
 
     rows = []
     for i, t in enumerate(tables):
-        k, v = pool.read(layer, t.blocks, len(t.blocks) * pool.block_size)
+        k, v = _read(pool, layer, t.blocks, len(t.blocks) * pool.block_size)
         rows.append(grouped_attention(q[i : i + 1], k[None], v[None]))
     return torch.cat(rows)
 
@@ -457,6 +462,13 @@ class _StepNoPreempt(serving.Scheduler):
         if self.running:
             self.decode()
             self.retire()
+
+
+class _StepDecodesNobody(serving.Scheduler):  # decodes with nobody running (here: once the step left none)
+    def step(self):
+        super().step()
+        if not self.running:
+            self.decode()
 
 
 class _StepPreemptOldest(serving.Scheduler):
@@ -640,6 +652,7 @@ SLIPS = [  # (check, replaced pieces, words its failure must contain)
     ("paged_attention_matches_contiguous", {"paged_attention": _paged_whole_blocks}, "read all of its last block"),
     ("step_preempts_the_newest_and_stays_exact", {"Scheduler": _StepNoPreempt}, "preempt until blocks_to_decode fits"),
     ("step_preempts_the_newest_and_stays_exact", {"Scheduler": _StepPreemptOldest}, "while self.victim() named"),
+    ("step_serves_every_request_exactly", {"Scheduler": _StepDecodesNobody}, "decode() with no request running"),
     ("step_admits_while_blocks_and_batch_allow", {"Scheduler": _StepSkipsAhead}, "first come, first served"),
     (
         "step_admits_while_blocks_and_batch_allow",
@@ -902,3 +915,37 @@ def test_a_pool_made_and_counted_fails_7_6_naming_it():
     exercise's checks, each failure naming the pool it made."""
     failures = check_failures("7.6", _module(block_utilisation=_utilisation_by_tables))
     assert failures and all("made a block pool" in str(err) for _, err in failures), failures
+
+
+# the checks' yardstick, used as 7.3's answer: refused while 7.3 is checked (kvlib.course.exercises.READY_MADE)
+
+
+def _paged_by_yardstick(q, pool, layer, tables):
+    from kvlib.core.paging import laid_out_attention
+
+    return laid_out_attention(q, pool.k[layer], pool.v[layer], tables)
+
+
+def _paged_by_yardsticks_gather(q, pool, layer, tables):
+    from kvlib.gqa import grouped_attention
+
+    rows = []
+    for i, t in enumerate(tables):
+        k, v = laid_out(pool.k[layer], t.blocks, t.length), laid_out(pool.v[layer], t.blocks, t.length)
+        rows.append(grouped_attention(q[i : i + 1], k[None], v[None]))
+    return torch.cat(rows)
+
+
+@pytest.mark.parametrize(
+    ("shortcut", "words"),
+    [(_paged_by_yardstick, "laid_out_attention"), (_paged_by_yardsticks_gather, "(laid_out)")],
+    ids=["attention", "gather"],
+)
+def test_the_checks_yardstick_fails_7_3_naming_it(shortcut, words):
+    """Check that 7.3 answered by the yardstick the notebook compares with (laid_out_attention, or its gather
+    laid_out) fails every check of the exercise, each failure naming it; the same code passes with it open."""
+    failures = check_failures("7.3", _module(paged_attention=shortcut))
+    assert len(failures) == len(checks_for(BY_ID["7.3"])), failures
+    assert all(words in str(err) for _, err in failures), failures
+    for check in checks_for(BY_ID["7.3"]):
+        check.fn(_module(paged_attention=shortcut), np.random.default_rng(0))  # open: the yardstick is right

@@ -22,6 +22,7 @@ from kvlib.checks import check
 from kvlib.checks.kv_cache import drift_weights
 from kvlib.checks.speculative import CheckCache
 from kvlib.core.model import Decoder, ModelConfig
+from kvlib.core.paging import laid_out, laid_out_attention
 from kvlib.core.weights import load_tiny
 from kvlib.measure.bench_serve import BUDGET, budget_trace, serve_by_steps
 
@@ -223,17 +224,13 @@ def _paged_case(sv, rng, lengths, T=1, block_size=4):
     K, V = _random_kv(rng, 16, block_size)
     pool.k, pool.v = K.clone(), V.clone()
     order = [int(b) for b in rng.permutation(16)]
-    tables, expected = [], []
+    tables = []
     q = torch.from_numpy(rng.normal(size=(len(lengths), CONFIG.n_heads, T, CONFIG.head_dim))).float()
-    for i, n in enumerate(lengths):
-        table, blocks = sv.BlockTable(block_size), [order.pop() for _ in range(-(-n // block_size))]
-        table.blocks, table.length = blocks, n
+    for n in lengths:
+        table = sv.BlockTable(block_size)
+        table.blocks, table.length = [order.pop() for _ in range(-(-n // block_size))], n
         tables.append(table)
-        k = torch.cat([K[1, b] for b in blocks], dim=1)[:, :n]  # (H_kv, n, D), laid out in table order
-        v = torch.cat([V[1, b] for b in blocks], dim=1)[:, :n]
-        mask = torch.ones(T, n, dtype=torch.bool).tril(n - T)
-        expected.append(F.scaled_dot_product_attention(q[i : i + 1], k[None], v[None], attn_mask=mask, enable_gqa=True))
-    return pool, tables, q, torch.cat(expected)
+    return pool, tables, q, laid_out_attention(q, K[1], V[1], tables)  # from the check's own K, V
 
 
 @check("7.3")
@@ -249,9 +246,9 @@ def paged_attention_matches_contiguous(sv, rng):
     for i, t in enumerate(tables):
         if not torch.allclose(out[i], expected[i], atol=1e-5):
             if t.length % pool.block_size:
-                k = torch.cat([pool.k[1, b] for b in t.blocks], dim=1)
-                v = torch.cat([pool.v[1, b] for b in t.blocks], dim=1)
-                whole = F.scaled_dot_product_attention(q[i : i + 1], k[None], v[None], enable_gqa=True)
+                n = len(t.blocks) * pool.block_size
+                k, v = laid_out(pool.k[1], t.blocks, n)[None], laid_out(pool.v[1], t.blocks, n)[None]
+                whole = F.scaled_dot_product_attention(q[i : i + 1], k, v, enable_gqa=True)
                 if torch.allclose(out[i], whole[0], atol=1e-5):
                     raise AssertionError(
                         f"row {i} read all of its last block: only table.length = {t.length} slots hold its tokens"

@@ -167,6 +167,14 @@ READY_MADE: dict[str, tuple[dict[str, str], str]] = {
         "that is the infrastructure's own grouped attention (for a decode step). Write how a group's query heads "
         "meet their key/value head in grouped_attention",
     ),
+    "7.3": (
+        {
+            "kvlib.core.paging:laid_out_attention": "called the checks' yardstick (laid_out_attention)",
+            "kvlib.core.paging:laid_out": "read the pool through the checks' yardstick (laid_out)",
+        },
+        "what paged attention is checked against, not a way to make it. Read each row's keys and values through its "
+        "own block table and attend over them",
+    ),
     "7.6": (
         {"kvlib.core.paging:BlockStore.__init__": "made a block pool (BlockPool)"},
         "the blocks a pool hands out are what this share is checked against, not a way to make it. Work the share "

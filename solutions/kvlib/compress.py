@@ -22,16 +22,17 @@ from kvlib.course.exercises import exercise
 
 @exercise("8.1", validate=inputs.check_quantize)
 def quantize(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric int8: x ~= values * scale, with one float32 scale for each slice of x along `dim`.
+    """Symmetric int8 with one float32 scale (the step between integers) for each slice of x along `dim`.
 
-    The numbers along dim share a scale (keys per channel: -2; values per token: -1). Each slice's largest |x| maps
-    to +-127 exactly, and values * scale lies within half a scale step of x; an all-zero slice gets values 0.
+    The numbers along dim share a scale (keys per channel: -2; values per token: -1). Each slice's step is the finest
+    at which all of its numbers fit in -127 ... 127, and dequantize(values, scale) lies within half a step of x; an
+    all-zero slice gets values 0.
     Args:    x: float tensor of any shape;  dim: an axis of x
     Returns: values: x's shape, torch.int8 in [-127, 127];  scale: x's shape with size 1 at dim, float32, finite, > 0
     Raises:  ValueError if x is not a float tensor or dim is not one of its axes
     Example:
-        >>> values, scale = quantize(torch.tensor([[1.0, -2.0]]), dim=-1); values.tolist(), round(scale.item() * 127, 4)
-        ([[64, -127]], 2.0)
+        >>> values, scale = quantize(torch.tensor([[1.0, -2.0]]), dim=-1); values.tolist(), scale.shape
+        ([[64, -127]], torch.Size([1, 1]))
     """
     ### BEGIN SOLUTION
     scale = x.float().abs().amax(dim=dim, keepdim=True) / 127  # (..., 1, ...): the slice's largest |x| -> 127
@@ -47,13 +48,14 @@ def dequantize(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 @exercise("8.2", validate=inputs.check_int8_attention)
 def int8_attention(q, k_values, k_scale, v_values, v_scale, kv_len: int) -> torch.Tensor:
-    """Causal attention of q against the first kv_len tokens of an int8 cache (grouped heads as in 6.2).
+    """Causal attention of q against the first kv_len tokens of an int8 cache, n_heads a multiple of n_kv_heads.
 
     Args:    q: (batch, n_heads, seq_len, head_dim) float32, the last seq_len of the kv_len positions
              k_values: int8 (batch, n_kv_heads, n_groups, group, head_dim), token t in group t // group, and
              k_scale (batch, n_kv_heads, n_groups, 1, head_dim); v_values: int8 (batch, n_kv_heads, >= kv_len,
              head_dim), v_scale (batch, n_kv_heads, >= kv_len, 1); kv_len <= n_groups * group tokens written
-    Returns: (batch, n_heads, seq_len, head_dim) float32, equal to float attention on dequantize(values, scale)
+    Returns: (batch, n_heads, seq_len, head_dim) float32: the attention over the float keys and values these int8
+             numbers stand for, up to float rounding; the slots past kv_len hold anything and change nothing
     Raises:  ValueError if the shapes or dtypes do not fit together or kv_len is out of range
     Example:
         >>> (kq, ks), (vq, vs) = quantize(torch.randn(1, 2, 2, 4, 16), dim=-2), quantize(torch.randn(1, 2, 8, 16), dim=-1)
@@ -119,8 +121,9 @@ class SinkCache(CacheBase):
     def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the seq_len new tokens (positions pos, pos + 1, ...) into their slots; return the filled slots.
 
-        Tokens 0 ... n_sink - 1 keep slots 0 ... n_sink - 1 for good; later tokens take the window slots in turn
-        (the first past the sinks slot n_sink), then overwrite the oldest window token. pos stays: advance() moves it.
+        Afterwards the cache holds the n_sink first tokens and the window latest ones: while it fills, token p takes
+        slot p; once full, a new token takes the slot of the window token it pushes out (sinks never leave, and no
+        kept token moves). pos stays: advance() moves it.
         Args:    layer: 0 <= layer < n_layers;  k_new, v_new: (batch, n_kv_heads, seq_len, head_dim), the cache's dtype
         Returns: k, v: (batch, n_kv_heads, min(pos + seq_len, capacity), head_dim), in slot order, views of the storage
         Raises:  ValueError if layer is out of range or a shape does not fit the cache
