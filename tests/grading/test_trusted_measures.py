@@ -705,13 +705,19 @@ def tiled_attention(q, k, v, tile):
 HIDDEN_DEQUANTISED = '''
 
 def int8_folded_attention(q, k_values, k_scale, v_values, v_scale, kv_len):
-    """The attack: the whole cache dequantised to float (8.2's way), where torch's allocation watch sees nothing."""
+    """The attack: the whole cache dequantised to float by hand (8.2's way, no kvlib helper, which 9.4's checks
+    refuse), where torch's allocation watch sees nothing."""
+    import torch
+    import torch.nn.functional as F
     from torch.utils._python_dispatch import _disable_current_modes
 
-    from kvlib.compress import int8_attention
-
     with _disable_current_modes():
-        return int8_attention(q, k_values, k_scale, v_values, v_scale, kv_len)
+        B, H_kv, n_groups, group, D = k_values.shape
+        k = (k_values.float() * k_scale).reshape(B, H_kv, n_groups * group, D)[:, :, :kv_len]
+        v = v_values[:, :, :kv_len].float() * v_scale[:, :, :kv_len]
+        T = q.shape[2]
+        mask = None if T == 1 else torch.ones(T, kv_len, dtype=torch.bool).tril(kv_len - T)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != H_kv)
 '''
 
 READ_THE_PRICE = '''
@@ -760,8 +766,8 @@ ATTACKS = {
     ),
     "9.4 the cache dequantised out of the watch's sight": (
         "fused",
-        HIDDEN_DEQUANTISED,
-        {"int8_folded_makes_no_float_copy_of_the_cache"},
+        HIDDEN_DEQUANTISED,  # the float keys also overflow on the check made for them
+        {"int8_folded_makes_no_float_copy_of_the_cache", "int8_folded_never_forms_the_float_keys"},
     ),
     "2.3 the stand-in's price read, no clock": (
         "generation",
