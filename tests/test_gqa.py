@@ -944,3 +944,16 @@ def test_uptraining_recording_shows_the_papers_ordering():
     for h in (4, 2, 1):
         assert rows[h, "mean"]["uptrained_accuracy"] > rows[h, "first"]["uptrained_accuracy"]
     assert gqa_quality.load_uptraining_recording("/nonexistent/uptraining.json") is None
+
+
+def _speedup_by_the_benchmark(config, n_kv_heads, kv_len, batch=1):  # the benchmark's byte count, on meta models
+    with torch.device("meta"):
+        mha, gqa_model = (Decoder(dataclasses.replace(config, n_kv_heads=h)) for h in (config.n_heads, n_kv_heads))
+    return gqa_attention.decode_bytes(mha, kv_len, batch) / gqa_attention.decode_bytes(gqa_model, kv_len, batch)
+
+
+def test_the_benchmarks_byte_count_as_the_prediction_fails_naming_it():
+    """Check that 6.5 answered by the benchmark's decode_bytes (on models built on the meta device: no memory) fails
+    the exercise's checks, naming what it called (kvlib.course.exercises.READY_MADE)."""
+    failures = check_failures("6.5", _module(predicted_speedup=_speedup_by_the_benchmark))
+    assert failures and all("called the benchmark's byte count" in str(err) for _, err in failures), failures

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import handed_in, on_a_terminal, shown_progress
+from conftest import check_failures, handed_in, on_a_terminal, shown_progress
 
 from kvlib import speculative
 from kvlib.checks import checks_for
@@ -691,3 +691,31 @@ def test_bench_spec_quick_reports_every_part():
     assert json.loads(json.dumps(report))["identical"]  # what --json prints
     for name, what in bench_spec.WAY_TITLES.values():  # every prompt is said for what it is
         assert name in text and what in text
+
+
+# ---------------------------------------------------------------------------------------------
+# The benchmark's own copies of 10.4 and 10.5, called as the answer: refused while checked (exercises.READY_MADE)
+
+
+def _lookup_by_the_benchmark(tokens, n, k):
+    return bench_spec.lookup_policy(tokens, k, n)
+
+
+def _count_by_the_benchmark(alpha, gamma):
+    return bench_spec.alpha_formula(alpha, gamma)
+
+
+@pytest.mark.parametrize(
+    "ex_id, fakes, words",
+    [
+        ("10.4", {"prompt_lookup": _lookup_by_the_benchmark}, "called the benchmark's lookup policy"),
+        ("10.5", {"tokens_per_pass": _count_by_the_benchmark}, "called the benchmark's formula"),
+    ],
+    ids=["10.4-lookup_policy", "10.5-alpha_formula"],
+)
+def test_the_benchmarks_copy_as_the_answer_fails_naming_it(ex_id, fakes, words):
+    """Check that 10.4 answered by bench_spec.lookup_policy and 10.5 by bench_spec.alpha_formula (one-line calls that
+    passed every check before they were refused) fail each check of the exercise, naming what they called."""
+    failures = check_failures(ex_id, handed_in(speculative, NAMES, **fakes))
+    assert [n for n, _ in failures] == [c.name for c in checks_for(BY_ID[ex_id])], failures
+    assert all(words in str(err) and "while Exercise" in str(err) for _, err in failures), failures

@@ -197,6 +197,19 @@ READY_MADE: dict[str, tuple[dict[str, str], str]] = {
         "float keys made from the int8 cache, a block at a time or whole, are the copy this exercise does without. "
         "Attend the int8 numbers with their scales kept out of the keys",
     ),
+    "6.5": (
+        {"kvlib.variants.gqa_attention:decode_bytes": "called the benchmark's byte count (decode_bytes)"},
+        "what a decode step reads is the benchmark's yardstick here, not a way to make the prediction. Work out what "
+        "sharing shrinks from the config's sizes",
+    ),
+    "10.4": (
+        {"kvlib.measure.bench_spec:lookup_policy": "called the benchmark's lookup policy (bench_spec.lookup_policy)"},
+        "that is the benchmark's own copy of this exercise. Find the latest earlier match of the text's tail yourself",
+    ),
+    "10.5": (
+        {"kvlib.measure.bench_spec:alpha_formula": "called the benchmark's formula (bench_spec.alpha_formula)"},
+        "that is the benchmark's own copy of this prediction. Count the tokens a pass makes from alpha and gamma",
+    ),
     "8.8": (
         {
             "kvlib.core.flops:matmul_flops": "ran torch's FLOP counter (kvlib.core.flops.matmul_flops)",
