@@ -87,6 +87,8 @@ def cached_attention(
 def cached_forward(model, input_ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
     """Run only the new tokens through every layer, each reading and extending its cache: a prefill, or a decode step.
 
+    Shipped with a bug (Exercise 4.3 is a find-and-fix): the checks show what goes wrong; the contract is below.
+
     Args:    model: a kvlib Decoder;  cache: a KVCache of its config and batch
              input_ids: (batch, seq_len) torch.long, the new tokens; cache.pos is the position of input_ids[:, 0]
     Returns: (batch, vocab_size) float32, model(all tokens so far)[:, -1], with the last position alone through the
@@ -106,6 +108,15 @@ def cached_forward(model, input_ids: torch.Tensor, cache: KVCache) -> torch.Tens
     cache.advance(input_ids.shape[1])  # every layer wrote positions pos .. pos + T - 1
     return model.lm_head(model.norm(x[:, -1])).float()  # (B, vocab): one position through the head
     ### END SOLUTION
+    ### BEGIN SHIPPED
+    # x = model.embed(input_ids)  # (B, T, C): the new tokens only; the cache stands in for the rest
+    # for i, layer in enumerate(model.layers):
+    #     x = x + cached_attention(layer.attn, layer.attn_norm(x), cache, i, model.rope_cos, model.rope_sin)
+    #     x = x + layer.mlp(layer.mlp_norm(x))
+    #     cache.advance(input_ids.shape[1])  # layer i has stored the new tokens' keys and values
+    # logits = model.lm_head(model.norm(x)).float()  # (B, T, vocab_size)
+    # return logits[:, -1]  # the next token's logits
+    ### END SHIPPED
 
 
 def prefill(model, input_ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
