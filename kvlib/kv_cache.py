@@ -16,8 +16,9 @@ from kvlib.course.exercises import exercise
 
 
 class KVCache(CacheBase):
-    """Every layer's keys and values, pre-allocated: k, v (n_layers, batch, n_kv_heads, max_seq_len, head_dim); pos
-    (the tokens stored), reset, advance, truncate and nbytes come from CacheBase."""
+    """Every layer's keys and values for batch sequences of up to max_seq_len tokens, allocated once as the tensors k
+    and v (their layout: notebook 04a, Exercise 4.1); pos (the tokens stored), reset, advance, truncate and nbytes
+    come from CacheBase."""
 
     def __init__(self, config, batch: int = 1, max_seq_len: int | None = None, dtype=torch.float32, device="cpu"):
         super().__init__(config, batch, max_seq_len)  # checks batch and max_seq_len; pos = 0
