@@ -769,7 +769,7 @@ def _params(config, *, kv_heads=None, mlp_matrices=3, final_norm=True, lm_head=T
 SLIPS = [
     ("next_token_samples_from_softmax", {"next_token": _sample_without_temperature}, "temperature changes nothing"),
     ("next_token_greedy_is_argmax", {"next_token": _greedy_keepdim}, "shape (3,)"),
-    ("generate_matches_greedy_loop", {"generate": _generate_from_first_position}, "first position"),
+    ("generate_matches_greedy_loop", {"generate": _generate_from_first_position}, "first new token is already not"),
     (
         "measure_ttft_itl_times_prefill_and_steps",
         {"measure_ttft_itl": _measure_whole_generation},
@@ -781,9 +781,9 @@ SLIPS = [
     ("2.1", {"next_token": next_token_reseeds}, "do not reseed it"),
     ("2.1", {"next_token": next_token_always_argmax}, "every draw is the top token"),
     ("2.1", {"next_token": next_token_keepdim}, "shape (3,)"),
-    ("2.2", {"generate": generate_first_position}, "first position"),
-    ("2.2", {"generate": generate_never_appends}, "feed each chosen token back"),
-    ("2.2", {"generate": generate_greedy_only}, "pass temperature"),
+    ("2.2", {"generate": generate_first_position}, "first new token is already not"),
+    ("2.2", {"generate": generate_never_appends}, "all 7 new tokens are the same"),
+    ("2.2", {"generate": generate_greedy_only}, "no draw varies"),
     ("2.2", {"generate": generate_new_tokens_only}, "(batch, 5 + 7)"),
     ("2.2", {"generate": generate_callback_at_end}, "once per new token"),
     ("generate_streams_each_token", {"generate": generate_streams_after_loop}, "after the loop ended"),
@@ -863,6 +863,39 @@ def test_slip_is_rejected_naming_it(where, replaced, words):
     """Check that a likely wrong implementation fails the check named (with an AssertionError), or the exercise
     named (its first failing check, as `kvlib check` reports it), with a message that names the slip."""
     assert_slip_named(where, _module(**replaced), words)
+
+
+def _shipped_generate(fixed=()):
+    """2.2's shipped body as kvlib/generation.py (the learner's stub) holds it, each (broken, right) pair of
+    `fixed` replaced in its text: a learner's copy half fixed. It calls next_token (2.1) as the stub does."""
+    import inspect
+    import textwrap
+
+    source = textwrap.dedent(inspect.getsource(generation.generate.__wrapped__))
+    source = "".join(line for line in source.splitlines(keepends=True) if not line.startswith("@"))
+    for broken, right in fixed:
+        assert broken in source, f"the shipped body no longer holds {broken!r}"
+        source = source.replace(broken, right)
+    space = dict(vars(generation))
+    exec(source, space)  # noqa: S102 - the stub's own text, run as the learner's module runs it
+    return space["generate"]
+
+
+_FIRST_BUG = ("model(input_ids)", "model(ids)")
+_SECOND_BUG = ("temperature)", "temperature, generator)")
+
+
+def test_shipped_generate_fails_with_its_symptoms_until_both_bugs_are_fixed():
+    """Check that 2.2's shipped body (a find-and-fix: the stub runs it) fails its exercise showing a symptom, never
+    the cause: greedy repeats one token; with that fixed, two runs seeded alike differ; with both fixed it passes."""
+    assert generation.generate.__exercise__.kind == "fix"
+    assert_slip_named("2.2", _module(generate=_shipped_generate()), "all 7 new tokens are the same")
+    half = _module(generate=_shipped_generate([_FIRST_BUG]))
+    assert_slip_named("2.2", half, "with generators seeded alike (seed 1) gave different tokens")
+    for name, err in check_failures("2.2", _module(generate=_shipped_generate())) + check_failures("2.2", half):
+        causes = ("input_ids", "model(", "feed", "pass ", "next_token", "generator you are given")
+        assert not any(cause in str(err) for cause in causes), f"{name} names the cause: {err}"
+    assert not check_failures("2.2", _module(generate=_shipped_generate([_FIRST_BUG, _SECOND_BUG])))
 
 
 def test_every_exercise_has_three_slips():

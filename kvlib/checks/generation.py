@@ -154,15 +154,26 @@ def generate_matches_greedy_loop(kv, rng):
     assert torch.equal(out[:, :5], prompt), "the output should start with the prompt, unchanged"
     if torch.equal(out, expected):
         return
+    got, want = out[0, 5:].tolist(), expected[0, 5:].tolist()
     if torch.equal(out, first_only):
         raise AssertionError(
-            "every new token is the same: feed each chosen token back in (append it to the ids) before the next step"
+            tr(
+                "greedy, all 7 new tokens are the same, {got}: a plain greedy loop on this model gives {want}",
+                got=got,
+                want=want,
+            )
         )
     if torch.equal(out[:, :6], from_first):
-        raise AssertionError("the next token is predicted from the first position: use the last one, logits[:, -1]")
+        raise AssertionError(
+            tr(
+                "the first new token is already not greedy's: {got} where the model's most likely token after the "
+                "prompt is {want}",
+                got=got[0],
+                want=want[0],
+            )
+        )
     raise AssertionError(
-        f"greedy tokens differ from a plain loop: expected {expected[0, 5:].tolist()}, got {out[0, 5:].tolist()} "
-        "(predict from the LAST position, logits[:, -1], and feed every token so far back in)"
+        tr("greedy tokens differ from a plain greedy loop's: expected {want}, got {got}", want=want, got=got)
     )
 
 
@@ -266,7 +277,11 @@ def generate_samples_reproducibly(kv, rng):
     b = kv.generate(
         copy.deepcopy(model), prompt.clone(), 12, temperature=1.5, generator=torch.Generator().manual_seed(1)
     )
-    assert torch.equal(a, b), "pass temperature and generator on to next_token: the same seed should give the same text"
+    assert torch.equal(a, b), tr(
+        "two runs at temperature 1.5 with generators seeded alike (seed 1) gave different tokens: {a} and {b}",
+        a=a[0, 3:].tolist(),
+        b=b[0, 3:].tolist(),
+    )
     many = kv.generate(
         copy.deepcopy(model),
         prompt.expand(3000, 3).clone(),
@@ -280,7 +295,7 @@ def generate_samples_reproducibly(kv, rng):
     freq = np.bincount(many[:, -1].numpy(), minlength=len(expected)) / 3000
     if freq.max() > 0.99:
         raise AssertionError(
-            "with temperature 1.5 every row chose the same token: pass temperature (and generator) on to next_token"
+            tr("with temperature 1.5, all 3,000 rows of one prompt chose the same first token: no draw varies")
         )
     assert np.abs(freq - expected).max() < 0.04, (
         f"the first sampled token should follow softmax(logits / 1.5) of the model's last position: largest gap "
