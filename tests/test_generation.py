@@ -821,15 +821,15 @@ SLIPS = [
     ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, dim=-2)}, "wrong axis"),
     ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, centre=True)}, "LayerNorm"),
     ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, eps_at="outside")}, "outside the root"),
-    ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, eps_at="none")}, "eps is missing"),
-    ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, reduce="sum")}, "sum of squares"),
+    ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, eps_at="none")}, "eps plays no part"),
+    ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, reduce="sum")}, "sum of the squares"),
     ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, scale=False)}, "weight is not applied"),
     ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, upcast=False)}, "overflow"),
     ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, cast_back=False)}, "return x's dtype"),
     ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, 1e-5)}, "eps argument is ignored"),
-    ("2.6", {"swiglu": lambda x, g, u, d: _swiglu(x, g, u, d, on="up")}, "wrong branch"),
+    ("2.6", {"swiglu": lambda x, g, u, d: _swiglu(x, g, u, d, on="up")}, "branches are swapped"),
     ("2.6", {"swiglu": lambda x, g, u, d: _swiglu(x, g, u, d, act="sigmoid")}, "sigmoid"),
-    ("2.6", {"swiglu": lambda x, g, u, d: _swiglu(x, g, u, d, on="product")}, "after the product"),
+    ("2.6", {"swiglu": lambda x, g, u, d: _swiglu(x, g, u, d, on="product")}, "through the product"),
     ("2.6", {"swiglu": lambda x, g, u, d: _swiglu(x, g, u, d, act="relu")}, "ReLU"),
     ("2.6", {"swiglu": lambda x, g, u, d: _swiglu(x, g, u, d, transposed=False)}, "(out_features, in_features)"),
     ("2.6", {"swiglu": lambda x, g, u, d: _swiglu(x, g, u, d, down=False)}, "w_down"),
@@ -896,6 +896,35 @@ def test_shipped_generate_fails_with_its_symptoms_until_both_bugs_are_fixed():
         causes = ("input_ids", "model(", "feed", "pass ", "next_token", "generator you are given")
         assert not any(cause in str(err) for cause in causes), f"{name} names the cause: {err}"
     assert not check_failures("2.2", _module(generate=_shipped_generate([_FIRST_BUG, _SECOND_BUG])))
+
+
+# words that would give the learner the line to type (the fix), where 2.5, 2.6 and 2.7 name the cause (issue 46)
+_FIXES = (
+    "add it",
+    "add the eps",
+    "multiply by",
+    "renormalise after",
+    "normalise in float32",
+    "take its square root",
+    "it goes on",
+    "goes through it",
+    "(torch.nn.functional",
+    "in terms of p",
+    "then return",
+)
+
+
+@pytest.mark.parametrize(
+    "where, replaced, words",
+    [s for s in SLIPS if s[0] in ("2.5", "2.6", "2.7")],
+    ids=case_ids([s for s in SLIPS if s[0] in ("2.5", "2.6", "2.7")]),
+)
+def test_slip_message_names_the_cause_not_the_fix(where, replaced, words):
+    """Check that 2.5's, 2.6's and 2.7's slips fail with a message that names what went wrong, never the line to
+    type instead (issue 46: the fix lives in the hints)."""
+    with np.errstate(all="ignore"):
+        (name, err), *_ = check_failures(where, _module(**replaced))
+    assert not [fix for fix in _FIXES if fix in str(err)], f"{name}: {err}"
 
 
 def test_every_exercise_has_three_slips():

@@ -84,11 +84,11 @@ def _name_the_normalisation(probs, scores) -> None:
     e = np.exp(scores - scores.max(axis=-1, keepdims=True))
     for wrong, message in (
         (np.zeros_like(scores), tr("softmax returned zeros: weights are positive and each row sums to 1")),
-        (scores, tr("softmax returned the scores unchanged: exponentiate them, then divide each row by its sum")),
-        (e, tr("the exponentials are not divided by their row's sum: each row of weights should sum to 1")),
+        (scores, tr("softmax returned the scores unchanged: scores are not weights, and their rows do not sum to 1")),
+        (e, tr("the exponentials came back as they are: their rows do not sum to 1")),
         (
             e / e.sum(),
-            tr("every row was divided by the sum of the whole array: divide each row by its own sum (axis=-1)"),
+            tr("the weights of the whole array sum to 1, not each row's: every row was divided by one shared sum"),
         ),
     ):
         if _close(probs, wrong) and not _close(wrong, torch.softmax(_t(scores), dim=-1).numpy()):
@@ -117,7 +117,10 @@ def softmax_matches_torch(kv, rng):
     if _close(probs, expected):
         return
     if _close(probs, wrong_axis):
-        raise AssertionError("softmax normalised over axis -2: it must run over the last axis (axis=-1)")
+        raise AssertionError(
+            "softmax normalised over axis -2: its weights sum to 1 down each column (across queries), not along each "
+            "row of keys (the last axis)"
+        )
     _name_the_normalisation(probs, scores)
     if not _close(probs.sum(axis=-1), np.ones(scores.shape[:-1])):
         raise AssertionError(
@@ -166,9 +169,9 @@ def _name_the_shift(probs, scores) -> None:
             e = np.exp(scores - shift(scores))
             if np.allclose(probs, e / e.sum(axis=-1, keepdims=True), equal_nan=True):
                 raise AssertionError(
-                    f"softmax shifted the scores by {name}: only each row's own maximum "
-                    "(scores.max(axis=-1, keepdims=True)) keeps every exponent <= 0 and one of them exactly 0, "
-                    "so that nothing overflows to inf or vanishes to 0 / 0"
+                    f"softmax shifted the scores by {name}: on rows like these, some exponent is still above "
+                    "about 709 (e to it overflows float64 to inf), or every exponent of a row is below about -745 "
+                    "(each e to it is 0, and 0 / 0 is nan)"
                 )
 
 
@@ -197,7 +200,7 @@ def softmax_keeps_float32(kv, rng):
     probs = _array(tr("softmax of float32 scores"), kv.softmax(scores.copy()), scores.shape)
     assert probs.dtype == np.float32, (
         f"float32 scores should give float32 weights, got {probs.dtype}: a float64 number or array in the "
-        "computation promotes the result (keep to the input's dtype, or cast back with .astype(scores.dtype))"
+        "computation promoted the result"
     )
     assert _close(probs, expected, 1e-5), (
         f"float32 softmax differs from the exact one by {np.abs(probs - expected).max():.2g}"

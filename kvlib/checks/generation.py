@@ -787,21 +787,25 @@ def _rms_slips(x, weight, eps):
         module.weight.copy_(weight)
         want = module(x)
     wrong_axis = tr(
-        "RMSNorm over the wrong axis: one root-mean-square per token, over its d_model features (the last axis)"
+        "RMSNorm over the wrong axis: the root-mean-square was taken across tokens, not over each token's own "
+        "d_model features"
     )
     slips = [
         (norm(axis=0) if x.dim() > 1 else None, wrong_axis),
         (norm(axis=-2) if x.dim() > 1 else None, wrong_axis),
         (norm(centre=True), tr("the mean is subtracted: RMSNorm does not centre the row (that is LayerNorm)")),
-        (norm(inside=False), tr("eps is added outside the root: it joins the mean square, sqrt(mean(x^2) + eps)")),
-        (norm(use_eps=False), tr("eps is missing: add it to the mean square, under the root")),
+        (
+            norm(inside=False),
+            tr("eps is added outside the root: to the root-mean-square, not to the mean square under it"),
+        ),
+        (norm(use_eps=False), tr("eps plays no part: the result is that of eps = 0")),
         (
             norm(e=1e-5) if eps != 1e-5 else None,
-            tr("the eps argument is ignored (1e-5 used instead): add the eps you are given to the mean square"),
+            tr("the eps argument is ignored: the result is that of eps = 1e-5 whatever eps is given"),
         ),
-        (norm(mean=False), tr("divided by sqrt of the sum of squares: RMSNorm takes the mean of the squares")),
-        (norm(root=False), tr("divided by the mean square itself: take its square root")),
-        (norm(scale=False), tr("the learned weight is not applied: multiply by weight, one scale per feature")),
+        (norm(mean=False), tr("divided by the root of the sum of the squares, not of their mean")),
+        (norm(root=False), tr("divided by the mean square itself, not by its root")),
+        (norm(scale=False), tr("the learned weight is not applied: the result is that of weight 1 on every feature")),
     ]
     return want, [(wrong.to(want.dtype), message) for wrong, message in slips if wrong is not None]
 
@@ -817,12 +821,10 @@ def _judge_rms(kv, x, weight, eps, where, rtol=1e-4, atol=1e-5):
     got = got.detach()
     if not torch.isfinite(got).all() and torch.isfinite(want).all():
         if not x.any(dim=-1).all():
-            raise AssertionError(
-                f"{where}: an all-zero row came out as nan or inf: eps belongs under the root, added to the mean square"
-            )
+            raise AssertionError(f"{where}: an all-zero row came out as nan or inf: its denominator was 0 (0 / 0)")
         raise AssertionError(
-            f"{where}: the output holds inf or nan: squares of {x.dtype} values overflow (float16 stops at 65504): "
-            "normalise in float32, then return x's dtype"
+            f"{where}: the output holds inf or nan: squares of {x.dtype} values overflow (float16 stops at 65504), "
+            "so a row's mean square was inf"
         )
     if torch.allclose(got.double(), want.double(), rtol=rtol, atol=atol):
         return
@@ -831,8 +833,8 @@ def _judge_rms(kv, x, weight, eps, where, rtol=1e-4, atol=1e-5):
             raise _failed(where, message)
     if x.dtype in (torch.float16, torch.bfloat16) and (got == 0).any() and not (want == 0).any():
         raise AssertionError(
-            f"{where}: rows came out as zeros: squares of {x.dtype} values overflowed to inf (float16 stops at 65504): "
-            "normalise in float32, then return x's dtype"
+            f"{where}: rows came out as zeros: squares of {x.dtype} values overflowed to inf (float16 stops at 65504), "
+            "and a finite number divided by inf is 0"
         )
     raise AssertionError(
         f"{where}: rms_norm differs from RMSNorm by up to {(got.double() - want.double()).abs().max().item():.2g}"
@@ -888,18 +890,13 @@ def _judge_swiglu(kv, mlp, x, where, rtol=1e-4, atol=1e-5):
     slips = [
         (
             (silu(u) * g) @ Wd.T,
-            tr(
-                "SiLU is on the wrong branch: it goes on the gate projection (w_gate), which then scales the up projection"
-            ),
+            tr("the branches are swapped: SiLU went through w_up's projection, w_gate's passed as is"),
         ),
-        ((torch.sigmoid(g) * u) @ Wd.T, tr("the gate uses sigmoid: SiLU is z * sigmoid(z) (torch.nn.functional.silu)")),
-        (
-            silu(g * u) @ Wd.T,
-            tr("SiLU is applied after the product: it acts on the gate projection alone, before multiplying"),
-        ),
-        ((silu(g) * silu(u)) @ Wd.T, tr("SiLU is on both branches: only the gate projection goes through it")),
-        ((torch.relu(g) * u) @ Wd.T, tr("the gate uses ReLU: SwiGLU's gate is SiLU (torch.nn.functional.silu)")),
-        ((silu(g) + u) @ Wd.T, tr("the branches are added: the gate multiplies the up projection, element by element")),
+        ((torch.sigmoid(g) * u) @ Wd.T, tr("the gate is sigmoid(z), not SiLU(z)")),
+        (silu(g * u) @ Wd.T, tr("SiLU went through the product of the two branches, not through one branch before it")),
+        ((silu(g) * silu(u)) @ Wd.T, tr("SiLU went through both branches")),
+        ((torch.relu(g) * u) @ Wd.T, tr("the gate is ReLU(z), not SiLU(z)")),
+        ((silu(g) + u) @ Wd.T, tr("the branches are added, not multiplied")),
     ]
     try:
         got = kv.swiglu(x.clone(), Wg.clone(), Wu.clone(), Wd.clone())
@@ -957,8 +954,8 @@ def _temper_slips(logits, t):
             (
                 p,
                 tr(
-                    "the probabilities came back unchanged: dividing them by t changes nothing once a row is "
-                    "renormalised. Temperature divides the logits, and what are the logits in terms of p?"
+                    "the probabilities came back unchanged, as at t = 1: dividing probabilities by t changes nothing "
+                    "once a row is renormalised"
                 ),
             ),
             (
@@ -969,7 +966,7 @@ def _temper_slips(logits, t):
                 torch.softmax(p / t, dim=-1),
                 tr("softmax of the probabilities divided by t: probabilities are not logits, and softmax takes logits"),
             ),
-            (p ** (1 / t), tr("the rows do not sum to 1: renormalise after the power")),
+            (p ** (1 / t), tr("the rows do not sum to 1: each is the right one times a number of its own")),
         ]
     return torch.softmax(logits.double() / t, dim=-1), slips
 
