@@ -363,7 +363,6 @@ def attention_block(attn, h, cos, sin, self_attention=None):
 '''
 
 
-
 def _shipped(module: str, name: str) -> str:
     """A find-and-fix exercise's function as the release ships it in kvlib/<module>.py (its bug in it), undecorated."""
     import ast
