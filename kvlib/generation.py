@@ -20,7 +20,7 @@ def next_token(logits: torch.Tensor, temperature: float = 0.0, generator=None) -
     """One token per row from next-token logits: the most likely one, or a sample at a temperature.
 
     Args:    logits: (batch, vocab_size) float tensor, the model's scores for the next token
-             temperature: 0 is greedy; t > 0 draws token i with probability softmax(logits / t)[i]
+             temperature: 0 is greedy (each row's most likely token); t > 0 samples at temperature t
              generator: a torch.Generator to draw with; the same seed draws the same tokens
     Returns: (batch,) token ids, torch.long
     Raises:  ValueError if logits is not a (batch, vocab_size) float tensor, or temperature < 0
