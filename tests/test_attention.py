@@ -427,15 +427,29 @@ def test_slip_is_rejected_naming_it(where, replaced, words):
     assert_slip_named(where, _module(**replaced), words)
 
 
-_FIXES = ("keepdims", "axis=-1)", "divide each row", "exponentiate them", "cast back", ".astype(")
+_FIXES = (
+    "keepdims",
+    "axis=-1)",
+    "divide each row",
+    "exponentiate them",
+    "cast back",
+    ".astype(",
+    "probs @ v",
+    "math.sqrt",
+    "(k @ q)",
+    "instead",
+)
 
 
 @pytest.mark.parametrize(
-    "where, replaced, words", [s for s in SLIPS if s[0] == "1.1"], ids=case_ids([s for s in SLIPS if s[0] == "1.1"])
+    "where, replaced, words",
+    [s for s in SLIPS if s[0] in ("1.1", "1.2")],
+    ids=case_ids([s for s in SLIPS if s[0] in ("1.1", "1.2")]),
 )
 def test_softmax_slip_message_names_the_cause_not_the_fix(where, replaced, words):
-    """Check that 1.1's slips fail with a message that names what went wrong, never the line to type instead (the
-    row's max to shift by, the axis and keepdims to divide with: issue 46 keeps those in the hints)."""
+    """Check that 1.1's and 1.2's slips fail with a message that names what went wrong, never the line to type instead (the
+    row's max to shift by, the axis to divide along, the product that blends the values: issue 46 keeps those in the
+    hints)."""
     with np.errstate(all="ignore"):
         (name, err), *_ = check_failures(where, _module(**replaced))
     assert not [fix for fix in _FIXES if fix in str(err)], f"{name}: {err}"

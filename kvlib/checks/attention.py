@@ -225,7 +225,7 @@ def attend_reproduces_seed(kv, rng):
         f"with scale=1.0 the weights should be [0.212, 0.212, 0.576], got {np.round(probs, 3)}"
     )
     assert _close(out, SEED_PROBS @ SEED_V, 1e-4), (
-        f"the output should be probs @ v = [1.940, 1.000], got {np.round(out, 3)}"
+        f"with those weights the output should be [1.940, 1.000], got {np.round(out, 3)}"
     )
 
 
@@ -242,15 +242,13 @@ def attend_scales_by_sqrt_head_dim(kv, rng):
     if _close(probs, ref_probs) and _close(out, ref_out):
         return
     if _close(probs, unscaled):
-        raise AssertionError("the scores are not scaled: with scale=None, multiply them by 1 / sqrt(head_dim)")
+        raise AssertionError("the scores are not scaled: scale=None means 1 / sqrt(head_dim)")
     if _close(probs, by_d):
-        raise AssertionError("the scores are divided by head_dim: divide by sqrt(head_dim) instead")
+        raise AssertionError("the scores are divided by head_dim, not by its square root")
     if _close(probs, swapped):
-        raise AssertionError("the scores are multiplied by sqrt(head_dim): divide by it instead")
+        raise AssertionError("the scores are multiplied by sqrt(head_dim), not divided by it")
     if _close(probs, ref_probs):
-        raise AssertionError(
-            "the weights are right but the output is not: it should be probs @ v, the weighted sum of the values"
-        )
+        raise AssertionError("the weights are right but the output is not the values blended by them")
     raise AssertionError(
         f"attend differs from scaled dot-product attention: weights off by up to {np.abs(probs - ref_probs).max():.2g}"
     )
@@ -269,8 +267,8 @@ def attend_matches_sdpa(kv, rng):
         raise AssertionError(
             "the scale you are given is ignored: use scale when it is not None (here 0.3), 1/sqrt(head_dim) only when it is"
         )
-    assert _close(probs, ref_probs), "with scale=0.3 the weights should be softmax(0.3 * (k @ q))"
-    assert _close(out, ref_out), "the output should be the weighted sum of the values, probs @ v"
+    assert _close(probs, ref_probs), "with scale=0.3 the weights differ from those of the scores times 0.3"
+    assert _close(out, ref_out), "the output differs from the values blended by the weights"
 
 
 @check("1.2")
@@ -283,7 +281,7 @@ def attend_keeps_float32(kv, rng):
     _array("out", out, (4,))
     assert out.dtype == np.float32 and probs.dtype == np.float32, (
         f"float32 inputs should give float32 results, got out {out.dtype} and probs {probs.dtype}: under NumPy 2 "
-        "a float64 scalar such as np.sqrt(head_dim) promotes float32 arrays; use math.sqrt (a plain float)"
+        "a float64 scalar such as np.sqrt(head_dim) promotes float32 arrays"
     )
     assert _close(probs, ref_probs, 1e-5) and _close(out, ref_out, 1e-5), "float32 attention differs from the exact one"
 
