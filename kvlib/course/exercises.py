@@ -66,7 +66,7 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("1.4", "Causal self-attention", "01-attention", "attention", "causal_self_attention"),
     Exercise("1.5", "Aim the query", "01-attention", "attention", "aimed_query", kind="design"),
     Exercise("2.1", "Greedy or sampled token", "02-generation", "generation", "next_token"),
-    Exercise("2.2", "The naive generation loop", "02-generation", "generation", "generate"),
+    Exercise("2.2", "The naive generation loop", "02-generation", "generation", "generate", kind="fix"),
     Exercise("2.3", "Measuring TTFT and inter-token latency", "02-generation", "generation", "measure_ttft_itl"),
     Exercise("2.4", "The attention of a layer, head by head", "02-generation", "generation", "attention_block"),
     Exercise("2.5", "RMSNorm", "02-generation", "generation", "rms_norm"),

@@ -370,6 +370,17 @@ def attention_block(attn, h, cos, sin, self_attention=None):
         return attn.o_proj(torch.from_numpy(out).transpose(1, 2).reshape(B, T, -1))
 '''
 
+
+def _shipped(module: str, name: str) -> str:
+    """A find-and-fix exercise's function as the release ships it in kvlib/<module>.py (its bug in it), undecorated."""
+    import ast
+
+    source = (ROOT / "kvlib" / f"{module}.py").read_text(encoding="utf-8")
+    (node,) = [n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == name]
+    lines = source.splitlines(keepends=True)[node.lineno - 1 : node.end_lineno]  # from `def`: no decorator
+    return "\n\n" + "".join(lines)
+
+
 HARD_CODED_05 = '''
 
 def compute_bound_batch(config, kv_len, peak_flops, bandwidth, dtype=None):
@@ -443,7 +454,18 @@ BANK = {
             {f"2.{i}" for i in range(1, 9)},
             {"2.2": {"generate_streams_each_token": "after the loop ended"}, "2.3": 0, "2.4": 0, "2.8": 0},
         ),
-        "cheat-steps": (CHEAT_02_STEPS, {"2.4"}, {"2.4": 0}),  # the layer's project_q / project_kv: refused
+        "cheat-steps": (  # the layer's project_q / project_kv: refused; 2.2 handed in as shipped, its bugs unfixed
+            lambda: CHEAT_02_STEPS + _shipped("generation", "generate"),
+            {"2.1", "2.2", "2.4"},
+            {
+                "2.4": 0,
+                "2.2": {
+                    "generate_matches_greedy_loop": "all 7 new tokens are the same",
+                    "generate_answers_the_seed_question": "should continue with 巴黎",
+                    "generate_samples_reproducibly": "seeded alike",
+                },
+            },
+        ),
         "other-ways": (
             lambda: _alternatives(
                 "generation",
