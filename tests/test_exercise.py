@@ -15,7 +15,7 @@ from kvlib.app import release as course
 from kvlib.checks import checks_for
 from kvlib.course import exercises as _exercise
 from kvlib.course import hints
-from kvlib.course.exercises import EXERCISES, ExerciseNotDone
+from kvlib.course.exercises import BY_ID, EXERCISES, ExerciseNotDone
 
 
 def _bodyless(source: str) -> str:
@@ -49,6 +49,8 @@ def test_stub_bodies_only_raise(solution):
             ex_id = node.decorator_list[0].args[0].value
             doc, body = node.body[0], node.body[1:]
             assert isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant), f"{node.name} has no docstring"
+            if BY_ID[ex_id].kind == "fix":  # ships its broken body (tests/test_course.py: the shipped block's)
+                continue
             assert len(body) == 1 and isinstance(body[0], ast.Raise), f"{node.name}: a stub must only raise"
             message = body[0].exc.args[0].value
             assert message.startswith(f"Exercise {ex_id} (notebooks/"), message
