@@ -428,14 +428,6 @@ def copy_on_write(pool, table, index):
     return table.blocks[index]
 
 
-def paged_attention(q, pool, layer, tables):
-    """7.3 answered by the yardstick the notebook compares with (refused while 7.3 runs); the engine of 7.4, 7.5 and
-    7.7 runs it as any attention."""
-    from kvlib.core.paging import laid_out_attention
-
-    return laid_out_attention(q, pool.k[layer], pool.v[layer], tables)
-
-
 class Policy(Scheduler):
     """7.7 another right way: 3 blocks kept back while others run, and the oldest preempted."""
 
@@ -555,12 +547,12 @@ BANK = {
             {"5.2": {"ridge_batch_just_under_the_limit": "gives up too soon"}, "5.3": "full", "5.4": 0, "5.5": 0},
         ),
     },
-    "serving": {  # a copy-on-write that copies nothing scores 0 on 7.5, 7.3 through the checks' yardstick 0; another
-        # policy in the budget, full on 7.7, and the step on the yardstick's attention full on 7.4
+    "serving": {  # a copy-on-write that copies nothing scores 0 on 7.5; another policy in the budget, full on 7.7
+        # (7.3's yardstick is with the checks, which the child cannot import: tests/grading/test_attacks.py)
         "cow-nothing-policy-other": (
             SERVING_07,
             {"7.1", "7.2", "7.3", "7.4", "7.6", "7.7"},
-            {"7.3": 0, "7.4": "full", "7.5": 0, "7.7": "full"},
+            {"7.3": "full", "7.4": "full", "7.5": 0, "7.7": "full"},
         ),
     },
     "kv_cache": {  # 4.3 through the model's own call, 4.2 and 4.4 by kvlib's code: each closed while checked, 0
