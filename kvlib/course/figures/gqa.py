@@ -208,16 +208,17 @@ def gqa_quality(rows, *, note=None):
         steps = next((r["uptrain_steps"] for r in rows if "uptrain_steps" in r), None)
         converted = [r for r in rows if r["recipe"] != "original"]
         span = lambda key, fmt: "-".join(format(f(r[key] for r in converted), fmt) for f in (min, max))  # noqa: E731
-        title = (
+        after = uptrained and steps and all("uptrained_held_out_loss" in r for r in converted)
+        title = (  # one text of the catalogue per case (kvlib.app.translate finds each)
             f"Converted, not trained: held-out loss {span('held_out_loss', '.2f')}, accuracy {span('accuracy', '.0%')}"
-        )
-        if original:
-            title += f" (MHA: {original['held_out_loss']:.2f}, {original['accuracy']:.0%})"
-        if uptrained and steps and all("uptrained_held_out_loss" in r for r in converted):
-            title += (
+            + (f" (MHA: {original['held_out_loss']:.2f}, {original['accuracy']:.0%})" if original else "")
+            + (
                 f"\nafter {steps} steps of uptraining: loss {span('uptrained_held_out_loss', '.2f')}, "
                 f"accuracy {span('uptrained_accuracy', '.0%')}"
+                if after
+                else ""
             )
+        )
         fig.suptitle(title, fontsize=15)  # worded by the rows' numbers, whatever they show
         _note(fig, note)
     return _finish(fig)
