@@ -573,7 +573,7 @@ SLIPS = [
     (
         "predicted_tokens_per_second_counts_the_batch",
         {"predicted_tokens_per_second": _tps_without_batch},
-        "batch / step time",
+        "one token per step",
     ),
     (
         "predicted_tokens_per_second_on_an_a100",
@@ -594,7 +594,7 @@ SLIPS = [
     ("5.3", {"step_cost": step_attention_square}, "not kv_len ** 2"),
     ("5.4", {"predicted_tokens_per_second": tps_summed}, "not their sum"),
     ("5.4", {"predicted_tokens_per_second": tps_memory_only}, "compute-bound"),
-    ("5.4", {"predicted_tokens_per_second": tps_prefill}, "step_cost(config, 1, kv_len"),
+    ("5.4", {"predicted_tokens_per_second": tps_prefill}, "rate of a prefill"),
     ("step_cost_bytes_read_weights_once", {"step_cost": step_kv_of_batch_one}, "those of batch 1"),
     ("predicted_tokens_per_second_on_an_a100", {"predicted_tokens_per_second": tps_summed}, "adds the compute time"),
     ("5.5", {"compute_bound_batch": sequences_weights_per_sequence}, "shared by the whole batch"),

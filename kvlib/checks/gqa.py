@@ -272,16 +272,16 @@ def mean_pool_heads_averages_each_group(kv, rng):
     if _close(got, expected):
         return
     wrong = {
-        "heads h, h + n_kv_heads, ... were pooled together (the `repeat` order): a group is CONSECUTIVE heads, "
-        "as repeat_kv reads them": heads.view(G, H_KV, _D, _C).mean(0).reshape(H_KV * _D, _C),
-        "the first head of each group was kept: average all of the group's heads": heads.view(H_KV, G, _D, _C)[
-            :, 0
-        ].reshape(H_KV * _D, _C),
-        "the group's heads were summed: divide by group_size (mean, not sum)": heads.view(H_KV, G, _D, _C)
+        "heads h, h + n_kv_heads, ... were pooled together (the `repeat` order), but those query heads do not "
+        "share a key/value head in repeat_kv's order": heads.view(G, H_KV, _D, _C).mean(0).reshape(H_KV * _D, _C),
+        "the first head of each group was kept and the others dropped": heads.view(H_KV, G, _D, _C)[:, 0].reshape(
+            H_KV * _D, _C
+        ),
+        "the group's heads were summed: group_size times their mean (mean, not sum)": heads.view(H_KV, G, _D, _C)
         .sum(1)
         .reshape(H_KV * _D, _C),
-        "the pooling ran over the rows without the head structure (consecutive ROWS averaged, not heads): "
-        "view the weight as (n_kv_heads, group_size, head_dim, d_model) first": w.view(H_KV * _D, G, _C).mean(1),
+        "consecutive ROWS were averaged, not heads: each new row mixes rows of one old head, and a row of one "
+        "head never meets the same row of the others": w.view(H_KV * _D, G, _C).mean(1),
     }
     for message, tensor in wrong.items():
         if _close(got, tensor):
