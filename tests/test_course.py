@@ -4,7 +4,7 @@ import pytest
 from conftest import ROOT
 
 from kvlib.app import release as course
-from kvlib.course.exercises import NOTEBOOKS
+from kvlib.course.exercises import BY_ID, NOTEBOOKS, Exercise
 
 
 def test_learner_release_is_generated_from_solutions():
@@ -52,3 +52,53 @@ def test_stub_source_replaces_each_solution_block_with_a_raise():
     )
     with pytest.raises(ValueError, match="without its ### END SOLUTION"):
         course.stub_source('@exercise("1.1")\ndef softmax(x):\n    ### BEGIN SOLUTION\n')
+
+
+_FIX = Exercise("1.1", "Stable softmax", "01-attention", "attention", "softmax", kind="fix")
+_SHIPPED = (
+    '@exercise("1.1")\ndef softmax(x):\n    """Doc."""\n    ### BEGIN SOLUTION\n    return x.sum(-1)\n    ### END SOLUTION\n'
+    "    ### BEGIN SHIPPED\n    # y = x  # a comment kept\n    #\n    # return y.sum(0)\n    ### END SHIPPED\n\n"
+    '@exercise("1.2")\ndef attend(x):\n    ### BEGIN SOLUTION\n    return x\n    ### END SOLUTION\n'
+)
+
+
+def test_stub_source_ships_a_find_and_fix_exercises_broken_body(monkeypatch):
+    """Check that a fix exercise's stub holds its shipped body, uncommented, in place of the raise, while the next
+    exercise still gets its raise; and that the reference's right body never reaches the stub."""
+    monkeypatch.setitem(course.BY_ID, "1.1", _FIX)
+    assert course.stub_source(_SHIPPED) == (
+        '@exercise("1.1")\ndef softmax(x):\n    """Doc."""\n    y = x  # a comment kept\n\n    return y.sum(0)\n\n'
+        '@exercise("1.2")\ndef attend(x):\n'
+        '    raise NotImplementedError("Exercise 1.2 (notebooks/01-attention): attend")\n'
+    )
+
+
+def test_stub_source_refuses_a_shipped_block_that_does_not_fit_its_exercise(monkeypatch):
+    """Check each malformed shipped block is refused with a message naming the problem: a shipped block for a build
+    exercise, a fix exercise without one, one not right after its solution, an uncommented line, no end line."""
+    with pytest.raises(ValueError, match=r"Exercise 1\.1 has a shipped block, and its kind is 'build'"):
+        course.stub_source(_SHIPPED)
+    with pytest.raises(ValueError, match="must follow its exercise's ### END SOLUTION at once"):
+        course.stub_source(
+            _SHIPPED.replace(
+                "    ### END SOLUTION\n    ### BEGIN SHIPPED", "    ### END SOLUTION\n\n    ### BEGIN SHIPPED"
+            )
+        )
+    monkeypatch.setitem(course.BY_ID, "1.1", _FIX)
+    with pytest.raises(ValueError, match=r"Exercise 1\.1 has no shipped block, and its kind is 'fix'"):
+        course.stub_source(_SHIPPED.replace("SHIPPED", "NOTHING"))
+    with pytest.raises(ValueError, match="line 10: a shipped line is commented with '    # '"):
+        course.stub_source(_SHIPPED.replace("    # return y.sum(0)", "    return y.sum(0)"))
+    with pytest.raises(ValueError, match="a shipped block without its ### END SHIPPED"):
+        course.stub_source(_SHIPPED.split("    ### END SHIPPED")[0])
+
+
+def test_every_fix_exercise_ships_a_body_and_every_other_a_raise():
+    """Check the release's stubs against the table: a fix exercise's stub runs code (no raise naming it); every other
+    exercise's stub raises naming itself."""
+    for ex in BY_ID.values():
+        stub = (ROOT / "kvlib" / f"{ex.module}.py").read_text(encoding="utf-8")
+        raised = f'raise NotImplementedError("Exercise {ex.id} (notebooks/{ex.notebook}): {ex.name}")' in stub
+        assert raised == (ex.kind != "fix"), (
+            f"Exercise {ex.id} ({ex.kind}): its stub {'raises' if raised else 'does not raise'}"
+        )

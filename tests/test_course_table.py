@@ -95,3 +95,11 @@ def test_learner_module_has_its_readme_row(module):
     row = f"| [{notebook}](notebooks/{notebook}/) | [`kvlib/{module}.py`](kvlib/{module}.py) | {span}: "
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert any(line.startswith(row) for line in readme.splitlines()), f"README.md's course table has no row {row!r}"
+
+
+def test_every_notebook_asks_for_a_prediction_a_design_or_a_fix():
+    """Check that every notebook has an exercise that cannot be a transcription (issue 46): a prediction graded
+    against the analytic value, a design under a budget, or a shipped bug to find and fix."""
+    for notebook in dict.fromkeys(ex.notebook for ex in EXERCISES):
+        kinds = {ex.kind for ex in EXERCISES if ex.notebook == notebook}
+        assert kinds - {"build"}, f"notebooks/{notebook}: every exercise builds from a contract ({sorted(kinds)})"

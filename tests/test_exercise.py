@@ -67,10 +67,15 @@ def test_exercise_table_matches_the_code():
         assert ex.id in hints.load(), f"Exercise {ex.id} has no hints in kvlib/course/hints/{ex.module}.md"
 
 
+_UNTOUCHED = {False: "todo", True: "fail"}  # an untouched stub's status: a raise, or (find-and-fix) a shipped bug
+
+
 def test_every_stub_raises_in_learner_mode(learner_mode):
-    """Check that each exercise, called on valid input in learner mode, raises ExerciseNotDone naming itself."""
+    """Check that each exercise, called on valid input in learner mode, raises ExerciseNotDone naming itself; a
+    find-and-fix exercise instead runs its shipped body, which fails its checks with a message."""
     results = kvlib.checks.run()
-    assert [r.status for r in results] == ["todo"] * len(EXERCISES)
+    assert [r.status for r in results] == [_UNTOUCHED[ex.kind == "fix"] for ex in EXERCISES]
+    assert all(r.message for r in results)
 
 
 def test_use_solutions_switches_to_the_reference(learner_mode):
@@ -114,7 +119,7 @@ def test_kvlib_check_json_in_both_modes():
     assert {r["status"] for r in rows} == {"pass"}
     learner = run_kvlib("check", "--json", env={"KVLIB_SOLUTIONS": "0"})
     assert learner.returncode == 1
-    assert {r["status"] for r in json.loads(learner.stdout)} == {"todo"}
+    assert [r["status"] for r in json.loads(learner.stdout)] == [_UNTOUCHED[ex.kind == "fix"] for ex in EXERCISES]
 
 
 def test_kvlib_check_selects_by_id_or_notebook():

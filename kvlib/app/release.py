@@ -1,6 +1,6 @@
 """The course's own build: learner stubs and learner notebooks, both generated from solutions/.
 
-  solutions/kvlib/<module>.py   -> kvlib/<module>.py          (solution blocks become a raise)
+  solutions/kvlib/<module>.py   -> kvlib/<module>.py          (solution blocks become a raise, or a shipped bug)
   solutions/NN-topic/*.ipynb    -> notebooks/NN-topic/*.ipynb (nbgrader generate_assignment)
   kvlib/course/hints/*.md       -> each exercise's collapsed hints block in solutions/NN-topic/*.ipynb
   kvlib/app/sitting.py          -> each notebook's header line, its minutes (written first, by the CLI)
@@ -26,29 +26,69 @@ from kvlib.course.exercises import BY_ID, EXERCISES
 _DECORATOR = re.compile(r'^\s*@exercise\("(\d+\.\d+)"')
 # spelled in parts, so that a search for leaked solution blocks never flags this file
 BEGIN, END = "### BEGIN " + "SOLUTION", "### END " + "SOLUTION"
+SHIP_BEGIN, SHIP_END = "### BEGIN " + "SHIPPED", "### END " + "SHIPPED"
 
 
 def stub_source(solution: str) -> str:
-    """The learner's version of a solution module: each solution block replaced by a raise."""
-    out, current, skipping = [], None, False
-    for line in solution.splitlines(keepends=True):
+    """The learner's version of a solution module: each solution block replaced by a raise, or, for a find-and-fix
+    exercise (kind "fix" in kvlib.course.exercises), by its broken body.
+
+    A find-and-fix exercise's solution block is followed at once by its shipped block (SHIP_BEGIN ... SHIP_END),
+    the broken body commented out line by line with one "# " after the body's indent, so that the reference module
+    runs the right body alone: a solution block holding `return x.sum(-1)` followed by a shipped block holding
+    `# return x.sum(0)` gives a stub holding `return x.sum(0)` (tests/test_course.py has the whole example)."""
+    out, current, state, block = [], None, None, {}  # state: None, "solution", "after" (its END seen), "shipped"
+    lines = solution.splitlines(keepends=True)
+    for number, line in enumerate(lines, 1):
+        text = line.strip()
+        if state == "after" and text != SHIP_BEGIN:  # a solution block without a shipped one: the raise
+            _close(current, block, out, shipped=False)
+            state, current = None, None
         if m := _DECORATOR.match(line):
             current = BY_ID[m.group(1)]
-        if line.strip() == BEGIN:
+        if text == BEGIN:
             if current is None:
-                raise ValueError(f"a solution block outside an @exercise function: {line!r}")
-            indent = line[: len(line) - len(line.lstrip())]
-            out.append(
-                f'{indent}raise NotImplementedError("Exercise {current.id} (notebooks/{current.notebook}): {current.name}")\n'
-            )
-            skipping = True
-        elif line.strip() == END:
-            skipping, current = False, None
-        elif not skipping:
+                raise ValueError(f"line {number}: a solution block outside an @exercise function: {line!r}")
+            block = {"indent": line[: len(line) - len(line.lstrip())], "shipped": []}
+            state = "solution"
+        elif text == END:
+            if state != "solution":
+                raise ValueError(f"line {number}: {END} without its {BEGIN}")
+            state = "after"
+        elif text == SHIP_BEGIN:
+            if state != "after":
+                raise ValueError(f"line {number}: a shipped block must follow its exercise's {END} at once")
+            state = "shipped"
+        elif text == SHIP_END:
+            if state != "shipped":
+                raise ValueError(f"line {number}: {SHIP_END} without its {SHIP_BEGIN}")
+            _close(current, block, out, shipped=True)
+            state, current = None, None
+        elif state == "shipped":
+            indent = block["indent"]
+            if line.strip() and not line.startswith(indent + "# ") and line.rstrip("\n") != indent + "#":
+                raise ValueError(f"line {number}: a shipped line is commented with {indent + '# '!r}: {line!r}")
+            block["shipped"].append(line.replace(indent + "# ", indent, 1) if line.strip() != "#" else "\n")
+        elif state is None:
             out.append(line)
-    if skipping:
-        raise ValueError("a solution block without its ### END SOLUTION")
+    if state == "after":
+        _close(current, block, out, shipped=False)
+    elif state is not None:
+        raise ValueError(f"a {state} block without its {END if state == 'solution' else SHIP_END}")
     return "".join(out)
+
+
+def _close(ex, block: dict, out: list[str], shipped: bool) -> None:
+    """Write what stands in the stub for an exercise's solution block: its shipped body, or the raise."""
+    if shipped != (ex.kind == "fix"):
+        say = "has a shipped block" if shipped else "has no shipped block"
+        raise ValueError(f"Exercise {ex.id} {say}, and its kind is {ex.kind!r} (only a 'fix' exercise ships a body)")
+    if shipped:
+        out += block["shipped"]
+    else:
+        out.append(
+            f'{block["indent"]}raise NotImplementedError("Exercise {ex.id} (notebooks/{ex.notebook}): {ex.name}")\n'
+        )
 
 
 def solution_modules() -> list[Path]:

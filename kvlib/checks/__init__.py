@@ -27,6 +27,7 @@ from kvlib.course.exercises import (
     BY_ID,
     EXERCISES,
     LEARNER_MODULES,
+    SHIPPED_CALLS,
     Exercise,
     ExerciseNotDone,
     close_ready_made,
@@ -270,8 +271,9 @@ class Graded:
         return closed
 
 
-def run_exercise(ex: Exercise, *, seed: int = 0, timeout: float | None = 60) -> Result:
-    """Run every check of one exercise on your kvlib (or the reference in reference mode)."""
+def run_exercise(ex: Exercise, *, seed: int = 0, timeout: float | None = 60, _outer=frozenset()) -> Result:
+    """Run every check of one exercise on your kvlib (or the reference in reference mode). A failure that ran an
+    earlier find-and-fix exercise's shipped body, which still fails its own checks, names that bug to fix first."""
 
     def result(status, message=""):
         return Result(ex.id, ex.title, ex.notebook, status, message)
@@ -283,6 +285,7 @@ def run_exercise(ex: Exercise, *, seed: int = 0, timeout: float | None = 60) -> 
             "fail", i18n.tr("{file} does not import: {error}", file=ex.file, error=f"{type(err).__name__}: {err}")
         )
     for c in checks_for(ex):
+        SHIPPED_CALLS.clear()
         try:
             with time_limit(timeout):
                 c.fn(Graded(module, ex.module), np.random.default_rng(seed))
@@ -295,8 +298,23 @@ def run_exercise(ex: Exercise, *, seed: int = 0, timeout: float | None = 60) -> 
             text = i18n.tr("do Exercise {id} ({title}) first: {error}", id=first.id, title=title, error=err)
             return result("todo", text)
         except Exception as err:
+            if first := _unfixed(SHIPPED_CALLS - {ex} - _outer, seed, timeout, _outer | {ex}):
+                text = i18n.tr(
+                    "do Exercise {id} ({title}) first: it ran here and still fails its own checks (kvlib check {id})",
+                    id=first.id,
+                    title=exercise_title(first),
+                )
+                return result("todo", text)
             return result("fail", f"{c.name}: {_explain(err, ex)} {stuck(ex.id)}")
     return result("pass")
+
+
+def _unfixed(shipped, seed, timeout, outer) -> Exercise | None:
+    """The first, in course order, of the find-and-fix exercises that ran whose own checks still fail."""
+    for ex in sorted(shipped, key=EXERCISES.index):
+        if run_exercise(ex, seed=seed, timeout=timeout, _outer=outer).status != "pass":
+            return ex
+    return None
 
 
 def run(selector: str | None = None, **kwargs) -> list[Result]:

@@ -4,7 +4,9 @@ Learners fill in functions in kvlib/<module>.py; the complete reference of each 
 at solutions/kvlib/<module>.py. Every exercise function carries @exercise("X.Y"), which
   - in reference mode (KVLIB_SOLUTIONS=1, or use_solutions()) calls the reference instead,
   - turns a stub's NotImplementedError into ExerciseNotDone, which names the exercise, and
-    names the earlier exercise to do first when a later one calls an unfinished one.
+    names the earlier exercise to do first when a later one calls an unfinished one,
+  - notes each call of a find-and-fix exercise's shipped body (kind "fix": the learner's stub runs broken code
+    instead of raising), so that a later exercise's failed check can name the bug to fix first.
 Not here: the checks themselves (kvlib.checks) and the command line (kvlib.app.cli).
 """
 
@@ -27,6 +29,14 @@ from kvlib.course import i18n
 # The table: one row per exercise, in course order. Notebook, module and checks hang off the id.
 
 
+# What an exercise asks of the learner (issue 46): "build" a function from its contract; "predict" a number or a
+# formula before the cell that measures it (graded against the analytic value); "design" a choice under a stated
+# budget that a deterministic objective judges (any choice that meets it earns the points); "fix" a body that ships
+# broken (the release writes its ### BEGIN SHIPPED block into the stub: kvlib.app.release), the checks showing the
+# symptom.
+KINDS = ("build", "predict", "design", "fix")
+
+
 @dataclass(frozen=True)
 class Exercise:
     id: str  # "1.2": notebook 1, second exercise; used in headings, errors, checks and grades
@@ -34,6 +44,11 @@ class Exercise:
     notebook: str  # folder under notebooks/, e.g. "01-attention"
     module: str  # kvlib module the learner edits, e.g. "attention"
     name: str  # function (or Class.method) in that module
+    kind: str = "build"  # what it asks: KINDS
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"Exercise {self.id}: kind {self.kind!r} is not one of {', '.join(KINDS)}")
 
     @property
     def file(self) -> str:
@@ -49,58 +64,73 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("1.2", "Attention for one query", "01-attention", "attention", "attend"),
     Exercise("1.3", "Causal mask", "01-attention", "attention", "causal_mask"),
     Exercise("1.4", "Causal self-attention", "01-attention", "attention", "causal_self_attention"),
-    Exercise("1.5", "Aim the query", "01-attention", "attention", "aimed_query"),
+    Exercise("1.5", "Aim the query", "01-attention", "attention", "aimed_query", kind="design"),
     Exercise("2.1", "Greedy or sampled token", "02-generation", "generation", "next_token"),
     Exercise("2.2", "The naive generation loop", "02-generation", "generation", "generate"),
     Exercise("2.3", "Measuring TTFT and inter-token latency", "02-generation", "generation", "measure_ttft_itl"),
     Exercise("2.4", "The attention of a layer, head by head", "02-generation", "generation", "attention_block"),
     Exercise("2.5", "RMSNorm", "02-generation", "generation", "rms_norm"),
     Exercise("2.6", "The SwiGLU MLP", "02-generation", "generation", "swiglu"),
-    Exercise("2.7", "Predict a temperature's probabilities", "02-generation", "generation", "temper"),
-    Exercise("2.8", "Predict a decoder's parameters", "02-generation", "generation", "param_counts"),
+    Exercise("2.7", "Predict a temperature's probabilities", "02-generation", "generation", "temper", kind="predict"),
+    Exercise("2.8", "Predict a decoder's parameters", "02-generation", "generation", "param_counts", kind="predict"),
     Exercise("3.1", "FLOPs of one forward pass", "03-recompute", "recompute", "forward_flops"),
     Exercise("3.2", "FLOPs one new token needs", "03-recompute", "recompute", "new_token_flops"),
     Exercise("3.3", "FLOPs of a whole generation, naive and kept", "03-recompute", "recompute", "generation_flops"),
-    Exercise("3.4", "Predict: where attention takes half", "03-recompute", "recompute", "attention_half_length"),
+    Exercise(
+        "3.4",
+        "Predict: where attention takes half",
+        "03-recompute",
+        "recompute",
+        "attention_half_length",
+        kind="predict",
+    ),
     Exercise("4.1", "Write into the cache", "04-kv-cache", "kv_cache", "KVCache.update"),
     Exercise("4.2", "Attention with a cache", "04-kv-cache", "kv_cache", "cached_attention"),
     Exercise("4.3", "Prefill and decode step", "04-kv-cache", "kv_cache", "cached_forward"),
     Exercise("4.4", "Bytes of the cache", "04-kv-cache", "kv_cache", "kv_cache_bytes"),
     Exercise("4.5", "Generation with the cache", "04-kv-cache", "kv_cache", "generate_cached"),
-    Exercise("4.6", "Predict: how many conversations fit", "04-kv-cache", "kv_cache", "sequences_that_fit"),
+    Exercise(
+        "4.6", "Predict: how many conversations fit", "04-kv-cache", "kv_cache", "sequences_that_fit", kind="predict"
+    ),
     Exercise("5.1", "Arithmetic intensity of a matmul", "05-memory-wall", "roofline", "matmul_intensity"),
     Exercise("5.2", "Rows that reach the ridge", "05-memory-wall", "roofline", "ridge_batch"),
     Exercise("5.3", "FLOPs and bytes of a step", "05-memory-wall", "roofline", "step_cost"),
     Exercise("5.4", "Predicted tokens per second", "05-memory-wall", "roofline", "predicted_tokens_per_second"),
-    Exercise("5.5", "Predict the batch at the ridge", "05-memory-wall", "roofline", "compute_bound_batch"),
+    Exercise(
+        "5.5", "Predict the batch at the ridge", "05-memory-wall", "roofline", "compute_bound_batch", kind="predict"
+    ),
     Exercise("6.1", "Which key/value head each query head reads", "06-gqa", "gqa", "repeat_kv"),
     Exercise("6.2", "Grouped attention without copies", "06-gqa", "gqa", "grouped_attention"),
     Exercise("6.3", "Which heads a GQA head replaces", "06-gqa", "gqa", "mean_pool_heads"),
     Exercise("6.4", "Convert MHA to GQA", "06-gqa", "gqa", "to_gqa"),
-    Exercise("6.5", "Predict the speedup of sharing", "06-gqa", "gqa", "predicted_speedup"),
+    Exercise("6.5", "Predict the speedup of sharing", "06-gqa", "gqa", "predicted_speedup", kind="predict"),
     Exercise("7.1", "Give a block back", "07-serving", "serving", "BlockPool.release"),
     Exercise("7.2", "Room for the next tokens", "07-serving", "serving", "BlockTable.append"),
-    Exercise("7.6", "Predict how full the blocks are", "07-serving", "serving", "block_utilisation"),
+    Exercise("7.6", "Predict how full the blocks are", "07-serving", "serving", "block_utilisation", kind="predict"),
     Exercise("7.3", "Paged attention", "07-serving", "serving", "paged_attention"),
     Exercise("7.4", "One step of continuous batching", "07-serving", "serving", "Scheduler.step"),
-    Exercise("7.7", "A policy under a budget", "07-serving", "serving", "Policy.blocks_to_admit"),
+    Exercise("7.7", "A policy under a budget", "07-serving", "serving", "Policy.blocks_to_admit", kind="design"),
     Exercise("7.5", "Copy on write", "07-serving", "serving", "copy_on_write"),
     Exercise("8.1", "int8 with a scale per slice", "08-compress", "compress", "quantize"),
     Exercise("8.2", "Attention over an int8 cache", "08-compress", "compress", "int8_attention"),
-    Exercise("8.7", "Predict the bytes of an int8 cache", "08-compress", "compress", "int8_bytes_per_token"),
+    Exercise(
+        "8.7", "Predict the bytes of an int8 cache", "08-compress", "compress", "int8_bytes_per_token", kind="predict"
+    ),
     Exercise("8.5", "MLA by rebuilding keys and values", "08-compress", "compress", "mla_reconstruct"),
     Exercise("8.6", "MLA with absorbed weights", "08-compress", "compress", "mla_absorbed"),
-    Exercise("8.8", "Predict the FLOPs of MLA's two paths", "08-compress", "compress", "mla_flops"),
+    Exercise("8.8", "Predict the FLOPs of MLA's two paths", "08-compress", "compress", "mla_flops", kind="predict"),
     Exercise("8.3", "A rolling cache with sinks", "08-compress", "compress", "SinkCache.update"),
     Exercise("8.4", "Positions inside the rolling cache", "08-compress", "compress", "cache_positions"),
     Exercise("9.1", "The online softmax", "09-fused", "fused", "online_softmax"),
     Exercise("9.2", "Tiled attention, causal tiles skipped", "09-fused", "fused", "tiled_attention"),
     Exercise("9.3", "Merge partial attentions", "09-fused", "fused", "merge_partials"),
-    Exercise("9.5", "How many splits of the cache", "09-fused", "fused", "flash_decode_splits"),
+    Exercise("9.5", "How many splits of the cache", "09-fused", "fused", "flash_decode_splits", kind="design"),
     Exercise("9.4", "int8 attention with folded scales", "09-fused", "fused", "int8_folded_attention"),
     Exercise("10.1", "Verify drafts in one pass", "10-speculative", "speculative", "verify_greedy"),
     Exercise("10.2", "Greedy speculative decoding", "10-speculative", "speculative", "speculative_generate"),
-    Exercise("10.5", "Predict the tokens a pass makes", "10-speculative", "speculative", "tokens_per_pass"),
+    Exercise(
+        "10.5", "Predict the tokens a pass makes", "10-speculative", "speculative", "tokens_per_pass", kind="predict"
+    ),
     Exercise("10.3", "Exact speculative sampling", "10-speculative", "speculative", "accept_sampled"),
     Exercise("10.4", "Prompt lookup", "10-speculative", "speculative", "prompt_lookup"),
 )
@@ -502,6 +532,9 @@ def _title(ex: Exercise) -> str:
 
 
 _STUB_MESSAGE = re.compile(r"^Exercise (\d+\.\d+)\b")
+# The find-and-fix exercises whose learner copy ran since kvlib.checks last cleared this set: a later exercise's
+# failure may come from a bug the learner has not fixed yet (kvlib.checks.run_exercise names it).
+SHIPPED_CALLS: set[Exercise] = set()
 
 
 def exercise(exercise_id: str, validate=None):
@@ -524,6 +557,8 @@ def exercise(exercise_id: str, validate=None):
             if validate is not None:
                 validate(*args, **kwargs)
             impl = reference(ex) if solutions_enabled() else fn
+            if impl is fn and ex.kind == "fix":
+                SHIPPED_CALLS.add(ex)  # the learner's copy of a shipped body ran: kvlib.checks may name it
             try:
                 return impl(*args, **kwargs)
             except ExerciseNotDone as err:
