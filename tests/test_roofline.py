@@ -619,6 +619,17 @@ def test_slip_is_rejected_naming_it(where, replaced, words):
     assert any(words in (str(err) or "assertion") for _, err in failures), failures
 
 
+def test_5_4_messages_name_the_cause_not_the_line_to_type():
+    """Check that each named slip of Exercise 5.4 fails with a message that names what went wrong, not the formula
+    that fixes it (issue 46: no max(...), no batch / step time, no step_cost call to copy)."""
+    for replaced in (_tps_without_batch, _seconds_per_token, tps_summed, tps_memory_only, tps_prefill):
+        failures = check_failures("5.4", _module(predicted_tokens_per_second=replaced))
+        assert failures, f"{replaced.__name__} passed Exercise 5.4"
+        for _, err in failures:
+            for fix in ("max(", "batch / step", "step_cost(", "the larger of", "/ bandwidth", "its inverse"):
+                assert fix not in str(err), f"{replaced.__name__}: {fix!r} in {err}"
+
+
 def test_a_search_by_one_row_is_stopped_and_named():
     """Check that ridge_batch searching m one row at a time (knowing the limit, so correct) is stopped on the ridge
     just under the limit (134 million rows) after the check's 2 s, with a message that says to solve for it."""

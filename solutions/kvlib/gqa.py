@@ -23,7 +23,7 @@ from kvlib.course import inputs
 from kvlib.course.exercises import exercise
 
 # ---------------------------------------------------------------------------------------------
-# Exercise 6.1: which key/value head each query head reads
+# Exercise 6.1 (find and fix: the learner's copy ships with a bug): which key/value head each query head reads
 
 
 @exercise("6.1", validate=inputs.check_repeat)
@@ -45,6 +45,10 @@ def repeat_kv(x: torch.Tensor, group_size: int) -> torch.Tensor:
     B, H_kv, S, D = x.shape
     return x[:, :, None].expand(B, H_kv, group_size, S, D).reshape(B, H_kv * group_size, S, D)  # -> (B, H, S, D)
     ### END SOLUTION
+    ### BEGIN SHIPPED
+    # copies = [x] * group_size  # the key/value heads once for each query head of a group
+    # return torch.cat(copies, dim=1)  # (batch, n_kv_heads * group_size, kv_len, head_dim)
+    ### END SHIPPED
 
 
 # ---------------------------------------------------------------------------------------------
