@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from kvlib.core.model import Decoder, matrix_params
+from kvlib.core.model import Decoder
 from kvlib.core.weights import first_head_of_group, load_checked  # noqa: F401 (the checks pass first_head_of_group to to_gqa)
 from kvlib.course import inputs
 from kvlib.course.exercises import exercise

@@ -89,7 +89,7 @@ def repeat_kv_follows_the_checkpoints_order(kv, rng):
     One check, so that points come only with the whole contract: the shipped body (Exercise 6.1 is a find-and-fix)
     is right at both boundaries. Its failure shows the symptom, which query heads go wrong, not the cause."""
     x, q, v = _randn(rng, B, H_KV, S, D), _randn(rng, B, H, T, D), _randn(rng, B, H_KV, S, D)
-    expected = _attention(q, x.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1))  # the layer's own order
+    expected = _attention(q, x.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1))
     got = kv.repeat_kv(x.clone(), G)
     assert isinstance(got, torch.Tensor) and tuple(got.shape) == (B, H, S, D), (
         f"repeat_kv of (batch, n_kv_heads, kv_len, head_dim) = {tuple(x.shape)} with group_size {G} "
