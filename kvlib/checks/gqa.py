@@ -106,7 +106,7 @@ def repeat_kv_follows_the_checkpoints_order(kv, rng):
             f"MHA attention over repeat_kv's copies is not a GQA layer's own attention ({H} query heads sharing {H_KV} "
             f"key/value heads, groups of {G}): query heads {', '.join(map(str, wrong))} get other outputs than in the "
             f"layer{'; heads ' + ', '.join(map(str, right)) + ' the same' if right else ''}. A model read this way runs "
-            "without an error and answers nonsense (kvlib hint 6.1)"
+            "without an error and answers nonsense"
         )
     same = kv.repeat_kv(x.clone(), 1)
     assert isinstance(same, torch.Tensor) and torch.equal(same, x), "group_size 1 (MHA) must return the heads unchanged"
