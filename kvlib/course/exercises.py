@@ -86,7 +86,7 @@ EXERCISES: tuple[Exercise, ...] = (
     ),
     Exercise("4.1", "Write into the cache", "04-kv-cache", "kv_cache", "KVCache.update"),
     Exercise("4.2", "Attention with a cache", "04-kv-cache", "kv_cache", "cached_attention"),
-    Exercise("4.3", "Prefill and decode step", "04-kv-cache", "kv_cache", "cached_forward"),
+    Exercise("4.3", "Find and fix: prefill and decode step", "04-kv-cache", "kv_cache", "cached_forward", kind="fix"),
     Exercise("4.4", "Bytes of the cache", "04-kv-cache", "kv_cache", "kv_cache_bytes"),
     Exercise("4.5", "Generation with the cache", "04-kv-cache", "kv_cache", "generate_cached"),
     Exercise(

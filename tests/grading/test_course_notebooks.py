@@ -1,8 +1,9 @@
 """Notebooks 02 to 10 graded by nbgrader from a `kvlib course init` folder: a correct submission gets
 every point (in 04 also one with code moved into a helper module of the learner's own), the
 untouched release and a submission that patches the checks in its kernel get none; in 03, 04, 05, 06, 07, 09
-and 10 also BANK's cheats (05 and 06: a prediction hard-coded; 07: a copy-on-write that copies nothing), library
-shortcuts and other right ways, each scored cell by cell, in the same autograde run; in 02 the shortcuts a fresh
+and 10 also BANK's cheats (05 and 06: a prediction hard-coded; 07: a copy-on-write that copies nothing; 04: 4.3's
+shipped bug left in), library shortcuts and other right ways, each scored cell by cell, in the same autograde run; in
+02 the shortcuts a fresh
 reader found (2.4's layer echoed, 2.8's decoder built on the meta device, 2.2's tokens reported after the loop, 2.4's
 steps taken by the layer's project_q and project_kv). (Notebook 01, with its many attacks:
 tests/grading/test_attacks.py.)"""
@@ -292,6 +293,13 @@ def kv_cache_bytes(config, seq_len, batch=1, dtype=torch.float16):
     return KVCache(config, batch, 1, dtype).nbytes * seq_len
 '''
 
+
+def _shipped_04() -> str:
+    """4.3 as the release ships it (kvlib/kv_cache.py's find-and-fix body), redefined after the reference."""
+    stub = (ROOT / "kvlib" / "kv_cache.py").read_text(encoding="utf-8")
+    return "\n\n" + stub[stub.index('@exercise("4.3"') : stub.index("\n\n\ndef prefill")] + "\n"
+
+
 SHORTCUT_03 = '''
 
 def forward_flops(config, seq_len):
@@ -540,6 +548,8 @@ BANK = {
     },
     "kv_cache": {  # 4.3 through the model's own call, 4.2 and 4.4 by kvlib's code: each closed while checked, 0
         "shortcut-model": (SHORTCUT_04, {"4.1", "4.2", "4.3", "4.4"}, {"4.2": 0, "4.3": 0, "4.4": 0}),
+        # 4.3 left as shipped (a find-and-fix), every other exercise done: 0 on 4.3, and on 4.5 that runs it
+        "shipped-4.3": (_shipped_04, {"4.1", "4.2", "4.4", "4.5", "4.6"}, {"4.2": "full", "4.3": 0, "4.5": 0}),
     },
     "recompute": {  # 3.1 and 3.4 measured on a model built for the config: 0, and 3.2 and 3.3, which call 3.1
         "shortcut-model": (SHORTCUT_03, {"3.1", "3.2", "3.3", "3.4"}, dict.fromkeys(("3.1", "3.2", "3.3", "3.4"), 0)),
