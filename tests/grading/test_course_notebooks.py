@@ -375,6 +375,17 @@ def attention_block(attn, h, cos, sin, self_attention=None):
         return attn.o_proj(torch.from_numpy(out).transpose(1, 2).reshape(B, T, -1))
 '''
 
+
+def _shipped(module: str, name: str) -> str:
+    """A find-and-fix exercise's function as the release ships it in kvlib/<module>.py (its bug in it), undecorated."""
+    import ast
+
+    source = (ROOT / "kvlib" / f"{module}.py").read_text(encoding="utf-8")
+    (node,) = [n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == name]
+    lines = source.splitlines(keepends=True)[node.lineno - 1 : node.end_lineno]  # from `def`: no decorator
+    return "\n\n" + "".join(lines)
+
+
 HARD_CODED_05 = '''
 
 def compute_bound_batch(config, kv_len, peak_flops, bandwidth, dtype=None):
@@ -422,14 +433,6 @@ def copy_on_write(pool, table, index):
     return table.blocks[index]
 
 
-def paged_attention(q, pool, layer, tables):
-    """7.3 answered by the yardstick the notebook compares with (refused while 7.3 runs); the engine of 7.4, 7.5 and
-    7.7 runs it as any attention."""
-    from kvlib.core.paging import laid_out_attention
-
-    return laid_out_attention(q, pool.k[layer], pool.v[layer], tables)
-
-
 class Policy(Scheduler):
     """7.7 another right way: 3 blocks kept back while others run, and the oldest preempted."""
 
@@ -448,7 +451,18 @@ BANK = {
             {f"2.{i}" for i in range(1, 9)},
             {"2.2": {"generate_streams_each_token": "after the loop ended"}, "2.3": 0, "2.4": 0, "2.8": 0},
         ),
-        "cheat-steps": (CHEAT_02_STEPS, {"2.4"}, {"2.4": 0}),  # the layer's project_q / project_kv: refused
+        "cheat-steps": (  # the layer's project_q / project_kv: refused; 2.2 handed in as shipped, its bugs unfixed
+            lambda: CHEAT_02_STEPS + _shipped("generation", "generate"),
+            {"2.1", "2.2", "2.4"},
+            {
+                "2.4": 0,
+                "2.2": {
+                    "generate_matches_greedy_loop": "all 7 new tokens are the same",
+                    "generate_answers_the_seed_question": "should continue with 巴黎",
+                    "generate_samples_reproducibly": "seeded alike",
+                },
+            },
+        ),
         "other-ways": (
             lambda: _alternatives(
                 "generation",
@@ -538,12 +552,12 @@ BANK = {
             {"5.2": {"ridge_batch_just_under_the_limit": "gives up too soon"}, "5.3": "full", "5.4": 0, "5.5": 0},
         ),
     },
-    "serving": {  # a copy-on-write that copies nothing scores 0 on 7.5, 7.3 through the checks' yardstick 0; another
-        # policy in the budget, full on 7.7, and the step on the yardstick's attention full on 7.4
+    "serving": {  # a copy-on-write that copies nothing scores 0 on 7.5; another policy in the budget, full on 7.7
+        # (7.3's yardstick is with the checks, which the child cannot import: tests/grading/test_attacks.py)
         "cow-nothing-policy-other": (
             SERVING_07,
             {"7.1", "7.2", "7.3", "7.4", "7.6", "7.7"},
-            {"7.3": 0, "7.4": "full", "7.5": 0, "7.7": "full"},
+            {"7.3": "full", "7.4": "full", "7.5": 0, "7.7": "full"},
         ),
     },
     "kv_cache": {  # 4.3 through the model's own call, 4.2 and 4.4 by kvlib's code: each closed while checked, 0
