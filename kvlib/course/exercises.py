@@ -99,7 +99,7 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise(
         "5.5", "Predict the batch at the ridge", "05-memory-wall", "roofline", "compute_bound_batch", kind="predict"
     ),
-    Exercise("6.1", "Which key/value head each query head reads", "06-gqa", "gqa", "repeat_kv"),
+    Exercise("6.1", "Which key/value head each query head reads", "06-gqa", "gqa", "repeat_kv", kind="fix"),
     Exercise("6.2", "Grouped attention without copies", "06-gqa", "gqa", "grouped_attention"),
     Exercise("6.3", "Which heads a GQA head replaces", "06-gqa", "gqa", "mean_pool_heads"),
     Exercise("6.4", "Convert MHA to GQA", "06-gqa", "gqa", "to_gqa"),

@@ -101,7 +101,7 @@ def measure_ttft_itl(model, input_ids: torch.Tensor, max_new_tokens: int) -> tup
         (4, True)
     """
     ### BEGIN SOLUTION
-    import time  # noqa: PLC0415 (inside the solution: the stub keeps no import that points at the route)
+    import time  # noqa: PLC0415 (kept from the stub: the clock 2.3 reads)
 
     times = []
     start = time.perf_counter()

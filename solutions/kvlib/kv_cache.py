@@ -71,7 +71,7 @@ def cached_attention(
     ### BEGIN SOLUTION
     import torch.nn.functional as F  # noqa: PLC0415 (not in learners' folders: the stub names no route)
 
-    from kvlib.attention import causal_mask  # noqa: PLC0415 (Exercise 1.3's mask)
+    from kvlib.attention import causal_mask  # noqa: PLC0415 (kept from the stub: Exercise 1.3's mask)
 
     B, T, _ = x.shape
     cos, sin = rope_cos[cache.pos : cache.pos + T], rope_sin[cache.pos : cache.pos + T]  # absolute positions
@@ -173,7 +173,7 @@ def generate_cached(
         True
     """
     ### BEGIN SOLUTION
-    from kvlib.generation import next_token  # noqa: PLC0415 (Exercise 2.1; not in learners' folders: no route)
+    from kvlib.generation import next_token  # noqa: PLC0415 (kept from the stub: Exercise 2.1)
 
     if cache is None:
         cache = KVCache(model.config, batch=input_ids.shape[0], dtype=model.embed.weight.dtype, device=input_ids.device)

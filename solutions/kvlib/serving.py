@@ -113,7 +113,7 @@ def paged_attention(q: torch.Tensor, pool: BlockPool, layer: int, tables: list[B
         torch.Size([2, 8, 1, 16])
     """
     ### BEGIN SOLUTION
-    from kvlib.gqa import grouped_attention  # noqa: PLC0415 (your 6.2)
+    from kvlib.gqa import grouped_attention  # noqa: PLC0415 (kept from the stub: your 6.2)
 
     rows = []
     for i, table in enumerate(tables):

@@ -261,6 +261,11 @@ def tokens_per_pass(alpha, gamma):
 
 SHORTCUT_06 = '''
 
+def repeat_kv(x, group_size):
+    """6.1's shipped bug fixed another way than the reference: the copies stacked on a new axis after the heads."""
+    return torch.stack([x] * group_size, dim=2).flatten(1, 2)
+
+
 def grouped_attention(q, k, v):
     """6.2's library shortcut: torch's attention reads each shared head in place (its fused kernel does)."""
     T, S = q.shape[2], k.shape[2]
@@ -527,7 +532,7 @@ BANK = {
         "shortcut-sdpa": (
             SHORTCUT_06,
             {"6.1", "6.2"},
-            {"6.2": {"grouped_attention_does_not_copy_heads": "scaled_dot_product_attention"}},
+            {"6.1": "full", "6.2": {"grouped_attention_does_not_copy_heads": "scaled_dot_product_attention"}},
         ),
         "hard-coded": (  # and 6.2's decode steps through kvlib's split-K attention: refused, the checks of them lost
             HARD_CODED_06,
