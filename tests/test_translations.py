@@ -382,7 +382,8 @@ def test_a_templates_fields_are_translated_where_the_catalogue_has_them(chinese)
 def test_the_extractor_finds_what_a_figure_draws_and_what_a_verdict_says():
     """Check english_texts on a figure's code: tick labels (set_xticks), a dict's values drawn through an index, a
     loop's written-out tuples assigned to a name a title draws, `a or b`, a text joined to what is not one (a field),
-    a comprehension's item; not the keys, nor what is only indexed by; and on a notebook, the words handed to
+    a comprehension's item, a dict looped over into a drawn label; not the keys, nor what is only indexed by; and on
+    a notebook, the words handed to
     claims.compare; and that every sentence kvlib/course/claims.py can say is found whole."""
     source = """
 def fig(ax, way, ok, note=None, title=None):
@@ -394,11 +395,14 @@ def fig(ax, way, ok, note=None, title=None):
     ax.legend(title=f"{names[way]}: {verdict}")
     ax.set_ylabel(title or "time (s)")
     ax.text(0, 0, note + "; tiny model")
+    styles = {"naive": ("#000000", "every score kept"), "tiled": ("#0072B2", "one tile at a time")}
+    for key, (color, label) in styles.items():
+        ax.plot([0], [0], color=color, label=label)
 """
     found = translate.english_texts("kvlib/course/figures/x.py", source)["kvlib/course/figures/x.py::fig"]
     assert found == {
         "the naive loop", "the tiled loop", "held", "did not hold", "Throughput", "Latency", "pass {0}", "bonus",
-        "time (s)", "{0}; tiny model",
+        "time (s)", "{0}; tiny model", "every score kept", "one tile at a time",
     }  # fmt: skip
     cell = 'v = claims.compare("06a.grouped-vs-mha", r, "GQA-2 read in place", "MHA", what="throughput")'
     assert translate.english_texts("solutions/x.ipynb", cell) == {

@@ -545,24 +545,55 @@ def _strings(node, drawn: bool = False) -> list[str]:
 
 def _drawn_names(tree: ast.Module) -> dict[str | None, set[str]]:
     """The variables a figure's text is made of, by scope (as _scopes): each name read in a text-drawing call's
-    arguments or a text-carrying keyword (not a function called, nor an index: `label=names[way]` draws names'
-    values, not way's)."""
+    arguments or a text-carrying keyword (not a function called, nor an index: `label=names[way]` draws names' values,
+    not way's), and in turn each variable such a name is assigned or looped over from as it is (_held: `for way,
+    (color, label) in styles.items()` draws styles' texts)."""
     values: dict[str | None, list] = {}
+    binds: dict[str | None, list[tuple[ast.AST, ast.AST]]] = {}
     for scope, node in _scopes(tree):
         if isinstance(node, ast.Call):
             if getattr(node.func, "attr", getattr(node.func, "id", None)) in _FIGURE_CALLS:
                 values.setdefault(scope, []).extend(node.args)
             values.setdefault(scope, []).extend(k.value for k in node.keywords if k.arg in _FIGURE_KEYWORDS)
+        elif isinstance(node, ast.Assign):
+            binds.setdefault(scope, []).extend((t, node.value) for t in node.targets)
+        elif isinstance(node, ast.For):
+            binds.setdefault(scope, []).append((node.target, node.iter))
     drawn = {}
     for scope, exprs in values.items():
-        skip = set()
-        for node in (n for v in exprs for n in ast.walk(v)):
-            if isinstance(node, ast.Call):
-                skip.add(id(node.func))
-            elif isinstance(node, ast.Subscript):
-                skip.update(id(n) for n in ast.walk(node.slice))
-        drawn[scope] = {n.id for v in exprs for n in ast.walk(v) if isinstance(n, ast.Name) and id(n) not in skip}
+        names, grown = _read(exprs), True
+        while grown:
+            more = {n for t, v in binds.get(scope, ()) if names & _read([t]) for n in _held(v)}
+            grown, names = not more <= names, names | more
+        drawn[scope] = names
     return drawn
+
+
+def _held(value) -> set[str]:
+    """The variables whose texts a value hands on as they are: a name, an item of one (`styles[way]`), its items or
+    values (`styles.items()`), either branch, each of a tuple's; not what a call or a sum computes from them."""
+    if isinstance(value, ast.Name):
+        return {value.id}
+    if isinstance(value, ast.Subscript):
+        return _held(value.value)
+    if isinstance(value, ast.Call) and getattr(value.func, "attr", None) in ("items", "values") and not value.args:
+        return _held(value.func.value)
+    if isinstance(value, ast.IfExp):
+        return _held(value.body) | _held(value.orelse)
+    if isinstance(value, ast.Tuple | ast.List):
+        return {n for item in value.elts for n in _held(item)}
+    return set()
+
+
+def _read(exprs) -> set[str]:
+    """The names an expression reads, but a function called by name and what indexes (a key, not a text)."""
+    skip = set()
+    for node in (n for v in exprs for n in ast.walk(v)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            skip.add(id(node.func))
+        elif isinstance(node, ast.Subscript):
+            skip.update(id(n) for n in ast.walk(node.slice))
+    return {n.id for v in exprs for n in ast.walk(v) if isinstance(n, ast.Name) and id(n) not in skip}
 
 
 def _assigned(target, value) -> list[tuple[str, ast.AST]]:

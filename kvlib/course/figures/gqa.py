@@ -37,11 +37,15 @@ def kv_bytes_per_token(names, bytes_per_token, kinds, *, note=None):
 def _against_mha(row: dict, mha: dict) -> str:
     """How a row's step compares with MHA's over every run: faster or slower only where every one of its runs was
     (its slowest against MHA's fastest, or the reverse), else within the runs' spread. Decides nothing from medians."""
-    if row["max_s"] < mha["min_s"]:
-        return "faster than MHA in every run"
-    if row["min_s"] > mha["max_s"]:
-        return "slower than MHA in every run"
-    return "within the spread of MHA's runs"
+    faster, slower = row["max_s"] < mha["min_s"], row["min_s"] > mha["max_s"]
+    label = (  # a label: kvlib.app.translate finds its texts
+        "faster than MHA in every run"
+        if faster
+        else "slower than MHA in every run"
+        if slower
+        else "within the spread of MHA's runs"
+    )
+    return label
 
 
 def gqa_decode_time(rows, *, kv_len=None, note=None, verdicts=None):
