@@ -382,7 +382,7 @@ def test_a_templates_fields_are_translated_where_the_catalogue_has_them(chinese)
 def test_the_extractor_finds_what_a_figure_draws_and_what_a_verdict_says():
     """Check english_texts on a figure's code: tick labels (set_xticks), a dict's values drawn through an index, a
     loop's written-out tuples assigned to a name a title draws, `a or b`, a text joined to what is not one (a field),
-    a comprehension's item, a dict looped over into a drawn label; not the keys, nor what is only indexed by; and on
+    a comprehension's item, a dict looped over into a drawn label, a keyword named as a label; not the keys, nor what is only indexed by; and on
     a notebook, the words handed to
     claims.compare; and that every sentence kvlib/course/claims.py can say is found whole."""
     source = """
@@ -398,11 +398,13 @@ def fig(ax, way, ok, note=None, title=None):
     styles = {"naive": ("#000000", "every score kept"), "tiled": ("#0072B2", "one tile at a time")}
     for key, (color, label) in styles.items():
         ax.plot([0], [0], color=color, label=label)
+    step_time_fit(ax, fit_label="a line through the points")
 """
     found = translate.english_texts("kvlib/course/figures/x.py", source)["kvlib/course/figures/x.py::fig"]
     assert found == {
         "the naive loop", "the tiled loop", "held", "did not hold", "Throughput", "Latency", "pass {0}", "bonus",
         "time (s)", "{0}; tiny model", "every score kept", "one tile at a time",
+        "a line through the points",
     }  # fmt: skip
     cell = 'v = claims.compare("06a.grouped-vs-mha", r, "GQA-2 read in place", "MHA", what="throughput")'
     assert translate.english_texts("solutions/x.ipynb", cell) == {
@@ -441,15 +443,19 @@ def test_chinese_beside_mathtext_is_drawn_and_a_missing_glyph_is_caught(chinese)
 
 def test_a_record_note_and_a_verdict_title_in_chinese(chinese):
     """Check a figure's foot and title in Chinese: record_note's words around the machine's name (which stays as
-    recorded) and a notebook's note joined to it; a verdict broken after its colon as a title, line by line."""
+    recorded) and a notebook's note joined to it; a verdict broken after its colon as a title, line by line; a way's
+    name wrapped at its comma as a bar's tick label (a category, labelled at each draw), unbroken."""
     if plotting.cjk_font() is None:
         pytest.skip("no CJK font installed")
     note = plotting.record_note({"device": "Intel Xeon, 8 cores", "threads": 1, "torch": "2.5.1"}, runs=3)
     assert note == "Intel Xeon, 8 cores，1 个线程，torch 2.5.1，3 次运行的中位数"
     assert i18n.translate(note + "; 32 requests, 4,096 KV slots") == note + "；32 个请求，4,096 个 KV 槽位"
-    ways = {w: [{"tokens_per_s": 1.0, "tpot_mean_s": 0.1, "steps": 9, "kv_utilisation": 0.5}] * 3 for w in ("a", "b")}
+    row = {"tokens_per_s": 1.0, "tpot_mean_s": 0.1, "steps": 9, "kv_utilisation": 0.5}
+    ways = {w: [row] * 3 for w in ("static, reserved", "continuous, paged")}
     title = "continuous, paged ran at 1.52x continuous, reserved's throughput:\nfaster in every one of 3 paired rounds (1.4x-1.6x)"
     fig = plotting.serving_compare(ways, title=title, note=note)
+    fig.canvas.draw()  # tick labels are made at a draw
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["静态批处理，预留", "连续批处理，分页"]
     assert fig._suptitle.get_text() == (
         "连续批处理，分页 的吞吐量是 连续批处理，预留 的 1.52x：\n3 轮配对测量中每一轮都更快（1.4x-1.6x）"
     )

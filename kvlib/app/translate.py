@@ -514,6 +514,12 @@ def template(node) -> str | None:
     return None
 
 
+def _drawn_keyword(name: str | None) -> bool:
+    """Whether a keyword argument carries a figure's text: label=, title=, ... or one named as a label or a title
+    (roof_label=)."""
+    return name is not None and (name in _FIGURE_KEYWORDS or bool(_FIGURE_NAMES.match(name)))
+
+
 def _strings(node, drawn: bool = False) -> list[str]:
     """The texts an expression can give: a string, either branch of an `a if c else b`, a list's or tuple's items,
     each text `a + b` can join (the fields of b numbered on from a's). drawn (a figure's text): also either side of an
@@ -554,7 +560,7 @@ def _drawn_names(tree: ast.Module) -> dict[str | None, set[str]]:
         if isinstance(node, ast.Call):
             if getattr(node.func, "attr", getattr(node.func, "id", None)) in _FIGURE_CALLS:
                 values.setdefault(scope, []).extend(node.args)
-            values.setdefault(scope, []).extend(k.value for k in node.keywords if k.arg in _FIGURE_KEYWORDS)
+            values.setdefault(scope, []).extend(k.value for k in node.keywords if _drawn_keyword(k.arg))
         elif isinstance(node, ast.Assign):
             binds.setdefault(scope, []).extend((t, node.value) for t in node.targets)
         elif isinstance(node, ast.For):
@@ -661,7 +667,7 @@ def english_texts(rel: str, source: str) -> dict[str, set[str]]:
                 name = getattr(node.func, "attr", getattr(node.func, "id", None))
                 if name in _FIGURE_CALLS:
                     add(scope, [s for a in node.args for s in _strings(a, True)])
-                add(scope, [s for k in node.keywords if k.arg in _FIGURE_KEYWORDS for s in _strings(k.value, True)])
+                add(scope, [s for k in node.keywords if _drawn_keyword(k.arg) for s in _strings(k.value, True)])
                 if name in _VERDICTS and getattr(node.func.value, "id", None) == "claims":  # claims.compare(...)
                     words = node.args[2:] + [k.value for k in node.keywords if k.arg in _VERDICT_KEYWORDS]
                     add(scope, [s for a in words for s in _strings(a, True)])

@@ -186,17 +186,44 @@ def _has_math(text: str) -> bool:
     return text.replace(r"\$", "").count("$") >= 2
 
 
+def _translated(text: str, lang: str | None) -> str:
+    """A figure's text in the learner's language: whole; else, broken into lines by the caller, line by line (a
+    verdict broken after its colon), else unbroken (a name wrapped at its comma: "static,\nreserved")."""
+    new = i18n.translate(text, lang)
+    if new != text or "\n" not in text:
+        return new
+    lines = "\n".join(i18n.translate(line, lang) for line in text.split("\n"))
+    if lines != text:
+        return lines
+    unbroken = text.replace("\n", " ")
+    new = i18n.translate(unbroken, lang)
+    return new if new != unbroken else text
+
+
+def _translate_ticks(fig, lang: str | None) -> int:
+    """Tick labels given as texts (set_xticks(ticks, labels), categories: bar(names, ...)) translated as the axis
+    makes them, at each draw; returns how many of today's ticks changed."""
+    from matplotlib.category import StrCategoryFormatter  # noqa: PLC0415 (start-up time: only translated figures)
+    from matplotlib.ticker import FixedFormatter, FuncFormatter  # noqa: PLC0415
+
+    changed = 0
+    for axis in (a for ax in fig.axes for a in (ax.xaxis, ax.yaxis)):
+        made = axis.get_major_formatter()
+        if isinstance(made, FixedFormatter | FuncFormatter | StrCategoryFormatter):
+            labels = [made(x, i) for i, x in enumerate(axis.get_majorticklocs())]
+            changed += sum(_translated(label, lang) != label for label in labels)
+            axis.set_major_formatter(FuncFormatter(lambda x, pos, made=made: _translated(made(x, pos), lang)))
+    return changed
+
+
 def translate_texts(fig, lang: str | None = None) -> int:
     """Every text of a figure (titles, labels, ticks, legends, notes) in the learner's language, in place, where the
-    catalogue translates it (kvlib.course.i18n.translate), else line by line; returns how many changed. A Chinese
-    text with mathtext (`$N^{1.5}$`) gets the CJK font first: mathtext draws the words around the math in the text's
-    first font."""
-    changed, cjk = 0, cjk_font()
+    catalogue translates it (_translated); returns how many changed. A Chinese text with mathtext (`$N^{1.5}$`) gets
+    the CJK font first: mathtext draws the words around the math in the text's first font."""
+    changed, cjk = _translate_ticks(fig, lang), cjk_font()
     for text in fig.findobj(Text):
         old = text.get_text()
-        new = i18n.translate(old, lang)
-        if new == old and "\n" in old:  # lines joined by the caller (a verdict broken after its colon): each line
-            new = "\n".join(i18n.translate(line, lang) for line in old.split("\n"))
+        new = _translated(old, lang)
         if new != old:
             text.set_text(new)
             changed += 1
