@@ -461,6 +461,15 @@ def test_a_record_note_and_a_verdict_title_in_chinese(chinese):
     )
 
 
+def test_every_figure_in_chinese_draws_every_glyph(chinese):
+    """Check that each figure of tests/test_figures.py, drawn with KVLIB_LANG=zh-CN, has no empty box: no glyph
+    missing from its fonts, mathtext's included, once its texts are translated."""
+    from test_figures import FIGURES
+
+    missing = {name: plotting.missing_glyphs(make()) for name, make in FIGURES.items()}
+    assert not {name: m for name, m in missing.items() if m}
+
+
 def test_figures_speak_chinese_only_where_a_font_draws_it(chinese, monkeypatch):
     """Check a figure with KVLIB_LANG=zh-CN: its title and axis labels in Chinese where a CJK font is installed, in
     English where none is (the tokens in pinyin), never a glyph missing (an empty box) either way."""
