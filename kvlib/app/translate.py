@@ -700,25 +700,25 @@ def _sentences(function: ast.FunctionDef) -> list[str]:
     out = list(parts.get("tail", []))
     for node in ast.walk(function):
         if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "text":
+            pieces = node.value.values if isinstance(node.value, ast.JoinedStr) else []
             joined = [""]
-            for piece in node.value.values if isinstance(node.value, ast.JoinedStr) else []:
-                name = getattr(piece, "value", None)
-                options = (
-                    [piece.value]
-                    if isinstance(piece, ast.Constant)
-                    else parts.get(getattr(name, "id", None)) or ["{0}"]
-                )
+            for piece in pieces:  # a literal as it is, a part as the function words it, anything else a field
+                if isinstance(piece, ast.Constant):
+                    options = [piece.value]
+                else:
+                    options = parts.get(getattr(piece.value, "id", None)) or ["{0}"]
                 joined = [a + _renumbered(b, len(_FIELD.findall(a))) for a in joined for b in options]
             out += joined
-            colon = [p for p in node.value.values if isinstance(p, ast.Constant) and p.value.startswith(":")]
-            out += [h + ":" for h in parts.get("head", [])] if colon else []
+            if any(isinstance(p, ast.Constant) and p.value.startswith(":") for p in pieces):
+                out += [head + ":" for head in parts.get("head", [])]
     return out
 
 
 def message_sources() -> list[tuple[str, str]]:
     """The code whose texts the catalogue translates, [(path under the clone, Python source)]: kvlib's modules that
-    call tr(), the checks, the figures, the claims' verdicts, and the code cells of each solution notebook, as one source (titles handed
-    to a figure, words handed to a claim's verdict, the variables they are made of, which an earlier cell may set)."""
+    call tr(), the checks, the figures, the claims' verdicts, and the code cells of each solution notebook as one
+    source (titles handed to a figure, words handed to a claim's verdict, the variables they are made of, which an
+    earlier cell may set)."""
     files = []
     for path in sorted((ROOT / "kvlib").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()

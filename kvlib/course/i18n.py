@@ -106,7 +106,8 @@ def translate(message: str, lang: str | None = None) -> str:
     the template whose literal parts it matches (the most specific), its field values translated in turn where the
     catalogue has them (a label "memory" filled into "{0}-bound", a verdict filled into a title); else unchanged.
 
-    Example (zh-CN): translate("memory-bound") -> "访存受限" by the template "{0}-bound" and the text "memory"
+    Example (zh-CN): translate("memory-bound: 12 tokens/s predicted") -> "访存受限：预测每秒 12 个词元", by the
+    template "{0}-bound: {1} tokens/s predicted" and the text "memory"
     """
     lang = lang or language()
     if lang == DEFAULT or not message:
