@@ -315,15 +315,17 @@ def _trace(rng, n=10):
 
 
 def _step(sv, sched):
+    """sched.step(), the engine's refusals named as a check's failure; their text, kvlib.core's (the bottom floor,
+    which imports no translation), is quoted as the failure's cause."""
     try:
         sched.step()
     except sv.OutOfBlocks as err:
         raise AssertionError(
             f"the pool ran out of blocks inside step ({err}): admit only while blocks_to_admit fits, "
             "and preempt until blocks_to_decode fits before decode"
-        ) from None
+        ) from err
     except ValueError as err:  # the engine refusing a misuse (a request admitted twice): its message names it
-        raise AssertionError(f"step() made the engine refuse: {err}") from None
+        raise AssertionError(f"step() made the engine refuse: {err}") from err
 
 
 def _serve(sv, model, trace, n_blocks, max_batch=4, share=False):

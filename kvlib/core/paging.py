@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 import torch
 
 from kvlib.core.cache import attention_through_cache
-from kvlib.course.i18n import tr
 
 
 class OutOfBlocks(RuntimeError):
@@ -54,9 +53,7 @@ class BlockStore:
     def allocate(self, n: int = 1) -> list[int]:
         """n free blocks, each with one reference; all or none (OutOfBlocks names what is missing)."""
         if n > len(self.free):
-            raise OutOfBlocks(
-                tr("{n} blocks wanted, {free} of {total} free", n=n, free=len(self.free), total=self.n_blocks)
-            )
+            raise OutOfBlocks(f"{n} blocks wanted, {len(self.free)} of {self.n_blocks} free")
         blocks = [self.free.pop() for _ in range(n)]
         for b in blocks:
             self.refs[b] = 1
@@ -232,14 +229,10 @@ class Engine:
         """Prefill r (its prompt and, after a preemption, what it had generated: recompute) and run it. A request
         already running is refused (ValueError): admitting it again would drop its blocks and run it twice."""
         if r.table is not None or any(x is r for x in self.running):
-            where = tr(" and is still first in the waiting line") if self.waiting and self.waiting[0] is r else ""
+            where = " and is still first in the waiting line" if self.waiting and self.waiting[0] is r else ""
             raise ValueError(
-                tr(
-                    "request {id} is admitted twice: it is already running{where}. Take a request off the waiting "
-                    "line as you admit it (self.waiting.popleft()), so that it runs once",
-                    id=r.id,
-                    where=where,
-                )
+                f"request {r.id} is admitted twice: it is already running{where}. Take a request off the waiting "
+                "line as you admit it (self.waiting.popleft()), so that it runs once"
             )
         tokens, r.table, bs = r.prompt + r.out, self.new_table(self.pool.block_size), self.pool.block_size
         blocks, held = self._match(tokens)
@@ -265,7 +258,7 @@ class Engine:
     def decode(self) -> None:
         """One batched decode step: every running request's last token, one forward pass."""
         if not self.running:  # a forward pass over no request would fail inside torch, naming nothing
-            raise ValueError(tr("decode() with no request running: decode only while self.running holds a request"))
+            raise ValueError("decode() with no request running: decode only while self.running holds a request")
         self._forward(self.running, [[r.out[-1]] for r in self.running])
         self.stats["decode_steps"] += 1
 
