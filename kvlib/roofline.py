@@ -14,10 +14,8 @@ import math
 
 import torch
 
-from kvlib.core.model import matrix_params
 from kvlib.course import inputs
 from kvlib.course.exercises import exercise
-from kvlib.kv_cache import kv_cache_bytes
 
 # ---------------------------------------------------------------------------------------------
 # Helpers the notebook calls

@@ -72,21 +72,20 @@ def matmul_intensity_counts_flops_and_bytes(kv, rng):
         expected = flops / moved
         got = kv.matmul_intensity(m, k, n, dtype)
         assert isinstance(got, float), f"matmul_intensity should return a float, got {type(got).__name__}" + (
-            ": divide with /, not // (FLOPs per byte is rarely a whole number)" if isinstance(got, int) else ""
+            ": FLOPs per byte is rarely a whole number" if isinstance(got, int) else ""
         )
-        hints = {
-            flops
-            / (
-                (m * k + k * n + 2 * m * n) * b
-            ): "the output is written once, not read and then written: count its bytes once",
-            expected / 2: "exactly half: a multiply-add is 2 FLOPs",
-            expected / 8: "8 times too small: count bytes, not bits (element_size(), not finfo().bits)",
-            flops / ((m * k + k * n) * b): "the output (m, n) is written back to memory too: count its bytes",
-            2 * m * k * n / (m * k + k * n + m * n): "the element size is missing: divide by bytes, not by numbers",
+        least, out = (m * k + k * n + m * n) * b, m * n * b  # the least traffic, and the output's share of it
+        hints = {  # each a symptom in numbers: what the result shows, not the line that fixes it
+            flops / (least + out): f"the bytes come to {least + out:,}, {out:,} more than the least traffic",
+            expected / 2: "exactly half the expected FLOPs per byte: the FLOPs are half notebook 03's count",
+            expected / 8: "8 times too small: the dtype's size counts in bytes, not bits",
+            flops / (least - out): f"the bytes come to {least - out:,}, {out:,} short of the least traffic",
+            2 * m * k * n / (m * k + k * n + m * n): f"{b} times too high: the bytes come to {least // b:,}, "
+            "as if each number took one byte",
         }
         if b != 2:
             hints[flops / ((m * k + k * n + m * n) * 2)] = (
-                f"the element size depends on dtype: {dtype} takes {b} bytes (bytes_per_element)"
+                f"the FLOPs per byte of a 2-byte dtype, but {dtype} takes {b} bytes a number"
             )
         for wrong, hint in hints.items():
             if _close(got, wrong) and not _close(got, expected):
@@ -137,14 +136,14 @@ def ridge_batch_reaches_the_ridge(kv, rng):
         b, ridge = _bytes(dtype), peak / bw
         expected = _ridge_rows(k, n, peak, bw, b)
         wrong = {  # computed before the call, like expected
+            _ridge_rows(k, n, bw, peak, b): f"that is the answer for a ridge of {bw / peak:.3g} FLOP/B, the inverse "
+            f"of this device's {ridge:.3g}",
             _ridge_rows(
-                k, n, bw, peak, b
-            ): "the ridge point is peak_flops / bandwidth (FLOPs per byte), not bandwidth / peak_flops",
-            _ridge_rows(k, n, peak, bw, 8 * b): "count bytes, not bits: bytes_per_element(dtype)",
-            max(
-                1, math.ceil(ridge * b / 2)
-            ): "that is the large-matrix approximation (intensity ~ 2m / bytes): count the bytes of "
-            "the m input rows and the m output rows too, as Exercise 5.1 does",
+                k, n, peak, bw, 8 * b
+            ): f"that is the answer for numbers of {8 * b} bytes each; {dtype} takes {b}",
+            max(1, math.ceil(ridge * b / 2)): "the intensity of Exercise 5.1 at that many rows is "
+            f"{_intensity(max(1, math.ceil(ridge * b / 2)), k, n, b):.2f} FLOP/B, below the ridge: the count leaves "
+            "out the rows' own bytes",
         }
         where = f"({k}, {n}) weights in {dtype}, ridge {ridge:.3g} FLOP/B"
         got = kv.ridge_batch(k, n, peak, bw, dtype)
@@ -155,8 +154,8 @@ def ridge_batch_reaches_the_ridge(kv, rng):
             continue
         if isinstance(got, int) and got == expected - 1:
             raise AssertionError(
-                f"{where}: at {got} rows the intensity is {_intensity(got, k, n, b):.2f}, still below the ridge: "
-                "round UP (math.ceil), the fewest rows that reach it"
+                f"{where}: at {got} rows the intensity is {_intensity(got, k, n, b):.2f}, still below the ridge; "
+                f"{expected} rows reach it"
             )
         if got in wrong:
             raise AssertionError(f"{where}: {wrong[got]}")
@@ -176,8 +175,8 @@ def ridge_batch_none_out_of_reach(kv, rng):
         got = kv.ridge_batch(k, n, peak, bw, torch.float32)
         if expected is None:
             assert got is None, (
-                f"{where}: no number of rows reaches the ridge, since the weights' own bytes (k * n) are "
-                f"shared but the rows' are not: return None, got {got!r}"
+                f"{where}: the intensity stays below the ridge however many rows: no number of rows reaches it, "
+                f"and the contract's answer is None; got {got!r}"
             )
         else:
             assert got == expected, f"{where}: just within reach at {expected} rows, got {got!r}"
@@ -194,7 +193,7 @@ def _within(fn, what: str, *args):
     with time_limit(
         _SOLVE_S,
         f"{what}: still searching after {_SOLVE_S:g} s: the answer here runs into the hundreds of millions, "
-        "so trying one value after another cannot finish; solve for it (kvlib hint)",
+        "so trying one value after another cannot finish",
     ):
         return fn(*args)
 
@@ -212,8 +211,8 @@ def ridge_batch_just_under_the_limit(kv, rng):
     got = _within(kv.ridge_batch, where, 64, 64, _NEAR_LIMIT_PEAK, _NEAR_LIMIT_BW, torch.float32)
     if got is None:
         raise AssertionError(
-            f"{where}: the ridge is under the limit the intensity approaches, so enough rows reach it ({expected:,}); "
-            "None only where the limit itself is not above the ridge: a search that stops at a cap gives up too soon"
+            f"{where}: None, but {expected:,} rows reach the ridge (the intensity approaches 16 FLOP/B, above it): "
+            "the answer gave up too soon"
         )
     assert got == expected, f"{where}: the fewest rows that reach it are {expected:,}, got {got!r}"
 
@@ -225,29 +224,14 @@ def ridge_batch_just_under_the_limit(kv, rng):
 def _flops_slips(c, T, S, batch) -> dict:
     """The FLOPs of the classic slips in attention's count, for T new tokens against S keys."""
     L, H, H_kv, D = c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim
-    matrices = batch * 2 * T * _matrix_params(c)
-    return {
-        matrices: "attention's own FLOPs are missing: scores and values, 2 * new_tokens * kv_len * head_dim each, per head and layer",
-        matrices
-        + batch
-        * L
-        * H
-        * 2
-        * T
-        * S
-        * D: "attention counted once: the scores (q k^T) and the weighted values (probs v) each "
-        "cost 2 * new_tokens * kv_len * head_dim",
-        matrices
-        + batch
-        * L
-        * H_kv
-        * 4
-        * T
-        * S
-        * D: "attention runs for every QUERY head: n_heads, not n_kv_heads (the cache is shared, the work is not)",
-        matrices
-        + batch * L * H * 4 * S * S * D: "attention pairs each of the new_tokens queries with the kv_len keys: "
-        "new_tokens * kv_len, not kv_len ** 2",
+    matrices, attention = batch * 2 * T * _matrix_params(c), batch * L * H * 4 * T * S * D
+    return {  # symptoms: how the count compares with the right one, never the term to type
+        matrices: f"attention's own FLOPs are missing: the count is the weights' products alone, {attention:,} short",
+        matrices + attention // 2: f"attention's FLOPs come to half the right count: {attention // 2:,} short",
+        matrices + attention * H_kv // H: f"attention's FLOPs come to {H_kv}/{H} of the right count, as if "
+        "attention ran once per key/value head",
+        matrices + batch * L * H * 4 * S * S * D: f"attention's FLOPs grow as kv_len squared: {T} new token(s) "
+        f"against {S} keys come to {attention:,}",
     }
 
 
@@ -261,7 +245,10 @@ def step_cost_flops_match_torch_counter(kv, rng):
         slips = _flops_slips(ODD, T, T, 2)
         flops, _ = kv.step_cost(_copy(ODD), T, T, 2, torch.float32)
         if flops * 2 == expected:
-            raise AssertionError("every sequence of the batch does the same work again: multiply the FLOPs by batch")
+            raise AssertionError(
+                f"prefill of {T} tokens at batch 2: {flops:,} FLOPs, half of torch's count {expected:,}: one "
+                "sequence's work, not the batch's"
+            )
         if flops in slips and flops != expected:
             raise AssertionError(f"prefill of {T} tokens at batch 2: {slips[flops]}")
         assert flops == expected, (
@@ -288,16 +275,15 @@ def step_cost_bytes_read_weights_once(kv, rng):
             where = f"{name}, kv_len {S}, batch {batch}, {dtype}"
             if batch > 1 and got == weights * batch + cache:
                 raise AssertionError(
-                    f"{where}: the weights are read once per step and shared by the whole batch; do not multiply them by batch"
+                    f"{where}: {got:,} bytes, {(batch - 1) * weights:,} too many: the weights' bytes {batch} times over"
                 )
             if got == weights:
-                raise AssertionError(f"{where}: the KV cache of kv_len tokens is read too")
+                raise AssertionError(f"{where}: {got:,} bytes, the weights' bytes alone: {cache:,} short")
             if got == cache:
-                raise AssertionError(f"{where}: every matrix weight is read once per step too")
+                raise AssertionError(f"{where}: {got:,} bytes, the KV cache's bytes alone: {weights:,} short")
             if batch > 1 and got == weights + _kv(c, S, 1, dtype):
                 raise AssertionError(
-                    f"{where}: the KV bytes are those of batch 1; every sequence of the batch reads its own cache, "
-                    "so pass batch on to kv_cache_bytes"
+                    f"{where}: {cache - _kv(c, S, 1, dtype):,} bytes short: the cache counted is one sequence's"
                 )
             assert got == weights + cache, f"{where}: expected {weights + cache:,} bytes, got {got:,}"
 
@@ -336,8 +322,8 @@ def predicted_tokens_per_second_on_an_a100(kv, rng):
     )
     if _close(got, 1 / (flops / 312e12 + moved / 2039e9), 1e-6):
         raise AssertionError(
-            f"{got:.1f} tokens/s adds the compute time to the memory time, as if the device computed and then moved "
-            f"data, one after the other: the roofline's device does both at once, not their sum"
+            f"{got:.1f} tokens/s is the rate of a device that computes and then moves data, one after the other; "
+            "the roofline's device does both at once"
         )
     assert _close(got, expected, 1e-6), (
         f"Llama-2-7B, batch 1, on an A100 80GB SXM: expected {expected:.1f} tokens/s, got {got:.1f}"
@@ -364,13 +350,13 @@ def predicted_tokens_per_second_counts_the_batch(kv, rng):
             )
         if _close(got, 1 / step):
             raise AssertionError(
-                f"kv_len {S}, batch {batch}: this counts one token per step, but one step decodes all {batch} "
-                "sequences at once, a token each"
+                f"kv_len {S}, batch {batch}: {got:.4g} tokens/s, {batch} times too few: the rate of one sequence of "
+                "the batch"
             )
         if _close(got, batch / (flops / peak + moved / bw)):
             raise AssertionError(
-                f"kv_len {S}, batch {batch}: the compute time and the memory time are added, as if one waited for the "
-                "other; the roofline's device does both at once, so a step does not take their sum"
+                f"kv_len {S}, batch {batch}: {got:.4g} tokens/s is the rate of a device that computes and then moves "
+                "data, one after the other; the roofline's device does both at once"
             )
         if _close(got, batch / (moved / bw)) and not _close(step, moved / bw):
             raise AssertionError(
@@ -414,25 +400,27 @@ def _decode_ridge_slips(c, S, peak, bw, dtype) -> dict:
     ridge, b = Fraction(peak) / Fraction(bw), _bytes(dtype)
     flops, weights, cache = _step_parts(c, S, dtype)
     per_sequence = None if flops < ridge * (weights + cache) else 1  # weights and cache both times the batch
-    slips = {
-        "the weights are read once per step, shared by the whole batch: only the cache grows with it": per_sequence,
-        "every sequence reads its own cache: the cache's bytes grow with the batch, as its FLOPs do": max(
+    slips = {  # each the answer of a step counted another way: the symptom, not the line that fixes it
+        "that is the batch of a step whose weights are read again for every sequence": per_sequence,
+        "that is the batch of a step that reads one cache for the whole batch": max(
             1, math.ceil(ridge * (weights + cache) / flops)
         ),
-        "attention's FLOPs are missing: scores and values grow with kv_len as the cache does (Exercise 5.3)": (
+        "that is the batch of a step without attention's own FLOPs": (
             _ridge_sequences(2 * _matrix_params(c), weights, cache, ridge)
         ),
-        "attention runs for every query head (n_heads), not n_kv_heads: Exercise 5.3's FLOPs": _ridge_sequences(
+        "that is the batch of a step whose attention runs once per key/value head": _ridge_sequences(
             _step_parts(c, S, dtype, attention_heads=c.n_kv_heads)[0], weights, cache, ridge
         ),
-        "the ridge point is peak_flops / bandwidth (FLOPs per byte), not bandwidth / peak_flops": _ridge_sequences(
-            flops, weights, cache, 1 / ridge
+        f"that is the batch for a ridge of {float(1 / ridge):.3g} FLOP/B, the inverse of this device's": (
+            _ridge_sequences(flops, weights, cache, 1 / ridge)
         ),
-        "count bytes, not bits: the dtype's size in bytes": _ridge_sequences(flops, 8 * weights, 8 * cache, ridge),
-        "the cache holds kv_len tokens of each sequence, not one": _ridge_sequences(
+        "that is the batch for numbers 8 times the dtype's size": _ridge_sequences(
+            flops, 8 * weights, 8 * cache, ridge
+        ),
+        "that is the batch of a step with one cached token per sequence": _ridge_sequences(
             _step_parts(c, 1, dtype)[0], weights, _kv(c, 1, 1, dtype), ridge
         ),
-        "that is one d_model x d_model matmul's ridge (Exercise 5.2): the whole step's FLOPs and bytes decide": (
+        "that is one d_model x d_model matmul's ridge (Exercise 5.2), not the whole step's": (
             _ridge_rows(c.d_model, c.d_model, peak, bw, b)
         ),
     }
@@ -455,11 +443,11 @@ def compute_bound_batch_predicts_the_ridge(kv, rng):
         if got == expected:
             continue
         if isinstance(got, int) and got == expected - 1:
-            raise AssertionError(f"{where}: at {got} sequences the step is still below the ridge: round UP")
+            raise AssertionError(f"{where}: at {got} sequences the step is still below the ridge")
         for slip, batch in slips.items():
             if got == batch:
-                raise AssertionError(f"{where}: {slip} (kvlib hint 5.5)")
-        raise AssertionError(f"{where}: expected {expected} sequences, got {got!r} (kvlib hint 5.5)")
+                raise AssertionError(f"{where}: {slip}")
+        raise AssertionError(f"{where}: expected {expected} sequences, got {got!r}")
 
 
 # Llama-2-70B, 4,096 tokens each, bfloat16: a step tops out at 110.390625 FLOP/B; this ridge (exact in binary, a device
@@ -481,13 +469,10 @@ def compute_bound_batch_just_under_the_caches_limit(kv, rng):
     got = _within(kv.compute_bound_batch, where, _copy(c), S, _NEAR_CACHE_PEAK, _NEAR_CACHE_BW, dtype)
     if got is None:
         raise AssertionError(
-            f"{where}: the ridge is under the limit the step's intensity approaches, so a large enough batch reaches "
-            f"it ({expected:,}); None only where that limit is not above the ridge: a search that stops at a cap "
-            "gives up too soon (kvlib hint 5.5)"
+            f"{where}: None, but {expected:,} sequences reach the ridge (the step's intensity approaches the limit, "
+            "above it): the answer gave up too soon"
         )
-    assert got == expected, (
-        f"{where}: the fewest sequences that reach it are {expected:,}, got {got!r} (kvlib hint 5.5)"
-    )
+    assert got == expected, f"{where}: the fewest sequences that reach it are {expected:,}, got {got!r}"
 
 
 @check("5.5")
@@ -504,5 +489,5 @@ def compute_bound_batch_none_where_the_cache_outgrows_the_ridge(kv, rng):
         assert got is None, (
             f"{name} with {S} cached tokens each: one sequence's step does {flops / cache:.0f} FLOPs per byte of its "
             f"own cache, below the ridge ({peak / bw:.0f}), and a batch adds a cache per sequence: no batch reaches "
-            f"it, so return None; got {got!r} (kvlib hint 5.5)"
+            f"it, and the contract's answer is None; got {got!r}"
         )

@@ -549,7 +549,7 @@ BANK = {
         "hard-coded": (
             HARD_CODED_05,
             {"5.1", "5.2", "5.3", "5.4", "5.5"},
-            {"5.2": {"ridge_batch_just_under_the_limit": "gives up too soon"}, "5.3": "full", "5.4": 0, "5.5": 0},
+            {"5.2": {"ridge_batch_just_under_the_limit": "gave up too soon"}, "5.3": "full", "5.4": 0, "5.5": 0},
         ),
     },
     "serving": {  # a copy-on-write that copies nothing scores 0 on 7.5; another policy in the budget, full on 7.7
