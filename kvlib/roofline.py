@@ -14,8 +14,10 @@ import math
 
 import torch
 
+from kvlib.core.model import matrix_params
 from kvlib.course import inputs
 from kvlib.course.exercises import exercise
+from kvlib.kv_cache import kv_cache_bytes  # Exercise 4.4
 
 # ---------------------------------------------------------------------------------------------
 # Helpers the notebook calls
@@ -64,7 +66,7 @@ def ridge_batch(k: int, n: int, peak_flops: float, bandwidth: float, dtype: torc
 
 
 # ---------------------------------------------------------------------------------------------
-# Exercises 5.3 and 5.4: a model's decode step on the roofline
+# Exercises 5.3 (find and fix: the learner's copy ships with a bug) and 5.4: a model's decode step on the roofline
 
 
 @exercise("5.3", validate=inputs.check_step)
@@ -85,7 +87,10 @@ def step_cost(
         >>> step_cost(ModelConfig(vocab_size=50), 4, 10, batch=2, dtype=torch.float32)  # 4 new tokens, 10 keys, 2 sequences
         (10752000, 2728960)
     """
-    raise NotImplementedError("Exercise 5.3 (notebooks/05-memory-wall): step_cost")
+    L, H, D = config.n_layers, config.n_heads, config.head_dim
+    flops = 2 * new_tokens * matrix_params(config) + L * H * 4 * new_tokens * kv_len * D  # one sequence's products
+    moved = matrix_params(config) * bytes_per_element(dtype) + kv_cache_bytes(config, kv_len, 1, dtype)  # its reads
+    return batch * flops, batch * moved  # every sequence of the batch
 
 
 @exercise("5.4", validate=inputs.check_predicted)

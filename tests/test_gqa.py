@@ -645,7 +645,7 @@ SLIPS = [
     ("6.5", {"predicted_speedup": _speedup(kv=1)}, "keys or values, not both"),
     ("6.5", {"predicted_speedup": _speedup(layers=False)}, "one layer's"),
     ("6.5", {"predicted_speedup": speedup_mha_baseline_from_config}, "the config's own"),
-    ("6.5", {"predicted_speedup": speedup_embedding_read_whole}, "embedding table whole"),
+    ("6.5", {"predicted_speedup": speedup_embedding_read_whole}, "the whole embedding table"),
     ("6.5", {"predicted_speedup": speedup_inverted}, "above 1"),
     ("6.5", {"predicted_speedup": speedup_of_the_example}, "expected"),
 ]

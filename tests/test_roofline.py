@@ -47,10 +47,34 @@ def test_reference_passes_check(check):
 
 
 def test_learner_stubs_are_todo(learner_mode):
-    """Check that in learner mode every 5.x exercise reports todo, naming the exercise."""
-    for i in range(1, 6):
+    """Check that in learner mode every 5.x exercise reports todo, naming the exercise, but 5.3 (find and fix), whose
+    shipped body runs and, with notebook 04's 4.4 not done, names that exercise first."""
+    for i in (1, 2, 4, 5):
         result = run_exercise(BY_ID[f"5.{i}"])
         assert result.status == "todo" and BY_ID[f"5.{i}"].name in result.message, result
+    result = run_exercise(BY_ID["5.3"])
+    assert result.status == "todo" and "do Exercise 4.4" in result.message, result
+
+
+def test_shipped_step_cost_fails_showing_the_symptom_not_the_cause():
+    """Check that Exercise 5.3's shipped body (the released stub's, a find-and-fix: every sequence of the batch
+    reads the weights again) is right at batch 1 and in its FLOPs, yet fails every check of its bytes with the
+    symptom (bytes more than the step must bring, FLOPs per byte that stay put at batch 64), never the cause or the
+    fix (no "once", "shared", "times over", "do not multiply")."""
+    shipped = roofline.step_cost.__wrapped__  # the stub's own body, its 4.4 the reference's (reference mode)
+    assert (
+        shipped.__code__.co_filename.endswith("kvlib/roofline.py") and "solutions" not in shipped.__code__.co_filename
+    )
+    c = real_model("Llama-2-7B").config
+    assert shipped(c, 1, 1, 1, torch.float16) == roofline.step_cost(c, 1, 1, 1, torch.float16)  # batch 1: right
+    failures = dict(check_failures("5.3", _module(step_cost=shipped)))
+    assert set(failures) == {"step_cost_bytes_read_weights_once", "step_cost_decode_is_memory_bound"}, failures
+    assert "more than the step must bring from memory" in str(failures["step_cost_bytes_read_weights_once"])
+    assert "~64 FLOPs per byte" in str(failures["step_cost_decode_is_memory_bound"])
+    assert "1.00 FLOPs per byte" in str(failures["step_cost_decode_is_memory_bound"])
+    for name, err in failures.items():
+        for cause in ("once", "shared", "times over", "multiply", "matrix_params", "kv_cache_bytes("):
+            assert cause not in str(err), (name, cause, err)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -571,7 +595,7 @@ SLIPS = [
     ),
     ("ridge_batch_reaches_the_ridge", {"ridge_batch": _ridge_rounded_down}, "still below the ridge"),
     ("ridge_batch_reaches_the_ridge", {"ridge_batch": _ridge_inverted}, "the inverse of this device's"),
-    ("step_cost_bytes_read_weights_once", {"step_cost": _step_weights_times_batch}, "times over"),
+    ("step_cost_bytes_read_weights_once", {"step_cost": _step_weights_times_batch}, "more than the step must bring"),
     ("step_cost_bytes_read_weights_once", {"step_cost": _step_without_cache}, "the weights' bytes alone"),
     ("step_cost_flops_match_torch_counter", {"step_cost": _step_flops_one_sequence}, "one sequence's work"),
     (

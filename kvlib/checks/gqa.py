@@ -445,7 +445,7 @@ def _speedup_slips(c, h, S, batch) -> dict:
         "that is the ratio at kv_len 1, one cached token per sequence": (
             _numbers_read(c, H, 1, batch) / _numbers_read(c, h, 1, batch)
         ),
-        "that is the ratio of steps that read the embedding table whole, one row per token being what they use": ratio(
+        "that is the ratio of steps that read the whole embedding table, where a token needs one row of it": ratio(
             table=True
         ),
         f"that is the speedup over {c.n_kv_heads} key/value heads (the config's own), not over MHA's {H}": (

@@ -94,7 +94,7 @@ EXERCISES: tuple[Exercise, ...] = (
     ),
     Exercise("5.1", "Arithmetic intensity of a matmul", "05-memory-wall", "roofline", "matmul_intensity"),
     Exercise("5.2", "Rows that reach the ridge", "05-memory-wall", "roofline", "ridge_batch"),
-    Exercise("5.3", "FLOPs and bytes of a step", "05-memory-wall", "roofline", "step_cost"),
+    Exercise("5.3", "FLOPs and bytes of a step", "05-memory-wall", "roofline", "step_cost", kind="fix"),
     Exercise("5.4", "Predicted tokens per second", "05-memory-wall", "roofline", "predicted_tokens_per_second"),
     Exercise(
         "5.5", "Predict the batch at the ridge", "05-memory-wall", "roofline", "compute_bound_batch", kind="predict"

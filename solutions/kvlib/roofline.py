@@ -14,8 +14,10 @@ import math
 
 import torch
 
+from kvlib.core.model import matrix_params
 from kvlib.course import inputs
 from kvlib.course.exercises import exercise
+from kvlib.kv_cache import kv_cache_bytes  # Exercise 4.4
 
 # ---------------------------------------------------------------------------------------------
 # Helpers the notebook calls
@@ -75,7 +77,7 @@ def ridge_batch(k: int, n: int, peak_flops: float, bandwidth: float, dtype: torc
 
 
 # ---------------------------------------------------------------------------------------------
-# Exercises 5.3 and 5.4: a model's decode step on the roofline
+# Exercises 5.3 (find and fix: the learner's copy ships with a bug) and 5.4: a model's decode step on the roofline
 
 
 @exercise("5.3", validate=inputs.check_step)
@@ -97,14 +99,17 @@ def step_cost(
         (10752000, 2728960)
     """
     ### BEGIN SOLUTION
-    from kvlib.core.model import matrix_params  # noqa: PLC0415 (not in the stub: the import would name the route)
-    from kvlib.kv_cache import kv_cache_bytes  # noqa: PLC0415 (your 4.4)
-
     L, H, D = config.n_layers, config.n_heads, config.head_dim
     flops = batch * (2 * new_tokens * matrix_params(config) + L * H * 4 * new_tokens * kv_len * D)
     weights = matrix_params(config) * bytes_per_element(dtype)
     return flops, weights + kv_cache_bytes(config, kv_len, batch, dtype)
     ### END SOLUTION
+    ### BEGIN SHIPPED
+    # L, H, D = config.n_layers, config.n_heads, config.head_dim
+    # flops = 2 * new_tokens * matrix_params(config) + L * H * 4 * new_tokens * kv_len * D  # one sequence's products
+    # moved = matrix_params(config) * bytes_per_element(dtype) + kv_cache_bytes(config, kv_len, 1, dtype)  # its reads
+    # return batch * flops, batch * moved  # every sequence of the batch
+    ### END SHIPPED
 
 
 @exercise("5.4", validate=inputs.check_predicted)
@@ -153,11 +158,9 @@ def compute_bound_batch(
         299
     """
     ### BEGIN SOLUTION
-    from kvlib.kv_cache import kv_cache_bytes  # noqa: PLC0415 (your 4.4)
-
     flops, moved = step_cost(config, 1, kv_len, 1, dtype)  # one sequence's step
-    cache = kv_cache_bytes(config, kv_len, 1, dtype)  # each sequence reads its own cache...
-    weights = moved - cache  # ...but the weights once, whatever the batch
+    cache = step_cost(config, 1, kv_len, 2, dtype)[1] - moved  # what a second sequence adds: its own cache...
+    weights = moved - cache  # ...the rest the weights, read once whatever the batch
     ridge = peak_flops / bandwidth
     # batch * flops >= ridge * (weights + batch * cache)  <=>  batch * (flops - ridge * cache) >= ridge * weights
     slope = flops - ridge * cache
