@@ -222,6 +222,7 @@ def test_message_catalogue_translates_todays_english():
     status = translate.catalogue_status(ZH)
     assert not status.stale, "\n".join(p for problems in status.stale.values() for p in problems)
     assert "kvlib/course/hints.py::show" in status.complete and "kvlib/app/cli.py::_table" in status.complete
+    assert {"kvlib/course/inputs.py::float_array", "kvlib/course/inputs.py::check_verify"} <= set(status.complete)
     seen: dict[str, tuple[str, str]] = {}
     for scope, entries in i18n.catalogue(ZH).items():
         for en, zh in entries.items():
@@ -327,6 +328,43 @@ def test_an_unfinished_exercise_is_named_in_chinese(chinese, learner_mode):
         f"练习 2.4（{later}）用到了练习 1.2（{first}），而它还没有完成：请先完成练习 1.2（kvlib/attention.py, "
         "notebooks/01-attention）"
     )
+
+
+def test_bad_input_is_named_in_chinese(chinese, monkeypatch, learner_mode):
+    """Check that an exercise's input check (kvlib/course/inputs.py) names bad input in the learner's language, as
+    a notebook cell, `kvlib check` and the grader's feedback show it: with KVLIB_LANG=zh-CN in Chinese with the same
+    shapes and numbers (a check's own message, a helper's, one whose fields the translation reorders), raised as
+    the same ValueError; in English as the code words it."""
+    import torch
+
+    import kvlib.attention
+    import kvlib.generation
+
+    def error(fn, *args) -> str:
+        with pytest.raises(ValueError) as err:
+            fn(*args)
+        return str(err.value)
+
+    cases = [
+        (kvlib.attention.attend, (np.zeros(4), np.zeros((3, 5)), np.zeros((3, 2)))),
+        (kvlib.attention.softmax, ([1.0, 2.0],)),
+        (kvlib.generation.rms_norm, (torch.zeros(2, 8), torch.ones(7))),
+        (kvlib.attention.causal_mask, (5, 3)),
+    ]
+    chinese = [error(fn, *args) for fn, args in cases]
+    assert chinese == [
+        "k 必须是 (kv_len, 4)，才能与形状为 (4,) 的 q 匹配，得到的却是 (3, 5)",
+        "scores 必须是 numpy 数组，得到的却是 list",
+        "weight 必须是 (8,)，x (2, 8) 的每个特征一个缩放系数，得到的却是 (7,)",
+        "新查询的个数 seq_len（5）不能多于键的个数 kv_len（3）",
+    ]
+    monkeypatch.delenv(i18n.ENV)
+    assert [error(fn, *args) for fn, args in cases] == [
+        "k must be (kv_len, 4) to match q of shape (4,), got (3, 5)",
+        "scores must be a numpy array, got list",
+        "weight must be (8,), one scale per feature of x (2, 8), got (7,)",
+        "seq_len (5) new queries cannot outnumber kv_len (3) keys",
+    ]
 
 
 def test_translated_hints_are_shown_only_while_fresh(chinese, monkeypatch, tmp_path, learner_mode):

@@ -490,6 +490,7 @@ _FIGURE_NAMES = re.compile(r"^(?:title|label|xlabel|ylabel|note|\w+_(?:title|lab
 _WORDS = re.compile(r"[A-Za-z]{2,}")
 _FIELD = re.compile(r"\{\d+\}")
 _FIGURES = "kvlib/course/figures/"  # one module per notebook
+_INPUTS = "kvlib/course/inputs.py"  # the exercises' input checks: their raise messages, as the checks' are
 
 
 def template(node) -> str | None:
@@ -538,8 +539,8 @@ def _scopes(tree: ast.Module):
 def english_texts(rel: str, source: str) -> dict[str, set[str]]:
     """The texts of one source file the catalogue translates, by scope ("rel::function", or rel at module level):
     every tr() call's text; in kvlib/checks/ each @check function's docstring's first paragraph (as its verdict
-    line shows it) and every assert's or raise's message; in the figures' files each text drawn on a figure
-    (_FIGURE_CALLS, _FIGURE_KEYWORDS, _FIGURE_NAMES)."""
+    line shows it) and every assert's or raise's message; in the exercises' input checks (_INPUTS) every raise's
+    message; in the figures' files each text drawn on a figure (_FIGURE_CALLS, _FIGURE_KEYWORDS, _FIGURE_NAMES)."""
     tree = ast.parse(source)
     checks, figures = rel.startswith("kvlib/checks/"), rel.startswith(_FIGURES) or rel.endswith(".ipynb")
     found: dict[str, set[str]] = {}
@@ -553,6 +554,9 @@ def english_texts(rel: str, source: str) -> dict[str, set[str]]:
         if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "tr":
             if node.args and (t := template(node.args[0])) is not None:
                 add(scope, [t])
+        if checks or rel == _INPUTS:
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
+                add(scope, [s for a in node.exc.args for s in _strings(a)])
         if checks:
             if isinstance(node, ast.FunctionDef) and any(
                 isinstance(d, ast.Call) and getattr(d.func, "id", None) == "check" for d in node.decorator_list
@@ -560,8 +564,6 @@ def english_texts(rel: str, source: str) -> dict[str, set[str]]:
                 add(scope, [first_paragraph(ast.get_docstring(node))])
             if isinstance(node, ast.Assert) and node.msg is not None:
                 add(scope, _strings(node.msg))
-            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
-                add(scope, [s for a in node.exc.args for s in _strings(a)])
         if figures:
             if isinstance(node, ast.Call):
                 name = getattr(node.func, "attr", getattr(node.func, "id", None))
@@ -580,12 +582,13 @@ def english_texts(rel: str, source: str) -> dict[str, set[str]]:
 
 def message_sources() -> list[tuple[str, str]]:
     """The code whose texts the catalogue translates, [(path under the clone, Python source)]: kvlib's modules that
-    call tr(), the checks, the figures, and each code cell of the solution notebooks (titles handed to a figure)."""
+    call tr(), the checks, the exercises' input checks, the figures, and each code cell of the solution notebooks
+    (titles handed to a figure)."""
     files = []
     for path in sorted((ROOT / "kvlib").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
         text = path.read_text(encoding="utf-8")
-        if rel.startswith("kvlib/checks/") or rel.startswith(_FIGURES) or "tr(" in text:
+        if rel.startswith("kvlib/checks/") or rel.startswith(_FIGURES) or rel == _INPUTS or "tr(" in text:
             files.append((rel, text))
     for nb in english_notebooks():
         for cell in json.loads(nb.read_text(encoding="utf-8"))["cells"]:
