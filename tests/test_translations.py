@@ -333,12 +333,15 @@ def test_an_unfinished_exercise_is_named_in_chinese(chinese, learner_mode):
 def test_bad_input_is_named_in_chinese(chinese, monkeypatch, learner_mode):
     """Check that an exercise's input check (kvlib/course/inputs.py) names bad input in the learner's language, as
     a notebook cell, `kvlib check` and the grader's feedback show it: with KVLIB_LANG=zh-CN in Chinese with the same
-    shapes and numbers (a check's own message, a helper's, one whose fields the translation reorders), raised as
-    the same ValueError; in English as the code words it."""
+    shapes and numbers (a check's own message, a helper's, the model's check of token ids that 2.2's calls), raised
+    as the same ValueError; in English as the code words it."""
     import torch
 
     import kvlib.attention
     import kvlib.generation
+    from kvlib.core.model import Decoder, ModelConfig
+
+    model = Decoder(ModelConfig(vocab_size=5, d_model=8, n_layers=1, n_heads=2, n_kv_heads=2, hidden_dim=8))
 
     def error(fn, *args) -> str:
         with pytest.raises(ValueError) as err:
@@ -350,6 +353,7 @@ def test_bad_input_is_named_in_chinese(chinese, monkeypatch, learner_mode):
         (kvlib.attention.softmax, ([1.0, 2.0],)),
         (kvlib.generation.rms_norm, (torch.zeros(2, 8), torch.ones(7))),
         (kvlib.attention.causal_mask, (5, 3)),
+        (kvlib.generation.generate, (model, torch.tensor([[1, 7]]), 2)),  # the model's own check, through 2.2's
     ]
     chinese = [error(fn, *args) for fn, args in cases]
     assert chinese == [
@@ -357,6 +361,7 @@ def test_bad_input_is_named_in_chinese(chinese, monkeypatch, learner_mode):
         "scores 必须是 numpy 数组，得到的却是 list",
         "weight 必须是 (8,)，x (2, 8) 的每个特征一个缩放系数，得到的却是 (7,)",
         "新查询的个数 seq_len（5）不能多于键的个数 kv_len（3）",
+        "词元 id 必须在 [0, 5) 内，得到的值却在 1 到 7 之间",
     ]
     monkeypatch.delenv(i18n.ENV)
     assert [error(fn, *args) for fn, args in cases] == [
@@ -364,6 +369,7 @@ def test_bad_input_is_named_in_chinese(chinese, monkeypatch, learner_mode):
         "scores must be a numpy array, got list",
         "weight must be (8,), one scale per feature of x (2, 8), got (7,)",
         "seq_len (5) new queries cannot outnumber kv_len (3) keys",
+        "token ids must lie in [0, 5), got values 1 to 7",
     ]
 
 

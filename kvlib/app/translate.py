@@ -490,7 +490,9 @@ _FIGURE_NAMES = re.compile(r"^(?:title|label|xlabel|ylabel|note|\w+_(?:title|lab
 _WORDS = re.compile(r"[A-Za-z]{2,}")
 _FIELD = re.compile(r"\{\d+\}")
 _FIGURES = "kvlib/course/figures/"  # one module per notebook
-_INPUTS = "kvlib/course/inputs.py"  # the exercises' input checks: their raise messages, as the checks' are
+# The exercises' input checks, whose raise messages the exercise wrapper translates as the checks' are: every function
+# of kvlib/course/inputs.py, and the model's own check of token ids that several of them call
+_INPUTS = {"kvlib/course/inputs.py": None, "kvlib/core/model.py": {"check_input"}}
 
 
 def template(node) -> str | None:
@@ -540,7 +542,7 @@ def english_texts(rel: str, source: str) -> dict[str, set[str]]:
     """The texts of one source file the catalogue translates, by scope ("rel::function", or rel at module level):
     every tr() call's text; in kvlib/checks/ each @check function's docstring's first paragraph (as its verdict
     line shows it) and every assert's or raise's message; in the exercises' input checks (_INPUTS) every raise's
-    message; in the figures' files each text drawn on a figure (_FIGURE_CALLS, _FIGURE_KEYWORDS, _FIGURE_NAMES)."""
+    message (in the functions named); in the figures' files each text drawn on a figure (_FIGURE_CALLS, _FIGURE_KEYWORDS, _FIGURE_NAMES)."""
     tree = ast.parse(source)
     checks, figures = rel.startswith("kvlib/checks/"), rel.startswith(_FIGURES) or rel.endswith(".ipynb")
     found: dict[str, set[str]] = {}
@@ -554,9 +556,12 @@ def english_texts(rel: str, source: str) -> dict[str, set[str]]:
         if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "tr":
             if node.args and (t := template(node.args[0])) is not None:
                 add(scope, [t])
-        if checks or rel == _INPUTS:
+        if checks or (rel in _INPUTS and _INPUTS[rel] is None):
             if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
                 add(scope, [s for a in node.exc.args for s in _strings(a)])
+        if isinstance(node, ast.FunctionDef) and node.name in (_INPUTS.get(rel) or ()):
+            raises = [n for n in ast.walk(node) if isinstance(n, ast.Raise) and isinstance(n.exc, ast.Call)]
+            add(scope, [s for n in raises for a in n.exc.args for s in _strings(a)])
         if checks:
             if isinstance(node, ast.FunctionDef) and any(
                 isinstance(d, ast.Call) and getattr(d.func, "id", None) == "check" for d in node.decorator_list
@@ -588,7 +593,7 @@ def message_sources() -> list[tuple[str, str]]:
     for path in sorted((ROOT / "kvlib").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
         text = path.read_text(encoding="utf-8")
-        if rel.startswith("kvlib/checks/") or rel.startswith(_FIGURES) or rel == _INPUTS or "tr(" in text:
+        if rel.startswith("kvlib/checks/") or rel.startswith(_FIGURES) or rel in _INPUTS or "tr(" in text:
             files.append((rel, text))
     for nb in english_notebooks():
         for cell in json.loads(nb.read_text(encoding="utf-8"))["cells"]:
