@@ -331,13 +331,14 @@ def test_an_unfinished_exercise_is_named_in_chinese(chinese, learner_mode):
 
 
 def test_bad_input_is_named_in_chinese(chinese, monkeypatch, learner_mode):
-    """Check that an exercise's input check (kvlib/course/inputs.py) names bad input in the learner's language, as
+    """Check that the exercises' input checks (kvlib/course/inputs.py) name bad input in the learner's language, as
     a notebook cell, `kvlib check` and the grader's feedback show it: with KVLIB_LANG=zh-CN in Chinese with the same
-    shapes and numbers (a check's own message, a helper's, the model's check of token ids that 2.2's calls), raised
-    as the same ValueError; in English as the code words it."""
+    shapes and numbers (a check's own message, a helper's, the model's check of token ids that 2.2's calls, a check
+    a shipped function calls), raised as a ValueError; in English as the code words it."""
     import torch
 
     import kvlib.attention
+    import kvlib.fused
     import kvlib.generation
     from kvlib.core.model import Decoder, ModelConfig
 
@@ -354,6 +355,7 @@ def test_bad_input_is_named_in_chinese(chinese, monkeypatch, learner_mode):
         (kvlib.generation.rms_norm, (torch.zeros(2, 8), torch.ones(7))),
         (kvlib.attention.causal_mask, (5, 3)),
         (kvlib.generation.generate, (model, torch.tensor([[1, 7]]), 2)),  # the model's own check, through 2.2's
+        (kvlib.fused.flash_decode, (*[torch.zeros(1, 2, 1, 4)] * 3, 0)),  # not an exercise: it calls a check
     ]
     chinese = [error(fn, *args) for fn, args in cases]
     assert chinese == [
@@ -362,6 +364,7 @@ def test_bad_input_is_named_in_chinese(chinese, monkeypatch, learner_mode):
         "weight 必须是 (8,)，x (2, 8) 的每个特征一个缩放系数，得到的却是 (7,)",
         "新查询的个数 seq_len（5）不能多于键的个数 kv_len（3）",
         "词元 id 必须在 [0, 5) 内，得到的值却在 1 到 7 之间",
+        "chunk 必须是正整数（每个块或分块的词元数），得到的却是 0",
     ]
     monkeypatch.delenv(i18n.ENV)
     assert [error(fn, *args) for fn, args in cases] == [
@@ -370,6 +373,7 @@ def test_bad_input_is_named_in_chinese(chinese, monkeypatch, learner_mode):
         "weight must be (8,), one scale per feature of x (2, 8), got (7,)",
         "seq_len (5) new queries cannot outnumber kv_len (3) keys",
         "token ids must lie in [0, 5), got values 1 to 7",
+        "chunk must be a positive int (tokens per tile or chunk), got 0",
     ]
 
 

@@ -490,8 +490,8 @@ _FIGURE_NAMES = re.compile(r"^(?:title|label|xlabel|ylabel|note|\w+_(?:title|lab
 _WORDS = re.compile(r"[A-Za-z]{2,}")
 _FIELD = re.compile(r"\{\d+\}")
 _FIGURES = "kvlib/course/figures/"  # one module per notebook
-# The exercises' input checks, whose raise messages the exercise wrapper translates as the checks' are: every function
-# of kvlib/course/inputs.py, and the model's own check of token ids that several of them call
+# The exercises' input checks, whose ValueErrors reach the learner translated (kvlib/course/inputs.py's last section):
+# every function of kvlib/course/inputs.py, and the model's own check of token ids that several of them call
 _INPUTS = {"kvlib/course/inputs.py": None, "kvlib/core/model.py": {"check_input"}}
 
 

@@ -2,17 +2,22 @@
 input gets a ValueError that names the argument, the expected shape or dtype, and what arrived.
 
 One section per notebook; each check takes the arguments of the exercise it guards
-(@exercise("X.Y", validate=check_...)), whose wrapper shows the message in the learner's language
-(kvlib.course.i18n.translate; kvlib/app/translate.py collects each raise's message for the catalogue).
+(@exercise("X.Y", validate=check_...)); some shipped functions call one too (kvlib.kv_cache.prefill).
+Every message is in the learner's language (KVLIB_LANG): kvlib/app/translate.py collects each raise's
+message for the catalogue, and the last section makes each public function raise it translated.
 This module sits below the learner's modules: it imports none of them, and torch only inside the
 checks that need it, so notebook 01 runs without torch.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 
 import numpy as np
+
+from kvlib.course import i18n
 
 
 def float_array(name: str, x, *, ndim: int | None = None, min_ndim: int | None = None) -> np.ndarray:
@@ -758,3 +763,26 @@ def check_prompt_lookup(tokens, n, k):
     _token_list("tokens", tokens)
     check_count("n", n)
     check_count("k", k)
+
+
+# ---------------------------------------------------------------------------------------------
+# In the learner's language: each public function above, run by an exercise's wrapper or called by a shipped
+# function, raises its ValueError with the message translated (kvlib.course.i18n.translate), from where it was.
+
+
+def _in_the_learners_language(check):
+    @functools.wraps(check)
+    def checked(*args, **kwargs):
+        try:
+            return check(*args, **kwargs)
+        except ValueError as err:
+            if len(err.args) == 1 and isinstance(err.args[0], str):
+                err.args = (i18n.translate(err.args[0]),)  # a Chinese message (a check it called) stays
+            raise
+
+    return checked
+
+
+for _name, _function in list(globals().items()):
+    if inspect.isfunction(_function) and _function.__module__ == __name__ and not _name.startswith("_"):
+        globals()[_name] = _in_the_learners_language(_function)
