@@ -82,7 +82,12 @@ def verify_greedy(model, cache, last_token: int, draft: list[int]) -> tuple[int,
         >>> n, tokenizer.decode([next_token]), cache.pos
         (0, '巴', 6)
     """
-    raise NotImplementedError("Exercise 10.1 (notebooks/10-speculative): verify_greedy")
+    ids = torch.tensor([[last_token, *draft]])  # the newest token and every draft: one pass
+    with torch.inference_mode():
+        logits, _ = model(ids, past_key_values=cache)  # (1, len(draft) + 1, vocab)
+    predicted = logits[0].argmax(-1).tolist()  # predicted[i]: the model's token after ids[0, i]
+    n_accepted = sum(d == p for d, p in zip(draft, predicted))  # the drafts the model agrees with
+    return n_accepted, predicted[n_accepted]
 
 
 @exercise("10.2", validate=inputs.check_speculative_generate)
