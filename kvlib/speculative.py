@@ -83,7 +83,7 @@ def verify_greedy(model, cache, last_token: int, draft: list[int]) -> tuple[int,
         (0, '巴', 6)
     """
     ids = torch.tensor([[last_token, *draft]])  # the newest token and every draft: one pass
-    with torch.inference_mode():
+    with torch.no_grad():
         logits, _ = model(ids, past_key_values=cache)  # (1, len(draft) + 1, vocab)
     predicted = logits[0].argmax(-1).tolist()  # predicted[i]: the model's token after ids[0, i]
     n_accepted = sum(d == p for d, p in zip(draft, predicted))  # the drafts the model agrees with

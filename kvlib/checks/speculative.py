@@ -606,10 +606,11 @@ def _pass_slips(alpha: float, gamma: int) -> dict[str, float]:
     drafts = sum(a**i for i in range(1, g + 1))  # the kept drafts alone
     return {
         "the model's own token is missing: a pass always makes one more token than the drafts it kept": drafts,
-        "one term short: the sum runs over 1, alpha, ..., alpha^gamma (gamma + 1 terms: all gamma drafts kept, "
-        "the last one alpha^gamma, plus the model's token)": sum(a**i for i in range(g)),
-        "the drafts are counted as if all were checked: a pass ends at the first rejected draft, so draft i counts "
-        "only if every draft before it was kept (probability alpha^i, not alpha)": 1 + g * a,
+        "one term short: it counts as if a pass could keep at most gamma - 1 of its gamma drafts": sum(
+            a**i for i in range(g)
+        ),
+        "the drafts are counted as if all were checked, each kept with probability alpha whatever came before it, "
+        "but a pass ends at the first rejected draft": 1 + g * a,
         "all or nothing: a pass keeps any number of drafts up to the first rejection, not gamma or none": 1 + g * a**g,
     }
 
