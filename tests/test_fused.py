@@ -667,7 +667,7 @@ def test_other_correct_implementations_pass(ex_id, name, fn):
 
 SLIPS = [
     ("9.1", "online_softmax", online_no_rescale_acc, "running output is not rescaled"),
-    ("9.1", "online_softmax", online_no_max, "subtract the running maximum"),
+    ("9.1", "online_softmax", online_no_max, "no maximum was subtracted"),
     ("9.1", "online_softmax", online_no_guard, "exp(-inf - (-inf))"),
     ("9.1", "online_softmax", online_concat, "kept the chunks it read"),
     ("9.1", "online_softmax", online_keeps_float64_copies, "kept the chunks it read"),
@@ -687,7 +687,7 @@ SLIPS = [
     ("9.2", "tiled_attention", tiled_past_kv_len, "its key tiles run past the last key"),
     ("9.3", "merge_partials", merge_mean, "averaged"),
     ("9.3", "merge_partials", merge_max_lse, "largest lse_c"),
-    ("9.3", "merge_partials", merge_no_shift, "subtract the largest lse"),
+    ("9.3", "merge_partials", merge_no_shift, "exp(lse) overflows"),
     ("9.3", "merge_partials", merge_times_zero, "0 * nan is nan"),
     ("9.4", "int8_folded_attention", folded_dequantise_all, "called 8.2's int8_attention"),
     ("9.4", "int8_folded_attention", folded_flash_decode_dequantised, "called dequantize"),

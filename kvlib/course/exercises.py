@@ -224,8 +224,7 @@ READY_MADE: dict[str, tuple[dict[str, str], str]] = {
             "kvlib.compress:int8_attention": "called 8.2's int8_attention (which attends a dequantised copy)",
             "kvlib.fused:chunk_partial": "called chunk_partial (attention over float keys, flash-decoding's worker)",
         },
-        "float keys made from the int8 cache, a block at a time or whole, are the copy this exercise does without. "
-        "Attend the int8 numbers with their scales kept out of the keys",
+        "float keys made from the int8 cache, a block at a time or whole, are the copy this exercise does without",
     ),
     "6.5": (
         {"kvlib.variants.gqa_attention:decode_bytes": "called the benchmark's byte count (decode_bytes)"},
