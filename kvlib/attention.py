@@ -99,8 +99,8 @@ def causal_self_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray):
 def aimed_query() -> np.ndarray:
     """A query for AI under which 爱 takes at least 0.9 of its attention, at most 3 long: a design under a budget.
 
-    Returns: (2,) float array q, np.linalg.norm(q) <= 3, softmax(k @ q)[1] >= 0.9 with notebook 01's keys
-             k = [[1, 0], [0, 1], [1, 1]] (我, 爱, AI), scale 1; any such q
+    Returns: (2,) float array q, np.linalg.norm(q) <= 3, under which 爱 takes at least 0.9 of the weights at
+             scale 1 over notebook 01's keys k = [[1, 0], [0, 1], [1, 1]] (我, 爱, AI); any such q
     Raises:  nothing: it takes no input
     Example:
         >>> aimed_query().shape

@@ -140,7 +140,7 @@ def cache_positions(n_seen: int, n_sink: int, window: int) -> torch.Tensor:
 
 @exercise("8.5", validate=inputs.check_mla)
 def mla_reconstruct(q_nope, q_rope, latent, k_rope, w_uk, w_uv) -> torch.Tensor:
-    """MLA the direct way, as notebook 08b defines it: every head's keys and values rebuilt from the cached latents.
+    """MLA attention as notebook 08b defines it, the direct way (mla_absorbed, 8.6, is the other).
 
     Causal attention of each head's T queries, the last T of the S positions, over all S cached tokens.
     Args:    q_nope (B, H, T, Dn), q_rope (B, H, T, Dr) rotated;  latent (B, S, r);  k_rope (B, S, Dr) rotated;

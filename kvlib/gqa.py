@@ -17,13 +17,13 @@ from collections.abc import Callable
 
 import torch
 
-from kvlib.core.model import Decoder, matrix_params
-from kvlib.core.weights import first_head_of_group, load_checked  # noqa: F401 (first_head_of_group: a pool for to_gqa)
+from kvlib.core.model import Decoder
+from kvlib.core.weights import first_head_of_group, load_checked  # noqa: F401 (the checks pass first_head_of_group to to_gqa)
 from kvlib.course import inputs
 from kvlib.course.exercises import exercise
 
 # ---------------------------------------------------------------------------------------------
-# Exercise 6.1: which key/value head each query head reads
+# Exercise 6.1 (find and fix: the learner's copy ships with a bug): which key/value head each query head reads
 
 
 @exercise("6.1", validate=inputs.check_repeat)
@@ -41,7 +41,8 @@ def repeat_kv(x: torch.Tensor, group_size: int) -> torch.Tensor:
         >>> repeat_kv(torch.zeros(1, 2, 5, 8), 3).shape
         torch.Size([1, 6, 5, 8])
     """
-    raise NotImplementedError("Exercise 6.1 (notebooks/06-gqa): repeat_kv")
+    copies = [x] * group_size  # the key/value heads once for each query head of a group
+    return torch.cat(copies, dim=1)  # (batch, n_kv_heads * group_size, kv_len, head_dim)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -78,10 +79,10 @@ def mean_pool_heads(w: torch.Tensor, n_heads: int, n_kv_heads: int) -> torch.Ten
     """Shrink a key or value projection from n_heads heads to n_kv_heads: each new head the mean of the old ones it replaces.
 
     New key/value head j replaces the heads that the query heads now sharing it (repeat_kv, Exercise 6.1) read
-    before. Which rows of an nn.Linear weight hold a head is for you to work out (Attention.project_kv in
-    kvlib/core/model.py splits k_proj's output into heads). The invariant the checks hold you to:
-    pooling a weight whose heads are repeat_kv's copies of a smaller one gives the smaller one back.
-    Args:    w: (n_heads * head_dim, d_model) float tensor;  n_heads, n_kv_heads: n_kv_heads divides n_heads
+    before. The invariant the checks hold you to: pooling a weight whose heads are repeat_kv's copies of a
+    smaller one gives the smaller one back.
+    Args:    w: a k_proj or v_proj weight of n_heads heads, (n_heads * head_dim, d_model), float
+             n_heads, n_kv_heads: n_kv_heads divides n_heads
     Returns: (n_kv_heads * head_dim, d_model), w's dtype; w is left unchanged
     Raises:  ValueError if w's rows are not n_heads heads, or n_kv_heads does not divide n_heads
     Example:

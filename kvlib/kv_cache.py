@@ -6,21 +6,19 @@ decode); kv_cache_bytes() and sequences_that_fit() price it. Left out: paged or 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from kvlib.attention import causal_mask
 from kvlib.core.cache import CacheBase
 from kvlib.course import inputs
 from kvlib.course.exercises import exercise
-from kvlib.generation import next_token
 
 # ---------------------------------------------------------------------------------------------
 # The cache (infrastructure, except update)
 
 
 class KVCache(CacheBase):
-    """Every layer's keys and values, pre-allocated: k, v (n_layers, batch, n_kv_heads, max_seq_len, head_dim); pos,
-    reset, advance, truncate and nbytes come from CacheBase (the cache contract, kvlib/core/cache.py)."""
+    """Every layer's keys and values for batch sequences of up to max_seq_len tokens, allocated once as the tensors k
+    and v (their layout: notebook 04a, Exercise 4.1); pos (the tokens stored), reset, advance, truncate and nbytes
+    come from CacheBase."""
 
     def __init__(self, config, batch: int = 1, max_seq_len: int | None = None, dtype=torch.float32, device="cpu"):
         super().__init__(config, batch, max_seq_len)  # checks batch and max_seq_len; pos = 0
@@ -35,11 +33,12 @@ class KVCache(CacheBase):
 
     @exercise("4.1", validate=inputs.check_update)
     def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write one layer's k_new, v_new at positions [pos, pos + seq_len), in place; return that layer's filled prefix.
+        """Store one layer's new keys and values next to the pos tokens it already holds, in the storage made once.
 
         Args:    layer: 0 <= layer < n_layers;  k_new, v_new: (batch, n_kv_heads, seq_len, head_dim), the cache's dtype
-        Returns: k, v: (batch, n_kv_heads, pos + seq_len, head_dim), views of the storage; pos unmoved (advance() moves it)
-        Raises:  ValueError if layer is out of range, a shape does not fit the cache, or pos + seq_len > max_seq_len
+        Returns: k, v: every key and value the layer holds now, oldest token first, as (batch, n_kv_heads, kv_len,
+                 head_dim) views of the storage (no copy); earlier tokens and other layers untouched; pos unmoved
+        Raises:  ValueError if layer is out of range, a shape does not fit the cache, or the new tokens overrun max_seq_len
         Example:
             >>> from kvlib.core.model import ModelConfig; cache = KVCache(ModelConfig(vocab_size=50), max_seq_len=8)
             >>> k, v = cache.update(0, torch.ones(1, 8, 3, 16), torch.ones(1, 8, 3, 16)); tuple(k.shape), cache.pos
@@ -52,13 +51,12 @@ class KVCache(CacheBase):
 def cached_attention(
     attn, x: torch.Tensor, cache: KVCache, layer: int, rope_cos: torch.Tensor, rope_sin: torch.Tensor
 ) -> torch.Tensor:
-    """One attention layer with a cache: the seq_len new tokens attend to every stored token and to themselves.
+    """One attention layer with a cache: what the seq_len new tokens get from attending to every token so far.
 
     Args:    attn: the layer's Attention, possibly GQA (n_kv_heads < n_heads: the cache holds n_kv_heads heads);
              x: (batch, seq_len, d_model), the NEW tokens' normed stream;  cache, layer: this layer's slot of a
              KVCache, cache.pos the position of x[:, 0];  rope_cos, rope_sin: the model's tables
-    Returns: (batch, seq_len, d_model), the rows attn gives them over the whole sequence; their keys and values stored.
-             The steps are yours: attn.attend and kvlib.core.cache's attention, which take them, are closed when checked
+    Returns: (batch, seq_len, d_model), the rows attn gives them over the whole sequence; their keys and values stored
     Raises:  ValueError if x is not (batch, seq_len, d_model) or the new tokens do not fit in the cache
     Example:
         >>> from kvlib.core.weights import load_tiny; model, _ = load_tiny(); cache = KVCache(model.config, max_seq_len=16)
@@ -72,6 +70,8 @@ def cached_attention(
 def cached_forward(model, input_ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
     """Run only the new tokens through every layer, each reading and extending its cache: a prefill, or a decode step.
 
+    Shipped with a bug (Exercise 4.3 is a find-and-fix): the checks show what goes wrong; the contract is below.
+
     Args:    model: a kvlib Decoder;  cache: a KVCache of its config and batch
              input_ids: (batch, seq_len) torch.long, the new tokens; cache.pos is the position of input_ids[:, 0]
     Returns: (batch, vocab_size) float32, model(all tokens so far)[:, -1], with the last position alone through the
@@ -83,7 +83,13 @@ def cached_forward(model, input_ids: torch.Tensor, cache: KVCache) -> torch.Tens
         >>> tokenizer.decode(logits.argmax(-1).tolist()), cache.pos
         ('巴', 6)
     """
-    raise NotImplementedError("Exercise 4.3 (notebooks/04-kv-cache): cached_forward")
+    x = model.embed(input_ids)  # (B, T, C): the new tokens only; the cache stands in for the rest
+    for i, layer in enumerate(model.layers):
+        x = x + cached_attention(layer.attn, layer.attn_norm(x), cache, i, model.rope_cos, model.rope_sin)
+        x = x + layer.mlp(layer.mlp_norm(x))
+        cache.advance(input_ids.shape[1])  # layer i has stored the new tokens' keys and values
+    logits = model.lm_head(model.norm(x)).float()  # (B, T, vocab_size)
+    return logits[:, -1]  # the next token's logits
 
 
 def prefill(model, input_ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
@@ -100,11 +106,11 @@ def decode_step(model, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
 
 @exercise("4.4", validate=inputs.check_kv_cache_bytes)
 def kv_cache_bytes(config, seq_len: int, batch: int = 1, dtype: torch.dtype = torch.float16) -> int:
-    """Bytes of the KV cache holding seq_len tokens for each of batch sequences, as KVCache allocates it.
+    """Bytes of a model's KV cache holding seq_len tokens of each of batch sequences, stored in dtype.
 
     Args:    config: a ModelConfig;  seq_len: an int >= 0;  batch: a positive int;  dtype: the cache's torch dtype
-    Returns: int, what KVCache would allocate (0 for no tokens), counted from config's sizes and dtype: no cache is
-             made (the checks refuse it)
+    Returns: int (0 for no tokens), counted from config's sizes and dtype alone: no cache is made (the checks refuse
+             it, and compare the count with what a KVCache of that many tokens allocates)
     Raises:  ValueError if seq_len is not an int >= 0, batch not a positive int, or dtype not a torch.dtype
     Example:
         >>> from kvlib.core.configs import real_model; kv_cache_bytes(real_model("Llama-2-7B").config, 1) // 1024
@@ -123,12 +129,12 @@ def generate_cached(
     on_token=None,
     cache: KVCache | None = None,
 ) -> torch.Tensor:
-    """generate (Exercise 2.2) with a KV cache: the prompt runs once, then one token per step.
+    """generate (Exercise 2.2) with a KV cache: no token's keys and values are computed twice.
 
     Args:    model, input_ids, max_new_tokens, temperature, generator, on_token: as in generate;  cache: a KVCache
-             to reuse (what it held is forgotten first), or None for a new one
+             to reuse, whatever an earlier call left in it, or None for a new one
     Returns: (batch, seq_len + max_new_tokens) torch.long: generate's tokens (greedy, or sampled with the same seed),
-             from one forward over the prompt and max_new_tokens - 1 over one token each
+             whatever the cache held before; the model runs no token it does not need, each once at most
     Raises:  ValueError as generate, or if the cache is too small for the prompt and the new tokens
     Example:
         >>> from kvlib.core.weights import load_tiny; from kvlib.generation import generate; model, tok = load_tiny()

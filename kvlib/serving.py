@@ -18,7 +18,6 @@ import torch
 from kvlib.core.paging import BlockStore, Engine, OutOfBlocks, Request
 from kvlib.course import inputs
 from kvlib.course.exercises import exercise
-from kvlib.gqa import grouped_attention
 
 
 class BlockPool(BlockStore):
@@ -26,20 +25,16 @@ class BlockPool(BlockStore):
 
     @exercise("7.1", validate=inputs.check_block)
     def release(self, block: int) -> None:
-        """One table lets block go: afterwards refs and free describe the pool again.
+        """One table lets block go. The pool's invariants hold before and after every call: refs[b] is the number of
+        tables holding block b, and free lists every block that no table holds, each exactly once.
 
-        The pool's invariants, before and after every call: refs[b] is the number of tables holding block b, and
-        free lists every block that no table holds, each exactly once (allocate hands out free's blocks).
         Args:    block: a block id, 0 <= block < n_blocks
         Returns: None
         Raises:  ValueError if no table holds block: the call could only break the invariants
         Example:
             >>> from kvlib.core.model import ModelConfig; pool = BlockPool(ModelConfig(vocab_size=50), n_blocks=4, block_size=4)
-            >>> b = pool.allocate()[0]; pool.share(b)
-            >>> pool.release(b); b in pool.free, pool.n_free
-            (False, 3)
-            >>> pool.release(b); b in pool.free, pool.n_free
-            (True, 4)
+            >>> b = pool.allocate()[0]; pool.release(b); pool.n_free
+            4
         """
         raise NotImplementedError("Exercise 7.1 (notebooks/07-serving): BlockPool.release")
 
@@ -91,7 +86,8 @@ def paged_attention(q: torch.Tensor, pool: BlockPool, layer: int, tables: list[B
                 whose keys and values are already written to the pool; tables[i].length counts them
              pool: the BlockPool;  layer: which layer's K/V;  tables: one BlockTable per row of q
     Returns: (batch, n_heads, seq_len, head_dim), q's dtype: row i attends causally to its own
-             tables[i].length keys and values, in the order of its table, as grouped_attention (6.2) would
+             tables[i].length keys and values, in the order of its table, each group of query heads reading its
+             key/value head as in notebook 06
     Raises:  ValueError if there is not one table per row, layer is out of range, or a table is shorter than seq_len
     Example:
         >>> from kvlib.core.model import ModelConfig; pool = BlockPool(ModelConfig(vocab_size=50), n_blocks=4, block_size=4)
@@ -117,7 +113,12 @@ def copy_on_write(pool: BlockPool, table: BlockTable, index: int) -> int:
         >>> copy_on_write(pool, table, 0) != 0, pool.refs[0]
         (True, 1)
     """
-    raise NotImplementedError("Exercise 7.5 (notebooks/07-serving): copy_on_write")
+    block = table.blocks[index]
+    if pool.refs[block] > 1:  # another table holds it too: this table writes into a copy
+        copy = pool.allocate(1)[0]
+        pool.k[:, copy], pool.v[:, copy] = pool.k[:, block], pool.v[:, block]  # every layer's K and V
+        table.blocks[index] = block = copy
+    return block
 
 
 class Scheduler(Engine):

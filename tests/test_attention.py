@@ -386,10 +386,14 @@ SLIPS = [
     ("1.1", {"softmax": softmax_global_max}, "the maximum of the whole array"),
     ("1.1", {"softmax": softmax_row_mean}, "the row's mean"),
     ("1.1", {"softmax": softmax_float64_out}, "float32 scores should give float32 weights"),
-    ("1.1", {"softmax": softmax_no_keepdims}, "the sum of the whole array"),
+    ("1.1", {"softmax": softmax_no_keepdims}, "the weights of the whole array sum to 1"),
     ("1.1", {"softmax": lambda scores: np.zeros_like(scores)}, "softmax returned zeros"),
     ("1.1", {"softmax": lambda scores: scores.copy()}, "returned the scores unchanged"),
-    ("1.1", {"softmax": lambda scores: np.exp(scores - scores.max(axis=-1, keepdims=True))}, "not divided by their"),
+    (
+        "1.1",
+        {"softmax": lambda scores: np.exp(scores - scores.max(axis=-1, keepdims=True))},
+        "exponentials came back as they are",
+    ),
     ("1.2", {"attend": attend_unscaled}, "not scaled"),
     ("1.2", {"attend": attend_by_d}, "divided by head_dim"),
     ("1.2", {"attend": attend_np_sqrt}, "float32 inputs should give float32"),
@@ -421,6 +425,34 @@ def test_slip_is_rejected_naming_it(where, replaced, words):
     """Check that a likely wrong implementation fails the check named (with an AssertionError), or the exercise
     named (its first failing check, as `kvlib check` reports it), with a message that names the slip."""
     assert_slip_named(where, _module(**replaced), words)
+
+
+_FIXES = (
+    "keepdims",
+    "axis=-1)",
+    "divide each row",
+    "exponentiate them",
+    "cast back",
+    ".astype(",
+    "probs @ v",
+    "math.sqrt",
+    "(k @ q)",
+    "instead",
+)
+
+
+@pytest.mark.parametrize(
+    "where, replaced, words",
+    [s for s in SLIPS if s[0] in ("1.1", "1.2")],
+    ids=case_ids([s for s in SLIPS if s[0] in ("1.1", "1.2")]),
+)
+def test_softmax_slip_message_names_the_cause_not_the_fix(where, replaced, words):
+    """Check that 1.1's and 1.2's slips fail with a message that names what went wrong, never the line to type instead (the
+    row's max to shift by, the axis to divide along, the product that blends the values: issue 46 keeps those in the
+    hints)."""
+    with np.errstate(all="ignore"):
+        (name, err), *_ = check_failures(where, _module(**replaced))
+    assert not [fix for fix in _FIXES if fix in str(err)], f"{name}: {err}"
 
 
 def test_every_exercise_has_three_slips():

@@ -45,6 +45,10 @@ def test_against_and_exact_decide_only_what_their_values_show():
     assert claims.against(CLAIM, [0.4, 0.45, 0.3], 0.5, "m/p", "half", show=False).outcome == "below"
     straddle = claims.against(CLAIM, [0.4, 0.6, 0.55], 0.5, "m/p", "half", show=False)
     assert straddle.outcome == "undecided" and "does not decide" in straddle.text and straddle.holds is None
+    noise = claims.against(CLAIM, [3.1, -2.0, 3.5], 4.0, "growth / growth", "four", show=False, positive=True)
+    assert noise.outcome == "undecided" and "not positive" in noise.text  # all below 4, but a round is noise
+    assert claims.check_record(vars(noise)) == []
+    assert claims.check_record(vars(noise) | {"outcome": "below"})  # a record calling that round "below" is caught
     assert claims.exact(CLAIM, 2, 2, "x", "two", show=False).text == "x: 2, equal to two (2)"
     assert claims.exact(CLAIM, 1.21, 2, "p", "naive's", show=False, fmt="{:.2f}").outcome == "below"
 

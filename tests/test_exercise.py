@@ -3,6 +3,7 @@
 import ast
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -38,8 +39,8 @@ def test_stub_differs_from_solution_only_in_exercise_bodies(solution):
 
 @pytest.mark.parametrize("solution", course.solution_modules(), ids=lambda p: p.name)
 def test_stub_bodies_only_raise(solution):
-    """Check that every exercise stub is a docstring and one raise naming its exercise: no reference code leaks
-    (a find-and-fix exercise's stub holds its shipped body instead: tests/test_course.py)."""
+    """Check that every exercise stub is a docstring and one raise naming its exercise: no reference code leaks (a
+    find-and-fix exercise's stub holds its shipped body instead: tests/test_course.py checks it)."""
     tree = ast.parse((ROOT / "kvlib" / solution.name).read_text())
     found = 0
     for node in ast.walk(tree):
@@ -48,10 +49,10 @@ def test_stub_bodies_only_raise(solution):
         ):
             found += 1
             ex_id = node.decorator_list[0].args[0].value
-            if BY_ID[ex_id].kind == "fix":
-                continue
             doc, body = node.body[0], node.body[1:]
             assert isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant), f"{node.name} has no docstring"
+            if BY_ID[ex_id].kind == "fix":  # ships its broken body (tests/test_course.py: the shipped block's)
+                continue
             assert len(body) == 1 and isinstance(body[0], ast.Raise), f"{node.name}: a stub must only raise"
             message = body[0].exc.args[0].value
             assert message.startswith(f"Exercise {ex_id} (notebooks/"), message
@@ -71,14 +72,25 @@ def test_exercise_table_matches_the_code():
 
 
 _UNTOUCHED = {False: "todo", True: "fail"}  # an untouched stub's status: a raise, or (find-and-fix) a shipped bug
+# find-and-fix exercises whose shipped body calls an earlier exercise: untouched, they name that one first ("todo");
+# their own shipped bug, with the earlier one done, is tested beside their checks (tests/test_<module>.py)
+_SHIPPED_NEEDS = {"2.2": "2.1", "4.3": "4.2"}
+
+
+def _untouched(ex) -> str:
+    return "todo" if ex.id in _SHIPPED_NEEDS else _UNTOUCHED[ex.kind == "fix"]
 
 
 def test_every_stub_raises_in_learner_mode(learner_mode):
     """Check that each exercise, called on valid input in learner mode, raises ExerciseNotDone naming itself; a
-    find-and-fix exercise instead runs its shipped body, which fails its checks with a message."""
+    find-and-fix exercise instead runs its shipped body, which fails its checks with a message (or, where that body
+    calls an earlier exercise, names that one to do first)."""
     results = kvlib.checks.run()
-    assert [r.status for r in results] == [_UNTOUCHED[ex.kind == "fix"] for ex in EXERCISES]
+    assert [r.status for r in results] == [_untouched(ex) for ex in EXERCISES]
     assert all(r.message for r in results)
+    for r in results:
+        if r.id in _SHIPPED_NEEDS:
+            assert f"do Exercise {_SHIPPED_NEEDS[r.id]}" in r.message, r.message
 
 
 def test_use_solutions_switches_to_the_reference(learner_mode):
@@ -122,7 +134,7 @@ def test_kvlib_check_json_in_both_modes():
     assert {r["status"] for r in rows} == {"pass"}
     learner = run_kvlib("check", "--json", env={"KVLIB_SOLUTIONS": "0"})
     assert learner.returncode == 1
-    assert [r["status"] for r in json.loads(learner.stdout)] == [_UNTOUCHED[ex.kind == "fix"] for ex in EXERCISES]
+    assert [r["status"] for r in json.loads(learner.stdout)] == [_untouched(ex) for ex in EXERCISES]
 
 
 def test_kvlib_check_selects_by_id_or_notebook():
@@ -221,3 +233,29 @@ def test_grade_runs_every_check_of_an_exercise_cell_and_names_each_failure(monke
     assert out.count("passed: ") == 3 and out.count("failed: ") == 2
     with pytest.raises(KeyError, match="no check and no exercise's cell named 'checks-99-1'"):
         checks.grade("checks-99-1")
+
+
+def _reference_with_shipped(module: str, fix_id: str) -> str:
+    """solutions/kvlib/<module>.py with every exercise answered except find-and-fix `fix_id`, left as it ships."""
+    source = (ROOT / "solutions" / "kvlib" / f"{module}.py").read_text(encoding="utf-8")
+    head, rest = source.split(f'@exercise("{fix_id}"', 1)
+    solution = re.compile(r"\n *### BEGIN SOLUTION\n.*?### END SOLUTION\n", re.S)
+    shipped = re.compile(r"( *)### BEGIN SHIPPED\n(.*?)\1### END SHIPPED\n", re.S)
+    rest = solution.sub("\n", rest, count=1)
+    rest = shipped.sub(lambda m: re.sub(rf"(?m)^{m[1]}# ?", m[1], m[2]), rest, count=1)
+    return head + f'@exercise("{fix_id}"' + rest
+
+
+def test_a_later_exercise_failing_on_an_unfixed_shipped_bug_names_the_bug_first(tmp_path):
+    """Check that 2.3, right but running the generation loop 2.2 ships broken, is reported as "do Exercise 2.2 first"
+    (todo, not a failure of 2.3's own), and passes once 2.2 is fixed; the fixed copy is the reference itself."""
+    env = _learner_copy(tmp_path, (ROOT / "solutions" / "kvlib" / "attention.py").read_text(encoding="utf-8"))
+    generation = tmp_path / "kvlib" / "generation.py"
+    generation.write_text(_reference_with_shipped("generation", "2.2"), encoding="utf-8")
+    rows = {r["id"]: r for r in json.loads(run_kvlib("check", "02", "--json", env=env, cwd=tmp_path).stdout)}
+    assert rows["2.2"]["status"] == "fail", rows["2.2"]
+    assert rows["2.3"]["status"] == "todo" and rows["2.3"]["message"].startswith("do Exercise 2.2 ("), rows["2.3"]
+    assert rows["2.1"]["status"] == "pass", rows["2.1"]  # the copy's 2.1 is the reference (no assets: 2.4 cannot run)
+    generation.write_text((ROOT / "solutions" / "kvlib" / "generation.py").read_text(encoding="utf-8"))
+    fixed = json.loads(run_kvlib("check", "2.3", "--json", env=env, cwd=tmp_path).stdout)
+    assert fixed[0]["status"] == "pass", fixed

@@ -769,7 +769,7 @@ def _params(config, *, kv_heads=None, mlp_matrices=3, final_norm=True, lm_head=T
 SLIPS = [
     ("next_token_samples_from_softmax", {"next_token": _sample_without_temperature}, "temperature changes nothing"),
     ("next_token_greedy_is_argmax", {"next_token": _greedy_keepdim}, "shape (3,)"),
-    ("generate_matches_greedy_loop", {"generate": _generate_from_first_position}, "first position"),
+    ("generate_matches_greedy_loop", {"generate": _generate_from_first_position}, "first new token is already not"),
     (
         "measure_ttft_itl_times_prefill_and_steps",
         {"measure_ttft_itl": _measure_whole_generation},
@@ -777,13 +777,13 @@ SLIPS = [
     ),
     ("2.1", {"next_token": next_token_no_temperature}, "temperature changes nothing"),
     ("2.1", {"next_token": next_token_times_temperature}, "multiplied by the temperature"),
-    ("2.1", {"next_token": next_token_global_rng}, "use the generator you are given"),
-    ("2.1", {"next_token": next_token_reseeds}, "do not reseed it"),
+    ("2.1", {"next_token": next_token_global_rng}, "seeded alike (seed 7) differ"),
+    ("2.1", {"next_token": next_token_reseeds}, "do not come from the generator as it is given"),
     ("2.1", {"next_token": next_token_always_argmax}, "every draw is the top token"),
     ("2.1", {"next_token": next_token_keepdim}, "shape (3,)"),
-    ("2.2", {"generate": generate_first_position}, "first position"),
-    ("2.2", {"generate": generate_never_appends}, "feed each chosen token back"),
-    ("2.2", {"generate": generate_greedy_only}, "pass temperature"),
+    ("2.2", {"generate": generate_first_position}, "first new token is already not"),
+    ("2.2", {"generate": generate_never_appends}, "all 7 new tokens are the same"),
+    ("2.2", {"generate": generate_greedy_only}, "no draw varies"),
     ("2.2", {"generate": generate_new_tokens_only}, "(batch, 5 + 7)"),
     ("2.2", {"generate": generate_callback_at_end}, "once per new token"),
     ("generate_streams_each_token", {"generate": generate_streams_after_loop}, "after the loop ended"),
@@ -821,15 +821,15 @@ SLIPS = [
     ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, dim=-2)}, "wrong axis"),
     ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, centre=True)}, "LayerNorm"),
     ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, eps_at="outside")}, "outside the root"),
-    ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, eps_at="none")}, "eps is missing"),
-    ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, reduce="sum")}, "sum of squares"),
+    ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, eps_at="none")}, "eps plays no part"),
+    ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, reduce="sum")}, "sum of the squares"),
     ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, scale=False)}, "weight is not applied"),
     ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, upcast=False)}, "overflow"),
     ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, cast_back=False)}, "return x's dtype"),
     ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, 1e-5)}, "eps argument is ignored"),
-    ("2.6", {"swiglu": lambda x, g, u, d: _swiglu(x, g, u, d, on="up")}, "wrong branch"),
+    ("2.6", {"swiglu": lambda x, g, u, d: _swiglu(x, g, u, d, on="up")}, "branches are swapped"),
     ("2.6", {"swiglu": lambda x, g, u, d: _swiglu(x, g, u, d, act="sigmoid")}, "sigmoid"),
-    ("2.6", {"swiglu": lambda x, g, u, d: _swiglu(x, g, u, d, on="product")}, "after the product"),
+    ("2.6", {"swiglu": lambda x, g, u, d: _swiglu(x, g, u, d, on="product")}, "through the product"),
     ("2.6", {"swiglu": lambda x, g, u, d: _swiglu(x, g, u, d, act="relu")}, "ReLU"),
     ("2.6", {"swiglu": lambda x, g, u, d: _swiglu(x, g, u, d, transposed=False)}, "(out_features, in_features)"),
     ("2.6", {"swiglu": lambda x, g, u, d: _swiglu(x, g, u, d, down=False)}, "w_down"),
@@ -863,6 +863,72 @@ def test_slip_is_rejected_naming_it(where, replaced, words):
     """Check that a likely wrong implementation fails the check named (with an AssertionError), or the exercise
     named (its first failing check, as `kvlib check` reports it), with a message that names the slip."""
     assert_slip_named(where, _module(**replaced), words)
+
+
+def _shipped_generate(fixed=()):
+    """2.2's shipped body as kvlib/generation.py (the learner's stub) holds it, each (broken, right) pair of
+    `fixed` replaced in its text: a learner's copy half fixed. It calls next_token (2.1) as the stub does."""
+    import inspect
+    import textwrap
+
+    source = textwrap.dedent(inspect.getsource(generation.generate.__wrapped__))
+    source = "".join(line for line in source.splitlines(keepends=True) if not line.startswith("@"))
+    for broken, right in fixed:
+        assert broken in source, f"the shipped body no longer holds {broken!r}"
+        source = source.replace(broken, right)
+    space = dict(vars(generation))
+    exec(source, space)  # noqa: S102 - the stub's own text, run as the learner's module runs it
+    return space["generate"]
+
+
+_FIRST_BUG = ("model(input_ids)", "model(ids)")
+_SECOND_BUG = ("temperature)", "temperature, generator)")
+
+
+def test_shipped_generate_fails_with_its_symptoms_until_both_bugs_are_fixed():
+    """Check that 2.2's shipped body (a find-and-fix: the stub runs it) fails its exercise showing a symptom, never
+    the cause: greedy repeats one token; with that fixed, two runs seeded alike differ; with both fixed it passes."""
+    assert generation.generate.__exercise__.kind == "fix"
+    assert_slip_named("2.2", _module(generate=_shipped_generate()), "all 7 new tokens are the same")
+    half = _module(generate=_shipped_generate([_FIRST_BUG]))
+    assert_slip_named("2.2", half, "with generators seeded alike (seed 1) gave different tokens")
+    for name, err in check_failures("2.2", _module(generate=_shipped_generate())) + check_failures("2.2", half):
+        causes = ("input_ids", "model(", "feed", "pass ", "next_token", "generator you are given")
+        assert not any(cause in str(err) for cause in causes), f"{name} names the cause: {err}"
+    assert not check_failures("2.2", _module(generate=_shipped_generate([_FIRST_BUG, _SECOND_BUG])))
+
+
+# words that would give the learner the line to type (the fix), where 2.1, 2.5, 2.6 and 2.7 name the cause (issue 46)
+_FIXES = (
+    "add it",
+    "add the eps",
+    "multiply by",
+    "renormalise after",
+    "normalise in float32",
+    "take its square root",
+    "it goes on",
+    "goes through it",
+    "(torch.nn.functional",
+    "in terms of p",
+    "then return",
+    "torch.multinomial",
+    "argmax",
+    "divide the logits",
+    "reseed",
+)
+
+
+@pytest.mark.parametrize(
+    "where, replaced, words",
+    [s for s in SLIPS if s[0] in ("2.1", "2.5", "2.6", "2.7")],
+    ids=case_ids([s for s in SLIPS if s[0] in ("2.1", "2.5", "2.6", "2.7")]),
+)
+def test_slip_message_names_the_cause_not_the_fix(where, replaced, words):
+    """Check that 2.1's, 2.5's, 2.6's and 2.7's slips fail with a message that names what went wrong, never the line to
+    type instead (issue 46: the fix lives in the hints)."""
+    with np.errstate(all="ignore"):
+        (name, err), *_ = check_failures(where, _module(**replaced))
+    assert not [fix for fix in _FIXES if fix in str(err)], f"{name}: {err}"
 
 
 def test_every_exercise_has_three_slips():
@@ -914,9 +980,9 @@ def test_timing_checks_read_the_fake_clock_in_the_isolated_child():
     from kvlib.grading.sandbox import Sandbox, package_files
 
     source = (ROOT / "solutions" / "kvlib" / "generation.py").read_text(encoding="utf-8")
-    by_name = source.replace("import time\n", "import time\nfrom time import perf_counter\n", 1).replace(
+    by_name = source.replace("import torch\n", "from time import perf_counter\n\nimport torch\n", 1).replace(
         "time.perf_counter()", "perf_counter()"
-    )
+    )  # the clock imported by name, at the top of the file
     averaged = source.replace(
         "    return times[0] - start, [b - a for a, b in zip(times, times[1:])]  # the prefill, then each gap",
         "    return times[0] - start, [(times[-1] - start) / max_new_tokens] * (max_new_tokens - 1)",

@@ -50,9 +50,9 @@ def test_reference_passes_check(check):
 
 
 def test_learner_stubs_are_todo(learner_mode):
-    """Check that in learner mode every 6.x exercise raises ExerciseNotDone naming itself."""
+    """Check that in learner mode every 6.x exercise but 6.1 raises ExerciseNotDone naming itself, and that 6.1 (find
+    and fix) runs its shipped body, which fails its checks."""
     for ex_id, call in (
-        ("6.1", lambda: gqa.repeat_kv(torch.zeros(1, 2, 3, 4), 2)),
         (
             "6.2",
             lambda: gqa.grouped_attention(torch.zeros(1, 4, 1, 4), torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4)),
@@ -64,7 +64,24 @@ def test_learner_stubs_are_todo(learner_mode):
         with pytest.raises(ExerciseNotDone, match=f"Exercise {ex_id}"):
             call()
     results = {r.id: r.status for r in run("06")}
-    assert results == {"6.1": "todo", "6.2": "todo", "6.3": "todo", "6.4": "todo", "6.5": "todo"}
+    assert gqa.repeat_kv(torch.zeros(1, 2, 3, 4), 2).shape == (1, 4, 3, 4)
+    assert results == {"6.1": "fail", "6.2": "todo", "6.3": "todo", "6.4": "todo", "6.5": "todo"}
+
+
+def test_the_shipped_repeat_kv_shows_the_symptom_not_the_cause(learner_mode):
+    """Check that 6.1's shipped body (find and fix: the heads tiled [a, b, a, b]) is right where its order is (one
+    key/value head, groups of one) yet fails every check of 6.1 (the isolated grader gives points a check: an
+    untouched stub earns none), naming which query heads go wrong, never the cause or the fix (no repeat, no
+    h // group_size, no [a, a, ...])."""
+    x = torch.randn(B, 1, S, D)
+    assert torch.equal(gqa.repeat_kv(x, 4), x.repeat_interleave(4, dim=1))  # MQA: right
+    assert torch.equal(gqa.repeat_kv(x, 1), x)
+    failures = check_failures("6.1", _module(repeat_kv=gqa.repeat_kv))
+    assert len(failures) == len(checks_for(BY_ID["6.1"])), "the untouched shipped body must earn no check's points"
+    message = str(failures[0][1])
+    assert "query heads 1, 4 get other outputs than in the layer; heads 0, 2, 3, 5 the same" in message, message
+    for cause in ("repeat(", "repeat_interleave", "//", "[a", "consecutive", "tile", "cat"):
+        assert cause not in message, f"the symptom names its cause: {cause!r} in {message!r}"
 
 
 def test_contracts_leave_the_grouping_to_the_learner():
@@ -591,8 +608,12 @@ def speedup_of_the_example(config, n_kv_heads, kv_len, batch=1):  # the notebook
 
 # (check or exercise, replaced function, words the failure must contain)
 SLIPS = [
-    ("repeat_kv_follows_the_checkpoints_order", {"repeat_kv": _repeat_not_interleave}, "that is x.repeat"),
-    ("grouped_attention_matches_repeated_heads", {"grouped_attention": _attention_with_repeat}, "as x.repeat would"),
+    ("repeat_kv_follows_the_checkpoints_order", {"repeat_kv": _repeat_not_interleave}, "query heads 1, 4 get"),
+    (
+        "grouped_attention_matches_repeated_heads",
+        {"grouped_attention": _attention_with_repeat},
+        "another key/value head",
+    ),
     ("grouped_attention_matches_repeated_heads", {"grouped_attention": _attention_top_left}, "aligned top-left"),
     ("grouped_attention_does_not_copy_heads", {"grouped_attention": _attention_copying}, "copies of the 2 cached"),
     ("grouped_attention_does_not_copy_heads", {"grouped_attention": _attention_broadcast}, "broadcasting matmul"),
@@ -602,8 +623,8 @@ SLIPS = [
     ("mean_pool_heads_averages_each_group", {"mean_pool_heads": _pool_sum}, "mean, not sum"),
     ("to_gqa_recovers_a_gqa_model", {"to_gqa": _to_gqa_strided}, "consecutive heads"),
     ("6.1", {"repeat_kv": repeat_wrong_dim}, "should be (2, 6, 5, 8)"),
-    ("6.1", {"repeat_kv": repeat_expand_front}, "that is x.repeat"),
-    ("6.1", {"repeat_kv": repeat_modulo}, "that is x.repeat"),
+    ("6.1", {"repeat_kv": repeat_expand_front}, "heads 0, 2, 3, 5 the same"),
+    ("6.1", {"repeat_kv": repeat_modulo}, "heads 0, 2, 3, 5 the same"),
     ("6.2", {"grouped_attention": attention_offset_t_minus_one}, "diagonal offset is kv_len - seq_len"),
     ("6.2", {"grouped_attention": attention_rows_interleaved}, "mask rows are in the wrong order"),
     ("6.2", {"grouped_attention": attention_group_for_queries}, "built for group_size queries"),
@@ -616,7 +637,7 @@ SLIPS = [
     ("6.4", {"to_gqa": to_gqa_float32}, "keep the source's dtype"),
     ("6.4", {"to_gqa": to_gqa_train_mode}, "eval mode"),
     ("6.4", {"to_gqa": to_gqa_ignores_pool}, "pool function it is given"),
-    ("6.1", {"repeat_kv": repeat_heads_reversed}, "not the ones a GQA layer's query heads read"),
+    ("6.1", {"repeat_kv": repeat_heads_reversed}, "query heads 0, 1, 2, 3, 4, 5 get other outputs"),
     ("6.3", {"mean_pool_heads": pool_groups_reversed}, "the old heads each new head replaces"),
     ("6.5", {"predicted_speedup": speedup_cache_only}, "the caches alone"),
     ("6.5", {"predicted_speedup": _speedup(shrink=False)}, "k_proj and v_proj shrink"),

@@ -7,6 +7,7 @@ wrong ones, which fail the check or exercise named, with a message naming the sl
 function that changes its arguments (conftest.vandal) scores 0."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -627,17 +628,25 @@ SLIPS = [
     ("kv_cache_bytes_of_real_models", {"kv_cache_bytes": _kv_without_layers}, "n_layers"),
     ("kv_cache_bytes_of_real_models", {"kv_cache_bytes": _kv_with_query_heads}, "n_kv_heads heads, not n_heads"),
     ("kv_cache_bytes_of_real_models", {"kv_cache_bytes": _kv_in_bits}, "bytes, not bits"),
-    ("kv_cache_bytes_scales_with_tokens_batch_and_dtype", {"kv_cache_bytes": _kv_without_batch}, "multiply by batch"),
+    (
+        "kv_cache_bytes_scales_with_tokens_batch_and_dtype",
+        {"kv_cache_bytes": _kv_without_batch},
+        "one sequence's cache",
+    ),
     ("kv_cache_update_writes_in_place", {"KVCache": _CatCache}, "reallocated"),
     ("kv_cache_update_writes_in_place", {"KVCache": _AdvancingCache}, "must not move pos"),
     ("cached_attention_matches_full_attention", {"cached_attention": _attention_rope_from_zero}, "restart at 0"),
     ("cached_attention_matches_full_attention", {"cached_attention": _attention_is_causal}, "aligned top-left"),
     ("cached_attention_one_token_sees_every_key", {"cached_attention": _attention_is_causal}, "key 0 only"),
-    ("generate_cached_resets_between_prompts", {"generate_cached": _generate_without_reset}, "reset the cache"),
+    (
+        "generate_cached_resets_between_prompts",
+        {"generate_cached": _generate_without_reset},
+        "still held the first prompt",
+    ),
     (
         "kv_cache_grows_one_slot_per_step",
         {"KVCache": _cache_with(_update_every_layer)},
-        "write only into self.k[layer]",
+        "changed another",
     ),
     ("kv_cache_grows_one_slot_per_step", {"KVCache": _cache_with(_update_at_zero)}, "were overwritten"),
     ("kv_cache_grows_one_slot_per_step", {"KVCache": _cache_with(_update_returns_new)}, "should return 4 positions"),
@@ -647,10 +656,10 @@ SLIPS = [
         {"cached_attention": _attention_private_history},
         "ignored the keys and values in the cache",
     ),
-    ("cached_attention_matches_full_attention", {"cached_attention": _attention_no_o_proj}, "then attn.o_proj"),
+    ("cached_attention_matches_full_attention", {"cached_attention": _attention_no_o_proj}, "output projection"),
     ("cached_forward_prefill_runs_once", {"cached_forward": _forward_one_at_a_time}, "one token at a time"),
     ("cached_forward_prefill_runs_once", {"cached_forward": _forward_head_everywhere}, "12 position(s) of each"),
-    ("cached_forward_matches_full_forward", {"cached_forward": _forward_advance_per_layer}, "advance by seq_len once"),
+    ("cached_forward_matches_full_forward", {"cached_forward": _forward_advance_per_layer}, "cache.pos is 12"),
     ("cached_forward_matches_full_forward", {"cached_forward": _forward_all_positions}, "last position's logits"),
     (
         "kv_cache_bytes_scales_with_tokens_batch_and_dtype",
@@ -667,8 +676,7 @@ SLIPS = [
         "the last new token was fed back",
     ),
     ("cached_attention_matches_full_attention", {"cached_attention": _attention_without_mask}, "without a causal mask"),
-    ("cached_forward_matches_full_forward", {"cached_forward": _forward_advance_per_layer}, "inside the layer loop"),
-    ("generate_cached_matches_generate", {"generate_cached": _generate_greedy_only}, "pass temperature and generator"),
+    ("generate_cached_matches_generate", {"generate_cached": _generate_greedy_only}, "went unused"),
     (
         "sequences_that_fit_real_gpus",
         {"sequences_that_fit": lambda *a: max(0, _fit(*a, weights=0))},
@@ -715,6 +723,24 @@ def test_slip_is_rejected_naming_it(name, fakes, words):
     ((failed, err),) = check_failures(name, _module(**fakes))
     assert isinstance(err, AssertionError), err
     assert words in str(err)
+
+
+def test_shipped_cached_forward_fails_every_check_showing_the_symptom():
+    """Check that Exercise 4.3's shipped body (the released stub's, a find-and-fix: the cache advanced inside the layer
+    loop, every position through the head) fails every check of 4.3, the first with the symptom (cache.pos after a
+    prefill of 4 tokens through 3 layers) and none naming the cause; with the loop fixed, the head's count remains."""
+    shipped = kv_cache.cached_forward.__wrapped__  # the stub's own body, its 4.2 the reference's (reference mode)
+    assert (
+        shipped.__code__.co_filename.endswith("kvlib/kv_cache.py") and "solutions" not in shipped.__code__.co_filename
+    )
+    failures = check_failures("4.3", _module(cached_forward=shipped))
+    assert [name for name, _ in failures] == [c.name for c in checks_for(BY_ID["4.3"])]
+    first = str(failures[0][1])
+    assert "cache.pos is 12" in first and "it moved by 12" in first, first
+    for name, err in failures:
+        assert not re.search(r"advance|loop|once|lm_head\(model.norm\(x", str(err)), (name, err)
+    ((name, err),) = check_failures("4.3", _module(cached_forward=_forward_head_everywhere))
+    assert name == "cached_forward_prefill_runs_once" and "12 position(s) of each" in str(err)
 
 
 def _attention_mha_only(attn, x, cache, layer, rope_cos, rope_sin):  # slip: one key/value head per query head
@@ -947,7 +973,7 @@ def test_checks_count_mlp_tokens_and_read_the_cache_in_the_isolated_child():
     assert set(_sandboxed_checks(source).values()) == {"pass"}
     body = source[
         source.index("    ### BEGIN SOLUTION\n    x = model.embed") : source.index(
-            "    ### END SOLUTION\n\n\ndef prefill"
+            "    ### END SOLUTION\n    ### BEGIN SHIPPED"
         )
     ]
     recompute = (
@@ -956,7 +982,7 @@ def test_checks_count_mlp_tokens_and_read_the_cache_in_the_isolated_child():
     )
     source = source.replace(body, recompute)
     for start, shortcut in (
-        ("B, T, _ = x.shape\n    cos, sin", "from kvlib.core.cache import attention_through_cache\n    return "
+        ("import torch.nn.functional as F", "from kvlib.core.cache import attention_through_cache\n    return "
          "attention_through_cache(attn, x, cache, layer, rope_cos, rope_sin)\n"),
         ("per_token = 2", "return KVCache(config, batch, 1, dtype).nbytes * seq_len\n"),
     ):  # fmt: skip
@@ -982,7 +1008,7 @@ def test_a_submission_that_zeroes_the_model_it_is_given_scores_nothing_in_the_is
     wreck = "    with torch.no_grad():\n        for p in model.parameters():\n            p.zero_()\n    input_ids.zero_()\n"
     forward = source[
         source.index("    ### BEGIN SOLUTION\n    x = model.embed") : source.index(
-            "    ### END SOLUTION\n\n\ndef prefill"
+            "    ### END SOLUTION\n    ### BEGIN SHIPPED"
         )
     ]
     source = source.replace(
@@ -991,7 +1017,9 @@ def test_a_submission_that_zeroes_the_model_it_is_given_scores_nothing_in_the_is
         + "    cache.advance(input_ids.shape[1])\n    return torch.zeros(input_ids.shape[0], model.config.vocab_size)\n",
     )
     generate = source[
-        source.index("    ### BEGIN SOLUTION\n    if cache is None:") : source.rindex("    ### END SOLUTION")
+        source.index("    ### BEGIN SOLUTION\n    from kvlib.generation import next_token") : source.rindex(
+            "    ### END SOLUTION"
+        )
     ]
     source = source.replace(
         generate,

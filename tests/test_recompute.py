@@ -316,7 +316,11 @@ SLIPS = [
     ),
     ("3.3", {"generation_flops": lambda c, p, n: _gen(c, p, n, shift=-1)}, "one key short"),
     ("3.3", {"generation_flops": lambda c, p, n: _gen(c, p, n, shift=1)}, "one key too many"),
-    ("3.3", {"generation_flops": lambda c, p, n: _gen(c, p, n, naive_shift=1)}, "step 0 is the prompt alone"),
+    (
+        "3.3",
+        {"generation_flops": lambda c, p, n: _gen(c, p, n, naive_shift=1)},
+        "one token too many at every naive step",
+    ),
     ("3.3", {"generation_flops": lambda c, p, n: _gen(c, p, n, prefill="none")}, "the prefill is missing"),
     ("3.3", {"generation_flops": lambda c, p, n: _gen(c, p, n, swap=True)}, "wrong way round"),
     ("generation_flops_matches_counts", {"generation_flops": _prefill_as_single_tokens}, "prompt_len single tokens"),

@@ -573,7 +573,7 @@ SLIPS = [
     (
         "predicted_tokens_per_second_counts_the_batch",
         {"predicted_tokens_per_second": _tps_without_batch},
-        "batch / step time",
+        "one token per step",
     ),
     (
         "predicted_tokens_per_second_on_an_a100",
@@ -594,7 +594,7 @@ SLIPS = [
     ("5.3", {"step_cost": step_attention_square}, "not kv_len ** 2"),
     ("5.4", {"predicted_tokens_per_second": tps_summed}, "not their sum"),
     ("5.4", {"predicted_tokens_per_second": tps_memory_only}, "compute-bound"),
-    ("5.4", {"predicted_tokens_per_second": tps_prefill}, "step_cost(config, 1, kv_len"),
+    ("5.4", {"predicted_tokens_per_second": tps_prefill}, "rate of a prefill"),
     ("step_cost_bytes_read_weights_once", {"step_cost": step_kv_of_batch_one}, "those of batch 1"),
     ("predicted_tokens_per_second_on_an_a100", {"predicted_tokens_per_second": tps_summed}, "adds the compute time"),
     ("5.5", {"compute_bound_batch": sequences_weights_per_sequence}, "shared by the whole batch"),
@@ -617,6 +617,17 @@ def test_slip_is_rejected_naming_it(where, replaced, words):
     assert failures, f"{next(iter(replaced.values())).__name__} passed every check of {where}"
     assert all(isinstance(err, AssertionError) for _, err in failures), failures
     assert any(words in (str(err) or "assertion") for _, err in failures), failures
+
+
+def test_5_4_messages_name_the_cause_not_the_line_to_type():
+    """Check that each named slip of Exercise 5.4 fails with a message that names what went wrong, not the formula
+    that fixes it (issue 46: no max(...), no batch / step time, no step_cost call to copy)."""
+    for replaced in (_tps_without_batch, _seconds_per_token, tps_summed, tps_memory_only, tps_prefill):
+        failures = check_failures("5.4", _module(predicted_tokens_per_second=replaced))
+        assert failures, f"{replaced.__name__} passed Exercise 5.4"
+        for _, err in failures:
+            for fix in ("max(", "batch / step", "step_cost(", "the larger of", "/ bandwidth", "its inverse"):
+                assert fix not in str(err), f"{replaced.__name__}: {fix!r} in {err}"
 
 
 def test_a_search_by_one_row_is_stopped_and_named():

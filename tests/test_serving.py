@@ -7,6 +7,7 @@ The check tests go under two names, built with conftest.handed_in: ALTERNATIVES
 (correct implementations in another shape, which pass every check of their exercise), SLIPS (likely
 wrong ones, which fail the check or exercise named, with a message naming the slip)."""
 
+import inspect
 import json
 import re
 import time
@@ -19,9 +20,9 @@ from conftest import case_ids, check_failures, handed_in, on_a_terminal, shown_p
 
 from kvlib import serving
 from kvlib.checks import checks_for
-from kvlib.checks.serving import CONFIG
+from kvlib.checks.serving import CONFIG, laid_out
 from kvlib.core.model import ModelConfig
-from kvlib.core.paging import BlockStore, Engine, laid_out
+from kvlib.core.paging import BlockStore, Engine
 from kvlib.course.exercises import BY_ID
 
 SERVING_CHECKS = [c for i in range(1, 7) for c in checks_for(BY_ID[f"7.{i}"])]
@@ -52,7 +53,7 @@ def _module(**over):
 
 
 def test_the_yardsticks_layout_is_a_tables_tokens_in_table_order():
-    """Check that kvlib.core.paging.laid_out (what 7.3 is checked against reads through) gives a table's first
+    """Check that kvlib.checks.serving.laid_out (what 7.3 is checked against reads through) gives a table's first
     length tokens, token t from slot t % block_size of its (t // block_size)-th block, for lengths 1 to all its slots."""
     store = BlockStore(ModelConfig(vocab_size=50), n_blocks=8, block_size=4)
     store.k.normal_()
@@ -77,11 +78,12 @@ def test_reference_passes_check(check):
 
 
 def test_learner_stubs_are_todo(learner_mode):
-    """Check that each exercise of notebook 07 is todo in a fresh clone, naming itself or Exercise 6.2."""
+    """Check that each exercise of notebook 07 is todo in a fresh clone, naming itself or Exercise 6.2; 7.5, which
+    ships a broken body (find and fix), fails its checks instead."""
     from kvlib.checks import run
 
     for r in run("07"):
-        assert r.status == "todo", (r.id, r.status, r.message)
+        assert r.status == ("fail" if r.id == "7.5" else "todo"), (r.id, r.status, r.message)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -660,11 +662,11 @@ SLIPS = [  # (check, replaced pieces, words its failure must contain)
         "admit only while blocks_to_admit fits",
     ),
     ("copy_on_write_copies_a_shared_block", {"copy_on_write": _cow_no_copy}, "must hold the old block's K and V"),
-    ("copy_on_write_copies_a_shared_block", {"copy_on_write": _cow_keeps_reference}, "release the old one once"),
+    ("copy_on_write_copies_a_shared_block", {"copy_on_write": _cow_keeps_reference}, "counts 2 reference(s) while 1"),
     ("copy_on_write_copies_only_shared_blocks", {"copy_on_write": _cow_always}, "needs no copy"),
     ("copy_on_write_copies_a_shared_block", {"copy_on_write": _cow_nothing}, "should be copied"),
     ("copy_on_write_copies_only_shared_blocks", {"copy_on_write": _cow_nothing}, "a write there would change"),
-    ("shared_prefixes_stay_exact", {"copy_on_write": _cow_nothing}, "must get a copy before writing"),
+    ("shared_prefixes_stay_exact", {"copy_on_write": _cow_nothing}, "where request 0 writes its answer"),
     ("policy_meets_the_budget", {"Policy": _PolicyNoMargin}, "leaves the running requests no block to grow into"),
     ("policy_meets_the_budget", {"Policy": _PolicyWideMargin}, "keep fewer blocks back"),
     ("policy_meets_the_budget", {"Policy": _PolicyMarginWhenIdle}, "no one to keep room for"),
@@ -684,6 +686,26 @@ SLIPS = [  # (check, replaced pieces, words its failure must contain)
     ("block_utilisation_counts_each_last_block", {"block_utilisation": _utilisation_extra_block}, "a block too many"),
     ("block_utilisation_counts_each_last_block", {"block_utilisation": _utilisation_half_block}, "an average"),
 ]
+
+
+SHIPPED_7_5 = {  # check -> the symptom its failure shows for the copy_on_write 7.5 ships (the stub's own body)
+    "copy_on_write_copies_a_shared_block": "counts 2 reference(s) while 1 table(s) hold it",
+    "copy_on_write_copies_only_shared_blocks": "the pool will not get them all back",
+    "shared_prefixes_stay_exact": "never came back to the free list",
+}
+
+
+def test_the_copy_on_write_7_5_ships_fails_its_checks_showing_the_symptom():
+    """Check that the learner stub's copy_on_write (7.5 is find-and-fix: the stub ships a body that copies a shared
+    block and never lets the old one go) fails each of 7.5's checks with the symptom (a block counted by a table that
+    let it go, blocks that never come back to the free list), never the cause's fix (release)."""
+    shipped = serving.copy_on_write.__wrapped__  # the stub's body, not the reference this mode would call
+    assert "pool.release" not in inspect.getsource(shipped)
+    failures = dict(check_failures("7.5", _module(copy_on_write=shipped)))
+    assert set(failures) == set(SHIPPED_7_5), failures
+    for name, words in SHIPPED_7_5.items():
+        assert isinstance(failures[name], AssertionError) and words in str(failures[name]), (name, failures[name])
+        assert "release" not in str(failures[name]), failures[name]
 
 
 @pytest.mark.parametrize("name, over, words", SLIPS, ids=case_ids(SLIPS))
@@ -921,7 +943,7 @@ def test_a_pool_made_and_counted_fails_7_6_naming_it():
 
 
 def _paged_by_yardstick(q, pool, layer, tables):
-    from kvlib.core.paging import laid_out_attention
+    from kvlib.checks.serving import laid_out_attention
 
     return laid_out_attention(q, pool.k[layer], pool.v[layer], tables)
 
@@ -942,10 +964,39 @@ def _paged_by_yardsticks_gather(q, pool, layer, tables):
     ids=["attention", "gather"],
 )
 def test_the_checks_yardstick_fails_7_3_naming_it(shortcut, words):
-    """Check that 7.3 answered by the yardstick the notebook compares with (laid_out_attention, or its gather
-    laid_out) fails every check of the exercise, each failure naming it; the same code passes with it open."""
+    """Check that 7.3 answered by the checks' yardstick (kvlib.checks.serving.laid_out_attention, or its gather
+    laid_out) fails every check of the exercise run locally, each failure naming it; the same code passes with it
+    open. (Graded, the child cannot import kvlib.checks at all.)"""
     failures = check_failures("7.3", _module(paged_attention=shortcut))
     assert len(failures) == len(checks_for(BY_ID["7.3"])), failures
     assert all(words in str(err) for _, err in failures), failures
     for check in checks_for(BY_ID["7.3"]):
         check.fn(_module(paged_attention=shortcut), np.random.default_rng(0))  # open: the yardstick is right
+
+
+def test_a_ready_made_target_in_the_checks_is_skipped_where_the_checks_cannot_be_imported(monkeypatch):
+    """Check that close_ready_made skips 7.3's yardstick (kvlib.checks.serving) in a process without kvlib.checks, as
+    the grader's child is (kvlib.grading.sandbox.NOT_IN_THE_CHILD), closing the rest; a missing module outside the
+    checks is still an error."""
+    import importlib
+
+    from kvlib.course import exercises
+
+    real = importlib.import_module
+
+    def without_checks(name, *args):
+        if name.startswith("kvlib.checks"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real(name, *args)
+
+    monkeypatch.setattr(exercises.importlib, "import_module", without_checks)
+    entries = [*exercises.ready_made("serving.paged_attention"), ["kvlib.core.paging:Engine.decode", "closed"]]
+    assert [e for e in entries if e[0].startswith("kvlib.checks.serving:")], entries
+    reopen = exercises.close_ready_made(entries)
+    try:
+        with pytest.raises(RuntimeError, match="closed"):
+            Engine.decode(None)
+    finally:
+        reopen()
+    with pytest.raises(ModuleNotFoundError):
+        exercises.close_ready_made([["kvlib.no_such_module:f", "closed"]])

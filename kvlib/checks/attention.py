@@ -84,11 +84,11 @@ def _name_the_normalisation(probs, scores) -> None:
     e = np.exp(scores - scores.max(axis=-1, keepdims=True))
     for wrong, message in (
         (np.zeros_like(scores), tr("softmax returned zeros: weights are positive and each row sums to 1")),
-        (scores, tr("softmax returned the scores unchanged: exponentiate them, then divide each row by its sum")),
-        (e, tr("the exponentials are not divided by their row's sum: each row of weights should sum to 1")),
+        (scores, tr("softmax returned the scores unchanged: scores are not weights, and their rows do not sum to 1")),
+        (e, tr("the exponentials came back as they are: their rows do not sum to 1")),
         (
             e / e.sum(),
-            tr("every row was divided by the sum of the whole array: divide each row by its own sum (axis=-1)"),
+            tr("the weights of the whole array sum to 1, not each row's: every row was divided by one shared sum"),
         ),
     ):
         if _close(probs, wrong) and not _close(wrong, torch.softmax(_t(scores), dim=-1).numpy()):
@@ -117,7 +117,10 @@ def softmax_matches_torch(kv, rng):
     if _close(probs, expected):
         return
     if _close(probs, wrong_axis):
-        raise AssertionError("softmax normalised over axis -2: it must run over the last axis (axis=-1)")
+        raise AssertionError(
+            "softmax normalised over axis -2: its weights sum to 1 down each column (across queries), not along each "
+            "row of keys (the last axis)"
+        )
     _name_the_normalisation(probs, scores)
     if not _close(probs.sum(axis=-1), np.ones(scores.shape[:-1])):
         raise AssertionError(
@@ -166,9 +169,9 @@ def _name_the_shift(probs, scores) -> None:
             e = np.exp(scores - shift(scores))
             if np.allclose(probs, e / e.sum(axis=-1, keepdims=True), equal_nan=True):
                 raise AssertionError(
-                    f"softmax shifted the scores by {name}: only each row's own maximum "
-                    "(scores.max(axis=-1, keepdims=True)) keeps every exponent <= 0 and one of them exactly 0, "
-                    "so that nothing overflows to inf or vanishes to 0 / 0"
+                    f"softmax shifted the scores by {name}: on rows like these, some exponent is still above "
+                    "about 709 (e to it overflows float64 to inf), or every exponent of a row is below about -745 "
+                    "(each e to it is 0, and 0 / 0 is nan)"
                 )
 
 
@@ -197,7 +200,7 @@ def softmax_keeps_float32(kv, rng):
     probs = _array(tr("softmax of float32 scores"), kv.softmax(scores.copy()), scores.shape)
     assert probs.dtype == np.float32, (
         f"float32 scores should give float32 weights, got {probs.dtype}: a float64 number or array in the "
-        "computation promotes the result (keep to the input's dtype, or cast back with .astype(scores.dtype))"
+        "computation promoted the result"
     )
     assert _close(probs, expected, 1e-5), (
         f"float32 softmax differs from the exact one by {np.abs(probs - expected).max():.2g}"
@@ -222,7 +225,7 @@ def attend_reproduces_seed(kv, rng):
         f"with scale=1.0 the weights should be [0.212, 0.212, 0.576], got {np.round(probs, 3)}"
     )
     assert _close(out, SEED_PROBS @ SEED_V, 1e-4), (
-        f"the output should be probs @ v = [1.940, 1.000], got {np.round(out, 3)}"
+        f"with those weights the output should be [1.940, 1.000], got {np.round(out, 3)}"
     )
 
 
@@ -239,15 +242,13 @@ def attend_scales_by_sqrt_head_dim(kv, rng):
     if _close(probs, ref_probs) and _close(out, ref_out):
         return
     if _close(probs, unscaled):
-        raise AssertionError("the scores are not scaled: with scale=None, multiply them by 1 / sqrt(head_dim)")
+        raise AssertionError("the scores are not scaled: scale=None means 1 / sqrt(head_dim)")
     if _close(probs, by_d):
-        raise AssertionError("the scores are divided by head_dim: divide by sqrt(head_dim) instead")
+        raise AssertionError("the scores are divided by head_dim, not by its square root")
     if _close(probs, swapped):
-        raise AssertionError("the scores are multiplied by sqrt(head_dim): divide by it instead")
+        raise AssertionError("the scores are multiplied by sqrt(head_dim), not divided by it")
     if _close(probs, ref_probs):
-        raise AssertionError(
-            "the weights are right but the output is not: it should be probs @ v, the weighted sum of the values"
-        )
+        raise AssertionError("the weights are right but the output is not the values blended by them")
     raise AssertionError(
         f"attend differs from scaled dot-product attention: weights off by up to {np.abs(probs - ref_probs).max():.2g}"
     )
@@ -266,8 +267,8 @@ def attend_matches_sdpa(kv, rng):
         raise AssertionError(
             "the scale you are given is ignored: use scale when it is not None (here 0.3), 1/sqrt(head_dim) only when it is"
         )
-    assert _close(probs, ref_probs), "with scale=0.3 the weights should be softmax(0.3 * (k @ q))"
-    assert _close(out, ref_out), "the output should be the weighted sum of the values, probs @ v"
+    assert _close(probs, ref_probs), "with scale=0.3 the weights differ from those of the scores times 0.3"
+    assert _close(out, ref_out), "the output differs from the values blended by the weights"
 
 
 @check("1.2")
@@ -280,7 +281,7 @@ def attend_keeps_float32(kv, rng):
     _array("out", out, (4,))
     assert out.dtype == np.float32 and probs.dtype == np.float32, (
         f"float32 inputs should give float32 results, got out {out.dtype} and probs {probs.dtype}: under NumPy 2 "
-        "a float64 scalar such as np.sqrt(head_dim) promotes float32 arrays; use math.sqrt (a plain float)"
+        "a float64 scalar such as np.sqrt(head_dim) promotes float32 arrays"
     )
     assert _close(probs, ref_probs, 1e-5) and _close(out, ref_out, 1e-5), "float32 attention differs from the exact one"
 

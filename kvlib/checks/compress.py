@@ -488,13 +488,16 @@ def _mla_case(fn, rng, T: int, S: int, what: str) -> None:
     assert _close(got, expected), f"{what}, {T} queries against {S} cached latents: " + _diagnose(
         got,
         slips,
-        "the output differs from attention with keys [latent @ w_uk[h]^T, k_rope] and values latent @ w_uv[h]^T",
+        "the output differs from each head's attention as notebook 08b defines it (its key: the part its w_uk "
+        "rebuilds from the latent, then the shared rotary key; its value: what its w_uv rebuilds), by none of the "
+        "usual slips",
     )
 
 
 @check("8.5")
 def mla_reconstruct_matches_per_head_attention(kv, rng):
-    """Check MLA with rebuilt keys and values against float64 attention on concatenated [nope, rope] keys."""
+    """Check mla_reconstruct against each head's attention as notebook 08b defines it, in float64: a decode step, a
+    short prefill, a whole prompt."""
     for T, S in ((1, 9), (2, 5), (4, 4)):
         _mla_case(kv.mla_reconstruct, rng, T, S, "mla_reconstruct")
 

@@ -86,9 +86,9 @@ def next_token_greedy_is_argmax(kv, rng):
     expected = logits.argmax(dim=-1)
     tokens = _tokens(kv.next_token(logits.clone()), 3, "next_token(logits)")
     if torch.equal(tokens, logits.argmin(dim=-1)):
-        raise AssertionError("greedy picked the least likely token: argmax, not argmin")
+        raise AssertionError("greedy picked the least likely token")
     assert torch.equal(tokens, expected), (
-        f"greedy should pick argmax over the vocabulary (dim=-1): expected {expected.tolist()}, got {tokens.tolist()}"
+        f"greedy should pick each row's most likely token: expected {expected.tolist()}, got {tokens.tolist()}"
     )
 
 
@@ -106,13 +106,13 @@ def next_token_samples_from_softmax(kv, rng):
         )
         freq = np.bincount(tokens.numpy(), minlength=4) / 4000
         if t == 0.5 and np.abs(freq - untempered).max() < 0.03:
-            raise AssertionError("the temperature changes nothing: divide the logits by the temperature before softmax")
+            raise AssertionError("the temperature changes nothing: at t = 0.5 the draws still follow softmax(logits)")
         if t == 0.5 and np.abs(freq - times_t).max() < 0.03:
-            raise AssertionError("the logits are multiplied by the temperature: divide them by it (t < 1 sharpens)")
-        if np.abs(freq - np.eye(4)[0]).max() < 0.01:
             raise AssertionError(
-                f"at temperature {t} every draw is the top token: sample with torch.multinomial, do not take the argmax"
+                "the logits are multiplied by the temperature, not divided by it (t < 1 should sharpen)"
             )
+        if np.abs(freq - np.eye(4)[0]).max() < 0.01:
+            raise AssertionError(f"at temperature {t} every draw is the top token: nothing is drawn")
         assert np.abs(freq - expected).max() < 0.04, (
             f"at temperature {t}, tokens should come with probabilities {np.round(expected, 2)}, got frequencies {np.round(freq, 2)}"
         )
@@ -127,10 +127,14 @@ def next_token_sampling_is_reproducible(kv, rng):
     )
     b = kv.next_token(logits.clone(), temperature=1.0, generator=torch.Generator().manual_seed(7))
     c = kv.next_token(logits.clone(), temperature=1.0, generator=torch.Generator().manual_seed(8))
-    assert torch.equal(a, b), "sampling should use the generator you are given, so that a seed reproduces it"
-    assert len(set(a.tolist())) > 1, "with equal logits, samples should vary: is temperature > 0 sampling at all?"
+    assert torch.equal(a, b), (
+        "two draws with generators seeded alike (seed 7) differ: the generator you are given plays no part"
+    )
+    assert len(set(a.tolist())) > 1, (
+        "with equal logits at temperature 1, all 64 draws are the same token: nothing is drawn"
+    )
     assert not torch.equal(a, c), (
-        "seeds 7 and 8 gave the same 64 draws: draw from the generator you are given, as it is (do not reseed it)"
+        "seeds 7 and 8 gave the same 64 draws: the draws do not come from the generator as it is given"
     )
 
 
@@ -154,15 +158,26 @@ def generate_matches_greedy_loop(kv, rng):
     assert torch.equal(out[:, :5], prompt), "the output should start with the prompt, unchanged"
     if torch.equal(out, expected):
         return
+    got, want = out[0, 5:].tolist(), expected[0, 5:].tolist()
     if torch.equal(out, first_only):
         raise AssertionError(
-            "every new token is the same: feed each chosen token back in (append it to the ids) before the next step"
+            tr(
+                "greedy, all 7 new tokens are the same, {got}: a plain greedy loop on this model gives {want}",
+                got=got,
+                want=want,
+            )
         )
     if torch.equal(out[:, :6], from_first):
-        raise AssertionError("the next token is predicted from the first position: use the last one, logits[:, -1]")
+        raise AssertionError(
+            tr(
+                "the first new token is already not greedy's: {got} where the model's most likely token after the "
+                "prompt is {want}",
+                got=got[0],
+                want=want[0],
+            )
+        )
     raise AssertionError(
-        f"greedy tokens differ from a plain loop: expected {expected[0, 5:].tolist()}, got {out[0, 5:].tolist()} "
-        "(predict from the LAST position, logits[:, -1], and feed every token so far back in)"
+        tr("greedy tokens differ from a plain greedy loop's: expected {want}, got {got}", want=want, got=got)
     )
 
 
@@ -266,7 +281,11 @@ def generate_samples_reproducibly(kv, rng):
     b = kv.generate(
         copy.deepcopy(model), prompt.clone(), 12, temperature=1.5, generator=torch.Generator().manual_seed(1)
     )
-    assert torch.equal(a, b), "pass temperature and generator on to next_token: the same seed should give the same text"
+    assert torch.equal(a, b), tr(
+        "two runs at temperature 1.5 with generators seeded alike (seed 1) gave different tokens: {a} and {b}",
+        a=a[0, 3:].tolist(),
+        b=b[0, 3:].tolist(),
+    )
     many = kv.generate(
         copy.deepcopy(model),
         prompt.expand(3000, 3).clone(),
@@ -280,7 +299,7 @@ def generate_samples_reproducibly(kv, rng):
     freq = np.bincount(many[:, -1].numpy(), minlength=len(expected)) / 3000
     if freq.max() > 0.99:
         raise AssertionError(
-            "with temperature 1.5 every row chose the same token: pass temperature (and generator) on to next_token"
+            tr("with temperature 1.5, all 3,000 rows of one prompt chose the same first token: no draw varies")
         )
     assert np.abs(freq - expected).max() < 0.04, (
         f"the first sampled token should follow softmax(logits / 1.5) of the model's last position: largest gap "
@@ -772,21 +791,25 @@ def _rms_slips(x, weight, eps):
         module.weight.copy_(weight)
         want = module(x)
     wrong_axis = tr(
-        "RMSNorm over the wrong axis: one root-mean-square per token, over its d_model features (the last axis)"
+        "RMSNorm over the wrong axis: the root-mean-square was taken across tokens, not over each token's own "
+        "d_model features"
     )
     slips = [
         (norm(axis=0) if x.dim() > 1 else None, wrong_axis),
         (norm(axis=-2) if x.dim() > 1 else None, wrong_axis),
         (norm(centre=True), tr("the mean is subtracted: RMSNorm does not centre the row (that is LayerNorm)")),
-        (norm(inside=False), tr("eps is added outside the root: it joins the mean square, sqrt(mean(x^2) + eps)")),
-        (norm(use_eps=False), tr("eps is missing: add it to the mean square, under the root")),
+        (
+            norm(inside=False),
+            tr("eps is added outside the root: to the root-mean-square, not to the mean square under it"),
+        ),
+        (norm(use_eps=False), tr("eps plays no part: the result is that of eps = 0")),
         (
             norm(e=1e-5) if eps != 1e-5 else None,
-            tr("the eps argument is ignored (1e-5 used instead): add the eps you are given to the mean square"),
+            tr("the eps argument is ignored: the result is that of eps = 1e-5 whatever eps is given"),
         ),
-        (norm(mean=False), tr("divided by sqrt of the sum of squares: RMSNorm takes the mean of the squares")),
-        (norm(root=False), tr("divided by the mean square itself: take its square root")),
-        (norm(scale=False), tr("the learned weight is not applied: multiply by weight, one scale per feature")),
+        (norm(mean=False), tr("divided by the root of the sum of the squares, not of their mean")),
+        (norm(root=False), tr("divided by the mean square itself, not by its root")),
+        (norm(scale=False), tr("the learned weight is not applied: the result is that of weight 1 on every feature")),
     ]
     return want, [(wrong.to(want.dtype), message) for wrong, message in slips if wrong is not None]
 
@@ -802,12 +825,10 @@ def _judge_rms(kv, x, weight, eps, where, rtol=1e-4, atol=1e-5):
     got = got.detach()
     if not torch.isfinite(got).all() and torch.isfinite(want).all():
         if not x.any(dim=-1).all():
-            raise AssertionError(
-                f"{where}: an all-zero row came out as nan or inf: eps belongs under the root, added to the mean square"
-            )
+            raise AssertionError(f"{where}: an all-zero row came out as nan or inf: its denominator was 0 (0 / 0)")
         raise AssertionError(
-            f"{where}: the output holds inf or nan: squares of {x.dtype} values overflow (float16 stops at 65504): "
-            "normalise in float32, then return x's dtype"
+            f"{where}: the output holds inf or nan: squares of {x.dtype} values overflow (float16 stops at 65504), "
+            "so a row's mean square was inf"
         )
     if torch.allclose(got.double(), want.double(), rtol=rtol, atol=atol):
         return
@@ -816,8 +837,8 @@ def _judge_rms(kv, x, weight, eps, where, rtol=1e-4, atol=1e-5):
             raise _failed(where, message)
     if x.dtype in (torch.float16, torch.bfloat16) and (got == 0).any() and not (want == 0).any():
         raise AssertionError(
-            f"{where}: rows came out as zeros: squares of {x.dtype} values overflowed to inf (float16 stops at 65504): "
-            "normalise in float32, then return x's dtype"
+            f"{where}: rows came out as zeros: squares of {x.dtype} values overflowed to inf (float16 stops at 65504), "
+            "and a finite number divided by inf is 0"
         )
     raise AssertionError(
         f"{where}: rms_norm differs from RMSNorm by up to {(got.double() - want.double()).abs().max().item():.2g}"
@@ -873,18 +894,13 @@ def _judge_swiglu(kv, mlp, x, where, rtol=1e-4, atol=1e-5):
     slips = [
         (
             (silu(u) * g) @ Wd.T,
-            tr(
-                "SiLU is on the wrong branch: it goes on the gate projection (w_gate), which then scales the up projection"
-            ),
+            tr("the branches are swapped: SiLU went through w_up's projection, w_gate's passed as is"),
         ),
-        ((torch.sigmoid(g) * u) @ Wd.T, tr("the gate uses sigmoid: SiLU is z * sigmoid(z) (torch.nn.functional.silu)")),
-        (
-            silu(g * u) @ Wd.T,
-            tr("SiLU is applied after the product: it acts on the gate projection alone, before multiplying"),
-        ),
-        ((silu(g) * silu(u)) @ Wd.T, tr("SiLU is on both branches: only the gate projection goes through it")),
-        ((torch.relu(g) * u) @ Wd.T, tr("the gate uses ReLU: SwiGLU's gate is SiLU (torch.nn.functional.silu)")),
-        ((silu(g) + u) @ Wd.T, tr("the branches are added: the gate multiplies the up projection, element by element")),
+        ((torch.sigmoid(g) * u) @ Wd.T, tr("the gate is sigmoid(z), not SiLU(z)")),
+        (silu(g * u) @ Wd.T, tr("SiLU went through the product of the two branches, not through one branch before it")),
+        ((silu(g) * silu(u)) @ Wd.T, tr("SiLU went through both branches")),
+        ((torch.relu(g) * u) @ Wd.T, tr("the gate is ReLU(z), not SiLU(z)")),
+        ((silu(g) + u) @ Wd.T, tr("the branches are added, not multiplied")),
     ]
     try:
         got = kv.swiglu(x.clone(), Wg.clone(), Wu.clone(), Wd.clone())
@@ -942,8 +958,8 @@ def _temper_slips(logits, t):
             (
                 p,
                 tr(
-                    "the probabilities came back unchanged: dividing them by t changes nothing once a row is "
-                    "renormalised. Temperature divides the logits, and what are the logits in terms of p?"
+                    "the probabilities came back unchanged, as at t = 1: dividing probabilities by t changes nothing "
+                    "once a row is renormalised"
                 ),
             ),
             (
@@ -954,7 +970,7 @@ def _temper_slips(logits, t):
                 torch.softmax(p / t, dim=-1),
                 tr("softmax of the probabilities divided by t: probabilities are not logits, and softmax takes logits"),
             ),
-            (p ** (1 / t), tr("the rows do not sum to 1: renormalise after the power")),
+            (p ** (1 / t), tr("the rows do not sum to 1: each is the right one times a number of its own")),
         ]
     return torch.softmax(logits.double() / t, dim=-1), slips
 

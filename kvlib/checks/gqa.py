@@ -1,17 +1,17 @@
 """Checks for notebook 06 (kvlib/gqa.py): exercises 6.1-6.5.
 
-Sizes all differ (batch 2, 6 query heads, 2 key/value heads, so groups of 3; 2 or 4 queries
-against 5 or 9 keys; head_dim 8), so a swapped axis, a group size taken for the query count or a
-mask offset that only fits one shape fails. The known slips are named: `repeat` instead of
-`repeat_interleave` (the wrong head grouping), attention that copies the shared heads out to every
-query head (caught by the memory a long decode step holds, measured by the grading process in the
-isolated grader; by watching every tensor torch allocates in a local run), a mask aligned top-left or tiled in
-the wrong order, pooling strided heads or the wrong axis, keeping one head, converting a model that
-is already GQA as if it were MHA, losing the source model's dtype or train/eval mode; in 6.5's prediction, the
-cache's ratio for the step's (the weights read every step), k_proj and v_proj left at MHA's size, the weights
-read once per sequence, the embedding table read whole, the config's own n_kv_heads taken for MHA's.
-Every expected value is computed before learner code runs, from tensors and models the learner's
-code never receives (it gets clones), so a function that changes its arguments cannot move them.
+Sizes all differ (batch 2, 6 query heads, 2 key/value heads, so groups of 3; 2 or 4 queries against 5 or 9 keys;
+head_dim 8), so a swapped axis, a group size taken for the query count or a mask offset that only fits one shape
+fails. Exercise 6.1 ships a bug (find and fix): its check shows the symptom, which query heads get other outputs
+than a GQA layer's own attention. The known slips are named: attention that copies the shared heads out to every
+query head (caught by the memory a long decode step holds, measured by the grading process in the isolated grader;
+by watching every tensor torch allocates in a local run), a mask aligned top-left or tiled in the wrong order,
+pooling strided heads or the wrong axis, keeping one head, converting a model that is already GQA as if it were
+MHA, losing the source model's dtype or train/eval mode; in 6.5's prediction, the cache's ratio for the step's (the
+weights read every step), k_proj and v_proj left at MHA's size, the weights read once per sequence, the embedding
+table read whole, the config's own n_kv_heads taken for MHA's. Every expected value is computed before learner code
+runs, from tensors and models the learner's code never receives (it gets clones), so a function that changes its
+arguments cannot move them.
 """
 
 from __future__ import annotations
@@ -83,30 +83,31 @@ def _shape_of(x) -> str:
 
 @check("6.1")
 def repeat_kv_follows_the_checkpoints_order(kv, rng):
-    """Check that repeat_kv gives each query head the key/value head it shares in GQA checkpoints' order."""
-    x = _randn(rng, B, H_KV, S, D)
-    expected, tiled = x.repeat_interleave(G, dim=1), x.repeat(1, G, 1, 1)
+    """Check that MHA attention over repeat_kv's copies is a GQA layer's attention, query head by query head (6
+    query heads, 2 key/value heads), and the boundaries: group_size 1 (MHA) and one key/value head (MQA).
+
+    One check, so that points come only with the whole contract: the shipped body (Exercise 6.1 is a find-and-fix)
+    is right at both boundaries. Its failure shows the symptom, which query heads go wrong, not the cause."""
+    x, q, v = _randn(rng, B, H_KV, S, D), _randn(rng, B, H, T, D), _randn(rng, B, H_KV, S, D)
+    expected = _attention(q, x.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1))
     got = kv.repeat_kv(x.clone(), G)
     assert isinstance(got, torch.Tensor) and tuple(got.shape) == (B, H, S, D), (
         f"repeat_kv of (batch, n_kv_heads, kv_len, head_dim) = {tuple(x.shape)} with group_size {G} "
         f"should be {(B, H, S, D)}, got {_shape_of(got)}"
     )
-    if torch.equal(got, tiled):
+    values = kv.repeat_kv(v.clone(), G)
+    ours = _attention(q, got.to(q.dtype), values.to(q.dtype)) if isinstance(values, torch.Tensor) else None
+    if ours is None or not _close(ours, expected):
+        wrong = [
+            h for h in range(H) if ours is None or not torch.allclose(ours[:, h], expected[:, h], rtol=1e-4, atol=1e-5)
+        ]
+        right = [h for h in range(H) if h not in wrong]
         raise AssertionError(
-            "the heads come out as [a, b, a, b, ...]: that is x.repeat, and a GQA checkpoint's query heads would "
-            "read another group's keys (the model runs without an error and answers nonsense). Checkpoints put the "
-            "query heads that share a key/value head next to each other: [a, a, a, b, b, b] (kvlib hint 6.1)"
+            f"MHA attention over repeat_kv's copies is not a GQA layer's own attention ({H} query heads sharing {H_KV} "
+            f"key/value heads, groups of {G}): query heads {', '.join(map(str, wrong))} get other outputs than in the "
+            f"layer{'; heads ' + ', '.join(map(str, right)) + ' the same' if right else ''}. A model read this way runs "
+            "without an error and answers nonsense"
         )
-    assert torch.equal(got, expected), (
-        "repeat_kv's heads are not the ones a GQA layer's query heads read (its attn.attend): output head h must be "
-        "the key/value head query head h shares (kvlib hint 6.1)"
-    )
-
-
-@check("6.1")
-def repeat_kv_boundaries(kv, rng):
-    """Check group_size 1 (MHA: the heads unchanged) and one key/value head (MQA: every head the same)."""
-    x = _randn(rng, B, H_KV, S, D)
     same = kv.repeat_kv(x.clone(), 1)
     assert isinstance(same, torch.Tensor) and torch.equal(same, x), "group_size 1 (MHA) must return the heads unchanged"
     one = _randn(rng, B, 1, S, D)
@@ -128,7 +129,7 @@ def _expected_and_slips(q, k, v) -> tuple[torch.Tensor, dict]:
     G_, Tq = q.shape[1] // k.shape[1], q.shape[2]
     kr, vr = k.repeat_interleave(G_, 1), v.repeat_interleave(G_, 1)
     slips = {
-        "the heads are grouped as x.repeat would ([a, b, a, b]): query head h reads key/value head h // group_size": _attention(
+        "query heads read another key/value head than in a GQA layer (the grouping of Exercise 6.1)": _attention(
             q, k.repeat(1, G_, 1, 1), v.repeat(1, G_, 1, 1)
         ),
         "the scores are not divided by sqrt(head_dim)": _attention(q, kr, vr, scale=False),
@@ -139,7 +140,9 @@ def _expected_and_slips(q, k, v) -> tuple[torch.Tensor, dict]:
             q, kr, vr, offset=Tq - 1
         ),
         "the mask rows are in the wrong order: q.reshape(B, H_kv, G*T, D) puts query t of group member g at row g*T + t, "
-        "so the (T, S) mask is tiled G times (.repeat(G, 1)), not repeat_interleave'd": _rows_interleaved(q, k, v),
+        "and the mask repeats each query's row G times in a row, so query t of member g gets another query's row": (
+            _rows_interleaved(q, k, v)
+        ),
     }
     if Tq != G_:  # a (G, S) mask tiled T times has G*T rows too, and equals the right one when T == G
         slips[
@@ -154,7 +157,7 @@ def _diagnose(got, slips: dict) -> str:
     for message, tensor in slips.items():
         if _close(got, tensor):
             return message
-    return "the output differs from attention with the key/value heads repeat_interleave'd"
+    return "the output differs from MHA attention over the key/value heads copied out in a GQA layer's order (6.1)"
 
 
 @check("6.2")
@@ -217,14 +220,14 @@ def grouped_attention_does_not_copy_heads(kv, rng):
             isinstance(got, torch.Tensor) and got.shape == q.shape and _close(got.double(), _grouped_reference(q, k, v))
         ), (
             f"a decode step ({n['H']} query heads, {n['H_KV']} key/value heads, {n['S']:,} cached keys) differs "
-            "from attention with the key/value heads repeat_interleave'd"
+            "from MHA attention over the key/value heads copied out in a GQA layer's order (6.1)"
         )
         held_nothing_before(usage, "grouped_attention")
         copy = q.shape[1] * n["S"] * n["D"] * 4  # the keys (or values) of one layer, once per query head, float32
         assert usage.beyond_inputs < copy // 2, (
             f"a decode step against {n['S']:,} cached keys held {usage.beyond_inputs / MB:.0f} MB beyond its inputs at "
             f"its peak (the grader measures the process's memory): n_heads = {n['H']} copies of the {n['H_KV']} "
-            f"cached key/value heads take {copy / MB:.0f} MB for the keys alone. repeat_kv, repeat_interleave, "
+            f"cached key/value heads take {copy / MB:.0f} MB for the keys alone. repeat_kv, any repeat of the heads, "
             ".expand(...).contiguous(), a broadcasting matmul and torch's scaled_dot_product_attention (whose fused "
             "kernel the grader runs without: enable_gqa=True then repeats the heads) all copy; reshape q to (batch, "
             "n_kv_heads, group_size * seq_len, head_dim) and multiply by k itself"
@@ -248,7 +251,7 @@ def grouped_attention_does_not_copy_heads(kv, rng):
     big = [(op, tuple(shape)) for op, shape in made if math.prod(shape) >= limit]
     assert not big, (
         f"grouped_attention made a tensor of {big[0][1]} ({big[0][0]}): n_heads = {H} copies of the {H_KV} cached "
-        "key/value heads. repeat_kv, repeat_interleave, .expand(...).contiguous() and a broadcasting matmul all "
+        "key/value heads. repeat_kv, any repeat of the heads, .expand(...).contiguous() and a broadcasting matmul all "
         "copy; reshape q to (batch, n_kv_heads, group_size * seq_len, head_dim) and multiply by k itself"
     )
 
@@ -272,16 +275,16 @@ def mean_pool_heads_averages_each_group(kv, rng):
     if _close(got, expected):
         return
     wrong = {
-        "heads h, h + n_kv_heads, ... were pooled together (the `repeat` order): a group is CONSECUTIVE heads, "
-        "as repeat_kv reads them": heads.view(G, H_KV, _D, _C).mean(0).reshape(H_KV * _D, _C),
-        "the first head of each group was kept: average all of the group's heads": heads.view(H_KV, G, _D, _C)[
-            :, 0
-        ].reshape(H_KV * _D, _C),
-        "the group's heads were summed: divide by group_size (mean, not sum)": heads.view(H_KV, G, _D, _C)
+        "heads h, h + n_kv_heads, ... were pooled together (the `repeat` order), but those query heads do not "
+        "share a key/value head in repeat_kv's order": heads.view(G, H_KV, _D, _C).mean(0).reshape(H_KV * _D, _C),
+        "the first head of each group was kept and the others dropped": heads.view(H_KV, G, _D, _C)[:, 0].reshape(
+            H_KV * _D, _C
+        ),
+        "the group's heads were summed: group_size times their mean (mean, not sum)": heads.view(H_KV, G, _D, _C)
         .sum(1)
         .reshape(H_KV * _D, _C),
-        "the pooling ran over the rows without the head structure (consecutive ROWS averaged, not heads): "
-        "view the weight as (n_kv_heads, group_size, head_dim, d_model) first": w.view(H_KV * _D, G, _C).mean(1),
+        "consecutive ROWS were averaged, not heads: each new row mixes rows of one old head, and a row of one "
+        "head never meets the same row of the others": w.view(H_KV * _D, G, _C).mean(1),
     }
     for message, tensor in wrong.items():
         if _close(got, tensor):

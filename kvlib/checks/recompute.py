@@ -127,29 +127,29 @@ def generation_flops_matches_counts(kv, rng):
             (
                 naive,
                 _new_token(ODD, P) + sum(_new_token(ODD, P + i) for i in range(1, n)),
-            ): "the prefill is counted as one new token: even with every key kept, step 0 runs the whole prompt, forward_flops(config, prompt_len)",
+            ): "the prefill is counted as one new token: at step 0 nothing is kept yet, and the whole prompt has to run",
             (
                 naive,
                 _forward(ODD, P) + sum(_new_token(ODD, P + i - 1) for i in range(1, n)),
-            ): "one key short: at step i the new token sits at position prompt_len + i - 1 and attends to itself too, so kv_len is prompt_len + i",
+            ): "one key short at every kept step: the new token's query meets its own key too, besides every earlier one",
             (
                 naive,
                 _forward(ODD, P) + sum(_new_token(ODD, P + i + 1) for i in range(1, n)),
-            ): "one key too many: at step i the sequence holds prompt_len + i tokens, the new one included",
+            ): "one key too many at every kept step: a key counted that no token has made yet",
             (
                 sum(_forward(ODD, P + i + 1) for i in range(n)),
                 kept,
-            ): "naive step i runs prompt_len + i tokens: step 0 is the prompt alone",
+            ): "one token too many at every naive step: the token a step is about to choose is not an input yet",
             (
                 naive,
                 sum(_new_token(ODD, P + i) for i in range(1, n)),
-            ): "the prefill is missing: step 0 runs the whole prompt, forward_flops(config, prompt_len), before any token can be kept",
+            ): "the prefill is missing from the kept total: before any token is kept, the prompt itself has to run",
             (kept, naive): "the pair is the wrong way round: return (naive, kept)",
             (
                 naive,
                 sum(_new_token(ODD, p) for p in range(1, P + 1)) + sum(_new_token(ODD, P + i) for i in range(1, n)),
-            ): "the prefill is counted as prompt_len single tokens, one after another: a prefill runs the whole "
-            "prompt in one forward, forward_flops(config, prompt_len), whose attention is the full (T, T) score matrix",
+            ): "the prefill is counted as prompt_len single tokens, one after another: the prompt runs in one "
+            "forward, and its attention is a whole (prompt_len, prompt_len) score matrix, as Exercise 3.1 counts it",
         }
         got = kv.generation_flops(replace(ODD), P, n)
         assert isinstance(got, tuple) and len(got) == 2, (

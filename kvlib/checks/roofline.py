@@ -326,7 +326,9 @@ def predicted_tokens_per_second_on_an_a100(kv, rng):
     got = kv.predicted_tokens_per_second(_copy(LLAMA2_7B), 1, 1, torch.float16, 312e12, 2039e9)
     assert isinstance(got, float), f"predicted_tokens_per_second should return a float, got {type(got).__name__}"
     if _close(got, 1 / expected):
-        raise AssertionError("that is seconds per token: tokens per second is its inverse")
+        raise AssertionError(
+            f"{got:.4g} is seconds per token, the step's time: the rate asked for is tokens per second"
+        )
     c = LLAMA2_7B  # the step's FLOPs and bytes (float16: 2 bytes a weight), for the sum a slip would take
     flops, moved = (
         2 * _matrix_params(c) + 4 * c.n_layers * c.n_heads * c.head_dim,
@@ -334,11 +336,11 @@ def predicted_tokens_per_second_on_an_a100(kv, rng):
     )
     if _close(got, 1 / (flops / 312e12 + moved / 2039e9), 1e-6):
         raise AssertionError(
-            f"{got:.1f} tokens/s adds the compute time to the memory time: they overlap, so the step takes the "
-            f"slower of the two (the max, not the sum), {expected:.1f} tokens/s here"
+            f"{got:.1f} tokens/s adds the compute time to the memory time, as if the device computed and then moved "
+            f"data, one after the other: the roofline's device does both at once, not their sum"
         )
     assert _close(got, expected, 1e-6), (
-        f"expected {expected:.1f} tokens/s (13.2 GB of weights at 2,039 GB/s), got {got:.1f}"
+        f"Llama-2-7B, batch 1, on an A100 80GB SXM: expected {expected:.1f} tokens/s, got {got:.1f}"
     )
 
 
@@ -357,18 +359,23 @@ def predicted_tokens_per_second_counts_the_batch(kv, rng):
         got = kv.predicted_tokens_per_second(_copy(ODD), S, batch, torch.float32, peak, bw)
         if _close(got, batch / prefill) and not _close(prefill, step):
             raise AssertionError(
-                "a decode step makes 1 new token per sequence against kv_len cached ones: step_cost(config, 1, kv_len, ...)"
+                f"kv_len {S}, batch {batch}: this is the rate of a prefill of kv_len tokens per sequence, whose step "
+                "makes kv_len times as much work, not of a decode step (one new token per sequence)"
             )
         if _close(got, 1 / step):
             raise AssertionError(
-                f"one step makes a token for each of the {batch} sequences: tokens/s is batch / step time"
+                f"kv_len {S}, batch {batch}: this counts one token per step, but one step decodes all {batch} "
+                "sequences at once, a token each"
             )
         if _close(got, batch / (flops / peak + moved / bw)):
-            raise AssertionError("the step time is the larger of compute and memory time, not their sum: they overlap")
+            raise AssertionError(
+                f"kv_len {S}, batch {batch}: the compute time and the memory time are added, as if one waited for the "
+                "other; the roofline's device does both at once, so a step does not take their sum"
+            )
         if _close(got, batch / (moved / bw)) and not _close(step, moved / bw):
             raise AssertionError(
-                f"kv_len {S}, batch {batch} at {peak:.0e} FLOP/s: this step is compute-bound; "
-                "the time is the larger of FLOPs / peak and bytes / bandwidth"
+                f"kv_len {S}, batch {batch} at {peak:.0e} FLOP/s: this is the memory time alone, but this step is "
+                "compute-bound: its arithmetic takes longer than its traffic"
             )
         assert _close(got, batch / step, 1e-6), (
             f"kv_len {S}, batch {batch}: expected {batch / step:.4g} tokens/s, got {got:.4g}"

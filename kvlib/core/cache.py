@@ -11,8 +11,8 @@ the drafts the model rejected) and read nbytes (what it occupies).
   CacheBase        pos, reset, advance (bounded by max_seq_len), truncate (a ring refuses to rewind past
                    what it overwrote), nbytes and a default attention, for a cache that only writes its
                    storage and update: notebook 04's KVCache, notebook 08's caches
-  attention_through_cache  one layer's attention through any cache: rotary at the new tokens' positions,
-                   project, update, attend, o_proj (the infrastructure's caches all use it)
+  attention_through_cache  one layer's attention through any cache (the infrastructure's caches all use
+                   it; closed while notebook 04's cached_attention is checked)
 
 The caches that keep the contract: KVCache (kvlib/kv_cache.py, notebook 04), Int8KVCache
 (kvlib/variants/compressed.py) and SinkCache (kvlib/compress.py, notebook 08), PagedView
@@ -180,7 +180,6 @@ def attention_through_cache(
                  before rotary and turned at these positions when read, one per slot that update returns
                  (a rolling cache: places in the cache, not in the text); the queries then sit at the newest
                  seq_len of those places unless positions says otherwise
-    Notebook 04's Exercise 4.2 (cached_attention) is this skeleton for KVCache, written by the learner.
     """
     B, T, C = x.shape
     H, D = attn.n_heads, attn.head_dim

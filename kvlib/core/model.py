@@ -187,8 +187,7 @@ class MLP(nn.Module):
 class Attention(nn.Module):
     """Causal attention: n_heads query heads share n_kv_heads key/value heads (MHA, GQA or MQA).
 
-    Three steps, each its own method so that the KV cache of notebook 04 can reuse them:
-    project_q and project_kv (projection + rotary at absolute positions), then attend.
+    x (batch, seq_len, d_model) -> the same shape (forward); its parts are methods of their own.
     """
 
     def __init__(self, config: ModelConfig):
@@ -207,22 +206,16 @@ class Attention(nn.Module):
         return apply_rotary(q, cos, sin)
 
     def project_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Keys and values (batch, n_kv_heads, seq_len, head_dim) of x; keys rotated, values not.
-
-        This is all a KV cache stores: the result depends only on the token and its absolute
-        position (cos, sin), never on later tokens, so it can be computed once and kept.
-        """
+        """Keys and values (batch, n_kv_heads, seq_len, head_dim) of x; keys rotated, values not."""
         (B, T, _), H_kv, D = x.shape, self.n_kv_heads, self.head_dim
         k = self.k_proj(x).view(B, T, H_kv, D).transpose(1, 2)  # (B, T, H_kv*D) -> (B, H_kv, T, D)
         v = self.v_proj(x).view(B, T, H_kv, D).transpose(1, 2)  # (B, T, H_kv*D) -> (B, H_kv, T, D)
         return apply_rotary(k, cos, sin), v
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """softmax(q k^T / sqrt(D), causal) v for q (B, H, T, D) against k, v (B, H_kv, S, D).
+        """Causal attention of queries q (B, H, T, D) over keys and values k, v (B, H_kv, S, D), S >= T.
 
-        The T queries are the last T of the S positions (S > T once a cache holds earlier keys). Query
-        heads share key/value heads in groups, in the order GQA checkpoints were trained with (notebook
-        06's Exercise 6.1 finds it); SDPA's enable_gqa reads them without copying. Returns (B, H, T, D).
+        Returns (B, H, T, D). Closed while Exercise 4.2 is checked.
         """
         T, S = q.shape[-2], k.shape[-2]
         assert (q.shape[1], k.shape[1]) == (self.n_heads, self.n_kv_heads), f"q {tuple(q.shape)}, k {tuple(k.shape)}"
@@ -264,9 +257,8 @@ class Block(nn.Module):
     ) -> torch.Tensor:
         """x (batch, seq_len, d_model) -> the same shape.
 
-        Without a cache, cos and sin are the angles of x's positions (seq_len, head_dim). With one,
-        they are the model's whole rotary tables (max_seq_len, head_dim), and attention(self.attn,
-        normed x, cache, layer, cos, sin) runs this layer's attention through the cache.
+        cos, sin: the angles of x's positions (seq_len, head_dim), or with a cache the model's whole
+        rotary tables (max_seq_len, head_dim), the layer's attention then going through the cache.
         """
         h = self.attn_norm(x)
         x = x + (
@@ -360,11 +352,9 @@ class Decoder(nn.Module):
         """Logits for every position; token i of each row sits at absolute position pos + i.
 
         With past_key_values, as in the interface of transformers (and the articles' pseudo-code):
-        only the new tokens run, at positions cache.pos + i, against every cached key; each layer
-        writes its keys and values with cache.update, then cache.advance(seq_len), and
-        (logits, cache) is returned; the contract a cache keeps is written in kvlib.core.cache. attention
-        is how a layer reads the cache (see CacheAttention); None takes the cache's own `attention`
-        (KVCache's is Exercise 4.2).
+        only the new tokens run, after the cache.pos tokens the cache holds, and (logits, cache) is
+        returned, the cache holding the new tokens too (the contract a cache keeps: kvlib.core.cache).
+        attention is how a layer reads the cache (CacheAttention); None takes the cache's own.
         """
         cache = past_key_values
         if cache is not None:

@@ -15,32 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from kvlib.core.cache import attention_through_cache
 
 
 class OutOfBlocks(RuntimeError):
     """The pool has fewer free blocks than asked for."""
-
-
-def laid_out(k_layer: torch.Tensor, blocks: list[int], length: int) -> torch.Tensor:
-    """The first length tokens of one layer's pool tensor k_layer (n_blocks, H_kv, block_size, D) through a block
-    table's blocks, laid out in one piece: (H_kv, length, D)."""
-    return torch.cat([k_layer[b] for b in blocks], dim=1)[:, :length]
-
-
-def laid_out_attention(q: torch.Tensor, k_layer: torch.Tensor, v_layer: torch.Tensor, tables: list) -> torch.Tensor:
-    """What 7.3's paged_attention is checked against (the checks' yardstick, kvlib.checks.serving): each row's causal
-    attention over its own keys and values of one layer's pool tensors (pool.k[layer], pool.v[layer]), first copied out
-    into one piece. Refused while 7.3 is checked (kvlib.course.exercises.READY_MADE), as laid_out is."""
-    rows = []
-    for i, t in enumerate(tables):
-        k, v = laid_out(k_layer, t.blocks, t.length)[None], laid_out(v_layer, t.blocks, t.length)[None]
-        T, n = q.shape[2], t.length
-        mask = torch.ones(T, n, dtype=torch.bool).tril(n - T)
-        rows.append(F.scaled_dot_product_attention(q[i : i + 1], k, v, attn_mask=mask, enable_gqa=True))
-    return torch.cat(rows)
 
 
 class BlockStore:

@@ -45,15 +45,15 @@ def load_checked(model: nn.Module, state_dict: dict, source: str = "state dict")
 
 def first_head_of_group(w: torch.Tensor, n_heads: int, n_kv_heads: int) -> torch.Tensor:
     """A k_proj or v_proj weight (n_heads * head_dim, d_model) shrunk to n_kv_heads heads the other way the GQA paper
-    (Ainslie et al., 2023) compares with mean-pooling: each group of query heads keeps its first head's rows, the rest
-    are dropped. A pool for the learner's to_gqa (Exercise 6.4); notebook 06b's study compares the two."""
+    (Ainslie et al., 2023) compares with mean-pooling: each group keeps the first of its heads and drops the rest.
+    Returns (n_kv_heads * head_dim, d_model), a new tensor of w's dtype. Notebook 06b's study compares the two."""
     if w.dim() != 2 or n_heads < 1 or n_kv_heads < 1 or w.shape[0] % n_heads or n_heads % n_kv_heads:
         raise ValueError(
             f"first_head_of_group needs a (n_heads * head_dim, d_model) weight and n_kv_heads dividing n_heads: got "
             f"{tuple(w.shape)}, n_heads={n_heads}, n_kv_heads={n_kv_heads}"
         )
-    heads = w.view(n_heads, w.shape[0] // n_heads, w.shape[1])
-    return heads[:: n_heads // n_kv_heads].reshape(-1, w.shape[1])  # heads 0, G, 2G...: the first of each group
+    kept = [h for h in range(n_heads) if h * n_kv_heads % n_heads == 0]  # one head in every n_heads / n_kv_heads
+    return torch.cat([w.tensor_split(n_heads)[h] for h in kept])
 
 
 def _hf_name(name: str) -> str:

@@ -123,9 +123,12 @@ def against(
     *,
     show: bool = True,
     fmt: str = "{:.2f}",
+    positive: bool = False,
 ) -> Verdict:
     """A measured value over its repeats against a threshold: above (every repeat above), below (every repeat below),
     undecided (they straddle it, or fewer than MIN_ROUNDS repeats). The median is printed with the repeats' min-max.
+    positive: the values are ratios whose meaning needs a positive denominator (a growth over another growth): a
+    repeat at or below 0 means noise outran what was divided by, so the run decides nothing.
     Example: against("05.decode-bound", [0.8, 0.9, 0.85], 0.5, "measured / predicted", "half the prediction")
     """
     values = [float(v) for v in values]
@@ -135,6 +138,9 @@ def against(
     head = f"{subject}: {fmt.format(m)} ({_spread(values, fmt)} over {n} repeats)"
     if n < MIN_ROUNDS:
         outcome, tail = "undecided", "too few repeats to measure a spread, so nothing is decided"
+    elif positive and min(values) <= 0:
+        outcome = "undecided"
+        tail = "a repeat is not positive (the noise outran the growth it is a ratio of), so this run does not decide it"
     elif min(values) > threshold:
         outcome, tail = "above", f"above {threshold_label} ({fmt.format(threshold)}) in every repeat"
     elif max(values) < threshold:
@@ -144,7 +150,10 @@ def against(
         tail = f"the repeats straddle {threshold_label} ({fmt.format(threshold)}), so this run does not decide it"
     text = f"{head}: {tail}"
     return _record(
-        Verdict(claim.id, "against", outcome, text, {"values": values}, float(threshold), claim.expect), show
+        Verdict(
+            claim.id, "against", outcome, text, {"values": values, "positive": positive}, float(threshold), claim.expect
+        ),
+        show,
     )
 
 
@@ -229,7 +238,8 @@ def check_record(record: dict) -> list[str]:
     elif kind == "against":
         r = v["values"]
         n, lo, hi = len(r), min(r), max(r)
-        want = "undecided" if n < MIN_ROUNDS else "above" if lo > t else "below" if hi < t else "undecided"
+        noise = v.get("positive") and lo <= 0
+        want = "undecided" if n < MIN_ROUNDS or noise else "above" if lo > t else "below" if hi < t else "undecided"
         words = {"above": "above", "below": "below", "undecided": "decide"}
     elif kind == "exact":
         x = v["value"]

@@ -305,11 +305,9 @@ def roof_line(roof: dict) -> str:
 
 
 def roofline_time(flops: float, bytes_moved: float, peak_flops: float, bandwidth: float) -> float:
-    """Seconds a step takes under the roofline: max(flops / peak_flops, bytes_moved / bandwidth).
-
-    Not the sum: compute and memory traffic overlap, so the slower of the two sets the time (notebook 05; the
-    learner's Exercise 5.4 finds it, so the learner's kvlib/roofline.py does not hold it).
-    Example: roofline_time(2e9, 1e9, 1e12, 1e9) == 1.0 (memory-bound: 1 s of traffic, 2 ms of math)
+    """Seconds a step of flops FLOPs that moves bytes_moved bytes takes on a roofline device (peak_flops FLOP/s,
+    bandwidth bytes/s), for the benchmarks' predictions. Exercise 5.4 works this out: its checks refuse it.
+    Example: roofline_time(2e9, 1e9, 1e12, 1e9) == 1.0
     """
     inputs.check_roofline(flops, bytes_moved, peak_flops, bandwidth)
     return max(flops / peak_flops, bytes_moved / bandwidth)

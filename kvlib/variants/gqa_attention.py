@@ -4,7 +4,7 @@ materialised (repeat_kv, Exercise 6.1, then MHA attention), grouped (the learner
 looked up when it runs) and torch's SDPA with enable_gqa: ATTENTION, what notebook 06 compares; and
 split_k_attention (flash-decoding's split-K), which `kvlib bench gqa` times beside them. decode_bytes
 counts what each way reads and writes in a decode step: it lives with the ways because the copying
-way's extra traffic is a property of that way, not of the model (notebook 06 divides it by bandwidth).
+way's extra traffic is a property of that way, not of the model (`kvlib bench gqa` divides it by bandwidth).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 
 from kvlib.core.cache import causal_attend
-from kvlib.core.model import Decoder, causal_mask_tensor, matrix_params
+from kvlib.core.model import Decoder, causal_mask_tensor
 
 # ---------------------------------------------------------------------------------------------
 # Attention two ways: copy the shared heads out to every query head, or read them in place
@@ -113,12 +113,18 @@ BENCH_ATTENTION = {**ATTENTION, "split-k": split_k_attention}  # `kvlib bench gq
 
 
 def decode_bytes(model: Decoder, kv_len: int, batch: int = 1, method: str = "grouped") -> int:
-    """Bytes one decode step must move: every matrix weight once, plus the cache it reads.
-
-    The embedding is a lookup of one row (left out). "grouped"/"sdpa" read n_kv_heads heads of
-    keys and values; "materialised" reads them, writes n_heads heads of copies and reads those
-    again; MHA is n_kv_heads == n_heads. kv_len: cached tokens the step attends to.
-    """
-    c, size = model.config, model.embed.weight.element_size()
-    kv_heads = c.n_kv_heads + (2 * c.n_heads if method == "materialised" and c.n_kv_heads != c.n_heads else 0)
-    return size * (matrix_params(c) + 2 * c.n_layers * batch * kv_heads * kv_len * c.head_dim)
+    """Bytes a decode step of model moves with attention `method` (a key of ATTENTION), batch sequences attending to
+    kv_len cached tokens each: `kvlib bench gqa`'s count, which it divides by the bandwidth. Exercise 6.5 counts its
+    own from a config: its checks refuse this one."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]  # the embedding: one row, left out
+    per_token = 0  # numbers each cached token brings into the step: what k_proj and v_proj wrote for it
+    for layer in model.layers:
+        q_out, k_out, v_out = (
+            layer.attn.q_proj.out_features,
+            layer.attn.k_proj.out_features,
+            layer.attn.v_proj.out_features,
+        )
+        per_token += k_out + v_out
+        if method == "materialised" and k_out != q_out:  # copies out to every query head: written, then read back
+            per_token += 2 * 2 * q_out
+    return model.embed.weight.element_size() * (sum(m.weight.numel() for m in linears) + batch * kv_len * per_token)

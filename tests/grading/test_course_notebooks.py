@@ -1,8 +1,9 @@
 """Notebooks 02 to 10 graded by nbgrader from a `kvlib course init` folder: a correct submission gets
 every point (in 04 also one with code moved into a helper module of the learner's own), the
 untouched release and a submission that patches the checks in its kernel get none; in 03, 04, 05, 06, 07, 09
-and 10 also BANK's cheats (05 and 06: a prediction hard-coded; 07: a copy-on-write that copies nothing), library
-shortcuts and other right ways, each scored cell by cell, in the same autograde run; in 02 the shortcuts a fresh
+and 10 also BANK's cheats (05 and 06: a prediction hard-coded; 07: a copy-on-write that copies nothing; 04: 4.3's
+shipped bug left in), library shortcuts and other right ways, each scored cell by cell, in the same autograde run; in
+02 the shortcuts a fresh
 reader found (2.4's layer echoed, 2.8's decoder built on the meta device, 2.2's tokens reported after the loop, 2.4's
 steps taken by the layer's project_q and project_kv). (Notebook 01, with its many attacks:
 tests/grading/test_attacks.py.)"""
@@ -274,6 +275,11 @@ def verify_greedy(model, cache, last_token, draft):
 
 SHORTCUT_06 = '''
 
+def repeat_kv(x, group_size):
+    """6.1's shipped bug fixed another way than the reference: the copies stacked on a new axis after the heads."""
+    return torch.stack([x] * group_size, dim=2).flatten(1, 2)
+
+
 def grouped_attention(q, k, v):
     """6.2's library shortcut: torch's attention reads each shared head in place (its fused kernel does)."""
     T, S = q.shape[2], k.shape[2]
@@ -300,6 +306,13 @@ def kv_cache_bytes(config, seq_len, batch=1, dtype=torch.float16):
     """4.4's ready-made answer: a one-token cache made, and its bytes measured."""
     return KVCache(config, batch, 1, dtype).nbytes * seq_len
 '''
+
+
+def _shipped_04() -> str:
+    """4.3 as the release ships it (kvlib/kv_cache.py's find-and-fix body), redefined after the reference."""
+    stub = (ROOT / "kvlib" / "kv_cache.py").read_text(encoding="utf-8")
+    return "\n\n" + stub[stub.index('@exercise("4.3"') : stub.index("\n\n\ndef prefill")] + "\n"
+
 
 SHORTCUT_03 = '''
 
@@ -376,6 +389,17 @@ def attention_block(attn, h, cos, sin, self_attention=None):
         return attn.o_proj(torch.from_numpy(out).transpose(1, 2).reshape(B, T, -1))
 '''
 
+
+def _shipped(module: str, name: str) -> str:
+    """A find-and-fix exercise's function as the release ships it in kvlib/<module>.py (its bug in it), undecorated."""
+    import ast
+
+    source = (ROOT / "kvlib" / f"{module}.py").read_text(encoding="utf-8")
+    (node,) = [n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == name]
+    lines = source.splitlines(keepends=True)[node.lineno - 1 : node.end_lineno]  # from `def`: no decorator
+    return "\n\n" + "".join(lines)
+
+
 HARD_CODED_05 = '''
 
 def compute_bound_batch(config, kv_len, peak_flops, bandwidth, dtype=None):
@@ -423,14 +447,6 @@ def copy_on_write(pool, table, index):
     return table.blocks[index]
 
 
-def paged_attention(q, pool, layer, tables):
-    """7.3 answered by the yardstick the notebook compares with (refused while 7.3 runs); the engine of 7.4, 7.5 and
-    7.7 runs it as any attention."""
-    from kvlib.core.paging import laid_out_attention
-
-    return laid_out_attention(q, pool.k[layer], pool.v[layer], tables)
-
-
 class Policy(Scheduler):
     """7.7 another right way: 3 blocks kept back while others run, and the oldest preempted."""
 
@@ -449,7 +465,18 @@ BANK = {
             {f"2.{i}" for i in range(1, 9)},
             {"2.2": {"generate_streams_each_token": "after the loop ended"}, "2.3": 0, "2.4": 0, "2.8": 0},
         ),
-        "cheat-steps": (CHEAT_02_STEPS, {"2.4"}, {"2.4": 0}),  # the layer's project_q / project_kv: refused
+        "cheat-steps": (  # the layer's project_q / project_kv: refused; 2.2 handed in as shipped, its bugs unfixed
+            lambda: CHEAT_02_STEPS + _shipped("generation", "generate"),
+            {"2.1", "2.2", "2.4"},
+            {
+                "2.4": 0,
+                "2.2": {
+                    "generate_matches_greedy_loop": "all 7 new tokens are the same",
+                    "generate_answers_the_seed_question": "should continue with 巴黎",
+                    "generate_samples_reproducibly": "seeded alike",
+                },
+            },
+        ),
         "other-ways": (
             lambda: _alternatives(
                 "generation",
@@ -520,7 +547,7 @@ BANK = {
         "shortcut-sdpa": (
             SHORTCUT_06,
             {"6.1", "6.2"},
-            {"6.2": {"grouped_attention_does_not_copy_heads": "scaled_dot_product_attention"}},
+            {"6.1": "full", "6.2": {"grouped_attention_does_not_copy_heads": "scaled_dot_product_attention"}},
         ),
         "hard-coded": (  # and 6.2's decode steps through kvlib's split-K attention: refused, the checks of them lost
             HARD_CODED_06,
@@ -540,16 +567,18 @@ BANK = {
             {"5.2": {"ridge_batch_just_under_the_limit": "gives up too soon"}, "5.3": "full", "5.4": 0, "5.5": 0},
         ),
     },
-    "serving": {  # a copy-on-write that copies nothing scores 0 on 7.5, 7.3 through the checks' yardstick 0; another
-        # policy in the budget, full on 7.7, and the step on the yardstick's attention full on 7.4
+    "serving": {  # a copy-on-write that copies nothing scores 0 on 7.5; another policy in the budget, full on 7.7
+        # (7.3's yardstick is with the checks, which the child cannot import: tests/grading/test_attacks.py)
         "cow-nothing-policy-other": (
             SERVING_07,
             {"7.1", "7.2", "7.3", "7.4", "7.6", "7.7"},
-            {"7.3": 0, "7.4": "full", "7.5": 0, "7.7": "full"},
+            {"7.3": "full", "7.4": "full", "7.5": 0, "7.7": "full"},
         ),
     },
     "kv_cache": {  # 4.3 through the model's own call, 4.2 and 4.4 by kvlib's code: each closed while checked, 0
         "shortcut-model": (SHORTCUT_04, {"4.1", "4.2", "4.3", "4.4"}, {"4.2": 0, "4.3": 0, "4.4": 0}),
+        # 4.3 left as shipped (a find-and-fix), every other exercise done: 0 on 4.3, and on 4.5 that runs it
+        "shipped-4.3": (_shipped_04, {"4.1", "4.2", "4.4", "4.5", "4.6"}, {"4.2": "full", "4.3": 0, "4.5": 0}),
     },
     "recompute": {  # 3.1 and 3.4 measured on a model built for the config: 0, and 3.2 and 3.3, which call 3.1
         "shortcut-model": (SHORTCUT_03, {"3.1", "3.2", "3.3", "3.4"}, dict.fromkeys(("3.1", "3.2", "3.3", "3.4"), 0)),

@@ -78,11 +78,12 @@ def roofline(roofs, points=(), *, title=None, xlim=(0.1, 1000), note=None):
         ax.set_ylabel("attainable FLOP/s")
         if title is None:
             ridge = roofs[0][1] / roofs[0][2]
-            if points:
-                side = (
-                    "left of the ridge: memory-bound" if points[0][1] < ridge else "right of the ridge: compute-bound"
+            if points:  # each wording whole, as the catalogue translates it
+                title = (
+                    f"{points[0][0]} sits left of the ridge: memory-bound"
+                    if points[0][1] < ridge
+                    else f"{points[0][0]} sits right of the ridge: compute-bound"
                 )
-                title = f"{points[0][0]} sits {side}"
             else:
                 title = f"{roofs[0][0]}: left of {ridge:.3g} FLOP/B, memory sets the speed"
         ax.set_title(title)
@@ -180,12 +181,13 @@ def bytes_against_kv_len(
         top = max(weight_bytes, held[-1] * kv_bytes_per_token * batches[-1]) / 1e9
         ax.set_ylim(top=top * 15)  # room for the legend above every line
         batch, cross = crossings[-1]
+        model = f"{model}: " if model else ""  # the title's own field: the catalogue translates the whole title
         if cross is None:
             cap = sliding_window * kv_bytes_per_token * batch / 1e9
-            title = f"the window caps the cache at {cap:.1f} GB (batch {batch})"
+            title = f"{model}the window caps the cache at {cap:.1f} GB (batch {batch})"
         else:
-            title = f"cache > weights from {cross:,.0f} tokens at batch {batch}"
-        ax.set_title(f"{model}{': ' if model else ''}{title}")
+            title = f"{model}cache > weights from {cross:,.0f} tokens at batch {batch}"
+        ax.set_title(title)
         ax.legend(loc="upper left", frameon=False)
         _note(fig, note)
     return _finish(fig)
@@ -225,9 +227,11 @@ def decode_against_batch(
         bx.set_ylabel("FLOPs per byte moved")
         bx.set_title("Arithmetic intensity")
         gain, predicted = measured_tps[-1] / measured_tps[0], predicted_tps[-1] / predicted_tps[0]
-        capped = f", capped past the ridge at {ridge:.3g} FLOP/B" if intensities[-1] > ridge else ""
-        fig.suptitle(  # worded by this run's numbers: the measured gain need not stop at the ridge
-            f"Batch {int(b[-1])} decoded {gain:.1f}x the tokens/s of batch 1 (the roofline: {predicted:.1f}x{capped})"
+        fig.suptitle(  # worded by this run's numbers: the measured gain need not stop at the ridge; each whole
+            f"Batch {int(b[-1])} decoded {gain:.1f}x the tokens/s of batch 1 (the roofline: {predicted:.1f}x, "
+            f"capped past the ridge at {ridge:.3g} FLOP/B)"
+            if intensities[-1] > ridge
+            else f"Batch {int(b[-1])} decoded {gain:.1f}x the tokens/s of batch 1 (the roofline: {predicted:.1f}x)"
         )
         _note(fig, note)
     return _finish(fig)
