@@ -259,3 +259,51 @@ def test_a_later_exercise_failing_on_an_unfixed_shipped_bug_names_the_bug_first(
     generation.write_text((ROOT / "solutions" / "kvlib" / "generation.py").read_text(encoding="utf-8"))
     fixed = json.loads(run_kvlib("check", "2.3", "--json", env=env, cwd=tmp_path).stdout)
     assert fixed[0]["status"] == "pass", fixed
+
+
+_EACH_CHECK = """
+import importlib, json, sys
+import numpy as np
+from kvlib.checks import Graded, checks_for
+from kvlib.course.exercises import BY_ID
+out = {}
+for ex_id in sys.argv[1:]:
+    ex = BY_ID[ex_id]
+    module = importlib.import_module(f"kvlib.{ex.module}")
+    for c in checks_for(ex):
+        try:
+            c.fn(Graded(module, ex.module), np.random.default_rng(0))
+            out[c.name] = None
+        except Exception as err:
+            out[c.name] = f"{type(err).__name__}: {err}"
+print(json.dumps(out))
+"""
+
+
+def test_every_check_of_a_find_and_fix_exercise_fails_on_its_shipped_body(tmp_path):
+    """Check that every find-and-fix exercise's shipped body fails its checks, every other exercise answered by the
+    reference, each failure the bug's and not a missing exercise's (no ExerciseNotDone). A check the bug does not
+    touch may pass (2.2's streaming): the grader gives such a cell all or nothing (test_preprocessor)."""
+    fixes = [ex for ex in EXERCISES if ex.kind == "fix"]
+    shutil.copytree(ROOT / "kvlib", tmp_path / "kvlib", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "assets").symlink_to(ROOT / "assets")
+    for path in (ROOT / "solutions" / "kvlib").glob("*.py"):
+        shutil.copyfile(path, tmp_path / "kvlib" / path.name)
+    for ex in fixes:
+        (tmp_path / "kvlib" / f"{ex.module}.py").write_text(_reference_with_shipped(ex.module, ex.id), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "KVLIB_SOLUTIONS": "0"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _EACH_CHECK, *[ex.id for ex in fixes]],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    verdicts = json.loads(proc.stdout.splitlines()[-1])
+    assert fixes and verdicts
+    for ex in fixes:
+        mine = [verdicts[c.name] for c in checks_for(ex)]
+        assert any(error is not None for error in mine), f"Exercise {ex.id}: its shipped body passes every check"
+    undone = [name for name, error in verdicts.items() if error and error.startswith("ExerciseNotDone")]
+    assert not undone, f"checks that never reached the shipped bug: {undone}"

@@ -394,7 +394,7 @@ def to_gqa_converts_a_gqa_model_and_keeps_dtype_and_mode(kv, rng):
     except (ValueError, RuntimeError) as err:
         raise AssertionError(
             f"converting a model that is already GQA (2 key/value heads) to 1 failed ({type(err).__name__}: {err}). "
-            "Its k_proj holds model.config.n_kv_heads heads, not n_heads: pool(w, model.config.n_kv_heads, n_kv_heads)"
+            "Its k_proj and v_proj hold model.config.n_kv_heads heads, not n_heads: the pooling assumed one head per query head"
         ) from None
     assert isinstance(got, Decoder) and got.config.n_kv_heads == 1, (
         "to_gqa(model, 1) should return a Decoder with n_kv_heads 1"

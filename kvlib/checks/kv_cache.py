@@ -15,6 +15,8 @@ recomputing from the token ids, a prompt fed one token at a time; in the cache's
 n_kv_heads, the factor 2 for K and V, the layers, bits for bytes, the batch; in the sequences that fit (4.6, a
 prediction graded against the count, then against what torch allocates), the weights left out or counted per
 sequence, the cache or the weights in another dtype, tokens for sequences, a fraction or a negative count.
+The texts a message is built from (a slip's name, which call or case) go through tr(), so that the catalogue
+(kvlib/course/i18n.py) translates them as it does the messages.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from kvlib.checks import MB, check, held_nothing_before, isolated
 from kvlib.core.configs import REAL_MODELS
 from kvlib.core.model import Decoder, ModelConfig, num_params
 from kvlib.core.weights import load_tiny
+from kvlib.course.i18n import tr
 
 CONFIG = ModelConfig(vocab_size=29, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, hidden_dim=40, max_seq_len=48)
 L, H, H_KV, D = CONFIG.n_layers, CONFIG.n_heads, CONFIG.n_kv_heads, CONFIG.head_dim
@@ -237,7 +240,7 @@ def kv_cache_grows_one_slot_per_step(kv, rng):
             new_k, new_v = torch.randn(2, H_KV, T, D), torch.randn(2, H_KV, T, D)
             expect_k[layer, :, :, pos : pos + T], expect_v[layer, :, :, pos : pos + T] = new_k, new_v
             k, v = cache.update(layer, new_k.clone(), new_v.clone())
-            what = f"layer {layer}, {T} token(s) at pos {pos}"
+            what = tr("layer {layer}, {T} token(s) at pos {pos}", layer=layer, T=T, pos=pos)
             assert tuple(k.shape) == (2, H_KV, pos + T, D), (
                 f"{what}: update should return {pos + T} positions, got {tuple(k.shape)}"
             )
@@ -421,11 +424,11 @@ def cached_forward_matches_full_forward(kv, rng):
         for a, b in ((0, 4), (4, 7), (7, 8), (8, 9), (9, 10)):
             logits = kv.cached_forward(model, ids[:, a:b].clone(), cache)
             what = (
-                "the prefill"
+                tr("the prefill")
                 if a == 0
-                else f"the chunk of {b - a}"
+                else tr("the chunk of {n}", n=b - a)
                 if b - a > 1
-                else f"the decode step at position {a}"
+                else tr("the decode step at position {a}", a=a)
             )
             assert isinstance(logits, torch.Tensor) and tuple(logits.shape) == (2, CONFIG.vocab_size), (
                 f"{what} should return the last position's logits (batch, vocab_size) = (2, {CONFIG.vocab_size}), "
@@ -524,14 +527,15 @@ def kv_cache_bytes_of_real_models(kv, rng):
         )  # a copy: what the call does to it stays there
         assert isinstance(got, int), f"kv_cache_bytes should return an int number of bytes, got {type(got).__name__}"
         hints = {
-            expected // 2: "exactly half: keys and values are both cached (the factor 2)",
-            expected
-            // c.n_layers: "that is one layer's cache: each of the n_layers layers keeps its own keys and values",
-            expected
-            * c.n_heads
-            // c.n_kv_heads: "the cache holds n_kv_heads heads, not n_heads (this model shares them), "
-            "each head_dim = d_model // n_heads wide: not d_model numbers",
-            expected * 8: "8 times too large: count bytes, not bits",
+            expected // 2: tr("exactly half: keys and values are both cached (the factor 2)"),
+            expected // c.n_layers: tr(
+                "that is one layer's cache: each of the n_layers layers keeps its own keys and values"
+            ),
+            expected * c.n_heads // c.n_kv_heads: tr(
+                "the cache holds n_kv_heads heads, not n_heads (this model shares them), "
+                "each head_dim = d_model // n_heads wide: not d_model numbers"
+            ),
+            expected * 8: tr("8 times too large: count bytes, not bits"),
         }
         for wrong, hint in hints.items():
             if got == wrong and wrong != expected:
@@ -753,17 +757,17 @@ def _fit_slips(c, memory, seq_len, dtype) -> dict[str, object]:
     weights, one = num_params(c) * size, _kv_bytes(c, seq_len, 1, dtype)
     left = memory - weights
     return {
-        "the weights take memory too: one copy of them, stored once, beside the caches": memory // one,
-        "the weights are stored once and shared by every sequence of the batch, not once per sequence": memory
+        tr("the weights take memory too: one copy of them, stored once, beside the caches"): memory // one,
+        tr("the weights are stored once and shared by every sequence of the batch, not once per sequence"): memory
         // (weights + one),
-        "that counts tokens, not sequences: divide by one sequence's cache of seq_len tokens": max(0, left)
+        tr("that counts tokens, not sequences: divide by one sequence's cache of seq_len tokens"): max(0, left)
         // _kv_bytes(c, 1, 1, dtype),
-        "the cache is in dtype too: kv_cache_bytes(config, seq_len, 1, dtype)": max(0, left)
+        tr("the cache is in dtype too: kv_cache_bytes(config, seq_len, 1, dtype)"): max(0, left)
         // _kv_bytes(c, seq_len, 1, torch.float16),
-        "the weights are in dtype too (dtype.itemsize bytes a number)": max(0, (memory - num_params(c) * 2) // one),
-        "whole sequences only: round down": -(-max(0, left) // one),
-        "whole sequences only: a fraction of a sequence does not decode": max(0, left) / one,
-        "when the weights alone do not fit, no sequence does: 0, not a negative count": left // one,
+        tr("the weights are in dtype too (dtype.itemsize bytes a number)"): max(0, (memory - num_params(c) * 2) // one),
+        tr("whole sequences only: round down"): -(-max(0, left) // one),
+        tr("whole sequences only: a fraction of a sequence does not decode"): max(0, left) / one,
+        tr("when the weights alone do not fit, no sequence does: 0, not a negative count"): left // one,
     }
 
 
@@ -784,7 +788,13 @@ def sequences_that_fit_real_gpus(kv, rng):
         c = REAL_MODELS[name].config
         expected = _fits(c, memory, seq_len, dtype)
         got = kv.sequences_that_fit(dataclasses.replace(c), memory, seq_len, dtype)
-        what = f"{name}, {memory / 1e9:.0f} GB, {seq_len:,} tokens, {dtype}"
+        what = tr(
+            "{name}, {gb} GB, {seq_len} tokens, {dtype}",
+            name=name,
+            gb=f"{memory / 1e9:.0f}",
+            seq_len=f"{seq_len:,}",
+            dtype=dtype,
+        )
         if got == expected and isinstance(got, int) and not isinstance(got, bool):
             continue
         for slip, value in _fit_slips(c, memory, seq_len, dtype).items():

@@ -8,7 +8,8 @@ the prefill and the number of keys each kept step sees; for the length at which 
 prediction graded against the count and torch's counter, on real models far past their contexts too), the causal
 half, the KV heads, one product, half of the rest, the lm_head, the last length below half, more than half.
 Every expected value comes from torch's counter or the formulas here, never from the learner's functions, and each
-call gets its own config.
+call gets its own config. The texts a message is built from (a slip's name, which model) go through tr(), so
+that the catalogue (kvlib/course/i18n.py) translates them as it does the messages.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from kvlib.checks import check
 from kvlib.core.configs import REAL_MODELS
 from kvlib.core.flops import attention_flops_counted, forward_flops_counted
 from kvlib.core.model import Decoder, ModelConfig
+from kvlib.course.i18n import tr
 
 # every size distinct: vocab, width, layers, heads, KV heads, MLP width
 ODD = ModelConfig(vocab_size=50, d_model=48, n_layers=3, n_heads=6, n_kv_heads=2, hidden_dim=80, max_seq_len=64)
@@ -39,23 +41,23 @@ def _diagnose(got, config, T, expected) -> str:
     C, H_kv = config.d_model, config.n_kv_heads
     mha_layer = layer + 2 * C * (H - H_kv) * D
     hints = {
-        expected // 2: "exactly half: count 2 FLOPs per multiply-add",
-        proj: "the attention term is missing: q @ k^T and probs @ v cost 2 * T * T * head_dim each, per head and layer",
-        expected - 2 * T * head: "the lm_head (d_model x vocab_size, for every position) is missing",
-        2 * T * (L * mha_layer + head) + attn: "k and v have n_kv_heads heads, not n_heads (this config is GQA)",
-        proj + L * 4 * T * T * D * H_kv: "attention counted for n_kv_heads heads: the two attention products count "
-        "per query head, n_heads of them (GQA shares each key and value head between query heads, not the products)",
-        2 * T * L * layer + attn: "the lm_head (d_model x vocab_size, for every position) is missing",
-        proj + attn // 2: "attention counted once: both q @ k^T and probs @ v cost 2 * T * S * head_dim per head",
-        proj
-        + L
-        * 2
-        * T
-        * (T + 1)
-        * D
-        * H: "attention counted over the causal half only: SDPA computes the full (T, S) matrix",
+        expected // 2: tr("exactly half: count 2 FLOPs per multiply-add"),
+        proj: tr(
+            "the attention term is missing: q @ k^T and probs @ v cost 2 * T * T * head_dim each, per head and layer"
+        ),
+        expected - 2 * T * head: tr("the lm_head (d_model x vocab_size, for every position) is missing"),
+        2 * T * (L * mha_layer + head) + attn: tr("k and v have n_kv_heads heads, not n_heads (this config is GQA)"),
+        proj + L * 4 * T * T * D * H_kv: tr(
+            "attention counted for n_kv_heads heads: the two attention products count per query head, n_heads of "
+            "them (GQA shares each key and value head between query heads, not the products)"
+        ),
+        2 * T * L * layer + attn: tr("the lm_head (d_model x vocab_size, for every position) is missing"),
+        proj + attn // 2: tr("attention counted once: both q @ k^T and probs @ v cost 2 * T * S * head_dim per head"),
+        proj + L * 2 * T * (T + 1) * D * H: tr(
+            "attention counted over the causal half only: SDPA computes the full (T, S) matrix"
+        ),
     }
-    return hints.get(got, f"expected {expected:,} FLOPs, got {got:,}")
+    return hints.get(got, tr("expected {expected} FLOPs, got {got}", expected=f"{expected:,}", got=f"{got:,}"))
 
 
 @check("3.1")
@@ -127,29 +129,35 @@ def generation_flops_matches_counts(kv, rng):
             (
                 naive,
                 _new_token(ODD, P) + sum(_new_token(ODD, P + i) for i in range(1, n)),
-            ): "the prefill is counted as one new token: at step 0 nothing is kept yet, and the whole prompt has to run",
+            ): tr(
+                "the prefill is counted as one new token: at step 0 nothing is kept yet, and the whole prompt has to run"
+            ),
             (
                 naive,
                 _forward(ODD, P) + sum(_new_token(ODD, P + i - 1) for i in range(1, n)),
-            ): "one key short at every kept step: the new token's query meets its own key too, besides every earlier one",
+            ): tr(
+                "one key short at every kept step: the new token's query meets its own key too, besides every earlier one"
+            ),
             (
                 naive,
                 _forward(ODD, P) + sum(_new_token(ODD, P + i + 1) for i in range(1, n)),
-            ): "one key too many at every kept step: a key counted that no token has made yet",
+            ): tr("one key too many at every kept step: a key counted that no token has made yet"),
             (
                 sum(_forward(ODD, P + i + 1) for i in range(n)),
                 kept,
-            ): "one token too many at every naive step: the token a step is about to choose is not an input yet",
+            ): tr("one token too many at every naive step: the token a step is about to choose is not an input yet"),
             (
                 naive,
                 sum(_new_token(ODD, P + i) for i in range(1, n)),
-            ): "the prefill is missing from the kept total: before any token is kept, the prompt itself has to run",
-            (kept, naive): "the pair is the wrong way round: return (naive, kept)",
+            ): tr("the prefill is missing from the kept total: before any token is kept, the prompt itself has to run"),
+            (kept, naive): tr("the pair is the wrong way round: return (naive, kept)"),
             (
                 naive,
                 sum(_new_token(ODD, p) for p in range(1, P + 1)) + sum(_new_token(ODD, P + i) for i in range(1, n)),
-            ): "the prefill is counted as prompt_len single tokens, one after another: the prompt runs in one "
-            "forward, and its attention is a whole (prompt_len, prompt_len) score matrix, as Exercise 3.1 counts it",
+            ): tr(
+                "the prefill is counted as prompt_len single tokens, one after another: the prompt runs in one "
+                "forward, and its attention is a whole (prompt_len, prompt_len) score matrix, as Exercise 3.1 counts it"
+            ),
         }
         got = kv.generation_flops(replace(ODD), P, n)
         assert isinstance(got, tuple) and len(got) == 2, (
@@ -201,19 +209,26 @@ def _half_slips(config) -> dict[str, object]:
     rest, per_key = L * layer + head, 2 * L * H * D  # the count: 2 T rest + 2 T^2 per_key
     mha_layer = layer + 2 * C * (H - H_kv) * D
     return {
-        "attention counted over the causal half only: Exercise 3.1's count (and torch's) takes the full "
-        "(seq_len, seq_len) score matrix, masked entries included": max(1, _half(2 * rest, per_key) - 1),
-        "attention counted for n_kv_heads heads: every one of the n_heads query heads computes its own scores and "
-        "weighted sum (this config is GQA)": _half(rest, 2 * L * H_kv * D),
-        "the k and v projections counted for n_heads heads: they have n_kv_heads (this config is GQA)": _half(
+        tr(
+            "attention counted over the causal half only: Exercise 3.1's count (and torch's) takes the full "
+            "(seq_len, seq_len) score matrix, masked entries included"
+        ): max(1, _half(2 * rest, per_key) - 1),
+        tr(
+            "attention counted for n_kv_heads heads: every one of the n_heads query heads computes its own scores and "
+            "weighted sum (this config is GQA)"
+        ): _half(rest, 2 * L * H_kv * D),
+        tr("the k and v projections counted for n_heads heads: they have n_kv_heads (this config is GQA)"): _half(
             L * mha_layer + head, per_key
         ),
-        "attention against half of the rest (a ratio of 1/2), not half of the whole forward: the share is attention "
-        "over all of forward_flops": _half(rest, 2 * per_key),
-        "only one of attention's two products: q @ k^T and probs @ v cost the same": _half(2 * rest, per_key),
-        "the lm_head left out: it is part of a forward's FLOPs": _half(L * layer, per_key),
-        "that is the last length below one half: the first at or above it is asked": _half(rest, per_key) - 1,
-        "attention takes exactly half there, which counts: 'at least half', not more than half": rest // per_key + 1,
+        tr(
+            "attention against half of the rest (a ratio of 1/2), not half of the whole forward: the share is attention "
+            "over all of forward_flops"
+        ): _half(rest, 2 * per_key),
+        tr("only one of attention's two products: q @ k^T and probs @ v cost the same"): _half(2 * rest, per_key),
+        tr("the lm_head left out: it is part of a forward's FLOPs"): _half(L * layer, per_key),
+        tr("that is the last length below one half: the first at or above it is asked"): _half(rest, per_key) - 1,
+        tr("attention takes exactly half there, which counts: 'at least half', not more than half"): rest // per_key
+        + 1,
     }
 
 
@@ -221,7 +236,7 @@ def _half_slips(config) -> dict[str, object]:
 def attention_half_length_matches_the_count(kv, rng):
     """Check the half length of a GQA model with distinct sizes and of real models (MQA, MHA, GQA; Llama-2-7B's
     attention takes exactly half at its length), far past their contexts: arithmetic only, no model is built."""
-    cases = {"the GQA test model": ODD, **{name: _real(name) for name in ("Falcon-7B", "Llama-2-7B", "Llama-3-8B")}}
+    cases = {tr("the GQA test model"): ODD, **{name: _real(name) for name in ("Falcon-7B", "Llama-2-7B", "Llama-3-8B")}}
     for name, config in cases.items():
         layer, head = _terms(config)
         expected = _half(config.n_layers * layer + head, 2 * config.n_layers * config.n_heads * config.head_dim)

@@ -124,7 +124,9 @@ class IsolatedGrading(NbGraderPreprocessor):
                 for c in cell_checks:
                     if c.name not in results:
                         results[c.name] = self._run(c, sandbox, check_rng(secret, student, c.name))
-                cell.outputs = _outputs(gid, [(c.name, *results[c.name]) for c in cell_checks], trusted[gid])
+                whole = any(c.exercise.kind == "fix" for c in cell_checks)  # a bug is fixed or it is not
+                verdicts = [(c.name, *results[c.name]) for c in cell_checks]
+                cell.outputs = _outputs(gid, verdicts, trusted[gid], whole=whole)
         finally:
             if sandbox is not None:
                 sandbox.close()
@@ -370,22 +372,23 @@ class HideHiddenTests(ClearHiddenTests):
     enforce_metadata = Bool(False).tag(config=True)
 
 
-def _outputs(cell: str, verdicts: list[tuple[str, bool, str]], points: float) -> list:
+def _outputs(cell: str, verdicts: list[tuple[str, bool, str]], points: float, whole: bool = False) -> list:
     """A graded cell's outputs from its checks' verdicts [(check, passed, message)], as nbgrader's
     SaveAutoGrades reads them: all passed, full points (a "passed" line each); none, an error (0);
-    some, a line each and the points earned as the cell's value (nbgrader's partial credit)."""
+    some, a line each and the points earned as the cell's value (nbgrader's partial credit), unless the
+    cell is whole (a find-and-fix exercise's: a shipped body that passes some checks earns nothing)."""
     passed = sum(ok for _, ok, _ in verdicts)
     lines = [f"passed: {msg}" if ok else f"failed: {name}: {msg}" for name, ok, msg in verdicts]
     if passed == len(verdicts):
         return [new_output("stream", name="stdout", text="\n".join(lines) + "\n")]
-    if passed == 0:
-        message = "; ".join(msg for _, _, msg in verdicts)
+    if passed == 0 or whole:
+        message = "; ".join(msg for _, ok, msg in verdicts if not ok)
         return [
             new_output(
                 "error",
                 ename="AssertionError",
                 evalue=message,
-                traceback=[f"AssertionError: {msg}" for _, _, msg in verdicts]
+                traceback=[f"AssertionError: {msg}" for _, ok, msg in verdicts if not ok]
                 + [f"(isolated checks of {cell}: your kvlib code, run apart from this notebook)"],
             )
         ]

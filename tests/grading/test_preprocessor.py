@@ -32,6 +32,17 @@ def test_a_cell_earns_the_share_of_its_checks_that_passed(passed, expected):
         assert (f"wrong {i}" in text) == (not ok)
 
 
+def test_a_find_and_fix_cell_earns_nothing_until_every_check_passes():
+    """Check that a whole cell (a find-and-fix exercise's) that passes 3 of its 4 checks earns 0, naming the failure,
+    and all 4 the full 8: a shipped bug that happens to pass a check earns nothing for it."""
+    verdicts = [(f"c{i}", i != 1, "fine" if i != 1 else "wrong 1") for i in range(4)]
+    outputs = _outputs("checks-1-1", verdicts, 8.0, whole=True)
+    assert _graded(outputs, 8.0) == (0.0, 8.0)
+    assert "wrong 1" in "".join(o.get("evalue", "") for o in outputs)
+    right = [(name, True, "fine") for name, _, _ in verdicts]
+    assert _graded(_outputs("checks-1-1", right, 8.0, whole=True), 8.0) == (8.0, 8.0)
+
+
 def test_every_exercise_cell_names_all_its_checks_and_only_them():
     """Check that "checks-X-Y" stands for every check of exercise X.Y, a check's name for itself alone,
     and anything else for nothing."""
