@@ -5,6 +5,7 @@ the benchmark's shape of report.
 Runs in reference mode (conftest). No test asserts on time."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -589,6 +590,30 @@ SLIPS = [
     ("10.5", "tokens_per_pass", pass_closed_form_at_one, "at alpha = 1 every draft is kept"),
     ("10.5", "tokens_per_pass", pass_as_the_run_counted, "expected"),
 ]
+
+
+def _verify_counted_to_the_first_mismatch(model, cache, last_token, draft):  # the shipped body, its count fixed only
+    logits, _ = model(torch.tensor([[last_token, *draft]]), past_key_values=cache)
+    predicted = logits[0].argmax(-1).tolist()
+    n = next((i for i, (d, p) in enumerate(zip(draft, predicted)) if d != p), len(draft))
+    return n, predicted[n]
+
+
+def test_shipped_verify_greedy_fails_showing_the_symptom_until_both_bugs_are_fixed():
+    """Check that Exercise 10.1's shipped body (the released stub's, a find-and-fix: every agreeing draft counted, even
+    past the first mismatch, and the cache never rewound) fails its check showing the tokens it would write beside
+    greedy decoding's, naming no cause; with the count fixed, the cache's length shows; with both fixed, it passes."""
+    shipped = speculative.verify_greedy.__wrapped__  # the stub's own body (reference mode elsewhere)
+    assert (
+        shipped.__code__.co_filename.endswith("kvlib/speculative.py")
+        and "solutions" not in shipped.__code__.co_filename
+    )
+    cause = r"truncate|rewind|prefix|mismatch|stop|first reject|stay"
+    (first,) = _messages("10.1", verify_greedy=shipped)
+    assert "where greedy decoding writes" in first and not re.search(cause, first), first
+    (half,) = _messages("10.1", verify_greedy=_verify_counted_to_the_first_mismatch)
+    assert "on return the cache holds" in half and not re.search(cause, half), half
+    assert _messages("10.1", verify_greedy=verify_cumprod) == [""]
 
 
 @pytest.mark.parametrize("ex_id, name, fake, words", SLIPS, ids=[f"{s[0]}-{s[2].__name__}" for s in SLIPS])
