@@ -364,6 +364,112 @@ def test_hint_translations_are_of_todays_english():
     assert not problems, "\n".join(problems)
 
 
+def test_a_templates_fields_are_translated_where_the_catalogue_has_them(chinese):
+    """Check that translate() translates a template's field values that are themselves texts of the catalogue (a
+    label filled into "{0}-bound", a verdict filled into a title, a record note's thread count), in any place of it,
+    and leaves a field the catalogue lacks (a number, a machine's name) as it is."""
+    assert i18n.translate("memory-bound: 1,200 tokens/s predicted") == "访存受限：预测每秒 1,200 个词元"
+    title = (
+        "GQA-2 decode against MHA, median speed: the shared heads copied out 0.8x (slower in every paired round),\n"
+        "read in place 1.4x (faster in every paired round)"
+    )
+    shown = i18n.translate(title)
+    assert "每一轮配对测量都更慢" in shown and "每一轮配对测量都更快" in shown and "paired" not in shown
+    assert i18n.translate(", 1 thread, torch 2.5.1, median of 5 runs") == "，1 个线程，torch 2.5.1，5 次运行的中位数"
+    assert i18n.translate("Xeon 8480") == "Xeon 8480"  # a machine's name: no text of the catalogue
+
+
+def test_the_extractor_finds_what_a_figure_draws_and_what_a_verdict_says():
+    """Check english_texts on a figure's code: tick labels (set_xticks), a dict's values drawn through an index, a
+    loop's written-out tuples assigned to a name a title draws, `a or b`, a text joined to what is not one (a field),
+    a comprehension's item, a dict looped over into a drawn label, a keyword named as a label; not the keys, nor what is only indexed by; and on
+    a notebook, the words handed to
+    claims.compare; and that every sentence kvlib/course/claims.py can say is found whole."""
+    source = """
+def fig(ax, way, ok, note=None, title=None):
+    names = {"naive": "the naive loop", "tiled": "the tiled loop"}
+    verdict = "held" if ok else "did not hold"
+    for axis, key, head in ((ax, "tokens_per_s", "Throughput"), (ax, "tpot_s", "Latency")):
+        axis.set_title(head)
+    ax.set_xticks([0, 1], [f"pass {i}" for i in range(2)] + ["bonus"])
+    ax.legend(title=f"{names[way]}: {verdict}")
+    ax.set_ylabel(title or "time (s)")
+    ax.text(0, 0, note + "; tiny model")
+    styles = {"naive": ("#000000", "every score kept"), "tiled": ("#0072B2", "one tile at a time")}
+    for key, (color, label) in styles.items():
+        ax.plot([0], [0], color=color, label=label)
+    step_time_fit(ax, fit_label="a line through the points")
+"""
+    found = translate.english_texts("kvlib/course/figures/x.py", source)["kvlib/course/figures/x.py::fig"]
+    assert found == {
+        "the naive loop", "the tiled loop", "held", "did not hold", "Throughput", "Latency", "pass {0}", "bonus",
+        "time (s)", "{0}; tiny model", "every score kept", "one tile at a time",
+        "a line through the points",
+    }  # fmt: skip
+    cell = 'v = claims.compare("06a.grouped-vs-mha", r, "GQA-2 read in place", "MHA", what="throughput")'
+    assert translate.english_texts("solutions/x.ipynb", cell) == {
+        "solutions/x.ipynb": {"GQA-2 read in place", "MHA", "throughput"}
+    }
+    claims = (ROOT / "kvlib/course/claims.py").read_text(encoding="utf-8")
+    said = translate.english_texts("kvlib/course/claims.py", claims)
+    assert (
+        "{0} ran at {1} {2}'s {3}: faster in every one of {4} paired rounds ({5})"
+        in said["kvlib/course/claims.py::compare"]
+    )
+    assert "{0}: {1}, below {2} ({3})" in said["kvlib/course/claims.py::exact"]
+
+
+def test_chinese_beside_mathtext_is_drawn_and_a_missing_glyph_is_caught(chinese):
+    """Check that missing_glyphs names the boxes mathtext draws for Chinese beside `$...$` (matplotlib logs "Font
+    'default' does not have a glyph for", no warning), and that a figure's translated text with mathtext draws
+    every glyph (the CJK font first)."""
+    import matplotlib.pyplot as plt
+
+    if plotting.cjk_font() is None:
+        pytest.skip("no CJK font installed")
+    with style.style():
+        fig, ax = plt.subplots()
+        ax.set_title("拟合：~$N^{1.50}$")
+    assert any("does not have a glyph for" in m for m in plotting.missing_glyphs(fig))
+    plt.close(fig)
+    with style.style():
+        fig, ax = plt.subplots()
+        ax.plot([1, 2], [1, 2], label="  fit: ~$N^{1.50}$")
+        ax.legend()
+    assert style.translate_texts(fig) == 1 and plotting.missing_glyphs(fig) == []
+    assert "  拟合：~$N^{1.50}$" in {t.get_text() for t in fig.findobj(Text)}
+    plt.close(fig)
+
+
+def test_a_record_note_and_a_verdict_title_in_chinese(chinese):
+    """Check a figure's foot and title in Chinese: record_note's words around the machine's name (which stays as
+    recorded) and a notebook's note joined to it; a verdict broken after its colon as a title, line by line; a way's
+    name wrapped at its comma as a bar's tick label (a category, labelled at each draw), unbroken."""
+    if plotting.cjk_font() is None:
+        pytest.skip("no CJK font installed")
+    note = plotting.record_note({"device": "Intel Xeon, 8 cores", "threads": 1, "torch": "2.5.1"}, runs=3)
+    assert note == "Intel Xeon, 8 cores，1 个线程，torch 2.5.1，3 次运行的中位数"
+    assert i18n.translate(note + "; 32 requests, 4,096 KV slots") == note + "；32 个请求，4,096 个 KV 槽位"
+    row = {"tokens_per_s": 1.0, "tpot_mean_s": 0.1, "steps": 9, "kv_utilisation": 0.5}
+    ways = {w: [row] * 3 for w in ("static, reserved", "continuous, paged")}
+    title = "continuous, paged ran at 1.52x continuous, reserved's throughput:\nfaster in every one of 3 paired rounds (1.4x-1.6x)"
+    fig = plotting.serving_compare(ways, title=title, note=note)
+    fig.canvas.draw()  # tick labels are made at a draw
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["静态批处理，预留", "连续批处理，分页"]
+    assert fig._suptitle.get_text() == (
+        "连续批处理，分页 的吞吐量是 连续批处理，预留 的 1.52x：\n3 轮配对测量中每一轮都更快（1.4x-1.6x）"
+    )
+
+
+def test_every_figure_in_chinese_draws_every_glyph(chinese):
+    """Check that each figure of tests/test_figures.py, drawn with KVLIB_LANG=zh-CN, has no empty box: no glyph
+    missing from its fonts, mathtext's included, once its texts are translated."""
+    from test_figures import FIGURES
+
+    missing = {name: plotting.missing_glyphs(make()) for name, make in FIGURES.items()}
+    assert not {name: m for name, m in missing.items() if m}
+
+
 def test_figures_speak_chinese_only_where_a_font_draws_it(chinese, monkeypatch):
     """Check a figure with KVLIB_LANG=zh-CN: its title and axis labels in Chinese where a CJK font is installed, in
     English where none is (the tokens in pinyin), never a glyph missing (an empty box) either way."""
