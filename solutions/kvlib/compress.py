@@ -144,6 +144,14 @@ class SinkCache(CacheBase):
         filled = min(self.pos + T, self.capacity)
         return self.k[layer, :, :, :filled], self.v[layer, :, :, :filled]
         ### END SOLUTION
+        ### BEGIN SHIPPED
+        # T = k_new.shape[2]
+        # slots = [p % self.capacity for p in range(self.pos, self.pos + T)]  # once full, wrap around to the oldest
+        # self.k[layer, :, :, slots] = k_new  # (B, H_kv, T, D) into their slots
+        # self.v[layer, :, :, slots] = v_new
+        # filled = min(self.pos + T, self.capacity)
+        # return self.k[layer, :, :, :filled], self.v[layer, :, :, :filled]
+        ### END SHIPPED
 
 
 @exercise("8.4", validate=inputs.check_cache_positions)
