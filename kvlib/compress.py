@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 
 from kvlib.core.cache import CacheBase
-from kvlib.core.model import causal_mask_tensor
 from kvlib.course import inputs
 from kvlib.course.exercises import exercise
 

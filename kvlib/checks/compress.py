@@ -95,8 +95,8 @@ def _quantize_case(kv, x: torch.Tensor, dim: int, what: str) -> None:
     )
     assert got_scale.dtype == torch.float32, f"{what}: scale must be float32, got {got_scale.dtype}"
     assert torch.isfinite(got_scale).all() and (got_scale > 0).all(), (
-        f"{what}: a scale is 0, nan or inf: an all-zero slice gives max |x| = 0, and 0/0 is nan (any positive scale will "
-        "do there)"
+        f"{what}: a scale is 0, nan or inf where the slice's numbers are all zero: such a slice still needs a finite "
+        "scale above 0 (its values are 0 whatever the scale)"
     )
     used = (x.double().abs().amax(dim=dim, keepdim=True) > 0).expand_as(got_scale)  # an all-zero slice: any scale
     for divisor, name in (
@@ -107,7 +107,7 @@ def _quantize_case(kv, x: torch.Tensor, dim: int, what: str) -> None:
         if _close(got_scale[used], _quantize(x, dim, divisor)[1].float()[used]):
             raise AssertionError(f"{what}: the scale is max|x| / {name}: the largest |x| must map to 127")
     assert _close(got_scale[used], scale.float()[used], rtol=1e-5, atol=1e-8), (
-        f"{what}: the slice's largest |x| must map to +-127 exactly, so its scale is that |x| / 127"
+        f"{what}: the scales are not the finest steps at which each slice's numbers fit in -127 ... 127"
     )
     err = (got_values.double() * got_scale.double() - x.double()).abs()
     if not (err <= got_scale.double() / 2 * (1 + 1e-4) + 1e-7).all():
@@ -115,12 +115,12 @@ def _quantize_case(kv, x: torch.Tensor, dim: int, what: str) -> None:
             got_values.double().abs() <= (x.double() / got_scale.double()).abs() + 1e-3
         ).all():  # never rounded away from 0
             raise AssertionError(
-                f"{what}: the values are truncated toward zero (.to(torch.int8) cuts the fraction off): "
-                ".round() first, so each error is at most half a scale step"
+                f"{what}: the values are truncated toward zero (.to(torch.int8) cuts the fraction off), not rounded "
+                "to the nearest integer: an error reaches a whole scale step"
             )
         raise AssertionError(
             f"{what}: values * scale misses x by more than half a scale step (largest error "
-            f"{float((err / got_scale.double()).max()):.2f} steps): round x / scale to the nearest integer"
+            f"{float((err / got_scale.double()).max()):.2f} steps): the values are not the nearest integers"
         )
 
 
@@ -471,10 +471,10 @@ def _mla_expected_and_slips(q_nope, q_rope, latent, k_rope, w_uk, w_uv):
     k_rope_h = k_rope[:, None].expand(-1, H_, -1, -1)
     q, k = torch.cat([q_nope, q_rope], -1), torch.cat([k_nope, k_rope_h], -1)
     slips = {
-        "the rotary part is left out: the score is q_nope . k_nope + q_rope . k_rope": _attention(
+        "the rotary part is left out of the scores: q_rope and k_rope change nothing": _attention(
             q_nope, k_nope, v, scale=math.sqrt(q.shape[-1])
         ),
-        "the scores are divided by sqrt(nope_dim); MLA's query has nope_dim + rope_dim numbers": _attention(
+        "the scores' scale counts the query's nope part only, not its whole width": _attention(
             q, k, v, scale=math.sqrt(q_nope.shape[-1])
         ),
         "the mask is aligned top-left: the seq_len queries are the LAST of the kv_len positions": _attention(
@@ -558,8 +558,7 @@ def mla_absorbed_never_builds_per_head_keys(kv, rng):
             f"mla_absorbed held {usage.beyond_inputs / MB:.0f} MB beyond its inputs at its peak (the grader measures "
             f"the process's memory) for one query against {m['S']:,} cached latents: per-head keys, values or "
             f"latents for every cached token ({m['H']} heads) take {values / MB:.0f} MB or more, which is what "
-            "absorbing avoids. Fold w_uk into the query (q_nope @ w_uk[h]) and apply w_uv to the (B, H, T, kv_rank) "
-            "result of probs @ latent; einsum, not a broadcasting matmul, which copies the latents to every head"
+            "absorbing avoids (a matmul that broadcasts the latents over the heads makes such a copy too)"
         )
         return
     S = 40
@@ -575,8 +574,8 @@ def mla_absorbed_never_builds_per_head_keys(kv, rng):
     big = [(op, shape) for op, shape in made if math.prod(shape) >= limit and math.prod(shape) % per_head == 0]
     assert not big, (
         f"mla_absorbed made a tensor of {big[0][1]} ({big[0][0]}): per-head keys or values for all {S} cached "
-        "tokens, which is what absorbing avoids. Fold w_uk into the query (q_nope @ w_uk[h]) and apply w_uv "
-        "to the (B, H, T, kv_rank) result of probs @ latent"
+        "tokens, which is what absorbing avoids (a matmul that broadcasts the latents over the heads makes such a "
+        "copy too)"
     )
 
 
