@@ -119,7 +119,7 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("8.5", "MLA by rebuilding keys and values", "08-compress", "compress", "mla_reconstruct"),
     Exercise("8.6", "MLA with absorbed weights", "08-compress", "compress", "mla_absorbed"),
     Exercise("8.8", "Predict the FLOPs of MLA's two paths", "08-compress", "compress", "mla_flops", kind="predict"),
-    Exercise("8.3", "A rolling cache with sinks", "08-compress", "compress", "SinkCache.update"),
+    Exercise("8.3", "A rolling cache with sinks", "08-compress", "compress", "SinkCache.update", kind="fix"),
     Exercise("8.4", "Positions inside the rolling cache", "08-compress", "compress", "cache_positions"),
     Exercise("9.1", "The online softmax", "09-fused", "fused", "online_softmax"),
     Exercise("9.2", "Tiled attention, causal tiles skipped", "09-fused", "fused", "tiled_attention"),
