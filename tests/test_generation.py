@@ -844,7 +844,7 @@ SLIPS = [
         "underflows",
     ),
     ("temper_is_greedy_at_zero_and_finite_when_cold", {"temper": lambda p, t: _temper(p, t, greedy=False)}, "one-hot"),
-    ("2.8", {"param_counts": lambda c: _params(c, kv_heads=c.n_heads)}, "n_kv_heads heads of head_dim"),
+    ("2.8", {"param_counts": lambda c: _params(c, kv_heads=c.n_heads)}, "as many as the queries"),
     ("2.8", {"param_counts": lambda c: _params(c, mlp_matrices=2)}, "three matrices"),
     ("2.8", {"param_counts": lambda c: _params(c, final_norm=False)}, "before the lm_head is missing"),
     ("2.8", {"param_counts": lambda c: _params(c, lm_head=False)}, "the lm_head is missing"),

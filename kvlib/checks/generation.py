@@ -393,13 +393,11 @@ def measure_ttft_itl_times_prefill_and_steps(kv, rng):
     if not _same(got_ttft, ttft):
         hint = ""
         if _same(got_ttft, itls[0]) or got_ttft < 0.5 * ttft:
-            hint = tr(
-                " It looks like the prefill was left out: start the clock before generate, so TTFT includes the first forward."
-            )
+            hint = tr(" It is shorter than the prefill alone: the prefill was left out of it.")
         elif _same(got_ttft, total):
-            hint = tr(" That is the whole generation: TTFT ends when the first token exists (the first on_token call).")
+            hint = tr(" That is the whole generation: TTFT ends when the first token exists.")
         elif got_ttft > 100:
-            hint = tr(" That looks like a clock reading, not a duration: subtract the start time.")
+            hint = tr(" That looks like a clock reading, not a duration.")
         raise AssertionError(
             f"the prefill of {T} tokens takes {ttft * 1e3:.0f} ms here, so TTFT should be that, got {got_ttft * 1e3:.1f} ms.{hint}"
         )
@@ -416,8 +414,8 @@ def measure_ttft_itl_times_prefill_and_steps(kv, rng):
             if all(_same(g, since + sum(itls[: j + 1])) for j, g in enumerate(got_itls)):
                 raise AssertionError(
                     f"each inter-token latency was measured from {origin}, so they grow as a running total: "
-                    "itls[i] is the gap between new token i and new token i + 1, the difference of two consecutive "
-                    f"readings (here {', '.join(f'{x * 1e3:.0f}' for x in itls)} ms)"
+                    "itls[i] is the gap between new token i and new token i + 1 alone "
+                    f"(here {', '.join(f'{x * 1e3:.0f}' for x in itls)} ms)"
                 )
         raise AssertionError(
             f"decode step {i + 1} re-runs {T + 1 + i} tokens and takes {t * 1e3:.0f} ms here, got {got * 1e3:.1f} ms: "
@@ -869,8 +867,8 @@ def rms_norm_holds_at_the_edges(kv, rng):
 
 
 @check("2.5")
-def rms_norm_normalises_16_bit_in_float32(kv, rng):
-    """Check float16 hidden states with values up to 400, whose squares overflow float16: finite, in float16."""
+def rms_norm_holds_for_large_float16_values(kv, rng):
+    """Check float16 hidden states with values up to 400: the result finite, float16, and equal to RMSNorm's."""
     x = torch.from_numpy(rng.uniform(-400, 400, size=(2, 3, 16))).half()
     weight = torch.from_numpy(rng.uniform(0.5, 2.0, size=16)).half()
     _judge_rms(kv, x, weight, 1e-5, tr("float16 x with values up to 400"), rtol=2e-3, atol=2e-3)
@@ -1050,7 +1048,9 @@ def _param_slips(config: ModelConfig) -> dict[str, list[tuple[int, str]]]:
         "attention": [
             (
                 L * 4 * C * H * D,
-                tr("k_proj and v_proj give n_kv_heads heads of head_dim, not n_heads: with GQA they are narrower"),
+                tr(
+                    "attention is counted as if keys and values had n_heads heads, as many as the queries: this config has fewer"
+                ),
             ),
             (
                 L * (C * H * D + 2 * C * H_kv * D),
