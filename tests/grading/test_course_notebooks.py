@@ -362,6 +362,27 @@ def param_counts(config):
 
     with torch.device("meta"):
         return counted_params(Decoder(config))
+
+
+def rms_norm(x, weight, eps=1e-5):
+    """2.5's shortcut: the model's own RMSNorm, run (refused while 2.5 runs: kvlib.course.exercises.READY_MADE)."""
+    from kvlib.core.model import RMSNorm
+
+    norm = RMSNorm(x.shape[-1], eps).to(weight.dtype)
+    with torch.no_grad():
+        norm.weight.copy_(weight)
+    return norm(x)
+
+
+def swiglu(x, w_gate, w_up, w_down):
+    """2.6's shortcut: the model's own MLP, run (refused while 2.6 runs: kvlib.course.exercises.READY_MADE)."""
+    from kvlib.core.model import MLP, ModelConfig
+
+    mlp = MLP(ModelConfig(2, d_model=w_gate.shape[1], n_heads=1, n_kv_heads=1, hidden_dim=w_gate.shape[0]))
+    with torch.no_grad():
+        for linear, w in ((mlp.gate_proj, w_gate), (mlp.up_proj, w_up), (mlp.down_proj, w_down)):
+            linear.to(w.dtype).weight.copy_(w)
+    return mlp(x)
 '''
 
 CHEAT_02_STEPS = '''
@@ -449,13 +470,21 @@ BANK = {
         "cheat-echo": (
             CHEATS_02,
             {f"2.{i}" for i in range(1, 9)},
-            {"2.2": {"generate_streams_each_token": "after the loop ended"}, "2.3": 0, "2.4": 0, "2.8": 0},
+            {
+                "2.2": {"generate_streams_each_token": "after the loop ended"},
+                "2.3": 0,
+                "2.4": 0,
+                "2.5": 0,
+                "2.6": 0,
+                "2.8": 0,
+            },
         ),
-        "cheat-steps": (  # the layer's project_q / project_kv: refused; 2.2 handed in as shipped, its bugs unfixed
-            lambda: CHEAT_02_STEPS + _shipped("generation", "generate"),
-            {"2.1", "2.2", "2.4"},
+        "cheat-steps": (  # the layer's project_q / project_kv: refused; 2.2 and 2.5 handed in as shipped, unfixed
+            lambda: CHEAT_02_STEPS + _shipped("generation", "generate") + _shipped("generation", "rms_norm"),
+            {"2.1", "2.2", "2.4", "2.5"},
             {
                 "2.4": 0,
+                "2.5": 0,
                 "2.2": {
                     "generate_matches_greedy_loop": "all 7 new tokens are the same",
                     "generate_answers_the_seed_question": "should continue with 巴黎",
@@ -469,11 +498,12 @@ BANK = {
                 {
                     "2.2": ("test_generation", "generate_token_list"),
                     "2.4": ("test_generation", "attention_per_head"),
+                    "2.5": ("test_generation", "rms_norm_divide"),
                     "2.8": ("test_generation", "params_from_shapes"),
                 },
             ),
             {f"2.{i}" for i in range(1, 9)},
-            dict.fromkeys(("2.2", "2.4", "2.8"), "full"),
+            dict.fromkeys(("2.2", "2.4", "2.5", "2.8"), "full"),
         ),
     },
     "fused": {
