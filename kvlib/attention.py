@@ -77,7 +77,7 @@ def causal_mask(seq_len: int, kv_len: int) -> np.ndarray:
 
 @exercise("1.4", validate=inputs.check_self_attention)
 def causal_self_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray):
-    """Scaled dot-product attention of every query at once, under the causal mask.
+    """Attention of every query at once, under the causal mask: attend (1.2) of each query over the keys it may see.
 
     Args:    q: (..., seq_len, head_dim), k: (..., kv_len, head_dim), v: (..., kv_len, d_v), one float dtype;
              the queries are the last seq_len of the kv_len positions; scores scaled by 1 / sqrt(head_dim)
