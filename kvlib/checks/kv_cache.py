@@ -201,7 +201,7 @@ def _randn(rng, *shape) -> torch.Tensor:
 
 @check("4.1")
 def kv_cache_update_writes_in_place(kv, rng):
-    """Check that update writes one layer's keys and values at [pos, pos + seq_len) of the pre-allocated cache.
+    """Check that update stores one layer's new keys and values in the storage made once, and returns what it holds.
 
     Reallocation is judged by the cache's address in a local run, by the memory an update of a long cache holds
     in the isolated grader (measured by the grading process)."""
@@ -226,7 +226,7 @@ def kv_cache_update_writes_in_place(kv, rng):
         "k_new, v_new should land at positions 0..2 of layer 1"
     )
     assert not cache.k[0].any() and not cache.k[2].any(), "update(1, ...) must leave the other layers alone"
-    assert cache.pos == 0, "update must not move pos: advance() does that once every layer is written"
+    assert cache.pos == 0, "update moved pos: it should leave pos as it was (advance() moves it)"
 
 
 @check("4.1")
@@ -487,8 +487,8 @@ def cached_forward_decode_uses_the_cache(kv, rng):
 
 @check("4.3")
 def cached_forward_prefill_runs_once(kv, rng):
-    """Check that a prefill runs the whole prompt through the model in one pass, not one token at a time, and only its
-    last position through the output head."""
+    """Check that a prefill runs the whole prompt through the model in one pass, not one token at a time, and computes
+    no logits it does not return."""
     model, cache = _model(5), _cache(kv)
     one = _mlp_passes(kv.cached_forward, model, _ids(rng, 2, 1), cache)
     model, calls, heads = _counted(kv.cached_forward, _model(5))
@@ -501,10 +501,9 @@ def cached_forward_prefill_runs_once(kv, rng):
     )
     positions = sum(rows for _, rows in heads)  # 0 when the head's weight is applied by hand (a float64 head)
     assert positions <= 1, (
-        f"a prefill of 12 tokens ran {positions} position(s) of each sequence through the output head (model.lm_head), "
-        "for the one row of logits it returns (a prompt of 8,000 tokens and a vocabulary of 128,000 would make 4 GB "
-        "of logits to keep one row)"
-        + (" (the head runs, and is counted, in the grader)" if isolated(kv.cached_forward) else "")
+        f"a prefill of 12 tokens computed {positions} rows of logits per sequence and returned one (the checks count "
+        "the output head's work): a prompt of 8,000 tokens and a vocabulary of 128,000 would make 4 GB of logits to "
+        "keep one row" + (" (the head runs, and is counted, in the grader)" if isolated(kv.cached_forward) else "")
     )
 
 
@@ -676,14 +675,16 @@ def generate_cached_resets_between_prompts(kv, rng):
     kv.generate_cached(_model(6), a.clone(), 8, cache=cache)
     second = kv.generate_cached(_model(6), b.clone(), 8, cache=cache)
     pos = cache.pos
-    assert pos != 6 + 8, "the cache holds 14 tokens: the last new token was fed back, though nothing comes after it"
+    assert pos != 6 + 8, (
+        "after a 6-token prompt and 8 new tokens, cache.pos is 14: one token more went through the model than the 8 new "
+        "tokens need"
+    )
     assert pos == 6 + 7, (
-        f"after a 6-token prompt and 8 new tokens the cache should hold 13 tokens (the last token is never fed back), "
-        f"got cache.pos {pos}"
-        + (": the second prompt saw the first one's keys, the cache still held the first prompt" if pos > 14 else "")
+        f"after a 6-token prompt and 8 new tokens, cache.pos is {pos}; 13 tokens went through the model in a fresh run"
+        + (": the count includes the earlier prompt's tokens" if pos > 14 else "")
     )
     assert torch.equal(second, expected), (
-        "the second prompt's tokens differ from a fresh run: the cache still held the first prompt"
+        "the second prompt's tokens differ from a fresh run's: they depend on the earlier prompt"
     )
 
 
@@ -760,12 +761,14 @@ def _fit_slips(c, memory, seq_len, dtype) -> dict[str, object]:
         tr("the weights take memory too: one copy of them, stored once, beside the caches"): memory // one,
         tr("the weights are stored once and shared by every sequence of the batch, not once per sequence"): memory
         // (weights + one),
-        tr("that counts tokens, not sequences: divide by one sequence's cache of seq_len tokens"): max(0, left)
+        tr("that counts tokens, not sequences: each sequence keeps a cache of seq_len tokens"): max(0, left)
         // _kv_bytes(c, 1, 1, dtype),
-        tr("the cache is in dtype too: kv_cache_bytes(config, seq_len, 1, dtype)"): max(0, left)
+        tr("the caches counted in float16, though they are stored in dtype too"): max(0, left)
         // _kv_bytes(c, seq_len, 1, torch.float16),
-        tr("the weights are in dtype too (dtype.itemsize bytes a number)"): max(0, (memory - num_params(c) * 2) // one),
-        tr("whole sequences only: round down"): -(-max(0, left) // one),
+        tr("the weights counted in float16, though they are stored in dtype too"): max(
+            0, (memory - num_params(c) * 2) // one
+        ),
+        tr("one sequence too many: the last one's cache does not fit whole"): -(-max(0, left) // one),
         tr("whole sequences only: a fraction of a sequence does not decode"): max(0, left) / one,
         tr("when the weights alone do not fit, no sequence does: 0, not a negative count"): left // one,
     }
