@@ -19,7 +19,7 @@ from kvlib import kv_cache
 from kvlib.attention import causal_mask
 from kvlib.checks import CHECKS, checks_for
 from kvlib.checks.kv_cache import CONFIG, _model
-from kvlib.core.model import num_params
+from kvlib.core.model import matrix_params, num_params
 from kvlib.course.exercises import BY_ID
 from kvlib.generation import next_token
 
@@ -712,6 +712,15 @@ SLIPS = [
         "counts tokens, not sequences",
     ),
     ("sequences_that_fit_real_gpus", {"sequences_that_fit": lambda *a: 30}, "expected 59 sequences"),
+    (
+        "sequences_that_fit_real_gpus",
+        {
+            "sequences_that_fit": lambda c, m, s, d=torch.float16: max(
+                0, (m - matrix_params(c) * d.itemsize) // kv_cache.kv_cache_bytes(c, s, 1, d)
+            )
+        },
+        "without the embedding table",
+    ),
 ]
 
 
