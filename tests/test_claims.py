@@ -109,3 +109,22 @@ def test_every_claim_is_declared_well_and_evaluated_by_its_notebook():
             if cell["cell_type"] == "code"
         )
         assert f'"{c.id}"' in code, f"{c.id} is declared but its notebook never evaluates it"
+
+
+def test_a_verdict_prints_in_the_learners_language_and_records_english(record_here, monkeypatch, capsys):
+    """Check that with KVLIB_LANG=zh-CN a verdict prints in Chinese, the words the notebook filled in translated
+    where the catalogue has them, while its text and its record stay English (check_record reads the record's
+    words; `kvlib course claims` reports them)."""
+    from kvlib.course import i18n
+
+    monkeypatch.setenv(i18n.ENV, "zh-CN")
+    v = claims.compare("06a.grouped-vs-mha", [1.4, 1.5, 1.3], "GQA-2 read in place", "MHA")
+    shown = capsys.readouterr().out.strip()
+    assert shown == str(v) == "原地读取的 GQA-2 的速度是 MHA 的 1.40x：3 轮配对测量中每一轮都更快（1.30x-1.50x）"
+    assert (
+        v.text == "GQA-2 read in place ran at 1.40x MHA's speed: faster in every one of 3 paired rounds (1.30x-1.50x)"
+    )
+    e = claims.exact("08c.window-holding-the-question", 0.9, 0.95, "a window of 32", "the full cache's", fmt="{:.1%}")
+    assert e.shown() == "大小为 32 的窗口：90.0%，低于完整缓存的（95.0%）"
+    recorded = {r["id"]: r for r in claims.load(record_here)}
+    assert recorded["06a.grouped-vs-mha"]["text"] == v.text and not claims.check_record(recorded[e.id])

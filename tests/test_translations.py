@@ -222,6 +222,7 @@ def test_message_catalogue_translates_todays_english():
     status = translate.catalogue_status(ZH)
     assert not status.stale, "\n".join(p for problems in status.stale.values() for p in problems)
     assert "kvlib/course/hints.py::show" in status.complete and "kvlib/app/cli.py::_table" in status.complete
+    assert {"kvlib/course/inputs.py::float_array", "kvlib/course/inputs.py::check_verify"} <= set(status.complete)
     seen: dict[str, tuple[str, str]] = {}
     for scope, entries in i18n.catalogue(ZH).items():
         for en, zh in entries.items():
@@ -329,6 +330,53 @@ def test_an_unfinished_exercise_is_named_in_chinese(chinese, learner_mode):
     )
 
 
+def test_bad_input_is_named_in_chinese(chinese, monkeypatch, learner_mode):
+    """Check that the exercises' input checks (kvlib/course/inputs.py) name bad input in the learner's language, as
+    a notebook cell, `kvlib check` and the grader's feedback show it: with KVLIB_LANG=zh-CN in Chinese with the same
+    shapes and numbers (a check's own message, a helper's, the model's check of token ids that 2.2's calls, a check
+    a shipped function calls), raised as a ValueError; in English as the code words it."""
+    import torch
+
+    import kvlib.attention
+    import kvlib.fused
+    import kvlib.generation
+    from kvlib.core.model import Decoder, ModelConfig
+
+    model = Decoder(ModelConfig(vocab_size=5, d_model=8, n_layers=1, n_heads=2, n_kv_heads=2, hidden_dim=8))
+
+    def error(fn, *args) -> str:
+        with pytest.raises(ValueError) as err:
+            fn(*args)
+        return str(err.value)
+
+    cases = [
+        (kvlib.attention.attend, (np.zeros(4), np.zeros((3, 5)), np.zeros((3, 2)))),
+        (kvlib.attention.softmax, ([1.0, 2.0],)),
+        (kvlib.generation.rms_norm, (torch.zeros(2, 8), torch.ones(7))),
+        (kvlib.attention.causal_mask, (5, 3)),
+        (kvlib.generation.generate, (model, torch.tensor([[1, 7]]), 2)),  # the model's own check, through 2.2's
+        (kvlib.fused.flash_decode, (*[torch.zeros(1, 2, 1, 4)] * 3, 0)),  # not an exercise: it calls a check
+    ]
+    chinese = [error(fn, *args) for fn, args in cases]
+    assert chinese == [
+        "k 必须是 (kv_len, 4)，才能与形状为 (4,) 的 q 匹配，得到的却是 (3, 5)",
+        "scores 必须是 numpy 数组，得到的却是 list",
+        "weight 必须是 (8,)，x (2, 8) 的每个特征一个缩放系数，得到的却是 (7,)",
+        "新查询的个数 seq_len（5）不能多于键的个数 kv_len（3）",
+        "词元 id 必须在 [0, 5) 内，得到的值却在 1 到 7 之间",
+        "chunk 必须是正整数（每个块或分块的词元数），得到的却是 0",
+    ]
+    monkeypatch.delenv(i18n.ENV)
+    assert [error(fn, *args) for fn, args in cases] == [
+        "k must be (kv_len, 4) to match q of shape (4,), got (3, 5)",
+        "scores must be a numpy array, got list",
+        "weight must be (8,), one scale per feature of x (2, 8), got (7,)",
+        "seq_len (5) new queries cannot outnumber kv_len (3) keys",
+        "token ids must lie in [0, 5), got values 1 to 7",
+        "chunk must be a positive int (tokens per tile or chunk), got 0",
+    ]
+
+
 def test_translated_hints_are_shown_only_while_fresh(chinese, monkeypatch, tmp_path, learner_mode):
     """Check a hint translation: shown (its title in `kvlib check` too) while its hash is that of today's English
     section; once the English changes, named stale, and the English shown instead, under the note."""
@@ -362,6 +410,112 @@ def test_hint_translations_are_of_todays_english():
     assert not stale, f"hints whose English changed since they were translated: {stale}"
     problems = translate.hint_problems(ZH)
     assert not problems, "\n".join(problems)
+
+
+def test_a_templates_fields_are_translated_where_the_catalogue_has_them(chinese):
+    """Check that translate() translates a template's field values that are themselves texts of the catalogue (a
+    label filled into "{0}-bound", a verdict filled into a title, a record note's thread count), in any place of it,
+    and leaves a field the catalogue lacks (a number, a machine's name) as it is."""
+    assert i18n.translate("memory-bound: 1,200 tokens/s predicted") == "访存受限：预测每秒 1,200 个词元"
+    title = (
+        "GQA-2 decode against MHA, median speed: the shared heads copied out 0.8x (slower in every paired round),\n"
+        "read in place 1.4x (faster in every paired round)"
+    )
+    shown = i18n.translate(title)
+    assert "每一轮配对测量都更慢" in shown and "每一轮配对测量都更快" in shown and "paired" not in shown
+    assert i18n.translate(", 1 thread, torch 2.5.1, median of 5 runs") == "，1 个线程，torch 2.5.1，5 次运行的中位数"
+    assert i18n.translate("Xeon 8480") == "Xeon 8480"  # a machine's name: no text of the catalogue
+
+
+def test_the_extractor_finds_what_a_figure_draws_and_what_a_verdict_says():
+    """Check english_texts on a figure's code: tick labels (set_xticks), a dict's values drawn through an index, a
+    loop's written-out tuples assigned to a name a title draws, `a or b`, a text joined to what is not one (a field),
+    a comprehension's item, a dict looped over into a drawn label, a keyword named as a label; not the keys, nor what is only indexed by; and on
+    a notebook, the words handed to
+    claims.compare; and that every sentence kvlib/course/claims.py can say is found whole."""
+    source = """
+def fig(ax, way, ok, note=None, title=None):
+    names = {"naive": "the naive loop", "tiled": "the tiled loop"}
+    verdict = "held" if ok else "did not hold"
+    for axis, key, head in ((ax, "tokens_per_s", "Throughput"), (ax, "tpot_s", "Latency")):
+        axis.set_title(head)
+    ax.set_xticks([0, 1], [f"pass {i}" for i in range(2)] + ["bonus"])
+    ax.legend(title=f"{names[way]}: {verdict}")
+    ax.set_ylabel(title or "time (s)")
+    ax.text(0, 0, note + "; tiny model")
+    styles = {"naive": ("#000000", "every score kept"), "tiled": ("#0072B2", "one tile at a time")}
+    for key, (color, label) in styles.items():
+        ax.plot([0], [0], color=color, label=label)
+    step_time_fit(ax, fit_label="a line through the points")
+"""
+    found = translate.english_texts("kvlib/course/figures/x.py", source)["kvlib/course/figures/x.py::fig"]
+    assert found == {
+        "the naive loop", "the tiled loop", "held", "did not hold", "Throughput", "Latency", "pass {0}", "bonus",
+        "time (s)", "{0}; tiny model", "every score kept", "one tile at a time",
+        "a line through the points",
+    }  # fmt: skip
+    cell = 'v = claims.compare("06a.grouped-vs-mha", r, "GQA-2 read in place", "MHA", what="throughput")'
+    assert translate.english_texts("solutions/x.ipynb", cell) == {
+        "solutions/x.ipynb": {"GQA-2 read in place", "MHA", "throughput"}
+    }
+    claims = (ROOT / "kvlib/course/claims.py").read_text(encoding="utf-8")
+    said = translate.english_texts("kvlib/course/claims.py", claims)
+    assert (
+        "{0} ran at {1} {2}'s {3}: faster in every one of {4} paired rounds ({5})"
+        in said["kvlib/course/claims.py::compare"]
+    )
+    assert "{0}: {1}, below {2} ({3})" in said["kvlib/course/claims.py::exact"]
+
+
+def test_chinese_beside_mathtext_is_drawn_and_a_missing_glyph_is_caught(chinese):
+    """Check that missing_glyphs names the boxes mathtext draws for Chinese beside `$...$` (matplotlib logs "Font
+    'default' does not have a glyph for", no warning), and that a figure's translated text with mathtext draws
+    every glyph (the CJK font first)."""
+    import matplotlib.pyplot as plt
+
+    if plotting.cjk_font() is None:
+        pytest.skip("no CJK font installed")
+    with style.style():
+        fig, ax = plt.subplots()
+        ax.set_title("拟合：~$N^{1.50}$")
+    assert any("does not have a glyph for" in m for m in plotting.missing_glyphs(fig))
+    plt.close(fig)
+    with style.style():
+        fig, ax = plt.subplots()
+        ax.plot([1, 2], [1, 2], label="  fit: ~$N^{1.50}$")
+        ax.legend()
+    assert style.translate_texts(fig) == 1 and plotting.missing_glyphs(fig) == []
+    assert "  拟合：~$N^{1.50}$" in {t.get_text() for t in fig.findobj(Text)}
+    plt.close(fig)
+
+
+def test_a_record_note_and_a_verdict_title_in_chinese(chinese):
+    """Check a figure's foot and title in Chinese: record_note's words around the machine's name (which stays as
+    recorded) and a notebook's note joined to it; a verdict broken after its colon as a title, line by line; a way's
+    name wrapped at its comma as a bar's tick label (a category, labelled at each draw), unbroken."""
+    if plotting.cjk_font() is None:
+        pytest.skip("no CJK font installed")
+    note = plotting.record_note({"device": "Intel Xeon, 8 cores", "threads": 1, "torch": "2.5.1"}, runs=3)
+    assert note == "Intel Xeon, 8 cores，1 个线程，torch 2.5.1，3 次运行的中位数"
+    assert i18n.translate(note + "; 32 requests, 4,096 KV slots") == note + "；32 个请求，4,096 个 KV 槽位"
+    row = {"tokens_per_s": 1.0, "tpot_mean_s": 0.1, "steps": 9, "kv_utilisation": 0.5}
+    ways = {w: [row] * 3 for w in ("static, reserved", "continuous, paged")}
+    title = "continuous, paged ran at 1.52x continuous, reserved's throughput:\nfaster in every one of 3 paired rounds (1.4x-1.6x)"
+    fig = plotting.serving_compare(ways, title=title, note=note)
+    fig.canvas.draw()  # tick labels are made at a draw
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["静态批处理，预留", "连续批处理，分页"]
+    assert fig._suptitle.get_text() == (
+        "连续批处理，分页 的吞吐量是 连续批处理，预留 的 1.52x：\n3 轮配对测量中每一轮都更快（1.4x-1.6x）"
+    )
+
+
+def test_every_figure_in_chinese_draws_every_glyph(chinese):
+    """Check that each figure of tests/test_figures.py, drawn with KVLIB_LANG=zh-CN, has no empty box: no glyph
+    missing from its fonts, mathtext's included, once its texts are translated."""
+    from test_figures import FIGURES
+
+    missing = {name: plotting.missing_glyphs(make()) for name, make in FIGURES.items()}
+    assert not {name: m for name, m in missing.items() if m}
 
 
 def test_figures_speak_chinese_only_where_a_font_draws_it(chinese, monkeypatch):

@@ -43,3 +43,19 @@ def test_table_gives_every_recorded_sentence_with_its_status():
         == f"| {claim.notebook} | {claim.id.split('.', 1)[1]} | NOT as expected | it ran / slower |"
     )
     assert wrap_up.table([]) == "*No claim is recorded on this machine yet.*"
+
+
+def test_the_closing_page_speaks_the_learners_language(monkeypatch):
+    """Check that with KVLIB_LANG=zh-CN the summary titles each part as its Chinese notebook does and counts in
+    Chinese, and the table shows each recorded (English) sentence as the notebook printed it, in Chinese."""
+    from kvlib.course import i18n
+
+    monkeypatch.setenv(i18n.ENV, "zh-CN")
+    claim = next(c for c in CLAIMS if c.id == "06a.grouped-vs-mha")
+    text = "GQA-2 read in place ran at 1.40x MHA's speed: faster in every one of 3 paired rounds (1.30x-1.50x)"
+    lines = {line.split()[0]: line for line in wrap_up.summary([_record(claim.id, "faster", text)]).splitlines()}
+    declared = sum(c.notebook == "06a" for c in CLAIMS)
+    assert "手算注意力" in lines["01"] and lines["06a"].endswith(f"1 条符合预期（它的 {declared} 条结论中记录了 1 条）")
+    assert wrap_up.table([_record(claim.id, "faster", text)]).splitlines()[2] == (
+        "| 06a | grouped-vs-mha | 符合预期 | 原地读取的 GQA-2 的速度是 MHA 的 1.40x：3 轮配对测量中每一轮都更快（1.30x-1.50x） |"
+    )

@@ -483,13 +483,22 @@ def quality_problems(notebook: Path, lang: str, terms: list[Term] | None = None)
 # (parameters, variables) that hold a title or a label
 _FIGURE_CALLS = {
     "set_title", "set_xlabel", "set_ylabel", "suptitle", "supxlabel", "supylabel", "text", "annotate",
-    "set_label", "legend", "set_xticklabels", "set_yticklabels", "figtext",
+    "set_label", "legend", "set_xticks", "set_yticks", "set_xticklabels", "set_yticklabels", "figtext",
 }  # fmt: skip
-_FIGURE_KEYWORDS = {"label", "title", "xlabel", "ylabel", "labels", "note"}
+_FIGURE_KEYWORDS = {"label", "title", "xlabel", "ylabel", "labels", "note", "verdicts"}
 _FIGURE_NAMES = re.compile(r"^(?:title|label|xlabel|ylabel|note|\w+_(?:title|label))s?$")
 _WORDS = re.compile(r"[A-Za-z]{2,}")
 _FIELD = re.compile(r"\{\d+\}")
 _FIGURES = "kvlib/course/figures/"  # one module per notebook
+# The exercises' input checks, whose ValueErrors reach the learner translated (kvlib/course/inputs.py's last section):
+# every function of kvlib/course/inputs.py, and the model's own check of token ids that several of them call
+_INPUTS = {"kvlib/course/inputs.py": None, "kvlib/core/model.py": {"check_input"}}
+# A claim's verdict (kvlib/course/claims.py): each sentence, joined from the parts it words (head and tail: _sentences),
+# and what a notebook's claims.compare/against/exact call fills into them (the texts after the claim's id)
+_CLAIMS = "kvlib/course/claims.py"
+_SENTENCE = {"head", "tail"}
+_VERDICTS = {"compare", "against", "exact"}
+_VERDICT_KEYWORDS = {"what"}
 
 
 def template(node) -> str | None:
@@ -508,18 +517,108 @@ def template(node) -> str | None:
     return None
 
 
-def _strings(node) -> list[str]:
+def _drawn_keyword(name: str | None) -> bool:
+    """Whether a keyword argument carries a figure's text: label=, title=, ... or one named as a label or a title
+    (roof_label=)."""
+    return name is not None and (name in _FIGURE_KEYWORDS or bool(_FIGURE_NAMES.match(name)))
+
+
+def _strings(node, drawn: bool = False) -> list[str]:
     """The texts an expression can give: a string, either branch of an `a if c else b`, a list's or tuple's items,
-    each text `a + b` can join (the fields of b numbered on from a's)."""
+    each text `a + b` can join (the fields of b numbered on from a's). drawn (a figure's text): also either side of an
+    `a or b`, a dict's values, what is indexed (`names[way]`), a comprehension's item, two lists joined, and a text
+    joined to what is not one (`record_note(r) + "; tiny model"`: that part a field, {0})."""
     if (t := template(node)) is not None:
         return [t]
     if isinstance(node, ast.IfExp):
-        return _strings(node.body) + _strings(node.orelse)
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        return [a + _renumbered(b, len(_FIELD.findall(a))) for a in _strings(node.left) for b in _strings(node.right)]
+        return _strings(node.body, drawn) + _strings(node.orelse, drawn)
     if isinstance(node, ast.List | ast.Tuple):
-        return [s for item in node.elts for s in _strings(item)]
+        return [s for item in node.elts for s in _strings(item, drawn)]
+    if drawn and isinstance(node, ast.BoolOp):  # `title or "the default"`
+        return [s for value in node.values for s in _strings(value, drawn)]
+    if drawn and isinstance(node, ast.Dict):
+        return [s for item in node.values for s in _strings(item, drawn)]
+    if drawn and isinstance(node, ast.Subscript):
+        return _strings(node.value, drawn)
+    if drawn and isinstance(node, ast.ListComp | ast.GeneratorExp):
+        return _strings(node.elt, drawn)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        if drawn and any(isinstance(side, ast.List | ast.ListComp) for side in (node.left, node.right)):
+            return _strings(node.left, drawn) + _strings(node.right, drawn)  # two lists of labels
+        left, right = _strings(node.left, drawn), _strings(node.right, drawn)
+        if drawn and bool(left) != bool(right):  # a text and something else: a field where the other is
+            left, right = left or ["{0}"], right or ["{0}"]
+        return [a + _renumbered(b, len(_FIELD.findall(a))) for a in left for b in right]
     return []
+
+
+def _drawn_names(tree: ast.Module) -> dict[str | None, set[str]]:
+    """The variables a figure's text is made of, by scope (as _scopes): each name read in a text-drawing call's
+    arguments or a text-carrying keyword (not a function called, nor an index: `label=names[way]` draws names' values,
+    not way's), and in turn each variable such a name is assigned or looped over from as it is (_held: `for way,
+    (color, label) in styles.items()` draws styles' texts)."""
+    values: dict[str | None, list] = {}
+    binds: dict[str | None, list[tuple[ast.AST, ast.AST]]] = {}
+    for scope, node in _scopes(tree):
+        if isinstance(node, ast.Call):
+            if getattr(node.func, "attr", getattr(node.func, "id", None)) in _FIGURE_CALLS:
+                values.setdefault(scope, []).extend(node.args)
+            values.setdefault(scope, []).extend(k.value for k in node.keywords if _drawn_keyword(k.arg))
+        elif isinstance(node, ast.Assign):
+            binds.setdefault(scope, []).extend((t, node.value) for t in node.targets)
+        elif isinstance(node, ast.For):
+            binds.setdefault(scope, []).append((node.target, node.iter))
+    drawn = {}
+    for scope, exprs in values.items():
+        names, grown = _read(exprs), True
+        while grown:
+            more = {n for t, v in binds.get(scope, ()) if names & _read([t]) for n in _held(v)}
+            grown, names = not more <= names, names | more
+        drawn[scope] = names
+    return drawn
+
+
+def _held(value) -> set[str]:
+    """The variables whose texts a value hands on as they are: a name, an item of one (`styles[way]`), its items or
+    values (`styles.items()`), either branch, each of a tuple's; not what a call or a sum computes from them."""
+    if isinstance(value, ast.Name):
+        return {value.id}
+    if isinstance(value, ast.Subscript):
+        return _held(value.value)
+    if isinstance(value, ast.Call) and getattr(value.func, "attr", None) in ("items", "values") and not value.args:
+        return _held(value.func.value)
+    if isinstance(value, ast.IfExp):
+        return _held(value.body) | _held(value.orelse)
+    if isinstance(value, ast.Tuple | ast.List):
+        return {n for item in value.elts for n in _held(item)}
+    return set()
+
+
+def _read(exprs) -> set[str]:
+    """The names an expression reads, but a function called by name and what indexes (a key, not a text)."""
+    skip = set()
+    for node in (n for v in exprs for n in ast.walk(v)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            skip.add(id(node.func))
+        elif isinstance(node, ast.Subscript):
+            skip.update(id(n) for n in ast.walk(node.slice))
+    return {n.id for v in exprs for n in ast.walk(v) if isinstance(n, ast.Name) and id(n) not in skip}
+
+
+def _assigned(target, value) -> list[tuple[str, ast.AST]]:
+    """(name, expression) for each name an assignment binds: `a, b = x, y` binds a to x and b to y."""
+    if isinstance(target, ast.Name):
+        return [(target.id, value)]
+    if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and len(target.elts) == len(value.elts):
+        return [pair for t, v in zip(target.elts, value.elts) for pair in _assigned(t, v)]
+    return []
+
+
+def _looped(node: ast.For) -> list[tuple[str, ast.AST]]:
+    """(name, expression) for each name a loop over a written-out list or tuple binds, item by item."""
+    if not isinstance(node.iter, ast.List | ast.Tuple):
+        return []
+    return [pair for item in node.iter.elts for pair in _assigned(node.target, item)]
 
 
 def _renumbered(text: str, start: int) -> str:
@@ -538,10 +637,15 @@ def _scopes(tree: ast.Module):
 def english_texts(rel: str, source: str) -> dict[str, set[str]]:
     """The texts of one source file the catalogue translates, by scope ("rel::function", or rel at module level):
     every tr() call's text; in kvlib/checks/ each @check function's docstring's first paragraph (as its verdict
-    line shows it) and every assert's or raise's message; in the figures' files each text drawn on a figure
-    (_FIGURE_CALLS, _FIGURE_KEYWORDS, _FIGURE_NAMES)."""
+    line shows it) and every assert's or raise's message; in the exercises' input checks (_INPUTS) every raise's
+    message (in the functions named); in the figures' files and the notebooks each text drawn on
+    a figure (_FIGURE_CALLS, _FIGURE_KEYWORDS, _FIGURE_NAMES, and what is assigned or looped over into a variable
+    they draw: _drawn_names) and the words a notebook hands a claim's verdict (_VERDICTS); in kvlib/course/claims.py
+    each sentence of a verdict (_sentences)."""
     tree = ast.parse(source)
     checks, figures = rel.startswith("kvlib/checks/"), rel.startswith(_FIGURES) or rel.endswith(".ipynb")
+    sentences = rel == _CLAIMS
+    drawn = _drawn_names(tree) if figures else {}
     found: dict[str, set[str]] = {}
 
     def add(scope, texts):
@@ -553,6 +657,12 @@ def english_texts(rel: str, source: str) -> dict[str, set[str]]:
         if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "tr":
             if node.args and (t := template(node.args[0])) is not None:
                 add(scope, [t])
+        if checks or (rel in _INPUTS and _INPUTS[rel] is None):
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
+                add(scope, [s for a in node.exc.args for s in _strings(a)])
+        if isinstance(node, ast.FunctionDef) and node.name in (_INPUTS.get(rel) or ()):
+            raises = [n for n in ast.walk(node) if isinstance(n, ast.Raise) and isinstance(n.exc, ast.Call)]
+            add(scope, [s for n in raises for a in n.exc.args for s in _strings(a)])
         if checks:
             if isinstance(node, ast.FunctionDef) and any(
                 isinstance(d, ast.Call) and getattr(d.func, "id", None) == "check" for d in node.decorator_list
@@ -560,38 +670,73 @@ def english_texts(rel: str, source: str) -> dict[str, set[str]]:
                 add(scope, [first_paragraph(ast.get_docstring(node))])
             if isinstance(node, ast.Assert) and node.msg is not None:
                 add(scope, _strings(node.msg))
-            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
-                add(scope, [s for a in node.exc.args for s in _strings(a)])
         if figures:
             if isinstance(node, ast.Call):
                 name = getattr(node.func, "attr", getattr(node.func, "id", None))
                 if name in _FIGURE_CALLS:
-                    add(scope, [s for a in node.args for s in _strings(a)])
-                add(scope, [s for k in node.keywords if k.arg in _FIGURE_KEYWORDS for s in _strings(k.value)])
+                    add(scope, [s for a in node.args for s in _strings(a, True)])
+                add(scope, [s for k in node.keywords if _drawn_keyword(k.arg) for s in _strings(k.value, True)])
+                if name in _VERDICTS and getattr(node.func.value, "id", None) == "claims":  # claims.compare(...)
+                    words = node.args[2:] + [k.value for k in node.keywords if k.arg in _VERDICT_KEYWORDS]
+                    add(scope, [s for a in words for s in _strings(a, True)])
             if isinstance(node, ast.FunctionDef):
                 args = node.args.args[-len(node.args.defaults) :] if node.args.defaults else []
                 pairs = list(zip(args, node.args.defaults)) + list(zip(node.args.kwonlyargs, node.args.kw_defaults))
                 add(scope, [s for a, d in pairs if d is not None and _FIGURE_NAMES.match(a.arg) for s in _strings(d)])
-            if isinstance(node, ast.Assign):
-                named = any(isinstance(t, ast.Name) and _FIGURE_NAMES.match(t.id) for t in node.targets)
-                add(scope, _strings(node.value) if named else [])
+            bound = _assigned(node.targets[0], node.value) if isinstance(node, ast.Assign) else []
+            bound += _looped(node) if isinstance(node, ast.For) else []
+            add(
+                scope,
+                [s for n, v in bound if _FIGURE_NAMES.match(n) or n in drawn.get(scope, ()) for s in _strings(v, True)],
+            )
+        if sentences and isinstance(node, ast.FunctionDef) and node in tree.body:
+            add(scope, _sentences(node))
+            pairs = list(zip(node.args.kwonlyargs, node.args.kw_defaults))
+            add(scope, [s for a, d in pairs if d is not None and a.arg in _VERDICT_KEYWORDS for s in _strings(d)])
     return found
+
+
+def _sentences(function: ast.FunctionDef) -> list[str]:
+    """Every sentence a verdict function can say (`text = f"{head}: {tail}"`, each part as the function assigns it):
+    whole, and line by line as a figure's title breaks it after the colon (the head with it, the tail alone)."""
+    parts: dict[str, list[str]] = {}
+    for node in ast.walk(function):
+        if isinstance(node, ast.Assign):
+            for name, value in _assigned(node.targets[0], node.value):
+                if name in _SENTENCE:
+                    parts.setdefault(name, []).extend(_strings(value, True))
+    out = list(parts.get("tail", []))
+    for node in ast.walk(function):
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "text":
+            pieces = node.value.values if isinstance(node.value, ast.JoinedStr) else []
+            joined = [""]
+            for piece in pieces:  # a literal as it is, a part as the function words it, anything else a field
+                if isinstance(piece, ast.Constant):
+                    options = [piece.value]
+                else:
+                    options = parts.get(getattr(piece.value, "id", None)) or ["{0}"]
+                joined = [a + _renumbered(b, len(_FIELD.findall(a))) for a in joined for b in options]
+            out += joined
+            if any(isinstance(p, ast.Constant) and p.value.startswith(":") for p in pieces):
+                out += [head + ":" for head in parts.get("head", [])]
+    return out
 
 
 def message_sources() -> list[tuple[str, str]]:
     """The code whose texts the catalogue translates, [(path under the clone, Python source)]: kvlib's modules that
-    call tr(), the checks, the figures, and each code cell of the solution notebooks (titles handed to a figure)."""
+    call tr(), the checks, the exercises' input checks, the figures, the claims' verdicts, and the code cells of each
+    solution notebook as one source (titles handed to a figure, words handed to a claim's verdict, the variables they
+    are made of, which an earlier cell may set)."""
     files = []
     for path in sorted((ROOT / "kvlib").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
         text = path.read_text(encoding="utf-8")
-        if rel.startswith("kvlib/checks/") or rel.startswith(_FIGURES) or "tr(" in text:
+        if rel.startswith(("kvlib/checks/", _FIGURES)) or rel in _INPUTS or rel == _CLAIMS or "tr(" in text:
             files.append((rel, text))
     for nb in english_notebooks():
-        for cell in json.loads(nb.read_text(encoding="utf-8"))["cells"]:
-            if cell["cell_type"] == "code":
-                lines = [ln for ln in _text(cell).splitlines() if not ln.lstrip().startswith(("%", "!"))]
-                files.append((nb.relative_to(ROOT).as_posix(), "\n".join(lines)))
+        cells = [_text(c) for c in json.loads(nb.read_text(encoding="utf-8"))["cells"] if c["cell_type"] == "code"]
+        lines = [ln for cell in cells for ln in [*cell.splitlines(), ""] if not ln.lstrip().startswith(("%", "!"))]
+        files.append((nb.relative_to(ROOT).as_posix(), "\n".join(lines)))
     return files
 
 

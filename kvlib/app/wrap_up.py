@@ -13,7 +13,7 @@ from pathlib import Path
 
 from kvlib.app.release import part
 from kvlib.core.paths import ROOT
-from kvlib.course import claims
+from kvlib.course import claims, i18n
 from kvlib.course.claims_table import CLAIMS
 
 # a verdict against the course's expectation (Verdict.holds): True, False, or None when the run decided nothing
@@ -21,11 +21,13 @@ STATUS = {True: "as expected", False: "NOT as expected", None: "not decided"}
 
 
 def titles(folder: Path = ROOT / "notebooks") -> dict[str, str]:
-    """part ("07b") -> that notebook's title, its first heading without the number, in course order."""
+    """part ("07b") -> that notebook's title, its first heading without the number, in course order (folder: the
+    English notebooks, or a language's: notebooks/zh-CN)."""
     out = {}
     for path in sorted(folder.glob("[0-9][0-9]-*/*.ipynb")):
         cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-        heading = "".join(cells[0]["source"]).splitlines()[0] if cells else ""
+        lines = "".join(cells[0]["source"]).splitlines() if cells else []
+        heading = next((ln for ln in lines if ln.startswith("# ")), "")  # a stale translation's note comes first
         out[part(path)] = heading.lstrip("# ").split("·", 1)[-1].strip()
     return dict(sorted(out.items()))
 
@@ -35,33 +37,47 @@ def status(record: dict) -> str:
     return STATUS[(record["outcome"] == record["expect"]) if claims.DECIDED.get(record["outcome"]) else None]
 
 
+def _said(status: str) -> str:
+    """A status in the learner's language."""
+    return {
+        "as expected": i18n.tr("as expected"),
+        "NOT as expected": i18n.tr("NOT as expected"),
+        "not decided": i18n.tr("not decided"),
+    }[status]
+
+
 def summary(records: list[dict] | None = None, folder: Path = ROOT / "notebooks") -> str:
     """One line per notebook part (records: claims.load() unless given): how many of its claims came out as the
     course expected on this machine, or that none is recorded yet and how to record them, or that it declares none."""
     records = claims.load() if records is None else records
     found, lines, names = {r["id"]: r for r in records}, [], titles(folder)
-    width = max(map(len, names.values()), default=0)
+    translated = titles(folder / i18n.language()) if i18n.language() != i18n.DEFAULT else {}
+    names = {nb: translated.get(nb, title) for nb, title in names.items()}  # as the learner's notebooks title them
+    width = max(map(i18n.display_width, names.values()), default=0)
     for nb, title in names.items():
         declared = [c.id for c in CLAIMS if c.notebook == nb]
         got = [status(found[i]) for i in declared if i in found]
         if not declared:
-            verdict = "no claims declared"
+            verdict = i18n.tr("no claims declared")
         elif not got:
-            verdict = f"not recorded here yet: run it, or `kvlib course claims {nb}`"
+            verdict = i18n.tr("not recorded here yet: run it, or `kvlib course claims {nb}`", nb=nb)
         else:
-            verdict = ", ".join(f"{got.count(s)} {s}" for s in STATUS.values() if got.count(s))
-            verdict += f" ({len(got)} of its {len(declared)} claims recorded)" if len(got) < len(declared) else ""
-        lines.append(f"{nb:4s} {title:{width}s}  {verdict}")
+            counts = [i18n.tr("{n} {status}", n=got.count(s), status=_said(s)) for s in STATUS.values() if got.count(s)]
+            verdict = ", ".join(counts)
+            if len(got) < len(declared):
+                verdict += i18n.tr(" ({got} of its {declared} claims recorded)", got=len(got), declared=len(declared))
+        lines.append(f"{nb:4s} {i18n.ljust(title, width)}  {verdict}")
     return "\n".join(lines)
 
 
 def table(records: list[dict] | None = None) -> str:
-    """Every recorded verdict as a markdown table: part, claim, how it came out, and its sentence."""
+    """Every recorded verdict as a markdown table: part, claim, how it came out, and its sentence (recorded in English,
+    shown in the learner's language as the notebook printed it: kvlib.course.claims.Verdict.shown)."""
     records = claims.load() if records is None else records
     if not records:
-        return "*No claim is recorded on this machine yet.*"
-    rows = ["| part | claim | here | what the run printed |", "|---|---|---|---|"]
+        return i18n.tr("*No claim is recorded on this machine yet.*")
+    rows = [i18n.tr("| part | claim | here | what the run printed |"), "|---|---|---|---|"]
     for r in records:
-        name, text = r["id"].split(".", 1), r["text"].replace("|", "/")
-        rows.append(f"| {name[0]} | {name[1]} | {status(r)} | {text} |")
+        name, text = r["id"].split(".", 1), i18n.translate(r["text"]).replace("|", "/")
+        rows.append(f"| {name[0]} | {name[1]} | {_said(status(r))} | {text} |")
     return "\n".join(rows)

@@ -9,6 +9,8 @@ overwrites the sinks or never wraps; text positions or slot order instead of pla
 without the rotary part, with the wrong 1/sqrt, a top-left mask, or per-head keys built in the absorbed path
 (the memory a long decode step holds, measured by the grading process in the isolated grader; every tensor
 torch allocates, in a local run).
+The texts a message is built from (which input, what a slip is called) go through tr(), so that the catalogue
+(kvlib/course/i18n.py) translates them as it does the messages.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from kvlib.checks import MB, check, held_nothing_before, memory_of
 from kvlib.core.configs import MLA_MODELS
 from kvlib.core.model import ModelConfig
+from kvlib.course.i18n import tr
 from kvlib.measure.timing import new_tensors
 
 B, H, H_KV, D, GROUP = 2, 6, 2, 8, 4
@@ -101,7 +104,7 @@ def _quantize_case(kv, x: torch.Tensor, dim: int, what: str) -> None:
     used = (x.double().abs().amax(dim=dim, keepdim=True) > 0).expand_as(got_scale)  # an all-zero slice: any scale
     for divisor, name in (
         (128, "128"),
-        (255, "255 (that is uint8's range; int8 is symmetric, -127 ... 127)"),
+        (255, tr("255 (that is uint8's range; int8 is symmetric, -127 ... 127)")),
         (256, "256"),
     ):
         if _close(got_scale[used], _quantize(x, dim, divisor)[1].float()[used]):
@@ -129,9 +132,9 @@ def quantize_keys_per_channel_values_per_token(kv, rng):
     """Check int8 keys per channel (dim=-2) and values per token (dim=-1), an outlier channel included, to half a step."""
     x = _randn(rng, B, H_KV, 7, D)
     x[..., 3] *= 20  # an outlier channel, as KIVI finds in keys: per-channel scales keep the other channels fine
-    _quantize_case(kv, x, -2, "keys per channel (dim=-2)")
-    _quantize_case(kv, x, -1, "values per token (dim=-1)")
-    _quantize_case(kv, x, 2, "dim=2 (a positive axis)")
+    _quantize_case(kv, x, -2, tr("keys per channel (dim=-2)"))
+    _quantize_case(kv, x, -1, tr("values per token (dim=-1)"))
+    _quantize_case(kv, x, 2, tr("dim=2 (a positive axis)"))
 
 
 @check("8.1")
@@ -139,11 +142,11 @@ def quantize_zero_slices_and_half_precision(kv, rng):
     """Check an all-zero token (values 0, a finite scale), a float16 input (float32 scale) and one element per slice."""
     x = _randn(rng, B, 5, D)
     x[1, 2] = 0
-    _quantize_case(kv, x, -1, "a token of zeros")
+    _quantize_case(kv, x, -1, tr("a token of zeros"))
     values, _ = kv.quantize(x.clone(), -1)
     assert torch.equal(values[1, 2], torch.zeros(D, dtype=torch.int8)), "an all-zero token must quantise to zeros"
-    _quantize_case(kv, x.half(), -2, "a float16 input")
-    _quantize_case(kv, _randn(rng, 3, 1), -1, "one element per slice")
+    _quantize_case(kv, x.half(), -2, tr("a float16 input"))
+    _quantize_case(kv, _randn(rng, 3, 1), -1, tr("one element per slice"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -172,16 +175,16 @@ def _int8_expected_and_slips(q, k_values, k_scale, v_values, v_scale, kv_len):
     )
     T = q.shape[2]
     slips = {
-        "the keys are read without their scales (k_values * k_scale is the key)": _attention(q, k_raw, v),
-        "the values are read without their scales (v_values * v_scale is the value)": _attention(q, k, v_raw),
-        "the mask is aligned top-left: the seq_len queries are the LAST of the kv_len positions": _attention(
+        tr("the keys are read without their scales (k_values * k_scale is the key)"): _attention(q, k_raw, v),
+        tr("the values are read without their scales (v_values * v_scale is the value)"): _attention(q, k, v_raw),
+        tr("the mask is aligned top-left: the seq_len queries are the LAST of the kv_len positions"): _attention(
             q, k, v, top_left=True
         ),
-        "the scores are not divided by sqrt(head_dim)": _attention(q, k, v, scale=1.0),
+        tr("the scores are not divided by sqrt(head_dim)"): _attention(q, k, v, scale=1.0),
     }
     if n_groups * group > kv_len:
         S_all = min(n_groups * group, v_all.shape[2])
-        slips["slots past kv_len are attended to: keep only the first kv_len keys and values"] = (
+        slips[tr("slots past kv_len are attended to: keep only the first kv_len keys and values")] = (
             _attention(q, k_all[:, :, :S_all], v_all[:, :, :S_all]) if T == 1 else None
         )
     return _attention(q, k, v), {m: t for m, t in slips.items() if t is not None}
@@ -198,11 +201,16 @@ def int8_attention_matches_dequantised_attention(kv, rng):
         assert isinstance(got, torch.Tensor) and tuple(got.shape) == (B, H, T, D), (
             f"int8_attention should return (batch, n_heads, seq_len, head_dim) = {(B, H, T, D)}, got {_shape_of(got)}"
         )
-        assert _close(got, expected), f"{T} queries against {kv_len} int8 tokens: " + _diagnose(
-            got,
-            slips,
-            "the output differs from attention over (k_values * k_scale) and (v_values * v_scale), grouped per channel",
-        )
+        if not _close(got, expected):
+            slip = _diagnose(
+                got,
+                slips,
+                tr(
+                    "the output differs from attention over (k_values * k_scale) and (v_values * v_scale), grouped "
+                    "per channel"
+                ),
+            )
+            raise AssertionError(f"{T} queries against {kv_len} int8 tokens: {slip}")
 
 
 @check("8.2")
@@ -212,9 +220,9 @@ def int8_attention_boundaries(kv, rng):
         q, cache = _randn(rng, B, H, T, D), _int8_cache(rng, kv_len, n_kv)
         expected, slips = _int8_expected_and_slips(q, *cache, kv_len)
         got = kv.int8_attention(q.clone(), *(t.clone() for t in cache), kv_len)
-        assert _close(got, expected), f"{T} queries, {kv_len} tokens, {n_kv} key/value heads: " + _diagnose(
-            got, slips, "the output differs from attention over the dequantised cache"
-        )
+        if not _close(got, expected):
+            slip = _diagnose(got, slips, tr("the output differs from attention over the dequantised cache"))
+            raise AssertionError(f"{T} queries, {kv_len} tokens, {n_kv} key/value heads: {slip}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,26 +244,28 @@ def _int8_slips(config, group: int, scale_bytes: int) -> dict[str, float]:
     numbers, k_scales, v_scales = t["numbers"], t["key scales"], t["value scales"]
     L, H, H_kv, D = config.n_layers, config.n_heads, config.n_kv_heads, config.head_dim
     return {
-        "the scales are left out: every key scale and value scale is stored too": numbers,
-        "the key scales are counted once per token: one scale per channel is shared by a whole group of tokens, "
-        "so a token carries 1/group of them": numbers + L * H_kv * D * scale_bytes + v_scales,
-        "the value scales are counted per channel: values get one scale per token (per head)": numbers
+        tr("the scales are left out: every key scale and value scale is stored too"): numbers,
+        tr(
+            "the key scales are counted once per token: one scale per channel is shared by a whole group of tokens, "
+            "so a token carries 1/group of them"
+        ): numbers + L * H_kv * D * scale_bytes + v_scales,
+        tr("the value scales are counted per channel: values get one scale per token (per head)"): numbers
         + k_scales
         + L * H_kv * D * scale_bytes,
-        "only keys or only values are counted: the cache holds both": numbers / 2 + k_scales + v_scales,
-        "bits, not bytes: an int8 number is one byte": 8 * numbers + k_scales + v_scales,
-        "bits, not bytes: every number and scale is counted in bits (8 per byte), the answer wants bytes": 8
+        tr("only keys or only values are counted: the cache holds both"): numbers / 2 + k_scales + v_scales,
+        tr("bits, not bytes: an int8 number is one byte"): 8 * numbers + k_scales + v_scales,
+        tr("bits, not bytes: every number and scale is counted in bits (8 per byte), the answer wants bytes"): 8
         * (numbers + k_scales + v_scales),
-        "the numbers are counted at the scales' width: an int8 number is one byte, a scale scale_bytes": numbers
+        tr("the numbers are counted at the scales' width: an int8 number is one byte, a scale scale_bytes"): numbers
         * scale_bytes
         + k_scales
         + v_scales,
-        "the query heads are counted: the cache keeps n_kv_heads heads (this config is GQA)": (
+        tr("the query heads are counted: the cache keeps n_kv_heads heads (this config is GQA)"): (
             numbers + k_scales + v_scales
         )
         * H
         / H_kv,
-        "one layer only: every layer keeps its own cache": (numbers + k_scales + v_scales) / L,
+        tr("one layer only: every layer keeps its own cache"): (numbers + k_scales + v_scales) / L,
     }
 
 
@@ -270,9 +280,15 @@ def int8_bytes_per_token_counts_the_layout(kv, rng):
     for config, group, scale_bytes in cases:
         expected = sum(_int8_terms(config, group, scale_bytes).values())
         got = kv.int8_bytes_per_token(config, group=group, scale_bytes=scale_bytes)
-        where = (
-            f"{config.n_layers} layers, {config.n_kv_heads} key/value heads of {config.head_dim} "
-            f"({config.n_heads} query heads), groups of {group}, {scale_bytes}-byte scales"
+        where = tr(
+            "{layers} layers, {kv_heads} key/value heads of {head_dim} ({heads} query heads), groups of {group}, "
+            "{scale_bytes}-byte scales",
+            layers=config.n_layers,
+            kv_heads=config.n_kv_heads,
+            head_dim=config.head_dim,
+            heads=config.n_heads,
+            group=group,
+            scale_bytes=scale_bytes,
         )
         assert isinstance(got, numbers.Real) and not isinstance(got, bool), (
             f"int8_bytes_per_token should return a number of bytes, got {type(got).__name__}"
@@ -297,9 +313,9 @@ def _slot(p: int, n_sink: int, window: int) -> int:
 
 def _slot_slips(p: int, n_sink: int, window: int) -> dict:
     return {
-        "the ring runs over the sinks (p % capacity): slots 0 ... n_sink - 1 must keep the first tokens": p
+        tr("the ring runs over the sinks (p % capacity): slots 0 ... n_sink - 1 must keep the first tokens"): p
         % (n_sink + window),
-        "the ring is offset wrongly: token p goes to n_sink + (p - n_sink) % window, not n_sink + p % window": p
+        tr("the ring is offset wrongly: token p goes to n_sink + (p - n_sink) % window, not n_sink + p % window"): p
         if p < n_sink
         else n_sink + p % window,
     }
@@ -351,7 +367,7 @@ def sink_cache_keeps_sinks_and_last_window(kv, rng):
             if n_sink not in first:
                 raise AssertionError(
                     f"after {pos + T} tokens: the first token past the sinks (token {n_sink}) should sit in slot "
-                    f"{n_sink}, the first window slot, found in slot(s) {first or 'none'}: with n_sink={n_sink}, "
+                    f"{n_sink}, the first window slot, found in slot(s) {first or tr('none')}: with n_sink={n_sink}, "
                     f"window={window}, token p >= n_sink goes to window slot (p - n_sink) % window, counted from slot n_sink"
                 )
             raise AssertionError(
@@ -419,7 +435,14 @@ def cache_positions_count_places_by_age(kv, rng):
         for p in range(n_seen):
             held[_slot(p, n_sink, window)] = p
         text = [held[s] for s in range(min(n_seen, n_sink + window))]
-        where = f"n_seen={n_seen}, n_sink={n_sink}, window={window}: expected {expected}, got {got}"
+        where = tr(
+            "n_seen={n_seen}, n_sink={n_sink}, window={window}: expected {expected}, got {got}",
+            n_seen=n_seen,
+            n_sink=n_sink,
+            window=window,
+            expected=expected,
+            got=got,
+        )
         if got == text:
             raise AssertionError(
                 f"{where}: those are the tokens' positions in the text; StreamingLLM uses places in the "
@@ -461,16 +484,16 @@ def _mla_expected_and_slips(q_nope, q_rope, latent, k_rope, w_uk, w_uv):
     k_rope_h = k_rope[:, None].expand(-1, H_, -1, -1)
     q, k = torch.cat([q_nope, q_rope], -1), torch.cat([k_nope, k_rope_h], -1)
     slips = {
-        "the rotary part is left out: the score is q_nope . k_nope + q_rope . k_rope": _attention(
+        tr("the rotary part is left out: the score is q_nope . k_nope + q_rope . k_rope"): _attention(
             q_nope, k_nope, v, scale=math.sqrt(q.shape[-1])
         ),
-        "the scores are divided by sqrt(nope_dim); MLA's query has nope_dim + rope_dim numbers": _attention(
+        tr("the scores are divided by sqrt(nope_dim); MLA's query has nope_dim + rope_dim numbers"): _attention(
             q, k, v, scale=math.sqrt(q_nope.shape[-1])
         ),
-        "the mask is aligned top-left: the seq_len queries are the LAST of the kv_len positions": _attention(
+        tr("the mask is aligned top-left: the seq_len queries are the LAST of the kv_len positions"): _attention(
             q, k, v, top_left=True
         ),
-        "the values are rebuilt with w_uk (keys') instead of w_uv": None
+        tr("the values are rebuilt with w_uk (keys') instead of w_uv"): None
         if w_uk.shape != w_uv.shape
         else _attention(q, k, torch.einsum("bsr,hdr->bhsd", latent, w_uk)),
     }
@@ -485,13 +508,17 @@ def _mla_case(fn, rng, T: int, S: int, what: str) -> None:
     assert isinstance(got, torch.Tensor) and tuple(got.shape) == shape, (
         f"{what} should return (batch, n_heads, seq_len, v_dim) = {shape}, got {_shape_of(got)}"
     )
-    assert _close(got, expected), f"{what}, {T} queries against {S} cached latents: " + _diagnose(
-        got,
-        slips,
-        "the output differs from each head's attention as notebook 08b defines it (its key: the part its w_uk "
-        "rebuilds from the latent, then the shared rotary key; its value: what its w_uv rebuilds), by none of the "
-        "usual slips",
-    )
+    if not _close(got, expected):
+        slip = _diagnose(
+            got,
+            slips,
+            tr(
+                "the output differs from each head's attention as notebook 08b defines it (its key: the part its w_uk "
+                "rebuilds from the latent, then the shared rotary key; its value: what its w_uv rebuilds), by none of "
+                "the usual slips"
+            ),
+        )
+        raise AssertionError(f"{what}, {T} queries against {S} cached latents: {slip}")
 
 
 @check("8.5")
@@ -556,9 +583,9 @@ def mla_absorbed_never_builds_per_head_keys(kv, rng):
     args = _mla_inputs(rng, 1, S)
     expected, slips = _mla_expected_and_slips(*args)
     got = kv.mla_absorbed(*(a.clone() for a in args))
-    assert _close(got, expected), "mla_absorbed, a decode step: " + _diagnose(
-        got, slips, "the output differs from MLA attention"
-    )
+    if not _close(got, expected):
+        slip = _diagnose(got, slips, tr("the output differs from MLA attention"))
+        raise AssertionError(f"mla_absorbed, a decode step: {slip}")
     made = new_tensors(kv.mla_absorbed, *(a.clone() for a in args))
     limit = B * _MLA["H"] * S * min(_MLA["Dn"], _MLA["Dv"])  # one head width for every cached token of every head
     per_head = B * _MLA["H"] * S  # a multiple of this many numbers: something for every head and every cached token
@@ -598,28 +625,31 @@ def _mla_flop_slips(path: str, S: int, T: int, H: int, Dn: int, Dr: int, Dv: int
     terms = _mla_flop_terms(path, S, T, H, Dn, Dr, Dv, r)
     total = sum(terms.values())
     slips = {
-        "exactly half: count 2 FLOPs per multiply-add": total // 2,
-        "the rotary scores are missing: q_rope against the shared rotary key is a product too": total
+        tr("exactly half: count 2 FLOPs per multiply-add"): total // 2,
+        tr("the rotary scores are missing: q_rope against the shared rotary key is a product too"): total
         - terms["rotary scores"],
-        f"that is the {'absorbed' if path == 'reconstruct' else 'reconstruct'} path's count": sum(
+        tr("that is the {path} path's count", path="absorbed" if path == "reconstruct" else "reconstruct"): sum(
             _mla_flop_terms("absorbed" if path == "reconstruct" else "reconstruct", S, T, H, Dn, Dr, Dv, r).values()
         ),
     }
     if path == "reconstruct":
-        slips["the rebuild is counted once per query: it is paid once per call, whatever new_tokens"] = total + (
+        slips[tr("the rebuild is counted once per query: it is paid once per call, whatever new_tokens")] = total + (
             T - 1
         ) * (terms["rebuild keys"] + terms["rebuild values"])
-        slips["only the keys are rebuilt: every head's values are rebuilt from the latents too"] = (
+        slips[tr("only the keys are rebuilt: every head's values are rebuilt from the latents too")] = (
             total - terms["rebuild values"]
         )
-        slips["the rebuild is missing: every head's keys and values come from every latent, every call"] = total - (
+        slips[tr("the rebuild is missing: every head's keys and values come from every latent, every call")] = total - (
             terms["rebuild keys"] + terms["rebuild values"]
         )
     else:
         slips[
-            "the absorbed scores and mixes are counted nope_dim and v_dim wide: in latent space they are kv_rank wide"
+            tr(
+                "the absorbed scores and mixes are counted nope_dim and v_dim wide: in latent space they are kv_rank "
+                "wide"
+            )
         ] = total - terms["latent scores"] - terms["mix latents"] + 2 * H * T * S * (Dn + Dv)
-        slips["the queries' absorption or the up-projection is missing: each is a product per query and head"] = (
+        slips[tr("the queries' absorption or the up-projection is missing: each is a product per query and head")] = (
             total - (terms["absorb queries"] + terms["up-project"])
         )
     if T > 1:
@@ -629,7 +659,7 @@ def _mla_flop_slips(path: str, S: int, T: int, H: int, Dn: int, Dr: int, Dv: int
             for k, v in terms.items()
             if k in ("scores", "rotary scores", "mix values", "latent scores", "mix latents")
         ) // (T * S)
-        slips["only the causal half of the scores is counted: the products compute the masked ones too"] = (
+        slips[tr("only the causal half of the scores is counted: the products compute the masked ones too")] = (
             total - per_score * (T * S - causal)
         )
     return slips

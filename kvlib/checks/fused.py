@@ -103,10 +103,10 @@ def _softmax_expected_and_slips(scores, values):
 
     last = (scores[-1].double().softmax(-1)[..., None, :] @ values[-1].double()).squeeze(-2)
     slips = {
-        "the running output is not rescaled when the maximum grows: multiply it by exp(old max - new max), "
-        "as the running sum": run(rescale_acc=False),
-        "the running sum is not rescaled when the maximum grows: multiply it by exp(old max - new max), "
-        "as the running output": run(rescale_sum=False),
+        "the running output is not rescaled when the maximum grows (the running sum is): its older terms stay "
+        "taken against the old maximum": run(rescale_acc=False),
+        "the running sum is not rescaled when the maximum grows (the running output is): its older terms stay "
+        "taken against the old maximum": run(rescale_sum=False),
         "neither the running sum nor the running output is rescaled when the maximum grows": run(False, False),
         "only the last chunk counts: the running sum and output must carry every chunk's keys": last,
     }
@@ -128,8 +128,8 @@ def _softmax_case(kv, scores, values, what, call=None):
         f"{what}: online_softmax should return (..., head_dim) = {shape}, got {_shape_of(got)}"
     )
     slips["__nonfinite__"] = (
-        "the output holds inf or nan: exp of a large score overflows (subtract the running maximum before exp), "
-        "or a row whose scores so far are all -inf gives exp(-inf - (-inf)) = nan"
+        "the output holds inf or nan: exp of a large score overflows float32 (no maximum was subtracted before "
+        "exp), or a row whose scores so far are all -inf gives exp(-inf - (-inf)) = nan"
     )
     assert _close(got, expected), f"{what}: " + _diagnose(
         got, slips, "the output differs from softmax over all the chunks' scores times their values"
@@ -255,9 +255,7 @@ def _tile_slips(T: int, S: int, tile: int) -> dict:
         "a partly visible key tile was skipped: the key tiles stop at the one holding the query tile's FIRST query "
         "(query tile i against key tiles 0..i + offset // tile, as if kv_len - seq_len were a multiple of the tile), "
         "but with kv_len - seq_len not a multiple of the tile, the tile's later queries see keys of the next key tile "
-        "too: run the key tiles up to the one holding the tile's LAST query's position": _tile_allowed(
-            T, S, tile, lambda i0, tq: (offset + i0) // tile, diagonal
-        ),
+        "too": _tile_allowed(T, S, tile, lambda i0, tq: (offset + i0) // tile, diagonal),
     }
 
 
@@ -278,8 +276,8 @@ def _tiled_case(kv, rng, T, S, tile, what):
         f"got {_shape_of(got)}"
     )
     slips["__nonfinite__"] = (
-        "the output holds inf or nan: a row of a masked tile is all -inf, so exp(-inf - (-inf)) is nan (the "
-        "first key tile always holds a visible key for every query: take the maximum over it first), or exp overflowed"
+        "the output holds inf or nan: a row of a masked tile is all -inf, so exp(-inf - (-inf)) is nan, or exp "
+        "overflowed"
     )
     assert _close(got, expected), f"{what}: " + _diagnose(
         got,
@@ -316,8 +314,7 @@ def _nan_case(kv, q, k, v, tile, what) -> None:
     if not torch.isfinite(got[:, :, clear]).all():
         raise AssertionError(
             f"{where}: queries whose tile ends before key {first} came out nan, though none of them sees it: the tiles "
-            "whose keys are all in the future are computed too (and masked away, but 0 x nan is nan). Stop each query "
-            "tile's loop over key tiles at the key tile of its last query's position"
+            "whose keys are all in the future are computed too (and masked away, but 0 x nan is nan)"
         )
     assert _close(got[:, :, clear], expected[:, :, clear]), (
         f"{where}: the queries whose tile ends before key {first} differ from causal SDPA"
@@ -427,8 +424,8 @@ def _holds_tiles(kv, rng, nan: bool = False) -> None:
         + ("as much as the whole score matrix: " if usage.beyond_inputs >= matrix else "")
         + f"one tile of queries against all {S} keys is {stripe / MB:.0f} MB of scores "
         f"(every head's), the whole matrix {matrix / MB:.0f} MB, a tile x tile block {stripe * tile // S / MB:.1f} MB. "
-        "Only tile x tile blocks may exist at once: loop over the key tiles too, carrying each query's running maximum, "
-        "sum and output (torch's attention, here without its fused kernel, holds every score it computes)"
+        "Only tile x tile blocks may exist at once (torch's attention, here without its fused kernel, holds every "
+        "score it computes)"
     )
 
 
@@ -467,8 +464,7 @@ def _watched_tiles(kv, rng, nan: bool) -> None:
             if math.prod(big[0][1]) >= B * H * T * S
             else f"as one tile of {tile} queries against all the {S - T + tile} or more keys it sees, in every head"
         )
-        + ". Only tile x tile blocks of scores may exist at once: loop over the key tiles too, carrying each query's "
-        "running maximum, sum and output"
+        + ". Only tile x tile blocks of scores may exist at once"
     )
 
 
@@ -502,10 +498,10 @@ def _partials(q, k, v, chunk):
 def _merge_slips(outs, lses) -> dict:
     outs, lses = outs.double(), lses.double()
     return {
-        "the chunks' outputs are averaged: each must be weighted by its share of the total, exp(lse_c - lse)": outs.mean(
+        "the chunks' outputs are averaged, as if every chunk's keys held the same share of the total weight": outs.mean(
             0
         ),
-        "the weights exp(lse_c - max) are not divided by their sum: a chunk's share is exp(lse_c - lse_total)": (
+        "the chunks' weights do not sum to one: each is taken against the largest lse, not the total": (
             torch.exp(lses - lses.amax(0))[..., None] * outs
         ).sum(0),
     }
@@ -540,8 +536,8 @@ def merge_partials_matches_attention_over_all_keys(kv, rng):
             out, _merge_slips(outs, lses), "the merged output differs from attention over all the keys"
         )
         assert _close(lse, expected_lse), (
-            f"{what}: the merged lse must be the log-sum-exp over all the keys, log(sum_c exp(lse_c)), so that "
-            "the result can be merged again" + (": this is the largest lse_c" if _close(lse, lses.amax(0)) else "")
+            f"{what}: the merged lse must be the log-sum-exp over all the keys, so that the result can be merged "
+            "again" + (": this is the largest lse_c" if _close(lse, lses.amax(0)) else "")
         )
 
 
@@ -556,10 +552,10 @@ def merge_partials_merges_again_and_skips_empty_chunks(kv, rng):
     right = _merge_call(kv, outs[2:].float(), lses[2:].float(), "chunks 2-4")
     out, _ = _merge_call(kv, torch.stack([left[0], right[0]]), torch.stack([left[1], right[1]]), "a merge of merges")
     assert _close(out, expected), "a merge of two merged results: " + (
-        "inf or nan: exp(lse) overflows for scores this large; subtract the largest lse first (or use logsumexp)"
+        "inf or nan: exp(lse) overflows float32 for scores this large"
         if not torch.isfinite(out).all()
-        else "differs from attention over all the keys: the merged lse must be log(sum_c exp(lse_c)), the "
-        "log-sum-exp of all the merged keys, not their maximum or a mean"
+        else "differs from attention over all the keys: the merged lse is not the log-sum-exp of all the merged "
+        "keys (a maximum or a mean of the lse_c is not)"
     )
     empty_out = torch.full_like(outs[:1], float("nan"))  # a worker whose chunk held no visible key
     empty_lse = torch.full_like(lses[:1], float("-inf"))
@@ -567,8 +563,8 @@ def merge_partials_merges_again_and_skips_empty_chunks(kv, rng):
         kv, torch.cat([outs, empty_out]).float(), torch.cat([lses, empty_lse]).float(), "with an empty chunk"
     )
     assert _close(out, expected), (
-        "a chunk with lse = -inf (no key) must add nothing; its out may be nan, and 0 * nan is nan: leave it out "
-        "(torch.where) rather than multiplying it by a zero weight"
+        "a chunk with lse = -inf (no key) must add nothing, but its out may be nan, and 0 * nan is nan: its zero "
+        "weight let the nan in"
     )
 
 
@@ -678,8 +674,7 @@ def _folded_case(kv, rng, kv_len, n_kv, what):
         whole = kv_len // group * group
         slips[
             f"the last, partly filled group of keys was left out ({kv_len} tokens in groups of {group}: "
-            f"{kv_len // group} whole groups and {kv_len % group} more): the groups holding tokens are "
-            "ceil(kv_len / group), -(-kv_len // group), not kv_len // group"
+            f"{kv_len // group} whole groups and {kv_len % group} more)"
         ] = _int8_expected_and_slips(q, *cache, whole)[0]
     assert _close(got, expected), f"{what}: " + _diagnose(
         got, slips, "the output differs from attention over (k_values * k_scale) and (v_values * v_scale)"

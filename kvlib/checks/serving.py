@@ -8,6 +8,8 @@ sorted order, no preemption, a preemption the decode did not need or one too few
 victim() names, a copy that forgets the contents, never happens or leaves a block counted by a table
 that let it go (the leak 7.5 ships with), a policy that misses its budget or
 leaves its memory cap.
+The texts a message is built from (what a slip is called, which table) go through tr(), so that the catalogue
+(kvlib/course/i18n.py) translates them as it does the messages.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from kvlib.checks.kv_cache import drift_weights
 from kvlib.checks.speculative import CheckCache
 from kvlib.core.model import Decoder, ModelConfig
 from kvlib.core.weights import load_tiny
+from kvlib.course.i18n import tr
 from kvlib.measure.bench_serve import BUDGET, budget_trace, serve_by_steps
 
 CONFIG = ModelConfig(vocab_size=31, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=40, max_seq_len=96)
@@ -186,19 +189,29 @@ def _utilisation_slips(lengths: list[int], bs: int) -> dict[str, float]:
     tokens, n = sum(lengths), len(lengths)
     whole = sum(-(-x // bs) * bs for x in lengths)
     floor = sum(x // bs * bs for x in lengths)
-    down = "a sequence holds its tokens in whole blocks: round each length up to a block, not down"
     return {
-        down: tokens / floor if floor else float("inf"),
-        down + " (a short sequence's one block included)": tokens / sum(max(1, x // bs) * bs for x in lengths),
-        "the sequences are pooled into one run of blocks: each sequence has blocks of its own, each with its own "
-        "part-empty last block": tokens / (-(-tokens // bs) * bs),
-        "a share is between 0 and 1, not a percentage": 100 * tokens / whole,
-        "a block too many where a length fills its blocks exactly: a sequence of a whole number of blocks has no "
-        "empty slot": tokens / sum((x // bs + 1) * bs for x in lengths),
-        "count the tokens the sequences hold, not one more each": tokens / sum(-(-(x + 1) // bs) * bs for x in lengths),
-        "half a block of waste per sequence is an average over many lengths: count each sequence's own last block": tokens
-        / (tokens + n * (bs - 1) / 2),
-        "upside down: tokens held / slots held": whole / tokens,
+        tr("a sequence holds its tokens in whole blocks: round each length up to a block, not down"): (
+            tokens / floor if floor else float("inf")
+        ),
+        tr(
+            "a sequence holds its tokens in whole blocks: round each length up to a block, not down (a short "
+            "sequence's one block included)"
+        ): tokens / sum(max(1, x // bs) * bs for x in lengths),
+        tr(
+            "the sequences are pooled into one run of blocks: each sequence has blocks of its own, each with its own "
+            "part-empty last block"
+        ): tokens / (-(-tokens // bs) * bs),
+        tr("a share is between 0 and 1, not a percentage"): 100 * tokens / whole,
+        tr(
+            "a block too many where a length fills its blocks exactly: a sequence of a whole number of blocks has no "
+            "empty slot"
+        ): tokens / sum((x // bs + 1) * bs for x in lengths),
+        tr("count the tokens the sequences hold, not one more each"): tokens
+        / sum(-(-(x + 1) // bs) * bs for x in lengths),
+        tr(
+            "half a block of waste per sequence is an average over many lengths: count each sequence's own last block"
+        ): tokens / (tokens + n * (bs - 1) / 2),
+        tr("upside down: tokens held / slots held"): whole / tokens,
     }
 
 
@@ -302,15 +315,17 @@ def _trace(rng, n=10):
 
 
 def _step(sv, sched):
+    """sched.step(), the engine's refusals named as a check's failure; their text, kvlib.core's (the bottom floor,
+    which imports no translation), is quoted as the failure's cause."""
     try:
         sched.step()
     except sv.OutOfBlocks as err:
         raise AssertionError(
             f"the pool ran out of blocks inside step ({err}): admit only while blocks_to_admit fits, "
             "and preempt until blocks_to_decode fits before decode"
-        ) from None
+        ) from err
     except ValueError as err:  # the engine refusing a misuse (a request admitted twice): its message names it
-        raise AssertionError(f"step() made the engine refuse: {err}") from None
+        raise AssertionError(f"step() made the engine refuse: {err}") from err
 
 
 def _serve(sv, model, trace, n_blocks, max_batch=4, share=False):
@@ -629,15 +644,23 @@ def policy_meets_the_budget(sv, rng):
     missed = []
     if run["recomputed"] > BUDGET["recomputed"]:
         missed.append(
-            f"{run['recomputed']} tokens recomputed after preemptions, the budget {BUDGET['recomputed']}: admitting until "
-            "the pool is full leaves the running requests no block to grow into, so the next decodes preempt"
+            tr(
+                "{recomputed} tokens recomputed after preemptions, the budget {budget}: admitting until the pool is "
+                "full leaves the running requests no block to grow into, so the next decodes preempt",
+                recomputed=run["recomputed"],
+                budget=BUDGET["recomputed"],
+            )
         )
     if run["ttft_p99_steps"] > BUDGET["ttft_p99_steps"]:
         missed.append(
-            f"TTFT p99 {run['ttft_p99_steps']:.1f} steps, the budget {BUDGET['ttft_p99_steps']}: your rule holds "
-            "requests in line longer than the budget allows; keep fewer blocks back"
+            tr(
+                "TTFT p99 {ttft:.1f} steps, the budget {budget}: your rule holds requests in line longer than the "
+                "budget allows; keep fewer blocks back",
+                ttft=run["ttft_p99_steps"],
+                budget=BUDGET["ttft_p99_steps"],
+            )
         )
-    assert not missed, "your policy misses the budget: " + "; ".join(missed)
+    assert not missed, f"your policy misses the budget: {'; '.join(missed)}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -648,7 +671,13 @@ def _miscounted(pool, tables: dict) -> str:
     """'' when pool.refs[b] is the number of the tables holding b, for every block; else the blocks that differ."""
     holding = [sorted(name for name, t in tables.items() if b in t.blocks) for b in range(pool.n_blocks)]
     wrong = [
-        f"block {b} counts {pool.refs[b]} reference(s) while {len(h)} table(s) hold it ({', '.join(h) or 'none'})"
+        tr(
+            "block {block} counts {refs} reference(s) while {n} table(s) hold it ({tables})",
+            block=b,
+            refs=pool.refs[b],
+            n=len(h),
+            tables=", ".join(h) or tr("none"),
+        )
         for b, h in enumerate(holding)
         if pool.refs[b] != len(h)
     ]
@@ -708,7 +737,7 @@ def copy_on_write_copies_only_shared_blocks(sv, rng):
         f"{t.blocks}): a write there would change the other table's tokens"
     )
     assert other.blocks == [shared], f"the other table must keep the original block {shared}, got {other.blocks}"
-    miscounted = _miscounted(pool, {"this table": t, "the other": other})
+    miscounted = _miscounted(pool, {tr("this table"): t, tr("the other"): other})
     assert not miscounted, (
         f"after the copy, {miscounted}: when the tables let their blocks go, the pool will not get them all back"
     )

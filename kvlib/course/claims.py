@@ -18,6 +18,9 @@ nothing is decided. Each verdict is recorded (KVLIB_CLAIMS_DIR, default ~/.cache
 file per notebook, the last run of each claim) for `kvlib course claims`: holds, does not hold, or not
 decided on this machine, with the values and the threshold. `check_record` re-derives a recorded
 sentence's verdict from its values by separate rules, so a wording bug fails the tests.
+The recorded sentence is English (check_record reads its words); the notebook prints it in the learner's language
+(KVLIB_LANG, Verdict.shown): each sentence here is worded as `text = f"{head}: {tail}"`, so that kvlib.app.translate
+finds every sentence the module can say as a template of the message catalogue.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from kvlib.course import i18n
 from kvlib.course.claims_table import BY_ID, CLAIMS, Claim
 
 MIN_ROUNDS = 3  # fewer paired rounds or repeats measure no spread worth the name: nothing is decided
@@ -63,11 +67,17 @@ class Verdict:
         """True or False when the run decided; None when it could not (within the spread, or too few rounds)."""
         return (self.outcome == self.expect) if DECIDED.get(self.outcome) else None
 
+    def shown(self) -> str:
+        """The sentence in the learner's language (KVLIB_LANG): text, as recorded, through the message catalogue,
+        whose templates are its sentences as this module words them (kvlib.app.translate finds each), the words a
+        notebook fills in translated where the catalogue has them too."""
+        return i18n.translate(self.text)
+
     def __str__(self) -> str:
-        return self.text
+        return self.shown()
 
     def _repr_pretty_(self, p, cycle):  # a verdict left as a cell's last line reads as its sentence
-        p.text(self.text)
+        p.text(self.shown())
 
 
 def _claim(claim_id: str) -> Claim:
@@ -98,7 +108,9 @@ def compare(
     if n < MIN_ROUNDS:
         outcome, tail = (
             "undecided",
-            f"{n} round{'s' * (n != 1)} only, too few to measure a spread, so nothing is decided",
+            f"{n} round only, too few to measure a spread, so nothing is decided"
+            if n == 1
+            else f"{n} rounds only, too few to measure a spread, so nothing is decided",
         )
     elif min(ratios) > 1:
         outcome, tail = "faster", f"faster in every one of {n} paired rounds ({_spread(ratios, fmt)})"
@@ -165,8 +177,13 @@ def exact(
     """
     claim = _claim(claim_id)
     outcome = "above" if value > threshold else "below" if value < threshold else "equal"
-    word = {"above": "above", "below": "below", "equal": "equal to"}[outcome]
-    text = f"{subject}: {fmt.format(value)}, {word} {threshold_label} ({fmt.format(threshold)})"
+    head, t = f"{subject}: {fmt.format(value)}", fmt.format(threshold)
+    tail = {
+        "above": f"above {threshold_label} ({t})",
+        "below": f"below {threshold_label} ({t})",
+        "equal": f"equal to {threshold_label} ({t})",
+    }[outcome]
+    text = f"{head}, {tail}"
     return _record(
         Verdict(claim.id, "exact", outcome, text, {"value": float(value)}, float(threshold), claim.expect), show
     )
@@ -184,12 +201,13 @@ def record_dir() -> Path:
 
 
 def _record(verdict: Verdict, show: bool) -> Verdict:
+    """Check the verdict's sentence against its values, print it in the learner's language (shown) and record it."""
     verdict.at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     problems = check_record(asdict(verdict))
     if problems:  # a wording bug: never print a sentence its own values contradict
         raise AssertionError(f"claim {verdict.id}: " + "; ".join(problems))
     if show:
-        print(verdict.text)
+        print(verdict.shown())
     try:
         folder = record_dir()
         path = folder / f"{_claim(verdict.id).notebook}.json"

@@ -126,7 +126,7 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("9.3", "Merge partial attentions", "09-fused", "fused", "merge_partials"),
     Exercise("9.5", "How many splits of the cache", "09-fused", "fused", "flash_decode_splits", kind="design"),
     Exercise("9.4", "int8 attention with folded scales", "09-fused", "fused", "int8_folded_attention"),
-    Exercise("10.1", "Verify drafts in one pass", "10-speculative", "speculative", "verify_greedy"),
+    Exercise("10.1", "Verify drafts in one pass", "10-speculative", "speculative", "verify_greedy", kind="fix"),
     Exercise("10.2", "Greedy speculative decoding", "10-speculative", "speculative", "speculative_generate"),
     Exercise(
         "10.5", "Predict the tokens a pass makes", "10-speculative", "speculative", "tokens_per_pass", kind="predict"
@@ -224,8 +224,7 @@ READY_MADE: dict[str, tuple[dict[str, str], str]] = {
             "kvlib.compress:int8_attention": "called 8.2's int8_attention (which attends a dequantised copy)",
             "kvlib.fused:chunk_partial": "called chunk_partial (attention over float keys, flash-decoding's worker)",
         },
-        "float keys made from the int8 cache, a block at a time or whole, are the copy this exercise does without. "
-        "Attend the int8 numbers with their scales kept out of the keys",
+        "float keys made from the int8 cache, a block at a time or whole, are the copy this exercise does without",
     ),
     "6.5": (
         {"kvlib.variants.gqa_attention:decode_bytes": "called the benchmark's byte count (decode_bytes)"},
@@ -234,11 +233,7 @@ READY_MADE: dict[str, tuple[dict[str, str], str]] = {
     ),
     "10.4": (
         {"kvlib.measure.bench_spec:lookup_policy": "called the benchmark's lookup policy (bench_spec.lookup_policy)"},
-        "that is the benchmark's own copy of this exercise. Find the latest earlier match of the text's tail yourself",
-    ),
-    "10.5": (
-        {"kvlib.measure.bench_spec:alpha_formula": "called the benchmark's formula (bench_spec.alpha_formula)"},
-        "that is the benchmark's own copy of this prediction. Count the tokens a pass makes from alpha and gamma",
+        "that is the benchmark's own copy of this exercise. Write the lookup yourself",
     ),
     "8.8": (
         {

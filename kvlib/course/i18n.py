@@ -3,7 +3,8 @@
 English is the default and the source of every text; zh-CN (简体中文) is the second language. One switch:
 KVLIB_LANG=zh-CN, which `kvlib lab --lang zh-CN` sets for JupyterLab and so for every notebook's kernel.
   locale/<lang>/messages.json    {scope: {English: translation}}: the commands' own lines (tr), the checks'
-                                 failure messages and docstrings, the figures' titles and labels (translate)
+                                 failure messages and docstrings, the input checks' errors (kvlib/course/inputs.py),
+                                 the figures' titles and labels (translate)
   locale/<lang>/hints/<module>.md  the hints (kvlib.course.hints reads them)
 A scope is where the English lives ("kvlib/checks/attention.py::softmax_is_stable", "kvlib/course/hints.py").
 An English text is a str.format template for tr ("hint {level} of {n}") and, for what the code words with an
@@ -103,7 +104,12 @@ def tr(english: str, /, **fields) -> str:
 
 def translate(message: str, lang: str | None = None) -> str:
     """A whole message the English code made, in the learner's language: the translation of the text it is, or of
-    the template whose literal parts it matches (the most specific), with the same field values; else unchanged."""
+    the template whose literal parts it matches (the most specific), its field values translated in turn where the
+    catalogue has them (a label "memory" filled into "{0}-bound", a verdict filled into a title); else unchanged.
+
+    Example (zh-CN): translate("memory-bound: 12 tokens/s predicted") -> "访存受限：预测每秒 12 个词元", by the
+    template "{0}-bound: {1} tokens/s predicted" and the text "memory"
+    """
     lang = lang or language()
     if lang == DEFAULT or not message:
         return message
@@ -111,8 +117,8 @@ def translate(message: str, lang: str | None = None) -> str:
     if message in exact:
         return exact[message]
     for pattern, translated, _ in patterns:
-        if m := pattern.fullmatch(message):
-            return _FIELD.sub(lambda f: m.group(f"f{f.group(1)}") or "", translated)
+        if m := pattern.fullmatch(message):  # a template's literal is never empty: each field is shorter than message
+            return _FIELD.sub(lambda f: translate(m.group(f"f{f.group(1)}") or "", lang), translated)
     return message
 
 

@@ -171,7 +171,7 @@ def predicted_speedup(config, n_kv_heads: int, kv_len: int, batch: int = 1) -> f
     """
 
     ### BEGIN SOLUTION
-    from kvlib.core.model import matrix_params  # noqa: PLC0415 (the stub does not point at it)
+    from kvlib.core.model import matrix_params  # noqa: PLC0415 (kept from the stub: the weights 6.5 counts)
 
     def numbers_read(h: int) -> int:  # every matrix weight once (k_proj, v_proj shrink with h) + every sequence's cache
         c = dataclasses.replace(config, n_kv_heads=h)

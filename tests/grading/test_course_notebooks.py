@@ -259,6 +259,20 @@ def tokens_per_pass(alpha, gamma):
     return 4.2
 '''
 
+VERIFY_PAST_A_MISMATCH_10 = '''
+
+def verify_greedy(model, cache, last_token, draft):
+    """10.1, half fixed: the cache rewound right, but every draft the model agrees with counted, even past the first
+    one it rejected (the new check's case: a wrong draft, then one the model predicts after it)."""
+    start = cache.pos
+    with torch.inference_mode():
+        logits, _ = model(torch.tensor([[last_token, *draft]]), past_key_values=cache)
+    predicted = logits[0].argmax(-1).tolist()
+    n = sum(d == p for d, p in zip(draft, predicted))
+    cache.truncate(start + n + 1)
+    return n, predicted[n]
+'''
+
 SHORTCUT_06 = '''
 
 def repeat_kv(x, group_size):
@@ -513,6 +527,7 @@ BANK = {
             {"10.1", "10.2", "10.3"},
             {"10.1": "full", "10.2": 0, "10.3": 0, "10.5": 0},
         ),
+        "verify-past-a-mismatch": (VERIFY_PAST_A_MISMATCH_10, {"10.2", "10.3"}, {"10.1": 0, "10.3": "full"}),
         "other-ways": (
             lambda: _alternatives(
                 "speculative",

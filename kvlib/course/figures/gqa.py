@@ -37,11 +37,15 @@ def kv_bytes_per_token(names, bytes_per_token, kinds, *, note=None):
 def _against_mha(row: dict, mha: dict) -> str:
     """How a row's step compares with MHA's over every run: faster or slower only where every one of its runs was
     (its slowest against MHA's fastest, or the reverse), else within the runs' spread. Decides nothing from medians."""
-    if row["max_s"] < mha["min_s"]:
-        return "faster than MHA in every run"
-    if row["min_s"] > mha["max_s"]:
-        return "slower than MHA in every run"
-    return "within the spread of MHA's runs"
+    faster, slower = row["max_s"] < mha["min_s"], row["min_s"] > mha["max_s"]
+    label = (  # a label: kvlib.app.translate finds its texts
+        "faster than MHA in every run"
+        if faster
+        else "slower than MHA in every run"
+        if slower
+        else "within the spread of MHA's runs"
+    )
+    return label
 
 
 def gqa_decode_time(rows, *, kv_len=None, note=None, verdicts=None):
@@ -208,16 +212,17 @@ def gqa_quality(rows, *, note=None):
         steps = next((r["uptrain_steps"] for r in rows if "uptrain_steps" in r), None)
         converted = [r for r in rows if r["recipe"] != "original"]
         span = lambda key, fmt: "-".join(format(f(r[key] for r in converted), fmt) for f in (min, max))  # noqa: E731
-        title = (
+        after = uptrained and steps and all("uptrained_held_out_loss" in r for r in converted)
+        title = (  # one text of the catalogue per case (kvlib.app.translate finds each)
             f"Converted, not trained: held-out loss {span('held_out_loss', '.2f')}, accuracy {span('accuracy', '.0%')}"
-        )
-        if original:
-            title += f" (MHA: {original['held_out_loss']:.2f}, {original['accuracy']:.0%})"
-        if uptrained and steps and all("uptrained_held_out_loss" in r for r in converted):
-            title += (
+            + (f" (MHA: {original['held_out_loss']:.2f}, {original['accuracy']:.0%})" if original else "")
+            + (
                 f"\nafter {steps} steps of uptraining: loss {span('uptrained_held_out_loss', '.2f')}, "
                 f"accuracy {span('uptrained_accuracy', '.0%')}"
+                if after
+                else ""
             )
+        )
         fig.suptitle(title, fontsize=15)  # worded by the rows' numbers, whatever they show
         _note(fig, note)
     return _finish(fig)

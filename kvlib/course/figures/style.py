@@ -160,26 +160,75 @@ def _finish(fig):
 
 
 def missing_glyphs(fig) -> list[str]:
-    """What drawing the figure could not draw: matplotlib's "Glyph ... missing from font(s)" warnings, each an empty
-    box on the figure ([] when every character has a glyph in its font)."""
-    import warnings  # noqa: PLC0415 (start-up time: only tests and checks of a figure need it)
+    """What drawing the figure could not draw, each an empty box on the figure ([] when every character has a glyph
+    in its font): matplotlib's warnings "Glyph ... missing from font(s)", and what its mathtext logs, "Font 'default'
+    does not have a glyph for ..." (a Chinese character in a text with `$...$`)."""
+    import logging  # noqa: PLC0415 (start-up time: only tests and checks of a figure need it)
+    import warnings  # noqa: PLC0415 (start-up time: as logging, above)
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        fig.canvas.draw()
-    return [str(w.message) for w in caught if "missing from font" in str(w.message)]
+    logged = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: logged.append(record.getMessage())
+    logger = logging.getLogger("matplotlib.mathtext")
+    logger.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fig.canvas.draw()
+    finally:
+        logger.removeHandler(handler)
+    said = [str(w.message) for w in caught] + logged
+    return [m for m in said if "missing from font" in m or "does not have a glyph for" in m]
+
+
+def _has_math(text: str) -> bool:
+    """Whether matplotlib draws the text with mathtext: an unescaped `$` pair."""
+    return text.replace(r"\$", "").count("$") >= 2
+
+
+def _translated(text: str, lang: str | None) -> str:
+    """A figure's text in the learner's language: whole; else, broken into lines by the caller, line by line (a
+    verdict broken after its colon), else unbroken (a name wrapped at its comma: "static,\nreserved")."""
+    new = i18n.translate(text, lang)
+    if new != text or "\n" not in text:
+        return new
+    lines = "\n".join(i18n.translate(line, lang) for line in text.split("\n"))
+    if lines != text:
+        return lines
+    unbroken = text.replace("\n", " ")
+    new = i18n.translate(unbroken, lang)
+    return new if new != unbroken else text
+
+
+def _translate_ticks(fig, lang: str | None) -> int:
+    """Tick labels given as texts (set_xticks(ticks, labels), categories: bar(names, ...)) translated as the axis
+    makes them, at each draw; returns how many of today's ticks changed."""
+    from matplotlib.category import StrCategoryFormatter  # noqa: PLC0415 (start-up time: only translated figures)
+    from matplotlib.ticker import FixedFormatter, FuncFormatter  # noqa: PLC0415 (start-up time: only translated figures)
+
+    changed = 0
+    for axis in (a for ax in fig.axes for a in (ax.xaxis, ax.yaxis)):
+        made = axis.get_major_formatter()
+        if isinstance(made, FixedFormatter | FuncFormatter | StrCategoryFormatter):
+            labels = [made(x, i) for i, x in enumerate(axis.get_majorticklocs())]
+            changed += sum(_translated(label, lang) != label for label in labels)
+            axis.set_major_formatter(FuncFormatter(lambda x, pos, made=made: _translated(made(x, pos), lang)))
+    return changed
 
 
 def translate_texts(fig, lang: str | None = None) -> int:
     """Every text of a figure (titles, labels, ticks, legends, notes) in the learner's language, in place, where the
-    catalogue translates it (kvlib.course.i18n.translate); returns how many changed."""
-    changed = 0
+    catalogue translates it (_translated); returns how many changed. A Chinese text with mathtext (`$N^{1.5}$`) gets
+    the CJK font first: mathtext draws the words around the math in the text's first font."""
+    changed, cjk = _translate_ticks(fig, lang), cjk_font()
     for text in fig.findobj(Text):
         old = text.get_text()
-        new = i18n.translate(old, lang)
+        new = _translated(old, lang)
         if new != old:
             text.set_text(new)
             changed += 1
+            if cjk and _has_math(new) and any(_is_cjk(ch) for ch in new):
+                text.set_fontfamily([cjk, "DejaVu Sans"])
     return changed
 
 
@@ -190,17 +239,13 @@ def _note(fig, note):
 
 
 def record_note(record: dict, runs: int | None = None) -> str:
-    """One line naming what produced a measurement, for the foot of a figure.
+    """One line naming what produced a measurement, for the foot of a figure: the machine's name and the versions as
+    recorded, the words around them in the learner's language where a figure can draw it (as _finish translates).
 
     Example: record_note(timing.record, runs=5) -> "Intel Xeon ..., 1 thread, torch 2.5.1, median of 5 runs"
     """
-    threads = record.get("threads")
-    parts = [
-        str(record.get("device", "unknown device")),
-        f"{threads} thread{'' if threads == 1 else 's'}",
-        f"torch {record.get('torch', '?')}",
-    ]
-    runs = runs or record.get("runs")
-    if runs:
-        parts.append(f"median of {runs} runs")
-    return ", ".join(parts)
+    threads, runs = record.get("threads"), runs or record.get("runs")
+    thread_label = f"{threads} thread" if threads == 1 else f"{threads} threads"
+    label = f", {thread_label}, torch {record.get('torch', '?')}" + (f", median of {runs} runs" if runs else "")
+    lang = i18n.language() if cjk_font() is not None else i18n.DEFAULT
+    return str(record.get("device", "unknown device")) + i18n.translate(label, lang)
