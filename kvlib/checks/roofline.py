@@ -12,6 +12,8 @@ stops at a cap (None) is named, and one that tries each value in turn is stopped
 Every expected value is computed before learner code runs, from numbers and configurations the
 learner never receives: a function is handed a copy of each config (`_copy`), so even one that
 changes its arguments (object.__setattr__ on a frozen config) cannot move the target.
+The texts a message is built from (which case, what a slip is called) go through tr(), so that the catalogue
+(kvlib/course/i18n.py) translates them as it does the messages.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from kvlib.checks import check, isolated, time_limit
 from kvlib.core.configs import REAL_MODELS
 from kvlib.core.flops import forward_flops_counted
 from kvlib.core.model import Decoder, ModelConfig
+from kvlib.course.i18n import tr
 
 # every size distinct: vocab, width, layers, heads, KV heads, MLP width
 ODD = ModelConfig(vocab_size=50, d_model=48, n_layers=3, n_heads=6, n_kv_heads=2, hidden_dim=80, max_seq_len=64)
@@ -75,18 +78,17 @@ def matmul_intensity_counts_flops_and_bytes(kv, rng):
             ": divide with /, not // (FLOPs per byte is rarely a whole number)" if isinstance(got, int) else ""
         )
         hints = {
-            flops
-            / (
-                (m * k + k * n + 2 * m * n) * b
-            ): "the output is written once, not read and then written: count its bytes once",
-            expected / 2: "exactly half: a multiply-add is 2 FLOPs",
-            expected / 8: "8 times too small: count bytes, not bits (element_size(), not finfo().bits)",
-            flops / ((m * k + k * n) * b): "the output (m, n) is written back to memory too: count its bytes",
-            2 * m * k * n / (m * k + k * n + m * n): "the element size is missing: divide by bytes, not by numbers",
+            flops / ((m * k + k * n + 2 * m * n) * b): tr(
+                "the output is written once, not read and then written: count its bytes once"
+            ),
+            expected / 2: tr("exactly half: a multiply-add is 2 FLOPs"),
+            expected / 8: tr("8 times too small: count bytes, not bits (element_size(), not finfo().bits)"),
+            flops / ((m * k + k * n) * b): tr("the output (m, n) is written back to memory too: count its bytes"),
+            2 * m * k * n / (m * k + k * n + m * n): tr("the element size is missing: divide by bytes, not by numbers"),
         }
         if b != 2:
-            hints[flops / ((m * k + k * n + m * n) * 2)] = (
-                f"the element size depends on dtype: {dtype} takes {b} bytes (bytes_per_element)"
+            hints[flops / ((m * k + k * n + m * n) * 2)] = tr(
+                "the element size depends on dtype: {dtype} takes {b} bytes (bytes_per_element)", dtype=dtype, b=b
             )
         for wrong, hint in hints.items():
             if _close(got, wrong) and not _close(got, expected):
@@ -137,16 +139,16 @@ def ridge_batch_reaches_the_ridge(kv, rng):
         b, ridge = _bytes(dtype), peak / bw
         expected = _ridge_rows(k, n, peak, bw, b)
         wrong = {  # computed before the call, like expected
-            _ridge_rows(
-                k, n, bw, peak, b
-            ): "the ridge point is peak_flops / bandwidth (FLOPs per byte), not bandwidth / peak_flops",
-            _ridge_rows(k, n, peak, bw, 8 * b): "count bytes, not bits: bytes_per_element(dtype)",
-            max(
-                1, math.ceil(ridge * b / 2)
-            ): "that is the large-matrix approximation (intensity ~ 2m / bytes): count the bytes of "
-            "the m input rows and the m output rows too, as Exercise 5.1 does",
+            _ridge_rows(k, n, bw, peak, b): tr(
+                "the ridge point is peak_flops / bandwidth (FLOPs per byte), not bandwidth / peak_flops"
+            ),
+            _ridge_rows(k, n, peak, bw, 8 * b): tr("count bytes, not bits: bytes_per_element(dtype)"),
+            max(1, math.ceil(ridge * b / 2)): tr(
+                "that is the large-matrix approximation (intensity ~ 2m / bytes): count the bytes of "
+                "the m input rows and the m output rows too, as Exercise 5.1 does"
+            ),
         }
-        where = f"({k}, {n}) weights in {dtype}, ridge {ridge:.3g} FLOP/B"
+        where = tr("({k}, {n}) weights in {dtype}, ridge {ridge:.3g} FLOP/B", k=k, n=n, dtype=dtype, ridge=ridge)
         got = kv.ridge_batch(k, n, peak, bw, dtype)
         assert got is None or isinstance(got, int) and not isinstance(got, bool), (
             f"{where}: ridge_batch should return an int number of rows (or None), got {type(got).__name__} {got!r}"
@@ -159,7 +161,16 @@ def ridge_batch_reaches_the_ridge(kv, rng):
                 "round UP (math.ceil), the fewest rows that reach it"
             )
         if got in wrong:
-            raise AssertionError(f"{where}: {wrong[got]}")
+            raise AssertionError(  # the case and the slip as one text: the catalogue translates the colon too
+                tr(
+                    "({k}, {n}) weights in {dtype}, ridge {ridge:.3g} FLOP/B: {slip}",
+                    k=k,
+                    n=n,
+                    dtype=dtype,
+                    ridge=ridge,
+                    slip=wrong[got],
+                )
+            )
         if got == 0:
             raise AssertionError(f"{where}: at least one row: a matmul of 0 rows does nothing")
         raise AssertionError(
@@ -172,7 +183,13 @@ def ridge_batch_none_out_of_reach(kv, rng):
     """Check None where no batch reaches the ridge (a narrow layer) and a batch of 781 where the ridge is just within reach."""
     for k, n, peak, bw, expected in ((64, 64, 1e12, 1e9, None), (64, 96, 18.3e9, 1e9, 781)):
         ceiling = 2 * k * n / ((k + n) * 4)  # the intensity as the rows go to infinity
-        where = f"({k}, {n}) weights in float32 (intensity at most {ceiling:.1f} FLOP/B), ridge {peak / bw:.1f}"
+        where = tr(
+            "({k}, {n}) weights in float32 (intensity at most {ceiling:.1f} FLOP/B), ridge {ridge:.1f}",
+            k=k,
+            n=n,
+            ceiling=ceiling,
+            ridge=peak / bw,
+        )
         got = kv.ridge_batch(k, n, peak, bw, torch.float32)
         if expected is None:
             assert got is None, (
@@ -193,8 +210,12 @@ def _within(fn, what: str, *args):
         return fn(*args)
     with time_limit(
         _SOLVE_S,
-        f"{what}: still searching after {_SOLVE_S:g} s: the answer here runs into the hundreds of millions, "
-        "so trying one value after another cannot finish; solve for it (kvlib hint)",
+        tr(
+            "{what}: still searching after {limit:g} s: the answer here runs into the hundreds of millions, "
+            "so trying one value after another cannot finish; solve for it (kvlib hint)",
+            what=what,
+            limit=_SOLVE_S,
+        ),
     ):
         return fn(*args)
 
@@ -208,7 +229,10 @@ def ridge_batch_just_under_the_limit(kv, rng):
     """Check a ridge just under a 64 x 64 float32 layer's limit of 16 FLOP/B: 134,217,696 rows reach it, so a search
     that gives up at some cap (returning None) or tries one m after another is named."""
     expected = _ridge_rows(64, 64, _NEAR_LIMIT_PEAK, _NEAR_LIMIT_BW, 4)  # 2**27 - 32
-    where = f"(64, 64) weights in float32 (intensity below 16 FLOP/B), ridge {_NEAR_LIMIT_PEAK / _NEAR_LIMIT_BW!r}"
+    where = tr(
+        "(64, 64) weights in float32 (intensity below 16 FLOP/B), ridge {ridge!r}",
+        ridge=_NEAR_LIMIT_PEAK / _NEAR_LIMIT_BW,
+    )
     got = _within(kv.ridge_batch, where, 64, 64, _NEAR_LIMIT_PEAK, _NEAR_LIMIT_BW, torch.float32)
     if got is None:
         raise AssertionError(
@@ -227,27 +251,20 @@ def _flops_slips(c, T, S, batch) -> dict:
     L, H, H_kv, D = c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim
     matrices = batch * 2 * T * _matrix_params(c)
     return {
-        matrices: "attention's own FLOPs are missing: scores and values, 2 * new_tokens * kv_len * head_dim each, per head and layer",
-        matrices
-        + batch
-        * L
-        * H
-        * 2
-        * T
-        * S
-        * D: "attention counted once: the scores (q k^T) and the weighted values (probs v) each "
-        "cost 2 * new_tokens * kv_len * head_dim",
-        matrices
-        + batch
-        * L
-        * H_kv
-        * 4
-        * T
-        * S
-        * D: "attention runs for every QUERY head: n_heads, not n_kv_heads (the cache is shared, the work is not)",
-        matrices
-        + batch * L * H * 4 * S * S * D: "attention pairs each of the new_tokens queries with the kv_len keys: "
-        "new_tokens * kv_len, not kv_len ** 2",
+        matrices: tr(
+            "attention's own FLOPs are missing: scores and values, 2 * new_tokens * kv_len * head_dim each, per head "
+            "and layer"
+        ),
+        matrices + batch * L * H * 2 * T * S * D: tr(
+            "attention counted once: the scores (q k^T) and the weighted values (probs v) each "
+            "cost 2 * new_tokens * kv_len * head_dim"
+        ),
+        matrices + batch * L * H_kv * 4 * T * S * D: tr(
+            "attention runs for every QUERY head: n_heads, not n_kv_heads (the cache is shared, the work is not)"
+        ),
+        matrices + batch * L * H * 4 * S * S * D: tr(
+            "attention pairs each of the new_tokens queries with the kv_len keys: new_tokens * kv_len, not kv_len ** 2"
+        ),
     }
 
 
@@ -272,20 +289,22 @@ def step_cost_flops_match_torch_counter(kv, rng):
         expected = 3 * (2 * T * _matrix_params(ODD) + L * H * 4 * T * S * D)
         hints = _flops_slips(ODD, T, S, 3)
         flops, _ = kv.step_cost(_copy(ODD), T, S, 3, torch.float32)
-        where = f"{T} new token(s) against kv_len {S}, batch 3"
+        where = tr("{T} new token(s) against kv_len {S}, batch 3", T=T, S=S)
         if flops in hints and flops != expected:
-            raise AssertionError(f"{where}: {hints[flops]}")
+            raise AssertionError(
+                tr("{T} new token(s) against kv_len {S}, batch 3: {slip}", T=T, S=S, slip=hints[flops])
+            )
         assert flops == expected, f"{where}: expected {expected:,} FLOPs, got {flops!r}"
 
 
 @check("5.3")
 def step_cost_bytes_read_weights_once(kv, rng):
     """Check bytes: weights once per step whatever the batch, plus each sequence's KV cache, by dtype."""
-    for c, name in ((ODD, "a small GQA config"), (LLAMA2_70B, "Llama-2-70B")):
+    for c, name in ((ODD, tr("a small GQA config")), (LLAMA2_70B, "Llama-2-70B")):
         for S, batch, dtype in ((1, 1, torch.float16), (40, 4, torch.float32), (4096, 16, torch.bfloat16)):
             weights, cache = _matrix_params(c) * _bytes(dtype), _kv(c, S, batch, dtype)
             _, got = kv.step_cost(_copy(c), 1, S, batch, dtype)
-            where = f"{name}, kv_len {S}, batch {batch}, {dtype}"
+            where = tr("{name}, kv_len {S}, batch {batch}, {dtype}", name=name, S=S, batch=batch, dtype=dtype)
             if batch > 1 and got == weights * batch + cache:
                 raise AssertionError(
                     f"{where}: the weights are read once per step and shared by the whole batch; do not multiply them by batch"
@@ -306,7 +325,10 @@ def step_cost_bytes_read_weights_once(kv, rng):
 def step_cost_decode_is_memory_bound(kv, rng):
     """Check that decode of Llama-2-7B in 16-bit does ~1 FLOP per byte at batch 1, and far more at batch 64."""
     c, P = LLAMA2_7B, _matrix_params(LLAMA2_7B)
-    for batch, words in ((1, "~1 FLOP per byte"), (64, "~64 FLOPs per byte: each weight read serves 64 tokens")):
+    for batch, words in (
+        (1, tr("~1 FLOP per byte")),
+        (64, tr("~64 FLOPs per byte: each weight read serves 64 tokens")),
+    ):
         expected = (batch * (2 * P + 4 * c.n_layers * c.n_heads * c.head_dim), 2 * P + _kv(c, 1, batch, torch.float16))
         flops, moved = kv.step_cost(_copy(c), 1, 1, batch, torch.float16)
         assert (flops, moved) == expected, (
@@ -400,13 +422,15 @@ def _ridge_sequences(flops, weights, cache, ridge: Fraction) -> int | None:
     return None if slope <= 0 else max(1, math.ceil(ridge * weights / slope))
 
 
-_DECODE_RIDGES = (  # (config, name, kv_len, peak FLOP/s, bandwidth bytes/s, dtype)
-    (LLAMA2_7B, "Llama-2-7B on an H100's tensor cores", 1, 989e12, 3.35e12, torch.float16),
-    (LLAMA2_70B, "Llama-2-70B (GQA) on an A100 80GB SXM", 512, 312e12, 2039e9, torch.bfloat16),
-    (ODD, "a small GQA config on one CPU core", 30, 96.6e9, 35.3e9, torch.float32),
-    (ODD, "a small GQA config where one sequence is past the ridge", 30, 1e9, 1e10, torch.float32),
-    (ODD, "a small GQA config whose ridge is just within reach", 40, 8.7e9, 1e9, torch.float32),
-)
+def _decode_ridges() -> tuple:
+    """(config, name, kv_len, peak FLOP/s, bandwidth bytes/s, dtype) of each case, named in the learner's language."""
+    return (
+        (LLAMA2_7B, tr("Llama-2-7B on an H100's tensor cores"), 1, 989e12, 3.35e12, torch.float16),
+        (LLAMA2_70B, tr("Llama-2-70B (GQA) on an A100 80GB SXM"), 512, 312e12, 2039e9, torch.bfloat16),
+        (ODD, tr("a small GQA config on one CPU core"), 30, 96.6e9, 35.3e9, torch.float32),
+        (ODD, tr("a small GQA config where one sequence is past the ridge"), 30, 1e9, 1e10, torch.float32),
+        (ODD, tr("a small GQA config whose ridge is just within reach"), 40, 8.7e9, 1e9, torch.float32),
+    )
 
 
 def _decode_ridge_slips(c, S, peak, bw, dtype) -> dict:
@@ -415,24 +439,24 @@ def _decode_ridge_slips(c, S, peak, bw, dtype) -> dict:
     flops, weights, cache = _step_parts(c, S, dtype)
     per_sequence = None if flops < ridge * (weights + cache) else 1  # weights and cache both times the batch
     slips = {
-        "the weights are read once per step, shared by the whole batch: only the cache grows with it": per_sequence,
-        "every sequence reads its own cache: the cache's bytes grow with the batch, as its FLOPs do": max(
+        tr("the weights are read once per step, shared by the whole batch: only the cache grows with it"): per_sequence,
+        tr("every sequence reads its own cache: the cache's bytes grow with the batch, as its FLOPs do"): max(
             1, math.ceil(ridge * (weights + cache) / flops)
         ),
-        "attention's FLOPs are missing: scores and values grow with kv_len as the cache does (Exercise 5.3)": (
+        tr("attention's FLOPs are missing: scores and values grow with kv_len as the cache does (Exercise 5.3)"): (
             _ridge_sequences(2 * _matrix_params(c), weights, cache, ridge)
         ),
-        "attention runs for every query head (n_heads), not n_kv_heads: Exercise 5.3's FLOPs": _ridge_sequences(
+        tr("attention runs for every query head (n_heads), not n_kv_heads: Exercise 5.3's FLOPs"): _ridge_sequences(
             _step_parts(c, S, dtype, attention_heads=c.n_kv_heads)[0], weights, cache, ridge
         ),
-        "the ridge point is peak_flops / bandwidth (FLOPs per byte), not bandwidth / peak_flops": _ridge_sequences(
+        tr("the ridge point is peak_flops / bandwidth (FLOPs per byte), not bandwidth / peak_flops"): _ridge_sequences(
             flops, weights, cache, 1 / ridge
         ),
-        "count bytes, not bits: the dtype's size in bytes": _ridge_sequences(flops, 8 * weights, 8 * cache, ridge),
-        "the cache holds kv_len tokens of each sequence, not one": _ridge_sequences(
+        tr("count bytes, not bits: the dtype's size in bytes"): _ridge_sequences(flops, 8 * weights, 8 * cache, ridge),
+        tr("the cache holds kv_len tokens of each sequence, not one"): _ridge_sequences(
             _step_parts(c, 1, dtype)[0], weights, _kv(c, 1, 1, dtype), ridge
         ),
-        "that is one d_model x d_model matmul's ridge (Exercise 5.2): the whole step's FLOPs and bytes decide": (
+        tr("that is one d_model x d_model matmul's ridge (Exercise 5.2): the whole step's FLOPs and bytes decide"): (
             _ridge_rows(c.d_model, c.d_model, peak, bw, b)
         ),
     }
@@ -443,10 +467,12 @@ def _decode_ridge_slips(c, S, peak, bw, dtype) -> dict:
 def compute_bound_batch_predicts_the_ridge(kv, rng):
     """Check the fewest sequences at the ridge: Llama-2-7B on an H100 (299), Llama-2-70B (186), a CPU core (7), one
     sequence already past it (1) and a ridge just within reach (10,040)."""
-    for c, name, S, peak, bw, dtype in _DECODE_RIDGES:
+    for c, name, S, peak, bw, dtype in _decode_ridges():
         expected = _ridge_sequences(*_step_parts(c, S, dtype), Fraction(peak) / Fraction(bw))
         slips = _decode_ridge_slips(c, S, peak, bw, dtype)
-        where = f"{name}, kv_len {S}, {dtype}, ridge {peak / bw:.3g} FLOP/B"
+        where = tr(
+            "{name}, kv_len {S}, {dtype}, ridge {ridge:.3g} FLOP/B", name=name, S=S, dtype=dtype, ridge=peak / bw
+        )
         got = kv.compute_bound_batch(_copy(c), S, peak, bw, dtype)
         assert got is None or isinstance(got, int) and not isinstance(got, bool), (
             f"{where}: compute_bound_batch should return an int number of sequences (or None), got "
@@ -475,8 +501,11 @@ def compute_bound_batch_just_under_the_caches_limit(kv, rng):
     ridge = Fraction(_NEAR_CACHE_PEAK) / Fraction(_NEAR_CACHE_BW)
     flops, weights, cache = _step_parts(c, S, dtype)
     expected = _ridge_sequences(flops, weights, cache, ridge)
-    where = (
-        f"Llama-2-70B, 4,096 cached tokens each, {dtype}, ridge {float(ridge)!r} (the step's limit {flops / cache!r})"
+    where = tr(
+        "Llama-2-70B, 4,096 cached tokens each, {dtype}, ridge {ridge!r} (the step's limit {limit!r})",
+        dtype=dtype,
+        ridge=float(ridge),
+        limit=flops / cache,
     )
     got = _within(kv.compute_bound_batch, where, _copy(c), S, _NEAR_CACHE_PEAK, _NEAR_CACHE_BW, dtype)
     if got is None:
@@ -495,9 +524,9 @@ def compute_bound_batch_none_where_the_cache_outgrows_the_ridge(kv, rng):
     """Check None where each sequence's cache keeps every batch below the ridge: Llama-2-7B (MHA) with 4k tokens on
     an H100, Llama-2-70B (GQA) with 4k on an A100, and a small config whose ridge is just out of reach."""
     for c, name, S, peak, bw, dtype in (
-        (LLAMA2_7B, "Llama-2-7B on an H100", 4096, 989e12, 3.35e12, torch.float16),
-        (LLAMA2_70B, "Llama-2-70B on an A100 80GB SXM", 4096, 312e12, 2039e9, torch.bfloat16),
-        (ODD, "a small GQA config", 40, 8.75e9, 1e9, torch.float32),  # at most 8.71 FLOP/B, however large the batch
+        (LLAMA2_7B, tr("Llama-2-7B on an H100"), 4096, 989e12, 3.35e12, torch.float16),
+        (LLAMA2_70B, tr("Llama-2-70B on an A100 80GB SXM"), 4096, 312e12, 2039e9, torch.bfloat16),
+        (ODD, tr("a small GQA config"), 40, 8.75e9, 1e9, torch.float32),  # at most 8.71 FLOP/B, however large the batch
     ):
         flops, _, cache = _step_parts(c, S, dtype)
         got = kv.compute_bound_batch(_copy(c), S, peak, bw, dtype)

@@ -69,7 +69,7 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("2.2", "The naive generation loop", "02-generation", "generation", "generate", kind="fix"),
     Exercise("2.3", "Measuring TTFT and inter-token latency", "02-generation", "generation", "measure_ttft_itl"),
     Exercise("2.4", "The attention of a layer, head by head", "02-generation", "generation", "attention_block"),
-    Exercise("2.5", "RMSNorm", "02-generation", "generation", "rms_norm"),
+    Exercise("2.5", "RMSNorm", "02-generation", "generation", "rms_norm", kind="fix"),
     Exercise("2.6", "The SwiGLU MLP", "02-generation", "generation", "swiglu"),
     Exercise("2.7", "Predict a temperature's probabilities", "02-generation", "generation", "temper", kind="predict"),
     Exercise("2.8", "Predict a decoder's parameters", "02-generation", "generation", "param_counts", kind="predict"),
@@ -119,7 +119,7 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("8.5", "MLA by rebuilding keys and values", "08-compress", "compress", "mla_reconstruct"),
     Exercise("8.6", "MLA with absorbed weights", "08-compress", "compress", "mla_absorbed"),
     Exercise("8.8", "Predict the FLOPs of MLA's two paths", "08-compress", "compress", "mla_flops", kind="predict"),
-    Exercise("8.3", "A rolling cache with sinks", "08-compress", "compress", "SinkCache.update"),
+    Exercise("8.3", "A rolling cache with sinks", "08-compress", "compress", "SinkCache.update", kind="fix"),
     Exercise("8.4", "Positions inside the rolling cache", "08-compress", "compress", "cache_positions"),
     Exercise("9.1", "The online softmax", "09-fused", "fused", "online_softmax"),
     Exercise("9.2", "Tiled attention, causal tiles skipped", "09-fused", "fused", "tiled_attention"),
@@ -156,6 +156,14 @@ _COUNT = (
     "sizes alone (no model is built or run)"
 )
 READY_MADE: dict[str, tuple[dict[str, str], str]] = {
+    "2.5": (
+        {"kvlib.core.model:RMSNorm.forward": "ran the model's own RMSNorm"},
+        "that is the infrastructure's copy of this exercise. Find and fix the bugs of the shipped body",
+    ),
+    "2.6": (
+        {"kvlib.core.model:MLP.forward": "ran the model's own MLP"},
+        "that is the infrastructure's copy of this exercise. Write the MLP from its three weights",
+    ),
     "3.1": (_FLOP_COUNTER, _COUNT),
     "3.2": (_FLOP_COUNTER, _COUNT),
     "3.3": (_FLOP_COUNTER, _COUNT),

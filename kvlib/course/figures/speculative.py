@@ -8,17 +8,16 @@ import numpy as np
 from kvlib.course.figures.style import COLORS, MASKED_GREY, PALETTE, _finish, _note, style, token_label
 
 
-def speculative_speedup(gammas, measured, *, note=None):
+def speculative_speedup(gammas, measured, tokens_per_pass, *, note=None):
     """Measured speedup against gamma for a few drafters (markers), each beside the formula's curve (line).
 
     Args:    gammas: the gamma of each measured point
              measured: label -> dict(alpha=..., c=..., speedup=[one per gamma]); the line is Leviathan et al.'s
              prediction, exercise 10.5's tokens per pass over gamma c + 1, with that drafter's measured alpha and c
+             tokens_per_pass: (alpha, gamma) -> tokens a verify pass makes: the learner's 10.5, handed in
              note: what produced the numbers
     Returns: the Figure
     """
-    from kvlib.speculative import tokens_per_pass  # noqa: PLC0415 (late binding: the learner's 10.5 draws the lines)
-
     gammas = np.asarray(gammas)
     fine = np.arange(1, gammas.max() + 1)
     best_label, best = max(((label, max(m["speedup"])) for label, m in measured.items()), key=lambda lb: lb[1])
