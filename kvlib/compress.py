@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 
 from kvlib.core.cache import CacheBase
-from kvlib.core.model import causal_mask_tensor
 from kvlib.course import inputs
 from kvlib.course.exercises import exercise
 
@@ -116,7 +115,12 @@ class SinkCache(CacheBase):
             >>> k[0, 0, :, 0].tolist()  # slot order: the sink, then the ring (token 3 overwrote token 1)
             [0.0, 3.0, 2.0]
         """
-        raise NotImplementedError("Exercise 8.3 (notebooks/08-compress): SinkCache.update")
+        T = k_new.shape[2]
+        slots = [p % self.capacity for p in range(self.pos, self.pos + T)]  # once full, wrap around to the oldest
+        self.k[layer, :, :, slots] = k_new  # (B, H_kv, T, D) into their slots
+        self.v[layer, :, :, slots] = v_new
+        filled = min(self.pos + T, self.capacity)
+        return self.k[layer, :, :, :filled], self.v[layer, :, :, :filled]
 
 
 @exercise("8.4", validate=inputs.check_cache_positions)

@@ -438,18 +438,22 @@ _FIXES = (
     "math.sqrt",
     "(k @ q)",
     "instead",
+    "-inf",
+    "Fill with",
+    "Set the",
+    "subtracted before",
 )
 
 
 @pytest.mark.parametrize(
     "where, replaced, words",
-    [s for s in SLIPS if s[0] in ("1.1", "1.2")],
-    ids=case_ids([s for s in SLIPS if s[0] in ("1.1", "1.2")]),
+    [s for s in SLIPS if s[0] in ("1.1", "1.2", "1.4", "causal_self_attention_matches_sdpa")],
+    ids=case_ids([s for s in SLIPS if s[0] in ("1.1", "1.2", "1.4", "causal_self_attention_matches_sdpa")]),
 )
 def test_softmax_slip_message_names_the_cause_not_the_fix(where, replaced, words):
-    """Check that 1.1's and 1.2's slips fail with a message that names what went wrong, never the line to type instead (the
-    row's max to shift by, the axis to divide along, the product that blends the values: issue 46 keeps those in the
-    hints)."""
+    """Check that 1.1's, 1.2's and 1.4's slips fail with a message that names what went wrong, never the line to type
+    instead (the row's max to shift by, the axis to divide along, the product that blends the values, the -inf to fill
+    the mask with, math.sqrt: issue 46 keeps those in the hints)."""
     with np.errstate(all="ignore"):
         (name, err), *_ = check_failures(where, _module(**replaced))
     assert not [fix for fix in _FIXES if fix in str(err)], f"{name}: {err}"

@@ -6,6 +6,7 @@ The check tests go under two names, built with conftest.handed_in: ALTERNATIVES
 wrong ones, which fail the check or exercise named, with a message naming the slip).
 Runs in reference mode (conftest). No test asserts on time."""
 
+import inspect
 import math
 import types
 from dataclasses import replace
@@ -48,8 +49,8 @@ def test_reference_passes_check(check):
 
 
 def test_learner_stubs_are_todo(learner_mode):
-    """Check that in learner mode every 8.x exercise raises ExerciseNotDone naming itself."""
-    cache = compress.SinkCache(CONFIG, 1, 3)
+    """Check that in learner mode every 8.x exercise raises ExerciseNotDone naming itself; 8.3, which ships a broken
+    body (find and fix), fails its checks instead."""
     mla = (
         torch.zeros(1, 2, 1, 3),
         torch.zeros(1, 2, 1, 4),
@@ -71,7 +72,6 @@ def test_learner_stubs_are_todo(learner_mode):
                 3,
             ),
         ),
-        ("8.3", lambda: cache.update(0, torch.zeros(1, 2, 1, 8), torch.zeros(1, 2, 1, 8))),
         ("8.4", lambda: compress.cache_positions(5, 1, 3)),
         ("8.5", lambda: compress.mla_reconstruct(*mla)),
         ("8.6", lambda: compress.mla_absorbed(*mla)),
@@ -80,7 +80,7 @@ def test_learner_stubs_are_todo(learner_mode):
     ):
         with pytest.raises(ExerciseNotDone, match=f"Exercise {ex_id}"):
             call()
-    assert {r.id: r.status for r in run("08")} == {f"8.{i}": "todo" for i in range(1, 9)}
+    assert {r.id: r.status for r in run("08")} == {f"8.{i}": "fail" if i == 3 else "todo" for i in range(1, 9)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -706,23 +706,23 @@ SLIPS = [  # (exercise, replaced function, words a failure must contain)
     ("8.1", {"quantize": quantize_transposed}, "wrong axis"),
     ("8.1", {"quantize": quantize_truncate}, "truncated toward zero"),
     ("8.1", {"quantize": quantize_255}, "255"),
-    ("8.1", {"quantize": quantize_nan_on_zeros}, "0/0 is nan"),
+    ("8.1", {"quantize": quantize_nan_on_zeros}, "numbers are all zero"),
     ("8.2", {"int8_attention": int8_no_scales}, "without their scales"),
     ("8.2", {"int8_attention": int8_all_slots}, "past kv_len"),
     ("8.2", {"int8_attention": int8_top_left}, "top-left"),
-    ("8.3", {"SinkCache": SinkOverSinks}, "runs over the sinks"),
+    ("8.3", {"SinkCache": SinkOverSinks}, "sink token(s) [0] are gone from the cache"),
     ("8.3", {"SinkCache": SinkAdvances}, "moved pos"),
     ("8.3", {"SinkCache": SinkWholeBuffer}, "filled slots"),
     ("8.4", {"cache_positions": positions_text}, "positions in the text"),
     ("8.4", {"cache_positions": positions_slot_order}, "slot order"),
     ("8.4", {"cache_positions": positions_reversed}, "by age, oldest first"),
     ("8.5", {"mla_reconstruct": mla_no_rope}, "rotary part is left out"),
-    ("8.5", {"mla_reconstruct": mla_nope_scale}, "sqrt(nope_dim)"),
+    ("8.5", {"mla_reconstruct": mla_nope_scale}, "nope part only"),
     ("8.5", {"mla_reconstruct": mla_top_left}, "top-left"),
     ("8.6", {"mla_absorbed": absorbed_is_reconstruct}, "per-head keys or values"),
     ("8.6", {"mla_absorbed": absorbed_broadcast}, "per-head keys or values"),
     ("8.6", {"mla_absorbed": absorbed_no_rope}, "rotary part is left out"),
-    ("8.3", {"SinkCache": SinkRingOffByOne}, "first token past the sinks"),
+    ("8.3", {"SinkCache": SinkRingOffByOne}, "hold none of the tokens written"),
     ("8.4", {"cache_positions": positions_oldest_off_by_one}, "count from the oldest kept token's slot"),
     ("8.7", {"int8_bytes_per_token": int8_bytes_no_scales}, "scales are left out"),
     ("8.7", {"int8_bytes_per_token": int8_bytes_key_scale_per_token}, "shared by a whole group"),
@@ -736,6 +736,29 @@ SLIPS = [  # (exercise, replaced function, words a failure must contain)
     ("8.8", {"mla_flops": mla_flops_causal_half}, "causal half"),
     ("8.8", {"mla_flops": mla_flops_swapped}, "path's count"),
 ]
+
+
+SHIPPED_8_3 = {  # check -> the symptom its failure shows for the SinkCache.update 8.3 ships (the stub's own body)
+    "sink_cache_keeps_sinks_and_last_window": "after 6 tokens (n_sink=2, window=3) the slots hold tokens [5, 1, 2, 3, 4], "
+    "expected [0, 1, 5, 3, 4]: sink token(s) [0] are gone from the cache, though sinks never leave",
+}
+
+
+def test_the_sink_cache_8_3_ships_fails_its_checks_showing_the_symptom():
+    """Check that the learner stub's SinkCache.update (8.3 is find-and-fix: the stub ships a ring of capacity slots
+    that wraps over the sinks) fails 8.3's checks with the symptom (the slots' tokens, a sink gone), never the cause's
+    fix (the ring's slot rule), and that a cache without sinks, where the bug changes nothing, passes."""
+    shipped = compress.SinkCache.update.__wrapped__  # the stub's body, not the reference this mode would call
+    assert "p % self.capacity" in inspect.getsource(shipped)
+
+    class Shipped(compress.SinkCache):
+        update = shipped
+
+    failures = dict(check_failures("8.3", _module(SinkCache=Shipped)))
+    assert set(failures) == set(SHIPPED_8_3), failures
+    for name, words in SHIPPED_8_3.items():
+        assert isinstance(failures[name], AssertionError) and words in str(failures[name]), (name, failures[name])
+        assert "%" not in str(failures[name]) and "n_sink +" not in str(failures[name]), failures[name]
 
 
 @pytest.mark.parametrize("ex_id, replaced, words", SLIPS, ids=case_ids(SLIPS))

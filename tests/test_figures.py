@@ -113,6 +113,7 @@ def _figures():
                 "drafter model": {"alpha": 0.7, "c": 0.1, "speedup": [1.2, 1.5, 1.6]},
                 "oracle": {"alpha": 0.9, "c": 0.0, "speedup": [1.8, 2.5, 3.0]},
             },
+            lambda a, g: (1 - a ** (g + 1)) / (1 - a),
             note="test machine",
         ),
         "accepted_drafts": lambda: plotting.accepted_drafts(

@@ -140,6 +140,36 @@ def test_int8_folded_equals_notebook_08s_int8_attention():
         )
 
 
+def test_the_compiled_ways_maths_equals_notebook_08s_int8_attention():
+    """Check the benchmark's compiled way (run eager here: no compile) against 8.2 on an int8 cache of 512 tokens,
+    grouped heads included, and that the tile grid counted by visible pairs skips, masks and computes each tile as a
+    walk of the tiles' first and last positions would, for every shape up to 12 queries, 16 keys, tiles of 5."""
+    rng = np.random.default_rng(4)
+    cache = _int8_cache(rng, 512)
+    q = torch.randn(2, 6, 1, 8)
+    torch.testing.assert_close(
+        bench_fused.dequantised_reduction(q, cache[0], cache[1], cache[2][:, :, :512], cache[3][:, :, :512]),
+        compress.int8_attention(q, *cache, 512),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+    for T in range(1, 13):
+        for S in range(T, 17):
+            for tile in range(1, 6):
+                offset, kinds = S - T, bench_fused.tile_kinds(T, S, tile)
+                for i, j in np.ndindex(kinds.shape):
+                    first_q, last_q = offset + i * tile, offset + min((i + 1) * tile, T) - 1
+                    first_k, last_k = j * tile, min((j + 1) * tile, S) - 1
+                    want = (
+                        bench_fused.SKIPPED
+                        if first_k > last_q
+                        else bench_fused.MASKED
+                        if last_k > first_q
+                        else bench_fused.COMPUTED
+                    )
+                    assert kinds[i, j] == want, (T, S, tile, i, j)
+
+
 def test_profiling_leaves_only_what_the_code_writes_on_stderr(capfd):
     """Check that peak_bytes leaves no line of the profiler's own on stderr (kineto's start and stop) and passes
     through what the profiled code writes there."""
@@ -637,7 +667,7 @@ def test_other_correct_implementations_pass(ex_id, name, fn):
 
 SLIPS = [
     ("9.1", "online_softmax", online_no_rescale_acc, "running output is not rescaled"),
-    ("9.1", "online_softmax", online_no_max, "subtract the running maximum"),
+    ("9.1", "online_softmax", online_no_max, "no maximum was subtracted"),
     ("9.1", "online_softmax", online_no_guard, "exp(-inf - (-inf))"),
     ("9.1", "online_softmax", online_concat, "kept the chunks it read"),
     ("9.1", "online_softmax", online_keeps_float64_copies, "kept the chunks it read"),
@@ -657,7 +687,7 @@ SLIPS = [
     ("9.2", "tiled_attention", tiled_past_kv_len, "its key tiles run past the last key"),
     ("9.3", "merge_partials", merge_mean, "averaged"),
     ("9.3", "merge_partials", merge_max_lse, "largest lse_c"),
-    ("9.3", "merge_partials", merge_no_shift, "subtract the largest lse"),
+    ("9.3", "merge_partials", merge_no_shift, "exp(lse) overflows"),
     ("9.3", "merge_partials", merge_times_zero, "0 * nan is nan"),
     ("9.4", "int8_folded_attention", folded_dequantise_all, "called 8.2's int8_attention"),
     ("9.4", "int8_folded_attention", folded_flash_decode_dequantised, "called dequantize"),

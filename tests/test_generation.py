@@ -818,13 +818,13 @@ SLIPS = [
         {"attention_block": attention_echo_after_the_heads},
         "its own forward",
     ),
-    ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, dim=-2)}, "wrong axis"),
+    ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, dim=-2)}, "root-mean-squares should be"),
     ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, centre=True)}, "LayerNorm"),
     ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, eps_at="outside")}, "outside the root"),
     ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, eps_at="none")}, "eps plays no part"),
     ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, reduce="sum")}, "sum of the squares"),
     ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, scale=False)}, "weight is not applied"),
-    ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, upcast=False)}, "overflow"),
+    ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, upcast=False)}, "the largest values vanished"),
     ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, e, cast_back=False)}, "return x's dtype"),
     ("2.5", {"rms_norm": lambda x, w, e=1e-5: _rms(x, w, 1e-5)}, "eps argument is ignored"),
     ("2.6", {"swiglu": lambda x, g, u, d: _swiglu(x, g, u, d, on="up")}, "branches are swapped"),
@@ -844,7 +844,7 @@ SLIPS = [
         "underflows",
     ),
     ("temper_is_greedy_at_zero_and_finite_when_cold", {"temper": lambda p, t: _temper(p, t, greedy=False)}, "one-hot"),
-    ("2.8", {"param_counts": lambda c: _params(c, kv_heads=c.n_heads)}, "n_kv_heads heads of head_dim"),
+    ("2.8", {"param_counts": lambda c: _params(c, kv_heads=c.n_heads)}, "as many as the queries"),
     ("2.8", {"param_counts": lambda c: _params(c, mlp_matrices=2)}, "three matrices"),
     ("2.8", {"param_counts": lambda c: _params(c, final_norm=False)}, "before the lm_head is missing"),
     ("2.8", {"param_counts": lambda c: _params(c, lm_head=False)}, "the lm_head is missing"),
@@ -865,20 +865,20 @@ def test_slip_is_rejected_naming_it(where, replaced, words):
     assert_slip_named(where, _module(**replaced), words)
 
 
-def _shipped_generate(fixed=()):
-    """2.2's shipped body as kvlib/generation.py (the learner's stub) holds it, each (broken, right) pair of
-    `fixed` replaced in its text: a learner's copy half fixed. It calls next_token (2.1) as the stub does."""
+def _shipped(name, fixed=()):
+    """An exercise's shipped body as kvlib/generation.py (the learner's stub) holds it, each (broken, right) pair of
+    `fixed` replaced in its text: a learner's copy half fixed. It calls earlier exercises as the stub does."""
     import inspect
     import textwrap
 
-    source = textwrap.dedent(inspect.getsource(generation.generate.__wrapped__))
+    source = textwrap.dedent(inspect.getsource(getattr(generation, name).__wrapped__))
     source = "".join(line for line in source.splitlines(keepends=True) if not line.startswith("@"))
     for broken, right in fixed:
         assert broken in source, f"the shipped body no longer holds {broken!r}"
         source = source.replace(broken, right)
     space = dict(vars(generation))
     exec(source, space)  # noqa: S102 - the stub's own text, run as the learner's module runs it
-    return space["generate"]
+    return space[name]
 
 
 _FIRST_BUG = ("model(input_ids)", "model(ids)")
@@ -889,13 +889,72 @@ def test_shipped_generate_fails_with_its_symptoms_until_both_bugs_are_fixed():
     """Check that 2.2's shipped body (a find-and-fix: the stub runs it) fails its exercise showing a symptom, never
     the cause: greedy repeats one token; with that fixed, two runs seeded alike differ; with both fixed it passes."""
     assert generation.generate.__exercise__.kind == "fix"
-    assert_slip_named("2.2", _module(generate=_shipped_generate()), "all 7 new tokens are the same")
-    half = _module(generate=_shipped_generate([_FIRST_BUG]))
+    assert_slip_named("2.2", _module(generate=_shipped("generate")), "all 7 new tokens are the same")
+    half = _module(generate=_shipped("generate", [_FIRST_BUG]))
     assert_slip_named("2.2", half, "with generators seeded alike (seed 1) gave different tokens")
-    for name, err in check_failures("2.2", _module(generate=_shipped_generate())) + check_failures("2.2", half):
+    for name, err in check_failures("2.2", _module(generate=_shipped("generate"))) + check_failures("2.2", half):
         causes = ("input_ids", "model(", "feed", "pass ", "next_token", "generator you are given")
         assert not any(cause in str(err) for cause in causes), f"{name} names the cause: {err}"
-    assert not check_failures("2.2", _module(generate=_shipped_generate([_FIRST_BUG, _SECOND_BUG])))
+    assert not check_failures("2.2", _module(generate=_shipped("generate", [_FIRST_BUG, _SECOND_BUG])))
+
+
+def _rms_norm_by_the_model(x, weight, eps=1e-5):  # the model's own RMSNorm, run: kvlib's copy of 2.5
+    from kvlib.core.model import RMSNorm
+
+    norm = RMSNorm(x.shape[-1], eps).to(weight.dtype)
+    with torch.no_grad():
+        norm.weight.copy_(weight)
+    return norm(x)
+
+
+def _swiglu_by_the_model(x, w_gate, w_up, w_down):  # the model's own MLP, run: kvlib's copy of 2.6
+    from kvlib.core.model import MLP, ModelConfig
+
+    config = ModelConfig(vocab_size=2, d_model=w_gate.shape[1], n_heads=1, n_kv_heads=1, hidden_dim=w_gate.shape[0])
+    mlp = MLP(config).to(w_gate.dtype)
+    with torch.no_grad():
+        for linear, w in ((mlp.gate_proj, w_gate), (mlp.up_proj, w_up), (mlp.down_proj, w_down)):
+            linear.weight.copy_(w)
+    return mlp(x)
+
+
+@pytest.mark.parametrize(
+    "ex_id, fakes, words",
+    [
+        ("2.5", {"rms_norm": _rms_norm_by_the_model}, "ran the model's own RMSNorm"),
+        ("2.6", {"swiglu": _swiglu_by_the_model}, "ran the model's own MLP"),
+    ],
+    ids=["2.5", "2.6"],
+)
+def test_the_models_own_norm_or_mlp_fails_every_check_naming_it(ex_id, fakes, words):
+    """Check that 2.5 answered by running the model's RMSNorm, or 2.6 by running its MLP (kvlib's own copies of the
+    exercises: kvlib.course.exercises.READY_MADE), fails every check of the exercise, each naming what it ran; the
+    same functions pass outside a check (they compute the right numbers)."""
+    failures = check_failures(ex_id, _module(**fakes))
+    assert [name for name, _ in failures] == [c.name for c in checks_for(BY_ID[ex_id])], failures
+    assert all(words in str(err) and "while Exercise" in str(err) for _, err in failures), failures
+    x, w = torch.randn(2, 3, 8), torch.rand(8) + 0.5
+    assert torch.allclose(_rms_norm_by_the_model(x, w), reference(BY_ID["2.5"])(x, w))
+
+
+_AXIS_BUG = ("dim=-2", "dim=-1")
+_FLOAT16_BUG = ("mean_square = x.pow(2)", "mean_square = x.float().pow(2)")
+
+
+def test_shipped_rms_norm_fails_with_its_symptoms_until_both_bugs_are_fixed():
+    """Check that 2.5's shipped body (a find-and-fix) fails its exercise showing a symptom, never the cause: the tokens'
+    root-mean-squares come out unequal; with the axis fixed, float16 values of 400 come out as 0; with the squares
+    taken in float32 too (and the result cast back to x's dtype), it passes."""
+    assert generation.rms_norm.__exercise__.kind == "fix"
+    shipped = _module(rms_norm=_shipped("rms_norm"))
+    assert_slip_named("2.5", shipped, "root-mean-squares should be")
+    half = _module(rms_norm=_shipped("rms_norm", [_AXIS_BUG]))
+    assert_slip_named("rms_norm_holds_for_large_float16_values", half, "the largest values vanished")
+    for name, err in check_failures("2.5", shipped) + check_failures("2.5", half):
+        causes = ("axis", "dim=", "across tokens", "overflow", "float32", "square in", "65504")
+        assert not any(cause in str(err) for cause in causes), f"{name} names the cause: {err}"
+    cast = ("torch.rsqrt(mean_square + eps)", "torch.rsqrt(mean_square + eps).to(x.dtype)")
+    assert not check_failures("2.5", _module(rms_norm=_shipped("rms_norm", [_AXIS_BUG, _FLOAT16_BUG, cast])))
 
 
 # words that would give the learner the line to type (the fix), where 2.1, 2.5, 2.6 and 2.7 name the cause (issue 46)

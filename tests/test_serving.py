@@ -406,6 +406,16 @@ class _AppendHalfGrown(serving.BlockTable):
         return slots
 
 
+class _AppendLengthFirst(serving.BlockTable):
+    def append(self, pool, n=1):
+        bs, start = self.block_size, self.length
+        self.length += n  # counted before the blocks are there: a failed allocate leaves it counted
+        missing = -(-self.length // bs) - len(self.blocks)
+        if missing > 0:
+            self.blocks += pool.allocate(missing)
+        return [self.blocks[p // bs] * bs + p % bs for p in range(start, self.length)]
+
+
 class _AppendOffByOne(serving.BlockTable):
     def append(self, pool, n=1):
         bs = self.block_size
@@ -647,19 +657,28 @@ SLIPS = [  # (check, replaced pieces, words its failure must contain)
     ("release_twice_is_an_error", {"BlockPool": _ReleaseNoDoubleCheck}, "must raise ValueError"),
     ("release_returns_the_block", {"BlockPool": _ReleaseLeaks}, "back on the free list"),
     ("append_allocates_at_block_boundaries", {"BlockTable": _AppendBlockPerToken}, "a block per token"),
-    ("append_leaves_the_table_alone_when_blocks_run_out", {"BlockTable": _AppendHalfGrown}, "must change nothing"),
+    (
+        "append_leaves_the_table_alone_when_blocks_run_out",
+        {"BlockTable": _AppendHalfGrown},
+        "the table holds blocks for tokens it never got",
+    ),
+    (
+        "append_leaves_the_table_alone_when_blocks_run_out",
+        {"BlockTable": _AppendLengthFirst},
+        "its length counts tokens that got no slot",
+    ),
     ("append_allocates_at_block_boundaries", {"BlockTable": _AppendOffByOne}, "[1, 1, 1, 1, 2, 2, 2, 2, 3]"),
     ("paged_attention_matches_contiguous", {"paged_attention": _paged_padded}, "not padded to the longest row"),
     ("paged_attention_matches_contiguous", {"paged_attention": _paged_sorted}, "not sorted"),
     ("paged_attention_matches_contiguous", {"paged_attention": _paged_whole_blocks}, "read all of its last block"),
-    ("step_preempts_the_newest_and_stays_exact", {"Scheduler": _StepNoPreempt}, "preempt until blocks_to_decode fits"),
+    ("step_preempts_the_newest_and_stays_exact", {"Scheduler": _StepNoPreempt}, "a decode ran with fewer free blocks"),
     ("step_preempts_the_newest_and_stays_exact", {"Scheduler": _StepPreemptOldest}, "while self.victim() named"),
     ("step_serves_every_request_exactly", {"Scheduler": _StepDecodesNobody}, "decode() with no request running"),
     ("step_admits_while_blocks_and_batch_allow", {"Scheduler": _StepSkipsAhead}, "first come, first served"),
     (
         "step_admits_while_blocks_and_batch_allow",
         {"Scheduler": _StepIgnoresBlocks},
-        "admit only while blocks_to_admit fits",
+        "admitted with fewer free blocks than admitting it takes",
     ),
     ("copy_on_write_copies_a_shared_block", {"copy_on_write": _cow_no_copy}, "must hold the old block's K and V"),
     ("copy_on_write_copies_a_shared_block", {"copy_on_write": _cow_keeps_reference}, "counts 2 reference(s) while 1"),

@@ -5,6 +5,7 @@ the benchmark's shape of report.
 Runs in reference mode (conftest). No test asserts on time."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -34,12 +35,14 @@ def test_reference_passes_check(check):
 
 
 def test_learner_stubs_are_todo(learner_mode):
-    """Check that in learner mode every 10.x exercise raises ExerciseNotDone naming itself."""
+    """Check that in learner mode every 10.x exercise raises ExerciseNotDone naming itself, but 10.1, a find-and-fix
+    exercise, whose shipped body runs (and fails its checks: tests/test_exercise.py)."""
     config = ModelConfig(vocab_size=11, d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, hidden_dim=16, max_seq_len=16)
     model = Decoder(config)
     p, q = torch.full((2, 3), 1 / 3), torch.full((1, 3), 1 / 3)
+    n, next_token = speculative.verify_greedy(model, CheckCache(config, 8), 1, [2])
+    assert n in (0, 1) and 0 <= next_token < config.vocab_size
     for ex_id, call in (
-        ("10.1", lambda: speculative.verify_greedy(model, CheckCache(config, 8), 1, [2])),
         (
             "10.2",
             lambda: speculative.speculative_generate(model, speculative.LookupDrafter(), torch.tensor([[1, 2]]), 3, 2),
@@ -245,11 +248,15 @@ def test_bad_inputs_name_the_problem(models):
 # Other correct ways pass every check; likely slips fail, with their names
 
 
+def _module(**replaced):
+    return handed_in(speculative, NAMES, **replaced)
+
+
 def _messages(ex_id: str, **replaced) -> list[str]:
     out = []
     for check in checks_for(BY_ID[ex_id]):
         try:
-            check.fn(handed_in(speculative, NAMES, **replaced), np.random.default_rng(0))
+            check.fn(_module(**replaced), np.random.default_rng(0))
             out.append("")
         except AssertionError as err:
             out.append(str(err) or "assertion")
@@ -295,6 +302,15 @@ def verify_rewind_one_too_many(model, cache, last_token, draft):
 
 def verify_never_rewinds(model, cache, last_token, draft):
     return _verify(model, cache, last_token, draft, cut=False)
+
+
+def verify_counts_every_agreement(model, cache, last_token, draft):  # the shipped bug's first half, rewound right
+    start = cache.pos
+    logits, _ = model(torch.tensor([[last_token, *draft]]), past_key_values=cache)
+    greedy = logits[0].argmax(-1).tolist()
+    n = sum(d == g for d, g in zip(draft, greedy))
+    cache.truncate(start + n + 1)
+    return n, greedy[n]
 
 
 def verify_cumprod(model, cache, last_token, draft):
@@ -547,23 +563,25 @@ def test_other_correct_implementations_pass(ex_id, name, fn):
 
 
 SLIPS = [
-    ("10.1", "verify_greedy", verify_per_draft, "ONE pass"),
-    ("10.1", "verify_greedy", verify_no_bonus, "bonus token"),
-    ("10.1", "verify_greedy", verify_rewind_one_too_few, "one too few"),
-    ("10.1", "verify_greedy", verify_rewind_one_too_many, "one too many"),
-    ("10.1", "verify_greedy", verify_never_rewinds, "rejected drafts stay"),
-    ("10.2", "speculative_generate", _mode("plain"), "never verified in one pass"),
+    # 10.1 ships broken (find and fix): its messages show the symptom, beside what greedy decoding does
+    ("10.1", "verify_greedy", verify_per_draft, "forward passes for"),
+    ("10.1", "verify_greedy", verify_no_bonus, "where greedy decoding writes"),
+    ("10.1", "verify_greedy", verify_counts_every_agreement, "where greedy decoding writes"),
+    ("10.1", "verify_greedy", verify_rewind_one_too_few, "on return the cache holds"),
+    ("10.1", "verify_greedy", verify_rewind_one_too_many, "on return the cache holds"),
+    ("10.1", "verify_greedy", verify_never_rewinds, "on return the cache holds"),
+    ("10.2", "speculative_generate", _mode("plain"), "no pass verified a draft"),
     ("10.2", "speculative_generate", _mode("no_cache"), "without the cache"),
-    ("10.2", "speculative_generate", _mode("no_bonus"), "the model's own next token"),
+    ("10.2", "speculative_generate", _mode("no_bonus"), "kept fewer tokens than its pass verified"),
     ("10.2", "speculative_generate", _mode("eos_inside"), "after eos_token"),
-    ("10.2", "speculative_generate", _mode("eos_cache_kept"), "the drafts accepted after it in the same pass stay"),
-    ("10.2", "speculative_generate", _mode("too_many"), "too many. A round keeps its accepted drafts"),
-    ("10.2", "speculative_generate", _mode("no_reset"), "reset it first"),
-    ("10.2", "speculative_generate", _mode("eos_in_prompt"), "eos_token is in the prompt"),
-    ("10.3", "accept_sampled", accept_topk, "top-k"),
-    ("10.3", "accept_sampled", accept_resample_from_p, "not from p"),
+    ("10.2", "speculative_generate", _mode("eos_cache_kept"), "the drafts accepted after it in the same pass stayed"),
+    ("10.2", "speculative_generate", _mode("too_many"), "the last round made more tokens than were still wanted"),
+    ("10.2", "speculative_generate", _mode("no_reset"), "attended to the old text's keys"),
+    ("10.2", "speculative_generate", _mode("eos_in_prompt"), "taken for an end token the model made"),
+    ("10.3", "accept_sampled", accept_topk, "top k"),
+    ("10.3", "accept_sampled", accept_resample_from_p, "given twice"),
     ("10.3", "accept_sampled", accept_no_bonus, "bonus token"),
-    ("10.3", "accept_sampled", accept_q_over_p, "u < p/q"),
+    ("10.3", "accept_sampled", accept_q_over_p, "q/p"),
     ("10.3", "accept_sampled", accept_global_rng, "left its generator as it came"),
     ("10.3", "accept_sampled", accept_shared_uniform, "one uniform draw was shared"),
     ("10.3", "accept_sampled", accept_balanced, "other tokens from a generator in the same state"),
@@ -576,6 +594,43 @@ SLIPS = [
     ("10.5", "tokens_per_pass", pass_closed_form_at_one, "at alpha = 1 every draft is kept"),
     ("10.5", "tokens_per_pass", pass_as_the_run_counted, "expected"),
 ]
+
+
+def _verify_counted_to_the_first_mismatch(model, cache, last_token, draft):  # the shipped body, its count fixed only
+    logits, _ = model(torch.tensor([[last_token, *draft]]), past_key_values=cache)
+    predicted = logits[0].argmax(-1).tolist()
+    n = next((i for i, (d, p) in enumerate(zip(draft, predicted)) if d != p), len(draft))
+    return n, predicted[n]
+
+
+def test_shipped_verify_greedy_fails_showing_the_symptom_until_both_bugs_are_fixed():
+    """Check that Exercise 10.1's shipped body (the released stub's, a find-and-fix: every agreeing draft counted, even
+    past the first mismatch, and the cache never rewound) fails its check showing the tokens it would write beside
+    greedy decoding's, naming no cause; with the count fixed, the cache's length shows; with both fixed, it passes."""
+    shipped = speculative.verify_greedy.__wrapped__  # the stub's own body (reference mode elsewhere)
+    assert (
+        shipped.__code__.co_filename.endswith("kvlib/speculative.py")
+        and "solutions" not in shipped.__code__.co_filename
+    )
+    cause = r"truncate|rewind|prefix|mismatch|stop|first reject|stay"
+    (first,) = _messages("10.1", verify_greedy=shipped)
+    assert "where greedy decoding writes" in first and not re.search(cause, first), first
+    (half,) = _messages("10.1", verify_greedy=_verify_counted_to_the_first_mismatch)
+    assert "on return the cache holds" in half and not re.search(cause, half), half
+    assert _messages("10.1", verify_greedy=verify_cumprod) == [""]
+
+
+def test_a_failing_check_points_to_the_hint_once(learner_mode, monkeypatch):
+    """Check that a failing check of notebook 10, as `kvlib check` shows it (10.1's shipped body, a find-and-fix),
+    points to its hint once, in English and in Chinese: the framework's pointer, none of the checks' own."""
+    from kvlib.checks import run_exercise
+    from kvlib.course import i18n
+
+    for lang, pointer in (("en", "(stuck? kvlib hint 10.1)"), ("zh-CN", "（卡住了？运行 kvlib hint 10.1）")):
+        monkeypatch.setenv(i18n.ENV, lang)
+        result = run_exercise(BY_ID["10.1"])
+        assert result.status == "fail" and result.message.endswith(pointer), result.message
+        assert result.message.count("kvlib hint") == 1, result.message
 
 
 @pytest.mark.parametrize("ex_id, name, fake, words", SLIPS, ids=[f"{s[0]}-{s[2].__name__}" for s in SLIPS])
@@ -611,12 +666,14 @@ def test_speedup_sweep_counts_the_drafts_proposed_per_pass(models):
 # The formula and the benchmark's shape of report
 
 
-def test_tokens_per_pass_formula_is_the_geometric_sum():
-    """Check that (1 - alpha^(gamma+1)) / (1 - alpha) is 1 + alpha + ... + alpha^gamma, and gamma + 1 at alpha 1."""
-    for alpha in (0.0, 0.3, 0.9):
-        for gamma in (1, 4):
-            assert bench_spec.alpha_formula(alpha, gamma) == pytest.approx(sum(alpha**i for i in range(gamma + 1)))
-    assert bench_spec.alpha_formula(1.0, 3) == 4
+def test_predicted_speedup_is_exercise_10_5s_tokens_per_pass_over_a_rounds_cost():
+    """Check that the benchmark's predicted speedup is 10.5's tokens per pass (the reference here) over gamma c + 1:
+    no copy of the prediction of its own in kvlib (issue 46), and alpha clamped into [0, 1]."""
+    for alpha in (0.0, 0.3, 0.9, 1.0):
+        for gamma, c in ((1, 0.0), (4, 0.25)):
+            want = speculative.tokens_per_pass(alpha, gamma) / (gamma * c + 1)
+            assert bench_spec.predicted_speedup(alpha, gamma, c) == pytest.approx(want)
+    assert bench_spec.predicted_speedup(1.0 + 1e-12, 3, 0.0) == 4
 
 
 def test_format_spec_marks_a_speedup_above_its_cap_as_noise():
@@ -701,21 +758,15 @@ def _lookup_by_the_benchmark(tokens, n, k):
     return bench_spec.lookup_policy(tokens, k, n)
 
 
-def _count_by_the_benchmark(alpha, gamma):
-    return bench_spec.alpha_formula(alpha, gamma)
-
-
 @pytest.mark.parametrize(
     "ex_id, fakes, words",
-    [
-        ("10.4", {"prompt_lookup": _lookup_by_the_benchmark}, "called the benchmark's lookup policy"),
-        ("10.5", {"tokens_per_pass": _count_by_the_benchmark}, "called the benchmark's formula"),
-    ],
-    ids=["10.4-lookup_policy", "10.5-alpha_formula"],
+    [("10.4", {"prompt_lookup": _lookup_by_the_benchmark}, "called the benchmark's lookup policy")],
+    ids=["10.4-lookup_policy"],
 )
 def test_the_benchmarks_copy_as_the_answer_fails_naming_it(ex_id, fakes, words):
-    """Check that 10.4 answered by bench_spec.lookup_policy and 10.5 by bench_spec.alpha_formula (one-line calls that
-    passed every check before they were refused) fail each check of the exercise, naming what they called."""
+    """Check that 10.4 answered by bench_spec.lookup_policy (a one-line call that passed every check before it was
+    refused) fails each check of the exercise, naming what it called. (10.5 has no copy in kvlib to call: the
+    benchmark's prediction is the learner's own tokens_per_pass.)"""
     failures = check_failures(ex_id, handed_in(speculative, NAMES, **fakes))
     assert [n for n, _ in failures] == [c.name for c in checks_for(BY_ID[ex_id])], failures
     assert all(words in str(err) and "while Exercise" in str(err) for _, err in failures), failures

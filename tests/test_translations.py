@@ -222,6 +222,7 @@ def test_message_catalogue_translates_todays_english():
     status = translate.catalogue_status(ZH)
     assert not status.stale, "\n".join(p for problems in status.stale.values() for p in problems)
     assert "kvlib/course/hints.py::show" in status.complete and "kvlib/app/cli.py::_table" in status.complete
+    assert {"kvlib/course/inputs.py::float_array", "kvlib/course/inputs.py::check_verify"} <= set(status.complete)
     seen: dict[str, tuple[str, str]] = {}
     for scope, entries in i18n.catalogue(ZH).items():
         for en, zh in entries.items():
@@ -274,7 +275,9 @@ def test_slips_are_named_in_chinese(module, chinese):
         pytest.skip(f"kvlib/checks/{module}.py's messages are not translated into {ZH} yet")
     tests = importlib.import_module(f"test_{module}")
     left = []
-    for where, replaced, *_ in tests.SLIPS:
+    for where, replaced, *rest in tests.SLIPS:
+        if isinstance(replaced, str):  # (exercise, function's name, the slip, words): notebooks 09 and 10's shape
+            replaced = {replaced: rest[0]}
         with np.errstate(all="ignore"):
             failures = check_failures(where, tests._module(**replaced))
         assert failures, f"{where} passed a wrong implementation"
@@ -327,6 +330,53 @@ def test_an_unfinished_exercise_is_named_in_chinese(chinese, learner_mode):
         f"练习 2.4（{later}）用到了练习 1.2（{first}），而它还没有完成：请先完成练习 1.2（kvlib/attention.py, "
         "notebooks/01-attention）"
     )
+
+
+def test_bad_input_is_named_in_chinese(chinese, monkeypatch, learner_mode):
+    """Check that the exercises' input checks (kvlib/course/inputs.py) name bad input in the learner's language, as
+    a notebook cell, `kvlib check` and the grader's feedback show it: with KVLIB_LANG=zh-CN in Chinese with the same
+    shapes and numbers (a check's own message, a helper's, the model's check of token ids that 2.2's calls, a check
+    a shipped function calls), raised as a ValueError; in English as the code words it."""
+    import torch
+
+    import kvlib.attention
+    import kvlib.fused
+    import kvlib.generation
+    from kvlib.core.model import Decoder, ModelConfig
+
+    model = Decoder(ModelConfig(vocab_size=5, d_model=8, n_layers=1, n_heads=2, n_kv_heads=2, hidden_dim=8))
+
+    def error(fn, *args) -> str:
+        with pytest.raises(ValueError) as err:
+            fn(*args)
+        return str(err.value)
+
+    cases = [
+        (kvlib.attention.attend, (np.zeros(4), np.zeros((3, 5)), np.zeros((3, 2)))),
+        (kvlib.attention.softmax, ([1.0, 2.0],)),
+        (kvlib.generation.rms_norm, (torch.zeros(2, 8), torch.ones(7))),
+        (kvlib.attention.causal_mask, (5, 3)),
+        (kvlib.generation.generate, (model, torch.tensor([[1, 7]]), 2)),  # the model's own check, through 2.2's
+        (kvlib.fused.flash_decode, (*[torch.zeros(1, 2, 1, 4)] * 3, 0)),  # not an exercise: it calls a check
+    ]
+    chinese = [error(fn, *args) for fn, args in cases]
+    assert chinese == [
+        "k 必须是 (kv_len, 4)，才能与形状为 (4,) 的 q 匹配，得到的却是 (3, 5)",
+        "scores 必须是 numpy 数组，得到的却是 list",
+        "weight 必须是 (8,)，x (2, 8) 的每个特征一个缩放系数，得到的却是 (7,)",
+        "新查询的个数 seq_len（5）不能多于键的个数 kv_len（3）",
+        "词元 id 必须在 [0, 5) 内，得到的值却在 1 到 7 之间",
+        "chunk 必须是正整数（每个块或分块的词元数），得到的却是 0",
+    ]
+    monkeypatch.delenv(i18n.ENV)
+    assert [error(fn, *args) for fn, args in cases] == [
+        "k must be (kv_len, 4) to match q of shape (4,), got (3, 5)",
+        "scores must be a numpy array, got list",
+        "weight must be (8,), one scale per feature of x (2, 8), got (7,)",
+        "seq_len (5) new queries cannot outnumber kv_len (3) keys",
+        "token ids must lie in [0, 5), got values 1 to 7",
+        "chunk must be a positive int (tokens per tile or chunk), got 0",
+    ]
 
 
 def test_translated_hints_are_shown_only_while_fresh(chinese, monkeypatch, tmp_path, learner_mode):

@@ -490,6 +490,9 @@ _FIGURE_NAMES = re.compile(r"^(?:title|label|xlabel|ylabel|note|\w+_(?:title|lab
 _WORDS = re.compile(r"[A-Za-z]{2,}")
 _FIELD = re.compile(r"\{\d+\}")
 _FIGURES = "kvlib/course/figures/"  # one module per notebook
+# The exercises' input checks, whose ValueErrors reach the learner translated (kvlib/course/inputs.py's last section):
+# every function of kvlib/course/inputs.py, and the model's own check of token ids that several of them call
+_INPUTS = {"kvlib/course/inputs.py": None, "kvlib/core/model.py": {"check_input"}}
 # A claim's verdict (kvlib/course/claims.py): each sentence, joined from the parts it words (head and tail: _sentences),
 # and what a notebook's claims.compare/against/exact call fills into them (the texts after the claim's id)
 _CLAIMS = "kvlib/course/claims.py"
@@ -634,7 +637,8 @@ def _scopes(tree: ast.Module):
 def english_texts(rel: str, source: str) -> dict[str, set[str]]:
     """The texts of one source file the catalogue translates, by scope ("rel::function", or rel at module level):
     every tr() call's text; in kvlib/checks/ each @check function's docstring's first paragraph (as its verdict
-    line shows it) and every assert's or raise's message; in the figures' files and the notebooks each text drawn on
+    line shows it) and every assert's or raise's message; in the exercises' input checks (_INPUTS) every raise's
+    message (in the functions named); in the figures' files and the notebooks each text drawn on
     a figure (_FIGURE_CALLS, _FIGURE_KEYWORDS, _FIGURE_NAMES, and what is assigned or looped over into a variable
     they draw: _drawn_names) and the words a notebook hands a claim's verdict (_VERDICTS); in kvlib/course/claims.py
     each sentence of a verdict (_sentences)."""
@@ -653,6 +657,12 @@ def english_texts(rel: str, source: str) -> dict[str, set[str]]:
         if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "tr":
             if node.args and (t := template(node.args[0])) is not None:
                 add(scope, [t])
+        if checks or (rel in _INPUTS and _INPUTS[rel] is None):
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
+                add(scope, [s for a in node.exc.args for s in _strings(a)])
+        if isinstance(node, ast.FunctionDef) and node.name in (_INPUTS.get(rel) or ()):
+            raises = [n for n in ast.walk(node) if isinstance(n, ast.Raise) and isinstance(n.exc, ast.Call)]
+            add(scope, [s for n in raises for a in n.exc.args for s in _strings(a)])
         if checks:
             if isinstance(node, ast.FunctionDef) and any(
                 isinstance(d, ast.Call) and getattr(d.func, "id", None) == "check" for d in node.decorator_list
@@ -660,8 +670,6 @@ def english_texts(rel: str, source: str) -> dict[str, set[str]]:
                 add(scope, [first_paragraph(ast.get_docstring(node))])
             if isinstance(node, ast.Assert) and node.msg is not None:
                 add(scope, _strings(node.msg))
-            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
-                add(scope, [s for a in node.exc.args for s in _strings(a)])
         if figures:
             if isinstance(node, ast.Call):
                 name = getattr(node.func, "attr", getattr(node.func, "id", None))
@@ -716,14 +724,14 @@ def _sentences(function: ast.FunctionDef) -> list[str]:
 
 def message_sources() -> list[tuple[str, str]]:
     """The code whose texts the catalogue translates, [(path under the clone, Python source)]: kvlib's modules that
-    call tr(), the checks, the figures, the claims' verdicts, and the code cells of each solution notebook as one
-    source (titles handed to a figure, words handed to a claim's verdict, the variables they are made of, which an
-    earlier cell may set)."""
+    call tr(), the checks, the exercises' input checks, the figures, the claims' verdicts, and the code cells of each
+    solution notebook as one source (titles handed to a figure, words handed to a claim's verdict, the variables they
+    are made of, which an earlier cell may set)."""
     files = []
     for path in sorted((ROOT / "kvlib").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
         text = path.read_text(encoding="utf-8")
-        if rel.startswith("kvlib/checks/") or rel.startswith(_FIGURES) or rel == _CLAIMS or "tr(" in text:
+        if rel.startswith(("kvlib/checks/", _FIGURES)) or rel in _INPUTS or rel == _CLAIMS or "tr(" in text:
             files.append((rel, text))
     for nb in english_notebooks():
         cells = [_text(c) for c in json.loads(nb.read_text(encoding="utf-8"))["cells"] if c["cell_type"] == "code"]

@@ -12,6 +12,8 @@ weights read every step), k_proj and v_proj left at MHA's size, the weights read
 table read whole, the config's own n_kv_heads taken for MHA's. Every expected value is computed before learner code
 runs, from tensors and models the learner's code never receives (it gets clones), so a function that changes its
 arguments cannot move them.
+The texts a message is built from (which case, what a slip is called) go through tr(), so that the catalogue
+(kvlib/course/i18n.py) translates them as it does the messages.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from kvlib.checks import MB, check, held_nothing_before, memory_of
 from kvlib.core.configs import REAL_MODELS
 from kvlib.core.model import Decoder, ModelConfig, matrix_params
 from kvlib.course.exercises import ExerciseNotDone
+from kvlib.course.i18n import tr
 from kvlib.measure.timing import new_tensors
 
 B, H, H_KV, T, S, D = 2, 6, 2, 2, 5, 8  # T = 2 queries: neither 1 nor the group size 3
@@ -102,11 +105,11 @@ def repeat_kv_follows_the_checkpoints_order(kv, rng):
             h for h in range(H) if ours is None or not torch.allclose(ours[:, h], expected[:, h], rtol=1e-4, atol=1e-5)
         ]
         right = [h for h in range(H) if h not in wrong]
+        same = tr("; heads {heads} the same", heads=", ".join(map(str, right))) if right else ""
         raise AssertionError(
             f"MHA attention over repeat_kv's copies is not a GQA layer's own attention ({H} query heads sharing {H_KV} "
             f"key/value heads, groups of {G}): query heads {', '.join(map(str, wrong))} get other outputs than in the "
-            f"layer{'; heads ' + ', '.join(map(str, right)) + ' the same' if right else ''}. A model read this way runs "
-            "without an error and answers nonsense"
+            f"layer{same}. A model read this way runs without an error and answers nonsense"
         )
     same = kv.repeat_kv(x.clone(), 1)
     assert isinstance(same, torch.Tensor) and torch.equal(same, x), "group_size 1 (MHA) must return the heads unchanged"
@@ -129,20 +132,24 @@ def _expected_and_slips(q, k, v) -> tuple[torch.Tensor, dict]:
     G_, Tq = q.shape[1] // k.shape[1], q.shape[2]
     kr, vr = k.repeat_interleave(G_, 1), v.repeat_interleave(G_, 1)
     slips = {
-        "query heads read another key/value head than in a GQA layer (the grouping of Exercise 6.1)": _attention(
+        tr("query heads read another key/value head than in a GQA layer (the grouping of Exercise 6.1)"): _attention(
             q, k.repeat(1, G_, 1, 1), v.repeat(1, G_, 1, 1)
         ),
-        "the scores are not divided by sqrt(head_dim)": _attention(q, kr, vr, scale=False),
-        "the mask is aligned top-left (is_causal=True or tril(0)): the T queries are the LAST T of the S positions": _attention(
-            q, kr, vr, top_left=True
-        ),
-        "the mask's diagonal is off: the queries see as many keys as if they were the last seq_len of 2 * seq_len - 1 "
-        "positions, not of kv_len": _attention(q, kr, vr, offset=Tq - 1),
-        "the mask's rows and the queries' rows are in different orders: a query of one head is masked as another "
-        "query would be": _rows_interleaved(q, k, v),
+        tr("the scores are not divided by sqrt(head_dim)"): _attention(q, kr, vr, scale=False),
+        tr(
+            "the mask is aligned top-left (is_causal=True or tril(0)): the T queries are the LAST T of the S positions"
+        ): _attention(q, kr, vr, top_left=True),
+        tr(
+            "the mask's diagonal is off: the queries see as many keys as if they were the last seq_len of "
+            "2 * seq_len - 1 positions, not of kv_len"
+        ): _attention(q, kr, vr, offset=Tq - 1),
+        tr(
+            "the mask's rows and the queries' rows are in different orders: a query of one head is masked as another "
+            "query would be"
+        ): _rows_interleaved(q, k, v),
     }
     if Tq != G_:  # a (G, S) mask tiled T times has G*T rows too, and equals the right one when T == G
-        slips["the mask is right only where seq_len equals group_size: it was built for group_size queries"] = (
+        slips[tr("the mask is right only where seq_len equals group_size: it was built for group_size queries")] = (
             _group_for_queries(q, k, v)
         )
     return _attention(q, kr, vr), slips
@@ -153,7 +160,7 @@ def _diagnose(got, slips: dict) -> str:
     for message, tensor in slips.items():
         if _close(got, tensor):
             return message
-    return "the output differs from MHA attention over the key/value heads copied out in a GQA layer's order (6.1)"
+    return tr("the output differs from MHA attention over the key/value heads copied out in a GQA layer's order (6.1)")
 
 
 @check("6.2")
@@ -173,16 +180,16 @@ def grouped_attention_matches_repeated_heads(kv, rng):
 def grouped_attention_boundaries(kv, rng):
     """Check MHA (group size 1), MQA (one key/value head), one decode-step query against 7 keys and a prefill (4 of 4)."""
     cases = (
-        (H, T, S, "MHA (n_kv_heads == n_heads)"),
-        (1, 4, 9, "MQA (one key/value head)"),
-        (H_KV, 1, 7, "one decode-step query against 7 keys"),
-        (H_KV, 4, 4, "a prefill: 4 queries, 4 keys, no cache"),
+        (H, T, S, tr("MHA (n_kv_heads == n_heads): {slip}")),  # the case and the slip as one text: its colon too
+        (1, 4, 9, tr("MQA (one key/value head): {slip}")),
+        (H_KV, 1, 7, tr("one decode-step query against 7 keys: {slip}")),
+        (H_KV, 4, 4, tr("a prefill: 4 queries, 4 keys, no cache: {slip}")),
     )
     for n_kv, n_q, n_k, case in cases:
         q, k, v = _randn(rng, B, H, n_q, D), _randn(rng, B, n_kv, n_k, D), _randn(rng, B, n_kv, n_k, D)
         expected, slips = _expected_and_slips(q, k, v)
         got = kv.grouped_attention(*_clones(q, k, v))
-        assert _close(got, expected), f"{case}: {_diagnose(got, slips)}"
+        assert _close(got, expected), case.format(slip=_diagnose(got, slips))
 
 
 _BIG = dict(H=32, H_KV=2, S=16_384, D=64)  # the measured decode step: 16 query heads per key/value head
@@ -270,18 +277,21 @@ def mean_pool_heads_averages_each_group(kv, rng):
     if _close(got, expected):
         return
     wrong = {
-        f"new head 0 holds the mean of old heads {', '.join(str(h) for h in range(0, H, H_KV))}, whose query heads "
-        "read different key/value heads in repeat_kv's order": heads.view(G, H_KV, _D, _C)
-        .mean(0)
-        .reshape(H_KV * _D, _C),
-        "the first head of each group was kept and the others dropped": heads.view(H_KV, G, _D, _C)[:, 0].reshape(
+        tr(
+            "new head 0 holds the mean of old heads {heads}, whose query heads read different key/value heads in "
+            "repeat_kv's order",
+            heads=", ".join(str(h) for h in range(0, H, H_KV)),
+        ): heads.view(G, H_KV, _D, _C).mean(0).reshape(H_KV * _D, _C),
+        tr("the first head of each group was kept and the others dropped"): heads.view(H_KV, G, _D, _C)[:, 0].reshape(
             H_KV * _D, _C
         ),
-        f"each new head is {G} times the mean it should hold": heads.view(H_KV, G, _D, _C)
+        tr("each new head is {g} times the mean it should hold", g=G): heads.view(H_KV, G, _D, _C)
         .sum(1)
         .reshape(H_KV * _D, _C),
-        "consecutive ROWS were averaged, not heads: each new row mixes rows of one old head, and a row of one "
-        "head never meets the same row of the others": w.view(H_KV * _D, G, _C).mean(1),
+        tr(
+            "consecutive ROWS were averaged, not heads: each new row mixes rows of one old head, and a row of one "
+            "head never meets the same row of the others"
+        ): w.view(H_KV * _D, G, _C).mean(1),
     }
     for message, tensor in wrong.items():
         if _close(got, tensor):
@@ -403,7 +413,7 @@ def to_gqa_converts_a_gqa_model_and_keeps_dtype_and_mode(kv, rng):
         source = Decoder(CONFIG).to(dtype).train(training)
         state = {name: w.clone() for name, w in source.state_dict().items()}
         got = kv.to_gqa(source, 2)
-        mode = "training" if training else "eval"
+        mode = tr("training") if training else tr("eval")
         assert all(w.dtype == dtype for w in got.state_dict().values()), (
             f"the source model is {dtype}; the converted one has {sorted({str(w.dtype) for w in got.state_dict().values()})}: "
             "keep the source's dtype"
@@ -435,34 +445,43 @@ def _speedup_slips(c, h, S, batch) -> dict:
         return _numbers_read(c, H, S, batch, **how) / _numbers_read(c, h, S, batch, **how)
 
     return {  # each the ratio of steps counted another way: the symptom, not the term to add
-        "that is the ratio of the caches alone (group_size), as if the steps read nothing else": H / h,
-        "that is the ratio of steps whose weights all stay at MHA's size": (
+        tr("that is the ratio of the caches alone (group_size), as if the steps read nothing else"): H / h,
+        tr("that is the ratio of steps whose weights all stay at MHA's size"): (
             _numbers_read(c, H, S, batch) / _numbers_read(c, h, S, batch, shrink=False)
         ),
-        "that is the ratio of steps that read the weights again for every sequence": ratio(per_sequence=True),
-        "that is the ratio of steps whose cache is half the size (keys or values, not both)": ratio(cache_share=0.5),
-        f"that is the ratio of steps whose cache is one layer's, not {L} layers'": ratio(cache_share=1 / L),
-        "that is the ratio at kv_len 1, one cached token per sequence": (
+        tr("that is the ratio of steps that read the weights again for every sequence"): ratio(per_sequence=True),
+        tr("that is the ratio of steps whose cache is half the size (keys or values, not both)"): ratio(
+            cache_share=0.5
+        ),
+        tr("that is the ratio of steps whose cache is one layer's, not {layers} layers'", layers=L): ratio(
+            cache_share=1 / L
+        ),
+        tr("that is the ratio at kv_len 1, one cached token per sequence"): (
             _numbers_read(c, H, 1, batch) / _numbers_read(c, h, 1, batch)
         ),
-        "that is the ratio of steps that read the whole embedding table, where a token needs one row of it": ratio(
+        tr("that is the ratio of steps that read the whole embedding table, where a token needs one row of it"): ratio(
             table=True
         ),
-        f"that is the speedup over {c.n_kv_heads} key/value heads (the config's own), not over MHA's {H}": (
-            _numbers_read(c, c.n_kv_heads, S, batch) / _numbers_read(c, h, S, batch)
-        ),
-        "that is the inverse: a speedup is MHA's time over this one's, above 1 when sharing reads less": 1
+        tr(
+            "that is the speedup over {own} key/value heads (the config's own), not over MHA's {h}",
+            own=c.n_kv_heads,
+            h=H,
+        ): (_numbers_read(c, c.n_kv_heads, S, batch) / _numbers_read(c, h, S, batch)),
+        tr("that is the inverse: a speedup is MHA's time over this one's, above 1 when sharing reads less"): 1
         / (_numbers_read(c, H, S, batch) / _numbers_read(c, h, S, batch)),
     }
 
 
-_SPEEDUPS = (  # (config, name, n_kv_heads, kv_len, batch)
-    (REAL_MODELS["Llama-2-7B"].config, "Llama-2-7B's shape", 8, 4096, 1),
-    (REAL_MODELS["Llama-2-7B"].config, "Llama-2-7B's shape", 1, 32768, 16),
-    (REAL_MODELS["Llama-3-8B"].config, "Llama-3-8B's shape (its config says 8 key/value heads)", 2, 8192, 4),
-    (CONFIG, "a small config, 6 heads", 2, 9, 3),
-    (CONFIG, "a small config, 6 heads", 3, 5, 1),
-)
+def _speedups() -> tuple:
+    """(config, name, n_kv_heads, kv_len, batch) of each case, named in the learner's language."""
+    llama2, llama3 = REAL_MODELS["Llama-2-7B"].config, REAL_MODELS["Llama-3-8B"].config
+    return (
+        (llama2, tr("Llama-2-7B's shape"), 8, 4096, 1),
+        (llama2, tr("Llama-2-7B's shape"), 1, 32768, 16),
+        (llama3, tr("Llama-3-8B's shape (its config says 8 key/value heads)"), 2, 8192, 4),
+        (CONFIG, tr("a small config, 6 heads"), 2, 9, 3),
+        (CONFIG, tr("a small config, 6 heads"), 3, 5, 1),
+    )
 
 
 def _close_ratio(got, expected) -> bool:
@@ -473,10 +492,17 @@ def _close_ratio(got, expected) -> bool:
 def predicted_speedup_is_the_bytes_a_step_reads(kv, rng):
     """Check the predicted speedup of a memory-bound decode step on real shapes and a small config: MHA's bytes read
     (weights and cache) over the bytes read with n_kv_heads key/value heads."""
-    for c, name, h, S, batch in _SPEEDUPS:
+    for c, name, h, S, batch in _speedups():
         expected = _numbers_read(c, c.n_heads, S, batch) / _numbers_read(c, h, S, batch)
         slips = _speedup_slips(c, h, S, batch)
-        where = f"{name}, {c.n_heads} query heads to {h} key/value heads, kv_len {S}, batch {batch}"
+        where = tr(
+            "{name}, {n_heads} query heads to {h} key/value heads, kv_len {S}, batch {batch}",
+            name=name,
+            n_heads=c.n_heads,
+            h=h,
+            S=S,
+            batch=batch,
+        )
         got = kv.predicted_speedup(ModelConfig(**c.to_dict()), h, S, batch)
         assert isinstance(got, (int, float)) and not isinstance(got, bool), (
             f"{where}: predicted_speedup should return a float, got {type(got).__name__} {got!r}"

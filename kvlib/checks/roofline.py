@@ -13,6 +13,8 @@ stops at a cap (None) is named, and one that tries each value in turn is stopped
 Every expected value is computed before learner code runs, from numbers and configurations the
 learner never receives: a function is handed a copy of each config (`_copy`), so even one that
 changes its arguments (object.__setattr__ on a frozen config) cannot move the target.
+The texts a message is built from (which case, what a slip is called) go through tr(), so that the catalogue
+(kvlib/course/i18n.py) translates them as it does the messages.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from kvlib.checks import check, isolated, time_limit
 from kvlib.core.configs import REAL_MODELS
 from kvlib.core.flops import forward_flops_counted
 from kvlib.core.model import Decoder, ModelConfig
+from kvlib.course.i18n import tr
 
 # every size distinct: vocab, width, layers, heads, KV heads, MLP width
 ODD = ModelConfig(vocab_size=50, d_model=48, n_layers=3, n_heads=6, n_kv_heads=2, hidden_dim=80, max_seq_len=64)
@@ -77,16 +80,21 @@ def matmul_intensity_counts_flops_and_bytes(kv, rng):
         )
         least, out = (m * k + k * n + m * n) * b, m * n * b  # the least traffic, and the output's share of it
         hints = {  # each a symptom in numbers: what the result shows, not the line that fixes it
-            flops / (least + out): f"the bytes come to {least + out:,}, {out:,} more than the least traffic",
-            expected / 2: "exactly half the expected FLOPs per byte: the FLOPs are half notebook 03's count",
-            expected / 8: "8 times too small: the dtype's size counts in bytes, not bits",
-            flops / (least - out): f"the bytes come to {least - out:,}, {out:,} short of the least traffic",
-            2 * m * k * n / (m * k + k * n + m * n): f"{b} times too high: the bytes come to {least // b:,}, "
-            "as if each number took one byte",
+            flops / (least + out): tr(
+                "the bytes come to {got:,}, {extra:,} more than the least traffic", got=least + out, extra=out
+            ),
+            expected / 2: tr("exactly half the expected FLOPs per byte: the FLOPs are half notebook 03's count"),
+            expected / 8: tr("8 times too small: the dtype's size counts in bytes, not bits"),
+            flops / (least - out): tr(
+                "the bytes come to {got:,}, {short:,} short of the least traffic", got=least - out, short=out
+            ),
+            2 * m * k * n / (m * k + k * n + m * n): tr(
+                "{b} times too high: the bytes come to {got:,}, as if each number took one byte", b=b, got=least // b
+            ),
         }
         if b != 2:
-            hints[flops / ((m * k + k * n + m * n) * 2)] = (
-                f"the FLOPs per byte of a 2-byte dtype, but {dtype} takes {b} bytes a number"
+            hints[flops / ((m * k + k * n + m * n) * 2)] = tr(
+                "the FLOPs per byte of a 2-byte dtype, but {dtype} takes {b} bytes a number", dtype=dtype, b=b
             )
         for wrong, hint in hints.items():
             if _close(got, wrong) and not _close(got, expected):
@@ -137,16 +145,21 @@ def ridge_batch_reaches_the_ridge(kv, rng):
         b, ridge = _bytes(dtype), peak / bw
         expected = _ridge_rows(k, n, peak, bw, b)
         wrong = {  # computed before the call, like expected
-            _ridge_rows(k, n, bw, peak, b): f"that is the answer for a ridge of {bw / peak:.3g} FLOP/B, the inverse "
-            f"of this device's {ridge:.3g}",
-            _ridge_rows(
-                k, n, peak, bw, 8 * b
-            ): f"that is the answer for numbers of {8 * b} bytes each; {dtype} takes {b}",
-            max(1, math.ceil(ridge * b / 2)): "the intensity of Exercise 5.1 at that many rows is "
-            f"{_intensity(max(1, math.ceil(ridge * b / 2)), k, n, b):.2f} FLOP/B, below the ridge: the count leaves "
-            "out the rows' own bytes",
+            _ridge_rows(k, n, bw, peak, b): tr(
+                "that is the answer for a ridge of {inverse:.3g} FLOP/B, the inverse of this device's {ridge:.3g}",
+                inverse=bw / peak,
+                ridge=ridge,
+            ),
+            _ridge_rows(k, n, peak, bw, 8 * b): tr(
+                "that is the answer for numbers of {bits} bytes each; {dtype} takes {b}", bits=8 * b, dtype=dtype, b=b
+            ),
+            max(1, math.ceil(ridge * b / 2)): tr(
+                "the intensity of Exercise 5.1 at that many rows is {i:.2f} FLOP/B, below the ridge: the count leaves "
+                "out the rows' own bytes",
+                i=_intensity(max(1, math.ceil(ridge * b / 2)), k, n, b),
+            ),
         }
-        where = f"({k}, {n}) weights in {dtype}, ridge {ridge:.3g} FLOP/B"
+        where = tr("({k}, {n}) weights in {dtype}, ridge {ridge:.3g} FLOP/B", k=k, n=n, dtype=dtype, ridge=ridge)
         got = kv.ridge_batch(k, n, peak, bw, dtype)
         assert got is None or isinstance(got, int) and not isinstance(got, bool), (
             f"{where}: ridge_batch should return an int number of rows (or None), got {type(got).__name__} {got!r}"
@@ -159,7 +172,16 @@ def ridge_batch_reaches_the_ridge(kv, rng):
                 f"{expected} rows reach it"
             )
         if got in wrong:
-            raise AssertionError(f"{where}: {wrong[got]}")
+            raise AssertionError(  # the case and the slip as one text: the catalogue translates the colon too
+                tr(
+                    "({k}, {n}) weights in {dtype}, ridge {ridge:.3g} FLOP/B: {slip}",
+                    k=k,
+                    n=n,
+                    dtype=dtype,
+                    ridge=ridge,
+                    slip=wrong[got],
+                )
+            )
         if got == 0:
             raise AssertionError(f"{where}: at least one row: a matmul of 0 rows does nothing")
         raise AssertionError(
@@ -172,7 +194,13 @@ def ridge_batch_none_out_of_reach(kv, rng):
     """Check None where no batch reaches the ridge (a narrow layer) and a batch of 781 where the ridge is just within reach."""
     for k, n, peak, bw, expected in ((64, 64, 1e12, 1e9, None), (64, 96, 18.3e9, 1e9, 781)):
         ceiling = 2 * k * n / ((k + n) * 4)  # the intensity as the rows go to infinity
-        where = f"({k}, {n}) weights in float32 (intensity at most {ceiling:.1f} FLOP/B), ridge {peak / bw:.1f}"
+        where = tr(
+            "({k}, {n}) weights in float32 (intensity at most {ceiling:.1f} FLOP/B), ridge {ridge:.1f}",
+            k=k,
+            n=n,
+            ceiling=ceiling,
+            ridge=peak / bw,
+        )
         got = kv.ridge_batch(k, n, peak, bw, torch.float32)
         if expected is None:
             assert got is None, (
@@ -193,8 +221,12 @@ def _within(fn, what: str, *args):
         return fn(*args)
     with time_limit(
         _SOLVE_S,
-        f"{what}: still searching after {_SOLVE_S:g} s: the answer here runs into the hundreds of millions, "
-        "so trying one value after another cannot finish",
+        tr(
+            "{what}: still searching after {limit:g} s: the answer here runs into the hundreds of millions, "
+            "so trying one value after another cannot finish",
+            what=what,
+            limit=_SOLVE_S,
+        ),
     ):
         return fn(*args)
 
@@ -208,7 +240,10 @@ def ridge_batch_just_under_the_limit(kv, rng):
     """Check a ridge just under a 64 x 64 float32 layer's limit of 16 FLOP/B: 134,217,696 rows reach it, so a search
     that gives up at some cap (returning None) or tries one m after another is named."""
     expected = _ridge_rows(64, 64, _NEAR_LIMIT_PEAK, _NEAR_LIMIT_BW, 4)  # 2**27 - 32
-    where = f"(64, 64) weights in float32 (intensity below 16 FLOP/B), ridge {_NEAR_LIMIT_PEAK / _NEAR_LIMIT_BW!r}"
+    where = tr(
+        "(64, 64) weights in float32 (intensity below 16 FLOP/B), ridge {ridge!r}",
+        ridge=_NEAR_LIMIT_PEAK / _NEAR_LIMIT_BW,
+    )
     got = _within(kv.ridge_batch, where, 64, 64, _NEAR_LIMIT_PEAK, _NEAR_LIMIT_BW, torch.float32)
     if got is None:
         raise AssertionError(
@@ -227,12 +262,24 @@ def _flops_slips(c, T, S, batch) -> dict:
     L, H, H_kv, D = c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim
     matrices, attention = batch * 2 * T * _matrix_params(c), batch * L * H * 4 * T * S * D
     return {  # symptoms: how the count compares with the right one, never the term to type
-        matrices: f"attention's own FLOPs are missing: the count is the weights' products alone, {attention:,} short",
-        matrices + attention // 2: f"attention's FLOPs come to half the right count: {attention // 2:,} short",
-        matrices + attention * H_kv // H: f"attention's FLOPs come to {H_kv}/{H} of the right count, as if "
-        "attention ran once per key/value head",
-        matrices + batch * L * H * 4 * S * S * D: f"attention's FLOPs grow as kv_len squared: {T} new token(s) "
-        f"against {S} keys come to {attention:,}",
+        matrices: tr(
+            "attention's own FLOPs are missing: the count is the weights' products alone, {short:,} short",
+            short=attention,
+        ),
+        matrices + attention // 2: tr(
+            "attention's FLOPs come to half the right count: {short:,} short", short=attention // 2
+        ),
+        matrices + attention * H_kv // H: tr(
+            "attention's FLOPs come to {h_kv}/{h} of the right count, as if attention ran once per key/value head",
+            h_kv=H_kv,
+            h=H,
+        ),
+        matrices + batch * L * H * 4 * S * S * D: tr(
+            "attention's FLOPs grow as kv_len squared: {t} new token(s) against {s} keys come to {right:,}",
+            t=T,
+            s=S,
+            right=attention,
+        ),
     }
 
 
@@ -260,20 +307,22 @@ def step_cost_flops_match_torch_counter(kv, rng):
         expected = 3 * (2 * T * _matrix_params(ODD) + L * H * 4 * T * S * D)
         hints = _flops_slips(ODD, T, S, 3)
         flops, _ = kv.step_cost(_copy(ODD), T, S, 3, torch.float32)
-        where = f"{T} new token(s) against kv_len {S}, batch 3"
+        where = tr("{T} new token(s) against kv_len {S}, batch 3", T=T, S=S)
         if flops in hints and flops != expected:
-            raise AssertionError(f"{where}: {hints[flops]}")
+            raise AssertionError(
+                tr("{T} new token(s) against kv_len {S}, batch 3: {slip}", T=T, S=S, slip=hints[flops])
+            )
         assert flops == expected, f"{where}: expected {expected:,} FLOPs, got {flops!r}"
 
 
 @check("5.3")
 def step_cost_bytes_read_weights_once(kv, rng):
     """Check bytes: weights once per step whatever the batch, plus each sequence's KV cache, by dtype."""
-    for c, name in ((ODD, "a small GQA config"), (LLAMA2_70B, "Llama-2-70B")):
+    for c, name in ((ODD, tr("a small GQA config")), (LLAMA2_70B, "Llama-2-70B")):
         for S, batch, dtype in ((1, 1, torch.float16), (40, 4, torch.float32), (4096, 16, torch.bfloat16)):
             weights, cache = _matrix_params(c) * _bytes(dtype), _kv(c, S, batch, dtype)
             _, got = kv.step_cost(_copy(c), 1, S, batch, dtype)
-            where = f"{name}, kv_len {S}, batch {batch}, {dtype}"
+            where = tr("{name}, kv_len {S}, batch {batch}, {dtype}", name=name, S=S, batch=batch, dtype=dtype)
             if batch > 1 and got == weights * batch + cache:
                 raise AssertionError(
                     f"{where}: {got:,} bytes, {got - weights - cache:,} more than the step must bring from memory "
@@ -294,7 +343,7 @@ def step_cost_bytes_read_weights_once(kv, rng):
 def step_cost_decode_is_memory_bound(kv, rng):
     """Check that decode of Llama-2-7B in 16-bit does ~1 FLOP per byte at batch 1, and far more at batch 64."""
     c, P = LLAMA2_7B, _matrix_params(LLAMA2_7B)
-    for batch, words in ((1, "~1 FLOP per byte"), (64, "~64 FLOPs per byte")):
+    for batch, words in ((1, tr("~1 FLOP per byte")), (64, tr("~64 FLOPs per byte"))):
         expected = (batch * (2 * P + 4 * c.n_layers * c.n_heads * c.head_dim), 2 * P + _kv(c, 1, batch, torch.float16))
         flops, moved = kv.step_cost(_copy(c), 1, 1, batch, torch.float16)
         assert (flops, moved) == expected, (
@@ -393,13 +442,15 @@ def _ridge_sequences(flops, weights, cache, ridge: Fraction) -> int | None:
     return None if slope <= 0 else max(1, math.ceil(ridge * weights / slope))
 
 
-_DECODE_RIDGES = (  # (config, name, kv_len, peak FLOP/s, bandwidth bytes/s, dtype)
-    (LLAMA2_7B, "Llama-2-7B on an H100's tensor cores", 1, 989e12, 3.35e12, torch.float16),
-    (LLAMA2_70B, "Llama-2-70B (GQA) on an A100 80GB SXM", 512, 312e12, 2039e9, torch.bfloat16),
-    (ODD, "a small GQA config on one CPU core", 30, 96.6e9, 35.3e9, torch.float32),
-    (ODD, "a small GQA config where one sequence is past the ridge", 30, 1e9, 1e10, torch.float32),
-    (ODD, "a small GQA config whose ridge is just within reach", 40, 8.7e9, 1e9, torch.float32),
-)
+def _decode_ridges() -> tuple:
+    """(config, name, kv_len, peak FLOP/s, bandwidth bytes/s, dtype) of each case, named in the learner's language."""
+    return (
+        (LLAMA2_7B, tr("Llama-2-7B on an H100's tensor cores"), 1, 989e12, 3.35e12, torch.float16),
+        (LLAMA2_70B, tr("Llama-2-70B (GQA) on an A100 80GB SXM"), 512, 312e12, 2039e9, torch.bfloat16),
+        (ODD, tr("a small GQA config on one CPU core"), 30, 96.6e9, 35.3e9, torch.float32),
+        (ODD, tr("a small GQA config where one sequence is past the ridge"), 30, 1e9, 1e10, torch.float32),
+        (ODD, tr("a small GQA config whose ridge is just within reach"), 40, 8.7e9, 1e9, torch.float32),
+    )
 
 
 def _decode_ridge_slips(c, S, peak, bw, dtype) -> dict:
@@ -408,26 +459,27 @@ def _decode_ridge_slips(c, S, peak, bw, dtype) -> dict:
     flops, weights, cache = _step_parts(c, S, dtype)
     per_sequence = None if flops < ridge * (weights + cache) else 1  # weights and cache both times the batch
     slips = {  # each the answer of a step counted another way: the symptom, not the line that fixes it
-        "that is the batch of a step whose weights are read again for every sequence": per_sequence,
-        "that is the batch of a step that reads one cache for the whole batch": max(
+        tr("that is the batch of a step whose weights are read again for every sequence"): per_sequence,
+        tr("that is the batch of a step that reads one cache for the whole batch"): max(
             1, math.ceil(ridge * (weights + cache) / flops)
         ),
-        "that is the batch of a step without attention's own FLOPs": (
+        tr("that is the batch of a step without attention's own FLOPs"): (
             _ridge_sequences(2 * _matrix_params(c), weights, cache, ridge)
         ),
-        "that is the batch of a step whose attention runs once per key/value head": _ridge_sequences(
+        tr("that is the batch of a step whose attention runs once per key/value head"): _ridge_sequences(
             _step_parts(c, S, dtype, attention_heads=c.n_kv_heads)[0], weights, cache, ridge
         ),
-        f"that is the batch for a ridge of {float(1 / ridge):.3g} FLOP/B, the inverse of this device's": (
-            _ridge_sequences(flops, weights, cache, 1 / ridge)
-        ),
-        "that is the batch for numbers 8 times the dtype's size": _ridge_sequences(
+        tr(
+            "that is the batch for a ridge of {inverse:.3g} FLOP/B, the inverse of this device's",
+            inverse=float(1 / ridge),
+        ): (_ridge_sequences(flops, weights, cache, 1 / ridge)),
+        tr("that is the batch for numbers 8 times the dtype's size"): _ridge_sequences(
             flops, 8 * weights, 8 * cache, ridge
         ),
-        "that is the batch of a step with one cached token per sequence": _ridge_sequences(
+        tr("that is the batch of a step with one cached token per sequence"): _ridge_sequences(
             _step_parts(c, 1, dtype)[0], weights, _kv(c, 1, 1, dtype), ridge
         ),
-        "that is one d_model x d_model matmul's ridge (Exercise 5.2), not the whole step's": (
+        tr("that is one d_model x d_model matmul's ridge (Exercise 5.2), not the whole step's"): (
             _ridge_rows(c.d_model, c.d_model, peak, bw, b)
         ),
     }
@@ -438,10 +490,12 @@ def _decode_ridge_slips(c, S, peak, bw, dtype) -> dict:
 def compute_bound_batch_predicts_the_ridge(kv, rng):
     """Check the fewest sequences at the ridge: Llama-2-7B on an H100 (299), Llama-2-70B (186), a CPU core (7), one
     sequence already past it (1) and a ridge just within reach (10,040)."""
-    for c, name, S, peak, bw, dtype in _DECODE_RIDGES:
+    for c, name, S, peak, bw, dtype in _decode_ridges():
         expected = _ridge_sequences(*_step_parts(c, S, dtype), Fraction(peak) / Fraction(bw))
         slips = _decode_ridge_slips(c, S, peak, bw, dtype)
-        where = f"{name}, kv_len {S}, {dtype}, ridge {peak / bw:.3g} FLOP/B"
+        where = tr(
+            "{name}, kv_len {S}, {dtype}, ridge {ridge:.3g} FLOP/B", name=name, S=S, dtype=dtype, ridge=peak / bw
+        )
         got = kv.compute_bound_batch(_copy(c), S, peak, bw, dtype)
         assert got is None or isinstance(got, int) and not isinstance(got, bool), (
             f"{where}: compute_bound_batch should return an int number of sequences (or None), got "
@@ -470,8 +524,11 @@ def compute_bound_batch_just_under_the_caches_limit(kv, rng):
     ridge = Fraction(_NEAR_CACHE_PEAK) / Fraction(_NEAR_CACHE_BW)
     flops, weights, cache = _step_parts(c, S, dtype)
     expected = _ridge_sequences(flops, weights, cache, ridge)
-    where = (
-        f"Llama-2-70B, 4,096 cached tokens each, {dtype}, ridge {float(ridge)!r} (the step's limit {flops / cache!r})"
+    where = tr(
+        "Llama-2-70B, 4,096 cached tokens each, {dtype}, ridge {ridge!r} (the step's limit {limit!r})",
+        dtype=dtype,
+        ridge=float(ridge),
+        limit=flops / cache,
     )
     got = _within(kv.compute_bound_batch, where, _copy(c), S, _NEAR_CACHE_PEAK, _NEAR_CACHE_BW, dtype)
     if got is None:
@@ -487,9 +544,9 @@ def compute_bound_batch_none_where_the_cache_outgrows_the_ridge(kv, rng):
     """Check None where each sequence's cache keeps every batch below the ridge: Llama-2-7B (MHA) with 4k tokens on
     an H100, Llama-2-70B (GQA) with 4k on an A100, and a small config whose ridge is just out of reach."""
     for c, name, S, peak, bw, dtype in (
-        (LLAMA2_7B, "Llama-2-7B on an H100", 4096, 989e12, 3.35e12, torch.float16),
-        (LLAMA2_70B, "Llama-2-70B on an A100 80GB SXM", 4096, 312e12, 2039e9, torch.bfloat16),
-        (ODD, "a small GQA config", 40, 8.75e9, 1e9, torch.float32),  # at most 8.71 FLOP/B, however large the batch
+        (LLAMA2_7B, tr("Llama-2-7B on an H100"), 4096, 989e12, 3.35e12, torch.float16),
+        (LLAMA2_70B, tr("Llama-2-70B on an A100 80GB SXM"), 4096, 312e12, 2039e9, torch.bfloat16),
+        (ODD, tr("a small GQA config"), 40, 8.75e9, 1e9, torch.float32),  # at most 8.71 FLOP/B, however large the batch
     ):
         flops, _, cache = _step_parts(c, S, dtype)
         got = kv.compute_bound_batch(_copy(c), S, peak, bw, dtype)

@@ -142,7 +142,7 @@ def append_allocates_at_block_boundaries(sv, rng):
     )
     assert table.length == 9, f"the table should count 9 tokens, got length {table.length}"
     expected = [table.blocks[p // 4] * 4 + p % 4 for p in range(9)]
-    assert slots == expected, f"slots should be block * block_size + offset, in order: expected {expected}, got {slots}"
+    assert slots == expected, f"slots of positions 0..8, one at a time, should be {expected}, got {slots}"
 
 
 @check("7.2")
@@ -175,9 +175,17 @@ def append_leaves_the_table_alone_when_blocks_run_out(sv, rng):
     else:
         raise AssertionError("12 tokens in a pool of 2 blocks of 4 should raise OutOfBlocks (pool.allocate raises it)")
     after = (list(table.blocks), table.length, pool.n_free)
+    changed = [
+        what
+        for what, moved in (
+            (tr("the table holds blocks for tokens it never got"), after[0] != before[0]),
+            (tr("its length counts tokens that got no slot"), after[1] != before[1]),
+            (tr("the pool lost free blocks that no token uses"), after[2] != before[2]),
+        )
+        if moved
+    ]
     assert after == before, (
-        f"a failed append must change nothing (blocks, length, free): {before} became {after}: "
-        "allocate every missing block in one call, before changing the table"
+        f"a failed append must change nothing (blocks, length, free): {before} became {after}: {'; '.join(changed)}"
     )
 
 
@@ -320,9 +328,13 @@ def _step(sv, sched):
     try:
         sched.step()
     except sv.OutOfBlocks as err:
+        if str(err).startswith("admitting"):  # the engine's admit names itself (kvlib.core.paging)
+            raise AssertionError(
+                f"the pool ran out of blocks inside step ({err}): a request was admitted with fewer free blocks than "
+                "admitting it takes"
+            ) from err
         raise AssertionError(
-            f"the pool ran out of blocks inside step ({err}): admit only while blocks_to_admit fits, "
-            "and preempt until blocks_to_decode fits before decode"
+            f"the pool ran out of blocks inside step ({err}): a decode ran with fewer free blocks than it takes"
         ) from err
     except ValueError as err:  # the engine refusing a misuse (a request admitted twice): its message names it
         raise AssertionError(f"step() made the engine refuse: {err}") from err
@@ -407,12 +419,13 @@ def step_serves_every_request_exactly(sv, rng):
     for i, want in enumerate(expected):
         if len(got[i]) > len(want) and got[i][: len(want)] == want:
             raise AssertionError(
-                f"request {i} asked for {len(want)} token(s) and got {len(got[i])}: a request can be done right after "
-                "its prefill (admit gives its first token); retire after admitting, before the decode"
+                f"request {i} asked for {len(want)} token(s) and got {len(got[i])}: it was done right after its "
+                "prefill (admit gives its first token), and a decode still ran it"
             )
         assert got[i] == want, f"request {i} got {got[i]}, alone it gets {want}"
     assert pool.n_free == pool.n_blocks, (
-        f"every block should be free at the end, {pool.n_blocks - pool.n_free} are still held: retire finished requests"
+        f"every block should be free at the end, {pool.n_blocks - pool.n_free} are still held: a finished request "
+        "kept its blocks"
     )
 
 

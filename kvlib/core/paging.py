@@ -231,8 +231,8 @@ class Engine:
         if r.table is not None or any(x is r for x in self.running):
             where = " and is still first in the waiting line" if self.waiting and self.waiting[0] is r else ""
             raise ValueError(
-                f"request {r.id} is admitted twice: it is already running{where}. Take a request off the waiting "
-                "line as you admit it (self.waiting.popleft()), so that it runs once"
+                f"request {r.id} is admitted twice: it is already running{where}. A request admitted stays in the "
+                "waiting line unless it is taken off it, and then it is admitted again"
             )
         tokens, r.table, bs = r.prompt + r.out, self.new_table(self.pool.block_size), self.pool.block_size
         blocks, held = self._match(tokens)
@@ -242,7 +242,10 @@ class Engine:
         r.table.length = min(held, len(tokens) - 1)  # the last token runs, for its logits
         self.stats["prefill_skipped"] += r.table.length
         self.stats["prefill_tokens"] += len(tokens) - r.table.length
-        self._forward([r], [tokens[r.table.length :]])  # a write into a shared block copies it first (_forward)
+        try:
+            self._forward([r], [tokens[r.table.length :]])  # a write into a shared block copies it first (_forward)
+        except OutOfBlocks as err:
+            raise OutOfBlocks(f"admitting request {r.id}: {err}") from None
         ends = [(i + 1) * bs for i in range(len(r.prompt) // bs)] + [len(r.prompt)] * (len(r.prompt) % bs > 0)
         for end in ends if self.prefixes is not None else ():  # its prompt's blocks, the part-filled last one too
             key, b = tuple(r.prompt[:end]), r.table.blocks[(end - 1) // bs]
@@ -259,7 +262,10 @@ class Engine:
         """One batched decode step: every running request's last token, one forward pass."""
         if not self.running:  # a forward pass over no request would fail inside torch, naming nothing
             raise ValueError("decode() with no request running: decode only while self.running holds a request")
-        self._forward(self.running, [[r.out[-1]] for r in self.running])
+        try:
+            self._forward(self.running, [[r.out[-1]] for r in self.running])
+        except OutOfBlocks as err:
+            raise OutOfBlocks(f"decoding {len(self.running)} request(s): {err}") from None
         self.stats["decode_steps"] += 1
 
     def _free(self, r: Request) -> None:

@@ -66,10 +66,10 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("1.4", "Causal self-attention", "01-attention", "attention", "causal_self_attention"),
     Exercise("1.5", "Aim the query", "01-attention", "attention", "aimed_query", kind="design"),
     Exercise("2.1", "Greedy or sampled token", "02-generation", "generation", "next_token"),
-    Exercise("2.2", "The naive generation loop", "02-generation", "generation", "generate", kind="fix"),
+    Exercise("2.2", "Find and fix: the naive generation loop", "02-generation", "generation", "generate", kind="fix"),
     Exercise("2.3", "Measuring TTFT and inter-token latency", "02-generation", "generation", "measure_ttft_itl"),
     Exercise("2.4", "The attention of a layer, head by head", "02-generation", "generation", "attention_block"),
-    Exercise("2.5", "RMSNorm", "02-generation", "generation", "rms_norm"),
+    Exercise("2.5", "Find and fix: RMSNorm", "02-generation", "generation", "rms_norm", kind="fix"),
     Exercise("2.6", "The SwiGLU MLP", "02-generation", "generation", "swiglu"),
     Exercise("2.7", "Predict a temperature's probabilities", "02-generation", "generation", "temper", kind="predict"),
     Exercise("2.8", "Predict a decoder's parameters", "02-generation", "generation", "param_counts", kind="predict"),
@@ -110,7 +110,7 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("7.3", "Paged attention", "07-serving", "serving", "paged_attention"),
     Exercise("7.4", "One step of continuous batching", "07-serving", "serving", "Scheduler.step"),
     Exercise("7.7", "A policy under a budget", "07-serving", "serving", "Policy.blocks_to_admit", kind="design"),
-    Exercise("7.5", "Copy on write", "07-serving", "serving", "copy_on_write", kind="fix"),
+    Exercise("7.5", "Find and fix: copy on write", "07-serving", "serving", "copy_on_write", kind="fix"),
     Exercise("8.1", "int8 with a scale per slice", "08-compress", "compress", "quantize"),
     Exercise("8.2", "Attention over an int8 cache", "08-compress", "compress", "int8_attention"),
     Exercise(
@@ -119,14 +119,18 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("8.5", "MLA by rebuilding keys and values", "08-compress", "compress", "mla_reconstruct"),
     Exercise("8.6", "MLA with absorbed weights", "08-compress", "compress", "mla_absorbed"),
     Exercise("8.8", "Predict the FLOPs of MLA's two paths", "08-compress", "compress", "mla_flops", kind="predict"),
-    Exercise("8.3", "A rolling cache with sinks", "08-compress", "compress", "SinkCache.update"),
+    Exercise(
+        "8.3", "Find and fix: a rolling cache with sinks", "08-compress", "compress", "SinkCache.update", kind="fix"
+    ),
     Exercise("8.4", "Positions inside the rolling cache", "08-compress", "compress", "cache_positions"),
     Exercise("9.1", "The online softmax", "09-fused", "fused", "online_softmax"),
     Exercise("9.2", "Tiled attention, causal tiles skipped", "09-fused", "fused", "tiled_attention"),
     Exercise("9.3", "Merge partial attentions", "09-fused", "fused", "merge_partials"),
     Exercise("9.5", "How many splits of the cache", "09-fused", "fused", "flash_decode_splits", kind="design"),
     Exercise("9.4", "int8 attention with folded scales", "09-fused", "fused", "int8_folded_attention"),
-    Exercise("10.1", "Verify drafts in one pass", "10-speculative", "speculative", "verify_greedy"),
+    Exercise(
+        "10.1", "Find and fix: verify drafts in one pass", "10-speculative", "speculative", "verify_greedy", kind="fix"
+    ),
     Exercise("10.2", "Greedy speculative decoding", "10-speculative", "speculative", "speculative_generate"),
     Exercise(
         "10.5", "Predict the tokens a pass makes", "10-speculative", "speculative", "tokens_per_pass", kind="predict"
@@ -156,6 +160,14 @@ _COUNT = (
     "sizes alone (no model is built or run)"
 )
 READY_MADE: dict[str, tuple[dict[str, str], str]] = {
+    "2.5": (
+        {"kvlib.core.model:RMSNorm.forward": "ran the model's own RMSNorm"},
+        "that is the infrastructure's copy of this exercise. Find and fix the bugs of the shipped body",
+    ),
+    "2.6": (
+        {"kvlib.core.model:MLP.forward": "ran the model's own MLP"},
+        "that is the infrastructure's copy of this exercise. Write the MLP from its three weights",
+    ),
     "3.1": (_FLOP_COUNTER, _COUNT),
     "3.2": (_FLOP_COUNTER, _COUNT),
     "3.3": (_FLOP_COUNTER, _COUNT),
@@ -224,8 +236,7 @@ READY_MADE: dict[str, tuple[dict[str, str], str]] = {
             "kvlib.compress:int8_attention": "called 8.2's int8_attention (which attends a dequantised copy)",
             "kvlib.fused:chunk_partial": "called chunk_partial (attention over float keys, flash-decoding's worker)",
         },
-        "float keys made from the int8 cache, a block at a time or whole, are the copy this exercise does without. "
-        "Attend the int8 numbers with their scales kept out of the keys",
+        "float keys made from the int8 cache, a block at a time or whole, are the copy this exercise does without",
     ),
     "6.5": (
         {"kvlib.variants.gqa_attention:decode_bytes": "called the benchmark's byte count (decode_bytes)"},
@@ -234,11 +245,7 @@ READY_MADE: dict[str, tuple[dict[str, str], str]] = {
     ),
     "10.4": (
         {"kvlib.measure.bench_spec:lookup_policy": "called the benchmark's lookup policy (bench_spec.lookup_policy)"},
-        "that is the benchmark's own copy of this exercise. Find the latest earlier match of the text's tail yourself",
-    ),
-    "10.5": (
-        {"kvlib.measure.bench_spec:alpha_formula": "called the benchmark's formula (bench_spec.alpha_formula)"},
-        "that is the benchmark's own copy of this prediction. Count the tokens a pass makes from alpha and gamma",
+        "that is the benchmark's own copy of this exercise. Write the lookup yourself",
     ),
     "8.8": (
         {

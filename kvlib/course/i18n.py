@@ -3,7 +3,8 @@
 English is the default and the source of every text; zh-CN (简体中文) is the second language. One switch:
 KVLIB_LANG=zh-CN, which `kvlib lab --lang zh-CN` sets for JupyterLab and so for every notebook's kernel.
   locale/<lang>/messages.json    {scope: {English: translation}}: the commands' own lines (tr), the checks'
-                                 failure messages and docstrings, the figures' titles and labels (translate)
+                                 failure messages and docstrings, the input checks' errors (kvlib/course/inputs.py),
+                                 the figures' titles and labels (translate)
   locale/<lang>/hints/<module>.md  the hints (kvlib.course.hints reads them)
 A scope is where the English lives ("kvlib/checks/attention.py::softmax_is_stable", "kvlib/course/hints.py").
 An English text is a str.format template for tr ("hint {level} of {n}") and, for what the code words with an

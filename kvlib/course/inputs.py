@@ -2,15 +2,22 @@
 input gets a ValueError that names the argument, the expected shape or dtype, and what arrived.
 
 One section per notebook; each check takes the arguments of the exercise it guards
-(@exercise("X.Y", validate=check_...)). This module sits below the learner's modules: it imports
-none of them, and torch only inside the checks that need it, so notebook 01 runs without torch.
+(@exercise("X.Y", validate=check_...)); some shipped functions call one too (kvlib.kv_cache.prefill).
+Every message is in the learner's language (KVLIB_LANG): kvlib/app/translate.py collects each raise's
+message for the catalogue, and the last section makes each public function raise it translated.
+This module sits below the learner's modules: it imports none of them, and torch only inside the
+checks that need it, so notebook 01 runs without torch.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 
 import numpy as np
+
+from kvlib.course import i18n
 
 
 def float_array(name: str, x, *, ndim: int | None = None, min_ndim: int | None = None) -> np.ndarray:
@@ -346,10 +353,12 @@ def check_repeat(x, group_size):
 
 
 def check_qkv(q, k, v):
-    for name, t in (("q", q), ("k", k), ("v", v)):
+    # each message whole but the names and shapes, so that the catalogue translates it (not "{0} must have shape {1}")
+    if not _is_tensor(q) or q.dim() != 4:
+        raise ValueError(f"q must have shape (batch, n_heads, seq_len, head_dim), got {_shape(q)}")
+    for name, t in (("k", k), ("v", v)):
         if not _is_tensor(t) or t.dim() != 4:
-            what = "(batch, n_heads, seq_len, head_dim)" if name == "q" else "(batch, n_kv_heads, kv_len, head_dim)"
-            raise ValueError(f"{name} must have shape {what}, got {_shape(t)}")
+            raise ValueError(f"{name} must have shape (batch, n_kv_heads, kv_len, head_dim), got {_shape(t)}")
     if k.shape != v.shape:
         raise ValueError(
             f"k {_shape(k)} and v {_shape(v)} must have the same shape (batch, n_kv_heads, kv_len, head_dim)"
@@ -434,8 +443,9 @@ def check_utilisation(lengths, block_size):
     positive_int("block_size", block_size)
     if isinstance(lengths, (str, bytes)) or not hasattr(lengths, "__len__") or len(lengths) == 0:
         raise ValueError(f"lengths must be a non-empty list of token counts, got {lengths!r}")
-    for n in lengths:
-        positive_int("every length", n)
+    for n in lengths:  # one message whole, so that the catalogue translates it (not "every length" as a name)
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise ValueError(f"every length must be a positive integer, got {n!r}")
 
 
 def check_paged(q, pool, layer, tables):
@@ -467,10 +477,8 @@ def check_copy_on_write(pool, table, index):
 
 def check_quantize(x, dim):
     if not _is_tensor(x) or not x.dtype.is_floating_point or x.dim() == 0:
-        raise ValueError(
-            f"x must be a floating-point tensor with at least one axis, got {_shape(x)} "
-            f"{getattr(x, 'dtype', '')}".rstrip()
-        )
+        got = f"{_shape(x)} {getattr(x, 'dtype', '')}".rstrip()
+        raise ValueError(f"x must be a floating-point tensor with at least one axis, got {got}")
     if isinstance(dim, bool) or not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
         raise ValueError(f"dim must be an int axis of x (shape {_shape(x)}), got {dim!r}")
 
@@ -543,16 +551,19 @@ def check_cache_positions(n_seen, n_sink, window):
 
 
 def check_mla(q_nope, q_rope, latent, k_rope, w_uk, w_uv):
-    for name, t, ndim, what in (
-        ("q_nope", q_nope, 4, "(batch, n_heads, seq_len, nope_dim)"),
-        ("q_rope", q_rope, 4, "(batch, n_heads, seq_len, rope_dim)"),
-        ("latent", latent, 3, "(batch, kv_len, kv_rank)"),
-        ("k_rope", k_rope, 3, "(batch, kv_len, rope_dim)"),
-        ("w_uk", w_uk, 3, "(n_heads, nope_dim, kv_rank)"),
-        ("w_uv", w_uv, 3, "(n_heads, v_dim, kv_rank)"),
-    ):
-        if not _is_tensor(t) or t.dim() != ndim:
-            raise ValueError(f"{name} must be {what}, got {_shape(t)}")
+    # one message each, whole but the shape, so that the catalogue translates it (not "{0} must be {1}, got {2}")
+    if not _is_tensor(q_nope) or q_nope.dim() != 4:
+        raise ValueError(f"q_nope must be (batch, n_heads, seq_len, nope_dim), got {_shape(q_nope)}")
+    if not _is_tensor(q_rope) or q_rope.dim() != 4:
+        raise ValueError(f"q_rope must be (batch, n_heads, seq_len, rope_dim), got {_shape(q_rope)}")
+    if not _is_tensor(latent) or latent.dim() != 3:
+        raise ValueError(f"latent must be (batch, kv_len, kv_rank), got {_shape(latent)}")
+    if not _is_tensor(k_rope) or k_rope.dim() != 3:
+        raise ValueError(f"k_rope must be (batch, kv_len, rope_dim), got {_shape(k_rope)}")
+    if not _is_tensor(w_uk) or w_uk.dim() != 3:
+        raise ValueError(f"w_uk must be (n_heads, nope_dim, kv_rank), got {_shape(w_uk)}")
+    if not _is_tensor(w_uv) or w_uv.dim() != 3:
+        raise ValueError(f"w_uv must be (n_heads, v_dim, kv_rank), got {_shape(w_uv)}")
     (B, H, T, Dn), Dr, (S, r) = q_nope.shape, q_rope.shape[-1], latent.shape[1:]
     if tuple(q_rope.shape[:3]) != (B, H, T):
         raise ValueError(f"q_rope {_shape(q_rope)} must share q_nope's (batch, n_heads, seq_len) = {(B, H, T)}")
@@ -691,19 +702,15 @@ def _token_list(name, tokens, minimum=0):
         raise ValueError(f"{name} must hold at least {minimum} token(s), got {len(tokens)}")
 
 
-def _room(cache, needed: int, what: str):
-    free = cache.max_seq_len - cache.pos
-    if needed > free:
-        raise ValueError(
-            f"the cache has room for {free} more token(s) (pos {cache.pos}, max_seq_len {cache.max_seq_len}); "
-            f"{what} needs {needed}"
-        )
-
-
 def check_verify(model, cache, last_token, draft):
     _token_list("last_token", [last_token], 1)
     _token_list("draft", draft)
-    _room(cache, len(draft) + 1, f"a verify pass over last_token and {len(draft)} drafted token(s)")
+    free, needed = cache.max_seq_len - cache.pos, len(draft) + 1
+    if needed > free:
+        raise ValueError(
+            f"the cache has room for {free} more token(s) (pos {cache.pos}, max_seq_len {cache.max_seq_len}); "
+            f"a verify pass over last_token and {len(draft)} drafted token(s) needs {needed}"
+        )
 
 
 def check_speculative_generate(model, drafter, input_ids, max_new_tokens, gamma, eos_token=None, cache=None):
@@ -756,3 +763,26 @@ def check_prompt_lookup(tokens, n, k):
     _token_list("tokens", tokens)
     check_count("n", n)
     check_count("k", k)
+
+
+# ---------------------------------------------------------------------------------------------
+# In the learner's language: each public function above, run by an exercise's wrapper or called by a shipped
+# function, raises its ValueError with the message translated (kvlib.course.i18n.translate), from where it was.
+
+
+def _in_the_learners_language(check):
+    @functools.wraps(check)
+    def checked(*args, **kwargs):
+        try:
+            return check(*args, **kwargs)
+        except ValueError as err:
+            if len(err.args) == 1 and isinstance(err.args[0], str):
+                err.args = (i18n.translate(err.args[0]),)  # a Chinese message (a check it called) stays
+            raise
+
+    return checked
+
+
+for _name, _function in list(globals().items()):
+    if inspect.isfunction(_function) and _function.__module__ == __name__ and not _name.startswith("_"):
+        globals()[_name] = _in_the_learners_language(_function)

@@ -4,8 +4,9 @@ Peak memory of causal attention, the textbook way (the seq_len x kv_len scores, 
 the learner's tiled loop (9.2) and torch's own fused kernel (SDPA), read from the allocator's record
 (torch.profiler with profile_memory: every allocation and free, summed in order); the FLOPs the causal
 tiles skip, counted by torch; and one decode step's attention at long context: float32 SDPA, int8
-dequantised first (8.2), int8 with folded scales (9.4) and the same folded maths compiled by inductor,
-timed in interleaved rounds beside the machine's bandwidth ceiling (the best of notebook 05's kernels).
+dequantised first (8.2), int8 with folded scales (9.4), and 8.2's dequantise-then-attend compiled by
+inductor, which fuses the conversion into the loops that read the cache (no float copy is made), timed
+in interleaved rounds beside the machine's bandwidth ceiling (the best of notebook 05's kernels).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from kvlib.variants.compressed import GROUP, Int8KVCache
 GPU_SMS = {"H100 SXM": 132, "H100 PCIe": 114, "A100": 108}
 COMPUTED, SKIPPED, MASKED = 0, 1, 2  # what the causal tiled loop does with one (query tile, key tile)
 GOAL_PEAK_SHARE = 1 / 16  # tiled at most 1/16 of naive's peak at 4,096 tokens
+COMPILED = "int8, compiled"  # dequantised_reduction under torch.compile: the conversion fused into the cache's reads
 GOAL_SPEEDUP, GOAL_CEILING = 2.0, 0.7  # compiled int8 >= 2x float32 at 16k, >= 70% of the bandwidth ceiling
 
 # ---------------------------------------------------------------------------------------------
@@ -44,24 +46,21 @@ GOAL_SPEEDUP, GOAL_CEILING = 2.0, 0.7  # compiled int8 >= 2x float32 at 16k, >= 
 
 
 def tile_kinds(seq_len: int, kv_len: int, tile: int) -> np.ndarray:
-    """(query tiles, key tiles) grid: COMPUTED (whole), MASKED (on the diagonal) or SKIPPED (all future).
+    """(query tiles, key tiles) grid: COMPUTED (every pair visible), MASKED (some) or SKIPPED (none).
 
-    Queries are the last seq_len of kv_len positions, as everywhere in the course.
+    Queries are the last seq_len of kv_len positions, as everywhere in the course. Each tile is judged by counting
+    its visible (query, key) pairs, one row of counts per query: no loop over tiles.
     """
     if tile < 1 or seq_len < 1 or kv_len < seq_len:
         raise ValueError(f"need tile >= 1 and 1 <= seq_len <= kv_len, got {tile}, {seq_len}, {kv_len}")
-    offset = kv_len - seq_len
-    n_q, n_k = -(-seq_len // tile), -(-kv_len // tile)
-    kinds = np.full((n_q, n_k), COMPUTED)
-    for i in range(n_q):
-        first_q, last_q = offset + i * tile, offset + min((i + 1) * tile, seq_len) - 1
-        for j in range(n_k):
-            first_k, last_k = j * tile, min((j + 1) * tile, kv_len) - 1
-            if first_k > last_q:
-                kinds[i, j] = SKIPPED
-            elif last_k > first_q:
-                kinds[i, j] = MASKED
-    return kinds
+    key_starts, query_starts = np.arange(0, kv_len, tile), np.arange(0, seq_len, tile)
+    key_sizes = np.minimum(tile, kv_len - key_starts)
+    query_sizes = np.minimum(tile, seq_len - query_starts)
+    sees = kv_len - seq_len + 1 + np.arange(seq_len)  # how many keys each query may attend (a causal mask's row sum)
+    per_query = np.clip(sees[:, None] - key_starts[None, :], 0, key_sizes[None, :])  # (seq_len, key tiles)
+    visible = np.add.reduceat(per_query, query_starts, axis=0)  # (query tiles, key tiles): visible pairs
+    whole = query_sizes[:, None] * key_sizes[None, :]
+    return np.where(visible == 0, SKIPPED, np.where(visible == whole, COMPUTED, MASKED))
 
 
 def tile_flops(seq_len: int, kv_len: int, tile: int, batch: int = 1, heads: int = 1, head_dim: int = 64):
@@ -220,18 +219,19 @@ def flop_rows(lengths=(1024, 4096), tile: int = 128) -> list[dict]:
 # One decode step's attention: float32, int8 with a copy, int8 folded, int8 folded and compiled
 
 
-def folded_reduction(q, k_values, k_scale, v_values, v_scale):
-    """9.4's maths written as reductions, for torch.compile: the int8 -> float cast and both scales fuse into
-    the loops that read the cache, so no copy is made. The value sum runs in two stages over blocks of 256
-    tokens (flash-decoding's split): one long reduction along the token axis compiles to a slow loop.
-    Attends to every stored token (kv_len a multiple of 256)."""
+def dequantised_reduction(q, k_values, k_scale, v_values, v_scale):
+    """8.2's maths (dequantise, then attend) written as products and sums, for torch.compile: inductor fuses each
+    dequantisation into the reduction that reads it, so the float keys and values are never stored. Eager, this
+    would make the copies 8.2 makes; 9.4 avoids them by hand. The value sum runs in two stages over blocks of 256
+    tokens: one long reduction along the token axis compiles to a slow loop. Attends to every stored token (kv_len a
+    multiple of 256)."""
     B, H_kv, n_groups, group, D = k_values.shape
     G, S = q.shape[1] // H_kv, n_groups * group
-    folded = q.reshape(B, H_kv, 1, G, D) / math.sqrt(D) * k_scale  # (B, H_kv, ng, G, D)
-    scores = (folded[:, :, :, :, None, :] * k_values[:, :, :, None].float()).sum(-1)  # (B, H_kv, ng, G, group)
-    probs = scores.permute(0, 1, 3, 2, 4).reshape(B, H_kv, G, S).softmax(-1) * v_scale[:, :, None, :, 0]
-    blocks = probs.view(B, H_kv, G, S // 256, 256, 1) * v_values.view(B, H_kv, 1, S // 256, 256, D).float()
-    return blocks.sum(-2).sum(-2).reshape(B, H_kv * G, 1, D)
+    keys = k_values.float() * k_scale  # (B, H_kv, ng, group, D), fused into the score loop: never stored
+    scores = (q.reshape(B, H_kv, 1, 1, G, D) * keys[:, :, :, :, None, :]).sum(-1) / math.sqrt(D)  # (.., group, G)
+    probs = scores.permute(0, 1, 4, 2, 3).reshape(B, H_kv, G, S).softmax(-1)
+    values = (v_values.float() * v_scale).view(B, H_kv, 1, S // 256, 256, D)  # fused into the value sum
+    return (probs.view(B, H_kv, G, S // 256, 256, 1) * values).sum(-2).sum(-2).reshape(B, H_kv * G, 1, D)
 
 
 def _decode_config(kv_len: int) -> ModelConfig:
@@ -259,14 +259,14 @@ def _decode_ways(kv_len: int, compiled=None, seed: int = 0):
         "int8, folded (9.4)": lambda: int8_folded_attention(q, *view, kv_len),
     }
     if compiled is not None:
-        ways["int8, folded, compiled"] = lambda: compiled(q, *view)
+        ways[COMPILED] = lambda: compiled(q, *view)
     int8_bytes = sum(t.nbytes for t in view)
     float_bytes = k.nbytes + v.nbytes
     reads = {
         "float32 SDPA": float_bytes,
         "int8, dequantised copy (8.2)": int8_bytes + 2 * float_bytes,  # int8 read, float copy written, read again
         "int8, folded (9.4)": int8_bytes,
-        "int8, folded, compiled": int8_bytes,
+        COMPILED: int8_bytes,
     }
     outs = {name: fn() for name, fn in ways.items()}
     diffs = {name: float((out - outs["float32 SDPA"]).abs().max()) for name, out in outs.items()}
@@ -296,7 +296,7 @@ def decode_rows(
     if compile_it:
         import torch._inductor.config as inductor_config  # noqa: PLC0415 (start-up time: inductor loads only when a step is compiled)
 
-        inductor_fn = torch.compile(folded_reduction, dynamic=False)
+        inductor_fn = torch.compile(dequantised_reduction, dynamic=False)
 
         def compiled(*args):  # inductor's kernels named in the profiler, so the step's time can be split by kernel
             with inductor_config.patch({"cpp.enable_kernel_profile": True}):
@@ -330,7 +330,7 @@ def decode_rows(
                 start = time.perf_counter()
                 fn()
                 ceiling_samples[name].append(time.perf_counter() - start)
-        kernels_s = _kernel_times(ways["int8, folded, compiled"]) if "int8, folded, compiled" in ways else {}
+        kernels_s = _kernel_times(ways[COMPILED]) if COMPILED in ways else {}
         base = samples["float32 SDPA"]
         rows.append(
             {
@@ -438,7 +438,7 @@ def goals(report: dict) -> list[str]:
         lines.append(f"causal tiles at {r['seq_len']:,} tokens: {r['causal_share']:.1%} of the full count (about half)")
     d = report["decode"]
     at16 = [r for r in d["rows"] if r["kv_len"] == 16384]
-    name = "int8, folded, compiled"
+    name = COMPILED
     if at16 and name in at16[0]["ways"]:
         w = at16[0]["ways"][name]
         met = w["speedup_vs_float32"] >= GOAL_SPEEDUP and w["share_of_ceiling"] >= GOAL_CEILING

@@ -42,6 +42,37 @@ SYSTEM_PROMPT = (
 )
 
 
+def scattered_batch(config, lengths: list[int], blocks: list[list[int]], block_size: int = 4, seed: int = 0):
+    """Notebook 07a's batch for paged attention (7.3): rows of these lengths, their keys and values written into
+    these blocks of a fresh pool (layer 0), one decode query per row, and what the rows' attention must give.
+
+    Returns (pool, tables, q, expected): a BlockPool of 16 blocks; one BlockTable per row (blocks, length set);
+    q (rows, n_heads, 1, head_dim); expected, the same shape: each row's attention over its own keys and values,
+    computed from one padded tensor that holds them in token order, not from the pool.
+    """
+    import torch  # noqa: PLC0415 (start-up time: the benchmark's CLI imports this module)
+    import torch.nn.functional as F  # noqa: PLC0415
+
+    from kvlib.serving import BlockPool, BlockTable  # noqa: PLC0415 (late binding: the learner's classes)
+
+    gen = torch.Generator().manual_seed(seed)
+    longest, H_kv, D = max(lengths), config.n_kv_heads, config.head_dim
+    K, V = torch.randn(2, len(lengths), H_kv, longest, D, generator=gen)
+    pool, tables = BlockPool(config, 16, block_size), []
+    for row, (n, held) in enumerate(zip(lengths, blocks)):
+        t = BlockTable(block_size)
+        t.blocks, t.length = list(held), n
+        tables.append(t)
+        for start in range(0, n, block_size):  # one block's worth of the row's tokens at a time
+            piece = slice(start, min(start + block_size, n))
+            block = held[start // block_size]
+            pool.k[0, block, :, : piece.stop - start] = K[row, :, piece]
+            pool.v[0, block, :, : piece.stop - start] = V[row, :, piece]
+    q = torch.randn(len(lengths), config.n_heads, 1, D, generator=gen)
+    own = (torch.arange(longest) < torch.tensor(lengths)[:, None])[:, None, None]  # the keys each row has
+    return pool, tables, q, F.scaled_dot_product_attention(q, K, V, attn_mask=own, enable_gqa=True)
+
+
 def make_trace(tokenizer, n: int = 64, seed: int = 0, system_prompt: str = "", max_new: tuple[int, int] = (4, 256)):
     """[(prompt ids, max_new_tokens)] of n requests drawn as the module docstring says."""
     rng = np.random.default_rng(seed)

@@ -2,9 +2,9 @@
 
 For a drafter model (assets/draft) and for prompt lookup, at several gamma, paired and interleaved
 with plain cached greedy decoding of the same prompts: the model's forward passes per token, the
-acceptance rate alpha, tokens per model pass beside (1 - alpha^(gamma+1)) / (1 - alpha), the cost
-ratio c of a draft step to a model step, and the speedup predicted by Leviathan et al.'s formula
-(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)) beside the measured one. Then one forward pass's
+acceptance rate alpha, tokens per model pass beside exercise 10.5's prediction from alpha, the cost
+ratio c of a draft step to a model step, and the speedup Leviathan et al. predict (10.5's tokens per
+pass over the cost of a round, gamma c + 1 model steps) beside the measured one. Then one forward pass's
 time against the tokens fed at once (1 ... 16), beside notebook 05's roofline. Every run checks
 that the tokens equal plain greedy decoding's. One thread by default.
 
@@ -168,13 +168,19 @@ def lookup_policy(
     occurrences takes the latest (latest=True, as exercise 10.4 asks) or the earliest (Saxena's reference
     and vLLM's ngram proposer); proposes up to k tokens, or, with whole=True, only a match followed by k whole
     tokens (Saxena's); source: look only in tokens[:source] (the prompt), else in all the text so far."""
+    tokens = list(tokens)
     end = len(tokens) if source is None else source
+    last = min(end, len(tokens) - 1)  # a window must end by here: inside the source, and not be the tail itself
     for size in range(n, (n if n_min is None else n_min) - 1, -1):
-        tail = tokens[-size:]
-        starts = range(min(end, len(tokens) - 1) - size, -1, -1)  # windows before the tail, inside the source
-        for s in starts if latest else reversed(starts):
-            if tokens[s : s + size] == tail and (not whole or s + size + k <= end):
-                return list(tokens[s + size : min(s + size + k, end)])
+        index: dict[tuple, list[int]] = {}  # every window of this size -> where it starts, in order
+        for s, window in enumerate(zip(*(tokens[i:] for i in range(size)))):
+            index.setdefault(window, []).append(s)
+        hits = [
+            s for s in index.get(tuple(tokens[-size:]), []) if s + size <= last and (not whole or s + size + k <= end)
+        ]
+        if hits:
+            s = hits[-1] if latest else hits[0]
+            return tokens[s + size : min(s + size + k, end)]
     return []
 
 
@@ -250,11 +256,6 @@ def lookup_counts(model, prompts: dict, n_new: int, gammas=(4, 8)) -> dict:
     return out
 
 
-def alpha_formula(alpha: float, gamma: int) -> float:
-    """Expected tokens per model pass: 1 + alpha + ... + alpha^gamma (each draft kept with probability alpha)."""
-    return gamma + 1.0 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
-
-
 def most_kept(p: torch.Tensor, q: torch.Tensor) -> float:
     """The largest share of drafts sampled from q that any rule keeping the output distributed as p can keep: the
     overlap of the two distributions, sum(min(p, q)) (Leviathan et al., arXiv 2211.17192: their acceptance rate). Notebook 10b
@@ -263,8 +264,10 @@ def most_kept(p: torch.Tensor, q: torch.Tensor) -> float:
 
 
 def predicted_speedup(alpha: float, gamma: int, c: float) -> float:
-    """Leviathan et al.'s speedup: tokens per pass over the cost of a round in model steps (gamma c + 1)."""
-    return alpha_formula(alpha, gamma) / (gamma * c + 1)
+    """Leviathan et al.'s speedup: the learner's tokens per pass (10.5) over the cost of a round in model steps."""
+    from kvlib.speculative import tokens_per_pass  # noqa: PLC0415 (late binding: runs the learner's code)
+
+    return tokens_per_pass(min(1.0, max(0.0, alpha)), gamma) / (gamma * c + 1)
 
 
 def _step(model, kv_len: int, seq_len: int, cache_cls):
@@ -509,7 +512,7 @@ def bench_spec(threads: int = 1, quick: bool = False, max_new_tokens: int | None
                     "tokens_per_pass": r["tokens"] / r["passes"],
                     "drafted_per_pass": r["drafted"] / max(1, r["passes"] - 1),
                     "accepted_per_pass": r["accepted"] / max(1, r["passes"] - 1),
-                    "formula_tokens_per_pass": alpha_formula(alpha, g),
+                    "formula_tokens_per_pass": predicted_speedup(alpha, g, 0.0),  # 10.5's prediction
                     "predicted_speedup": predicted_speedup(alpha, g, cost[way]),
                     "speedup": statistics.median(r["ratios"]),
                     "speedup_min_max": (min(r["ratios"]), max(r["ratios"])),

@@ -41,10 +41,10 @@ def softmax(scores: np.ndarray) -> np.ndarray:
 
 @exercise("1.2", validate=inputs.check_attend)
 def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float | None = None):
-    """Attention of one query over all keys: its weights over the keys, and the values mixed by them.
+    """Attention of one query over all keys: its weights over the keys, and its output.
 
     Args:    q: (head_dim,)   k: (kv_len, head_dim)   v: (kv_len, d_v), float arrays of one dtype
-             scale: multiplies every score q . k_j; None means 1 / sqrt(head_dim)
+             scale: a float (1.0 gives notebook 01's worked example); None means 1 / sqrt(head_dim)
     Returns: out: (d_v,), probs: (kv_len,) summing to 1, both in the inputs' dtype
     Raises:  ValueError if k's rows are not head_dim wide or v has not one row per key
     Example:
@@ -88,7 +88,7 @@ def causal_mask(seq_len: int, kv_len: int) -> np.ndarray:
 
 @exercise("1.4", validate=inputs.check_self_attention)
 def causal_self_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray):
-    """Scaled dot-product attention of every query at once, under the causal mask.
+    """Attention of every query at once, under the causal mask: attend (1.2) of each query over the keys it may see.
 
     Args:    q: (..., seq_len, head_dim), k: (..., kv_len, head_dim), v: (..., kv_len, d_v), one float dtype;
              the queries are the last seq_len of the kv_len positions; scores scaled by 1 / sqrt(head_dim)

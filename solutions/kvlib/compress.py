@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 
 from kvlib.core.cache import CacheBase
-from kvlib.core.model import causal_mask_tensor
 from kvlib.course import inputs
 from kvlib.course.exercises import exercise
 
@@ -63,6 +62,8 @@ def int8_attention(q, k_values, k_scale, v_values, v_scale, kv_len: int) -> torc
         torch.Size([1, 4, 1, 16])
     """
     ### BEGIN SOLUTION
+    from kvlib.core.model import causal_mask_tensor  # noqa: PLC0415 (the stub leaves the mask to you)
+
     B, H_kv, n_groups, group, D = k_values.shape
     k = dequantize(k_values, k_scale).reshape(B, H_kv, n_groups * group, D)[:, :, :kv_len]  # groups -> tokens
     v = dequantize(v_values[:, :, :kv_len], v_scale[:, :, :kv_len])  # (B, H_kv, S, D)
@@ -144,6 +145,14 @@ class SinkCache(CacheBase):
         filled = min(self.pos + T, self.capacity)
         return self.k[layer, :, :, :filled], self.v[layer, :, :, :filled]
         ### END SOLUTION
+        ### BEGIN SHIPPED
+        # T = k_new.shape[2]
+        # slots = [p % self.capacity for p in range(self.pos, self.pos + T)]  # once full, wrap around to the oldest
+        # self.k[layer, :, :, slots] = k_new  # (B, H_kv, T, D) into their slots
+        # self.v[layer, :, :, slots] = v_new
+        # filled = min(self.pos + T, self.capacity)
+        # return self.k[layer, :, :, :filled], self.v[layer, :, :, :filled]
+        ### END SHIPPED
 
 
 @exercise("8.4", validate=inputs.check_cache_positions)
@@ -186,6 +195,8 @@ def mla_reconstruct(q_nope, q_rope, latent, k_rope, w_uk, w_uv) -> torch.Tensor:
         torch.Size([1, 2, 1, 4])
     """
     ### BEGIN SOLUTION
+    from kvlib.core.model import causal_mask_tensor  # noqa: PLC0415 (the stub leaves the mask to you)
+
     T, S = q_nope.shape[2], latent.shape[1]
     k_nope = torch.einsum(
         "bsr,hdr->bhsd", latent, w_uk
@@ -214,6 +225,8 @@ def mla_absorbed(q_nope, q_rope, latent, k_rope, w_uk, w_uv) -> torch.Tensor:
         True
     """
     ### BEGIN SOLUTION
+    from kvlib.core.model import causal_mask_tensor  # noqa: PLC0415 (the stub leaves the mask to you)
+
     T, S = q_nope.shape[2], latent.shape[1]
     q_latent = torch.einsum("bhtd,hdr->bhtr", q_nope, w_uk)  # (B, H, T, Dn) -> (B, H, T, r): absorb w_uk
     # einsum, not a broadcasting matmul: that would copy the latents out to every head first

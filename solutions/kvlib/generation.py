@@ -173,6 +173,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)  # (..., C) / (..., 1): one rms per token
     return weight * x32.to(x.dtype)
     ### END SOLUTION
+    ### BEGIN SHIPPED
+    # mean_square = x.pow(2).mean(dim=-2, keepdim=True)
+    # return weight * x * torch.rsqrt(mean_square + eps)
+    ### END SHIPPED
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,8 +212,9 @@ def temper(probs: torch.Tensor, temperature: float) -> torch.Tensor:
 
     Args:    probs: (..., vocab_size) float tensor, softmax(logits) for some logits: rows >= 0 that sum to 1
              temperature: t >= 0, as in next_token (Exercise 2.1)
-    Returns: probs' shape and dtype: softmax(logits / t) for those logits, rows summing to 1, finite for any
-             t > 0 (0.01 included); at t = 0, one-hot on each row's most likely token (the first, if tied)
+    Returns: probs' shape and dtype: the distribution next_token (Exercise 2.1) draws from at temperature t for
+             the logits that gave probs, rows summing to 1, finite for any t > 0 (0.01 included); at t = 0,
+             one-hot on each row's most likely token (the first, if tied)
     Raises:  ValueError if probs is not a float tensor of rows >= 0 summing to 1, or temperature < 0
     Example:
         >>> temper(torch.tensor([0.25, 0.75]), 0.0)
@@ -230,9 +235,8 @@ def temper(probs: torch.Tensor, temperature: float) -> torch.Tensor:
 def param_counts(config) -> dict[str, int]:
     """The parameters of a decoder of this config, part by part, predicted from the config alone.
 
-    Args:    config: a kvlib ModelConfig; the decoder is Llama's, as in this notebook: no biases, an lm_head of
-             its own (not the embedding's), two RMSNorms a layer and one before the lm_head, and k_proj, v_proj
-             giving n_kv_heads heads of head_dim (n_kv_heads < n_heads is notebook 06's GQA)
+    Args:    config: a kvlib ModelConfig; the decoder is kvlib's Decoder(config), this notebook's model, with
+             n_kv_heads < n_heads allowed (notebook 06's GQA)
     Returns: {"embedding", "attention", "mlp", "norms", "lm_head"}: ints, each over all layers, summing to
              Decoder(config).num_params(); exact at any size, even where no decoder can be built
     Raises:  ValueError if config is not a ModelConfig

@@ -189,10 +189,10 @@ class Scheduler(Engine):
         it stands when the step returns:
           - admission went first come, first served: the requests that left the line were its first ones, and when
             it stopped, max_batch requests ran or the first still waiting needed more free blocks than it found;
-          - every request still running got one more token in this step's decode, which never ran out of blocks:
-            where it would have, the requests self.victim() named went back to the front of the line, no more of
-            them than the decode needed;
-          - no request that is done still runs, whichever pass (its prefill or a decode) finished it.
+          - every request still running got one more token in this step's decode, and the pool never ran out of
+            blocks; the requests that went back to the front of the line were the ones self.victim() named, no
+            more of them than the decode needed;
+          - no request that is done still runs, and none got more tokens than it asked for.
         Returns: None. Raises: nothing of its own (an engine method's error passes through)
         Example:
             >>> from kvlib.core.weights import load_tiny; model, _ = load_tiny()

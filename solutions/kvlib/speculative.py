@@ -1,10 +1,10 @@
 """Speculative decoding (notebook 10-speculative): a cheap drafter proposes, the model checks every draft in one pass.
 
-A drafter (a smaller model, or a lookup in the text so far) proposes gamma tokens; the model runs
-them through its cache in one forward pass, keeps the longest prefix it agrees with plus one token
-of its own, and rewinds its cache past the rest (cache.truncate). Greedy: the very tokens of greedy
-decoding alone. Sampled: Leviathan et al. (arXiv 2211.17192) and Chen et al. (arXiv 2302.01318)'s
-rule keeps the model's distribution exactly. Left out: batches, trees of drafts, the sampled loop on real models.
+A drafter (a smaller model, or a lookup in the text so far) proposes gamma tokens; the model checks
+them all in one forward pass through its cache and keeps what it would have written itself, its cache
+left as its own steps would leave it. Greedy: the very tokens of greedy decoding alone. Sampled:
+Leviathan et al. (arXiv 2211.17192) and Chen et al. (arXiv 2302.01318)'s rule keeps the model's
+distribution exactly. Left out: batches, trees of drafts, the sampled loop on real models.
 """
 
 from __future__ import annotations
@@ -33,9 +33,8 @@ class ModelDrafter:
 
     @torch.inference_mode()
     def propose(self, tokens: list[int], k: int) -> list[int]:
-        keep = 0  # longest prefix shared with what the cache holds; at least one token must be fed
-        while keep < min(len(self.held), len(tokens) - 1) and self.held[keep] == tokens[keep]:
-            keep += 1
+        most = min(len(self.held), len(tokens) - 1)  # at least one token must be fed
+        keep = next((i for i in range(most) if self.held[i] != tokens[i]), most)  # what the cache holds still holds
         self.cache.truncate(keep)
         self.held, new, drafts = list(tokens[:keep]), list(tokens[keep:]), []
         for _ in range(k):
@@ -94,6 +93,14 @@ def verify_greedy(model, cache, last_token: int, draft: list[int]) -> tuple[int,
     cache.truncate(start + n + 1)  # keep last_token and the accepted drafts; the first rejected one goes
     return n, greedy[n]  # after all k accepted, greedy[k] is the bonus token
     ### END SOLUTION
+    ### BEGIN SHIPPED
+    # ids = torch.tensor([[last_token, *draft]])  # the newest token and every draft: one pass
+    # with torch.no_grad():
+    #     logits, _ = model(ids, past_key_values=cache)  # (1, len(draft) + 1, vocab)
+    # predicted = logits[0].argmax(-1).tolist()  # predicted[i]: the model's token after ids[0, i]
+    # n_accepted = sum(d == p for d, p in zip(draft, predicted))  # the drafts the model agrees with
+    # return n_accepted, predicted[n_accepted]
+    ### END SHIPPED
 
 
 @exercise("10.2", validate=inputs.check_speculative_generate)

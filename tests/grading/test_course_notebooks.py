@@ -259,6 +259,20 @@ def tokens_per_pass(alpha, gamma):
     return 4.2
 '''
 
+VERIFY_PAST_A_MISMATCH_10 = '''
+
+def verify_greedy(model, cache, last_token, draft):
+    """10.1, half fixed: the cache rewound right, but every draft the model agrees with counted, even past the first
+    one it rejected (the new check's case: a wrong draft, then one the model predicts after it)."""
+    start = cache.pos
+    with torch.inference_mode():
+        logits, _ = model(torch.tensor([[last_token, *draft]]), past_key_values=cache)
+    predicted = logits[0].argmax(-1).tolist()
+    n = sum(d == p for d, p in zip(draft, predicted))
+    cache.truncate(start + n + 1)
+    return n, predicted[n]
+'''
+
 SHORTCUT_06 = '''
 
 def repeat_kv(x, group_size):
@@ -362,6 +376,27 @@ def param_counts(config):
 
     with torch.device("meta"):
         return counted_params(Decoder(config))
+
+
+def rms_norm(x, weight, eps=1e-5):
+    """2.5's shortcut: the model's own RMSNorm, run (refused while 2.5 runs: kvlib.course.exercises.READY_MADE)."""
+    from kvlib.core.model import RMSNorm
+
+    norm = RMSNorm(x.shape[-1], eps).to(weight.dtype)
+    with torch.no_grad():
+        norm.weight.copy_(weight)
+    return norm(x)
+
+
+def swiglu(x, w_gate, w_up, w_down):
+    """2.6's shortcut: the model's own MLP, run (refused while 2.6 runs: kvlib.course.exercises.READY_MADE)."""
+    from kvlib.core.model import MLP, ModelConfig
+
+    mlp = MLP(ModelConfig(2, d_model=w_gate.shape[1], n_heads=1, n_kv_heads=1, hidden_dim=w_gate.shape[0]))
+    with torch.no_grad():
+        for linear, w in ((mlp.gate_proj, w_gate), (mlp.up_proj, w_up), (mlp.down_proj, w_down)):
+            linear.to(w.dtype).weight.copy_(w)
+    return mlp(x)
 '''
 
 CHEAT_02_STEPS = '''
@@ -443,24 +478,29 @@ class Policy(Scheduler):
         return self.running[0]
 '''
 
-# module -> student -> (code appended to the reference, exercises kept, {exercise: "full" | 0 | {check: words}})
+# module -> student -> (code appended to the reference, exercises kept, {exercise: "full" | 0 | {check: words} |
+# (words, ...): a find-and-fix cell scoring 0, its error holding each})
 BANK = {
     "generation": {  # 2.3 times the module's own generate: one that reports after its loop leaves TTFT the whole run
         "cheat-echo": (
             CHEATS_02,
             {f"2.{i}" for i in range(1, 9)},
-            {"2.2": {"generate_streams_each_token": "after the loop ended"}, "2.3": 0, "2.4": 0, "2.8": 0},
+            {
+                "2.2": ("after the loop ended",),  # a find-and-fix cell: one check failed earns nothing
+                "2.3": 0,
+                "2.4": 0,
+                "2.5": 0,
+                "2.6": 0,
+                "2.8": 0,
+            },
         ),
-        "cheat-steps": (  # the layer's project_q / project_kv: refused; 2.2 handed in as shipped, its bugs unfixed
-            lambda: CHEAT_02_STEPS + _shipped("generation", "generate"),
-            {"2.1", "2.2", "2.4"},
+        "cheat-steps": (  # the layer's project_q / project_kv: refused; 2.2 and 2.5 handed in as shipped, unfixed
+            lambda: CHEAT_02_STEPS + _shipped("generation", "generate") + _shipped("generation", "rms_norm"),
+            {"2.1", "2.2", "2.4", "2.5"},
             {
                 "2.4": 0,
-                "2.2": {
-                    "generate_matches_greedy_loop": "all 7 new tokens are the same",
-                    "generate_answers_the_seed_question": "should continue with 巴黎",
-                    "generate_samples_reproducibly": "seeded alike",
-                },
+                "2.5": ("root-mean-squares should be", "the largest values vanished"),
+                "2.2": ("all 7 new tokens are the same", "should continue with 巴黎", "seeded alike"),
             },
         ),
         "other-ways": (
@@ -469,11 +509,12 @@ BANK = {
                 {
                     "2.2": ("test_generation", "generate_token_list"),
                     "2.4": ("test_generation", "attention_per_head"),
+                    "2.5": ("test_generation", "rms_norm_divide"),
                     "2.8": ("test_generation", "params_from_shapes"),
                 },
             ),
             {f"2.{i}" for i in range(1, 9)},
-            dict.fromkeys(("2.2", "2.4", "2.8"), "full"),
+            dict.fromkeys(("2.2", "2.4", "2.5", "2.8"), "full"),
         ),
     },
     "fused": {
@@ -513,6 +554,7 @@ BANK = {
             {"10.1", "10.2", "10.3"},
             {"10.1": "full", "10.2": 0, "10.3": 0, "10.5": 0},
         ),
+        "verify-past-a-mismatch": (VERIFY_PAST_A_MISMATCH_10, {"10.2", "10.3"}, {"10.1": 0, "10.3": "full"}),
         "other-ways": (
             lambda: _alternatives(
                 "speculative",
@@ -660,8 +702,9 @@ def graded_sizes(request, tmp_path_factory):
 
 
 def _cells(course, gb, nb: str, student: str) -> dict:
-    """exercise -> (score, max_score, {check: message} of the checks that failed, or None where all did) of each
-    graded cell of the student's notebook, read from the gradebook and the autograded notebook's outputs."""
+    """exercise -> (score, max_score, {check: message} of the checks that failed, or None where all did or the cell is
+    whole (a find-and-fix exercise's), the error's text or "") of each graded cell of the student's notebook, read from
+    the gradebook and the autograded notebook's outputs."""
     import nbformat
 
     out = {}
@@ -674,9 +717,10 @@ def _cells(course, gb, nb: str, student: str) -> dict:
                 continue
             text = "".join(o.get("text", "") for o in cell.get("outputs", []))
             failed = dict(re.findall(r"^failed: (\w+): (.*)$", text, re.M))
-            if any(o.get("output_type") == "error" for o in cell.get("outputs", [])):
-                failed = None  # every check of the cell failed
-            out[gid[len("checks-") :].replace("-", ".")] = (*scores[gid], failed)
+            error = "\n".join(o.get("evalue", "") for o in cell.get("outputs", []) if o.get("output_type") == "error")
+            if error:
+                failed = None  # every check of the cell failed, or the cell is whole and one did
+            out[gid[len("checks-") :].replace("-", ".")] = (*scores[gid], failed, error)
     return out
 
 
@@ -691,12 +735,14 @@ def test_cheats_and_shortcuts_earn_nothing_and_other_right_ways_everything(grade
     for student, (_, _, want) in BANK[module].items():
         cells = graded_sizes.cells(nb, student)
         for ex, expect in want.items():
-            score, max_score, failed = cells[ex]
-            where = f"{student}, Exercise {ex}: {score} of {max_score}, failed {failed}"
+            score, max_score, failed, error = cells[ex]
+            where = f"{student}, Exercise {ex}: {score} of {max_score}, failed {failed}, error {error[:600]!r}"
             if expect == "full":
                 assert score == max_score and not failed, where
             elif expect == 0:
                 assert score == 0, where
+            elif isinstance(expect, tuple):  # a find-and-fix cell: 0, its error showing each symptom
+                assert score == 0 and all(words in error for words in expect), where
             else:
                 assert 0 < score < max_score and failed is not None and set(failed) == set(expect), where
                 assert all(words in failed[name] for name, words in expect.items()), where

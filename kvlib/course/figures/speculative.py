@@ -8,25 +8,26 @@ import numpy as np
 from kvlib.course.figures.style import COLORS, MASKED_GREY, PALETTE, _finish, _note, style, token_label
 
 
-def speculative_speedup(gammas, measured, *, note=None):
+def speculative_speedup(gammas, measured, tokens_per_pass, *, note=None):
     """Measured speedup against gamma for a few drafters (markers), each beside the formula's curve (line).
 
     Args:    gammas: the gamma of each measured point
-             measured: label -> dict(alpha=..., c=..., speedup=[one per gamma]); the curve is
-             (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)) with that drafter's measured alpha and c
+             measured: label -> dict(alpha=..., c=..., speedup=[one per gamma]); the line is Leviathan et al.'s
+             prediction, exercise 10.5's tokens per pass over gamma c + 1, with that drafter's measured alpha and c
+             tokens_per_pass: (alpha, gamma) -> tokens a verify pass makes: the learner's 10.5, handed in
              note: what produced the numbers
     Returns: the Figure
     """
     gammas = np.asarray(gammas)
-    fine = np.linspace(1, gammas.max(), 100)
+    fine = np.arange(1, gammas.max() + 1)
     best_label, best = max(((label, max(m["speedup"])) for label, m in measured.items()), key=lambda lb: lb[1])
     best_gamma = gammas[int(np.argmax(measured[best_label]["speedup"]))]
     with style():
         fig, ax = plt.subplots(figsize=(10, 5.6))
         fig.subplots_adjust(bottom=0.2 if note else 0.14, top=0.86, right=0.7)
         for color, (label, m) in zip(COLORS, measured.items()):
-            a, c = min(m["alpha"], 0.999999), m["c"]
-            curve = (1 - a ** (fine + 1)) / ((1 - a) * (fine * c + 1))
+            c = m["c"]
+            curve = [tokens_per_pass(float(m["alpha"]), int(g)) / (g * c + 1) for g in fine]
             ax.plot(fine, curve, color=color, lw=2, alpha=0.6)
             ax.plot(gammas, m["speedup"], "o", color=color, ms=8, label=f"{label}\nalpha {m['alpha']:.2f}, c {c:.3f}")
         ax.axhline(1, color=PALETTE["black"], lw=1, ls=":")

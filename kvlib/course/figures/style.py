@@ -164,7 +164,7 @@ def missing_glyphs(fig) -> list[str]:
     in its font): matplotlib's warnings "Glyph ... missing from font(s)", and what its mathtext logs, "Font 'default'
     does not have a glyph for ..." (a Chinese character in a text with `$...$`)."""
     import logging  # noqa: PLC0415 (start-up time: only tests and checks of a figure need it)
-    import warnings  # noqa: PLC0415
+    import warnings  # noqa: PLC0415 (start-up time: as logging, above)
 
     logged = []
     handler = logging.Handler(logging.WARNING)
@@ -204,7 +204,7 @@ def _translate_ticks(fig, lang: str | None) -> int:
     """Tick labels given as texts (set_xticks(ticks, labels), categories: bar(names, ...)) translated as the axis
     makes them, at each draw; returns how many of today's ticks changed."""
     from matplotlib.category import StrCategoryFormatter  # noqa: PLC0415 (start-up time: only translated figures)
-    from matplotlib.ticker import FixedFormatter, FuncFormatter  # noqa: PLC0415
+    from matplotlib.ticker import FixedFormatter, FuncFormatter  # noqa: PLC0415 (start-up time: only translated figures)
 
     changed = 0
     for axis in (a for ax in fig.axes for a in (ax.xaxis, ax.yaxis)):
