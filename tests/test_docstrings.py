@@ -66,7 +66,7 @@ def test_stub_holds_no_line_of_its_reference(ex):
         if len(line) >= 12
         and not line.startswith(("raise", "check_", "###"))
         and _squash(line) in stub
-        and _squash(line) not in shipped
+        and not any(_squash(line) in ship for ship in shipped)
     ]
     assert not leaks, f"Exercise {ex.id}: lines of the reference in kvlib/{ex.module}.py: {leaks}"
 

@@ -62,7 +62,7 @@ def int8_attention(q, k_values, k_scale, v_values, v_scale, kv_len: int) -> torc
         torch.Size([1, 4, 1, 16])
     """
     ### BEGIN SOLUTION
-    from kvlib.core.model import causal_mask_tensor  # noqa: PLC0415 (the stub leaves the mask to you)
+    from kvlib.core.model import causal_mask_tensor  # noqa: PLC0415 (kept from the stub: the mask is yours)
 
     B, H_kv, n_groups, group, D = k_values.shape
     k = dequantize(k_values, k_scale).reshape(B, H_kv, n_groups * group, D)[:, :, :kv_len]  # groups -> tokens
@@ -195,7 +195,7 @@ def mla_reconstruct(q_nope, q_rope, latent, k_rope, w_uk, w_uv) -> torch.Tensor:
         torch.Size([1, 2, 1, 4])
     """
     ### BEGIN SOLUTION
-    from kvlib.core.model import causal_mask_tensor  # noqa: PLC0415 (the stub leaves the mask to you)
+    from kvlib.core.model import causal_mask_tensor  # noqa: PLC0415 (kept from the stub: the mask is yours)
 
     T, S = q_nope.shape[2], latent.shape[1]
     k_nope = torch.einsum(
@@ -225,7 +225,7 @@ def mla_absorbed(q_nope, q_rope, latent, k_rope, w_uk, w_uv) -> torch.Tensor:
         True
     """
     ### BEGIN SOLUTION
-    from kvlib.core.model import causal_mask_tensor  # noqa: PLC0415 (the stub leaves the mask to you)
+    from kvlib.core.model import causal_mask_tensor  # noqa: PLC0415 (kept from the stub: the mask is yours)
 
     T, S = q_nope.shape[2], latent.shape[1]
     q_latent = torch.einsum("bhtd,hdr->bhtr", q_nope, w_uk)  # (B, H, T, Dn) -> (B, H, T, r): absorb w_uk
