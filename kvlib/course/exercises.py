@@ -119,14 +119,18 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("8.5", "MLA by rebuilding keys and values", "08-compress", "compress", "mla_reconstruct"),
     Exercise("8.6", "MLA with absorbed weights", "08-compress", "compress", "mla_absorbed"),
     Exercise("8.8", "Predict the FLOPs of MLA's two paths", "08-compress", "compress", "mla_flops", kind="predict"),
-    Exercise("8.3", "Find and fix: a rolling cache with sinks", "08-compress", "compress", "SinkCache.update", kind="fix"),
+    Exercise(
+        "8.3", "Find and fix: a rolling cache with sinks", "08-compress", "compress", "SinkCache.update", kind="fix"
+    ),
     Exercise("8.4", "Positions inside the rolling cache", "08-compress", "compress", "cache_positions"),
     Exercise("9.1", "The online softmax", "09-fused", "fused", "online_softmax"),
     Exercise("9.2", "Tiled attention, causal tiles skipped", "09-fused", "fused", "tiled_attention"),
     Exercise("9.3", "Merge partial attentions", "09-fused", "fused", "merge_partials"),
     Exercise("9.5", "How many splits of the cache", "09-fused", "fused", "flash_decode_splits", kind="design"),
     Exercise("9.4", "int8 attention with folded scales", "09-fused", "fused", "int8_folded_attention"),
-    Exercise("10.1", "Find and fix: verify drafts in one pass", "10-speculative", "speculative", "verify_greedy", kind="fix"),
+    Exercise(
+        "10.1", "Find and fix: verify drafts in one pass", "10-speculative", "speculative", "verify_greedy", kind="fix"
+    ),
     Exercise("10.2", "Greedy speculative decoding", "10-speculative", "speculative", "speculative_generate"),
     Exercise(
         "10.5", "Predict the tokens a pass makes", "10-speculative", "speculative", "tokens_per_pass", kind="predict"
@@ -150,10 +154,11 @@ _FLOP_COUNTER = {
     "kvlib.core.model:Decoder.__init__": "built a model (kvlib.core.model.Decoder)",
     "kvlib.core.flops:forward_flops_counted": "ran torch's FLOP counter (kvlib.core.flops.forward_flops_counted)",
     "kvlib.core.flops:attention_flops_counted": "ran torch's FLOP counter (kvlib.core.flops.attention_flops_counted)",
+    "kvlib.core.model:matrix_params": "took the model's own list of its matrices (kvlib.core.model.matrix_params)",
 }
 _COUNT = (
-    "torch's counter on a model is what this count is checked against, not a way to make it. Count from the config's "
-    "sizes alone (no model is built or run)"
+    "torch's counter on a model is what this count is checked against, and which matrices a token meets is the count "
+    "itself: neither is a way to make it. Count from the config's sizes alone (no model is built or run)"
 )
 READY_MADE: dict[str, tuple[dict[str, str], str]] = {
     "2.5": (
