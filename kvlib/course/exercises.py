@@ -241,7 +241,8 @@ READY_MADE: dict[str, tuple[dict[str, str], str]] = {
     ),
     "10.4": (
         {"kvlib.measure.bench_spec:lookup_policy": "called the benchmark's lookup policy (bench_spec.lookup_policy)"},
-        "that is the benchmark's own copy of this exercise. Write the lookup yourself",
+        "the benchmark's policies are what this exercise is compared with, not a way to write it. Write the lookup "
+        "yourself",
     ),
     "8.8": (
         {
