@@ -171,7 +171,7 @@ def test_hint_command(cache_home, capsys):
     """Check that `kvlib hint` prints the hint, exits 0, and exits 2 naming an unknown exercise."""
     assert cli.main(["hint", "2.2"]) == 0
     out = capsys.readouterr().out
-    assert "Exercise 2.2 (The naive generation loop), hint 1 of" in out and "next: kvlib hint 2.2" in out
+    assert "Exercise 2.2 (Find and fix: the naive generation loop), hint 1 of" in out and "next: kvlib hint 2.2" in out
     assert cli.main(["hint", "2.2", "--level", "3"]) == 0
     assert "that was the last hint" in capsys.readouterr().out
     assert cli.main(["hint", "2.2", "--reset"]) == 0

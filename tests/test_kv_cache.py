@@ -19,7 +19,7 @@ from kvlib import kv_cache
 from kvlib.attention import causal_mask
 from kvlib.checks import CHECKS, checks_for
 from kvlib.checks.kv_cache import CONFIG, _model
-from kvlib.core.model import num_params
+from kvlib.core.model import matrix_params, num_params
 from kvlib.course.exercises import BY_ID
 from kvlib.generation import next_token
 
@@ -634,14 +634,14 @@ SLIPS = [
         "one sequence's cache",
     ),
     ("kv_cache_update_writes_in_place", {"KVCache": _CatCache}, "reallocated"),
-    ("kv_cache_update_writes_in_place", {"KVCache": _AdvancingCache}, "must not move pos"),
+    ("kv_cache_update_writes_in_place", {"KVCache": _AdvancingCache}, "update moved pos"),
     ("cached_attention_matches_full_attention", {"cached_attention": _attention_rope_from_zero}, "restart at 0"),
     ("cached_attention_matches_full_attention", {"cached_attention": _attention_is_causal}, "aligned top-left"),
     ("cached_attention_one_token_sees_every_key", {"cached_attention": _attention_is_causal}, "key 0 only"),
     (
         "generate_cached_resets_between_prompts",
         {"generate_cached": _generate_without_reset},
-        "still held the first prompt",
+        "includes the earlier prompt",
     ),
     (
         "kv_cache_grows_one_slot_per_step",
@@ -658,7 +658,7 @@ SLIPS = [
     ),
     ("cached_attention_matches_full_attention", {"cached_attention": _attention_no_o_proj}, "output projection"),
     ("cached_forward_prefill_runs_once", {"cached_forward": _forward_one_at_a_time}, "one token at a time"),
-    ("cached_forward_prefill_runs_once", {"cached_forward": _forward_head_everywhere}, "12 position(s) of each"),
+    ("cached_forward_prefill_runs_once", {"cached_forward": _forward_head_everywhere}, "computed 12 rows of logits"),
     ("cached_forward_matches_full_forward", {"cached_forward": _forward_advance_per_layer}, "cache.pos is 12"),
     ("cached_forward_matches_full_forward", {"cached_forward": _forward_all_positions}, "last position's logits"),
     (
@@ -673,7 +673,7 @@ SLIPS = [
     (
         "generate_cached_resets_between_prompts",
         {"generate_cached": _generate_extra_step},
-        "the last new token was fed back",
+        "cache.pos is 14: one token more",
     ),
     ("cached_attention_matches_full_attention", {"cached_attention": _attention_without_mask}, "without a causal mask"),
     ("generate_cached_matches_generate", {"generate_cached": _generate_greedy_only}, "went unused"),
@@ -690,7 +690,7 @@ SLIPS = [
     (
         "sequences_that_fit_real_gpus",
         {"sequences_that_fit": lambda *a: max(0, _fit(*a, cache_dtype=torch.float16))},
-        "the cache is in dtype too",
+        "the caches counted in float16",
     ),
     ("sequences_that_fit_real_gpus", {"sequences_that_fit": lambda *a: _fit(*a)}, "not a negative count"),
     (
@@ -712,6 +712,15 @@ SLIPS = [
         "counts tokens, not sequences",
     ),
     ("sequences_that_fit_real_gpus", {"sequences_that_fit": lambda *a: 30}, "expected 59 sequences"),
+    (
+        "sequences_that_fit_real_gpus",
+        {
+            "sequences_that_fit": lambda c, m, s, d=torch.float16: max(
+                0, (m - matrix_params(c) * d.itemsize) // kv_cache.kv_cache_bytes(c, s, 1, d)
+            )
+        },
+        "without the embedding table",
+    ),
 ]
 
 
@@ -740,7 +749,7 @@ def test_shipped_cached_forward_fails_every_check_showing_the_symptom():
     for name, err in failures:
         assert not re.search(r"advance|loop|once|lm_head\(model.norm\(x", str(err)), (name, err)
     ((name, err),) = check_failures("4.3", _module(cached_forward=_forward_head_everywhere))
-    assert name == "cached_forward_prefill_runs_once" and "12 position(s) of each" in str(err)
+    assert name == "cached_forward_prefill_runs_once" and "computed 12 rows of logits" in str(err)
 
 
 def _attention_mha_only(attn, x, cache, layer, rope_cos, rope_sin):  # slip: one key/value head per query head

@@ -77,9 +77,8 @@ def claims_03(nb) -> None:
     import re
 
     rows = [r.split() for r in cell_text(nb, "share").splitlines()[1:]]
-    assert len(rows) == 3, rows
-    for kv_len, counted, one_minus in rows:  # "the repeated share is 1 - 1/S"
-        assert counted == one_minus, f"kv_len {kv_len}: the counted share {counted} is not 1 - 1/kv_len {one_minus}"
+    shares = [float(counted.rstrip("%")) for _, counted in rows]
+    assert len(rows) == 3 and 50 < shares[0] < shares[1] < shares[2], rows  # "far more than half, the more the longer"
     rows = [r.split() for r in cell_text(nb, "causal-share").splitlines()[1:]]
     assert len(rows) == 3 and all(float(c.rstrip("%")) <= float(f.rstrip("%")) for _, f, c in rows), rows  # "less"
     ratios = re.findall(r"ratio (\S+)$", cell_text(nb, "ex3-1-try"), re.M)

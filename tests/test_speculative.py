@@ -252,11 +252,15 @@ def test_bad_inputs_name_the_problem(models):
 # Other correct ways pass every check; likely slips fail, with their names
 
 
+def _module(**replaced):
+    return handed_in(speculative, NAMES, **replaced)
+
+
 def _messages(ex_id: str, **replaced) -> list[str]:
     out = []
     for check in checks_for(BY_ID[ex_id]):
         try:
-            check.fn(handed_in(speculative, NAMES, **replaced), np.random.default_rng(0))
+            check.fn(_module(**replaced), np.random.default_rng(0))
             out.append("")
         except AssertionError as err:
             out.append(str(err) or "assertion")
@@ -624,6 +628,19 @@ def test_shipped_verify_greedy_fails_showing_the_symptom_until_both_bugs_are_fix
     (half,) = _messages("10.1", verify_greedy=_verify_counted_to_the_first_mismatch)
     assert "on return the cache holds" in half and not re.search(cause, half), half
     assert _messages("10.1", verify_greedy=verify_cumprod) == [""]
+
+
+def test_a_failing_check_points_to_the_hint_once(learner_mode, monkeypatch):
+    """Check that a failing check of notebook 10, as `kvlib check` shows it (10.1's shipped body, a find-and-fix),
+    points to its hint once, in English and in Chinese: the framework's pointer, none of the checks' own."""
+    from kvlib.checks import run_exercise
+    from kvlib.course import i18n
+
+    for lang, pointer in (("en", "(stuck? kvlib hint 10.1)"), ("zh-CN", "（卡住了？运行 kvlib hint 10.1）")):
+        monkeypatch.setenv(i18n.ENV, lang)
+        result = run_exercise(BY_ID["10.1"])
+        assert result.status == "fail" and result.message.endswith(pointer), result.message
+        assert result.message.count("kvlib hint") == 1, result.message
 
 
 @pytest.mark.parametrize("ex_id, name, fake, words", SLIPS, ids=[f"{s[0]}-{s[2].__name__}" for s in SLIPS])

@@ -14,6 +14,8 @@ dropped, float64 returned for float32. In the isolated grader the grading proces
 memory a large call holds (kvlib.grading.memory), 9.1's chunks handed in one at a time from it, and
 torch's fused attention kernel is replaced there by its math path (kvlib.grading._child); every 9.2
 cell includes the measured case, so only tiles earn its points (docs/instructors.md).
+The texts a message is built from (which case, what a slip is called) go through tr(), so that the catalogue
+(kvlib/course/i18n.py) translates them as it does the messages.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 from kvlib.checks import MB, check, held_nothing_before, isolated, memory_of, time_limit
 from kvlib.checks.compress import _int8_cache, _int8_expected_and_slips
 from kvlib.core.stream import Stream
+from kvlib.course.i18n import tr
 from kvlib.measure.timing import new_tensors, peak_tensor_bytes
 
 B, H, H_KV, D = 2, 3, 2, 8
@@ -103,12 +106,16 @@ def _softmax_expected_and_slips(scores, values):
 
     last = (scores[-1].double().softmax(-1)[..., None, :] @ values[-1].double()).squeeze(-2)
     slips = {
-        "the running output is not rescaled when the maximum grows (the running sum is): its older terms stay "
-        "taken against the old maximum": run(rescale_acc=False),
-        "the running sum is not rescaled when the maximum grows (the running output is): its older terms stay "
-        "taken against the old maximum": run(rescale_sum=False),
-        "neither the running sum nor the running output is rescaled when the maximum grows": run(False, False),
-        "only the last chunk counts: the earlier chunks' keys are lost from the result": last,
+        tr(
+            "the running output is not rescaled when the maximum grows (the running sum is): its older terms stay "
+            "taken against the old maximum"
+        ): run(rescale_acc=False),
+        tr(
+            "the running sum is not rescaled when the maximum grows (the running output is): its older terms stay "
+            "taken against the old maximum"
+        ): run(rescale_sum=False),
+        tr("neither the running sum nor the running output is rescaled when the maximum grows"): run(False, False),
+        tr("only the last chunk counts: the earlier chunks' keys are lost from the result"): last,
     }
     return expected, slips
 
@@ -127,12 +134,14 @@ def _softmax_case(kv, scores, values, what, call=None):
     assert isinstance(got, torch.Tensor) and tuple(got.shape) == shape, (
         f"{what}: online_softmax should return (..., head_dim) = {shape}, got {_shape_of(got)}"
     )
-    slips["__nonfinite__"] = (
+    slips["__nonfinite__"] = tr(
         "the output holds inf or nan: exp of a large score overflows float32 (no maximum was subtracted before "
         "exp), or a row whose scores so far are all -inf gives exp(-inf - (-inf)) = nan"
     )
-    assert _close(got, expected), f"{what}: " + _diagnose(
-        got, slips, "the output differs from softmax over all the chunks' scores times their values"
+    assert _close(got, expected), tr(
+        "{where}: {why}",
+        where=what,
+        why=_diagnose(got, slips, tr("the output differs from softmax over all the chunks' scores times their values")),
     )
     _same_dtype(got, scores[0], "online_softmax", what)
 
@@ -142,19 +151,19 @@ def online_softmax_matches_softmax_over_all_chunks(kv, rng):
     """Check chunks of 3, 1, 5 and 2 keys (and a single chunk) against softmax over their concatenation."""
     scores, values = _chunked(rng, (3, 1, 5, 2))
     scores[2] += 4  # the maximum grows in a later chunk: the earlier terms must be rescaled
-    _softmax_case(kv, scores, values, "chunks of 3, 1, 5, 2 keys")
-    _softmax_case(kv, *_chunked(rng, (6,)), "one chunk of 6 keys")
-    _softmax_case(kv, *_chunked(rng, (1, 1, 1), lead=(5,)), "three chunks of 1 key, 5 rows")
+    _softmax_case(kv, scores, values, tr("chunks of 3, 1, 5, 2 keys"))
+    _softmax_case(kv, *_chunked(rng, (6,)), tr("one chunk of 6 keys"))
+    _softmax_case(kv, *_chunked(rng, (1, 1, 1), lead=(5,)), tr("three chunks of 1 key, 5 rows"))
 
 
 @check("9.1")
 def online_softmax_is_stable_and_handles_masked_keys(kv, rng):
     """Check scores near 1,000, and rows whose first chunk is all -inf (masked keys), without overflow or nan."""
-    _softmax_case(kv, *_chunked(rng, (4, 3, 4), offset=1000.0), "scores near 1,000")
+    _softmax_case(kv, *_chunked(rng, (4, 3, 4), offset=1000.0), tr("scores near 1,000"))
     scores, values = _chunked(rng, (3, 4, 2))
     scores[0][0, 1] = float("-inf")  # every key of the first chunk masked for some rows
     scores[1][1, :, 2, 0] = float("-inf")
-    _softmax_case(kv, scores, values, "a first chunk whose keys are all masked (-inf) for some rows")
+    _softmax_case(kv, scores, values, tr("a first chunk whose keys are all masked (-inf) for some rows"))
 
 
 class StreamedChunks:
@@ -189,12 +198,14 @@ def online_softmax_reads_one_chunk_at_a_time(kv, rng):
     The chunks reach the call one by one, as it reads them (a list whose items are made when read), and what the call
     holds at once is measured: in the isolated grader the chunks stay in the grading process, which reads the call's
     memory (64 chunks, 73 MB together); locally the tensors the call makes are watched (64 smaller chunks)."""
-    _softmax_case(kv, *_chunked(rng, (3, 4)), "chunks of 3 and 4 keys")  # first calls pull in torch's code
+    _softmax_case(kv, *_chunked(rng, (3, 4)), tr("chunks of 3 and 4 keys"))  # first calls pull in torch's code
     remote = isolated(kv.online_softmax)
     n = _STREAM[remote]
     lengths = [int(c) for c in rng.integers(*n["keys"], size=n["n"])]
     scores, values = _chunked(rng, lengths, lead=n["lead"])
-    what = f"{len(lengths)} chunks of {min(lengths)}-{max(lengths)} keys, handed in one at a time"
+    what = tr(
+        "{n} chunks of {low}-{high} keys, handed in one at a time", n=len(lengths), low=min(lengths), high=max(lengths)
+    )
     held = []
 
     def streamed(chunks):
@@ -246,16 +257,20 @@ def _tile_slips(T: int, S: int, tile: int) -> dict:
     last = lambda i0, tq: (offset + i0 + tq - 1) // tile  # noqa: E731 - the key tile of the tile's last query
     diagonal = lambda j0, i0, tq: j0 + tile - 1 > offset + i0  # noqa: E731 - some key in some query's future
     return {
-        "the tiles on the diagonal are not masked: keys in a query's future are attended there (skipping the tiles "
-        "above it is not enough)": _tile_allowed(T, S, tile, last, lambda *a: False),
-        "only the last key tile of each query tile is masked: with kv_len - seq_len not a multiple of the tile, a "
-        "query tile straddles two key tiles, and both hold keys in some query's future": _tile_allowed(
-            T, S, tile, last, lambda j0, i0, tq: j0 == last(i0, tq) * tile
-        ),
-        "a partly visible key tile was skipped: the key tiles stop at the one holding the query tile's FIRST query "
-        "(query tile i against key tiles 0..i + offset // tile, as if kv_len - seq_len were a multiple of the tile), "
-        "but with kv_len - seq_len not a multiple of the tile, the tile's later queries see keys of the next key tile "
-        "too": _tile_allowed(T, S, tile, lambda i0, tq: (offset + i0) // tile, diagonal),
+        tr(
+            "the tiles on the diagonal are not masked: keys in a query's future are attended there (skipping the "
+            "tiles above it is not enough)"
+        ): _tile_allowed(T, S, tile, last, lambda *a: False),
+        tr(
+            "only the last key tile of each query tile is masked: with kv_len - seq_len not a multiple of the tile, a "
+            "query tile straddles two key tiles, and both hold keys in some query's future"
+        ): _tile_allowed(T, S, tile, last, lambda j0, i0, tq: j0 == last(i0, tq) * tile),
+        tr(
+            "a partly visible key tile was skipped: the key tiles stop at the one holding the query tile's FIRST "
+            "query (query tile i against key tiles 0..i + offset // tile, as if kv_len - seq_len were a multiple of "
+            "the tile), but with kv_len - seq_len not a multiple of the tile, the tile's later queries see keys of "
+            "the next key tile too"
+        ): _tile_allowed(T, S, tile, lambda i0, tq: (offset + i0) // tile, diagonal),
     }
 
 
@@ -263,27 +278,33 @@ def _tiled_case(kv, rng, T, S, tile, what):
     q, k, v = _randn(rng, B, H, T, D), _randn(rng, B, H, S, D), _randn(rng, B, H, S, D)
     expected = _attention(q, k, v)
     slips = {
-        "the mask is aligned top-left: the seq_len queries are the LAST of the kv_len positions": _attention(
+        tr("the mask is aligned top-left: the seq_len queries are the LAST of the kv_len positions"): _attention(
             q, k, v, top_left=True
         ),
-        "no causal mask at all: keys in a query's future are attended": _attention(q, k, v, causal=False),
+        tr("no causal mask at all: keys in a query's future are attended"): _attention(q, k, v, causal=False),
         **{message: _attention(q, k, v, allowed=allowed) for message, allowed in _tile_slips(T, S, tile).items()},
-        "the scores are not divided by sqrt(head_dim)": _attention(q, k, v, scale=1.0),
+        tr("the scores are not divided by sqrt(head_dim)"): _attention(q, k, v, scale=1.0),
     }
     got = kv.tiled_attention(q.clone(), k.clone(), v.clone(), tile)
     assert isinstance(got, torch.Tensor) and tuple(got.shape) == (B, H, T, D), (
         f"{what}: tiled_attention should return (batch, n_heads, seq_len, head_dim) = {(B, H, T, D)}, "
         f"got {_shape_of(got)}"
     )
-    slips["__nonfinite__"] = (
+    slips["__nonfinite__"] = tr(
         "the output holds inf or nan: a row of a masked tile is all -inf, so exp(-inf - (-inf)) is nan, or exp "
         "overflowed"
     )
-    assert _close(got, expected), f"{what}: " + _diagnose(
-        got,
-        slips,
-        "the output differs from causal SDPA: check the running statistics across key tiles, and that the "
-        "tiles on the diagonal mask the keys past each query",
+    assert _close(got, expected), tr(
+        "{where}: {why}",
+        where=what,
+        why=_diagnose(
+            got,
+            slips,
+            tr(
+                "the output differs from causal SDPA: check the running statistics across key tiles, and that the "
+                "tiles on the diagonal mask the keys past each query"
+            ),
+        ),
     )
     _same_dtype(got, q, "tiled_attention", what)
 
@@ -310,7 +331,7 @@ def _nan_case(kv, q, k, v, tile, what) -> None:
     rows = torch.arange(T)
     tile_end = offset + torch.clamp(rows // tile * tile + tile, max=T) - 1  # each query's tile's last position
     clear, sees = tile_end < first, offset + rows >= first  # query tiles that never need the last key tile; its viewers
-    where = f"{what}, a nan in the values of key {first}"
+    where = tr("{what}, a nan in the values of key {first}", what=what, first=first)
     if not torch.isfinite(got[:, :, clear]).all():
         raise AssertionError(
             f"{where}: queries whose tile ends before key {first} came out nan, though none of them sees it: the tiles "
@@ -338,7 +359,7 @@ def _no_tile_past_the_keys():
             f"tiled_attention reduced an empty tile of keys (torch: {str(err)[:80]!r}): its key tiles run past the "
             "last key. Run them up to the one holding the query tile's last query, at position kv_len - seq_len + "
             "i0 + tq - 1, and no further (the last key tile may be shorter than tile)"
-        ) from None
+        ) from err  # torch's words, quoted: the cause
 
 
 @check("9.2")
@@ -356,7 +377,7 @@ def tiled_attention_matches_causal_sdpa(kv, rng):
             (9, 14, 4),
             (4, 11, 3),
         ):
-            _tiled_case(kv, rng, T, S, tile, f"{T} queries, {S} keys, tiles of {tile}")
+            _tiled_case(kv, rng, T, S, tile, tr("{T} queries, {S} keys, tiles of {tile}", T=T, S=S, tile=tile))
         _holds_tiles(kv, rng)
 
 
@@ -369,7 +390,7 @@ def tiled_attention_skips_future_tiles(kv, rng):
     with _no_tile_past_the_keys():
         for T, S, tile in ((16, 16, 4), (6, 14, 4), (9, 9, 2), (11, 15, 4), (10, 17, 3)):
             q, k, v = _randn(rng, B, H, T, D), _randn(rng, B, H, S, D), _randn(rng, B, H, S, D)
-            _nan_case(kv, q, k, v, tile, f"{T} queries, {S} keys, tiles of {tile}")
+            _nan_case(kv, q, k, v, tile, tr("{T} queries, {S} keys, tiles of {tile}", T=T, S=S, tile=tile))
         _holds_tiles(kv, rng, nan=True)
 
 
@@ -403,9 +424,9 @@ def _holds_tiles(kv, rng, nan: bool = False) -> None:
         _watched_tiles(kv, rng, nan)
         return
     # a small call first: the first call of a process also pulls in torch's code and buffers (5-10 MB), not its own
-    _tiled_case(kv, rng, 9, 14, 4, "9 queries, 14 keys, tiles of 4")
+    _tiled_case(kv, rng, 9, 14, 4, tr("{T} queries, {S} keys, tiles of {tile}", T=9, S=14, tile=4))
     Bn, Hn, T, S, tile = (_TILES[x] for x in ("B", "H", "T", "S", "tile"))
-    what = f"{T} queries against {S} keys in tiles of {tile}"
+    what = tr("{T} queries against {S} keys in tiles of {tile}", T=T, S=S, tile=tile)
     q, k, v = _randn(rng, Bn, Hn, T, D), _randn(rng, Bn, Hn, S, D), _randn(rng, Bn, Hn, S, D)
     if nan:
         _nan_case(_Measured(kv, usages := []), q, k, v, tile, what)
@@ -440,7 +461,7 @@ def _no_grid(kv, rng) -> None:
     T, tile = _GRID["T"], _GRID["tile"]
     q, k, v = (_randn(rng, 1, 1, T, 4) for _ in range(3))
     got, usage = kv.tiled_attention.memory(q.clone(), k.clone(), v.clone(), tile)
-    what = f"{T} queries against {T} keys in tiles of {tile}, one head"
+    what = tr("{T} queries against {S} keys in tiles of {tile}, one head", T=T, S=T, tile=tile)
     assert isinstance(got, torch.Tensor) and got.shape == q.shape and _close(got, _causal_rows(q, k, v)), (
         f"{what}: the output differs from causal SDPA"
     )
@@ -470,9 +491,14 @@ def _watched_tiles(kv, rng, nan: bool) -> None:
     (head_dim 4 there: a copy of the keys, 4,800 numbers, stays below one tile of queries against its keys, 8,448)."""
     T, S, tile = 32, 200, 8
     if nan:
-        _nan_case(kv, *(_randn(rng, B, H, n, D) for n in (T, S, S)), tile, f"{T} queries, {S} keys, tiles of {tile}")
+        _nan_case(
+            kv,
+            *(_randn(rng, B, H, n, D) for n in (T, S, S)),
+            tile,
+            tr("{T} queries, {S} keys, tiles of {tile}", T=T, S=S, tile=tile),
+        )
     else:
-        _tiled_case(kv, rng, T, S, tile, f"{T} queries, {S} keys, tiles of {tile}")
+        _tiled_case(kv, rng, T, S, tile, tr("{T} queries, {S} keys, tiles of {tile}", T=T, S=S, tile=tile))
     made = new_tensors(kv.tiled_attention, *(_randn(rng, B, H, n, 4) for n in (T, S, S)), tile)
     fused = [op for op, _ in made if op in _FUSED_OPS]
     assert not fused, (
@@ -528,10 +554,10 @@ def _partials(q, k, v, chunk):
 def _merge_slips(outs, lses) -> dict:
     outs, lses = outs.double(), lses.double()
     return {
-        "the chunks' outputs are averaged, as if every chunk's keys held the same share of the total weight": outs.mean(
-            0
-        ),
-        "the chunks' weights do not sum to one: each is taken against the largest lse, not the total": (
+        tr(
+            "the chunks' outputs are averaged, as if every chunk's keys held the same share of the total weight"
+        ): outs.mean(0),
+        tr("the chunks' weights do not sum to one: each is taken against the largest lse, not the total"): (
             torch.exp(lses - lses.amax(0))[..., None] * outs
         ).sum(0),
     }
@@ -560,10 +586,14 @@ def merge_partials_matches_attention_over_all_keys(kv, rng):
         expected_lse = torch.logsumexp(
             q.double() @ k.double().repeat_interleave(3, 1).transpose(-2, -1) / math.sqrt(D), -1
         )
-        what = f"{S} keys in chunks of {chunk}"
+        what = tr("{S} keys in chunks of {chunk}", S=S, chunk=chunk)
         out, lse = _merge_call(kv, outs.float(), lses.float(), what)
-        assert _close(out, expected), f"{what}: " + _diagnose(
-            out, _merge_slips(outs, lses), "the merged output differs from attention over all the keys"
+        assert _close(out, expected), tr(
+            "{where}: {why}",
+            where=what,
+            why=_diagnose(
+                out, _merge_slips(outs, lses), tr("the merged output differs from attention over all the keys")
+            ),
         )
         assert _close(lse, expected_lse), (
             f"{what}: the merged lse must be the log-sum-exp over all the keys, so that the result can be merged "
@@ -578,9 +608,11 @@ def merge_partials_merges_again_and_skips_empty_chunks(kv, rng):
     q, k, v = _randn(rng, B, 6, 1, D) * 40, _randn(rng, B, H_KV, S, D), _randn(rng, B, H_KV, S, D)
     outs, lses = _partials(q, k, v, 4)  # 5 chunks, lse in the hundreds
     expected = _attention(q, k, v, causal=False)
-    left = _merge_call(kv, outs[:2].float(), lses[:2].float(), "chunks 0-1")
-    right = _merge_call(kv, outs[2:].float(), lses[2:].float(), "chunks 2-4")
-    out, _ = _merge_call(kv, torch.stack([left[0], right[0]]), torch.stack([left[1], right[1]]), "a merge of merges")
+    left = _merge_call(kv, outs[:2].float(), lses[:2].float(), tr("chunks 0-1"))
+    right = _merge_call(kv, outs[2:].float(), lses[2:].float(), tr("chunks 2-4"))
+    out, _ = _merge_call(
+        kv, torch.stack([left[0], right[0]]), torch.stack([left[1], right[1]]), tr("a merge of merges")
+    )
     assert _close(out, expected), "a merge of two merged results: " + (
         "inf or nan: exp(lse) overflows float32 for scores this large"
         if not torch.isfinite(out).all()
@@ -590,7 +622,7 @@ def merge_partials_merges_again_and_skips_empty_chunks(kv, rng):
     empty_out = torch.full_like(outs[:1], float("nan"))  # a worker whose chunk held no visible key
     empty_lse = torch.full_like(lses[:1], float("-inf"))
     out, lse = _merge_call(
-        kv, torch.cat([outs, empty_out]).float(), torch.cat([lses, empty_lse]).float(), "with an empty chunk"
+        kv, torch.cat([outs, empty_out]).float(), torch.cat([lses, empty_lse]).float(), tr("with an empty chunk")
     )
     assert _close(out, expected), (
         "a chunk with lse = -inf (no key) must add nothing, but its out may be nan, and 0 * nan is nan: its zero "
@@ -610,16 +642,26 @@ def _steps(kv_len: int, heads: int, batch: int, sms: int, splits: int) -> int:
 
 # (kv_len, n_kv_heads, batch, n_sms, what): Llama-3-8B-like GQA on an H100 SXM (132 SMs) and an A100 (108), GPUs of 58
 # and 20 SMs, MHA's 32 heads, a batch of 4, a short and a long cache, and a batch whose blocks fill the GPU unsplit
-_SPLIT_CASES = (
-    (8192, 8, 1, 132, "8,192 tokens, 8 key/value heads, 1 sequence, 132 SMs"),
-    (8192, 8, 1, 108, "8,192 tokens, 8 key/value heads, 1 sequence, 108 SMs"),
-    (32768, 8, 1, 58, "32,768 tokens, 8 key/value heads, 1 sequence, 58 SMs"),
-    (4096, 32, 1, 132, "4,096 tokens, 32 key/value heads (MHA), 1 sequence, 132 SMs"),
-    (16384, 8, 4, 132, "16,384 tokens, 8 key/value heads, 4 sequences, 132 SMs"),
-    (1000, 4, 2, 20, "1,000 tokens, 4 key/value heads, 2 sequences, 20 SMs"),
-    (8192, 8, 33, 132, "8,192 tokens, 8 key/value heads, 33 sequences, 132 SMs"),
-    (2**40, 8, 1, 132, "2**40 tokens (a model of the cost, not a cache), 8 key/value heads, 1 sequence, 132 SMs"),
-)
+def _split_cases() -> tuple:
+    """The cases, each named in the learner's language (tr: at the call, not at import)."""
+    return (
+        (8192, 8, 1, 132, tr("8,192 tokens, 8 key/value heads, 1 sequence, 132 SMs")),
+        (8192, 8, 1, 108, tr("8,192 tokens, 8 key/value heads, 1 sequence, 108 SMs")),
+        (32768, 8, 1, 58, tr("32,768 tokens, 8 key/value heads, 1 sequence, 58 SMs")),
+        (4096, 32, 1, 132, tr("4,096 tokens, 32 key/value heads (MHA), 1 sequence, 132 SMs")),
+        (16384, 8, 4, 132, tr("16,384 tokens, 8 key/value heads, 4 sequences, 132 SMs")),
+        (1000, 4, 2, 20, tr("1,000 tokens, 4 key/value heads, 2 sequences, 20 SMs")),
+        (8192, 8, 33, 132, tr("8,192 tokens, 8 key/value heads, 33 sequences, 132 SMs")),
+        (
+            2**40,
+            8,
+            1,
+            132,
+            tr("2**40 tokens (a model of the cost, not a cache), 8 key/value heads, 1 sequence, 132 SMs"),
+        ),
+    )
+
+
 _CHOOSE_S = 2.0  # a launch picks its splits in microseconds; this allows a million of split_steps's evaluations
 
 
@@ -637,30 +679,48 @@ def _split_slip(kv_len, heads, batch, sms, n, best) -> str:
     blocks, waves = batch * heads * n, math.ceil(batch * heads * n / sms)
     busy = blocks / (waves * sms)
     if n == 1:
-        return (
-            f"one split leaves the cache unsplit: {blocks} block(s) of work for {sms} SMs, so {sms - min(blocks, sms)} "
-            "of them sit idle while the others read every key: split the cache so the blocks fill the SMs"
+        return tr(
+            "one split leaves the cache unsplit: {blocks} block(s) of work for {sms} SMs, so {idle} of them sit idle "
+            "while the others read every key: split the cache so the blocks fill the SMs",
+            blocks=blocks,
+            sms=sms,
+            idle=sms - min(blocks, sms),
         )
     if n >= sms and heads * batch > 1 and n * heads * batch >= 4 * sms:
-        return (
-            f"{n} splits per head and sequence make {blocks} blocks, {waves} waves of {sms}: the blocks are batch x "
-            "n_kv_heads x n_splits, so splitting into n_sms pieces per head overshoots, and each split adds a merge step"
+        return tr(
+            "{n} splits per head and sequence make {blocks} blocks, {waves} waves of {sms}: the blocks are batch x "
+            "n_kv_heads x n_splits, so splitting into n_sms pieces per head overshoots, and each split adds a merge "
+            "step",
+            n=n,
+            blocks=blocks,
+            waves=waves,
+            sms=sms,
         )
     if busy < 0.75 and waves > 1:
-        return (
-            f"{n} splits make {blocks} blocks: {waves} waves of {sms} SMs, the last one {blocks - (waves - 1) * sms} "
-            f"block(s) only, so the SMs are busy {busy:.0%} of the waves: a wave you start should be (nearly) full"
+        return tr(
+            "{n} splits make {blocks} blocks: {waves} waves of {sms} SMs, the last one {last} block(s) only, so the "
+            "SMs are busy {busy:.0%} of the waves: a wave you start should be (nearly) full",
+            n=n,
+            blocks=blocks,
+            waves=waves,
+            sms=sms,
+            last=blocks - (waves - 1) * sms,
+            busy=busy,
         )
     if n > 4 * best:
-        return f"{n} splits: the merge reads one partial result per split, and {n} of them outweigh what they save"
-    return f"{blocks} blocks in {waves} wave(s), the SMs busy {busy:.0%} of them"
+        return tr(
+            "{n} splits: the merge reads one partial result per split, and {n} of them outweigh what they save", n=n
+        )
+    return tr(
+        "{blocks} blocks in {waves} wave(s), the SMs busy {busy:.0%} of them", blocks=blocks, waves=waves, busy=busy
+    )
 
 
 @check("9.5")
 def flash_decode_splits_keeps_the_gpu_busy(kv, rng):
     """Check the number of splits on GPUs of 132, 108, 58 and 20 SMs, GQA and MHA, batches of 1-33: within 1.1 times
     the fewest key-steps split_steps's model gives, whatever number of splits meets that."""
-    for kv_len, heads, batch, sms, what in _SPLIT_CASES:
+    for kv_len, heads, batch, sms, what in _split_cases():
         steps = [_steps(kv_len, heads, batch, sms, n) for n in _worth_trying(kv_len, heads, batch, sms)]
         fewest = min(steps)
         if isolated(kv.flash_decode_splits):  # the grader's own limit on a call holds there
@@ -668,8 +728,12 @@ def flash_decode_splits_keeps_the_gpu_busy(kv, rng):
         else:
             with time_limit(
                 _CHOOSE_S,
-                f"{what}: still choosing after {_CHOOSE_S:g} s: trying every split count from 1 to kv_len cannot "
-                "finish at this kv_len; which split counts can take the fewest key-steps?",
+                tr(
+                    "{what}: still choosing after {s:g} s: trying every split count from 1 to kv_len cannot finish "
+                    "at this kv_len; which split counts can take the fewest key-steps?",
+                    what=what,
+                    s=_CHOOSE_S,
+                ),
             ):
                 got = kv.flash_decode_splits(kv_len, heads, batch, sms)
         assert isinstance(got, (int, np.integer)) and not isinstance(got, bool), (
@@ -682,7 +746,7 @@ def flash_decode_splits_keeps_the_gpu_busy(kv, rng):
         took = _steps(kv_len, heads, batch, sms, n)
         assert took <= limit, (
             f"{what}: {n} split(s) take {took:,} key-steps by split_steps's model, more than 1.1 x the fewest "
-            f"({fewest:,}, at {best} splits): " + _split_slip(kv_len, heads, batch, sms, n, best)
+            f"({fewest:,}, at {best} splits): {_split_slip(kv_len, heads, batch, sms, n, best)}"
         )
 
 
@@ -702,12 +766,21 @@ def _folded_case(kv, rng, kv_len, n_kv, what):
     group = cache[0].shape[3]
     if kv_len % group and kv_len > group:  # the tokens of the whole groups only
         whole = kv_len // group * group
-        slips[
-            f"the last, partly filled group of keys was left out ({kv_len} tokens in groups of {group}: "
-            f"{kv_len // group} whole groups and {kv_len % group} more)"
-        ] = _int8_expected_and_slips(q, *cache, whole)[0]
-    assert _close(got, expected), f"{what}: " + _diagnose(
-        got, slips, "the output differs from attention over (k_values * k_scale) and (v_values * v_scale)"
+        left_out = tr(
+            "the last, partly filled group of keys was left out ({n} tokens in groups of {group}: {whole} whole "
+            "groups and {more} more)",
+            n=kv_len,
+            group=group,
+            whole=kv_len // group,
+            more=kv_len % group,
+        )
+        slips[left_out] = _int8_expected_and_slips(q, *cache, whole)[0]
+    assert _close(got, expected), tr(
+        "{where}: {why}",
+        where=what,
+        why=_diagnose(
+            got, slips, tr("the output differs from attention over (k_values * k_scale) and (v_values * v_scale)")
+        ),
     )
     _same_dtype(got, q, "int8_folded_attention", what)
 
@@ -717,7 +790,7 @@ def int8_folded_matches_int8_attention(kv, rng):
     """Check a decode step against float64 attention over the dequantised cache: 13, 1 and 9 tokens, 301 past blocks,
     and 257 (64 whole groups of 4 and one token: a loop over whole blocks of groups must not drop the last)."""
     for kv_len, n_kv in ((13, 2), (1, 2), (9, 1), (301, 2), (40, 6), (257, 2)):
-        _folded_case(kv, rng, kv_len, n_kv, f"{kv_len} int8 tokens, {n_kv} key/value heads")
+        _folded_case(kv, rng, kv_len, n_kv, tr("{n} int8 tokens, {heads} key/value heads", n=kv_len, heads=n_kv))
 
 
 @check("9.4")
@@ -734,8 +807,10 @@ def int8_folded_never_forms_the_float_keys(kv, rng):
     got = kv.int8_folded_attention(
         q.clone(), k_values.clone(), k_scale.clone(), v_values.clone(), v_scale.clone(), kv_len
     )
-    what = (
-        f"{kv_len} int8 tokens whose channel {c} has the scale 1e37 (a key there, dequantised, is past float32's range)"
+    what = tr(
+        "{n} int8 tokens whose channel {c} has the scale 1e37 (a key there, dequantised, is past float32's range)",
+        n=kv_len,
+        c=c,
     )
     assert isinstance(got, torch.Tensor) and tuple(got.shape) == tuple(q.shape), (
         f"{what}: int8_folded_attention should return q's shape {tuple(q.shape)}, got {_shape_of(got)}"

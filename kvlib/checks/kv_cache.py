@@ -14,7 +14,8 @@ torch.cat that reallocates, writes that clobber stored tokens, a cache not reset
 recomputing from the token ids, a prompt fed one token at a time; in the cache's bytes, n_heads for
 n_kv_heads, the factor 2 for K and V, the layers, bits for bytes, the batch; in the sequences that fit (4.6, a
 prediction graded against the count, then against what torch allocates), the weights left out or counted per
-sequence, the cache or the weights in another dtype, tokens for sequences, a fraction or a negative count.
+sequence, the cache or the weights in another dtype, tokens for sequences, a fraction or a negative count, the
+weights as the matrices alone (matrix_params, which notebook 04b uses later).
 The texts a message is built from (a slip's name, which call or case) go through tr(), so that the catalogue
 (kvlib/course/i18n.py) translates them as it does the messages.
 """
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 
 from kvlib.checks import MB, check, held_nothing_before, isolated
 from kvlib.core.configs import REAL_MODELS
-from kvlib.core.model import Decoder, ModelConfig, num_params
+from kvlib.core.model import Decoder, ModelConfig, matrix_params, num_params
 from kvlib.core.weights import load_tiny
 from kvlib.course.i18n import tr
 
@@ -201,7 +202,7 @@ def _randn(rng, *shape) -> torch.Tensor:
 
 @check("4.1")
 def kv_cache_update_writes_in_place(kv, rng):
-    """Check that update writes one layer's keys and values at [pos, pos + seq_len) of the pre-allocated cache.
+    """Check that update stores one layer's new keys and values in the storage made once, and returns what it holds.
 
     Reallocation is judged by the cache's address in a local run, by the memory an update of a long cache holds
     in the isolated grader (measured by the grading process)."""
@@ -226,7 +227,7 @@ def kv_cache_update_writes_in_place(kv, rng):
         "k_new, v_new should land at positions 0..2 of layer 1"
     )
     assert not cache.k[0].any() and not cache.k[2].any(), "update(1, ...) must leave the other layers alone"
-    assert cache.pos == 0, "update must not move pos: advance() does that once every layer is written"
+    assert cache.pos == 0, "update moved pos: it should leave pos as it was (advance() moves it)"
 
 
 @check("4.1")
@@ -487,8 +488,8 @@ def cached_forward_decode_uses_the_cache(kv, rng):
 
 @check("4.3")
 def cached_forward_prefill_runs_once(kv, rng):
-    """Check that a prefill runs the whole prompt through the model in one pass, not one token at a time, and only its
-    last position through the output head."""
+    """Check that a prefill runs the whole prompt through the model in one pass, not one token at a time, and computes
+    no logits it does not return."""
     model, cache = _model(5), _cache(kv)
     one = _mlp_passes(kv.cached_forward, model, _ids(rng, 2, 1), cache)
     model, calls, heads = _counted(kv.cached_forward, _model(5))
@@ -501,10 +502,9 @@ def cached_forward_prefill_runs_once(kv, rng):
     )
     positions = sum(rows for _, rows in heads)  # 0 when the head's weight is applied by hand (a float64 head)
     assert positions <= 1, (
-        f"a prefill of 12 tokens ran {positions} position(s) of each sequence through the output head (model.lm_head), "
-        "for the one row of logits it returns (a prompt of 8,000 tokens and a vocabulary of 128,000 would make 4 GB "
-        "of logits to keep one row)"
-        + (" (the head runs, and is counted, in the grader)" if isolated(kv.cached_forward) else "")
+        f"a prefill of 12 tokens computed {positions} rows of logits per sequence and returned one (the checks count "
+        "the output head's work): a prompt of 8,000 tokens and a vocabulary of 128,000 would make 4 GB of logits to "
+        "keep one row" + (" (the head runs, and is counted, in the grader)" if isolated(kv.cached_forward) else "")
     )
 
 
@@ -676,14 +676,16 @@ def generate_cached_resets_between_prompts(kv, rng):
     kv.generate_cached(_model(6), a.clone(), 8, cache=cache)
     second = kv.generate_cached(_model(6), b.clone(), 8, cache=cache)
     pos = cache.pos
-    assert pos != 6 + 8, "the cache holds 14 tokens: the last new token was fed back, though nothing comes after it"
+    assert pos != 6 + 8, (
+        "after a 6-token prompt and 8 new tokens, cache.pos is 14: one token more went through the model than the 8 new "
+        "tokens need"
+    )
     assert pos == 6 + 7, (
-        f"after a 6-token prompt and 8 new tokens the cache should hold 13 tokens (the last token is never fed back), "
-        f"got cache.pos {pos}"
-        + (": the second prompt saw the first one's keys, the cache still held the first prompt" if pos > 14 else "")
+        f"after a 6-token prompt and 8 new tokens, cache.pos is {pos}; 13 tokens went through the model in a fresh run"
+        + (": the count includes the earlier prompt's tokens" if pos > 14 else "")
     )
     assert torch.equal(second, expected), (
-        "the second prompt's tokens differ from a fresh run: the cache still held the first prompt"
+        "the second prompt's tokens differ from a fresh run's: they depend on the earlier prompt"
     )
 
 
@@ -760,14 +762,20 @@ def _fit_slips(c, memory, seq_len, dtype) -> dict[str, object]:
         tr("the weights take memory too: one copy of them, stored once, beside the caches"): memory // one,
         tr("the weights are stored once and shared by every sequence of the batch, not once per sequence"): memory
         // (weights + one),
-        tr("that counts tokens, not sequences: divide by one sequence's cache of seq_len tokens"): max(0, left)
+        tr("that counts tokens, not sequences: each sequence keeps a cache of seq_len tokens"): max(0, left)
         // _kv_bytes(c, 1, 1, dtype),
-        tr("the cache is in dtype too: kv_cache_bytes(config, seq_len, 1, dtype)"): max(0, left)
+        tr("the caches counted in float16, though they are stored in dtype too"): max(0, left)
         // _kv_bytes(c, seq_len, 1, torch.float16),
-        tr("the weights are in dtype too (dtype.itemsize bytes a number)"): max(0, (memory - num_params(c) * 2) // one),
-        tr("whole sequences only: round down"): -(-max(0, left) // one),
+        tr("the weights counted in float16, though they are stored in dtype too"): max(
+            0, (memory - num_params(c) * 2) // one
+        ),
+        tr("one sequence too many: the last one's cache does not fit whole"): -(-max(0, left) // one),
         tr("whole sequences only: a fraction of a sequence does not decode"): max(0, left) / one,
         tr("when the weights alone do not fit, no sequence does: 0, not a negative count"): left // one,
+        tr(
+            "the weights counted without the embedding table and the norms: every parameter is stored, not only the "
+            "matrices a token is multiplied by"
+        ): max(0, (memory - matrix_params(c) * size) // one),
     }
 
 
@@ -784,6 +792,7 @@ def sequences_that_fit_real_gpus(kv, rng):
         ("Llama-2-7B", 14 * 10**9, 4096, torch.float16),  # the weights leave no room for one cache
         ("Llama-2-70B", 80 * 10**9, 4096, torch.float16),  # the weights alone do not fit
     ]
+    failing = []  # (what, got, expected, the slips' values) of each case answered wrong
     for name, memory, seq_len, dtype in cases:
         c = REAL_MODELS[name].config
         expected = _fits(c, memory, seq_len, dtype)
@@ -795,15 +804,20 @@ def sequences_that_fit_real_gpus(kv, rng):
             seq_len=f"{seq_len:,}",
             dtype=dtype,
         )
-        if got == expected and isinstance(got, int) and not isinstance(got, bool):
-            continue
-        for slip, value in _fit_slips(c, memory, seq_len, dtype).items():
-            if got == value and value != expected:
-                raise AssertionError(f"{what}: {slip}")
-        assert isinstance(got, int) and not isinstance(got, bool), (
-            f"{what}: sequences_that_fit should return an int, got {type(got).__name__}"
-        )
-        raise AssertionError(f"{what}: expected {expected} sequences, got {got}")
+        if not (got == expected and isinstance(got, int) and not isinstance(got, bool)):
+            failing.append((what, got, expected, _fit_slips(c, memory, seq_len, dtype)))
+    if not failing:
+        return
+    what, got, expected, slips = failing[0]
+    matching = [slip for slip, value in slips.items() if got == value != expected]
+    # two slips may give the same count on one case: name the one that every wrong answer agrees with
+    matching.sort(key=lambda slip: not all(g == values[slip] for _, g, _, values in failing))
+    if matching:
+        raise AssertionError(f"{what}: {matching[0]}")
+    assert isinstance(got, int) and not isinstance(got, bool), (
+        f"{what}: sequences_that_fit should return an int, got {type(got).__name__}"
+    )
+    raise AssertionError(f"{what}: expected {expected} sequences, got {got}")
 
 
 @check("4.6")

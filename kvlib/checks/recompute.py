@@ -43,16 +43,20 @@ def _diagnose(got, config, T, expected) -> str:
     hints = {
         expected // 2: tr("exactly half: count 2 FLOPs per multiply-add"),
         proj: tr(
-            "the attention term is missing: q @ k^T and probs @ v cost 2 * T * T * head_dim each, per head and layer"
+            "the attention term is missing: the scores q @ k^T and the weighted sum probs @ v are matrix products too"
         ),
         expected - 2 * T * head: tr("the lm_head (d_model x vocab_size, for every position) is missing"),
-        2 * T * (L * mha_layer + head) + attn: tr("k and v have n_kv_heads heads, not n_heads (this config is GQA)"),
+        2 * T * (L * mha_layer + head) + attn: tr(
+            "the k and v projections are counted too large for this GQA config (n_kv_heads < n_heads)"
+        ),
         proj + L * 4 * T * T * D * H_kv: tr(
-            "attention counted for n_kv_heads heads: the two attention products count per query head, n_heads of "
-            "them (GQA shares each key and value head between query heads, not the products)"
+            "attention's two products are counted too small for this GQA config (n_kv_heads < n_heads): what does "
+            "GQA share between query heads, and what not?"
         ),
         2 * T * L * layer + attn: tr("the lm_head (d_model x vocab_size, for every position) is missing"),
-        proj + attn // 2: tr("attention counted once: both q @ k^T and probs @ v cost 2 * T * S * head_dim per head"),
+        proj + attn // 2: tr(
+            "attention counted once: a layer's attention makes two matrix products, q @ k^T and probs @ v"
+        ),
         proj + L * 2 * T * (T + 1) * D * H: tr(
             "attention counted over the causal half only: SDPA computes the full (T, S) matrix"
         ),
@@ -93,16 +97,17 @@ def new_token_flops_matches_torch_counter(kv, rng):
         assert isinstance(got, int), f"new_token_flops should return an int, got {type(got).__name__}"
         if got == one and S > 1:
             raise AssertionError(
-                "the new query must still meet all kv_len keys: attention costs 4 * kv_len * head_dim per head"
+                "attention's part did not grow with kv_len: the new query still meets every key, kept or its own"
             )
         if got == expected - ODD.n_layers * 2 * S * ODD.head_dim * ODD.n_heads:
             raise AssertionError(
-                "attention counted once: the query meets the keys (q @ k^T) and the weights meet the values (probs @ v), "
-                "2 * kv_len * head_dim FLOPs each"
+                "attention counted once: the new query meets the keys (q @ k^T), and its weights meet the values "
+                "(probs @ v)"
             )
         if got == expected - ODD.n_layers * 4 * S * ODD.head_dim * (ODD.n_heads - ODD.n_kv_heads):
             raise AssertionError(
-                "attention counted for n_kv_heads heads: every one of the n_heads query heads meets the keys"
+                "attention counted too small for this GQA config (n_kv_heads < n_heads): what does GQA share between "
+                "query heads, and what not?"
             )
         if S > 1 and got == one + ODD.n_layers * 4 * (S * S - 1) * ODD.head_dim * ODD.n_heads:
             raise AssertionError("attention counted for kv_len queries: only the one new query meets the kv_len keys")

@@ -14,6 +14,8 @@ the generator passed in, prompt lookup matching the tail itself or the first occ
 without the model's token, one term short, or as if every draft were checked.
 Sampling checks are chi-squared tests at significance 0.001 with fixed seeds; each replays some rounds
 with generators of their own, in two orders, so that only a function of its generator's draws passes.
+The texts a message is built from (which case, what a slip is called) go through tr(), so that the catalogue
+(kvlib/course/i18n.py) translates them as it does the messages; `kvlib check` adds the hint's pointer.
 """
 
 from __future__ import annotations
@@ -26,10 +28,10 @@ import torch.nn.functional as F
 
 from kvlib.checks import check
 from kvlib.core.model import Decoder, ModelConfig, causal_mask_tensor
+from kvlib.course.i18n import tr
 
 CONFIG = ModelConfig(vocab_size=29, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=48, max_seq_len=64)
 SIGNIFICANCE = 0.001  # a correct sampler fails a test with this probability; the seeds are fixed, so it never flips
-HINT = " (kvlib hint {})"
 
 # ---------------------------------------------------------------------------------------------
 # The check's own model, cache and drafters
@@ -159,27 +161,38 @@ def expected_passes(drafter_factory, sequence, prompt_len, n_new, gamma, whole_p
     return passes, kept
 
 
-def _cache_diagnosis(cache, want_pos: int, hint: str, cause: bool = True) -> str | None:
+def _cache_diagnosis(cache, want_pos: int, cause: bool = True) -> str | None:
     """What is wrong with the cache's length: the count, and with cause=True why (10.2); 10.1, a find-and-fix
     exercise, is shown the symptom alone, the tokens it should hold."""
     if cache.pos == want_pos:
         return None
     if not cause:
-        return (
-            f"on return the cache holds {cache.pos} tokens, {want_pos} expected: every token before last_token, "
-            f"last_token and the accepted drafts{hint}"
+        return tr(
+            "on return the cache holds {pos} tokens, {want} expected: every token before last_token, last_token and "
+            "the accepted drafts",
+            pos=cache.pos,
+            want=want_pos,
         )
     if cache.pos > want_pos:
         more = cache.pos - want_pos
         why = (
-            "the first rejected draft is still in it (one too few rewound)"
+            tr("the first rejected draft is still in it (one too few rewound)")
             if more == 1
-            else "rejected drafts stay in it"
+            else tr("rejected drafts stay in it")
         )
-        return f"the cache holds {cache.pos} tokens, {want_pos} expected: {why}{hint}"
-    return (
-        f"the cache holds {cache.pos} tokens, {want_pos} expected: it was rewound one too many"
-        f"{'' if want_pos - cache.pos == 1 else ' or more'}, and dropped last_token or an accepted draft{hint}"
+        return tr("the cache holds {pos} tokens, {want} expected: {why}", pos=cache.pos, want=want_pos, why=why)
+    if want_pos - cache.pos == 1:
+        return tr(
+            "the cache holds {pos} tokens, {want} expected: it was rewound one too many, and dropped last_token or "
+            "an accepted draft",
+            pos=cache.pos,
+            want=want_pos,
+        )
+    return tr(
+        "the cache holds {pos} tokens, {want} expected: it was rewound one too many or more, and dropped last_token "
+        "or an accepted draft",
+        pos=cache.pos,
+        want=want_pos,
     )
 
 
@@ -194,7 +207,6 @@ def _same_contents(cache, reference, upto: int) -> bool:
 
 
 def _verify_case(sp, decoder, prompt, last, draft, truth, label):
-    hint = HINT.format("10.1")
     cache = plain_cache(decoder, prompt, 40)
     start = cache.pos
     n_want = 0
@@ -206,25 +218,23 @@ def _verify_case(sp, decoder, prompt, last, draft, truth, label):
     assert isinstance(got, tuple) and len(got) == 2, f"verify_greedy must return (n_accepted, next_token), got {got!r}"
     n, nxt = int(got[0]), int(got[1])
     # 10.1 ships broken (find and fix): each message shows what the call did, beside what greedy decoding does
-    assert calls, f"{label}: the model was never called (the contract: one forward pass){hint}"
+    assert calls, f"{label}: the model was never called (the contract: one forward pass)"
     if not all(had for _, had, _ in calls):
-        raise AssertionError(f"{label}: the model ran without the cache (no past_key_values){hint}")
-    assert len(calls) == 1, (
-        f"{label}: {len(calls)} forward passes for {len(draft)} drafts, where one is the contract{hint}"
-    )
+        raise AssertionError(f"{label}: the model ran without the cache (no past_key_values)")
+    assert len(calls) == 1, f"{label}: {len(calls)} forward passes for {len(draft)} drafts, where one is the contract"
     assert calls[0][0] == len(draft) + 1, (
-        f"{label}: the forward pass fed {calls[0][0]} tokens, for last_token and {len(draft)} drafts{hint}"
+        f"{label}: the forward pass fed {calls[0][0]} tokens, for last_token and {len(draft)} drafts"
     )
     if n != n_want or nxt != truth[n_want]:
         kept = list(draft[: max(0, min(n, len(draft)))]) + [nxt]
         raise AssertionError(
             f"{label}: drafts {list(draft)}, returned ({n}, {nxt}): the text would go on {kept}, where greedy "
-            f"decoding writes {truth[: max(len(kept), n_want + 1)]}{hint}"
+            f"decoding writes {truth[: max(len(kept), n_want + 1)]}"
         )
-    problem = _cache_diagnosis(cache, start + n_want + 1, hint, cause=False)
-    assert problem is None, f"{label}: {problem}"
+    problem = _cache_diagnosis(cache, start + n_want + 1, cause=False)
+    assert problem is None, tr("{where}: {why}", where=label, why=problem)
     assert _same_contents(cache, reference, start + n_want + 1), (
-        f"{label}: the cache's keys and values differ from a cache filled by plain decoding of the kept tokens{hint}"
+        f"{label}: the cache's keys and values differ from a cache filled by plain decoding of the kept tokens"
     )
 
 
@@ -240,11 +250,11 @@ def verify_greedy_keeps_what_greedy_decoding_keeps(sp, rng):
     wrong = (truth[1] + 1) % V
     after_wrong = greedy(decoder, [*prompt, last, truth[0], wrong], 1)[0]  # a draft the model agrees with, too late
     for label, draft in (
-        ("4 correct drafts", truth[:4]),
-        ("the first draft wrong", [(truth[0] + 1) % V, *truth[1:3]]),
-        ("the third of 5 drafts wrong", [*truth[:2], (truth[2] + 3) % V, *truth[3:5]]),
-        ("an empty draft (a plain decode step)", []),
-        ("the second draft wrong, the third what the model predicts after it", [truth[0], wrong, after_wrong]),
+        (tr("4 correct drafts"), truth[:4]),
+        (tr("the first draft wrong"), [(truth[0] + 1) % V, *truth[1:3]]),
+        (tr("the third of 5 drafts wrong"), [*truth[:2], (truth[2] + 3) % V, *truth[3:5]]),
+        (tr("an empty draft (a plain decode step)"), []),
+        (tr("the second draft wrong, the third what the model predicts after it"), [truth[0], wrong, after_wrong]),
     ):
         _verify_case(sp, decoder, prompt, last, list(draft), truth, label)
 
@@ -256,7 +266,6 @@ def verify_greedy_keeps_what_greedy_decoding_keeps(sp, rng):
 def _generate_case(sp, decoder, prompt, n_new, gamma, spoil=True, eos=None, cache="used"):
     """speculative_generate against greedy decoding, its passes counted. cache: "used" (a cache that held another
     prompt, to be reset first), or None (the learner's code makes its own: only the tokens and passes are judged)."""
-    hint = HINT.format("10.2")
     want = greedy(decoder, prompt, n_new, eos)
     sequence = prompt + greedy(decoder, prompt, n_new + gamma + 2)  # what an oracle drafter may look ahead into
     passes = {  # one prefill of the whole prompt, or of all but its last token, then one verify per round
@@ -266,8 +275,9 @@ def _generate_case(sp, decoder, prompt, n_new, gamma, spoil=True, eos=None, cach
         for whole in (True, False)
     }
     reference = plain_cache(decoder, prompt + want[:-1], 48)
-    label = f"gamma={gamma}, {n_new} new tokens" + (f", eos_token={eos}" if eos is not None else "")
-    label += ", cache=None" if cache is None else ""
+    label = tr("gamma={gamma}, {n} new tokens", gamma=gamma, n=n_new)
+    label += tr(", eos_token={eos}", eos=eos) if eos is not None else ""
+    label += tr(", cache=None") if cache is None else ""
     model, calls = counted(decoder)
     if cache is not None:  # a cache that held another text: what is in it must not count
         held = [(t + 1) % CONFIG.vocab_size for t in prompt[::-1]]
@@ -278,61 +288,67 @@ def _generate_case(sp, decoder, prompt, n_new, gamma, spoil=True, eos=None, cach
     if calls and calls[0][2]:
         raise AssertionError(
             f"{label}: the cache handed in held {calls[0][2]} tokens of another text, and the first forward pass ran "
-            f"at position {calls[0][2]}: the new text attended to the old text's keys and values{hint}"
+            f"at position {calls[0][2]}: the new text attended to the old text's keys and values"
         )
     if eos is not None and isinstance(got, list) and eos in got and got.index(eos) < len(got) - 1:
         raise AssertionError(
             f"{label}: tokens were returned after eos_token (at place {got.index(eos)} of {len(got)}): an end token "
-            f"the model made among the accepted drafts of a pass did not end the text{hint}"
+            f"the model made among the accepted drafts of a pass did not end the text"
         )
     if eos in prompt and isinstance(got, list) and len(got) < len(want) and eos not in got:
         raise AssertionError(
             f"{label}: generation stopped after {len(got)} token(s), {len(want)} expected: eos_token is in the "
-            f"prompt, and that one was taken for an end token the model made{hint}"
+            f"prompt, and that one was taken for an end token the model made"
         )
     if isinstance(got, list) and len(got) > len(want) and got[: len(want)] == want:
         extra = len(got) - len(want)
         raise AssertionError(
             f"{label}: {len(got)} new tokens returned, {len(want)} wanted: greedy decoding's tokens, and {extra} too "
             f"many: the last round made more tokens than were still wanted (its accepted drafts and the model's own "
-            f"token after them){hint}"
+            f"token after them)"
         )
-    assert got == want, f"{label}: the tokens differ from greedy decoding's: got {got}, expected {want}{hint}"
+    assert got == want, f"{label}: the tokens differ from greedy decoding's: got {got}, expected {want}"
     if not all(had for _, had, _ in calls):
         raise AssertionError(
-            f"{label}: a forward pass ran without the cache (no past_key_values): it recomputed the text before it{hint}"
+            f"{label}: a forward pass ran without the cache (no past_key_values): it recomputed the text before it"
         )
     big = [t for t, _, _ in calls[1:] if t > gamma + 1]
-    assert not big, f"{label}: a verify pass fed {big[0]} tokens, more than gamma + 1 = {gamma + 1}{hint}"
+    assert not big, f"{label}: a verify pass fed {big[0]} tokens, more than gamma + 1 = {gamma + 1}"
     fewest = passes[calls[0][0] == len(prompt)] if calls else passes[True]
     if len(calls) >= len(want) and fewest < len(want) and all(t == 1 for t, _, _ in calls[1:]):
         raise AssertionError(
             f"{label}: {len(calls)} forward passes for {len(want)} tokens, each after the first fed one token: no "
-            f"pass verified a draft (these drafts need {fewest} passes){hint}"
+            f"pass verified a draft (these drafts need {fewest} passes)"
         )
     asked = [k for _, k in drafter.asked]
     if len(calls) != fewest:
         left = [(k, len(want) - (L - len(prompt))) for L, k in drafter.asked]  # each round's draft, tokens still wanted
         small = [(k, n) for k, n in left if k < min(gamma, n - 1)]
         why = (
-            f"a round drafted {small[0][0]} token(s) with {small[0][1]} still wanted, where gamma = {gamma} and the "
-            f"tokens still wanted allowed {min(gamma, small[0][1] - 1)}: smaller drafts make more rounds"
+            tr(
+                "a round drafted {k} token(s) with {left} still wanted, where gamma = {gamma} and the tokens still "
+                "wanted allowed {allowed}: smaller drafts make more rounds",
+                k=small[0][0],
+                left=small[0][1],
+                gamma=gamma,
+                allowed=min(gamma, small[0][1] - 1),
+            )
             if small
-            else "every round drafted as many as it could, so some round kept fewer tokens than its pass verified "
-            "(its accepted drafts and the model's own token after them)"
+            else tr(
+                "every round drafted as many as it could, so some round kept fewer tokens than its pass verified "
+                "(its accepted drafts and the model's own token after them)"
+            )
         )
-        raise AssertionError(
-            f"{label}: {len(calls)} forward passes of the model, {fewest} with these drafts: {why}{hint}"
-        )
-    assert all(0 <= k <= gamma for k in asked), f"{label}: the drafter was asked for {max(asked)} > gamma tokens{hint}"
+        raise AssertionError(f"{label}: {len(calls)} forward passes of the model, {fewest} with these drafts: {why}")
+    assert all(0 <= k <= gamma for k in asked), f"{label}: the drafter was asked for {max(asked)} > gamma tokens"
     if cache is None:  # the learner's own cache: its content is not the check's to read
         return
-    assert cache.pos > 0 or len(want) == 1, f"{label}: the cache handed in (cache=...) was never used{hint}"
+    assert cache.pos > 0 or len(want) == 1, f"{label}: the cache handed in (cache=...) was never used"
     want_pos = len(prompt) + len(want) - 1
     if eos is not None and want and want[-1] == eos and cache.pos > want_pos:
         raise AssertionError(
             f"{label}: on return, the cache holds {cache.pos} tokens, {want_pos} expected: the text ends at eos_token, "
-            f"but the drafts accepted after it in the same pass stayed in the cache{hint}"
+            f"but the drafts accepted after it in the same pass stayed in the cache"
         )
     past = [  # each verify pass's drafts, and the tokens still wanted when it ran (its pos says how many were made)
         (t - 1, n_new - (pos - len(prompt) + 1)) for t, _, pos in calls[1:] if pos is not None
@@ -342,12 +358,12 @@ def _generate_case(sp, decoder, prompt, n_new, gamma, spoil=True, eos=None, cach
         raise AssertionError(
             f"{label}: on return, the cache holds {cache.pos} tokens, {want_pos} expected: a verify pass checked "
             f"{over[0][0]} draft(s) with {over[0][1]} token(s) still wanted; the text was cut to max_new_tokens, but "
-            f"the keys and values of the tokens cut off stayed in the cache{hint}"
+            f"the keys and values of the tokens cut off stayed in the cache"
         )
-    problem = _cache_diagnosis(cache, want_pos, hint)
+    problem = _cache_diagnosis(cache, want_pos)
     assert problem is None, f"{label}: on return, {problem}"
     assert _same_contents(cache, reference, cache.pos), (
-        f"{label}: the cache's keys and values differ from those plain cached decoding leaves{hint}"
+        f"{label}: the cache's keys and values differ from those plain cached decoding leaves"
     )
 
 
@@ -423,7 +439,6 @@ def _replayed(sp, calls: list[tuple], label: str, longest: int) -> None:
     the calls each get a generator of their own, seeded apart, and run forward, then backward with the same seeds.
     The global RNG, state kept between calls, or a call steered by the ones around it (read from the caller's
     frame) gives other tokens; a generator left where it was drew nothing from it."""
-    hint = HINT.format("10.3")
     seeds = [100_003 * i + 7 for i in range(len(calls))]
     runs = []
     for order in (list(range(len(calls))), list(range(len(calls)))[::-1]):
@@ -435,13 +450,13 @@ def _replayed(sp, calls: list[tuple], label: str, longest: int) -> None:
         ]
         assert not still, (
             f"{label}: a round left its generator as it came ({len(still)} of {len(calls)}): every random draw must come "
-            f"from the generator passed in (torch.rand(..., generator=generator)), not the global RNG{hint}"
+            f"from the generator passed in (torch.rand(..., generator=generator)), not the global RNG"
         )
     differ = [i for i in runs[0] if runs[0][i] != runs[1][i]]
     assert not differ, (
         f"{label}: {len(differ)} of {len(calls)} rounds gave other tokens from a generator in the same state, run in "
         "another order: the tokens must depend only on p, q, the draft and the draws from `generator` (no global RNG, "
-        f"no state kept between calls, nothing read from the calls around it){hint}"
+        f"no state kept between calls, nothing read from the calls around it)"
     )
 
 
@@ -455,88 +470,85 @@ def _tokens(got, label, longest):
 @check("10.3")
 def accept_sampled_keeps_drafts_as_often_as_an_exact_rule(sp, rng):
     """Check how often a draft is kept: one draft, two in a row, and drafts sampled from q, against an exact rule."""
-    hint = HINT.format("10.3")
     gen = torch.Generator().manual_seed(int(rng.integers(1 << 30)))
     p = torch.tensor([[0.45, 0.3, 0.25, 0.0], [0.25, 0.25, 0.25, 0.25]])
     q = torch.tensor([[0.1, 0.8, 0.05, 0.05]])
     trials, want = 3000, 0.3 / 0.8  # draft token 1: p 0.3, q 0.8
     calls = [((p, q, [1], gen), {}) for _ in range(trials)]
-    accepted = sum(len(got) == 2 for got in _rounds(sp, calls, "draft [1]", 2))
+    accepted = sum(len(got) == 2 for got in _rounds(sp, calls, tr("draft [1]"), 2))
     rate = accepted / trials
     z = (rate - want) / math.sqrt(want * (1 - want) / trials)
     if rate > 0.95:
         raise AssertionError(
             f"a draft with p = 0.3 and q = 0.8 was accepted {rate:.0%} of the time, where an exact rule keeps it "
             f"{want:.3f} of the time: kept (nearly) always, by rank, by membership in the top k or by q/p, the token "
-            f"comes out as often as the drafter proposes it, more often than p says{hint}"
+            f"comes out as often as the drafter proposes it, more often than p says"
         )
     assert abs(z) < 3.29, (  # two-sided, significance 0.001
         f"a draft with p = 0.3 and q = 0.8 was accepted {rate:.3f} of {trials} times, where an exact rule keeps it "
         f"{want:.3f} of the time (z = {z:.1f}): the token comes out "
         + ("more" if rate > want else "less")
-        + f" often than p says{hint}"
+        + " often than p says"
     )
     # drafts sampled from q, as a drafter would: the acceptance rate is sum(min(p, q)) (Leviathan et al.)
     alpha = float(torch.minimum(p[0], q[0]).sum())
     drafts = torch.multinomial(q[0], trials, replacement=True, generator=torch.Generator().manual_seed(1)).tolist()
     calls = [((p, q, [d], gen), {}) for d in drafts]
-    accepted = sum(len(got) == 2 for got in _rounds(sp, calls, "draft", 2))
+    accepted = sum(len(got) == 2 for got in _rounds(sp, calls, tr("draft"), 2))
     z = (accepted / trials - alpha) / math.sqrt(alpha * (1 - alpha) / trials)
     assert abs(z) < 3.29, (
         f"drafts sampled from q were accepted {accepted / trials:.3f} of the time, where an exact rule keeps "
-        f"{alpha:.3f} of them (z = {z:.1f}){hint}"
+        f"{alpha:.3f} of them (z = {z:.1f})"
     )
     # two drafts, each accepted with probability 1/2 on its own: both are kept a quarter of the time, by two draws
     p2 = torch.tensor([[0.25, 0.25, 0.25, 0.25], [0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25]])
     q2 = torch.tensor([[0.5, 0.5, 0.0, 0.0], [0.1, 0.6, 0.3, 0.0]])  # draft 1: p/q = 1/2, draft 1 again: 1/3
     both = sum(
-        len(got) == 3 for got in _rounds(sp, [((p2, q2, [1, 1], gen), {}) for _ in range(trials)], "two drafts", 3)
+        len(got) == 3 for got in _rounds(sp, [((p2, q2, [1, 1], gen), {}) for _ in range(trials)], tr("two drafts"), 3)
     )
     want = 0.5 * (1 / 3)
     if both / trials > 0.25:
         raise AssertionError(
             f"two drafts accepted with probability 1/2 and 1/3 each were both kept {both / trials:.0%} of the time, "
             f"{want:.1%} expected: one uniform draw was shared by the drafts of the round, so the second was kept "
-            f"whenever the first was and u < 1/3{hint}"
+            f"whenever the first was and u < 1/3"
         )
     z = (both / trials - want) / math.sqrt(want * (1 - want) / trials)
     assert abs(z) < 3.29, (
         f"two drafts accepted with probability 1/2 and 1/3 were both kept {both / trials:.3f} of the time, "
-        f"{want:.3f} expected (z = {z:.1f}): the second draft's keeping was not independent of the first's{hint}"
+        f"{want:.3f} expected (z = {z:.1f}): the second draft's keeping was not independent of the first's"
     )
 
 
 @check("10.3")
 def accept_sampled_replaces_a_rejected_draft_exactly(sp, rng):
     """Check that the token drawn after a rejection is never the rejected draft, and makes the output exact."""
-    hint = HINT.format("10.3")
     gen = torch.Generator().manual_seed(int(rng.integers(1 << 30)))
     p = torch.tensor([[0.3, 0.2, 0.2, 0.3], [0.25, 0.25, 0.25, 0.25]])
     q = torch.tensor([[0.0, 1.0, 0.0, 0.0]])  # the drafter always proposes 1; p gives it 0.2
     residual = (p[0] - q[0]).clamp(min=0).numpy()
     residual = residual / residual.sum()
     counts = np.zeros(4)
-    for got in _rounds(sp, [((p, q, [1], gen), {}) for _ in range(3000)], "draft [1]", 2):
+    for got in _rounds(sp, [((p, q, [1], gen), {}) for _ in range(3000)], tr("draft [1]"), 2):
         if len(got) == 1:
             counts[got[0]] += 1
-    assert counts.sum() > 0, f"the draft (p = 0.2, q = 1) was never rejected in 3000 rounds{hint}"
+    assert counts.sum() > 0, "the draft (p = 0.2, q = 1) was never rejected in 3000 rounds"
     if counts[1] > 0:
         raise AssertionError(
             f"after rejecting draft 1, token 1 came {int(counts[1])} times: the draft's share of p was given twice, "
-            f"once by keeping drafts and again by the replacement, so token 1 comes out more often than p says{hint}"
+            f"once by keeping drafts and again by the replacement, so token 1 comes out more often than p says"
         )
     stat, pval = _chi2(counts, residual)
     assert pval > SIGNIFICANCE, (
         f"after a rejection the tokens {counts.astype(int).tolist()} do not follow {np.round(residual, 3).tolist()}, "
         f"the only replacement that makes the output follow p here (chi-squared {stat:.1f}, p-value {pval:.1e} < "
-        f"{SIGNIFICANCE}){hint}"
+        f"{SIGNIFICANCE})"
     )
 
 
 @check("10.3")
 def accept_sampled_adds_the_bonus_token(sp, rng):
     """Check that when every draft is accepted one more token is sampled from the last row of p."""
-    hint = HINT.format("10.3")
     gen = torch.Generator().manual_seed(int(rng.integers(1 << 30)))
     p = torch.tensor([[0.5, 0.5, 0.0, 0.0, 0.0], [0.0, 0.5, 0.5, 0.0, 0.0], [0.1, 0.2, 0.3, 0.25, 0.15]])
     counts = np.zeros(5)
@@ -550,14 +562,14 @@ def accept_sampled_adds_the_bonus_token(sp, rng):
     for draft, got in zip(drafts, rounds):
         assert len(got) == 3, (
             f"with q == p every draft is accepted, so the round returns the 2 drafts and a bonus token sampled from "
-            f"p's last row: got {len(got)} token(s){hint}"
+            f"p's last row: got {len(got)} token(s)"
         )
-        assert got[:2] == draft, f"with q == p the drafts {draft} are kept as they are, got {got[:2]}{hint}"
+        assert got[:2] == draft, f"with q == p the drafts {draft} are kept as they are, got {got[:2]}"
         counts[got[2]] += 1
     stat, pval = _chi2(counts, p[2].numpy())
     assert pval > SIGNIFICANCE, (
         f"the bonus tokens {counts.astype(int).tolist()} do not follow p's last row {p[2].tolist()} "
-        f"(chi-squared {stat:.1f}, p-value {pval:.1e} < {SIGNIFICANCE}){hint}"
+        f"(chi-squared {stat:.1f}, p-value {pval:.1e} < {SIGNIFICANCE})"
     )
 
 
@@ -569,7 +581,6 @@ def _bigram(rng, vocab: int) -> np.ndarray:
 @check("10.3")
 def accept_sampled_output_follows_the_model(sp, rng):
     """Check that two tokens made by speculative sampling follow the model's distribution (chi-squared, 9 cells)."""
-    hint = HINT.format("10.3")
     P, Q = _bigram(rng, 3), _bigram(rng, 3)  # next-token tables: the "model" and the "drafter", context = last token
     Pt, Qt = torch.from_numpy(P).float(), torch.from_numpy(Q).float()
     Pt, Qt = Pt / Pt.sum(1, keepdim=True), Qt / Qt.sum(1, keepdim=True)
@@ -587,7 +598,7 @@ def accept_sampled_output_follows_the_model(sp, rng):
             p = torch.stack([Pt[t] for t in context])  # (gamma + 1, vocab): the model after each token
             q = torch.stack([Qt[t] for t in context[:-1]])  # (gamma, vocab)
             calls.append(((p, q, list(draft), gen), {}))
-        for out, got in zip(short, _rounds(sp, calls, "a bigram round", gamma + 1)):
+        for out, got in zip(short, _rounds(sp, calls, tr("a bigram round"), gamma + 1)):
             out += got
     for out in outs:
         counts[out[0], out[1]] += 1
@@ -596,7 +607,7 @@ def accept_sampled_output_follows_the_model(sp, rng):
     assert pval > SIGNIFICANCE, (
         f"the first two tokens' frequencies {(counts / counts.sum()).round(3).ravel().tolist()} do not follow the "
         f"model's {want.round(3).ravel().tolist()} (chi-squared {stat:.1f}, 8 degrees of freedom, p-value "
-        f"{pval:.1e} < {SIGNIFICANCE}): the output must be distributed as sampling from the model alone{hint}"
+        f"{pval:.1e} < {SIGNIFICANCE}): the output must be distributed as sampling from the model alone"
     )
 
 
@@ -615,13 +626,16 @@ def _pass_slips(alpha: float, gamma: int) -> dict[str, float]:
     a, g = alpha, gamma
     drafts = sum(a**i for i in range(1, g + 1))  # the kept drafts alone
     return {
-        "the model's own token is missing: a pass always makes one more token than the drafts it kept": drafts,
-        "one term short: it counts as if a pass could keep at most gamma - 1 of its gamma drafts": sum(
+        tr("the model's own token is missing: a pass always makes one more token than the drafts it kept"): drafts,
+        tr("one term short: it counts as if a pass could keep at most gamma - 1 of its gamma drafts"): sum(
             a**i for i in range(g)
         ),
-        "the drafts are counted as if all were checked, each kept with probability alpha whatever came before it, "
-        "but a pass ends at the first rejected draft": 1 + g * a,
-        "all or nothing: a pass keeps any number of drafts up to the first rejection, not gamma or none": 1 + g * a**g,
+        tr(
+            "the drafts are counted as if all were checked, each kept with probability alpha whatever came before "
+            "it, but a pass ends at the first rejected draft"
+        ): 1 + g * a,
+        tr("all or nothing: a pass keeps any number of drafts up to the first rejection, not gamma or none"): 1
+        + g * a**g,
     }
 
 
@@ -629,7 +643,6 @@ def _pass_slips(alpha: float, gamma: int) -> dict[str, float]:
 def tokens_per_pass_is_the_expected_count(sp, rng):
     """Check the prediction at alpha 0, 0.3, 0.6, 0.8, 0.95 and 1 and gamma 0, 1, 3, 5 and 8 against the expected
     count, each draft kept with probability alpha until the first rejection, plus the model's token."""
-    hint = HINT.format("10.5")
     for alpha in (0.3, 0.6, 0.8, 0.95, 1.0, 0.0, float(rng.uniform(0.1, 0.9))):  # slips differ most in the first
         for gamma in (1, 3, 5, 8, 0):
             want = _expected_tokens(alpha, gamma)
@@ -639,19 +652,17 @@ def tokens_per_pass_is_the_expected_count(sp, rng):
             except ZeroDivisionError:
                 got = float("nan")  # named below
             assert isinstance(got, (int, float, np.integer, np.floating)) and not isinstance(got, bool), (
-                f"{where} should return a number, got {type(got).__name__}{hint}"
+                f"{where} should return a number, got {type(got).__name__}"
             )
             got = float(got)
             if math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12):
                 continue
             assert math.isfinite(got), (
                 f"{where} returned {got}: at alpha = 1 every draft is kept, so a pass makes gamma + 1 tokens (a closed "
-                f"form with 1 - alpha below the line needs that case apart){hint}"
+                f"form with 1 - alpha below the line needs that case apart)"
             )
             slip = next((m for m, v in _pass_slips(alpha, gamma).items() if math.isclose(got, v, rel_tol=1e-9)), None)
-            raise AssertionError(
-                f"{where} returned {got:.4f}, expected {want:.4f}" + (f": {slip}" if slip else "") + hint
-            )
+            raise AssertionError(f"{where} returned {got:.4f}, expected {want:.4f}" + (f": {slip}" if slip else ""))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -661,7 +672,6 @@ def tokens_per_pass_is_the_expected_count(sp, rng):
 @check("10.4")
 def prompt_lookup_proposes_what_followed_the_latest_match(sp, rng):
     """Check prompt_lookup on the latest of two matches, a match running into the tail, the text's end and no match."""
-    hint = HINT.format("10.4")
     for tokens, n, k, want, slip in (
         ([1, 2, 3, 9, 1, 2], 2, 3, [3, 9, 1], None),
         (
@@ -669,8 +679,10 @@ def prompt_lookup_proposes_what_followed_the_latest_match(sp, rng):
             2,
             2,
             [9, 5],
-            "the first occurrence was used: this exercise asks for what followed the LATEST "
-            "(the earliest, as vLLM takes, is another valid drafter)",
+            tr(
+                "the first occurrence was used: this exercise asks for what followed the LATEST "
+                "(the earliest, as vLLM takes, is another valid drafter)"
+            ),
         ),
         ([4, 2, 4], 1, 3, [2, 4], None),
         ([3, 3, 3, 3], 2, 2, [3], None),
@@ -679,18 +691,23 @@ def prompt_lookup_proposes_what_followed_the_latest_match(sp, rng):
         ([2, 5, 2, 5, 2], 1, 1, [5], None),
     ):
         got = sp.prompt_lookup(list(tokens), n, k)
-        assert isinstance(got, list), f"prompt_lookup must return a list of ids, got {type(got).__name__}{hint}"
+        assert isinstance(got, list), f"prompt_lookup must return a list of ids, got {type(got).__name__}"
         got = [int(t) for t in got]
         if got == want:
             continue
-        where = f"prompt_lookup({tokens}, n={n}, k={k}) returned {got}, expected {want}"
+        where = tr(
+            "prompt_lookup({tokens}, n={n}, k={k}) returned {got}, expected {want}",
+            tokens=tokens,
+            n=n,
+            k=k,
+            got=got,
+            want=want,
+        )
         if len(got) > k:
-            raise AssertionError(f"{where}: at most k tokens{hint}")
+            raise AssertionError(f"{where}: at most k tokens")
         if not got and want:
-            raise AssertionError(
-                f"{where}: the last n tokens match themselves at the end; search only earlier places{hint}"
-            )
-        raise AssertionError(f"{where}" + (f": {slip}" if slip else "") + hint)
+            raise AssertionError(f"{where}: the last n tokens match themselves at the end; search only earlier places")
+        raise AssertionError(tr("{where}: {why}", where=where, why=slip) if slip else where)
     tokens = [int(t) for t in rng.integers(5, size=60)]
     got = sp.prompt_lookup(list(tokens), 3, 4)
     tail, want = tokens[-3:], []
@@ -698,4 +715,4 @@ def prompt_lookup_proposes_what_followed_the_latest_match(sp, rng):
         if tokens[s : s + 3] == tail:
             want = tokens[s + 3 : s + 7]
             break
-    assert [int(t) for t in got] == want, f"60 random tokens, n=3, k=4: got {got}, expected {want}{hint}"
+    assert [int(t) for t in got] == want, f"60 random tokens, n=3, k=4: got {got}, expected {want}"

@@ -45,10 +45,10 @@ class Cache(Protocol):
     def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor):
         """Write one layer's new keys and values (batch, n_kv_heads, seq_len, head_dim) at positions pos ...
         pos + seq_len - 1; return what that layer's attention reads (KVCache: every key and value so far).
-        pos stays: advance moves it, once, after the last layer."""
+        pos stays: advance moves it."""
 
     def advance(self, seq_len: int) -> None:
-        """Move pos past the seq_len tokens every layer has just written; ValueError past the cache's room."""
+        """Move pos past seq_len new tokens; ValueError past the cache's room."""
 
     def reset(self) -> None:
         """Forget every stored token: the next one is written at position 0."""
@@ -105,7 +105,7 @@ class CacheBase:
         self.pos = 0
 
     def advance(self, seq_len: int) -> None:
-        """Move pos past seq_len tokens that every layer has just written."""
+        """Move pos past seq_len new tokens (ValueError past max_seq_len)."""
         if self.pos + seq_len > self.max_seq_len:
             raise ValueError(f"advancing by {seq_len} from {self.pos} runs past max_seq_len={self.max_seq_len}")
         self.pos += seq_len

@@ -66,10 +66,10 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("1.4", "Causal self-attention", "01-attention", "attention", "causal_self_attention"),
     Exercise("1.5", "Aim the query", "01-attention", "attention", "aimed_query", kind="design"),
     Exercise("2.1", "Greedy or sampled token", "02-generation", "generation", "next_token"),
-    Exercise("2.2", "The naive generation loop", "02-generation", "generation", "generate", kind="fix"),
+    Exercise("2.2", "Find and fix: the naive generation loop", "02-generation", "generation", "generate", kind="fix"),
     Exercise("2.3", "Measuring TTFT and inter-token latency", "02-generation", "generation", "measure_ttft_itl"),
     Exercise("2.4", "The attention of a layer, head by head", "02-generation", "generation", "attention_block"),
-    Exercise("2.5", "RMSNorm", "02-generation", "generation", "rms_norm", kind="fix"),
+    Exercise("2.5", "Find and fix: RMSNorm", "02-generation", "generation", "rms_norm", kind="fix"),
     Exercise("2.6", "The SwiGLU MLP", "02-generation", "generation", "swiglu"),
     Exercise("2.7", "Predict a temperature's probabilities", "02-generation", "generation", "temper", kind="predict"),
     Exercise("2.8", "Predict a decoder's parameters", "02-generation", "generation", "param_counts", kind="predict"),
@@ -110,7 +110,7 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("7.3", "Paged attention", "07-serving", "serving", "paged_attention"),
     Exercise("7.4", "One step of continuous batching", "07-serving", "serving", "Scheduler.step"),
     Exercise("7.7", "A policy under a budget", "07-serving", "serving", "Policy.blocks_to_admit", kind="design"),
-    Exercise("7.5", "Copy on write", "07-serving", "serving", "copy_on_write", kind="fix"),
+    Exercise("7.5", "Find and fix: copy on write", "07-serving", "serving", "copy_on_write", kind="fix"),
     Exercise("8.1", "int8 with a scale per slice", "08-compress", "compress", "quantize"),
     Exercise("8.2", "Attention over an int8 cache", "08-compress", "compress", "int8_attention"),
     Exercise(
@@ -119,14 +119,18 @@ EXERCISES: tuple[Exercise, ...] = (
     Exercise("8.5", "MLA by rebuilding keys and values", "08-compress", "compress", "mla_reconstruct"),
     Exercise("8.6", "MLA with absorbed weights", "08-compress", "compress", "mla_absorbed"),
     Exercise("8.8", "Predict the FLOPs of MLA's two paths", "08-compress", "compress", "mla_flops", kind="predict"),
-    Exercise("8.3", "A rolling cache with sinks", "08-compress", "compress", "SinkCache.update", kind="fix"),
+    Exercise(
+        "8.3", "Find and fix: a rolling cache with sinks", "08-compress", "compress", "SinkCache.update", kind="fix"
+    ),
     Exercise("8.4", "Positions inside the rolling cache", "08-compress", "compress", "cache_positions"),
     Exercise("9.1", "The online softmax", "09-fused", "fused", "online_softmax"),
     Exercise("9.2", "Tiled attention, causal tiles skipped", "09-fused", "fused", "tiled_attention"),
     Exercise("9.3", "Merge partial attentions", "09-fused", "fused", "merge_partials"),
     Exercise("9.5", "How many splits of the cache", "09-fused", "fused", "flash_decode_splits", kind="design"),
     Exercise("9.4", "int8 attention with folded scales", "09-fused", "fused", "int8_folded_attention"),
-    Exercise("10.1", "Verify drafts in one pass", "10-speculative", "speculative", "verify_greedy", kind="fix"),
+    Exercise(
+        "10.1", "Find and fix: verify drafts in one pass", "10-speculative", "speculative", "verify_greedy", kind="fix"
+    ),
     Exercise("10.2", "Greedy speculative decoding", "10-speculative", "speculative", "speculative_generate"),
     Exercise(
         "10.5", "Predict the tokens a pass makes", "10-speculative", "speculative", "tokens_per_pass", kind="predict"

@@ -92,8 +92,8 @@ def cached_forward(model, input_ids: torch.Tensor, cache: KVCache) -> torch.Tens
 
     Args:    model: a kvlib Decoder;  cache: a KVCache of its config and batch
              input_ids: (batch, seq_len) torch.long, the new tokens; cache.pos is the position of input_ids[:, 0]
-    Returns: (batch, vocab_size) float32, model(all tokens so far)[:, -1], with the last position alone through the
-             head (the checks count the positions it runs); pos grew by seq_len
+    Returns: (batch, vocab_size) float32, model(all tokens so far)[:, -1], computing no more than those logits need
+             (the checks count what it computes); pos grew by seq_len
     Raises:  ValueError if the cache's batch differs from input_ids' or the tokens do not fit in it
     Example:
         >>> from kvlib.core.weights import load_tiny; model, tokenizer = load_tiny(); cache = KVCache(model.config)
