@@ -231,6 +231,11 @@ READY_MADE: dict[str, tuple[dict[str, str], str]] = {
         "what an int8 cache allocates is what this count is checked against, not a way to make it. Count the bytes "
         "from the config's sizes, the group and the scales' bytes (no cache is made)",
     ),
+    "9.2": (
+        {"kvlib.measure.bench_fused:tile_kinds": "called the figure's map of the tiles (bench_fused.tile_kinds)"},
+        "which key tiles a query tile needs, and which need a mask, is this exercise's to work out from the positions; "
+        "the figure only draws it",
+    ),
     "9.4": (
         {
             "kvlib.compress:dequantize": "called dequantize (notebook 08's float copy of int8 numbers)",
@@ -246,7 +251,8 @@ READY_MADE: dict[str, tuple[dict[str, str], str]] = {
     ),
     "10.4": (
         {"kvlib.measure.bench_spec:lookup_policy": "called the benchmark's lookup policy (bench_spec.lookup_policy)"},
-        "that is the benchmark's own copy of this exercise. Write the lookup yourself",
+        "the benchmark's policies are what this exercise is compared with, not a way to write it. Write the lookup "
+        "yourself",
     ),
     "8.8": (
         {
