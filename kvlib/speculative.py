@@ -20,7 +20,7 @@ from kvlib.kv_cache import KVCache
 
 
 class ModelDrafter:
-    """Greedy drafts from a smaller model with its own cache, which it rewinds to what still matches.
+    """Greedy drafts from a smaller model with its own cache, kept across the calls of one generation.
 
     forwards counts the drafter's forward passes (one per drafted token).
     """
@@ -28,21 +28,20 @@ class ModelDrafter:
     def __init__(self, model, max_seq_len: int | None = None):
         self.model, self.vocab_size = model, model.config.vocab_size
         self.cache = KVCache(model.config, max_seq_len=max_seq_len)
-        self.held: list[int] = []  # the ids whose keys and values self.cache holds
+        self.asked: list[int] = []  # the text of the last call, whose keys and values the cache holds first
         self.forwards = 0
 
     @torch.inference_mode()
     def propose(self, tokens: list[int], k: int) -> list[int]:
-        most = min(len(self.held), len(tokens) - 1)  # at least one token must be fed
-        keep = next((i for i in range(most) if self.held[i] != tokens[i]), most)  # what the cache holds still holds
-        self.cache.truncate(keep)
-        self.held, new, drafts = list(tokens[:keep]), list(tokens[keep:]), []
+        tokens = list(tokens)
+        grown = len(self.asked) < len(tokens) and tokens[: len(self.asked)] == self.asked  # the same text, longer
+        self.cache.truncate(len(self.asked) if grown else 0)  # the last call's drafts go; what the text added is fed
+        feed, self.asked, drafts = tokens[self.cache.pos :], tokens, []
         for _ in range(k):
-            logits, _ = self.model(torch.tensor([new]), past_key_values=self.cache)  # (1, len(new), vocab)
+            logits, _ = self.model(torch.tensor([feed]), past_key_values=self.cache)  # (1, len(feed), vocab)
             self.forwards += 1
-            self.held += new
-            new = [logits[0, -1].argmax().item()]  # the drafter's greedy token, fed next
-            drafts.append(new[0])
+            feed = [int(logits[0, -1].argmax())]  # the drafter's greedy token, fed next
+            drafts.append(feed[0])
         return drafts
 
 
@@ -67,7 +66,7 @@ def verify_greedy(model, cache, last_token: int, draft: list[int]) -> tuple[int,
     """Check drafted tokens with ONE forward pass of model through cache; keep what greedy decoding would keep.
 
     Args:    model: called as model(ids (1, seq_len) long, past_key_values=cache) -> (logits (1, seq_len, vocab), cache);
-             cache: holds every token before last_token (cache.pos is last_token's position), with truncate(pos);
+             cache: a KVCache holding every token before last_token;
              last_token: the newest token, not in the cache yet; draft: 0 or more ids proposed to follow it
     Returns: (n_accepted, next_token): draft[:n_accepted] are the tokens greedy decoding makes after last_token,
              next_token the model's greedy token after those. On return the cache holds last_token and
@@ -99,9 +98,8 @@ def speculative_generate(
              input_ids: (1, seq_len) long; gamma >= 1: the most tokens drafted per pass; eos_token: generation stops
              right after the model makes it (returned); cache: reset first, or None for a new KVCache
     Returns: (1, seq_len + n_new) long, n_new <= max_new_tokens (fewer only when eos_token came): greedy decoding's
-             tokens, in as few forward passes of model as these drafts allow: no pass verifies a draft that
-             max_new_tokens would throw away, none more than gamma. On return the cache holds what plain cached
-             decoding (generate_cached) leaves in it.
+             tokens, in as few forward passes of model as these drafts allow, none verifying more than gamma drafts.
+             On return the cache holds what plain cached decoding (generate_cached) leaves in it.
     Raises:  ValueError for gamma < 1, a drafter with another vocabulary, or a cache without room for seq_len +
              max_new_tokens tokens
     Example:

@@ -471,6 +471,44 @@ def tiled_full_matrix(q, k, v, tile):  # right answer, through the whole score m
     return scores.masked_fill(~torch.ones(T, S, dtype=torch.bool).tril(S - T), float("-inf")).softmax(-1) @ v
 
 
+def tiled_full_mask_sliced(q, k, v, tile):  # right answer, tiles skipped, but each tile's mask cut from a T x S one
+    T, S, D = q.shape[2], k.shape[2], q.shape[3]
+    allowed = torch.ones(T, S, dtype=torch.bool).tril(S - T)
+    out = torch.empty(q.shape)
+    for i0 in range(0, T, tile):
+        qi = q[:, :, i0 : i0 + tile] / math.sqrt(D)
+        m, l, acc = torch.full(qi.shape[:3], float("-inf")), torch.zeros(qi.shape[:3]), torch.zeros(qi.shape)
+        for j0 in range(0, S - T + i0 + qi.shape[2], tile):
+            kj, vj = k[:, :, j0 : j0 + tile], v[:, :, j0 : j0 + tile]
+            s = (qi @ kj.transpose(-2, -1)).masked_fill(~allowed[i0 : i0 + tile, j0 : j0 + tile], float("-inf"))
+            new = torch.maximum(m, s.amax(-1))
+            p, rescale = torch.exp(s - new[..., None]), torch.exp(m - new)
+            l, acc, m = l * rescale + p.sum(-1), acc * rescale[..., None] + p @ vj, new
+        out[:, :, i0 : i0 + qi.shape[2]] = acc / l[..., None]
+    return out
+
+
+def tiled_by_the_figures_map(q, k, v, tile):  # right, the skip and the mask read off bench_fused.tile_kinds
+    T, S, D = q.shape[2], k.shape[2], q.shape[3]
+    kinds = bench_fused.tile_kinds(T, S, tile)
+    out = torch.empty(q.shape)
+    for a, i0 in enumerate(range(0, T, tile)):
+        qi, rows = q[:, :, i0 : i0 + tile] / math.sqrt(D), S - T + i0 + torch.arange(min(tile, T - i0))
+        m, l, acc = torch.full(qi.shape[:3], float("-inf")), torch.zeros(qi.shape[:3]), torch.zeros(qi.shape)
+        for b, j0 in enumerate(range(0, S, tile)):
+            if kinds[a, b] == bench_fused.SKIPPED:
+                continue
+            kj, vj = k[:, :, j0 : j0 + tile], v[:, :, j0 : j0 + tile]
+            s = qi @ kj.transpose(-2, -1)
+            if kinds[a, b] == bench_fused.MASKED:
+                s = s.masked_fill(rows[:, None] < j0 + torch.arange(kj.shape[2]), float("-inf"))
+            new = torch.maximum(m, s.amax(-1))
+            p, rescale = torch.exp(s - new[..., None]), torch.exp(m - new)
+            l, acc, m = l * rescale + p.sum(-1), acc * rescale[..., None] + p @ vj, new
+        out[:, :, i0 : i0 + qi.shape[2]] = acc / l[..., None]
+    return out
+
+
 def merge_softmax_weights(outs, lses):  # weights as a softmax over the chunk axis
     w = torch.softmax(lses, dim=0)
     return torch.nan_to_num(w[..., None] * outs, nan=0.0).sum(0), torch.logsumexp(lses, 0)
@@ -685,6 +723,8 @@ SLIPS = [
     ("9.2", "tiled_attention", tiled_query_stripe, "one tile of 8 queries against all the 176 or more keys"),
     ("9.2", "tiled_attention", tiled_sdpa_per_query_tile, "ran torch's fused attention"),
     ("9.2", "tiled_attention", tiled_past_kv_len, "its key tiles run past the last key"),
+    ("9.2", "tiled_attention", tiled_full_mask_sliced, "a mask over it"),
+    ("9.2", "tiled_attention", tiled_by_the_figures_map, "called the figure's map of the tiles"),
     ("9.3", "merge_partials", merge_mean, "averaged"),
     ("9.3", "merge_partials", merge_max_lse, "largest lse_c"),
     ("9.3", "merge_partials", merge_no_shift, "exp(lse) overflows"),

@@ -153,25 +153,29 @@ def test_no_lookup_policy_keeps_one_draft_a_pass_on_repeating_prompt(lookup_coun
         assert all(r["accepted_per_pass"] <= r["proposed_per_pass"] for r in per_gamma.values())
 
 
-def test_lookup_policy_defaults_to_exercise_10_4_and_makes_each_published_choice():
-    """Check that lookup_policy with its defaults is prompt_lookup (n=3, latest), and each choice it offers:
-    the earliest occurrence, shorter n-grams, k whole tokens or none, the prompt alone as source."""
+def test_lookup_policy_defaults_to_the_earliest_match_and_makes_each_published_choice():
+    """Check that lookup_policy with its defaults takes the earliest match (not exercise 10.4's answer), with
+    latest=True is prompt_lookup (n=3, latest), and each choice it offers: shorter n-grams, k whole tokens or none,
+    the prompt alone as source."""
     rng = np.random.default_rng(0)
+    differ = 0
     for _ in range(200):
         tokens = [int(t) for t in rng.integers(4, size=int(rng.integers(1, 30)))]
-        assert bench_spec.lookup_policy(tokens, 4) == speculative.prompt_lookup(tokens, 3, 4), tokens
+        assert bench_spec.lookup_policy(tokens, 4, latest=True) == speculative.prompt_lookup(tokens, 3, 4), tokens
+        differ += bench_spec.lookup_policy(tokens, 4) != speculative.prompt_lookup(tokens, 3, 4)
+    assert differ, differ  # the defaults are not the exercise's answer
     text = [5, 1, 2, 7, 8, 1, 2, 9, 1, 2]
-    assert bench_spec.lookup_policy(text, 2, n=2) == [9, 1]
-    assert bench_spec.lookup_policy(text, 2, n=2, latest=False) == [7, 8]
-    assert bench_spec.lookup_policy([1, 2, 3, 1, 2, 3, 1, 2, 3], 2, n=3, n_min=1, latest=False, whole=True) == [1, 2]
+    assert bench_spec.lookup_policy(text, 2, n=2, latest=True) == [9, 1]
+    assert bench_spec.lookup_policy(text, 2, n=2) == [7, 8]
+    assert bench_spec.lookup_policy([1, 2, 3, 1, 2, 3, 1, 2, 3], 2, n=3, n_min=1, whole=True) == [1, 2]
     assert bench_spec.lookup_policy([1, 2, 3, 4, 5, 6, 7, 8, 9], 2, n=3, n_min=1) == []
     assert bench_spec.lookup_policy([4, 6, 1, 2, 3, 9, 5, 3], 2, n=3) == []  # no 3-gram match
-    assert bench_spec.lookup_policy([4, 6, 1, 2, 3, 9, 5, 3], 2, n=3, n_min=1) == [9, 5]  # the 1-gram [3]
+    assert bench_spec.lookup_policy([4, 6, 1, 2, 3, 9, 5, 3], 2, n=3, n_min=1, latest=True) == [9, 5]  # the 1-gram [3]
     assert bench_spec.lookup_policy([3, 1, 2, 3], 4, n=1) == [1, 2, 3]  # what there is, up to k
     assert bench_spec.lookup_policy([3, 1, 2, 3], 4, n=1, whole=True) == []  # k whole tokens or none
     prompt_then_text = [1, 2, 3, 6, 1, 2, 4, 1, 2]  # the prompt is the first 4
-    assert bench_spec.lookup_policy(prompt_then_text, 3, n=2, source=4) == [3, 6]
-    assert bench_spec.lookup_policy(prompt_then_text, 3, n=2) == [4, 1, 2]
+    assert bench_spec.lookup_policy(prompt_then_text, 3, n=2, source=4, latest=True) == [3, 6]
+    assert bench_spec.lookup_policy(prompt_then_text, 3, n=2, latest=True) == [4, 1, 2]
 
 
 def test_speedup_sweep_counts_tokens_per_pass(models):
@@ -354,7 +358,11 @@ def _generate(model, drafter, input_ids, max_new_tokens, gamma, eos_token=None, 
             logits, _ = model(torch.tensor([[new[-1]]]), past_key_values=cache)
             new.append(int(logits[0, -1].argmax()))
             continue
-        k = gamma if mode in ("no_clip", "too_many") else min(gamma, max_new_tokens - len(new) - 1)
+        k = (
+            gamma
+            if mode in ("no_clip", "no_clip_cache_kept", "too_many")
+            else min(gamma, max_new_tokens - len(new) - 1)
+        )
         draft = drafter.propose(prompt + new, k)[:k] if k else []
         if mode == "no_cache":
             logits = model(torch.tensor([prompt + new + draft]))
@@ -379,9 +387,10 @@ def _generate(model, drafter, input_ids, max_new_tokens, gamma, eos_token=None, 
         new = new[: new.index(eos_token) + 1]
         if mode != "eos_cache_kept":
             cache.truncate(len(prompt) + len(new) - 1)
-    if mode == "no_clip" and len(new) > max_new_tokens:
+    if mode in ("no_clip", "no_clip_cache_kept") and len(new) > max_new_tokens:
         new = new[:max_new_tokens]
-        cache.truncate(len(prompt) + len(new) - 1)
+        if mode == "no_clip":
+            cache.truncate(len(prompt) + len(new) - 1)
     return torch.tensor([prompt + new])
 
 
@@ -577,6 +586,7 @@ SLIPS = [
     ("10.2", "speculative_generate", _mode("eos_cache_kept"), "the drafts accepted after it in the same pass stayed"),
     ("10.2", "speculative_generate", _mode("too_many"), "the last round made more tokens than were still wanted"),
     ("10.2", "speculative_generate", _mode("no_reset"), "attended to the old text's keys"),
+    ("10.2", "speculative_generate", _mode("no_clip_cache_kept"), "the keys and values of the tokens cut off stayed"),
     ("10.2", "speculative_generate", _mode("eos_in_prompt"), "taken for an end token the model made"),
     ("10.3", "accept_sampled", accept_topk, "top k"),
     ("10.3", "accept_sampled", accept_resample_from_p, "given twice"),
@@ -755,7 +765,7 @@ def test_bench_spec_quick_reports_every_part():
 
 
 def _lookup_by_the_benchmark(tokens, n, k):
-    return bench_spec.lookup_policy(tokens, k, n)
+    return bench_spec.lookup_policy(tokens, k, n, latest=True)
 
 
 @pytest.mark.parametrize(

@@ -115,7 +115,7 @@ def _softmax_expected_and_slips(scores, values):
             "taken against the old maximum"
         ): run(rescale_sum=False),
         tr("neither the running sum nor the running output is rescaled when the maximum grows"): run(False, False),
-        tr("only the last chunk counts: the running sum and output must carry every chunk's keys"): last,
+        tr("only the last chunk counts: the earlier chunks' keys are lost from the result"): last,
     }
     return expected, slips
 
@@ -448,6 +448,30 @@ def _holds_tiles(kv, rng, nan: bool = False) -> None:
         "Only tile x tile blocks may exist at once (torch's attention, here without its fused kernel, holds every "
         "score it computes)"
     )
+    if not nan:
+        _no_grid(kv, rng)
+
+
+_GRID = dict(T=4096, tile=256)  # one head, head_dim 4: a mask over every query and key is 16 MB as bools
+
+
+def _no_grid(kv, rng) -> None:
+    """Fail if a call holds anything as large as half a boolean mask over every query and key (one head, a long
+    prompt, small tiles and head_dim: the tiles' own blocks and a stripe of one tile's scores stay far below)."""
+    T, tile = _GRID["T"], _GRID["tile"]
+    q, k, v = (_randn(rng, 1, 1, T, 4) for _ in range(3))
+    got, usage = kv.tiled_attention.memory(q.clone(), k.clone(), v.clone(), tile)
+    what = tr("{T} queries against {S} keys in tiles of {tile}, one head", T=T, S=T, tile=tile)
+    assert isinstance(got, torch.Tensor) and got.shape == q.shape and _close(got, _causal_rows(q, k, v)), (
+        f"{what}: the output differs from causal SDPA"
+    )
+    grid = T * T  # bytes of a boolean mask over every query and key
+    assert usage.beyond_inputs < grid // 2, (
+        f"tiled_attention held {usage.beyond_inputs / MB:.0f} MB beyond its inputs at its peak (the grader measures the "
+        f"process's memory) for {what}: a mask over every query and key is {grid / MB:.0f} MB as booleans, the score "
+        f"matrix {4 * grid / MB:.0f} MB, a tile x tile block of scores {4 * tile * tile / MB:.2f} MB. Something of "
+        "seq_len x kv_len entries was made, the mask's too: only tile-sized pieces may exist"
+    )
 
 
 class _Measured:
@@ -491,6 +515,12 @@ def _watched_tiles(kv, rng, nan: bool) -> None:
             else f"as one tile of {tile} queries against all the {S - T + tile} or more keys it sees, in every head"
         )
         + ". Only tile x tile blocks of scores may exist at once"
+    )
+    grid = [(op, shape) for op, shape in made if len(shape) >= 2 and tuple(shape[-2:]) == (T, S)]
+    assert not grid, (
+        f"tiled_attention made a tensor of shape {grid[0][1]} ({grid[0][0]}): one entry for every one of the {T} "
+        f"queries and {S} keys, as the whole score matrix or a mask over it has. It grows with seq_len x kv_len, "
+        "which the tiles are there to avoid: only tile-sized pieces may exist, the mask's too"
     )
 
 

@@ -1151,15 +1151,15 @@ def _judge_params(kv, config: ModelConfig, want: dict[str, int], where: str) -> 
             continue
         for wrong, message in slips[part]:
             if int(value) == wrong:
-                raise AssertionError(f"{where}: {part} is {int(value):,}, not {want[part]:,}: {message}")
+                raise AssertionError(f"{where}: {part} came to {int(value):,} where the config gives {want[part]:,}: {message}")
         if (int(value) - want[part]) % (2 * INT64) == 0:
             raise AssertionError(
-                f"{where}: {part} is {int(value):,}, not {want[part]:,}: the count overflowed a 64-bit integer (numpy's "
+                f"{where}: {part} came to {int(value):,} where the config gives {want[part]:,}: the count overflowed a 64-bit integer (numpy's "
                 "int64 wraps past 9.2e18): compute with Python's ints, which are exact at any size"
             )
         if abs(int(value) - want[part]) <= 1e-12 * want[part]:
             raise AssertionError(
-                f"{where}: {part} is {int(value):,}, not {want[part]:,}: its last digits were lost to float arithmetic "
+                f"{where}: {part} came to {int(value):,} where the config gives {want[part]:,}: its last digits were lost to float arithmetic "
                 "(a float holds 16 significant digits): keep to ints"
             )
         raise AssertionError(f"{where}: {part} should be {want[part]:,}, got {int(value):,}")

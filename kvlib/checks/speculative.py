@@ -350,6 +350,16 @@ def _generate_case(sp, decoder, prompt, n_new, gamma, spoil=True, eos=None, cach
             f"{label}: on return, the cache holds {cache.pos} tokens, {want_pos} expected: the text ends at eos_token, "
             f"but the drafts accepted after it in the same pass stayed in the cache"
         )
+    past = [  # each verify pass's drafts, and the tokens still wanted when it ran (its pos says how many were made)
+        (t - 1, n_new - (pos - len(prompt) + 1)) for t, _, pos in calls[1:] if pos is not None
+    ]
+    over = [(d, left) for d, left in past if d > left - 1]
+    if over and cache.pos > want_pos:
+        raise AssertionError(
+            f"{label}: on return, the cache holds {cache.pos} tokens, {want_pos} expected: a verify pass checked "
+            f"{over[0][0]} draft(s) with {over[0][1]} token(s) still wanted; the text was cut to max_new_tokens, but "
+            f"the keys and values of the tokens cut off stayed in the cache"
+        )
     problem = _cache_diagnosis(cache, want_pos)
     assert problem is None, f"{label}: on return, {problem}"
     assert _same_contents(cache, reference, cache.pos), (

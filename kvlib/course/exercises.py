@@ -154,10 +154,11 @@ _FLOP_COUNTER = {
     "kvlib.core.model:Decoder.__init__": "built a model (kvlib.core.model.Decoder)",
     "kvlib.core.flops:forward_flops_counted": "ran torch's FLOP counter (kvlib.core.flops.forward_flops_counted)",
     "kvlib.core.flops:attention_flops_counted": "ran torch's FLOP counter (kvlib.core.flops.attention_flops_counted)",
+    "kvlib.core.model:matrix_params": "took the model's own list of its matrices (kvlib.core.model.matrix_params)",
 }
 _COUNT = (
-    "torch's counter on a model is what this count is checked against, not a way to make it. Count from the config's "
-    "sizes alone (no model is built or run)"
+    "torch's counter on a model is what this count is checked against, and which matrices a token meets is the count "
+    "itself: neither is a way to make it. Count from the config's sizes alone (no model is built or run)"
 )
 READY_MADE: dict[str, tuple[dict[str, str], str]] = {
     "2.5": (
@@ -230,6 +231,11 @@ READY_MADE: dict[str, tuple[dict[str, str], str]] = {
         "what an int8 cache allocates is what this count is checked against, not a way to make it. Count the bytes "
         "from the config's sizes, the group and the scales' bytes (no cache is made)",
     ),
+    "9.2": (
+        {"kvlib.measure.bench_fused:tile_kinds": "called the figure's map of the tiles (bench_fused.tile_kinds)"},
+        "which key tiles a query tile needs, and which need a mask, is this exercise's to work out from the positions; "
+        "the figure only draws it",
+    ),
     "9.4": (
         {
             "kvlib.compress:dequantize": "called dequantize (notebook 08's float copy of int8 numbers)",
@@ -245,7 +251,8 @@ READY_MADE: dict[str, tuple[dict[str, str], str]] = {
     ),
     "10.4": (
         {"kvlib.measure.bench_spec:lookup_policy": "called the benchmark's lookup policy (bench_spec.lookup_policy)"},
-        "that is the benchmark's own copy of this exercise. Write the lookup yourself",
+        "the benchmark's policies are what this exercise is compared with, not a way to write it. Write the lookup "
+        "yourself",
     ),
     "8.8": (
         {

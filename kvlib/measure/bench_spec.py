@@ -158,15 +158,15 @@ def lookup_policy(
     k: int,
     n: int = 3,
     n_min: int | None = None,
-    latest: bool = True,
+    latest: bool = False,
     whole: bool = False,
     source: int | None = None,
 ) -> list[int]:
     """Prompt lookup with the choices published drafters make differently (none of it the learner's code).
 
     Tries the last n tokens, then n - 1, ... down to n_min (default n: no shorter n-gram); among the earlier
-    occurrences takes the latest (latest=True, as exercise 10.4 asks) or the earliest (Saxena's reference
-    and vLLM's ngram proposer); proposes up to k tokens, or, with whole=True, only a match followed by k whole
+    occurrences takes the earliest (the default, as Saxena's reference and vLLM's ngram proposer do) or, with
+    latest=True, the latest; proposes up to k tokens, or, with whole=True, only a match followed by k whole
     tokens (Saxena's); source: look only in tokens[:source] (the prompt), else in all the text so far."""
     tokens = list(tokens)
     end = len(tokens) if source is None else source
@@ -201,13 +201,13 @@ class PolicyDrafter:
 # name -> lookup_policy's arguments; None: the learner's own prompt_lookup (exercise 10.4) through LookupDrafter(3)
 LOOKUP_POLICIES: dict[str, dict | None] = {
     "n=3, latest (exercise 10.4)": None,
-    "n=2, latest": {"n": 2},
-    "n=6, latest": {"n": 6},
-    "n=3, earliest": {"n": 3, "latest": False},
-    "n=3 down to 1, latest": {"n": 3, "n_min": 1},
-    "n=8 down to 1, latest": {"n": 8, "n_min": 1},
-    "n=3 down to 1, earliest, k or none": {"n": 3, "n_min": 1, "latest": False, "whole": True},
-    "n=3, latest, prompt only": {"n": 3, "source": "prompt"},
+    "n=2, latest": {"n": 2, "latest": True},
+    "n=6, latest": {"n": 6, "latest": True},
+    "n=3, earliest": {"n": 3},
+    "n=3 down to 1, latest": {"n": 3, "n_min": 1, "latest": True},
+    "n=8 down to 1, latest": {"n": 8, "n_min": 1, "latest": True},
+    "n=3 down to 1, earliest, k or none": {"n": 3, "n_min": 1, "whole": True},
+    "n=3, latest, prompt only": {"n": 3, "source": "prompt", "latest": True},
 }
 
 

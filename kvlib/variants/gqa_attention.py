@@ -76,10 +76,10 @@ ATTENTION: dict[str, Callable] = {  # the three ways notebook 06 and `kvlib benc
 def split_k_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
     """Grouped attention for one decode step, the cache read in chunks merged by the online softmax.
 
-    What flash-decoding (split-K) does: each chunk of `chunk` cached tokens (1,024 x 64 numbers of
-    keys and as many of values per KV head: about 1 MB for GQA-2, one core's L2 here) gives its own
-    max m, sum l = sum exp(s - m) and output o = exp(s - m) @ v; chunks merge by rescaling each
-    with exp(m - new max). Same result as grouped_attention up to rounding. On a GPU the point is
+    What flash-decoding (split-K) does (notebook 09 builds it): each chunk of `chunk` cached tokens
+    (1,024 x 64 numbers of keys and as many of values per KV head: about 1 MB for GQA-2, one core's L2
+    here) is attended on its own, and the chunks' results merged exactly. Same result as
+    grouped_attention up to rounding. On a GPU the point is
     parallelism, chunks on different processors when batch x heads is too small to fill the chip;
     on one CPU core it can only gain from locality. `kvlib bench gqa` times it beside the others.
     q (batch, n_heads, 1, head_dim): one query per head; k, v (batch, n_kv_heads, kv_len, head_dim).

@@ -88,7 +88,7 @@ def cached_attention(
 def cached_forward(model, input_ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
     """Run only the new tokens through every layer, each reading and extending its cache: a prefill, or a decode step.
 
-    Shipped with a bug (Exercise 4.3 is a find-and-fix): the checks show what goes wrong; the contract is below.
+    Shipped with two bugs (Exercise 4.3 is a find-and-fix): the checks show what goes wrong; the contract is below.
 
     Args:    model: a kvlib Decoder;  cache: a KVCache of its config and batch
              input_ids: (batch, seq_len) torch.long, the new tokens; cache.pos is the position of input_ids[:, 0]

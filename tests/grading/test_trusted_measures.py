@@ -783,6 +783,20 @@ ATTACKS = {
 
 
 @pytest.mark.slow
+def test_a_mask_over_every_query_and_key_earns_nothing_in_the_child():
+    """Check that 9.2 with its tiles' masks cut from one seq_len x kv_len mask (right values, future tiles skipped)
+    fails, in the isolated child, the two checks that measure a long call's memory, naming the mask, as the local
+    check and the notebook's visible assert do (tests/test_fused.py's tiled_full_mask_sliced)."""
+    import test_fused
+
+    source = inspect.getsource(test_fused.tiled_full_mask_sliced).replace("tiled_full_mask_sliced", "tiled_attention")
+    reference = (ROOT / "solutions" / "kvlib" / "fused.py").read_text(encoding="utf-8")
+    failed = {k: v for k, v in _checks_in_child("fused", reference + "\n\n" + source, ()).items() if v != "pass"}
+    assert set(failed) == {"tiled_attention_matches_causal_sdpa", "tiled_attention_never_builds_the_score_matrix"}
+    assert all("a mask over every query and key" in v for v in failed.values()), failed
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("attack", list(ATTACKS))
 def test_work_out_of_the_instruments_sight_earns_nothing_on_the_cells_that_measure_it(attack):
     """Check that work the isolated grader once measured beside the learner's code (an allocation watch, a FLOP
