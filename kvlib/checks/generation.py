@@ -1151,7 +1151,9 @@ def _judge_params(kv, config: ModelConfig, want: dict[str, int], where: str) -> 
             continue
         for wrong, message in slips[part]:
             if int(value) == wrong:
-                raise AssertionError(f"{where}: {part} came to {int(value):,} where the config gives {want[part]:,}: {message}")
+                raise AssertionError(
+                    f"{where}: {part} came to {int(value):,} where the config gives {want[part]:,}: {message}"
+                )
         if (int(value) - want[part]) % (2 * INT64) == 0:
             raise AssertionError(
                 f"{where}: {part} came to {int(value):,} where the config gives {want[part]:,}: the count overflowed a 64-bit integer (numpy's "

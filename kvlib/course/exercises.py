@@ -94,12 +94,14 @@ EXERCISES: tuple[Exercise, ...] = (
     ),
     Exercise("5.1", "Arithmetic intensity of a matmul", "05-memory-wall", "roofline", "matmul_intensity"),
     Exercise("5.2", "Rows that reach the ridge", "05-memory-wall", "roofline", "ridge_batch"),
-    Exercise("5.3", "FLOPs and bytes of a step", "05-memory-wall", "roofline", "step_cost", kind="fix"),
+    Exercise("5.3", "Find and fix: FLOPs and bytes of a step", "05-memory-wall", "roofline", "step_cost", kind="fix"),
     Exercise("5.4", "Predicted tokens per second", "05-memory-wall", "roofline", "predicted_tokens_per_second"),
     Exercise(
         "5.5", "Predict the batch at the ridge", "05-memory-wall", "roofline", "compute_bound_batch", kind="predict"
     ),
-    Exercise("6.1", "Which key/value head each query head reads", "06-gqa", "gqa", "repeat_kv", kind="fix"),
+    Exercise(
+        "6.1", "Find and fix: which key/value head each query head reads", "06-gqa", "gqa", "repeat_kv", kind="fix"
+    ),
     Exercise("6.2", "Grouped attention without copies", "06-gqa", "gqa", "grouped_attention"),
     Exercise("6.3", "Which heads a GQA head replaces", "06-gqa", "gqa", "mean_pool_heads"),
     Exercise("6.4", "Convert MHA to GQA", "06-gqa", "gqa", "to_gqa"),
