@@ -135,9 +135,9 @@ def to_gqa(model: Decoder, n_kv_heads: int, pool: Callable | None = None) -> Dec
         2
     """
     ### BEGIN SOLUTION
-    import dataclasses  # noqa: PLC0415 (not in the stub: the imports would name the route)
+    import dataclasses  # noqa: PLC0415 (kept from the stub: the imports would name the route)
 
-    from kvlib.core.weights import load_checked  # noqa: PLC0415
+    from kvlib.core.weights import load_checked  # noqa: PLC0415 (kept from the stub: as above)
 
     pool = pool or mean_pool_heads
     config = dataclasses.replace(model.config, n_kv_heads=n_kv_heads)
@@ -173,9 +173,9 @@ def predicted_speedup(config, n_kv_heads: int, kv_len: int, batch: int = 1) -> f
     """
 
     ### BEGIN SOLUTION
-    import dataclasses  # noqa: PLC0415 (not in the stub: the imports would name the route)
+    import dataclasses  # noqa: PLC0415 (kept from the stub: the imports would name the route)
 
-    from kvlib.core.model import matrix_params  # noqa: PLC0415
+    from kvlib.core.model import matrix_params  # noqa: PLC0415 (kept from the stub: the weights 6.5 counts)
 
     def numbers_read(h: int) -> int:  # every matrix weight once (k_proj, v_proj shrink with h) + every sequence's cache
         c = dataclasses.replace(config, n_kv_heads=h)
