@@ -356,7 +356,12 @@ def _tiled(q, k, v, tile, *, skip=True, mask_diagonal=True, top_left=False, scal
         tq = qi.shape[2]
         rows = offset + i0 + torch.arange(tq)
         m, l, acc = torch.full(qi.shape[:3], float("-inf")), torch.zeros(qi.shape[:3]), torch.zeros(qi.shape)
-        end = {"last": offset + i0 + tq, "first": offset + i0 + 1, "aligned": (i0 // tile + offset // tile + 1) * tile}
+        end = {
+            "last": offset + i0 + tq,
+            "first": offset + i0 + 1,
+            "aligned": (i0 // tile + offset // tile + 1) * tile,
+            "no offset": i0 + tq,  # as if kv_len were seq_len
+        }
         starts = list(range(0, min(S, end[keys_to]) if skip else S, tile))
         for j0 in starts:
             kj, vj = k[:, :, j0 : j0 + tile], v[:, :, j0 : j0 + tile]
@@ -416,6 +421,10 @@ def tiled_keys_to_first_row(q, k, v, tile):
 
 def tiled_keys_counted_aligned(q, k, v, tile):
     return _tiled(q, k, v, tile, keys_to="aligned")
+
+
+def tiled_keys_without_offset(q, k, v, tile):
+    return _tiled(q, k, v, tile, keys_to="no offset")
 
 
 def tiled_last_tile_masked(q, k, v, tile):
@@ -718,6 +727,7 @@ SLIPS = [
     ("9.2", "tiled_attention", tiled_full_matrix, "the whole 32 x 200 score matrix"),
     ("9.2", "tiled_attention", tiled_keys_to_first_row, "a partly visible key tile was skipped"),
     ("9.2", "tiled_attention", tiled_keys_counted_aligned, "a partly visible key tile was skipped"),
+    ("9.2", "tiled_attention", tiled_keys_without_offset, "key tiles the queries see were skipped"),
     ("9.2", "tiled_attention", tiled_last_tile_masked, "only the last key tile of each query tile is masked"),
     ("9.2", "tiled_attention", tiled_float64_out, "returned torch.float64 for torch.float32 inputs"),
     ("9.2", "tiled_attention", tiled_query_stripe, "one tile of 8 queries against all the 176 or more keys"),

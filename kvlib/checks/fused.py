@@ -271,6 +271,11 @@ def _tile_slips(T: int, S: int, tile: int) -> dict:
             "the tile), but with kv_len - seq_len not a multiple of the tile, the tile's later queries see keys of "
             "the next key tile too"
         ): _tile_allowed(T, S, tile, lambda i0, tq: (offset + i0) // tile, diagonal),
+        tr(
+            "key tiles the queries see were skipped: each query tile's keys stop where they would if kv_len were "
+            "seq_len, but the queries are the LAST seq_len of the kv_len positions, so their own and the newest keys "
+            "are left out"
+        ): _tile_allowed(T, S, tile, lambda i0, tq: (i0 + tq - 1) // tile, diagonal),
     }
 
 
