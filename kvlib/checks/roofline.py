@@ -316,8 +316,8 @@ def step_cost_flops_match_torch_counter(kv, rng):
 
 
 @check("5.3")
-def step_cost_bytes_read_weights_once(kv, rng):
-    """Check bytes: weights once per step whatever the batch, plus each sequence's KV cache, by dtype."""
+def step_cost_bytes_are_what_the_step_must_bring(kv, rng):
+    """Check bytes: what one decode step must bring from memory, for batches of 1 to 16, in three dtypes."""
     for c, name in ((ODD, tr("a small GQA config")), (LLAMA2_70B, "Llama-2-70B")):
         for S, batch, dtype in ((1, 1, torch.float16), (40, 4, torch.float32), (4096, 16, torch.bfloat16)):
             weights, cache = _matrix_params(c) * _bytes(dtype), _kv(c, S, batch, dtype)
