@@ -103,6 +103,8 @@ class SinkCache(CacheBase):
     def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the seq_len new tokens (positions pos, pos + 1, ...) into their slots; return the filled slots.
 
+        Shipped with a bug (Exercise 8.3 is a find-and-fix): the checks show what goes wrong; the contract is below.
+
         Afterwards the cache holds the n_sink first tokens and the window latest ones: while it fills, token p takes
         slot p; once full, a new token takes the slot of the window token it pushes out (sinks never leave, and no
         kept token moves). pos stays: advance() moves it.

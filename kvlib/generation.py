@@ -39,6 +39,8 @@ def next_token(logits: torch.Tensor, temperature: float = 0.0, generator=None) -
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, temperature=0.0, generator=None, on_token=None):
     """The prompt continued by max_new_tokens tokens, the naive way: the model rereads the whole sequence for each.
 
+    Shipped with two bugs (Exercise 2.2 is a find-and-fix): the checks show what goes wrong; the contract is below.
+
     Args:    model: a kvlib Decoder, model(ids) -> logits (batch, seq_len, vocab_size)
              input_ids: (batch, seq_len) torch.long prompt token ids;  max_new_tokens: how many to add, >= 1
              temperature, generator: as in next_token (Exercise 2.1)
@@ -119,6 +121,8 @@ def attention_block(attn, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
 @exercise("2.5", validate=inputs.check_rms_norm)
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
     """RMSNorm: each token's hidden state divided by its root-mean-square, then scaled feature by feature.
+
+    Shipped with two bugs (Exercise 2.5 is a find-and-fix): the checks show what goes wrong; the contract is below.
 
     Args:    x: (..., d_model) float tensor, hidden states (float32, float16 or bfloat16)
              weight: (d_model,), the learned scale; eps > 0, added to the mean square under the root

@@ -29,6 +29,8 @@ from kvlib.course.exercises import exercise
 def repeat_kv(x: torch.Tensor, group_size: int) -> torch.Tensor:
     """Copy each key/value head out to the query heads it serves, in the order GQA checkpoints were trained with.
 
+    Shipped with a bug (Exercise 6.1 is a find-and-fix): the checks show what goes wrong; the contract is below.
+
     Which query heads share a key/value head is the checkpoint's, not yours to choose. kvlib's Decoder
     runs GQA the way Llama-family checkpoints were trained (tested against transformers), so MHA attention
     over repeat_kv(k, group_size), repeat_kv(v, group_size) must equal a GQA layer's own model.layers[i].attn.attend(q, k, v).

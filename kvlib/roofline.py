@@ -75,6 +75,8 @@ def step_cost(
 ) -> tuple[int, int]:
     """(FLOPs, bytes) of one forward step of batch sequences, each feeding new_tokens tokens against kv_len positions.
 
+    Shipped with a bug (Exercise 5.3 is a find-and-fix): the checks show what goes wrong; the contract is below.
+
     Decode is step_cost(config, 1, kv_len); a prefill of T tokens is step_cost(config, T, T). FLOPs as notebook 03
     counts them: the matrix products, attention's included, 2 per multiply-add. Bytes: the least the step must
     bring from memory for the whole batch, no number twice, in dtype; activations, norms and the embedding's one

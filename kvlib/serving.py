@@ -102,6 +102,8 @@ def paged_attention(q: torch.Tensor, pool: BlockPool, layer: int, tables: list[B
 def copy_on_write(pool: BlockPool, table: BlockTable, index: int) -> int:
     """Make table.blocks[index] this table's own before it is written into, so that no other table sees the write.
 
+    Shipped with a bug (Exercise 7.5 is a find-and-fix): the checks show what goes wrong; the contract is below.
+
     Args:    pool: the BlockPool;  table: a BlockTable;  index: 0 <= index < len(table.blocks)
     Returns: int, the block table.blocks[index] holds afterwards, one that a write by this table changes for this
              table alone. Every table, this one included, reads what it read before the call; pool.refs still counts

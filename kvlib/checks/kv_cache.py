@@ -437,7 +437,7 @@ def cached_forward_matches_full_forward(kv, rng):
             )
             assert cache.pos == b, (
                 f"after {what} ({b - a} new token(s) after {a}) cache.pos is {cache.pos}, and the cache should hold {b} "
-                f"tokens: it moved by {cache.pos - a}"
+                f"tokens: it moved by {cache.pos - a} (this check's model has {model.config.n_layers} layers)"
             )
             assert _close(logits, full[:, b - 1]), f"{what} differs from a full forward over tokens 0..{b - 1}"
 

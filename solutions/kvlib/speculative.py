@@ -65,6 +65,8 @@ class LookupDrafter:
 def verify_greedy(model, cache, last_token: int, draft: list[int]) -> tuple[int, int]:
     """Check drafted tokens with ONE forward pass of model through cache; keep what greedy decoding would keep.
 
+    Shipped with two bugs (Exercise 10.1 is a find-and-fix): the checks show what goes wrong; the contract is below.
+
     Args:    model: called as model(ids (1, seq_len) long, past_key_values=cache) -> (logits (1, seq_len, vocab), cache);
              cache: a KVCache holding every token before last_token;
              last_token: the newest token, not in the cache yet; draft: 0 or more ids proposed to follow it
