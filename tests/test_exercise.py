@@ -313,3 +313,20 @@ def test_every_check_of_a_find_and_fix_exercise_fails_on_its_shipped_body(tmp_pa
         assert any(error is not None for error in mine), f"Exercise {ex.id}: its shipped body passes every check"
     undone = [name for name, error in verdicts.items() if error and error.startswith("ExerciseNotDone")]
     assert not undone, f"checks that never reached the shipped bug: {undone}"
+
+
+def test_shipped_note_names_a_find_and_fix_exercise_that_does_not_pass_yet(learner_mode, capsys):
+    """Check that shipped_note prints a line for a find-and-fix exercise still as shipped (learner mode), nothing in
+    reference mode, and refuses an exercise that is not a find-and-fix."""
+    from kvlib.checks import shipped_note
+
+    lines = shipped_note("8.3")
+    assert lines == [capsys.readouterr().out.strip()]
+    assert lines[0].startswith("Exercise 8.3 does not pass its checks yet (kvlib check 8.3)")
+    kvlib.use_solutions()
+    try:
+        assert shipped_note("8.3") == [] and capsys.readouterr().out == ""
+    finally:
+        kvlib.use_solutions(False)
+    with pytest.raises(ValueError, match=r"Exercise 8\.4 is not a find-and-fix exercise"):
+        shipped_note("8.4")

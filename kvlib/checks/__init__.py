@@ -33,6 +33,7 @@ from kvlib.course.exercises import (
     close_ready_made,
     ready_made,
     select,
+    solutions_enabled,
 )
 from kvlib.course.hints import exercise_title, stuck
 
@@ -309,6 +310,30 @@ def run_exercise(ex: Exercise, *, seed: int = 0, timeout: float | None = 60, _ou
     return result("pass")
 
 
+def shipped_note(*exercise_ids: str) -> list[str]:
+    """Before a cell that runs find-and-fix exercises' bodies (a measurement, a claim): print one line for each that
+    does not pass its checks yet, so that what the cell prints is read as coming from that body; returns the lines.
+    Nothing in reference mode. Example: shipped_note("2.2") before a cell that generates text."""
+    if solutions_enabled():
+        return []
+    lines = []
+    for ex_id in exercise_ids:
+        ex = BY_ID[ex_id]
+        if ex.kind != "fix":
+            raise ValueError(f"Exercise {ex_id} is not a find-and-fix exercise (its kind is {ex.kind!r})")
+        if run_exercise(ex).status != "pass":
+            lines.append(
+                i18n.tr(
+                    "Exercise {id} does not pass its checks yet (kvlib check {id}): what this cell prints runs its "
+                    "body as it stands",
+                    id=ex.id,
+                )
+            )
+    for line in lines:
+        print(line)
+    return lines
+
+
 def _unfixed(shipped, seed, timeout, outer) -> Exercise | None:
     """The first, in course order, of the find-and-fix exercises that ran whose own checks still fail."""
     for ex in sorted(shipped, key=EXERCISES.index):
@@ -387,4 +412,5 @@ __all__ = [
     "grade",
     "run",
     "run_exercise",
+    "shipped_note",
 ]
