@@ -580,3 +580,17 @@ def test_locale_files_ship_as_package_data():
     shipped = {p for g in globs for p in (ROOT / "kvlib" / "course").glob(g)}
     files = {p for p in i18n.LOCALE_DIR.rglob("*") if p.is_file()}
     assert files and files <= shipped, sorted(files - shipped)
+
+
+def test_each_exercise_has_one_chinese_title():
+    """Check that an exercise's Chinese title in its notebook heading is the one its hints (and `kvlib hint`,
+    `kvlib check`) show: one name per exercise in each language."""
+    import re
+
+    headings = {}
+    for path in (ROOT / "translations" / ZH).rglob("*.md"):
+        headings |= {
+            m[1]: m[2].strip() for m in re.finditer(r"^## 练习 (\d+\.\d+) — (.+)$", path.read_text("utf-8"), re.M)
+        }
+    titles = {ex_id: i18n.hint_title(ex_id, "", ZH) for ex_id in headings}
+    assert headings and {k: v for k, v in headings.items() if titles[k] != v} == {}, titles
