@@ -445,11 +445,12 @@ _FIXES = (
 )
 
 
-@pytest.mark.parametrize(
-    "where, replaced, words",
-    [s for s in SLIPS if s[0] in ("1.1", "1.2", "1.4", "causal_self_attention_matches_sdpa")],
-    ids=case_ids([s for s in SLIPS if s[0] in ("1.1", "1.2", "1.4", "causal_self_attention_matches_sdpa")]),
-)
+CAUSE_SLIPS = [
+    s for s in SLIPS if s[0] in ("1.1", "1.2", "1.4", "causal_self_attention_matches_sdpa")
+]  # the slips whose messages once gave the fix
+
+
+@pytest.mark.parametrize("where, replaced, words", CAUSE_SLIPS, ids=case_ids(CAUSE_SLIPS))
 def test_softmax_slip_message_names_the_cause_not_the_fix(where, replaced, words):
     """Check that 1.1's, 1.2's and 1.4's slips fail with a message that names what went wrong, never the line to type
     instead (the row's max to shift by, the axis to divide along, the product that blends the values, the -inf to fill

@@ -73,6 +73,18 @@ def test_stub_source_ships_a_find_and_fix_exercises_broken_body(monkeypatch):
     )
 
 
+def test_stub_source_keeps_the_solutions_of_exercises_answered(monkeypatch):
+    """Check that an answered exercise keeps its solution (markers gone, its shipped block dropped) while the others
+    are stubbed as the release stubs them: a learner part-way through, as the tests' learner copies need."""
+    monkeypatch.setitem(course.BY_ID, "1.1", _FIX)
+    assert course.stub_source(_SHIPPED, answered={"1.1"}) == (
+        '@exercise("1.1")\ndef softmax(x):\n    """Doc."""\n    return x.sum(-1)\n\n'
+        '@exercise("1.2")\ndef attend(x):\n'
+        '    raise NotImplementedError("Exercise 1.2 (notebooks/01-attention): attend")\n'
+    )
+    assert course.stub_source(_SHIPPED, answered={"1.2"}).endswith("def attend(x):\n    return x\n")
+
+
 def test_stub_source_refuses_a_shipped_block_that_does_not_fit_its_exercise(monkeypatch):
     """Check each malformed shipped block is refused with a message naming the problem: a shipped block for a build
     exercise, a fix exercise without one, one not right after its solution, an uncommented line, no end line."""

@@ -3,7 +3,6 @@
 import ast
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -239,16 +238,11 @@ def test_grade_runs_every_check_of_an_exercise_cell_and_names_each_failure(monke
 
 def _reference_with_shipped(module: str, *fix_ids: str) -> str:
     """solutions/kvlib/<module>.py with every exercise answered except the find-and-fix ones `fix_ids`, left as they
-    ship."""
+    ship (the release's own stub, the others' solutions kept)."""
+    from kvlib.app.release import stub_source
+
     source = (ROOT / "solutions" / "kvlib" / f"{module}.py").read_text(encoding="utf-8")
-    solution = re.compile(r"\n *### BEGIN SOLUTION\n.*?### END SOLUTION\n", re.S)
-    shipped = re.compile(r"( *)### BEGIN SHIPPED\n(.*?)\1### END SHIPPED\n", re.S)
-    for fix_id in fix_ids:
-        head, rest = source.split(f'@exercise("{fix_id}"', 1)
-        rest = solution.sub("\n", rest, count=1)
-        rest = shipped.sub(lambda m: re.sub(rf"(?m)^{m[1]}# ?", m[1], m[2]), rest, count=1)
-        source = head + f'@exercise("{fix_id}"' + rest
-    return source
+    return stub_source(source, answered={ex.id for ex in EXERCISES} - set(fix_ids))
 
 
 def test_a_later_exercise_failing_on_an_unfixed_shipped_bug_names_the_bug_first(tmp_path):

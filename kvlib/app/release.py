@@ -24,32 +24,33 @@ from kvlib.course import hints, i18n
 from kvlib.course.exercises import BY_ID, EXERCISES
 
 _DECORATOR = re.compile(r'^\s*@exercise\("(\d+\.\d+)"')
-# spelled in parts, so that a search for leaked solution blocks never flags this file
-BEGIN, END = "### BEGIN " + "SOLUTION", "### END " + "SOLUTION"
+# spelled in parts, so that a search for leaked solution blocks never flags this file (nor its bytecode: Python folds
+# "a" + "b" into one constant, not a call of format)
+BEGIN, END = "### {} SOLUTION".format("BEGIN"), "### {} SOLUTION".format("END")
 SHIP_BEGIN, SHIP_END = "### BEGIN " + "SHIPPED", "### END " + "SHIPPED"
 
 
-def stub_source(solution: str) -> str:
+def stub_source(solution: str, answered=frozenset()) -> str:
     """The learner's version of a solution module: each solution block replaced by a raise, or, for a find-and-fix
-    exercise (kind "fix" in kvlib.course.exercises), by its broken body.
+    exercise (kind "fix" in kvlib.course.exercises), by its broken body. The exercises whose ids are in answered keep
+    their solution instead (a learner part-way through: the tests' learner copies).
 
     A find-and-fix exercise's solution block is followed at once by its shipped block (SHIP_BEGIN ... SHIP_END),
     the broken body commented out line by line with one "# " after the body's indent, so that the reference module
     runs the right body alone: a solution block holding `return x.sum(-1)` followed by a shipped block holding
     `# return x.sum(0)` gives a stub holding `return x.sum(0)` (tests/test_course.py has the whole example)."""
     out, current, state, block = [], None, None, {}  # state: None, "solution", "after" (its END seen), "shipped"
-    lines = solution.splitlines(keepends=True)
-    for number, line in enumerate(lines, 1):
+    for number, line in enumerate(solution.splitlines(keepends=True), 1):
         text = line.strip()
         if state == "after" and text != SHIP_BEGIN:  # a solution block without a shipped one: the raise
-            _close(current, block, out, shipped=False)
+            _close(current, block, out, False, answered)
             state, current = None, None
         if m := _DECORATOR.match(line):
             current = BY_ID[m.group(1)]
         if text == BEGIN:
             if current is None:
                 raise ValueError(f"line {number}: a solution block outside an @exercise function: {line!r}")
-            block = {"indent": line[: len(line) - len(line.lstrip())], "shipped": []}
+            block = {"indent": line[: len(line) - len(line.lstrip())], "shipped": [], "solution": []}
             state = "solution"
         elif text == END:
             if state != "solution":
@@ -62,28 +63,33 @@ def stub_source(solution: str) -> str:
         elif text == SHIP_END:
             if state != "shipped":
                 raise ValueError(f"line {number}: {SHIP_END} without its {SHIP_BEGIN}")
-            _close(current, block, out, shipped=True)
+            _close(current, block, out, True, answered)
             state, current = None, None
         elif state == "shipped":
             indent = block["indent"]
             if line.strip() and not line.startswith(indent + "# ") and line.rstrip("\n") != indent + "#":
                 raise ValueError(f"line {number}: a shipped line is commented with {indent + '# '!r}: {line!r}")
             block["shipped"].append(line.replace(indent + "# ", indent, 1) if line.strip() != "#" else "\n")
+        elif state == "solution":
+            block["solution"].append(line)
         elif state is None:
             out.append(line)
     if state == "after":
-        _close(current, block, out, shipped=False)
+        _close(current, block, out, False, answered)
     elif state is not None:
         raise ValueError(f"a {state} block without its {END if state == 'solution' else SHIP_END}")
     return "".join(out)
 
 
-def _close(ex, block: dict, out: list[str], shipped: bool) -> None:
-    """Write what stands in the stub for an exercise's solution block: its shipped body, or the raise."""
+def _close(ex, block: dict, out: list[str], shipped: bool, answered) -> None:
+    """Write what stands in the stub for an exercise's solution block: its shipped body, or the raise (its solution
+    where the exercise is answered)."""
     if shipped != (ex.kind == "fix"):
         say = "has a shipped block" if shipped else "has no shipped block"
         raise ValueError(f"Exercise {ex.id} {say}, and its kind is {ex.kind!r} (only a 'fix' exercise ships a body)")
-    if shipped:
+    if ex.id in answered:
+        out += block["solution"]
+    elif shipped:
         out += block["shipped"]
     else:
         out.append(
